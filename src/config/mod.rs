@@ -1,0 +1,560 @@
+//! The sidecar's TOML configuration: its schema, defaults, environment
+//! overrides and whole-file validation.
+//!
+//! Every error names its field path (`mcp.servers[2].auth.name`) and no error
+//! echoes a value, since an operator may have pasted a secret where a
+//! reference belongs. Uses domain rules only, so a tenant row written through
+//! the control API later is checked by the same code.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::domain::egress::{AllowEntry, EgressAllowlist};
+use crate::domain::environment::is_tier0;
+use crate::domain::mcp_server::{AuthFields, Transport, validate_auth, validate_classification};
+use crate::domain::secret::CredentialRef;
+use crate::domain::{IdempotencyClass, RiskLevel, SideEffectClass};
+
+/// Default global ceiling on any tool's `maximum_output_bytes` (1 MiB).
+pub const DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING: u64 = 1024 * 1024;
+/// Shipped inline admission ceiling.
+pub const DEFAULT_INLINE_MAXIMUM_BYTES: u64 = 4096;
+/// The least an operator may set the inline ceiling to.
+pub const MINIMUM_INLINE_MAXIMUM_BYTES: u64 = 1024;
+/// Default per-batch concurrency cap.
+pub const DEFAULT_BATCH_CONCURRENCY: u32 = 8;
+/// Default bridge approval hold.
+pub const DEFAULT_APPROVAL_HOLD_SECONDS: u32 = 300;
+/// Default per-turn call cap.
+pub const DEFAULT_TURN_CALL_CAP: u32 = 64;
+/// MCP handshake deadline.
+pub const DEFAULT_CONNECT_TIMEOUT_SECONDS: u32 = 10;
+/// MCP per-request deadline, before the tool's and the run's caps.
+pub const DEFAULT_REQUEST_TIMEOUT_SECONDS: u32 = 30;
+/// MCP idle close.
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u32 = 900;
+/// Per-server tool timeout when the operator declares none.
+pub const DEFAULT_TOOL_TIMEOUT_SECONDS: u32 = 30;
+/// Per-server output limit when the operator declares none (64 KiB).
+pub const DEFAULT_SERVER_MAXIMUM_OUTPUT_BYTES: u64 = 64 * 1024;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// # Control API
+    /// Where agent runtimes and operators reach toolgate.
+    pub control: ControlConfig,
+    /// # Orchestration bridge
+    #[serde(default)]
+    pub bridge: BridgeConfig,
+    /// # Durable store
+    pub store: StoreConfig,
+    /// # Limits
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// # Artifacts
+    pub artifacts: ArtifactsConfig,
+    /// # Policy
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    /// # Egress allowlist
+    #[serde(default)]
+    pub egress: EgressConfig,
+    /// # MCP servers
+    #[serde(default)]
+    pub mcp: McpConfig,
+}
+
+/// The control API's listeners.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// Unix socket (mode 0600); relative paths are under the config's folder.
+    pub socket: PathBuf,
+    /// Optional loopback TCP address; requires `token_ref`.
+    #[serde(default)]
+    pub tcp: Option<String>,
+    /// Credential reference of the bearer token TCP clients present.
+    #[serde(default)]
+    pub token_ref: Option<String>,
+}
+
+/// The orchestration bridge.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeConfig {
+    /// Folder holding per-turn socket folders.
+    #[serde(default = "BridgeConfig::default_directory")]
+    pub directory: PathBuf,
+    /// How long a script blocks on an approval before its turn suspends.
+    #[serde(default = "BridgeConfig::default_approval_hold_seconds")]
+    pub approval_hold_seconds: u32,
+    /// Underlying calls per turn, denied calls included.
+    #[serde(default = "BridgeConfig::default_turn_call_cap")]
+    pub turn_call_cap: u32,
+}
+
+impl BridgeConfig {
+    fn default_directory() -> PathBuf {
+        PathBuf::from("var/turns")
+    }
+    fn default_approval_hold_seconds() -> u32 {
+        DEFAULT_APPROVAL_HOLD_SECONDS
+    }
+    fn default_turn_call_cap() -> u32 {
+        DEFAULT_TURN_CALL_CAP
+    }
+}
+
+impl Default for BridgeConfig {
+    fn default() -> Self {
+        BridgeConfig {
+            directory: BridgeConfig::default_directory(),
+            approval_hold_seconds: DEFAULT_APPROVAL_HOLD_SECONDS,
+            turn_call_cap: DEFAULT_TURN_CALL_CAP,
+        }
+    }
+}
+
+/// The durable store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite://path` (one node) or `postgres://…` (shared by nodes).
+    pub url: String,
+}
+
+/// Output and concurrency limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// No tool may declare a larger `maximum_output_bytes`; one that does is
+    /// refused at registration rather than silently clamped.
+    #[serde(default = "LimitsConfig::default_ceiling")]
+    pub maximum_output_bytes_ceiling: u64,
+    /// The model-visible admission ceiling (at least 1,024).
+    #[serde(default = "LimitsConfig::default_inline")]
+    pub inline_maximum_bytes: u64,
+    /// Parallel calls per batch; more queue.
+    #[serde(default = "LimitsConfig::default_concurrency")]
+    pub batch_concurrency: u32,
+}
+
+impl LimitsConfig {
+    fn default_ceiling() -> u64 {
+        DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING
+    }
+    fn default_inline() -> u64 {
+        DEFAULT_INLINE_MAXIMUM_BYTES
+    }
+    fn default_concurrency() -> u32 {
+        DEFAULT_BATCH_CONCURRENCY
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            maximum_output_bytes_ceiling: DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+            inline_maximum_bytes: DEFAULT_INLINE_MAXIMUM_BYTES,
+            batch_concurrency: DEFAULT_BATCH_CONCURRENCY,
+        }
+    }
+}
+
+/// The filesystem artifact store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactsConfig {
+    /// Root folder; artifacts live under `{tenant}/{run}/`.
+    pub directory: PathBuf,
+}
+
+/// The rule-file policy engine.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// The rule file; without one, the built-in default matrix applies.
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+}
+
+/// Where toolgate may dial.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    /// Entries: `host`, `*.domain`, optional `:port`, optional `http://`.
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+/// Operator-configured MCP servers.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// stdio servers, spawned with a constructed environment.
+    #[serde(default)]
+    pub servers: Vec<StdioServerConfig>,
+}
+
+/// One operator-configured stdio server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdioServerConfig {
+    /// The name in `mcp.{server_id}.` tool names.
+    pub server_id: String,
+    /// The program; never a tenant's choice.
+    pub command: String,
+    /// Its arguments; never a credential.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Declared non-secret variables, added to the synthesized tier.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// How the server authenticates us.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// The operator's classification; the defaults are the most restrictive.
+    #[serde(default = "StdioServerConfig::default_side_effect")]
+    pub side_effect: SideEffectClass,
+    /// See `side_effect`.
+    #[serde(default = "StdioServerConfig::default_risk")]
+    pub risk: RiskLevel,
+    /// See `side_effect`.
+    #[serde(default = "StdioServerConfig::default_idempotency")]
+    pub idempotency: IdempotencyClass,
+    /// Scopes every tool of the server requires, all under `mcp.{server_id}.`.
+    #[serde(default)]
+    pub required_scopes: Vec<String>,
+    /// Handshake deadline.
+    #[serde(default = "StdioServerConfig::default_connect")]
+    pub connect_timeout_seconds: u32,
+    /// Per-request deadline.
+    #[serde(default = "StdioServerConfig::default_request")]
+    pub request_timeout_seconds: u32,
+    /// Idle close.
+    #[serde(default = "StdioServerConfig::default_idle")]
+    pub idle_timeout_seconds: u32,
+    /// Every tool's `timeout_seconds`.
+    #[serde(default = "StdioServerConfig::default_tool_timeout")]
+    pub timeout_seconds: u32,
+    /// Every tool's `maximum_output_bytes`.
+    #[serde(default = "StdioServerConfig::default_output")]
+    pub maximum_output_bytes: u64,
+    /// A disabled server is not spawned.
+    #[serde(default = "StdioServerConfig::default_enabled")]
+    pub enabled: bool,
+}
+
+impl StdioServerConfig {
+    fn default_side_effect() -> SideEffectClass {
+        SideEffectClass::ExternalWrite
+    }
+    fn default_risk() -> RiskLevel {
+        RiskLevel::High
+    }
+    fn default_idempotency() -> IdempotencyClass {
+        IdempotencyClass::NonIdempotent
+    }
+    fn default_connect() -> u32 {
+        DEFAULT_CONNECT_TIMEOUT_SECONDS
+    }
+    fn default_request() -> u32 {
+        DEFAULT_REQUEST_TIMEOUT_SECONDS
+    }
+    fn default_idle() -> u32 {
+        DEFAULT_IDLE_TIMEOUT_SECONDS
+    }
+    fn default_tool_timeout() -> u32 {
+        DEFAULT_TOOL_TIMEOUT_SECONDS
+    }
+    fn default_output() -> u64 {
+        DEFAULT_SERVER_MAXIMUM_OUTPUT_BYTES
+    }
+    fn default_enabled() -> bool {
+        true
+    }
+}
+
+/// A server's authentication, as the row's `auth_*` columns.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// One of none, bearer, header, oauth2_client, env (text here, so an
+    /// unknown scheme is reported by the same rules as every other mistake).
+    #[serde(default = "AuthConfig::default_scheme")]
+    pub scheme: String,
+    /// Header or variable name, for header and env.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Where the secret lives; never the secret.
+    #[serde(default)]
+    pub credential_ref: Option<String>,
+    /// oauth2_client only.
+    #[serde(default)]
+    pub token_endpoint: Option<String>,
+    /// oauth2_client only.
+    #[serde(default)]
+    pub token_scopes: Vec<String>,
+}
+
+impl AuthConfig {
+    fn default_scheme() -> String {
+        "none".to_owned()
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            scheme: AuthConfig::default_scheme(),
+            name: None,
+            credential_ref: None,
+            token_endpoint: None,
+            token_scopes: Vec::new(),
+        }
+    }
+}
+
+/// One problem, at one field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted path with indices, e.g. `mcp.servers[0].auth.name`.
+    pub path: String,
+    /// What is wrong; never the value.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Every problem found in a file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, error) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Environment variables that override the file, applied before validation.
+pub const ENVIRONMENT_OVERRIDES: &[&str] = &["TOOLGATE_STORE_URL", "TOOLGATE_CONTROL_SOCKET"];
+
+impl Config {
+    /// Reads, overrides and validates `path`. `environment` is the process
+    /// environment as the composition root passes it in.
+    pub fn load(path: &Path, environment: &BTreeMap<String, String>) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            ConfigErrors(vec![ConfigError {
+                path: "(file)".into(),
+                message: format!("cannot read {}: {}", path.display(), error.kind()),
+            }])
+        })?;
+        let mut config = Config::parse(&text)?;
+        config.apply_environment(environment);
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        config.resolve_paths(base);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses TOML into the schema; the first structural error, with its path.
+    pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
+        let deserializer = toml::Deserializer::parse(text).map_err(|error| {
+            ConfigErrors(vec![ConfigError {
+                path: locate(text, error.span()),
+                message: error.message().to_owned(),
+            }])
+        })?;
+        serde_path_to_error::deserialize(deserializer).map_err(|error| {
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            ConfigErrors(vec![ConfigError {
+                path: if path == "." { locate(text, inner.span()) } else { path },
+                message: inner.message().to_owned(),
+            }])
+        })
+    }
+
+    fn apply_environment(&mut self, environment: &BTreeMap<String, String>) {
+        if let Some(url) = environment.get("TOOLGATE_STORE_URL") {
+            self.store.url = url.clone();
+        }
+        if let Some(socket) = environment.get("TOOLGATE_CONTROL_SOCKET") {
+            self.control.socket = PathBuf::from(socket);
+        }
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |path: &mut PathBuf| {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        };
+        resolve(&mut self.control.socket);
+        resolve(&mut self.bridge.directory);
+        resolve(&mut self.artifacts.directory);
+        if let Some(file) = self.policy.file.as_mut() {
+            resolve(file);
+        }
+        if let Some(rest) = self.store.url.strip_prefix("sqlite://")
+            && !rest.starts_with('/')
+            && !rest.starts_with(":memory:")
+        {
+            self.store.url = format!("sqlite://{}", base.join(rest).display());
+        }
+    }
+
+    /// The egress allowlist, with entries that failed validation left out.
+    pub fn egress_allowlist(&self) -> EgressAllowlist {
+        EgressAllowlist::new(self.egress.allow.iter().filter_map(|e| AllowEntry::parse(e).ok()).collect())
+    }
+
+    /// Checks the whole file and returns every problem.
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        let mut errors = Vec::new();
+        let mut push = |path: String, message: String| errors.push(ConfigError { path, message });
+
+        if let Some(tcp) = &self.control.tcp {
+            match tcp.parse::<SocketAddr>() {
+                Ok(address) if address.ip().is_loopback() => {}
+                Ok(_) => push("control.tcp".into(), "must be a loopback address".into()),
+                Err(_) => push("control.tcp".into(), "must be an address like 127.0.0.1:7420".into()),
+            }
+            if self.control.token_ref.is_none() {
+                push("control.token_ref".into(), "required when control.tcp is set".into());
+            }
+        }
+        if let Some(reference) = &self.control.token_ref
+            && let Err(error) = CredentialRef::parse(reference)
+        {
+            push("control.token_ref".into(), error.to_string());
+        }
+
+        if self.bridge.turn_call_cap == 0 {
+            push("bridge.turn_call_cap".into(), "must be at least 1".into());
+        }
+        if self.bridge.approval_hold_seconds == 0 {
+            push("bridge.approval_hold_seconds".into(), "must be at least 1".into());
+        }
+
+        let url = self.store.url.as_str();
+        if !(url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            push("store.url".into(), "must start with sqlite:, postgres:// or postgresql://".into());
+        }
+
+        if self.limits.inline_maximum_bytes < MINIMUM_INLINE_MAXIMUM_BYTES {
+            push(
+                "limits.inline_maximum_bytes".into(),
+                format!("must be at least {MINIMUM_INLINE_MAXIMUM_BYTES}"),
+            );
+        }
+        if self.limits.inline_maximum_bytes > self.limits.maximum_output_bytes_ceiling {
+            push("limits.inline_maximum_bytes".into(), "must not exceed limits.maximum_output_bytes_ceiling".into());
+        }
+        if self.limits.batch_concurrency == 0 {
+            push("limits.batch_concurrency".into(), "must be at least 1".into());
+        }
+
+        if let Some(file) = &self.policy.file
+            && !file.is_file()
+        {
+            push("policy.file".into(), "does not name a readable file".into());
+        }
+
+        for (index, entry) in self.egress.allow.iter().enumerate() {
+            if let Err(error) = AllowEntry::parse(entry) {
+                push(format!("egress.allow[{index}]"), error.to_string());
+            }
+        }
+
+        let allowlist = self.egress_allowlist();
+        let mut seen = BTreeMap::new();
+        for (index, server) in self.mcp.servers.iter().enumerate() {
+            let at = format!("mcp.servers[{index}]");
+            if let Some(first) = seen.insert(server.server_id.clone(), index) {
+                push(format!("{at}.server_id"), format!("duplicates mcp.servers[{first}].server_id"));
+            }
+            for violation in validate_classification(&server.server_id, &server.required_scopes) {
+                push(format!("{at}.{}", violation.field()), violation.to_string());
+            }
+            if server.command.trim().is_empty() {
+                push(format!("{at}.command"), "must name a program".into());
+            }
+            for name in server.env.keys() {
+                if !is_variable_name(name) {
+                    push(format!("{at}.env"), "variable names must match [A-Za-z_][A-Za-z0-9_]*".into());
+                } else if is_tier0(name) {
+                    push(format!("{at}.env.{name}"), "names a tier-0 variable toolgate synthesizes or forbids".into());
+                } else if server.auth.name.as_deref() == Some(name.as_str()) {
+                    push(format!("{at}.env.{name}"), "is the credential variable auth.name already supplies".into());
+                }
+            }
+            let auth = AuthFields {
+                transport: Transport::Stdio,
+                scheme: &server.auth.scheme,
+                auth_name: server.auth.name.as_deref(),
+                credential_ref: server.auth.credential_ref.as_deref(),
+                token_endpoint: server.auth.token_endpoint.as_deref(),
+            };
+            for violation in validate_auth(auth, &allowlist) {
+                let field = match violation.field() {
+                    "auth_scheme" => "scheme",
+                    "auth_name" => "name",
+                    other => other,
+                };
+                push(format!("{at}.auth.{field}"), violation.to_string());
+            }
+            for (field, value) in [
+                ("connect_timeout_seconds", server.connect_timeout_seconds),
+                ("request_timeout_seconds", server.request_timeout_seconds),
+                ("idle_timeout_seconds", server.idle_timeout_seconds),
+                ("timeout_seconds", server.timeout_seconds),
+            ] {
+                if value == 0 {
+                    push(format!("{at}.{field}"), "must be at least 1".into());
+                }
+            }
+            if server.maximum_output_bytes == 0 || server.maximum_output_bytes > self.limits.maximum_output_bytes_ceiling {
+                push(
+                    format!("{at}.maximum_output_bytes"),
+                    "must be between 1 and limits.maximum_output_bytes_ceiling".into(),
+                );
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(ConfigErrors(errors)) }
+    }
+}
+
+fn is_variable_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b'A'..=b'Z' | b'a'..=b'z' | b'_'))
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// `line N` for a parse error without a field path.
+fn locate(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
+        Some(span) => {
+            let end = span.start.min(text.len());
+            let line = text.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1;
+            format!("(line {line})")
+        }
+        None => "(file)".to_owned(),
+    }
+}

@@ -1,0 +1,133 @@
+//! Secrets and the references that name them.
+//!
+//! A [`SecretValue`] redacts itself in `Debug` and `Display`; its value is
+//! revealed only where the design document says (building a header, building
+//! a child environment). A [`CredentialRef`] says where a secret lives and is
+//! safe to store, log and show.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A resolved secret. Cloning is allowed (a transport keeps its own copy);
+/// printing is not.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(String);
+
+impl SecretValue {
+    /// Wraps a resolved value.
+    pub fn new(value: impl Into<String>) -> Self {
+        SecretValue(value.into())
+    }
+
+    /// The value itself. Call sites are the audit surface: keep them few.
+    pub fn reveal(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretValue(<redacted>)")
+    }
+}
+
+impl fmt::Display for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Where a credential lives: `env:NAME` (a variable of toolgate's own
+/// environment, read by the resolver only) or `file:/absolute/path`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum CredentialRef {
+    /// A variable in toolgate's environment.
+    Env(String),
+    /// An absolute path to a file holding the value.
+    File(String),
+}
+
+/// Why a string is not a credential reference. Never echoes the string: an
+/// operator who pasted a secret where a reference belongs must not see it
+/// printed back into a log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialRefError {
+    /// Neither `env:` nor `file:`.
+    #[error("credential reference must start with env: or file:")]
+    Scheme,
+    /// `env:` with a name outside `^[A-Za-z_][A-Za-z0-9_]*$`.
+    #[error("env: reference must name a variable ([A-Za-z_][A-Za-z0-9_]*)")]
+    EnvName,
+    /// `file:` with a relative path.
+    #[error("file: reference must be an absolute path")]
+    FilePath,
+}
+
+impl CredentialRef {
+    /// Parses `env:NAME` or `file:/path`.
+    pub fn parse(text: &str) -> Result<Self, CredentialRefError> {
+        if let Some(name) = text.strip_prefix("env:") {
+            let mut bytes = name.bytes();
+            let valid = matches!(bytes.next(), Some(b'A'..=b'Z' | b'a'..=b'z' | b'_'))
+                && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            return if valid { Ok(CredentialRef::Env(name.to_owned())) } else { Err(CredentialRefError::EnvName) };
+        }
+        if let Some(path) = text.strip_prefix("file:") {
+            return if path.starts_with('/') && !path.contains('\0') {
+                Ok(CredentialRef::File(path.to_owned()))
+            } else {
+                Err(CredentialRefError::FilePath)
+            };
+        }
+        Err(CredentialRefError::Scheme)
+    }
+}
+
+impl TryFrom<String> for CredentialRef {
+    type Error = CredentialRefError;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        CredentialRef::parse(&text)
+    }
+}
+
+impl From<CredentialRef> for String {
+    fn from(reference: CredentialRef) -> String {
+        reference.to_string()
+    }
+}
+
+impl fmt::Display for CredentialRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CredentialRef::Env(name) => write!(f, "env:{name}"),
+            CredentialRef::File(path) => write!(f, "file:{path}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_print() {
+        let secret = SecretValue::new("hunter2");
+        assert!(!format!("{secret:?}").contains("hunter2"));
+        assert!(!format!("{secret}").contains("hunter2"));
+        assert_eq!(secret.reveal(), "hunter2");
+    }
+
+    #[test]
+    fn references_parse_and_errors_do_not_echo() {
+        assert_eq!(CredentialRef::parse("env:API_TOKEN"), Ok(CredentialRef::Env("API_TOKEN".into())));
+        assert_eq!(CredentialRef::parse("file:/run/secrets/x"), Ok(CredentialRef::File("/run/secrets/x".into())));
+        for bad in ["sk-live-abcdef", "env:1X", "env:A-B", "file:relative"] {
+            let error = CredentialRef::parse(bad).unwrap_err();
+            assert!(!error.to_string().contains(bad), "{bad}");
+        }
+        assert_eq!(CredentialRef::parse("env:"), Err(CredentialRefError::EnvName));
+    }
+}

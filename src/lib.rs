@@ -1,0 +1,12 @@
+//! toolgate: the tool gateway beside agent sandboxes.
+//!
+//! Layout and boundaries are ARCHITECTURE.md §3's; the import-graph test in
+//! `tests/it/boundaries.rs` keeps them honest.
+
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod config;
+pub mod domain;
+pub mod pipeline;
+pub mod ports;

@@ -1,0 +1,14 @@
+//! The one executor and what it stands on: the registry, argument validation,
+//! output limiting, breakers and recovery.
+//!
+//! Uses ports and domain only; never an adapter, so every adapter supplies a
+//! `Tool` and re-enters the same function.
+
+pub mod registry;
+pub mod validation;
+
+pub use registry::{
+    PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection, RejectionReason,
+    StartupError, ToolNotFound, ToolRegistry,
+};
+pub use validation::{ArgumentError, CompiledSchema, SchemaCache, SchemaError, SchemaOrigin};
