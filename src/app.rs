@@ -20,10 +20,17 @@ pub struct ConfigSummary {
 }
 
 /// Loads and validates the configuration at `path` as `serve` would.
-pub fn check_config(path: &Path, environment: &BTreeMap<String, String>) -> Result<ConfigSummary, ConfigErrors> {
+pub fn check_config(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<ConfigSummary, ConfigErrors> {
     let config = Config::load(path, environment)?;
     Ok(ConfigSummary {
-        store_backend: if config.store.url.starts_with("sqlite:") { "sqlite" } else { "postgres" },
+        store_backend: if config.store.url.starts_with("sqlite:") {
+            "sqlite"
+        } else {
+            "postgres"
+        },
         stdio_servers: config.mcp.servers.len(),
         egress_entries: config.egress.allow.len(),
     })

@@ -358,7 +358,10 @@ pub const ENVIRONMENT_OVERRIDES: &[&str] = &["TOOLGATE_STORE_URL", "TOOLGATE_CON
 impl Config {
     /// Reads, overrides and validates `path`. `environment` is the process
     /// environment as the composition root passes it in.
-    pub fn load(path: &Path, environment: &BTreeMap<String, String>) -> Result<Config, ConfigErrors> {
+    pub fn load(
+        path: &Path,
+        environment: &BTreeMap<String, String>,
+    ) -> Result<Config, ConfigErrors> {
         let text = std::fs::read_to_string(path).map_err(|error| {
             ConfigErrors(vec![ConfigError {
                 path: "(file)".into(),
@@ -385,8 +388,12 @@ impl Config {
             let path = error.path().to_string();
             let inner = error.into_inner();
             ConfigErrors(vec![ConfigError {
-                path: if path == "." { locate(text, inner.span()) } else { path },
-                message: inner.message().to_owned(),
+                path: if path == "." {
+                    locate(text, inner.span())
+                } else {
+                    path
+                },
+                message: without_values(inner.message()),
             }])
         })
     }
@@ -422,7 +429,13 @@ impl Config {
 
     /// The egress allowlist, with entries that failed validation left out.
     pub fn egress_allowlist(&self) -> EgressAllowlist {
-        EgressAllowlist::new(self.egress.allow.iter().filter_map(|e| AllowEntry::parse(e).ok()).collect())
+        EgressAllowlist::new(
+            self.egress
+                .allow
+                .iter()
+                .filter_map(|e| AllowEntry::parse(e).ok())
+                .collect(),
+        )
     }
 
     /// Checks the whole file and returns every problem.
@@ -434,10 +447,16 @@ impl Config {
             match tcp.parse::<SocketAddr>() {
                 Ok(address) if address.ip().is_loopback() => {}
                 Ok(_) => push("control.tcp".into(), "must be a loopback address".into()),
-                Err(_) => push("control.tcp".into(), "must be an address like 127.0.0.1:7420".into()),
+                Err(_) => push(
+                    "control.tcp".into(),
+                    "must be an address like 127.0.0.1:7420".into(),
+                ),
             }
             if self.control.token_ref.is_none() {
-                push("control.token_ref".into(), "required when control.tcp is set".into());
+                push(
+                    "control.token_ref".into(),
+                    "required when control.tcp is set".into(),
+                );
             }
         }
         if let Some(reference) = &self.control.token_ref
@@ -450,12 +469,21 @@ impl Config {
             push("bridge.turn_call_cap".into(), "must be at least 1".into());
         }
         if self.bridge.approval_hold_seconds == 0 {
-            push("bridge.approval_hold_seconds".into(), "must be at least 1".into());
+            push(
+                "bridge.approval_hold_seconds".into(),
+                "must be at least 1".into(),
+            );
         }
 
         let url = self.store.url.as_str();
-        if !(url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            push("store.url".into(), "must start with sqlite:, postgres:// or postgresql://".into());
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
+            push(
+                "store.url".into(),
+                "must start with sqlite:, postgres:// or postgresql://".into(),
+            );
         }
 
         if self.limits.inline_maximum_bytes < MINIMUM_INLINE_MAXIMUM_BYTES {
@@ -465,10 +493,16 @@ impl Config {
             );
         }
         if self.limits.inline_maximum_bytes > self.limits.maximum_output_bytes_ceiling {
-            push("limits.inline_maximum_bytes".into(), "must not exceed limits.maximum_output_bytes_ceiling".into());
+            push(
+                "limits.inline_maximum_bytes".into(),
+                "must not exceed limits.maximum_output_bytes_ceiling".into(),
+            );
         }
         if self.limits.batch_concurrency == 0 {
-            push("limits.batch_concurrency".into(), "must be at least 1".into());
+            push(
+                "limits.batch_concurrency".into(),
+                "must be at least 1".into(),
+            );
         }
 
         if let Some(file) = &self.policy.file
@@ -488,7 +522,10 @@ impl Config {
         for (index, server) in self.mcp.servers.iter().enumerate() {
             let at = format!("mcp.servers[{index}]");
             if let Some(first) = seen.insert(server.server_id.clone(), index) {
-                push(format!("{at}.server_id"), format!("duplicates mcp.servers[{first}].server_id"));
+                push(
+                    format!("{at}.server_id"),
+                    format!("duplicates mcp.servers[{first}].server_id"),
+                );
             }
             for violation in validate_classification(&server.server_id, &server.required_scopes) {
                 push(format!("{at}.{}", violation.field()), violation.to_string());
@@ -498,11 +535,20 @@ impl Config {
             }
             for name in server.env.keys() {
                 if !is_variable_name(name) {
-                    push(format!("{at}.env"), "variable names must match [A-Za-z_][A-Za-z0-9_]*".into());
+                    push(
+                        format!("{at}.env"),
+                        "variable names must match [A-Za-z_][A-Za-z0-9_]*".into(),
+                    );
                 } else if is_tier0(name) {
-                    push(format!("{at}.env.{name}"), "names a tier-0 variable toolgate synthesizes or forbids".into());
+                    push(
+                        format!("{at}.env.{name}"),
+                        "names a tier-0 variable toolgate synthesizes or forbids".into(),
+                    );
                 } else if server.auth.name.as_deref() == Some(name.as_str()) {
-                    push(format!("{at}.env.{name}"), "is the credential variable auth.name already supplies".into());
+                    push(
+                        format!("{at}.env.{name}"),
+                        "is the credential variable auth.name already supplies".into(),
+                    );
                 }
             }
             let auth = AuthFields {
@@ -530,14 +576,20 @@ impl Config {
                     push(format!("{at}.{field}"), "must be at least 1".into());
                 }
             }
-            if server.maximum_output_bytes == 0 || server.maximum_output_bytes > self.limits.maximum_output_bytes_ceiling {
+            if server.maximum_output_bytes == 0
+                || server.maximum_output_bytes > self.limits.maximum_output_bytes_ceiling
+            {
                 push(
                     format!("{at}.maximum_output_bytes"),
                     "must be between 1 and limits.maximum_output_bytes_ceiling".into(),
                 );
             }
         }
-        if errors.is_empty() { Ok(()) } else { Err(ConfigErrors(errors)) }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(errors))
+        }
     }
 }
 
@@ -547,14 +599,65 @@ fn is_variable_name(name: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
+/// serde's messages quote the offending input (`unknown variant `x``,
+/// `invalid type: string "x"`); the quoted value is cut, the rest kept.
+fn without_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    loop {
+        let variant = rest
+            .find("variant `")
+            .map(|at| (at + "variant ".len(), '`'));
+        let string = rest.find("string \"").map(|at| (at + "string ".len(), '"'));
+        let next = match (variant, string) {
+            (Some(a), Some(b)) => Some(if a.0 < b.0 { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        let Some((open, quote)) = next else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(rest[..open].trim_end());
+        match rest[open + 1..].find(quote) {
+            Some(close) => rest = &rest[open + 1 + close + 1..],
+            None => return out,
+        }
+    }
+}
+
 /// `line N` for a parse error without a field path.
 fn locate(text: &str, span: Option<std::ops::Range<usize>>) -> String {
     match span {
         Some(span) => {
             let end = span.start.min(text.len());
-            let line = text.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1;
+            let line = text.as_bytes()[..end]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                + 1;
             format!("(line {line})")
         }
         None => "(file)".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serde_messages_lose_their_quoted_values() {
+        assert_eq!(
+            without_values("unknown variant `sk-live-1`, expected one of `none`, `low`"),
+            "unknown variant, expected one of `none`, `low`"
+        );
+        assert_eq!(
+            without_values("invalid type: string \"sk-live-1\", expected u32"),
+            "invalid type: string, expected u32"
+        );
+        assert_eq!(
+            without_values("unknown field `bogus`"),
+            "unknown field `bogus`"
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! negative zero refused. The idempotency key, deduplication and the breaker
 //! all key on this hash, so it must be canonical in fact, not in intent.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -39,7 +40,8 @@ pub enum CanonicalError {
 /// The canonical document, its UTF-8 text and that text's hash.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CanonicalArguments {
-    /// The document with every string NFC-normalized.
+    /// The document with every string NFC-normalized and every integral
+    /// number an integer: what is hashed is what is executed.
     pub value: Value,
     /// The canonical serialization.
     pub text: String,
@@ -47,13 +49,25 @@ pub struct CanonicalArguments {
     pub sha256: String,
 }
 
-/// Produces the canonical form of `value`.
-pub fn canonicalize(value: &Value) -> Result<CanonicalArguments, CanonicalError> {
-    let mut text = String::with_capacity(256);
-    let mut path = String::new();
-    let value = write_value(value, &mut text, &mut path, 0)?;
+/// Produces the canonical form of `value`, taking it so that the common case
+/// (already normalized) moves it into the result without a copy.
+pub fn canonicalize(value: Value) -> Result<CanonicalArguments, CanonicalError> {
+    let mut writer = Writer {
+        out: String::with_capacity(256),
+        path: Vec::new(),
+        changed: false,
+    };
+    writer.value(&value, 0)?;
+    let Writer {
+        out: text, changed, ..
+    } = writer;
+    let value = if changed { normalized(value) } else { value };
     let sha256 = sha256_hex(text.as_bytes());
-    Ok(CanonicalArguments { value, text, sha256 })
+    Ok(CanonicalArguments {
+        value,
+        text,
+        sha256,
+    })
 }
 
 /// Lowercase hex sha256 of `bytes`.
@@ -63,134 +77,209 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for byte in bytes {
-        let _ = write!(out, "{byte:02x}");
+        out.push(DIGITS[usize::from(byte >> 4)] as char);
+        out.push(DIGITS[usize::from(byte & 0x0f)] as char);
     }
     out
 }
 
-fn nfc(text: &str) -> String {
-    // Most strings are already NFC; the quick check avoids re-collecting them.
-    match is_nfc_quick(text.chars()) {
-        IsNormalized::Yes => text.to_owned(),
-        IsNormalized::No | IsNormalized::Maybe => text.nfc().collect(),
+/// Whether `text` is already NFC; ASCII always is.
+fn is_nfc(text: &str) -> bool {
+    text.is_ascii() || is_nfc_quick(text.chars()) == IsNormalized::Yes
+}
+
+fn nfc(text: &str) -> Cow<'_, str> {
+    if is_nfc(text) {
+        Cow::Borrowed(text)
+    } else {
+        Cow::Owned(text.nfc().collect())
     }
 }
 
-fn write_value(
-    value: &Value,
-    out: &mut String,
-    path: &mut String,
-    depth: usize,
-) -> Result<Value, CanonicalError> {
-    if depth > MAXIMUM_DEPTH {
-        return Err(CanonicalError::TooDeep { path: pointer(path) });
+/// One step of the path to the current place, kept borrowed so that the
+/// JSON pointer is only built when something fails.
+enum Segment<'a> {
+    Key(Cow<'a, str>),
+    Index(usize),
+}
+
+struct Writer<'a> {
+    out: String,
+    path: Vec<Segment<'a>>,
+    /// Whether the normalized document differs from the input.
+    changed: bool,
+}
+
+impl<'a> Writer<'a> {
+    fn pointer(&self) -> String {
+        if self.path.is_empty() {
+            return "/".to_owned();
+        }
+        let mut pointer = String::new();
+        for segment in &self.path {
+            pointer.push('/');
+            match segment {
+                Segment::Key(key) => pointer.push_str(&key.replace('~', "~0").replace('/', "~1")),
+                Segment::Index(index) => pointer.push_str(&index.to_string()),
+            }
+        }
+        pointer
     }
+
+    fn value(&mut self, value: &'a Value, depth: usize) -> Result<(), CanonicalError> {
+        if depth > MAXIMUM_DEPTH {
+            return Err(CanonicalError::TooDeep {
+                path: self.pointer(),
+            });
+        }
+        match value {
+            Value::Null => self.out.push_str("null"),
+            Value::Bool(flag) => self.out.push_str(if *flag { "true" } else { "false" }),
+            Value::Number(number) => self.number(number)?,
+            Value::String(text) => {
+                let text = nfc(text);
+                self.changed |= matches!(text, Cow::Owned(_));
+                write_string(&text, &mut self.out);
+            }
+            Value::Array(items) => {
+                self.out.push('[');
+                for (index, item) in items.iter().enumerate() {
+                    if index > 0 {
+                        self.out.push(',');
+                    }
+                    self.path.push(Segment::Index(index));
+                    self.value(item, depth + 1)?;
+                    self.path.pop();
+                }
+                self.out.push(']');
+            }
+            Value::Object(map) => self.object(map, depth)?,
+        }
+        Ok(())
+    }
+
+    fn object(&mut self, map: &'a Map<String, Value>, depth: usize) -> Result<(), CanonicalError> {
+        let mut entries: Vec<(Cow<'a, str>, &'a Value)> =
+            map.iter().map(|(k, v)| (nfc(k), v)).collect();
+        let renamed = entries.iter().any(|(key, _)| matches!(key, Cow::Owned(_)));
+        self.changed |= renamed;
+        // serde_json's map is usually already in code-point order; sort only
+        // when it is not (another map implementation, or renamed keys).
+        let sorted = entries.windows(2).all(|pair| pair[0].0 < pair[1].0);
+        if !sorted {
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            if entries.windows(2).any(|pair| pair[0].0 == pair[1].0) {
+                return Err(CanonicalError::DuplicateKey {
+                    path: self.pointer(),
+                });
+            }
+        }
+        self.out.push('{');
+        for (index, (key, item)) in entries.into_iter().enumerate() {
+            if index > 0 {
+                self.out.push(',');
+            }
+            write_string(&key, &mut self.out);
+            self.out.push(':');
+            self.path.push(Segment::Key(key));
+            self.value(item, depth + 1)?;
+            self.path.pop();
+        }
+        self.out.push('}');
+        Ok(())
+    }
+
+    fn number(&mut self, number: &Number) -> Result<(), CanonicalError> {
+        if number.is_i64() || number.is_u64() {
+            let _ = write!(self.out, "{number}");
+            return Ok(());
+        }
+        let float = number.as_f64().unwrap_or(f64::NAN);
+        if !float.is_finite() {
+            return Err(CanonicalError::NonFinite {
+                path: self.pointer(),
+            });
+        }
+        if float == 0.0 && float.is_sign_negative() {
+            return Err(CanonicalError::NegativeZero {
+                path: self.pointer(),
+            });
+        }
+        match integral(float) {
+            // An integral float is an integer (JSON Schema agrees), so 1.0
+            // and 1 hash alike.
+            Some(integer) => {
+                self.changed = true;
+                let _ = write!(self.out, "{integer}");
+            }
+            // serde_json renders floats shortest-round-trip.
+            None => {
+                let _ = write!(self.out, "{number}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The integer an integral float denotes exactly, if it does.
+fn integral(float: f64) -> Option<i64> {
+    (float.fract() == 0.0 && float.abs() <= MAXIMUM_EXACT_INTEGER).then_some(float as i64)
+}
+
+/// The normalized document; only built when it differs from the input. The
+/// writer has already checked it, so nothing here can fail.
+fn normalized(value: Value) -> Value {
     match value {
-        Value::Null => {
-            out.push_str("null");
-            Ok(Value::Null)
-        }
-        Value::Bool(flag) => {
-            out.push_str(if *flag { "true" } else { "false" });
-            Ok(Value::Bool(*flag))
-        }
-        Value::Number(number) => write_number(number, out, path).map(Value::Number),
-        Value::String(text) => {
-            let text = nfc(text);
-            write_string(&text, out);
-            Ok(Value::String(text))
-        }
-        Value::Array(items) => {
-            out.push('[');
-            let mut normalized = Vec::with_capacity(items.len());
-            for (index, item) in items.iter().enumerate() {
-                if index > 0 {
-                    out.push(',');
-                }
-                let mark = path.len();
-                let _ = write!(path, "/{index}");
-                normalized.push(write_value(item, out, path, depth + 1)?);
-                path.truncate(mark);
-            }
-            out.push(']');
-            Ok(Value::Array(normalized))
-        }
+        Value::String(text) => Value::String(nfc(&text).into_owned()),
+        Value::Number(number) => match number
+            .as_f64()
+            .filter(|_| !number.is_i64() && !number.is_u64())
+            .and_then(integral)
+        {
+            Some(integer) => Value::Number(Number::from(integer)),
+            None => Value::Number(number),
+        },
+        Value::Array(items) => Value::Array(items.into_iter().map(normalized).collect()),
         Value::Object(map) => {
-            let mut sorted: BTreeMap<String, &Value> = BTreeMap::new();
-            for (key, item) in map {
-                if sorted.insert(nfc(key), item).is_some() {
-                    return Err(CanonicalError::DuplicateKey { path: pointer(path) });
-                }
-            }
-            out.push('{');
-            let mut normalized = Map::with_capacity(sorted.len());
-            for (index, (key, item)) in sorted.into_iter().enumerate() {
-                if index > 0 {
-                    out.push(',');
-                }
-                write_string(&key, out);
-                out.push(':');
-                let mark = path.len();
-                path.push('/');
-                path.push_str(&key.replace('~', "~0").replace('/', "~1"));
-                let item = write_value(item, out, path, depth + 1)?;
-                path.truncate(mark);
-                normalized.insert(key, item);
-            }
-            out.push('}');
-            Ok(Value::Object(normalized))
+            let sorted: BTreeMap<String, Value> = map
+                .into_iter()
+                .map(|(key, item)| (nfc(&key).into_owned(), normalized(item)))
+                .collect();
+            Value::Object(sorted.into_iter().collect())
         }
+        other => other,
     }
-}
-
-fn write_number(number: &Number, out: &mut String, path: &str) -> Result<Number, CanonicalError> {
-    if number.is_i64() || number.is_u64() {
-        let _ = write!(out, "{number}");
-        return Ok(number.clone());
-    }
-    let float = number.as_f64().unwrap_or(f64::NAN);
-    if !float.is_finite() {
-        return Err(CanonicalError::NonFinite { path: pointer(path) });
-    }
-    if float == 0.0 && float.is_sign_negative() {
-        return Err(CanonicalError::NegativeZero { path: pointer(path) });
-    }
-    if float.fract() == 0.0 && float.abs() <= MAXIMUM_EXACT_INTEGER {
-        // An integral float is an integer (JSON Schema agrees), so 1.0 and 1
-        // hash alike.
-        let integer = float as i64;
-        let _ = write!(out, "{integer}");
-        return Ok(Number::from(integer));
-    }
-    // serde_json renders floats shortest-round-trip.
-    let _ = write!(out, "{number}");
-    Ok(number.clone())
 }
 
 fn write_string(text: &str, out: &mut String) {
     out.push('"');
-    for ch in text.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{08}' => out.push_str("\\b"),
-            '\u{0c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    for (index, &byte) in bytes.iter().enumerate() {
+        let escape = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&text[start..index]);
+        if escape.is_empty() {
+            let _ = write!(out, "\\u{byte:04x}");
+        } else {
+            out.push_str(escape);
         }
+        start = index + 1;
     }
+    out.push_str(&text[start..]);
     out.push('"');
-}
-
-fn pointer(path: &str) -> String {
-    if path.is_empty() { "/".to_owned() } else { path.to_owned() }
 }
 
 #[cfg(test)]
@@ -199,7 +288,7 @@ mod tests {
     use serde_json::json;
 
     fn text(value: Value) -> String {
-        canonicalize(&value).unwrap().text
+        canonicalize(value).unwrap().text
     }
 
     #[test]
@@ -212,34 +301,55 @@ mod tests {
 
     #[test]
     fn integers_stay_integers_and_floats_are_shortest() {
-        assert_eq!(text(json!([1, -7, 1.0, 2.5, 0.1, 1e21, 18446744073709551615u64])),
-            "[1,-7,1,2.5,0.1,1e+21,18446744073709551615]");
+        assert_eq!(
+            text(json!([1, -7, 1.0, 2.5, 0.1, 1e21, 18446744073709551615u64])),
+            "[1,-7,1,2.5,0.1,1e+21,18446744073709551615]"
+        );
+    }
+
+    #[test]
+    fn integral_floats_become_integers_in_the_value_too() {
+        let canonical = canonicalize(json!({"a": 2.0, "b": [0.5]})).unwrap();
+        assert_eq!(canonical.value, json!({"a": 2, "b": [0.5]}));
+        assert!(canonical.value["a"].is_i64());
     }
 
     #[test]
     fn strings_are_nfc_and_minimally_escaped() {
         let decomposed = "e\u{301}";
-        let canonical = canonicalize(&json!({ decomposed: decomposed })).unwrap();
+        let canonical = canonicalize(json!({ decomposed: decomposed })).unwrap();
+        assert_eq!(canonical.value, json!({"\u{e9}": "\u{e9}"}));
         assert_eq!(canonical.text, "{\"\u{e9}\":\"\u{e9}\"}");
-        assert_eq!(text(json!("a\"b\\c\n\u{1}\u{7f}")), "\"a\\\"b\\\\c\\n\\u0001\u{7f}\"");
+        assert_eq!(
+            text(json!("a\"b\\c\n\u{1}\u{7f}")),
+            "\"a\\\"b\\\\c\\n\\u0001\u{7f}\""
+        );
     }
 
     #[test]
     fn negative_zero_is_refused_with_its_path() {
         let value: Value = serde_json::from_str(r#"{"a":[1,-0.0]}"#).unwrap();
-        let error = canonicalize(&value).unwrap_err();
-        assert_eq!(error, CanonicalError::NegativeZero { path: "/a/1".into() });
+        let error = canonicalize(value).unwrap_err();
+        assert_eq!(
+            error,
+            CanonicalError::NegativeZero {
+                path: "/a/1".into()
+            }
+        );
     }
 
     #[test]
     fn keys_equal_after_nfc_are_refused() {
         let value = json!({"\u{e9}": 1, "e\u{301}": 2});
-        assert!(matches!(canonicalize(&value), Err(CanonicalError::DuplicateKey { .. })));
+        assert!(matches!(
+            canonicalize(value),
+            Err(CanonicalError::DuplicateKey { .. })
+        ));
     }
 
     #[test]
     fn hash_is_sha256_of_the_text() {
-        let canonical = canonicalize(&json!({})).unwrap();
+        let canonical = canonicalize(json!({})).unwrap();
         assert_eq!(canonical.text, "{}");
         assert_eq!(
             canonical.sha256,
@@ -253,6 +363,9 @@ mod tests {
         for _ in 0..(MAXIMUM_DEPTH + 2) {
             value = json!([value]);
         }
-        assert!(matches!(canonicalize(&value), Err(CanonicalError::TooDeep { .. })));
+        assert!(matches!(
+            canonicalize(value),
+            Err(CanonicalError::TooDeep { .. })
+        ));
     }
 }

@@ -92,7 +92,11 @@ fn split_scheme(url: &str) -> Result<(Scheme, &str), EgressError> {
 fn split_host_port(authority: &str) -> Result<(String, Option<u16>), EgressError> {
     let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
         let (host, after) = bracketed.split_once(']').ok_or(EgressError::Host)?;
-        if host.is_empty() || !host.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
+        if host.is_empty()
+            || !host
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
             return Err(EgressError::Host);
         }
         let port = match after {
@@ -107,7 +111,9 @@ fn split_host_port(authority: &str) -> Result<(String, Option<u16>), EgressError
         };
         let valid = !host.is_empty()
             && host.len() <= 253
-            && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
             && !host.starts_with(['.', '-'])
             && !host.contains("..");
         if !valid {
@@ -158,7 +164,11 @@ impl AllowEntry {
             None => (rest, false),
         };
         let (host, port) = split_host_port(host)?;
-        let host = if wildcard { HostPattern::Subdomains(host) } else { HostPattern::Exact(host) };
+        let host = if wildcard {
+            HostPattern::Subdomains(host)
+        } else {
+            HostPattern::Exact(host)
+        };
         Ok(AllowEntry { scheme, host, port })
     }
 
@@ -220,7 +230,12 @@ mod tests {
     use super::*;
 
     fn allowlist(entries: &[&str]) -> EgressAllowlist {
-        EgressAllowlist::new(entries.iter().map(|e| AllowEntry::parse(e).unwrap()).collect())
+        EgressAllowlist::new(
+            entries
+                .iter()
+                .map(|e| AllowEntry::parse(e).unwrap())
+                .collect(),
+        )
     }
 
     #[test]
@@ -228,10 +243,22 @@ mod tests {
         let list = allowlist(&["auth.example.com"]);
         assert!(list.check("https://auth.example.com/oauth/token").is_ok());
         assert!(list.check("https://AUTH.example.com:443/x").is_ok());
-        assert_eq!(list.check("http://auth.example.com/"), Err(EgressError::NotAllowed));
-        assert_eq!(list.check("https://auth.example.com:8443/"), Err(EgressError::NotAllowed));
-        assert_eq!(list.check("https://evil.auth.example.com/"), Err(EgressError::NotAllowed));
-        assert_eq!(list.check("https://auth.example.com.evil.net/"), Err(EgressError::NotAllowed));
+        assert_eq!(
+            list.check("http://auth.example.com/"),
+            Err(EgressError::NotAllowed)
+        );
+        assert_eq!(
+            list.check("https://auth.example.com:8443/"),
+            Err(EgressError::NotAllowed)
+        );
+        assert_eq!(
+            list.check("https://evil.auth.example.com/"),
+            Err(EgressError::NotAllowed)
+        );
+        assert_eq!(
+            list.check("https://auth.example.com.evil.net/"),
+            Err(EgressError::NotAllowed)
+        );
     }
 
     #[test]
@@ -239,8 +266,14 @@ mod tests {
         let list = allowlist(&["*.example.com", "http://127.0.0.1:8080", "[::1]:9000"]);
         assert!(list.check("https://api.example.com").is_ok());
         assert!(list.check("https://a.b.example.com/x").is_ok());
-        assert_eq!(list.check("https://example.com"), Err(EgressError::NotAllowed));
-        assert_eq!(list.check("https://badexample.com"), Err(EgressError::NotAllowed));
+        assert_eq!(
+            list.check("https://example.com"),
+            Err(EgressError::NotAllowed)
+        );
+        assert_eq!(
+            list.check("https://badexample.com"),
+            Err(EgressError::NotAllowed)
+        );
         assert!(list.check("http://127.0.0.1:8080/mcp").is_ok());
         assert!(list.check("https://[::1]:9000/mcp").is_ok());
     }
@@ -248,18 +281,29 @@ mod tests {
     #[test]
     fn refuses_what_must_never_be_dialed() {
         let list = allowlist(&["example.com"]);
-        assert_eq!(list.check("https://user:pw@example.com/"), Err(EgressError::UserInfo));
+        assert_eq!(
+            list.check("https://user:pw@example.com/"),
+            Err(EgressError::UserInfo)
+        );
         assert_eq!(list.check("ftp://example.com/"), Err(EgressError::Scheme));
         assert_eq!(list.check("example.com"), Err(EgressError::Scheme));
         assert_eq!(list.check("https:///x"), Err(EgressError::Host));
         assert_eq!(list.check("https://example.com:0/"), Err(EgressError::Port));
-        assert_eq!(list.check("https://example.com:+1/"), Err(EgressError::Port));
-        assert_eq!(EgressAllowlist::default().check("https://example.com"), Err(EgressError::NotAllowed));
+        assert_eq!(
+            list.check("https://example.com:+1/"),
+            Err(EgressError::Port)
+        );
+        assert_eq!(
+            EgressAllowlist::default().check("https://example.com"),
+            Err(EgressError::NotAllowed)
+        );
     }
 
     #[test]
     fn errors_never_echo_the_url() {
-        let error = allowlist(&[]).check("https://user:sk-secret@example.com/").unwrap_err();
+        let error = allowlist(&[])
+            .check("https://user:sk-secret@example.com/")
+            .unwrap_err();
         assert!(!error.to_string().contains("sk-secret"));
     }
 }

@@ -45,7 +45,9 @@ pub const TIER0: &[&str] = &[
 /// Whether `name` is tier-0. Case-insensitive: no platform should get to
 /// disagree with us about whether `ld_preload` is `LD_PRELOAD`.
 pub fn is_tier0(name: &str) -> bool {
-    TIER0.iter().any(|reserved| reserved.eq_ignore_ascii_case(name))
+    TIER0
+        .iter()
+        .any(|reserved| reserved.eq_ignore_ascii_case(name))
 }
 
 #[cfg(test)]

@@ -55,7 +55,10 @@ mod tests {
         let expected = sha256_hex(
             format!("veetbot.tool.v1\0{RUN}\07\0call_abc\0demo.echo\01\0{ARGS}").as_bytes(),
         );
-        assert_eq!(idempotency_key(RUN, 7, "call_abc", "demo.echo", "1", ARGS), expected);
+        assert_eq!(
+            idempotency_key(RUN, 7, "call_abc", "demo.echo", "1", ARGS),
+            expected
+        );
         assert_eq!(expected.len(), 64);
     }
 
@@ -63,12 +66,26 @@ mod tests {
     fn every_input_changes_the_key() {
         let base = idempotency_key(RUN, 7, "call_abc", "demo.echo", "1", ARGS);
         let variants = [
-            idempotency_key("6f1c1d9e-2b1a-4c7e-9f00-0123456789ac", 7, "call_abc", "demo.echo", "1", ARGS),
+            idempotency_key(
+                "6f1c1d9e-2b1a-4c7e-9f00-0123456789ac",
+                7,
+                "call_abc",
+                "demo.echo",
+                "1",
+                ARGS,
+            ),
             idempotency_key(RUN, 8, "call_abc", "demo.echo", "1", ARGS),
             idempotency_key(RUN, 7, "call_abd", "demo.echo", "1", ARGS),
             idempotency_key(RUN, 7, "call_abc", "demo.echoes", "1", ARGS),
             idempotency_key(RUN, 7, "call_abc", "demo.echo", "2", ARGS),
-            idempotency_key(RUN, 7, "call_abc", "demo.echo", "1", &ARGS.replace('4', "5")),
+            idempotency_key(
+                RUN,
+                7,
+                "call_abc",
+                "demo.echo",
+                "1",
+                &ARGS.replace('4', "5"),
+            ),
         ];
         for variant in variants {
             assert_ne!(variant, base);

@@ -192,7 +192,9 @@ pub fn validate_auth(fields: AuthFields<'_>, allowlist: &EgressAllowlist) -> Vec
 
 fn is_auth_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Why a server's classification cannot stand.
@@ -217,14 +219,19 @@ impl ClassificationViolation {
     pub fn field(&self) -> String {
         match self {
             ClassificationViolation::ServerId => "server_id".to_owned(),
-            ClassificationViolation::ScopeOutsideServer { index, .. } => format!("required_scopes[{index}]"),
+            ClassificationViolation::ScopeOutsideServer { index, .. } => {
+                format!("required_scopes[{index}]")
+            }
         }
     }
 }
 
 /// Checks the server id grammar and that every required scope is under
 /// `mcp.{server_id}.`.
-pub fn validate_classification(server_id: &str, required_scopes: &[String]) -> Vec<ClassificationViolation> {
+pub fn validate_classification(
+    server_id: &str,
+    required_scopes: &[String],
+) -> Vec<ClassificationViolation> {
     if !is_identifier(server_id) {
         return vec![ClassificationViolation::ServerId];
     }
@@ -250,7 +257,13 @@ mod tests {
     use crate::domain::egress::AllowEntry;
 
     fn fields(transport: Transport, scheme: &'static str) -> AuthFields<'static> {
-        AuthFields { transport, scheme, auth_name: None, credential_ref: None, token_endpoint: None }
+        AuthFields {
+            transport,
+            scheme,
+            auth_name: None,
+            credential_ref: None,
+            token_endpoint: None,
+        }
     }
 
     #[test]
@@ -259,10 +272,25 @@ mod tests {
         let rows = [
             fields(Transport::Stdio, "none"),
             fields(Transport::Http, "none"),
-            AuthFields { credential_ref: Some("env:TOKEN"), ..fields(Transport::Http, "bearer") },
-            AuthFields { credential_ref: Some("env:TOKEN"), auth_name: Some("X-Api-Key"), ..fields(Transport::Http, "header") },
-            AuthFields { credential_ref: Some("file:/run/s"), token_endpoint: Some("https://auth.example.com/token"), ..fields(Transport::Http, "oauth2_client") },
-            AuthFields { credential_ref: Some("env:TOKEN"), auth_name: Some("API_TOKEN"), ..fields(Transport::Stdio, "env") },
+            AuthFields {
+                credential_ref: Some("env:TOKEN"),
+                ..fields(Transport::Http, "bearer")
+            },
+            AuthFields {
+                credential_ref: Some("env:TOKEN"),
+                auth_name: Some("X-Api-Key"),
+                ..fields(Transport::Http, "header")
+            },
+            AuthFields {
+                credential_ref: Some("file:/run/s"),
+                token_endpoint: Some("https://auth.example.com/token"),
+                ..fields(Transport::Http, "oauth2_client")
+            },
+            AuthFields {
+                credential_ref: Some("env:TOKEN"),
+                auth_name: Some("API_TOKEN"),
+                ..fields(Transport::Stdio, "env")
+            },
         ];
         for row in rows {
             assert_eq!(validate_auth(row, &allowlist), vec![], "{row:?}");
@@ -273,9 +301,21 @@ mod tests {
     fn scopes_stay_under_the_server() {
         assert!(validate_classification("acme", &["mcp.acme.use".into()]).is_empty());
         assert_eq!(
-            validate_classification("acme", &["mcp.acme.use".into(), "session.write".into(), "mcp.other.use".into(), "mcp.acme.".into()]).len(),
+            validate_classification(
+                "acme",
+                &[
+                    "mcp.acme.use".into(),
+                    "session.write".into(),
+                    "mcp.other.use".into(),
+                    "mcp.acme.".into()
+                ]
+            )
+            .len(),
             3
         );
-        assert_eq!(validate_classification("Acme", &[]), vec![ClassificationViolation::ServerId]);
+        assert_eq!(
+            validate_classification("Acme", &[]),
+            vec![ClassificationViolation::ServerId]
+        );
     }
 }

@@ -59,21 +59,23 @@ pub mod idempotency;
 pub mod mcp_server;
 pub mod names;
 pub mod outcome;
-pub mod session;
 pub mod reason_codes;
 pub mod result;
 pub mod secret;
+pub mod session;
 pub mod tool;
 pub mod trust;
 
 pub use canonical::{CanonicalArguments, CanonicalError, canonicalize, sha256_hex};
 pub use idempotency::idempotency_key;
 pub use outcome::{InvocationStatus, Remediation, ToolOutcome, ToolOutcomeStatus};
-pub use session::{AgentSpec, PolicyProfile, Principal, RuntimeEnvironment, glob_matches};
 pub use reason_codes::ReasonCode;
 pub use result::{ArtifactRef, ContentPart, ToolFailure, ToolFailureKind, ToolResult};
 pub use secret::SecretValue;
-pub use tool::{IdempotencyClass, RiskLevel, SideEffectClass, TargetKind, ToolKind, ToolSource, ToolSpec};
+pub use session::{AgentSpec, PolicyProfile, Principal, RuntimeEnvironment, glob_matches};
+pub use tool::{
+    IdempotencyClass, RiskLevel, SideEffectClass, TargetKind, ToolKind, ToolSource, ToolSpec,
+};
 pub use trust::{ArgumentTrust, TrustLevel};
 
 /// A string that names no member of a closed set.

@@ -169,7 +169,9 @@ pub fn wire_name(registry_name: &str) -> String {
 /// Whether `text` is acceptable to model APIs as a tool name.
 pub fn is_wire_safe(text: &str) -> bool {
     (1..=MAXIMUM_WIRE_NAME_LENGTH).contains(&text.len())
-        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 #[cfg(test)]
@@ -178,12 +180,34 @@ mod tests {
 
     #[test]
     fn grammar() {
-        for good in ["demo.echo", "mcp.acme.create_ticket", "a.b", "web.fetch2", "x_1.y_"] {
+        for good in [
+            "demo.echo",
+            "mcp.acme.create_ticket",
+            "a.b",
+            "web.fetch2",
+            "x_1.y_",
+        ] {
             assert_eq!(validate_registry_name(good), Ok(()), "{good}");
         }
-        for bad in ["demo", "Demo.echo", "demo.Echo", "demo.", ".echo", "demo..echo", "1demo.echo",
-            "demo.1echo", "demo.ec-ho", "demo.ec ho", "demo._echo", ""] {
-            assert_eq!(validate_registry_name(bad), Err(NameError::Grammar), "{bad}");
+        for bad in [
+            "demo",
+            "Demo.echo",
+            "demo.Echo",
+            "demo.",
+            ".echo",
+            "demo..echo",
+            "1demo.echo",
+            "demo.1echo",
+            "demo.ec-ho",
+            "demo.ec ho",
+            "demo._echo",
+            "",
+        ] {
+            assert_eq!(
+                validate_registry_name(bad),
+                Err(NameError::Grammar),
+                "{bad}"
+            );
         }
         let long = format!("demo.{}", "a".repeat(91));
         assert_eq!(validate_registry_name(&long), Ok(()));
@@ -230,7 +254,10 @@ mod tests {
 
     #[test]
     fn wire_names_are_safe_deterministic_and_short() {
-        assert_eq!(wire_name("mcp.acme.create_ticket"), "mcp-acme-create_ticket");
+        assert_eq!(
+            wire_name("mcp.acme.create_ticket"),
+            "mcp-acme-create_ticket"
+        );
         let long = format!("mcp.acme.{}", "x".repeat(80));
         let wire = wire_name(&long);
         assert_eq!(wire.len(), 64);
@@ -243,7 +270,10 @@ mod tests {
     #[test]
     fn partition_covers_reserved_and_control_domains() {
         for reserved in RESERVED_DOMAINS {
-            assert!(matches!(domain_owner(reserved), Some(DomainOwner::Mcp | DomainOwner::Device)));
+            assert!(matches!(
+                domain_owner(reserved),
+                Some(DomainOwner::Mcp | DomainOwner::Device)
+            ));
         }
         for control in CONTROL_TOOLS {
             assert_eq!(validate_registry_name(control), Ok(()));

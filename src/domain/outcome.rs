@@ -174,7 +174,10 @@ impl Serialize for ToolOutcome {
                 retryable: None,
                 remediation: None,
             },
-            ToolOutcome::NotSucceeded { action, reason_code } => Wire {
+            ToolOutcome::NotSucceeded {
+                action,
+                reason_code,
+            } => Wire {
                 status: reason_code.status(),
                 action: action.as_str().into(),
                 reason_code: Some(*reason_code),

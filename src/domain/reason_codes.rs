@@ -221,7 +221,8 @@ mod tests {
             assert!(segments.len() >= 2, "{text} needs a family");
             for segment in segments {
                 assert!(
-                    !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                    !segment.is_empty()
+                        && segment.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
                     "{text} is not lowercase dotted"
                 );
             }
@@ -236,7 +237,9 @@ mod tests {
             assert!(message.ends_with('.'), "{code}: {message}");
             assert!(message.len() <= 120, "{code}: message too long");
             assert!(
-                message.chars().all(|c| c.is_ascii_alphanumeric() || " .,:'".contains(c)),
+                message
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || " .,:'".contains(c)),
                 "{code}: message may carry only fixed narration: {message}"
             );
         }
@@ -245,7 +248,9 @@ mod tests {
     #[test]
     fn uncertain_is_never_retryable() {
         for code in ReasonCode::ALL {
-            if code.status() == ToolOutcomeStatus::Uncertain || code.status() == ToolOutcomeStatus::Denied {
+            if code.status() == ToolOutcomeStatus::Uncertain
+                || code.status() == ToolOutcomeStatus::Denied
+            {
                 assert!(!code.retryable(), "{code}");
             }
         }

@@ -72,7 +72,11 @@ impl CredentialRef {
             let mut bytes = name.bytes();
             let valid = matches!(bytes.next(), Some(b'A'..=b'Z' | b'a'..=b'z' | b'_'))
                 && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            return if valid { Ok(CredentialRef::Env(name.to_owned())) } else { Err(CredentialRefError::EnvName) };
+            return if valid {
+                Ok(CredentialRef::Env(name.to_owned()))
+            } else {
+                Err(CredentialRefError::EnvName)
+            };
         }
         if let Some(path) = text.strip_prefix("file:") {
             return if path.starts_with('/') && !path.contains('\0') {
@@ -122,12 +126,21 @@ mod tests {
 
     #[test]
     fn references_parse_and_errors_do_not_echo() {
-        assert_eq!(CredentialRef::parse("env:API_TOKEN"), Ok(CredentialRef::Env("API_TOKEN".into())));
-        assert_eq!(CredentialRef::parse("file:/run/secrets/x"), Ok(CredentialRef::File("/run/secrets/x".into())));
+        assert_eq!(
+            CredentialRef::parse("env:API_TOKEN"),
+            Ok(CredentialRef::Env("API_TOKEN".into()))
+        );
+        assert_eq!(
+            CredentialRef::parse("file:/run/secrets/x"),
+            Ok(CredentialRef::File("/run/secrets/x".into()))
+        );
         for bad in ["sk-live-abcdef", "env:1X", "env:A-B", "file:relative"] {
             let error = CredentialRef::parse(bad).unwrap_err();
             assert!(!error.to_string().contains(bad), "{bad}");
         }
-        assert_eq!(CredentialRef::parse("env:"), Err(CredentialRefError::EnvName));
+        assert_eq!(
+            CredentialRef::parse("env:"),
+            Err(CredentialRefError::EnvName)
+        );
     }
 }

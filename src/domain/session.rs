@@ -64,7 +64,10 @@ impl PolicyProfile {
     /// Whether the profile permits offering `spec`.
     pub fn permits(&self, spec: &ToolSpec) -> bool {
         spec.risk <= self.maximum_risk
-            && !self.denied_tools.iter().any(|pattern| glob_matches(pattern, &spec.name))
+            && !self
+                .denied_tools
+                .iter()
+                .any(|pattern| glob_matches(pattern, &spec.name))
     }
 }
 
@@ -124,7 +127,10 @@ mod tests {
     fn globs() {
         assert!(glob_matches("*", "demo.echo"));
         assert!(glob_matches("demo.*", "demo.echo"));
-        assert!(glob_matches("mcp.*.read_resource", "mcp.acme.read_resource"));
+        assert!(glob_matches(
+            "mcp.*.read_resource",
+            "mcp.acme.read_resource"
+        ));
         assert!(glob_matches("demo.echo", "demo.echo"));
         assert!(!glob_matches("demo.echo", "demo.echoes"));
         assert!(!glob_matches("demo.*", "demos.echo"));

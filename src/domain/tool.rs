@@ -258,7 +258,9 @@ mod tests {
     fn enums_are_closed_and_snake_case() {
         assert!("EXTERNAL_WRITE".parse::<SideEffectClass>().is_err());
         assert_eq!(
-            "conditionally_idempotent".parse::<IdempotencyClass>().unwrap(),
+            "conditionally_idempotent"
+                .parse::<IdempotencyClass>()
+                .unwrap(),
             IdempotencyClass::ConditionallyIdempotent
         );
         for member in TargetKind::ALL {
@@ -273,7 +275,10 @@ mod tests {
     fn forced_trust_covers_every_external_source() {
         assert_eq!(ToolSource::Builtin.forced_output_trust(), None);
         for source in [ToolSource::Mcp, ToolSource::Device, ToolSource::Sandbox] {
-            assert_eq!(source.forced_output_trust(), Some(TrustLevel::ExternalUntrusted));
+            assert_eq!(
+                source.forced_output_trust(),
+                Some(TrustLevel::ExternalUntrusted)
+            );
         }
     }
 }

@@ -109,7 +109,12 @@ mod tests {
     #[test]
     fn order_is_least_trusted_first() {
         for pair in TrustLevel::ALL.windows(2) {
-            assert!(pair[0] < pair[1], "{:?} should be below {:?}", pair[0], pair[1]);
+            assert!(
+                pair[0] < pair[1],
+                "{:?} should be below {:?}",
+                pair[0],
+                pair[1]
+            );
         }
     }
 
@@ -128,7 +133,11 @@ mod tests {
     fn origin_is_the_minimum_and_platform_when_empty() {
         assert_eq!(TrustLevel::origin([]), TrustLevel::Platform);
         assert_eq!(
-            TrustLevel::origin([TrustLevel::User, TrustLevel::ExternalUntrusted, TrustLevel::Platform]),
+            TrustLevel::origin([
+                TrustLevel::User,
+                TrustLevel::ExternalUntrusted,
+                TrustLevel::Platform
+            ]),
             TrustLevel::ExternalUntrusted
         );
     }
@@ -142,7 +151,10 @@ mod tests {
         trust.contributed("path", TrustLevel::ExternalUntrusted);
         trust.contributed("path", TrustLevel::Platform);
         assert_eq!(trust.of("path"), TrustLevel::ExternalUntrusted);
-        assert_eq!(trust.minimum(["path", "other"]), TrustLevel::ExternalUntrusted);
+        assert_eq!(
+            trust.minimum(["path", "other"]),
+            TrustLevel::ExternalUntrusted
+        );
     }
 
     #[test]

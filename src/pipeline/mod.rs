@@ -8,7 +8,7 @@ pub mod registry;
 pub mod validation;
 
 pub use registry::{
-    PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection, RejectionReason,
-    StartupError, ToolNotFound, ToolRegistry,
+    PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection,
+    RejectionReason, StartupError, ToolNotFound, ToolRegistry,
 };
 pub use validation::{ArgumentError, CompiledSchema, SchemaCache, SchemaError, SchemaOrigin};

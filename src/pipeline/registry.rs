@@ -11,11 +11,12 @@ use std::sync::{Arc, RwLock};
 use serde::Serialize;
 
 use crate::domain::names::{
-    CONTROL_TOOLS, DomainOwner, NameError, domain_owner, is_identifier, validate_registry_name, wire_name,
+    CONTROL_TOOLS, DomainOwner, NameError, domain_owner, is_identifier, validate_registry_name,
+    wire_name,
 };
 use crate::domain::{
-    AgentSpec, IdempotencyClass, PolicyProfile, Principal, RiskLevel, RuntimeEnvironment, SideEffectClass,
-    TargetKind, ToolKind, ToolSource, ToolSpec, TrustLevel, canonicalize,
+    AgentSpec, IdempotencyClass, PolicyProfile, Principal, RiskLevel, RuntimeEnvironment,
+    SideEffectClass, TargetKind, ToolKind, ToolSource, ToolSpec, TrustLevel, canonicalize,
 };
 use crate::ports::Tool;
 
@@ -48,7 +49,9 @@ pub enum RejectionReason {
     #[error("the control-tool set is closed at build time")]
     ControlSetClosed,
     /// A control tool with an outward side effect, idempotency or target.
-    #[error("a control tool must have side effect none, idempotency read_only or idempotent, and target in_process")]
+    #[error(
+        "a control tool must have side effect none, idempotency read_only or idempotent, and target in_process"
+    )]
     ControlConstraint,
     /// An MCP tool outside `mcp.{server_id}.` or without a server.
     #[error("an MCP tool must be named mcp.{{server_id}}.name with its server_id set")]
@@ -125,7 +128,12 @@ pub struct RegistrationReport {
 
 impl std::fmt::Display for RegistrationReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} registered, {} rejected", self.registered.len(), self.rejected.len())?;
+        write!(
+            f,
+            "{} registered, {} rejected",
+            self.registered.len(),
+            self.rejected.len()
+        )?;
         for rejection in &self.rejected {
             write!(f, "\n  {}: {}", rejection.name, rejection.reason)?;
         }
@@ -157,7 +165,9 @@ pub struct RegisteredTool {
 
 impl std::fmt::Debug for RegisteredTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegisteredTool").field("spec", &self.spec).finish_non_exhaustive()
+        f.debug_struct("RegisteredTool")
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
     }
 }
 
@@ -194,7 +204,9 @@ impl PinnedToolSet {
 
     /// What the model is shown: pinned tools whose spec is model-visible.
     pub fn advertised(&self) -> impl Iterator<Item = &PinnedTool> {
-        self.tools.iter().filter(|pinned| pinned.tool.spec.model_visible)
+        self.tools
+            .iter()
+            .filter(|pinned| pinned.tool.spec.model_visible)
     }
 
     /// Resolves a registry name or its wire alias.
@@ -224,7 +236,10 @@ pub struct ToolRegistry {
 
 impl ToolRegistry {
     /// A registry holding the build's tools. Any rejection is a startup error.
-    pub fn with_builtins(limits: RegistryLimits, builtins: Vec<Arc<dyn Tool>>) -> Result<Self, StartupError> {
+    pub fn with_builtins(
+        limits: RegistryLimits,
+        builtins: Vec<Arc<dyn Tool>>,
+    ) -> Result<Self, StartupError> {
         let registry = ToolRegistry {
             limits,
             tools: RwLock::default(),
@@ -233,20 +248,35 @@ impl ToolRegistry {
             schemas: SchemaCache::default(),
         };
         let report = registry.register(builtins, None);
-        if report.rejected.is_empty() { Ok(registry) } else { Err(StartupError(report)) }
+        if report.rejected.is_empty() {
+            Ok(registry)
+        } else {
+            Err(StartupError(report))
+        }
     }
 
     /// Registers tools discovered at runtime (MCP catalogs, device
     /// capabilities). Builtins and sandbox tools are refused: the build is
     /// their only source.
-    pub fn register_dynamic(&self, tools: Vec<Arc<dyn Tool>>, source: ToolSource) -> RegistrationReport {
+    pub fn register_dynamic(
+        &self,
+        tools: Vec<Arc<dyn Tool>>,
+        source: ToolSource,
+    ) -> RegistrationReport {
         self.register(tools, Some(source))
     }
 
     /// The tool under `name`, at `version` or the newest registered.
-    pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<RegisteredTool>, ToolNotFound> {
+    pub fn get(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<RegisteredTool>, ToolNotFound> {
         let found = match version {
-            Some(version) => read(&self.tools).get(name).and_then(|versions| versions.get(version)).cloned(),
+            Some(version) => read(&self.tools)
+                .get(name)
+                .and_then(|versions| versions.get(version))
+                .cloned(),
             None => read(&self.latest).get(name).cloned(),
         };
         found.ok_or(ToolNotFound)
@@ -284,29 +314,48 @@ impl ToolRegistry {
         read(&self.pinned).get(tool_schema_sha256).cloned()
     }
 
-    fn register(&self, tools: Vec<Arc<dyn Tool>>, dynamic: Option<ToolSource>) -> RegistrationReport {
+    fn register(
+        &self,
+        tools: Vec<Arc<dyn Tool>>,
+        dynamic: Option<ToolSource>,
+    ) -> RegistrationReport {
         let mut report = RegistrationReport::default();
         for tool in tools {
             let declared = tool.spec().clone();
             let name = declared.name.clone();
             match self.admit(tool, declared, dynamic) {
                 Ok(()) => report.registered.push(name),
-                Err(cause) => report.rejected.push(Rejection { name, reason: cause.to_string(), cause }),
+                Err(cause) => report.rejected.push(Rejection {
+                    name,
+                    reason: cause.to_string(),
+                    cause,
+                }),
             }
         }
         report
     }
 
-    fn admit(&self, tool: Arc<dyn Tool>, mut spec: ToolSpec, dynamic: Option<ToolSource>) -> Result<(), RejectionReason> {
+    fn admit(
+        &self,
+        tool: Arc<dyn Tool>,
+        mut spec: ToolSpec,
+        dynamic: Option<ToolSource>,
+    ) -> Result<(), RejectionReason> {
         match dynamic {
             Some(source @ (ToolSource::Builtin | ToolSource::Sandbox)) => {
                 return Err(RejectionReason::SourceNotDynamic(source));
             }
             Some(registering) if spec.source != registering => {
-                return Err(RejectionReason::SourceMismatch { declared: spec.source, registering });
+                return Err(RejectionReason::SourceMismatch {
+                    declared: spec.source,
+                    registering,
+                });
             }
             None if matches!(spec.source, ToolSource::Mcp | ToolSource::Device) => {
-                return Err(RejectionReason::SourceMismatch { declared: spec.source, registering: ToolSource::Builtin });
+                return Err(RejectionReason::SourceMismatch {
+                    declared: spec.source,
+                    registering: ToolSource::Builtin,
+                });
             }
             _ => {}
         }
@@ -344,7 +393,12 @@ impl ToolRegistry {
             ),
             None => None,
         };
-        let registered = Arc::new(RegisteredTool { spec, tool, input, output });
+        let registered = Arc::new(RegisteredTool {
+            spec,
+            tool,
+            input,
+            output,
+        });
         let mut tools = write(&self.tools);
         let versions = tools.entry(registered.spec.name.clone()).or_default();
         if let Some(existing) = versions.get(&registered.spec.version) {
@@ -385,11 +439,16 @@ fn check_namespace(spec: &ToolSpec) -> Result<(), RejectionReason> {
         }
         ToolSource::Builtin | ToolSource::Sandbox => {
             if spec.server_id.is_some() || spec.device_id.is_some() {
-                return Err(RejectionReason::TargetSource { target: spec.target_kind, tool_source: spec.source });
+                return Err(RejectionReason::TargetSource {
+                    target: spec.target_kind,
+                    tool_source: spec.source,
+                });
             }
             match domain_owner(&domain) {
                 None => Err(RejectionReason::UnknownDomain(domain)),
-                Some(DomainOwner::Mcp | DomainOwner::Device) => Err(RejectionReason::ReservedDomain(domain)),
+                Some(DomainOwner::Mcp | DomainOwner::Device) => {
+                    Err(RejectionReason::ReservedDomain(domain))
+                }
                 Some(DomainOwner::Control) if spec.kind != ToolKind::Control => {
                     Err(RejectionReason::ControlOnlyDomain(domain))
                 }
@@ -409,9 +468,16 @@ fn check_kind(spec: &ToolSpec) -> Result<(), RejectionReason> {
         }
         ToolKind::Control => {
             let constrained = spec.side_effect == SideEffectClass::None
-                && matches!(spec.idempotency, IdempotencyClass::ReadOnly | IdempotencyClass::Idempotent)
+                && matches!(
+                    spec.idempotency,
+                    IdempotencyClass::ReadOnly | IdempotencyClass::Idempotent
+                )
                 && spec.target_kind == TargetKind::InProcess;
-            if constrained { Ok(()) } else { Err(RejectionReason::ControlConstraint) }
+            if constrained {
+                Ok(())
+            } else {
+                Err(RejectionReason::ControlConstraint)
+            }
         }
     }
 }
@@ -428,7 +494,10 @@ fn check_target(spec: &ToolSpec) -> Result<(), RejectionReason> {
         | TargetKind::UnsubscribeEndpoint => spec.source == ToolSource::Builtin,
     };
     if !fits_source {
-        return Err(RejectionReason::TargetSource { target, tool_source: spec.source });
+        return Err(RejectionReason::TargetSource {
+            target,
+            tool_source: spec.source,
+        });
     }
     // Pins enforced both ways: the target demands its classification, and
     // the pinned name demands its target.
@@ -447,7 +516,11 @@ fn check_target(spec: &ToolSpec) -> Result<(), RejectionReason> {
         }
         _ => spec.name != UNSUBSCRIBE_TOOL,
     };
-    if pinned_ok { Ok(()) } else { Err(RejectionReason::TargetPin(target)) }
+    if pinned_ok {
+        Ok(())
+    } else {
+        Err(RejectionReason::TargetPin(target))
+    }
 }
 
 /// The one builtin the unsubscribe target belongs to.
@@ -472,7 +545,10 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
     candidates.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     let mut by_wire: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (index, tool) in candidates.iter().enumerate() {
-        by_wire.entry(wire_name(&tool.spec.name)).or_default().push(index);
+        by_wire
+            .entry(wire_name(&tool.spec.name))
+            .or_default()
+            .push(index);
     }
     // Two names sharing an alias would make the alias ambiguous: both are
     // left out, as same-server name conflicts are, so neither order wins.
@@ -480,7 +556,10 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
     let mut wire_collisions = Vec::new();
     for indices in by_wire.values().filter(|indices| indices.len() > 1) {
         for pair in indices.windows(2) {
-            wire_collisions.push((candidates[pair[0]].spec.name.clone(), candidates[pair[1]].spec.name.clone()));
+            wire_collisions.push((
+                candidates[pair[0]].spec.name.clone(),
+                candidates[pair[1]].spec.name.clone(),
+            ));
         }
         for index in indices {
             excluded[*index] = true;
@@ -490,7 +569,10 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
         .into_iter()
         .zip(excluded)
         .filter(|(_, excluded)| !excluded)
-        .map(|(tool, _)| PinnedTool { wire_name: wire_name(&tool.spec.name), tool })
+        .map(|(tool, _)| PinnedTool {
+            wire_name: wire_name(&tool.spec.name),
+            tool,
+        })
         .collect();
     let declarations: Vec<PinnedDeclaration<'_>> = tools
         .iter()
@@ -514,12 +596,26 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
     // canonical form; an empty hash input would only mean "no tools".
     let tool_schema_sha256 = serde_json::to_value(&declarations)
         .ok()
-        .and_then(|value| canonicalize(&value).ok())
+        .and_then(|value| canonicalize(value).ok())
         .map(|canonical| canonical.sha256)
         .unwrap_or_default();
-    let by_name = tools.iter().enumerate().map(|(i, t)| (t.tool.spec.name.clone(), i)).collect();
-    let by_wire_name = tools.iter().enumerate().map(|(i, t)| (t.wire_name.clone(), i)).collect();
-    PinnedToolSet { tools, by_name, by_wire_name, tool_schema_sha256, wire_collisions }
+    let by_name = tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.tool.spec.name.clone(), i))
+        .collect();
+    let by_wire_name = tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.wire_name.clone(), i))
+        .collect();
+    PinnedToolSet {
+        tools,
+        by_name,
+        by_wire_name,
+        tool_schema_sha256,
+        wire_collisions,
+    }
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -528,5 +624,405 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 }
 
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::domain::ToolResult;
+    use crate::ports::{BoxFuture, ToolExecutionContext};
+
+    struct Fixed(ToolSpec);
+
+    impl Tool for Fixed {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        fn execute<'a>(&'a self, _: Value, _: ToolExecutionContext) -> BoxFuture<'a, ToolResult> {
+            Box::pin(async { ToolResult::text("") })
+        }
+    }
+
+    const LIMITS: RegistryLimits = RegistryLimits {
+        maximum_output_bytes_ceiling: 1 << 20,
+    };
+
+    fn spec(name: &str) -> ToolSpec {
+        serde_json::from_value(json!({
+            "name": name, "version": "1", "description": "d",
+            "input_schema": {"type": "object"}, "output_schema": null,
+            "side_effect": "none", "risk": "low", "idempotency": "read_only",
+            "required_scopes": [], "timeout_seconds": 5, "maximum_output_bytes": 1024,
+            "allow_parallel": true, "output_trust": "internal_tool"
+        }))
+        .unwrap()
+    }
+
+    fn mcp(server: &str, remote: &str) -> ToolSpec {
+        let mut spec = spec(&crate::domain::names::mcp_registry_name(server, remote));
+        spec.source = ToolSource::Mcp;
+        spec.server_id = Some(server.into());
+        spec.target_kind = TargetKind::McpServer;
+        spec
+    }
+
+    fn control(name: &str) -> ToolSpec {
+        let mut spec = spec(name);
+        spec.kind = ToolKind::Control;
+        spec
+    }
+
+    fn tools(specs: impl IntoIterator<Item = ToolSpec>) -> Vec<Arc<dyn Tool>> {
+        specs
+            .into_iter()
+            .map(|s| Arc::new(Fixed(s)) as Arc<dyn Tool>)
+            .collect()
+    }
+
+    fn rejection(specs: impl IntoIterator<Item = ToolSpec>) -> RejectionReason {
+        let error = ToolRegistry::with_builtins(LIMITS, tools(specs))
+            .err()
+            .expect("rejected");
+        error.0.rejected[0].cause.clone()
+    }
+
+    fn everything() -> (AgentSpec, Principal, PolicyProfile, RuntimeEnvironment) {
+        (
+            AgentSpec {
+                tools: vec!["*".into()],
+            },
+            Principal {
+                id: "p".into(),
+                scopes: BTreeSet::new(),
+            },
+            PolicyProfile::default(),
+            RuntimeEnvironment {
+                targets: TargetKind::ALL.iter().copied().collect(),
+            },
+        )
+    }
+
+    #[test]
+    fn control_tools_are_closed_and_constrained() {
+        let registry = ToolRegistry::with_builtins(
+            LIMITS,
+            tools(
+                [
+                    "conversation.ask_user",
+                    "delegate.run",
+                    "context.update_working_state",
+                    "skill.load",
+                    "tool.call",
+                ]
+                .map(control),
+            ),
+        );
+        assert!(registry.is_ok());
+        assert_eq!(
+            rejection([control("conversation.summon")]),
+            RejectionReason::ControlSetClosed
+        );
+        assert_eq!(
+            rejection([spec("skill.load")]),
+            RejectionReason::ControlSetClosed
+        );
+        assert_eq!(
+            rejection([spec("conversation.chat")]),
+            RejectionReason::ControlOnlyDomain("conversation".into())
+        );
+        let mut outward = control("delegate.run");
+        outward.side_effect = SideEffectClass::ExternalWrite;
+        assert_eq!(rejection([outward]), RejectionReason::ControlConstraint);
+        let mut repeating = control("skill.load");
+        repeating.idempotency = IdempotencyClass::NonIdempotent;
+        assert_eq!(rejection([repeating]), RejectionReason::ControlConstraint);
+        let mut remote = control("tool.call");
+        remote.target_kind = TargetKind::WebProvider;
+        assert!(matches!(
+            rejection([remote]),
+            RejectionReason::ControlConstraint | RejectionReason::TargetPin(_)
+        ));
+    }
+
+    #[test]
+    fn target_pins_hold_both_ways() {
+        let mut search = spec("web.search");
+        search.target_kind = TargetKind::WebProvider;
+        search.side_effect = SideEffectClass::NetworkRead;
+        search.output_trust = TrustLevel::ExternalUntrusted;
+        assert!(ToolRegistry::with_builtins(LIMITS, tools([search.clone()])).is_ok());
+        let mut writing = search.clone();
+        writing.side_effect = SideEffectClass::ExternalWrite;
+        assert_eq!(
+            rejection([writing]),
+            RejectionReason::TargetPin(TargetKind::WebProvider)
+        );
+        let mut trusting = search;
+        trusting.output_trust = TrustLevel::InternalTool;
+        assert_eq!(
+            rejection([trusting]),
+            RejectionReason::TargetPin(TargetKind::WebProvider)
+        );
+
+        let mut unsubscribe = spec("email.unsubscribe");
+        unsubscribe.target_kind = TargetKind::UnsubscribeEndpoint;
+        unsubscribe.side_effect = SideEffectClass::ExternalWrite;
+        unsubscribe.risk = RiskLevel::Medium;
+        unsubscribe.idempotency = IdempotencyClass::Idempotent;
+        unsubscribe.allow_parallel = false;
+        assert!(ToolRegistry::with_builtins(LIMITS, tools([unsubscribe.clone()])).is_ok());
+        // That name without that target, and that target under another name.
+        let mut elsewhere = unsubscribe.clone();
+        elsewhere.target_kind = TargetKind::InProcess;
+        assert_eq!(
+            rejection([elsewhere]),
+            RejectionReason::TargetPin(TargetKind::InProcess)
+        );
+        let mut impostor = unsubscribe.clone();
+        impostor.name = "email.send".into();
+        assert_eq!(
+            rejection([impostor]),
+            RejectionReason::TargetPin(TargetKind::UnsubscribeEndpoint)
+        );
+        let mut parallel = unsubscribe;
+        parallel.allow_parallel = true;
+        assert_eq!(
+            rejection([parallel]),
+            RejectionReason::TargetPin(TargetKind::UnsubscribeEndpoint)
+        );
+    }
+
+    #[test]
+    fn dynamic_registration_takes_mcp_and_devices_only() {
+        let registry = ToolRegistry::with_builtins(LIMITS, Vec::new()).unwrap();
+        let report = registry.register_dynamic(tools([spec("demo.sneaky")]), ToolSource::Builtin);
+        assert_eq!(
+            report.rejected[0].cause,
+            RejectionReason::SourceNotDynamic(ToolSource::Builtin)
+        );
+        let report = registry.register_dynamic(tools([spec("demo.sneaky")]), ToolSource::Sandbox);
+        assert_eq!(
+            report.rejected[0].cause,
+            RejectionReason::SourceNotDynamic(ToolSource::Sandbox)
+        );
+        // A builtin-declared spec arriving through the MCP path.
+        let report = registry.register_dynamic(tools([spec("demo.sneaky")]), ToolSource::Mcp);
+        assert!(matches!(
+            report.rejected[0].cause,
+            RejectionReason::SourceMismatch { .. }
+        ));
+        // An MCP spec named outside its server's namespace.
+        let mut stray = mcp("acme", "x");
+        stray.name = "mcp.other.x".into();
+        let report = registry.register_dynamic(tools([stray]), ToolSource::Mcp);
+        assert_eq!(report.rejected[0].cause, RejectionReason::McpNamespace);
+        // MCP specs cannot come in as builtins either.
+        assert!(matches!(
+            rejection([mcp("acme", "x")]),
+            RejectionReason::SourceMismatch { .. }
+        ));
+    }
+
+    #[test]
+    fn the_report_lists_every_rejection() {
+        let registry = ToolRegistry::with_builtins(LIMITS, Vec::new()).unwrap();
+        let mut deep = mcp("acme", "deep");
+        let mut schema = json!({"type": "string"});
+        for _ in 0..10 {
+            schema = json!({"type": "object", "properties": {"x": schema}});
+        }
+        deep.input_schema = schema;
+        let report = registry.register_dynamic(
+            tools([mcp("acme", "ok"), deep, mcp("acme", "Also OK")]),
+            ToolSource::Mcp,
+        );
+        assert_eq!(report.registered, vec!["mcp.acme.ok", "mcp.acme.also_ok"]);
+        assert_eq!(report.rejected.len(), 1);
+        assert_eq!(report.rejected[0].name, "mcp.acme.deep");
+        assert!(matches!(
+            report.rejected[0].cause,
+            RejectionReason::InputSchema(SchemaError::TooDeep { .. })
+        ));
+        assert!(report.to_string().contains("mcp.acme.deep"));
+        // Re-discovering the same catalog is not a rejection.
+        let again = registry.register_dynamic(tools([mcp("acme", "ok")]), ToolSource::Mcp);
+        assert!(again.rejected.is_empty());
+        // A changed declaration under the same version is.
+        let mut changed = mcp("acme", "ok");
+        changed.description = "changed".into();
+        let changed = registry.register_dynamic(tools([changed]), ToolSource::Mcp);
+        assert_eq!(changed.rejected[0].cause, RejectionReason::Duplicate);
+        // A builtin registered twice is a startup error.
+        assert_eq!(
+            rejection([spec("demo.echo"), spec("demo.echo")]),
+            RejectionReason::Duplicate
+        );
+    }
+
+    #[test]
+    fn versions_are_kept_and_get_resolves_them() {
+        let registry = ToolRegistry::with_builtins(LIMITS, Vec::new()).unwrap();
+        let first = mcp("acme", "x");
+        let mut second = mcp("acme", "x");
+        second.version = "2".into();
+        second.input_schema = json!({"type": "object", "properties": {"y": {}}});
+        registry.register_dynamic(tools([first, second]), ToolSource::Mcp);
+        assert_eq!(
+            registry.get("mcp.acme.x", Some("1")).unwrap().spec.version,
+            "1"
+        );
+        assert_eq!(registry.get("mcp.acme.x", None).unwrap().spec.version, "2");
+        assert_eq!(registry.get("mcp.acme.y", None).unwrap_err(), ToolNotFound);
+    }
+
+    #[test]
+    fn specs_for_session_applies_the_four_filters() {
+        let mut scoped = spec("demo.scoped");
+        scoped.required_scopes = ["demo.use".to_owned()].into();
+        let mut risky = spec("demo.risky");
+        risky.risk = RiskLevel::High;
+        let mut sandboxed = spec("sandbox.run_command");
+        sandboxed.source = ToolSource::Sandbox;
+        sandboxed.target_kind = TargetKind::Sandbox;
+        let registry = ToolRegistry::with_builtins(
+            LIMITS,
+            tools([
+                spec("demo.echo"),
+                spec("workspace.read_text"),
+                scoped,
+                risky,
+                sandboxed,
+            ]),
+        )
+        .unwrap();
+        let (_, principal, _, environment) = everything();
+        let agent = AgentSpec {
+            tools: vec!["demo.*".into(), "sandbox.*".into()],
+        };
+        let profile = PolicyProfile {
+            denied_tools: vec!["demo.echo".into()],
+            maximum_risk: RiskLevel::Medium,
+        };
+        let environment_without_sandbox = RuntimeEnvironment {
+            targets: environment
+                .targets
+                .iter()
+                .copied()
+                .filter(|t| *t != TargetKind::Sandbox)
+                .collect(),
+        };
+        let pinned =
+            registry.specs_for_session(&agent, &principal, &profile, &environment_without_sandbox);
+        let names: Vec<&str> = pinned
+            .tools()
+            .iter()
+            .map(|t| t.tool.spec.name.as_str())
+            .collect();
+        // workspace: agent; scoped: principal; echo and risky: profile; sandbox: environment.
+        assert_eq!(names, Vec::<&str>::new());
+
+        let principal = Principal {
+            id: "p".into(),
+            scopes: ["demo.use".to_owned()].into(),
+        };
+        let pinned =
+            registry.specs_for_session(&agent, &principal, &PolicyProfile::default(), &environment);
+        let names: Vec<&str> = pinned
+            .tools()
+            .iter()
+            .map(|t| t.tool.spec.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                "demo.echo",
+                "demo.risky",
+                "demo.scoped",
+                "sandbox.run_command"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pinned_set_is_addressable_and_survives_new_registrations() {
+        let registry = ToolRegistry::with_builtins(LIMITS, Vec::new()).unwrap();
+        registry.register_dynamic(tools([mcp("acme", "read")]), ToolSource::Mcp);
+        let (agent, principal, profile, environment) = everything();
+        let pinned = registry.specs_for_session(&agent, &principal, &profile, &environment);
+        let hash = pinned.tool_schema_sha256().to_owned();
+        assert_eq!(hash.len(), 64);
+
+        // The server changes its catalog: a new version, a new tool.
+        let mut changed = mcp("acme", "read");
+        changed.version = "2".into();
+        changed.input_schema = json!({"type": "object", "properties": {"uri": {"type": "string"}}});
+        registry.register_dynamic(tools([changed, mcp("acme", "write")]), ToolSource::Mcp);
+
+        let resumed = registry.pinned(&hash).expect("the pin is addressable");
+        assert_eq!(resumed.tools().len(), 1);
+        assert_eq!(
+            resumed.resolve("mcp.acme.read").unwrap().tool.spec.version,
+            "1"
+        );
+        assert_eq!(
+            resumed.resolve("mcp-acme-read").unwrap().tool.spec.name,
+            "mcp.acme.read"
+        );
+        assert!(resumed.resolve("mcp.acme.write").is_none());
+
+        let fresh = registry.specs_for_session(&agent, &principal, &profile, &environment);
+        assert_ne!(fresh.tool_schema_sha256(), hash);
+        assert_eq!(
+            registry
+                .specs_for_session(&agent, &principal, &profile, &environment)
+                .tool_schema_sha256(),
+            fresh.tool_schema_sha256()
+        );
+    }
+
+    #[test]
+    fn application_only_tools_are_pinned_but_not_advertised() {
+        let registry = ToolRegistry::with_builtins(LIMITS, Vec::new()).unwrap();
+        let mut hidden = mcp("gmail", "sync");
+        hidden.model_visible = false;
+        registry.register_dynamic(tools([hidden, mcp("gmail", "search")]), ToolSource::Mcp);
+        let (agent, principal, profile, environment) = everything();
+        let pinned = registry.specs_for_session(&agent, &principal, &profile, &environment);
+        assert!(pinned.resolve("mcp.gmail.sync").is_some());
+        let advertised: Vec<&str> = pinned
+            .advertised()
+            .map(|t| t.tool.spec.name.as_str())
+            .collect();
+        assert_eq!(advertised, vec!["mcp.gmail.search"]);
+    }
+
+    #[test]
+    fn colliding_wire_names_leave_both_out() {
+        let long = mcp("acme_corporation_tools", &"a".repeat(48));
+        assert!(long.name.len() > 64, "the test needs a shortened alias");
+        let alias = crate::domain::names::wire_name(&long.name);
+        let pinned = pin(vec![Arc::new(RegisteredTool {
+            spec: long.clone(),
+            tool: Arc::new(Fixed(long.clone())),
+            input: Arc::new(
+                CompiledSchema::compile(&long.input_schema, SchemaOrigin::Remote).unwrap(),
+            ),
+            output: None,
+        })]);
+        assert!(pinned.wire_collisions().is_empty());
+        assert_eq!(pinned.resolve(&alias).unwrap().tool.spec.name, long.name);
+        // Same alias twice (as a collision of hashes would produce).
+        let twin = pin(vec![
+            pinned.tools()[0].tool.clone(),
+            pinned.tools()[0].tool.clone(),
+        ]);
+        assert_eq!(twin.tools().len(), 0);
+        assert_eq!(twin.wire_collisions().len(), 1);
+    }
 }

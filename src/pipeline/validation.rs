@@ -100,6 +100,9 @@ pub struct CompiledSchema {
     validator: jsonschema::Validator,
     /// The schema as prepared (with the inserted closures), for defaults.
     prepared: Value,
+    /// Whether any property declares a `default`; most schemas do not, and
+    /// then the arguments need no copy.
+    has_defaults: bool,
 }
 
 impl std::fmt::Debug for CompiledSchema {
@@ -112,7 +115,9 @@ impl CompiledSchema {
     /// Checks and compiles `schema`.
     pub fn compile(schema: &Value, origin: SchemaOrigin) -> Result<Self, SchemaError> {
         if origin == SchemaOrigin::Remote {
-            let bytes = serde_json::to_vec(schema).map(|v| v.len()).unwrap_or(usize::MAX);
+            let bytes = serde_json::to_vec(schema)
+                .map(|v| v.len())
+                .unwrap_or(usize::MAX);
             if bytes > REMOTE_SCHEMA_MAXIMUM_BYTES {
                 return Err(SchemaError::TooLarge { bytes });
             }
@@ -124,7 +129,7 @@ impl CompiledSchema {
         let Value::Object(root) = schema else {
             return Err(SchemaError::NotObjectSchema);
         };
-        canonicalize(schema).map_err(SchemaError::NoCanonicalForm)?;
+        canonicalize(schema.clone()).map_err(SchemaError::NoCanonicalForm)?;
         match root.get("type") {
             None => {}
             Some(Value::String(kind)) if kind == "object" => {}
@@ -133,7 +138,9 @@ impl CompiledSchema {
         if let Some(dialect) = root.get("$schema")
             && dialect.as_str().map(|d| d.trim_end_matches('#')) != Some(DRAFT_2020_12)
         {
-            return Err(SchemaError::Dialect { pointer: "/$schema".into() });
+            return Err(SchemaError::Dialect {
+                pointer: "/$schema".into(),
+            });
         }
         let mut prepared = schema.clone();
         prepare(&mut prepared, &mut String::new(), Position::Root)?;
@@ -143,30 +150,47 @@ impl CompiledSchema {
                 pointer: cut(&error.instance_path().to_string()),
                 keyword: error.kind().keyword().to_owned(),
             })?;
-        Ok(CompiledSchema { validator, prepared })
+        let has_defaults = declares_defaults(&prepared, 0);
+        Ok(CompiledSchema {
+            validator,
+            prepared,
+            has_defaults,
+        })
     }
 
     /// Step 4 and 5: applies defaults, validates, and canonicalizes.
-    pub fn validate(&self, arguments: &Value) -> Result<CanonicalArguments, ArgumentError> {
+    pub fn validate(&self, mut arguments: Value) -> Result<CanonicalArguments, ArgumentError> {
         if !arguments.is_object() {
             return Err(ArgumentError::NotAnObject);
         }
-        let mut document = arguments.clone();
-        apply_defaults(&self.prepared, &mut document, 0);
-        if let Some(error) = self.validator.iter_errors(&document).next() {
-            let detail = match error.kind() {
-                jsonschema::error::ValidationErrorKind::Required { property } => {
-                    property.as_str().map(cut)
-                }
-                _ => None,
-            };
-            return Err(ArgumentError::Schema {
-                path: cut(&pointer_or_root(&error.instance_path().to_string())),
-                keyword: error.kind().keyword().to_owned(),
-                detail,
-            });
+        if self.has_defaults {
+            apply_defaults(&self.prepared, &mut arguments, 0);
         }
-        Ok(canonicalize(&document)?)
+        // The boolean check is much cheaper; errors are built only on failure.
+        if self.validator.is_valid(&arguments) {
+            return Ok(canonicalize(arguments)?);
+        }
+        let error = self.validator.iter_errors(&arguments).next();
+        let (path, keyword, detail) = match error {
+            Some(error) => {
+                let detail = match error.kind() {
+                    jsonschema::error::ValidationErrorKind::Required { property } => {
+                        property.as_str().map(cut)
+                    }
+                    _ => None,
+                };
+                let path = cut(&pointer_or_root(&error.instance_path().to_string()));
+                (path, error.kind().keyword().to_owned(), detail)
+            }
+            // is_valid and iter_errors disagreeing would be a validator bug;
+            // the arguments are still refused.
+            None => ("/".to_owned(), "schema".to_owned(), None),
+        };
+        Err(ArgumentError::Schema {
+            path,
+            keyword,
+            detail,
+        })
     }
 }
 
@@ -206,10 +230,14 @@ impl SchemaCache {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, String), Arc<CompiledSchema>>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, String, String), Arc<CompiledSchema>>> {
         // A panic while holding the lock cannot leave the map half-written
         // (inserts are single calls), so a poisoned lock is still usable.
-        self.compiled.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.compiled
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -251,12 +279,24 @@ const SCHEMA_SINGLES: &[(&str, Position)] = &[
     ("then", Position::Applied),
     ("else", Position::Applied),
 ];
-const APPLICATORS: &[&str] = &["allOf", "anyOf", "oneOf", "$ref", "$dynamicRef", "if", "dependentSchemas"];
+const APPLICATORS: &[&str] = &[
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "$ref",
+    "$dynamicRef",
+    "if",
+    "dependentSchemas",
+];
 
 /// Checks references and dialect below the root, and closes object schemas:
 /// `additionalProperties: false` where nothing composes, else
 /// `unevaluatedProperties: false`, which sees through `$ref` and `allOf`.
-fn prepare(schema: &mut Value, pointer: &mut String, position: Position) -> Result<(), SchemaError> {
+fn prepare(
+    schema: &mut Value,
+    pointer: &mut String,
+    position: Position,
+) -> Result<(), SchemaError> {
     let Value::Object(map) = schema else {
         return Ok(());
     };
@@ -264,22 +304,34 @@ fn prepare(schema: &mut Value, pointer: &mut String, position: Position) -> Resu
         if let Some(reference) = map.get(keyword)
             && !reference.as_str().is_some_and(|r| r.starts_with('#'))
         {
-            return Err(SchemaError::RemoteReference { pointer: cut(&format!("{pointer}/{keyword}")) });
+            return Err(SchemaError::RemoteReference {
+                pointer: cut(&format!("{pointer}/{keyword}")),
+            });
         }
     }
     if !pointer.is_empty() {
         if map.contains_key("$id") {
-            return Err(SchemaError::RemoteReference { pointer: cut(&format!("{pointer}/$id")) });
+            return Err(SchemaError::RemoteReference {
+                pointer: cut(&format!("{pointer}/$id")),
+            });
         }
         if map.contains_key("$schema") {
-            return Err(SchemaError::Dialect { pointer: cut(&format!("{pointer}/$schema")) });
+            return Err(SchemaError::Dialect {
+                pointer: cut(&format!("{pointer}/$schema")),
+            });
         }
     }
-    if position == Position::Root && is_object_schema(map) && !map.contains_key("additionalProperties")
+    if position == Position::Root
+        && is_object_schema(map)
+        && !map.contains_key("additionalProperties")
         && !map.contains_key("unevaluatedProperties")
     {
         let composes = APPLICATORS.iter().any(|keyword| map.contains_key(*keyword));
-        let closure = if composes { "unevaluatedProperties" } else { "additionalProperties" };
+        let closure = if composes {
+            "unevaluatedProperties"
+        } else {
+            "additionalProperties"
+        };
         map.insert(closure.to_owned(), Value::Bool(false));
     }
     let mark = pointer.len();
@@ -329,9 +381,10 @@ fn apply_defaults(schema: &Value, document: &mut Value, depth: usize) {
     if depth > crate::domain::canonical::MAXIMUM_DEPTH {
         return;
     }
-    let (Some(properties), Value::Object(object)) =
-        (schema.get("properties").and_then(Value::as_object), document)
-    else {
+    let (Some(properties), Value::Object(object)) = (
+        schema.get("properties").and_then(Value::as_object),
+        document,
+    ) else {
         return;
     };
     for (name, property_schema) in properties {
@@ -344,6 +397,21 @@ fn apply_defaults(schema: &Value, document: &mut Value, depth: usize) {
             }
         }
     }
+}
+
+/// Whether `apply_defaults` would find a `default` to insert.
+fn declares_defaults(schema: &Value, depth: usize) -> bool {
+    if depth > crate::domain::canonical::MAXIMUM_DEPTH {
+        return false;
+    }
+    schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|properties| {
+            properties.values().any(|property| {
+                property.get("default").is_some() || declares_defaults(property, depth + 1)
+            })
+        })
 }
 
 /// Nesting depth of a JSON value: a scalar is 0, the root object 1.
@@ -368,7 +436,11 @@ fn escape(segment: &str) -> String {
 }
 
 fn pointer_or_root(pointer: &str) -> String {
-    if pointer.is_empty() { "/".to_owned() } else { pointer.to_owned() }
+    if pointer.is_empty() {
+        "/".to_owned()
+    } else {
+        pointer.to_owned()
+    }
 }
 
 fn cut(text: &str) -> String {
@@ -394,13 +466,17 @@ mod tests {
     #[test]
     fn unknown_properties_are_refused_unless_allowed() {
         let closed = compile(json!({"type": "object", "properties": {"a": {"type": "string"}}}));
-        assert!(closed.validate(&json!({"a": "x"})).is_ok());
-        let error = closed.validate(&json!({"a": "x", "secret-value": 1})).unwrap_err();
-        assert!(matches!(&error, ArgumentError::Schema { keyword, .. } if keyword == "additionalProperties"));
+        assert!(closed.validate(json!({"a": "x"})).is_ok());
+        let error = closed
+            .validate(json!({"a": "x", "secret-value": 1}))
+            .unwrap_err();
+        assert!(
+            matches!(&error, ArgumentError::Schema { keyword, .. } if keyword == "additionalProperties")
+        );
         assert!(!error.to_string().contains("secret-value"));
 
         let open = compile(json!({"type": "object", "additionalProperties": true}));
-        assert!(open.validate(&json!({"anything": 1})).is_ok());
+        assert!(open.validate(json!({"anything": 1})).is_ok());
     }
 
     #[test]
@@ -409,10 +485,23 @@ mod tests {
             "inner": {"type": "object", "properties": {"x": {"type": "integer"}}},
             "list": {"type": "array", "items": {"type": "object", "properties": {"y": {}}}}
         }}));
-        assert!(schema.validate(&json!({"inner": {"x": 1}, "list": [{"y": 2}]})).is_ok());
-        let error = schema.validate(&json!({"inner": {"x": 1, "z": 2}})).unwrap_err();
-        assert!(matches!(&error, ArgumentError::Schema { path, .. } if path == "/inner"), "{error}");
-        assert!(schema.validate(&json!({"list": [{"y": 2, "q": 0}]})).is_err());
+        assert!(
+            schema
+                .validate(json!({"inner": {"x": 1}, "list": [{"y": 2}]}))
+                .is_ok()
+        );
+        let error = schema
+            .validate(json!({"inner": {"x": 1, "z": 2}}))
+            .unwrap_err();
+        assert!(
+            matches!(&error, ArgumentError::Schema { path, .. } if path == "/inner"),
+            "{error}"
+        );
+        assert!(
+            schema
+                .validate(json!({"list": [{"y": 2, "q": 0}]}))
+                .is_err()
+        );
     }
 
     #[test]
@@ -422,29 +511,34 @@ mod tests {
             "allOf": [{"$ref": "#/$defs/a"}, {"properties": {"b": {"type": "string"}}}],
             "$defs": {"a": {"properties": {"a": {"type": "string"}}}}
         }));
-        assert!(schema.validate(&json!({"a": "x", "b": "y"})).is_ok());
-        assert!(schema.validate(&json!({"a": "x", "c": "y"})).is_err());
+        assert!(schema.validate(json!({"a": "x", "b": "y"})).is_ok());
+        assert!(schema.validate(json!({"a": "x", "c": "y"})).is_err());
     }
 
     #[test]
     fn errors_name_the_path_not_the_value() {
         let schema = compile(json!({"type": "object", "required": ["path"],
             "properties": {"path": {"type": "string", "maxLength": 3}}}));
-        let error = schema.validate(&json!({"path": "sk-live-123456"})).unwrap_err();
+        let error = schema
+            .validate(json!({"path": "sk-live-123456"}))
+            .unwrap_err();
         let text = error.to_string();
         assert!(text.starts_with("/path: fails maxLength"), "{text}");
         assert!(!text.contains("sk-live"));
-        let missing = schema.validate(&json!({})).unwrap_err();
+        let missing = schema.validate(json!({})).unwrap_err();
         assert_eq!(missing.to_string(), "/: fails required (path)");
-        assert_eq!(schema.validate(&json!([1])).unwrap_err(), ArgumentError::NotAnObject);
+        assert_eq!(
+            schema.validate(json!([1])).unwrap_err(),
+            ArgumentError::NotAnObject
+        );
     }
 
     #[test]
     fn defaults_are_applied_before_hashing() {
         let schema = compile(json!({"type": "object", "properties": {
             "count": {"type": "integer", "default": 10}, "name": {"type": "string"}}}));
-        let implicit = schema.validate(&json!({"name": "x"})).unwrap();
-        let explicit = schema.validate(&json!({"name": "x", "count": 10})).unwrap();
+        let implicit = schema.validate(json!({"name": "x"})).unwrap();
+        let explicit = schema.validate(json!({"name": "x", "count": 10})).unwrap();
         assert_eq!(implicit.sha256, explicit.sha256);
         assert_eq!(implicit.text, r#"{"count":10,"name":"x"}"#);
     }
@@ -458,7 +552,10 @@ mod tests {
             json!({"type": "object", "$dynamicRef": "https://example.com/d"}),
         ] {
             let error = CompiledSchema::compile(&schema, SchemaOrigin::Local).unwrap_err();
-            assert!(matches!(error, SchemaError::RemoteReference { .. }), "{schema}: {error}");
+            assert!(
+                matches!(error, SchemaError::RemoteReference { .. }),
+                "{schema}: {error}"
+            );
         }
         // A property merely named $ref is data, not a reference.
         compile(json!({"type": "object", "properties": {"$ref": {"type": "string"}}}));
@@ -468,9 +565,15 @@ mod tests {
     fn dialect_is_draft_2020_12_only() {
         compile(json!({"$schema": DRAFT_2020_12, "type": "object"}));
         let old = json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"});
-        assert!(matches!(CompiledSchema::compile(&old, SchemaOrigin::Local), Err(SchemaError::Dialect { .. })));
+        assert!(matches!(
+            CompiledSchema::compile(&old, SchemaOrigin::Local),
+            Err(SchemaError::Dialect { .. })
+        ));
         let invalid = json!({"type": "object", "properties": {"a": {"type": 12}}});
-        assert!(matches!(CompiledSchema::compile(&invalid, SchemaOrigin::Local), Err(SchemaError::Invalid { .. })));
+        assert!(matches!(
+            CompiledSchema::compile(&invalid, SchemaOrigin::Local),
+            Err(SchemaError::Invalid { .. })
+        ));
         assert_eq!(
             CompiledSchema::compile(&json!({"type": "string"}), SchemaOrigin::Local).unwrap_err(),
             SchemaError::NotObjectSchema
@@ -493,17 +596,26 @@ mod tests {
 
         let description = "x".repeat(REMOTE_SCHEMA_MAXIMUM_BYTES);
         let large = json!({"type": "object", "description": description});
-        assert!(matches!(CompiledSchema::compile(&large, SchemaOrigin::Remote), Err(SchemaError::TooLarge { .. })));
+        assert!(matches!(
+            CompiledSchema::compile(&large, SchemaOrigin::Remote),
+            Err(SchemaError::TooLarge { .. })
+        ));
     }
 
     #[test]
     fn cache_compiles_each_version_once() {
         let cache = SchemaCache::default();
         let schema = json!({"type": "object"});
-        let first = cache.get_or_compile("demo.echo", "1", &schema, SchemaOrigin::Local).unwrap();
-        let again = cache.get_or_compile("demo.echo", "1", &schema, SchemaOrigin::Local).unwrap();
+        let first = cache
+            .get_or_compile("demo.echo", "1", &schema, SchemaOrigin::Local)
+            .unwrap();
+        let again = cache
+            .get_or_compile("demo.echo", "1", &schema, SchemaOrigin::Local)
+            .unwrap();
         assert!(Arc::ptr_eq(&first, &again));
-        cache.get_or_compile("demo.echo", "2", &schema, SchemaOrigin::Local).unwrap();
+        cache
+            .get_or_compile("demo.echo", "2", &schema, SchemaOrigin::Local)
+            .unwrap();
         assert_eq!(cache.len(), 2);
     }
 }

@@ -15,7 +15,9 @@ pub use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::domain::secret::CredentialRef;
-use crate::domain::{ArtifactRef, Principal, SecretValue, TargetKind, ToolResult, ToolSpec, TrustLevel};
+use crate::domain::{
+    ArtifactRef, Principal, SecretValue, TargetKind, ToolResult, ToolSpec, TrustLevel,
+};
 
 /// A boxed, sendable future: what a dyn-compatible async port method returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -26,7 +28,11 @@ pub trait Tool: Send + Sync {
     fn spec(&self) -> &ToolSpec;
 
     /// Runs one call. `arguments` are validated and canonical.
-    fn execute<'a>(&'a self, arguments: Value, context: ToolExecutionContext) -> BoxFuture<'a, ToolResult>;
+    fn execute<'a>(
+        &'a self,
+        arguments: Value,
+        context: ToolExecutionContext,
+    ) -> BoxFuture<'a, ToolResult>;
 }
 
 /// Where step 10 sends the call.
@@ -82,7 +88,10 @@ pub enum CredentialError {
 /// scrubbed from whatever the tool returns.
 pub trait CredentialResolver: Send + Sync {
     /// Resolves `reference`.
-    fn resolve<'a>(&'a self, reference: &'a CredentialRef) -> BoxFuture<'a, Result<SecretValue, CredentialError>>;
+    fn resolve<'a>(
+        &'a self,
+        reference: &'a CredentialRef,
+    ) -> BoxFuture<'a, Result<SecretValue, CredentialError>>;
 }
 
 /// Why the effect watermark could not be committed: the tool must not start,

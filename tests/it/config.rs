@@ -1,0 +1,183 @@
+//! `toolgate check-config`, run as a real process on real files.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Runs `toolgate check-config FILE` and returns (success, stdout, stderr).
+fn check_config(file: &Path) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .arg("check-config")
+        .arg(file)
+        .env_remove("TOOLGATE_STORE_URL")
+        .env_remove("TOOLGATE_CONTROL_SOCKET")
+        .output()
+        .expect("toolgate runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+const BASE: &str = r#"
+[control]
+socket = "control.sock"
+
+[store]
+url = "sqlite://toolgate.db"
+
+[artifacts]
+directory = "artifacts"
+"#;
+
+const SERVER: &str = r#"
+[[mcp.servers]]
+server_id = "acme"
+command = "acme-mcp"
+"#;
+
+fn write(dir: &tempfile::TempDir, text: &str) -> PathBuf {
+    let path = dir.path().join("toolgate.toml");
+    std::fs::write(&path, text).expect("writes");
+    path
+}
+
+#[test]
+fn the_example_configuration_is_valid() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/toolgate.toml");
+    let (ok, stdout, stderr) = check_config(&example);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("ok"), "{stdout}");
+}
+
+#[test]
+fn a_minimal_configuration_is_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, stderr) = check_config(&write(&dir, &format!("{BASE}{SERVER}")));
+    assert!(ok, "{stderr}");
+}
+
+/// Each invalid file fails, and names the field path.
+#[test]
+fn invalid_configurations_name_the_field_path() {
+    let cases: Vec<(String, &str)> = vec![
+        (format!("{BASE}\n[limits]\nbogus = 1\n"), "limits"),
+        (
+            format!("{BASE}{SERVER}timeout_seconds = \"soon\"\n"),
+            "mcp.servers[0].timeout_seconds",
+        ),
+        (
+            format!("{BASE}{SERVER}side_effect = \"EXTERNAL_WRITE\"\n"),
+            "mcp.servers[0].side_effect",
+        ),
+        (
+            format!("{BASE}{SERVER}[mcp.servers.auth]\nscheme = \"basic\"\n"),
+            "mcp.servers[0].auth.scheme",
+        ),
+        (
+            format!(
+                "{BASE}{SERVER}[mcp.servers.auth]\nscheme = \"header\"\nname = \"X-Key\"\ncredential_ref = \"env:K\"\n"
+            ),
+            "mcp.servers[0].auth.scheme",
+        ),
+        (
+            format!(
+                "{BASE}{SERVER}[mcp.servers.auth]\nscheme = \"env\"\nname = \"LD_PRELOAD\"\ncredential_ref = \"env:K\"\n"
+            ),
+            "mcp.servers[0].auth.name",
+        ),
+        (
+            format!("{BASE}{SERVER}env = {{ NODE_OPTIONS = \"--require=/tmp/x.js\" }}\n"),
+            "mcp.servers[0].env.NODE_OPTIONS",
+        ),
+        (
+            format!("{BASE}{SERVER}required_scopes = [\"session.write\"]\n"),
+            "mcp.servers[0].required_scopes[0]",
+        ),
+        (
+            format!("{BASE}{SERVER}{SERVER}"),
+            "mcp.servers[1].server_id",
+        ),
+        (
+            format!("{BASE}{}", SERVER.replace("acme\"", "Acme\"")),
+            "mcp.servers[0].server_id",
+        ),
+        (
+            format!("{BASE}\n[limits]\ninline_maximum_bytes = 512\n"),
+            "limits.inline_maximum_bytes",
+        ),
+        (
+            format!("{BASE}\n[egress]\nallow = [\"https://user@host.example\"]\n"),
+            "egress.allow[0]",
+        ),
+        (
+            BASE.replace("sqlite://toolgate.db", "mysql://db"),
+            "store.url",
+        ),
+        (
+            BASE.replace("[store]\nurl = \"sqlite://toolgate.db\"\n", ""),
+            "store",
+        ),
+        (
+            format!("{BASE}\n[policy]\nfile = \"missing-policy.toml\"\n"),
+            "policy.file",
+        ),
+    ];
+    for (text, path) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let (ok, _, stderr) = check_config(&write(&dir, &text));
+        assert!(!ok, "accepted a file that should fail at {path}:\n{text}");
+        assert!(
+            stderr.contains(path),
+            "expected {path} in:\n{stderr}\nfor:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = format!(
+        "{}{SERVER}[mcp.servers.auth]\nscheme = \"env\"\n",
+        BASE.replace(
+            "socket = \"control.sock\"",
+            "socket = \"control.sock\"\ntcp = \"0.0.0.0:7420\""
+        )
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, stderr) = check_config(&write(&dir, &text));
+    assert!(!ok);
+    for path in [
+        "control.tcp",
+        "control.token_ref",
+        "mcp.servers[0].auth.credential_ref",
+        "mcp.servers[0].auth.name",
+    ] {
+        assert!(stderr.contains(path), "expected {path} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn errors_never_echo_values() {
+    let text = format!(
+        "{BASE}{SERVER}[mcp.servers.auth]\nscheme = \"env\"\nname = \"API_TOKEN\"\ncredential_ref = \"sk-live-0123456789abcdef\"\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, stdout, stderr) = check_config(&write(&dir, &text));
+    assert!(!ok);
+    assert!(
+        stderr.contains("mcp.servers[0].auth.credential_ref"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("sk-live") && !stdout.contains("sk-live"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unreadable_file_is_an_error_not_a_panic() {
+    let (ok, _, stderr) = check_config(Path::new("/nonexistent/toolgate.toml"));
+    assert!(!ok);
+    assert!(stderr.contains("cannot read"), "{stderr}");
+    assert!(!stderr.contains("panicked"));
+}
