@@ -6,7 +6,20 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::adapters::store;
 use crate::config::{Config, ConfigErrors};
+use crate::ports::StoreError;
+
+/// Why a command could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The configuration is invalid.
+    #[error("{0}")]
+    Config(#[from] ConfigErrors),
+    /// The store failed.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
 
 /// What `toolgate check-config` reports about a valid file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,4 +47,15 @@ pub fn check_config(
         stdio_servers: config.mcp.servers.len(),
         egress_entries: config.egress.allow.len(),
     })
+}
+
+/// `toolgate migrate`: applies the store's pending migrations and returns
+/// the versions applied (empty when already current).
+pub async fn migrate(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<Vec<i64>, AppError> {
+    let config = Config::load(path, environment)?;
+    let store = store::connect(&config.store.url).await?;
+    Ok(store.migrate().await?)
 }

@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adapters;
 pub mod app;
 pub mod config;
 pub mod domain;

@@ -21,6 +21,12 @@ enum Command {
         /// The TOML file.
         file: PathBuf,
     },
+    /// Apply the store's pending migrations.
+    Migrate {
+        /// The TOML file naming the store.
+        #[arg(long, default_value = "config/toolgate.toml")]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,5 +51,32 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Migrate { config } => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("toolgate: cannot start the runtime: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(toolgate::app::migrate(&config, &environment)) {
+                Ok(applied) if applied.is_empty() => {
+                    println!("store is current");
+                    ExitCode::SUCCESS
+                }
+                Ok(applied) => {
+                    let versions: Vec<String> = applied.iter().map(i64::to_string).collect();
+                    println!("applied migration(s): {}", versions.join(", "));
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("{}: {error}", config.display());
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }

@@ -52,9 +52,11 @@ macro_rules! closed_enum {
     };
 }
 
+pub mod approval;
 pub mod canonical;
 pub mod egress;
 pub mod environment;
+pub mod event;
 pub mod idempotency;
 pub mod mcp_server;
 pub mod names;
@@ -66,7 +68,9 @@ pub mod session;
 pub mod tool;
 pub mod trust;
 
+pub use approval::ApprovalStatus;
 pub use canonical::{CanonicalArguments, CanonicalError, canonicalize, sha256_hex};
+pub use event::ToolEventKind;
 pub use idempotency::idempotency_key;
 pub use outcome::{InvocationStatus, Remediation, ToolOutcome, ToolOutcomeStatus};
 pub use reason_codes::ReasonCode;

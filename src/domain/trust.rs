@@ -8,45 +8,25 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// A trust label, declared from least to most trusted so that the derived
-/// `Ord` is the trust order: `a < b` means `a` is less trusted than `b`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TrustLevel {
-    /// Anything a third party or a model wrote: tool output from outside,
-    /// model-produced arguments, fetched pages.
-    ExternalUntrusted,
-    /// Output of a builtin tool reading platform-held data.
-    InternalTool,
-    /// What the user said.
-    User,
-    /// Operator-authored configuration (skills, policy files).
-    TrustedConfiguration,
-    /// The runtime itself: calls no model proposed.
-    Platform,
+closed_enum! {
+    /// A trust label, declared from least to most trusted so that the derived
+    /// `Ord` is the trust order: `a < b` means `a` is less trusted than `b`.
+    pub enum TrustLevel {
+        /// Anything a third party or a model wrote: tool output from outside,
+        /// model-produced arguments, fetched pages.
+        ExternalUntrusted => "external_untrusted",
+        /// Output of a builtin tool reading platform-held data.
+        InternalTool => "internal_tool",
+        /// What the user said.
+        User => "user",
+        /// Operator-authored configuration (skills, policy files).
+        TrustedConfiguration => "trusted_configuration",
+        /// The runtime itself: calls no model proposed.
+        Platform => "platform",
+    }
 }
 
 impl TrustLevel {
-    /// Every level, least trusted first.
-    pub const ALL: [TrustLevel; 5] = [
-        TrustLevel::ExternalUntrusted,
-        TrustLevel::InternalTool,
-        TrustLevel::User,
-        TrustLevel::TrustedConfiguration,
-        TrustLevel::Platform,
-    ];
-
-    /// The stable wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TrustLevel::ExternalUntrusted => "external_untrusted",
-            TrustLevel::InternalTool => "internal_tool",
-            TrustLevel::User => "user",
-            TrustLevel::TrustedConfiguration => "trusted_configuration",
-            TrustLevel::Platform => "platform",
-        }
-    }
-
     /// The trust a result carries when a tool asks for `requested` on a spec
     /// declaring `self`: a tool may lower its trust, never raise it.
     pub fn clamp_lower(self, requested: Option<TrustLevel>) -> TrustLevel {
@@ -160,7 +140,7 @@ mod tests {
     #[test]
     fn serializations_are_stable() {
         for level in TrustLevel::ALL {
-            let json = serde_json::to_string(&level).unwrap();
+            let json = serde_json::to_string(level).unwrap();
             assert_eq!(json, format!("\"{}\"", level.as_str()));
         }
     }

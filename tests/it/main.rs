@@ -3,4 +3,5 @@
 mod boundaries;
 mod config;
 mod gates;
+mod store;
 mod support;

@@ -1,0 +1,160 @@
+//! The `Store` port on sqlx: PostgreSQL (several nodes on one database) and
+//! embedded SQLite (one node). Runtime queries only, so no build needs a
+//! database; migrations are embedded per backend and applied by a small
+//! migrator of our own (a checksum per version, refused when an applied
+//! migration differs from this build's).
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::domain::sha256_hex;
+use crate::ports::{StoreError, ToolEvent};
+
+mod postgres;
+mod sqlite;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// One embedded migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Applied in ascending order.
+    pub version: i64,
+    /// For operators.
+    pub description: &'static str,
+    /// The SQL, possibly several statements.
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// What an applied migration must still match.
+    pub fn checksum(&self) -> String {
+        sha256_hex(self.sql.as_bytes())
+    }
+}
+
+/// PostgreSQL's migrations.
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "workers, tool_invocations, approvals, events",
+    sql: include_str!("../../../migrations/postgres/0001_init.sql"),
+}];
+
+/// SQLite's migrations, version for version the same schema.
+pub const SQLITE_MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "workers, tool_invocations, approvals, events",
+    sql: include_str!("../../../migrations/sqlite/0001_init.sql"),
+}];
+
+/// Opens the store a URL names: `postgres://…`/`postgresql://…` or
+/// `sqlite://path` (created if missing).
+pub async fn connect(url: &str) -> Result<Arc<dyn crate::ports::Store>, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::connect(url).await?))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url).await?))
+    } else {
+        Err(StoreError::Unavailable(
+            "store URL must be postgres:// or sqlite:".into(),
+        ))
+    }
+}
+
+/// Which applied versions are unknown or changed, and which are pending.
+fn plan(migrations: &[Migration], applied: &[(i64, String)]) -> Result<Vec<Migration>, StoreError> {
+    for (version, checksum) in applied {
+        match migrations.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(StoreError::Migration {
+                    version: *version,
+                    reason: "applied to the database but unknown to this build (a newer toolgate migrated it)".into(),
+                });
+            }
+            Some(known) if known.checksum() != *checksum => {
+                return Err(StoreError::Migration {
+                    version: *version,
+                    reason: "applied with different contents than this build's".into(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(migrations
+        .iter()
+        .filter(|m| !applied.iter().any(|(version, _)| *version == m.version))
+        .copied()
+        .collect())
+}
+
+/// Maps a driver error to the port's, without bound values (sqlx never puts
+/// them in its messages) and without the database's detail line.
+fn database_error(error: sqlx::Error) -> StoreError {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StoreError::Unavailable(error.to_string()),
+        sqlx::Error::Database(database) => StoreError::Query(database.message().to_owned()),
+        other => StoreError::Query(other.to_string()),
+    }
+}
+
+/// Reads a closed-set column.
+fn parse<T: FromStr>(text: &str, column: &str) -> Result<T, StoreError> {
+    text.parse()
+        .map_err(|_| StoreError::Decode(format!("{column}: not a known member")))
+}
+
+/// Reads an optional closed-set column.
+fn parse_optional<T: FromStr>(text: Option<String>, column: &str) -> Result<Option<T>, StoreError> {
+    text.map(|text| parse(&text, column)).transpose()
+}
+
+/// The JSON body an event row stores.
+fn event_body(event: &ToolEvent) -> Result<Value, StoreError> {
+    serde_json::to_value(event).map_err(|error| StoreError::Decode(error.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_refuse_unknown_and_changed_migrations() {
+        let known = [Migration {
+            version: 1,
+            description: "a",
+            sql: "select 1",
+        }];
+        assert_eq!(plan(&known, &[]).unwrap().len(), 1);
+        assert!(
+            plan(&known, &[(1, known[0].checksum())])
+                .unwrap()
+                .is_empty()
+        );
+        assert!(matches!(
+            plan(&known, &[(1, "other".into())]),
+            Err(StoreError::Migration { version: 1, .. })
+        ));
+        assert!(matches!(
+            plan(&known, &[(2, "x".into())]),
+            Err(StoreError::Migration { version: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn versions_ascend_and_backends_match() {
+        for migrations in [POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS] {
+            for pair in migrations.windows(2) {
+                assert!(pair[0].version < pair[1].version);
+            }
+        }
+        let versions = |m: &[Migration]| m.iter().map(|m| m.version).collect::<Vec<_>>();
+        assert_eq!(versions(POSTGRES_MIGRATIONS), versions(SQLITE_MIGRATIONS));
+    }
+}

@@ -1,0 +1,762 @@
+//! The store on PostgreSQL: shared by every node; `UNIQUE(idempotency_key)`,
+//! fenced writes and `FOR UPDATE SKIP LOCKED` make several sidecars on one
+//! database safe. Each transaction sets the tenant (or the system scope) that
+//! row-level security checks.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgPoolOptions, PgRow};
+use sqlx::{PgPool, Postgres, Row, Transaction};
+use uuid::Uuid;
+
+use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
+use crate::domain::{ApprovalStatus, ReasonCode};
+use crate::ports::{
+    ApprovalRecord, BoxFuture, Claim, EventRecord, Fence, InsertOutcome, InvocationRecord,
+    NewInvocation, Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
+};
+
+/// Connections per node: the pipeline's commits are short, so a few suffice.
+const MAXIMUM_CONNECTIONS: u32 = 16;
+
+/// Serializes concurrent `toolgate migrate` runs across nodes.
+const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
+
+macro_rules! invocation_columns {
+    () => {
+        "id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, \
+         server_id, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, \
+         principal, origin_trust, parallel_group, deadline_at, approval_id, effect_sent_at, attempt_number, \
+         worker_id, lease_epoch, suspended_kind, suspended_ref, outcome_status, reason_code, result, error, \
+         output_bytes, truncated, artifact_id, created_at, started_at, completed_at"
+    };
+}
+
+macro_rules! approval_columns {
+    () => {
+        "id, tenant_id, invocation_id, tool_name, reason_code, status, approver, requested_at, decided_at"
+    };
+}
+
+/// Whose rows a transaction may see.
+enum Scope<'a> {
+    Tenant(&'a str),
+    System,
+}
+
+/// The PostgreSQL store.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects; does not migrate.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(MAXIMUM_CONNECTIONS)
+            .connect(url)
+            .await
+            .map_err(database_error)?;
+        Ok(PostgresStore { pool })
+    }
+
+    async fn begin(&self, scope: Scope<'_>) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(database_error)?;
+        let (tenant, system) = match scope {
+            Scope::Tenant(tenant) => (tenant, ""),
+            Scope::System => ("", "system"),
+        };
+        sqlx::query("SELECT set_config('toolgate.tenant_id', $1, true), set_config('toolgate.scope', $2, true)")
+            .bind(tenant)
+            .bind(system)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+        Ok(tx)
+    }
+
+    async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS toolgate_migrations (\
+                version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+                checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .execute(&self.pool)
+        .await
+        .map_err(database_error)?;
+        let rows =
+            sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(database_error)?;
+        rows.iter()
+            .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
+            .collect()
+    }
+}
+
+fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    row.try_get(column)
+        .map_err(|error| StoreError::Decode(format!("{column}: {error}")))
+}
+
+fn invocation(row: &PgRow) -> Result<InvocationRecord, StoreError> {
+    let principal: serde_json::Value = get(row, "principal")?;
+    Ok(InvocationRecord {
+        id: get(row, "id")?,
+        tenant_id: get(row, "tenant_id")?,
+        session_id: get(row, "session_id")?,
+        run_id: get(row, "run_id")?,
+        step_number: get(row, "step_number")?,
+        call_id: get(row, "call_id")?,
+        tool_name: get(row, "tool_name")?,
+        tool_version: get(row, "tool_version")?,
+        tool_source: parse(&get::<String>(row, "tool_source")?, "tool_source")?,
+        server_id: get(row, "server_id")?,
+        arguments: get(row, "arguments")?,
+        arguments_hash: get(row, "arguments_hash")?,
+        idempotency_key: get(row, "idempotency_key")?,
+        status: parse(&get::<String>(row, "status")?, "status")?,
+        idempotency_class: parse(
+            &get::<String>(row, "idempotency_class")?,
+            "idempotency_class",
+        )?,
+        side_effect: parse(&get::<String>(row, "side_effect")?, "side_effect")?,
+        principal: serde_json::from_value(principal)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        origin_trust: parse(&get::<String>(row, "origin_trust")?, "origin_trust")?,
+        parallel_group: get(row, "parallel_group")?,
+        deadline_at: get(row, "deadline_at")?,
+        approval_id: get(row, "approval_id")?,
+        effect_sent_at: get(row, "effect_sent_at")?,
+        attempt_number: get(row, "attempt_number")?,
+        worker_id: get(row, "worker_id")?,
+        lease_epoch: get(row, "lease_epoch")?,
+        suspended_kind: get(row, "suspended_kind")?,
+        suspended_ref: get(row, "suspended_ref")?,
+        outcome_status: parse_optional(get(row, "outcome_status")?, "outcome_status")?,
+        reason_code: parse_optional(get(row, "reason_code")?, "reason_code")?,
+        result: get(row, "result")?,
+        error: get(row, "error")?,
+        output_bytes: get(row, "output_bytes")?,
+        truncated: get(row, "truncated")?,
+        artifact_id: get(row, "artifact_id")?,
+        created_at: get(row, "created_at")?,
+        started_at: get(row, "started_at")?,
+        completed_at: get(row, "completed_at")?,
+    })
+}
+
+fn approval(row: &PgRow) -> Result<ApprovalRecord, StoreError> {
+    Ok(ApprovalRecord {
+        id: get(row, "id")?,
+        tenant_id: get(row, "tenant_id")?,
+        invocation_id: get(row, "invocation_id")?,
+        tool_name: get(row, "tool_name")?,
+        reason_code: parse::<ReasonCode>(&get::<String>(row, "reason_code")?, "reason_code")?,
+        status: parse::<ApprovalStatus>(&get::<String>(row, "status")?, "status")?,
+        approver: get(row, "approver")?,
+        requested_at: get(row, "requested_at")?,
+        decided_at: get(row, "decided_at")?,
+    })
+}
+
+async fn append_events(
+    tx: &mut Transaction<'static, Postgres>,
+    tenant_id: &str,
+    events: &[ToolEvent],
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    for event in events {
+        sqlx::query("INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(tenant_id)
+            .bind(event.kind.as_str())
+            .bind(event_body(event)?)
+            .bind(now)
+            .execute(&mut **tx)
+            .await
+            .map_err(database_error)?;
+    }
+    Ok(())
+}
+
+impl Store for PostgresStore {
+    fn pending_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
+        Box::pin(async move {
+            let applied = self.applied().await?;
+            Ok(plan(POSTGRES_MIGRATIONS, &applied)?
+                .iter()
+                .map(|m| m.version)
+                .collect())
+        })
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
+        Box::pin(async move {
+            self.applied().await?;
+            let mut tx = self.pool.begin().await.map_err(database_error)?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(MIGRATION_LOCK)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            // Read again under the lock: another node may have just migrated.
+            let rows =
+                sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+            let applied = rows
+                .iter()
+                .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
+                .collect::<Result<Vec<(i64, String)>, StoreError>>()?;
+            let pending = plan(POSTGRES_MIGRATIONS, &applied)?;
+            for migration in &pending {
+                sqlx::raw_sql(migration.sql)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|error| StoreError::Migration {
+                        version: migration.version,
+                        reason: database_error(error).to_string(),
+                    })?;
+                sqlx::query("INSERT INTO toolgate_migrations (version, description, checksum) VALUES ($1, $2, $3)")
+                    .bind(migration.version)
+                    .bind(migration.description)
+                    .bind(migration.checksum())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(pending.iter().map(|m| m.version).collect())
+        })
+    }
+
+    fn register_worker<'a>(
+        &'a self,
+        lease: &'a WorkerLease,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query(
+                "INSERT INTO workers (worker_id, node, started_at, heartbeat_at, lease_expires_at) \
+                 VALUES ($1, $2, $3, $3, $4)",
+            )
+            .bind(lease.worker_id)
+            .bind(&lease.node)
+            .bind(lease.started_at)
+            .bind(lease.lease_expires_at)
+            .execute(&self.pool)
+            .await
+            .map_err(database_error)?;
+            Ok(())
+        })
+    }
+
+    fn heartbeat(
+        &self,
+        worker_id: Uuid,
+        lease_expires_at: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let result = sqlx::query(
+                "UPDATE workers SET heartbeat_at = now(), lease_expires_at = $2 \
+                 WHERE worker_id = $1 AND released_at IS NULL",
+            )
+            .bind(worker_id)
+            .bind(lease_expires_at)
+            .execute(&self.pool)
+            .await
+            .map_err(database_error)?;
+            Ok(result.rows_affected() == 1)
+        })
+    }
+
+    fn release_worker(
+        &self,
+        worker_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE workers SET released_at = $2, lease_expires_at = $2 WHERE worker_id = $1",
+            )
+            .bind(worker_id)
+            .bind(now)
+            .execute(&self.pool)
+            .await
+            .map_err(database_error)?;
+            Ok(())
+        })
+    }
+
+    fn worker(&self, worker_id: Uuid) -> BoxFuture<'_, Result<Option<WorkerLease>, StoreError>> {
+        Box::pin(async move {
+            let row = sqlx::query(
+                "SELECT worker_id, node, started_at, lease_expires_at FROM workers WHERE worker_id = $1",
+            )
+            .bind(worker_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(database_error)?;
+            row.map(|row| {
+                Ok(WorkerLease {
+                    worker_id: get(&row, "worker_id")?,
+                    node: get(&row, "node")?,
+                    started_at: get(&row, "started_at")?,
+                    lease_expires_at: get(&row, "lease_expires_at")?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    fn insert_invocation<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
+        Box::pin(async move {
+            let principal = serde_json::to_value(&new.principal)
+                .map_err(|e| StoreError::Decode(e.to_string()))?;
+            let mut tx = self.begin(Scope::Tenant(&new.tenant_id)).await?;
+            let inserted = sqlx::query(concat!(
+                "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
+                 tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
+                 idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
+                 reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
+                 $21, $22, $23, $24, 0, $25, $26) \
+                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING ",
+                invocation_columns!()
+            ))
+            .bind(new.id)
+            .bind(&new.tenant_id)
+            .bind(new.session_id)
+            .bind(new.run_id)
+            .bind(new.step_number)
+            .bind(&new.call_id)
+            .bind(&new.tool_name)
+            .bind(&new.tool_version)
+            .bind(new.tool_source.as_str())
+            .bind(&new.server_id)
+            .bind(&new.arguments)
+            .bind(&new.arguments_hash)
+            .bind(&new.idempotency_key)
+            .bind(new.status.as_str())
+            .bind(new.idempotency_class.as_str())
+            .bind(new.side_effect.as_str())
+            .bind(principal)
+            .bind(new.origin_trust.as_str())
+            .bind(new.parallel_group)
+            .bind(new.deadline_at)
+            .bind(new.approval_id)
+            .bind(new.reason_code.map(ReasonCode::as_str))
+            .bind(new.status.outcome_status(new.reason_code).map(|s| s.as_str()))
+            .bind(claim.worker_id)
+            .bind(claim.now)
+            .bind(new.status.is_terminal().then_some(claim.now))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let Some(row) = inserted else {
+                let existing = sqlx::query(concat!(
+                    "SELECT ",
+                    invocation_columns!(),
+                    " FROM tool_invocations WHERE idempotency_key = $1"
+                ))
+                .bind(&new.idempotency_key)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(database_error)?;
+                tx.commit().await.map_err(database_error)?;
+                let existing = existing.as_ref().map(invocation).transpose()?;
+                // Another tenant's key (invisible under row-level security, or
+                // visible to a role that bypasses it): neither its row nor its
+                // existence is told.
+                return match existing {
+                    Some(record) if record.tenant_id == new.tenant_id => {
+                        Ok(InsertOutcome::Existing(record))
+                    }
+                    _ => Err(StoreError::KeyConflict),
+                };
+            };
+            let record = invocation(&row)?;
+            if let (Some(approval_id), Some(reason_code)) = (new.approval_id, new.reason_code) {
+                sqlx::query(
+                    "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, status, requested_at) \
+                     VALUES ($1, $2, $3, $4, $5, 'pending', $6)",
+                )
+                .bind(approval_id)
+                .bind(&new.tenant_id)
+                .bind(new.id)
+                .bind(&new.tool_name)
+                .bind(reason_code.as_str())
+                .bind(claim.now)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            }
+            append_events(&mut tx, &new.tenant_id, events, claim.now).await?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(InsertOutcome::Inserted(record))
+        })
+    }
+
+    fn authorize_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "UPDATE tool_invocations SET status = 'authorized', worker_id = $2, lease_epoch = lease_epoch + 1 \
+                 WHERE id = $1 AND status = 'waiting_for_approval' AND tenant_id = $3 RETURNING ",
+                invocation_columns!()
+            ))
+            .bind(id)
+            .bind(claim.worker_id)
+            .bind(tenant_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let record = row.as_ref().map(invocation).transpose()?;
+            if record.is_some() {
+                append_events(&mut tx, tenant_id, events, claim.now).await?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(record)
+        })
+    }
+
+    fn settle_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let result = terminal_update(
+                &mut tx,
+                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
+                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
+                 WHERE id = $1 AND status = 'waiting_for_approval' AND tenant_id = $11",
+                id,
+                tenant_id,
+                terminal,
+                now,
+                None,
+            )
+            .await?;
+            if result {
+                append_events(&mut tx, tenant_id, events, now).await?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(result)
+        })
+    }
+
+    fn claim_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "UPDATE tool_invocations SET status = 'running', lease_epoch = lease_epoch + 1, started_at = $4, \
+                 attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
+                 WHERE id = $1 AND status = 'authorized' AND worker_id = $2 AND lease_epoch = $3 \
+                 AND tenant_id = $5 RETURNING ",
+                invocation_columns!()
+            ))
+            .bind(id)
+            .bind(fence.worker_id)
+            .bind(fence.lease_epoch)
+            .bind(now)
+            .bind(tenant_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let record = row.as_ref().map(invocation).transpose()?;
+            if record.is_some() {
+                append_events(&mut tx, tenant_id, events, now).await?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(record)
+        })
+    }
+
+    fn mark_effect_sent<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let result = sqlx::query(
+                "UPDATE tool_invocations SET effect_sent_at = COALESCE(effect_sent_at, $4) \
+                 WHERE id = $1 AND status = 'running' AND worker_id = $2 AND lease_epoch = $3 AND tenant_id = $5",
+            )
+            .bind(id)
+            .bind(fence.worker_id)
+            .bind(fence.lease_epoch)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(result.rows_affected() == 1)
+        })
+    }
+
+    fn complete_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let result = terminal_update(
+                &mut tx,
+                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
+                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
+                 WHERE id = $1 AND status IN ('authorized', 'running') AND tenant_id = $11 \
+                 AND worker_id = $12 AND lease_epoch = $13",
+                id,
+                tenant_id,
+                terminal,
+                now,
+                Some(fence),
+            )
+            .await?;
+            if result {
+                append_events(&mut tx, tenant_id, events, now).await?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(result)
+        })
+    }
+
+    fn invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                invocation_columns!(),
+                " FROM tool_invocations WHERE id = $1 AND tenant_id = $2"
+            ))
+            .bind(id)
+            .bind(tenant_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.as_ref().map(invocation).transpose()
+        })
+    }
+
+    fn run_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                invocation_columns!(),
+                " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 ORDER BY step_number, created_at, id"
+            ))
+            .bind(tenant_id)
+            .bind(run_id)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(invocation).collect()
+        })
+    }
+
+    fn claim_expired(
+        &self,
+        claim: Claim,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let rows = sqlx::query(concat!(
+                "UPDATE tool_invocations SET worker_id = $1, lease_epoch = lease_epoch + 1, \
+                 attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
+                 WHERE id IN (\
+                    SELECT i.id FROM tool_invocations i LEFT JOIN workers w ON w.worker_id = i.worker_id \
+                    WHERE i.status IN ('authorized', 'running') AND i.suspended_kind IS NULL \
+                      AND (w.worker_id IS NULL OR w.released_at IS NOT NULL OR w.lease_expires_at < $2) \
+                    ORDER BY i.created_at LIMIT $3 FOR UPDATE OF i SKIP LOCKED) \
+                 RETURNING ",
+                invocation_columns!()
+            ))
+            .bind(claim.worker_id)
+            .bind(claim.now)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(invocation).collect()
+        })
+    }
+
+    fn approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                approval_columns!(),
+                " FROM approvals WHERE id = $1 AND tenant_id = $2"
+            ))
+            .bind(id)
+            .bind(tenant_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.as_ref().map(approval).transpose()
+        })
+    }
+
+    fn pending_approvals<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                approval_columns!(),
+                " FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at, id"
+            ))
+            .bind(tenant_id)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(approval).collect()
+        })
+    }
+
+    fn decide_approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        status: ApprovalStatus,
+        approver: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "UPDATE approvals SET status = $3, approver = $4, decided_at = $5 \
+                 WHERE id = $1 AND tenant_id = $2 AND status = 'pending' RETURNING ",
+                approval_columns!()
+            ))
+            .bind(id)
+            .bind(tenant_id)
+            .bind(status.as_str())
+            .bind(approver)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.as_ref().map(approval).transpose()
+        })
+    }
+
+    fn events_after(
+        &self,
+        after: i64,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<EventRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let rows = sqlx::query(
+                "SELECT id, tenant_id, event_type, payload, created_at FROM events \
+                 WHERE id > $1 AND txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY id LIMIT $2",
+            )
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter()
+                .map(|row| {
+                    Ok(EventRecord {
+                        id: get(row, "id")?,
+                        tenant_id: get(row, "tenant_id")?,
+                        event_type: get(row, "event_type")?,
+                        payload: get(row, "payload")?,
+                        created_at: get(row, "created_at")?,
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
+/// The terminal columns of an UPDATE, fenced when `fence` is given.
+async fn terminal_update(
+    tx: &mut Transaction<'static, Postgres>,
+    sql: &'static str,
+    id: Uuid,
+    tenant_id: &str,
+    terminal: &TerminalRecord,
+    now: DateTime<Utc>,
+    fence: Option<Fence>,
+) -> Result<bool, StoreError> {
+    let mut query = sqlx::query(sql)
+        .bind(id)
+        .bind(terminal.status.as_str())
+        .bind(terminal.outcome_status.as_str())
+        .bind(terminal.reason_code.map(ReasonCode::as_str))
+        .bind(&terminal.result)
+        .bind(&terminal.error)
+        .bind(terminal.output_bytes)
+        .bind(terminal.truncated)
+        .bind(terminal.artifact_id)
+        .bind(now)
+        .bind(tenant_id.to_owned());
+    if let Some(fence) = fence {
+        query = query.bind(fence.worker_id).bind(fence.lease_epoch);
+    }
+    let result = query.execute(&mut **tx).await.map_err(database_error)?;
+    Ok(result.rows_affected() == 1)
+}

@@ -1,0 +1,15 @@
+//! Approvals: the states of a human decision.
+
+closed_enum! {
+    /// The state of an approval.
+    pub enum ApprovalStatus {
+        /// Waiting for a human.
+        Pending => "pending",
+        /// Approved; the call resumes at step 6.
+        Approved => "approved",
+        /// Denied; the call ends denied.
+        Denied => "denied",
+        /// Not decided within its hold.
+        Expired => "expired",
+    }
+}

@@ -1,0 +1,488 @@
+//! The durable record: what the pipeline's four commits, the effect
+//! watermark, deduplication and recovery read and write.
+//!
+//! Every write made for an attempt carries its [`Fence`] and changes nothing
+//! when the fence is stale. Every tenant-owned read and write names its
+//! tenant; adapters enforce it in the query and, on PostgreSQL, with
+//! row-level security as well.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::domain::{
+    ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode, SideEffectClass,
+    ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+};
+
+use super::tool::BoxFuture;
+
+/// Why the store failed. Messages carry no argument, result or secret.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or the connection broke.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A query failed.
+    #[error("store query failed: {0}")]
+    Query(String),
+    /// A stored value could not be read back.
+    #[error("stored value unreadable: {0}")]
+    Decode(String),
+    /// The schema is behind this build.
+    #[error("{0} migration(s) pending; run `toolgate migrate`")]
+    MigrationsPending(usize),
+    /// A migration failed or an applied one differs from this build's.
+    #[error("migration {version}: {reason}")]
+    Migration {
+        /// The migration's version.
+        version: i64,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The idempotency key is held by another tenant's row.
+    #[error("idempotency key conflict")]
+    KeyConflict,
+}
+
+impl StoreError {
+    /// Whether retrying the same operation may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+/// The attempt a write is made for: the worker that claimed the row and the
+/// row's lease epoch at that claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    /// The claiming worker.
+    pub worker_id: Uuid,
+    /// Incremented by every claim of the row.
+    pub lease_epoch: i64,
+}
+
+/// A worker process and its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerLease {
+    /// The worker.
+    pub worker_id: Uuid,
+    /// Where it runs (host name), for operators.
+    pub node: String,
+    /// Start of the process.
+    pub started_at: DateTime<Utc>,
+    /// Its rows are in flight until this moment; recovery takes them after.
+    pub lease_expires_at: DateTime<Utc>,
+}
+
+/// A claim being made: by whom, and until when the lease holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The claiming worker.
+    pub worker_id: Uuid,
+    /// The moment of the claim.
+    pub now: DateTime<Utc>,
+}
+
+/// A row to insert at step 8 (AUTHORIZED), step 7 (WAITING_FOR_APPROVAL,
+/// with its approval) or on a denial (DENIED, terminal).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewInvocation {
+    /// The row id.
+    pub id: Uuid,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The session.
+    pub session_id: Uuid,
+    /// The run.
+    pub run_id: Uuid,
+    /// The step; every call of a batch shares it.
+    pub step_number: i64,
+    /// Provider call id or the bridge's synthesized one.
+    pub call_id: String,
+    /// The registry name (the deferred tool's, for `tool.call`).
+    pub tool_name: String,
+    /// The pinned version.
+    pub tool_version: String,
+    /// Builtin, MCP, device or sandbox.
+    pub tool_source: ToolSource,
+    /// Set for MCP tools.
+    pub server_id: Option<String>,
+    /// The canonical arguments.
+    pub arguments: Value,
+    /// `normalized_arguments_hash`.
+    pub arguments_hash: String,
+    /// The UNIQUE key.
+    pub idempotency_key: String,
+    /// Snapshot of the class at authorization: recovery reads this, never
+    /// the registry of a possibly different build.
+    pub idempotency_class: IdempotencyClass,
+    /// Snapshot of the side effect, for the same reason.
+    pub side_effect: SideEffectClass,
+    /// Minimum trust over the request's context items.
+    pub origin_trust: TrustLevel,
+    /// Who the call acts for; re-checked before any re-execution.
+    pub principal: Principal,
+    /// Shared by one parallel batch.
+    pub parallel_group: Option<Uuid>,
+    /// The run's deadline for this call.
+    pub deadline_at: Option<DateTime<Utc>>,
+    /// AUTHORIZED, WAITING_FOR_APPROVAL or DENIED.
+    pub status: InvocationStatus,
+    /// For a DENIED row, why.
+    pub reason_code: Option<ReasonCode>,
+    /// For a WAITING_FOR_APPROVAL row, the approval opened with it.
+    pub approval_id: Option<Uuid>,
+}
+
+/// How a row ended, written at step 13 (or by recovery).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TerminalRecord {
+    /// SUCCEEDED, FAILED, DENIED or UNCERTAIN.
+    pub status: InvocationStatus,
+    /// The outcome status the model read.
+    pub outcome_status: ToolOutcomeStatus,
+    /// Absent on success.
+    pub reason_code: Option<ReasonCode>,
+    /// The rendered result (content and structure), for replay on dedup.
+    pub result: Option<Value>,
+    /// The tool's failure (detail and external text), for operators only.
+    pub error: Option<Value>,
+    /// UTF-8 bytes of the tool's content.
+    pub output_bytes: Option<i64>,
+    /// Whether the model saw an excerpt.
+    pub truncated: bool,
+    /// The whole result's artifact, when excerpted.
+    pub artifact_id: Option<Uuid>,
+}
+
+/// A `tool_invocations` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvocationRecord {
+    /// The row id.
+    pub id: Uuid,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The session.
+    pub session_id: Uuid,
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step_number: i64,
+    /// The call id.
+    pub call_id: String,
+    /// The registry name.
+    pub tool_name: String,
+    /// The pinned version.
+    pub tool_version: String,
+    /// Where the tool comes from.
+    pub tool_source: ToolSource,
+    /// Set for MCP tools.
+    pub server_id: Option<String>,
+    /// The canonical arguments.
+    pub arguments: Value,
+    /// `normalized_arguments_hash`.
+    pub arguments_hash: String,
+    /// The UNIQUE key.
+    pub idempotency_key: String,
+    /// The row's state.
+    pub status: InvocationStatus,
+    /// Snapshot of the class.
+    pub idempotency_class: IdempotencyClass,
+    /// Snapshot of the side effect.
+    pub side_effect: SideEffectClass,
+    /// Who the call acts for.
+    pub principal: Principal,
+    /// Request trust.
+    pub origin_trust: TrustLevel,
+    /// The batch.
+    pub parallel_group: Option<Uuid>,
+    /// The call's deadline.
+    pub deadline_at: Option<DateTime<Utc>>,
+    /// The approval, while or after waiting.
+    pub approval_id: Option<Uuid>,
+    /// The effect watermark.
+    pub effect_sent_at: Option<DateTime<Utc>>,
+    /// Claims made of the row.
+    pub attempt_number: i32,
+    /// The current claim's worker.
+    pub worker_id: Option<Uuid>,
+    /// The current claim's epoch.
+    pub lease_epoch: i64,
+    /// `user_input` or `child_run` while a control tool is suspended.
+    pub suspended_kind: Option<String>,
+    /// The question or child run it waits for.
+    pub suspended_ref: Option<String>,
+    /// The outcome status, once terminal.
+    pub outcome_status: Option<ToolOutcomeStatus>,
+    /// The reason code, once terminal (absent on success).
+    pub reason_code: Option<ReasonCode>,
+    /// The rendered result.
+    pub result: Option<Value>,
+    /// The tool's failure, for operators.
+    pub error: Option<Value>,
+    /// Output size.
+    pub output_bytes: Option<i64>,
+    /// Excerpted or not.
+    pub truncated: bool,
+    /// The whole result's artifact.
+    pub artifact_id: Option<Uuid>,
+    /// Row creation.
+    pub created_at: DateTime<Utc>,
+    /// Last claim.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Terminal write.
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+impl InvocationRecord {
+    /// The fence of the row's current claim, if claimed.
+    pub fn fence(&self) -> Option<Fence> {
+        self.worker_id.map(|worker_id| Fence {
+            worker_id,
+            lease_epoch: self.lease_epoch,
+        })
+    }
+}
+
+/// What step 8's insert found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InsertOutcome {
+    /// The row is new.
+    Inserted(InvocationRecord),
+    /// A row with this key already exists: the deduplication path.
+    Existing(InvocationRecord),
+}
+
+/// An `approvals` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRecord {
+    /// The approval.
+    pub id: Uuid,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The waiting invocation.
+    pub invocation_id: Uuid,
+    /// The tool asked about.
+    pub tool_name: String,
+    /// Why approval was required.
+    pub reason_code: ReasonCode,
+    /// Its state.
+    pub status: ApprovalStatus,
+    /// Who decided.
+    pub approver: Option<String>,
+    /// When it was opened.
+    pub requested_at: DateTime<Utc>,
+    /// When it was decided.
+    pub decided_at: Option<DateTime<Utc>>,
+}
+
+/// One of the seven tool events: identity and classification only. No
+/// arguments, no result, no error detail, no external text: those live in
+/// the tenant-scoped row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolEvent {
+    /// Which of the seven; the event's type, not part of its body.
+    #[serde(skip)]
+    pub kind: ToolEventKind,
+    /// The row.
+    pub invocation_id: Uuid,
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step_number: i64,
+    /// The call id.
+    pub call_id: String,
+    /// The registry name.
+    pub tool_name: String,
+    /// Builtin, MCP, device or sandbox.
+    pub tool_source: ToolSource,
+    /// The pinned version.
+    pub tool_version: String,
+    /// Set once the outcome is known.
+    pub outcome_status: Option<ToolOutcomeStatus>,
+    /// Set on non-success.
+    pub reason_code: Option<ReasonCode>,
+    /// The snapshot class.
+    pub idempotency_class: IdempotencyClass,
+    /// Whether the watermark was set: what an operator scans for.
+    pub effect_sent: bool,
+    /// Execution time, on terminal events.
+    pub duration_ms: Option<i64>,
+    /// Output size, on terminal events.
+    pub output_bytes: Option<i64>,
+    /// Excerpted or not.
+    pub truncated: bool,
+    /// The batch.
+    pub parallel_group: Option<Uuid>,
+}
+
+/// A row of the events outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRecord {
+    /// Monotonic cursor.
+    pub id: i64,
+    /// The tenant, for tenant events.
+    pub tenant_id: Option<String>,
+    /// e.g. `tool.call.started`.
+    pub event_type: String,
+    /// The event body.
+    pub payload: Value,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The durable record. Each method is one short transaction; none is held
+/// across tool I/O.
+pub trait Store: Send + Sync {
+    /// Versions of this build's migrations not yet applied.
+    fn pending_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>>;
+
+    /// Applies pending migrations; returns the versions applied.
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>>;
+
+    /// Registers a worker and its first lease.
+    fn register_worker<'a>(
+        &'a self,
+        lease: &'a WorkerLease,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Extends a worker's lease; `false` when the worker is unknown or
+    /// released, and the worker must stop claiming.
+    fn heartbeat(
+        &self,
+        worker_id: Uuid,
+        lease_expires_at: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Ends a worker's lease now, so its unfinished rows become recoverable.
+    fn release_worker(
+        &self,
+        worker_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// The lease of a worker, if registered.
+    fn worker(&self, worker_id: Uuid) -> BoxFuture<'_, Result<Option<WorkerLease>, StoreError>>;
+
+    /// Step 8 (or 7 with its approval, or a denial): inserts the row and its
+    /// events in one commit under the inserting worker's fence (epoch 0), or
+    /// returns the row already holding the key and writes nothing.
+    fn insert_invocation<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>>;
+
+    /// An approved call's row moves from WAITING_FOR_APPROVAL to AUTHORIZED
+    /// under the resuming worker's new fence. `None` when it is not waiting.
+    fn authorize_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
+    /// A denied or expired approval ends its waiting row. `false` when the
+    /// row is no longer waiting (another decision won).
+    fn settle_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Step 9: AUTHORIZED to RUNNING under a new fence, with its events.
+    /// `None` when the row is not AUTHORIZED under `fence`.
+    fn claim_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
+    /// The effect watermark: sets `effect_sent_at` once (later calls keep the
+    /// first value). `false` when the fence is stale: the tool must not start.
+    fn mark_effect_sent<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Step 13: the terminal write and its events, only under the current
+    /// fence of an AUTHORIZED or RUNNING row. `false` when the fence is
+    /// stale and nothing changed.
+    fn complete_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// A row by id, within its tenant.
+    fn invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
+    /// A run's rows in step and creation order.
+    fn run_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
+
+    /// Recovery: takes over up to `limit` AUTHORIZED or RUNNING rows, not
+    /// suspended, whose worker's lease has expired or was released, each
+    /// under a new fence. Concurrent sweepers never take the same row.
+    fn claim_expired(
+        &self,
+        claim: Claim,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>>;
+
+    /// An approval, within its tenant.
+    fn approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>>;
+
+    /// Pending approvals of a tenant, oldest first.
+    fn pending_approvals<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, StoreError>>;
+
+    /// Records a decision on a pending approval; `None` when it is not
+    /// pending (decided already, or unknown).
+    fn decide_approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        status: ApprovalStatus,
+        approver: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>>;
+
+    /// Events after the cursor, in id order; only ids no running transaction
+    /// can still fill in below, so a reader never skips one.
+    fn events_after(
+        &self,
+        after: i64,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<EventRecord>, StoreError>>;
+}

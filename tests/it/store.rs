@@ -1,0 +1,875 @@
+//! One store suite, run against embedded SQLite always and against
+//! PostgreSQL when `DATABASE_URL` is set (CI always sets it). Each PostgreSQL
+//! run gets a schema of its own, dropped afterwards.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use serde_json::json;
+use sqlx::Connection;
+use toolgate::adapters::store::{PostgresStore, SqliteStore};
+use toolgate::domain::{
+    ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode, SideEffectClass,
+    ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+};
+use toolgate::ports::{
+    Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Store, StoreError,
+    TerminalRecord, ToolEvent, WorkerLease,
+};
+use uuid::Uuid;
+
+/// A PostgreSQL schema that exists for one test.
+pub struct PgSchema {
+    admin_url: String,
+    pub name: String,
+    pub url: String,
+}
+
+impl PgSchema {
+    /// Creates a fresh schema, or `None` when `DATABASE_URL` is unset.
+    pub async fn create() -> Option<PgSchema> {
+        let admin_url = std::env::var("DATABASE_URL").ok()?;
+        let name = format!("t_{}", Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .expect("DATABASE_URL connects");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+            .execute(&mut admin)
+            .await
+            .expect("creates a schema");
+        let separator = if admin_url.contains('?') { '&' } else { '?' };
+        let url = format!("{admin_url}{separator}options=-c%20search_path%3D{name}");
+        Some(PgSchema {
+            admin_url,
+            name,
+            url,
+        })
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let (url, name) = (self.admin_url.clone(), self.name.clone());
+        // Drop runs outside any async context; a thread with its own runtime
+        // removes the schema even when the test failed.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let mut admin = sqlx::PgConnection::connect(&url).await.ok()?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS {name} CASCADE"
+                )))
+                .execute(&mut admin)
+                .await
+                .ok()
+            })
+        })
+        .join();
+    }
+}
+
+/// The backends under test: SQLite in a temp folder, and PostgreSQL when
+/// available. The guards keep the file and the schema alive.
+pub struct Backends {
+    pub stores: Vec<(&'static str, Arc<dyn Store>)>,
+    _folder: tempfile::TempDir,
+    pub postgres: Option<PgSchema>,
+}
+
+pub async fn backends() -> Backends {
+    let folder = tempfile::tempdir().expect("temp folder");
+    let url = format!("sqlite://{}", folder.path().join("toolgate.db").display());
+    let sqlite: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.expect("sqlite opens"));
+    sqlite.migrate().await.expect("sqlite migrates");
+    let mut stores = vec![("sqlite", sqlite)];
+    let postgres = PgSchema::create().await;
+    if let Some(schema) = &postgres {
+        let store: Arc<dyn Store> = Arc::new(
+            PostgresStore::connect(&schema.url)
+                .await
+                .expect("postgres connects"),
+        );
+        store.migrate().await.expect("postgres migrates");
+        stores.push(("postgres", store));
+    } else {
+        eprintln!("DATABASE_URL unset: PostgreSQL half of the store suite skipped");
+    }
+    Backends {
+        stores,
+        _folder: folder,
+        postgres,
+    }
+}
+
+fn now() -> DateTime<Utc> {
+    // Whole microseconds, as both backends store them.
+    DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("in range")
+}
+
+async fn worker(store: &dyn Store, lease: Duration) -> Uuid {
+    let worker_id = Uuid::new_v4();
+    let now = now();
+    store
+        .register_worker(&WorkerLease {
+            worker_id,
+            node: "test".into(),
+            started_at: now,
+            lease_expires_at: now + lease,
+        })
+        .await
+        .expect("registers");
+    worker_id
+}
+
+fn new_invocation(
+    tenant: &str,
+    run_id: Uuid,
+    call_id: &str,
+    status: InvocationStatus,
+) -> NewInvocation {
+    NewInvocation {
+        id: Uuid::new_v4(),
+        tenant_id: tenant.into(),
+        session_id: Uuid::new_v4(),
+        run_id,
+        step_number: 1,
+        call_id: call_id.into(),
+        tool_name: "demo.external_write".into(),
+        tool_version: "1".into(),
+        tool_source: ToolSource::Builtin,
+        server_id: None,
+        arguments: json!({"line": "secret customer text"}),
+        arguments_hash: "ab".repeat(32),
+        idempotency_key: format!("{tenant}:{run_id}:{call_id}"),
+        idempotency_class: IdempotencyClass::NonIdempotent,
+        side_effect: SideEffectClass::ExternalWrite,
+        origin_trust: TrustLevel::User,
+        principal: Principal {
+            id: "p1".into(),
+            scopes: ["demo.use".to_owned()].into(),
+        },
+        parallel_group: None,
+        deadline_at: Some(now() + Duration::seconds(60)),
+        status,
+        reason_code: None,
+        approval_id: None,
+    }
+}
+
+fn event(kind: ToolEventKind, record: &NewInvocation) -> ToolEvent {
+    ToolEvent {
+        kind,
+        invocation_id: record.id,
+        run_id: record.run_id,
+        step_number: record.step_number,
+        call_id: record.call_id.clone(),
+        tool_name: record.tool_name.clone(),
+        tool_source: record.tool_source,
+        tool_version: record.tool_version.clone(),
+        outcome_status: None,
+        reason_code: None,
+        idempotency_class: record.idempotency_class,
+        effect_sent: false,
+        duration_ms: None,
+        output_bytes: None,
+        truncated: false,
+        parallel_group: None,
+    }
+}
+
+fn succeeded() -> TerminalRecord {
+    TerminalRecord {
+        status: InvocationStatus::Succeeded,
+        outcome_status: ToolOutcomeStatus::Succeeded,
+        reason_code: None,
+        result: Some(json!({"content": [{"type": "text", "text": "ok"}]})),
+        error: None,
+        output_bytes: Some(2),
+        truncated: false,
+        artifact_id: None,
+    }
+}
+
+async fn insert(store: &dyn Store, new: &NewInvocation, worker_id: Uuid) -> InvocationRecord {
+    let events = [event(ToolEventKind::Authorized, new)];
+    match store
+        .insert_invocation(
+            new,
+            Claim {
+                worker_id,
+                now: now(),
+            },
+            &events,
+        )
+        .await
+        .expect("inserts")
+    {
+        InsertOutcome::Inserted(record) => record,
+        InsertOutcome::Existing(_) => panic!("a fresh key found an existing row"),
+    }
+}
+
+#[tokio::test]
+async fn migrations_apply_once() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        assert!(
+            store.pending_migrations().await.unwrap().is_empty(),
+            "{name}"
+        );
+        assert!(
+            store.migrate().await.unwrap().is_empty(),
+            "{name}: a second migrate applies nothing"
+        );
+    }
+}
+
+#[tokio::test]
+async fn insert_deduplicates_on_the_key() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let new = new_invocation(
+            "tenant-a",
+            Uuid::new_v4(),
+            "call-1",
+            InvocationStatus::Authorized,
+        );
+        let record = insert(store.as_ref(), &new, worker_id).await;
+        assert_eq!(record.status, InvocationStatus::Authorized, "{name}");
+        assert_eq!(record.attempt_number, 1);
+        assert_eq!(
+            record.fence(),
+            Some(Fence {
+                worker_id,
+                lease_epoch: 0
+            })
+        );
+        assert_eq!(record.arguments, new.arguments);
+        assert_eq!(record.principal, new.principal);
+
+        let mut again = new.clone();
+        again.id = Uuid::new_v4();
+        let events = [event(ToolEventKind::Authorized, &again)];
+        let outcome = store
+            .insert_invocation(
+                &again,
+                Claim {
+                    worker_id,
+                    now: now(),
+                },
+                &events,
+            )
+            .await
+            .unwrap();
+        assert_eq!(outcome, InsertOutcome::Existing(record.clone()), "{name}");
+
+        // The same key from another tenant is refused without revealing the row.
+        let mut foreign = new.clone();
+        foreign.id = Uuid::new_v4();
+        foreign.tenant_id = "tenant-b".into();
+        let error = store
+            .insert_invocation(
+                &foreign,
+                Claim {
+                    worker_id,
+                    now: now(),
+                },
+                &events,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(error, StoreError::KeyConflict), "{name}: {error}");
+
+        // Exactly one authorized event was written, and it carries no arguments.
+        let events = store.events_after(0, 100).await.unwrap();
+        let mine: Vec<_> = events
+            .iter()
+            .filter(|e| e.payload["invocation_id"] == json!(new.id))
+            .collect();
+        assert_eq!(mine.len(), 1, "{name}");
+        assert_eq!(mine[0].event_type, "tool.call.authorized");
+        assert!(
+            !mine[0].payload.to_string().contains("secret customer text"),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn claim_watermark_and_completion_are_fenced() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let new = new_invocation(
+            "tenant-a",
+            Uuid::new_v4(),
+            "call-1",
+            InvocationStatus::Authorized,
+        );
+        let record = insert(store.as_ref(), &new, worker_id).await;
+        let inserted_fence = record.fence().unwrap();
+        let started = [event(ToolEventKind::Started, &new)];
+
+        let running = store
+            .claim_invocation("tenant-a", new.id, inserted_fence, now(), &started)
+            .await
+            .unwrap()
+            .expect("claims");
+        assert_eq!(running.status, InvocationStatus::Running, "{name}");
+        assert_eq!(running.attempt_number, 1);
+        let fence = running.fence().unwrap();
+        assert_eq!(fence.lease_epoch, 1);
+        // A second claim, or one under the old fence, changes nothing.
+        assert!(
+            store
+                .claim_invocation("tenant-a", new.id, inserted_fence, now(), &started)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            store
+                .claim_invocation("tenant-a", new.id, fence, now(), &started)
+                .await
+                .unwrap()
+                .is_none()
+        );
+
+        // The watermark is set once and keeps its first value.
+        let first = now();
+        assert!(
+            store
+                .mark_effect_sent("tenant-a", new.id, fence, first)
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        assert!(
+            store
+                .mark_effect_sent("tenant-a", new.id, fence, first + Duration::seconds(5))
+                .await
+                .unwrap()
+        );
+        let row = store.invocation("tenant-a", new.id).await.unwrap().unwrap();
+        assert_eq!(row.effect_sent_at, Some(first), "{name}");
+        // Under a stale fence the watermark is refused: the tool must not start.
+        assert!(
+            !store
+                .mark_effect_sent("tenant-a", new.id, inserted_fence, now())
+                .await
+                .unwrap()
+        );
+        // Another tenant cannot touch the row.
+        assert!(
+            !store
+                .mark_effect_sent("tenant-b", new.id, fence, now())
+                .await
+                .unwrap()
+        );
+
+        let completed = [event(ToolEventKind::Completed, &new)];
+        assert!(
+            !store
+                .complete_invocation(
+                    "tenant-a",
+                    new.id,
+                    inserted_fence,
+                    &succeeded(),
+                    &completed,
+                    now()
+                )
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .complete_invocation("tenant-b", new.id, fence, &succeeded(), &completed, now())
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .complete_invocation("tenant-a", new.id, fence, &succeeded(), &completed, now())
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .complete_invocation("tenant-a", new.id, fence, &succeeded(), &completed, now())
+                .await
+                .unwrap(),
+            "{name}: terminal is final"
+        );
+        let row = store.invocation("tenant-a", new.id).await.unwrap().unwrap();
+        assert_eq!(row.status, InvocationStatus::Succeeded);
+        assert_eq!(row.outcome_status, Some(ToolOutcomeStatus::Succeeded));
+        assert_eq!(row.result, succeeded().result);
+        assert_eq!(row.output_bytes, Some(2));
+        assert!(row.completed_at.is_some());
+    }
+}
+
+#[tokio::test]
+async fn denials_are_terminal_rows() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let mut new = new_invocation(
+            "tenant-a",
+            Uuid::new_v4(),
+            "call-1",
+            InvocationStatus::Denied,
+        );
+        new.reason_code = Some(ReasonCode::PolicyScopeMissing);
+        let record = insert(store.as_ref(), &new, worker_id).await;
+        assert_eq!(record.status, InvocationStatus::Denied, "{name}");
+        assert_eq!(record.outcome_status, Some(ToolOutcomeStatus::Denied));
+        assert_eq!(record.reason_code, Some(ReasonCode::PolicyScopeMissing));
+        assert!(record.completed_at.is_some());
+        let fence = record.fence().unwrap();
+        assert!(
+            store
+                .claim_invocation("tenant-a", new.id, fence, now(), &[])
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+}
+
+#[tokio::test]
+async fn approvals_wait_resume_and_settle() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let run_id = Uuid::new_v4();
+        let mut approved = new_invocation(
+            "tenant-a",
+            run_id,
+            "call-1",
+            InvocationStatus::WaitingForApproval,
+        );
+        approved.approval_id = Some(Uuid::new_v4());
+        approved.reason_code = Some(ReasonCode::PolicyMatrixExternalWrite);
+        let mut denied = new_invocation(
+            "tenant-a",
+            run_id,
+            "call-2",
+            InvocationStatus::WaitingForApproval,
+        );
+        denied.approval_id = Some(Uuid::new_v4());
+        denied.reason_code = Some(ReasonCode::PolicyMatrixExternalWrite);
+        insert(store.as_ref(), &approved, worker_id).await;
+        insert(store.as_ref(), &denied, worker_id).await;
+
+        let pending = store.pending_approvals("tenant-a").await.unwrap();
+        assert_eq!(pending.len(), 2, "{name}");
+        assert!(
+            store
+                .pending_approvals("tenant-b")
+                .await
+                .unwrap()
+                .is_empty(),
+            "{name}"
+        );
+        assert_eq!(pending[0].status, ApprovalStatus::Pending);
+
+        let approval_id = approved.approval_id.unwrap();
+        let decision = store
+            .decide_approval(
+                "tenant-a",
+                approval_id,
+                ApprovalStatus::Approved,
+                "ops@example.com",
+                now(),
+            )
+            .await
+            .unwrap()
+            .expect("decided");
+        assert_eq!(decision.approver.as_deref(), Some("ops@example.com"));
+        assert!(
+            store
+                .decide_approval(
+                    "tenant-a",
+                    approval_id,
+                    ApprovalStatus::Denied,
+                    "late",
+                    now()
+                )
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}: decided once"
+        );
+        assert!(
+            store
+                .approval("tenant-b", approval_id)
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}"
+        );
+
+        // Another worker resumes the approved call.
+        let resumer = worker(store.as_ref(), Duration::seconds(30)).await;
+        let events = [event(ToolEventKind::Authorized, &approved)];
+        let resumed = store
+            .authorize_waiting(
+                "tenant-a",
+                approved.id,
+                Claim {
+                    worker_id: resumer,
+                    now: now(),
+                },
+                &events,
+            )
+            .await
+            .unwrap()
+            .expect("resumes");
+        assert_eq!(resumed.status, InvocationStatus::Authorized);
+        assert_eq!(
+            resumed.fence(),
+            Some(Fence {
+                worker_id: resumer,
+                lease_epoch: 1
+            })
+        );
+        assert!(
+            store
+                .authorize_waiting(
+                    "tenant-a",
+                    approved.id,
+                    Claim {
+                        worker_id: resumer,
+                        now: now()
+                    },
+                    &events
+                )
+                .await
+                .unwrap()
+                .is_none()
+        );
+
+        store
+            .decide_approval(
+                "tenant-a",
+                denied.approval_id.unwrap(),
+                ApprovalStatus::Denied,
+                "ops",
+                now(),
+            )
+            .await
+            .unwrap();
+        let terminal = TerminalRecord {
+            status: InvocationStatus::Denied,
+            outcome_status: ToolOutcomeStatus::Denied,
+            reason_code: Some(ReasonCode::PolicyApprovalDenied),
+            result: None,
+            error: None,
+            output_bytes: None,
+            truncated: false,
+            artifact_id: None,
+        };
+        assert!(
+            store
+                .settle_waiting("tenant-a", denied.id, &terminal, &[], now())
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        assert!(
+            !store
+                .settle_waiting("tenant-a", denied.id, &terminal, &[], now())
+                .await
+                .unwrap()
+        );
+        let rows = store.run_invocations("tenant-a", run_id).await.unwrap();
+        let statuses: Vec<InvocationStatus> = rows.iter().map(|r| r.status).collect();
+        assert_eq!(
+            statuses,
+            vec![InvocationStatus::Authorized, InvocationStatus::Denied],
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn recovery_takes_only_rows_of_dead_workers() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let dead = worker(store.as_ref(), Duration::milliseconds(-1)).await;
+        let live = worker(store.as_ref(), Duration::seconds(60)).await;
+        let released = worker(store.as_ref(), Duration::seconds(60)).await;
+        let run_id = Uuid::new_v4();
+        let mut running_dead = None;
+        let mut expected = BTreeSet::new();
+        for (call, owner, claim) in [
+            ("a", dead, true),
+            ("b", dead, false),
+            ("c", live, true),
+            ("d", released, true),
+        ] {
+            let new = new_invocation("tenant-a", run_id, call, InvocationStatus::Authorized);
+            let record = insert(store.as_ref(), &new, owner).await;
+            if claim {
+                store
+                    .claim_invocation("tenant-a", new.id, record.fence().unwrap(), now(), &[])
+                    .await
+                    .unwrap()
+                    .unwrap();
+            }
+            if owner != live {
+                expected.insert(new.id);
+            }
+            if call == "a" {
+                running_dead = Some(new.id);
+            }
+        }
+        store.release_worker(released, now()).await.unwrap();
+        assert!(
+            !store
+                .heartbeat(released, now() + Duration::seconds(60))
+                .await
+                .unwrap(),
+            "{name}: released stays released"
+        );
+        assert!(
+            store
+                .heartbeat(live, now() + Duration::seconds(60))
+                .await
+                .unwrap()
+        );
+
+        let sweeper = worker(store.as_ref(), Duration::seconds(60)).await;
+        let taken = store
+            .claim_expired(
+                Claim {
+                    worker_id: sweeper,
+                    now: now(),
+                },
+                100,
+            )
+            .await
+            .unwrap();
+        let ids: BTreeSet<Uuid> = taken
+            .iter()
+            .filter(|r| r.run_id == run_id)
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, expected, "{name}");
+        let a = taken.iter().find(|r| Some(r.id) == running_dead).unwrap();
+        assert_eq!(a.status, InvocationStatus::Running);
+        assert_eq!(
+            a.fence(),
+            Some(Fence {
+                worker_id: sweeper,
+                lease_epoch: 2
+            })
+        );
+        assert_eq!(
+            a.attempt_number, 2,
+            "{name}: a recovered execution is a new attempt"
+        );
+        // The dead worker's late completion changes nothing.
+        let stale = Fence {
+            worker_id: dead,
+            lease_epoch: 1,
+        };
+        assert!(
+            !store
+                .complete_invocation("tenant-a", a.id, stale, &succeeded(), &[], now())
+                .await
+                .unwrap()
+        );
+        // Taken rows belong to a live lease now: a second sweep finds nothing of them.
+        let again = store
+            .claim_expired(
+                Claim {
+                    worker_id: Uuid::new_v4(),
+                    now: now(),
+                },
+                100,
+            )
+            .await
+            .unwrap();
+        assert!(again.iter().all(|r| r.run_id != run_id), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn tenants_cannot_read_each_other() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let run_id = Uuid::new_v4();
+        let new = new_invocation("tenant-a", run_id, "call-1", InvocationStatus::Authorized);
+        insert(store.as_ref(), &new, worker_id).await;
+        assert!(
+            store
+                .invocation("tenant-a", new.id)
+                .await
+                .unwrap()
+                .is_some(),
+            "{name}"
+        );
+        assert!(
+            store
+                .invocation("tenant-b", new.id)
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}"
+        );
+        assert!(
+            store
+                .run_invocations("tenant-b", run_id)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{name}"
+        );
+    }
+}
+
+/// Row-level security on its own: a role that is not a superuser, with the
+/// tenant setting and no WHERE clause, sees only its tenant's rows.
+#[tokio::test]
+async fn postgres_row_level_security_isolates_tenants() {
+    let backends = backends().await;
+    let Some(schema) = &backends.postgres else {
+        eprintln!("DATABASE_URL unset: row-level security test skipped");
+        return;
+    };
+    let store = &backends
+        .stores
+        .iter()
+        .find(|(name, _)| *name == "postgres")
+        .unwrap()
+        .1;
+    let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+    for tenant in ["tenant-a", "tenant-b"] {
+        insert(
+            store.as_ref(),
+            &new_invocation(tenant, Uuid::new_v4(), "call", InvocationStatus::Authorized),
+            worker_id,
+        )
+        .await;
+    }
+    let mut connection = sqlx::PgConnection::connect(&schema.url).await.unwrap();
+    let role = format!("{}_reader", schema.name);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} NOLOGIN; GRANT USAGE ON SCHEMA {s} TO {role}; \
+         GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {role};",
+        s = schema.name
+    )))
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    let mut tx = connection.begin().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE {role}")))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for tenant in ["tenant-a", "tenant-b", "nobody"] {
+        sqlx::query("SELECT set_config('toolgate.tenant_id', $1, true)")
+            .bind(tenant)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let tenants: Vec<(String,)> =
+            sqlx::query_as("SELECT DISTINCT tenant_id FROM tool_invocations")
+                .fetch_all(&mut *tx)
+                .await
+                .unwrap();
+        seen.push(tenants.into_iter().map(|(t,)| t).collect::<Vec<_>>());
+    }
+    assert_eq!(
+        seen,
+        vec![
+            vec!["tenant-a".to_owned()],
+            vec!["tenant-b".to_owned()],
+            vec![]
+        ]
+    );
+    tx.rollback().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role};"
+    )))
+    .execute(&mut connection)
+    .await
+    .unwrap();
+}
+
+/// Two sweepers on one PostgreSQL database never take the same row.
+#[tokio::test]
+async fn postgres_sweepers_skip_each_others_rows() {
+    let backends = backends().await;
+    let Some(schema) = &backends.postgres else {
+        eprintln!("DATABASE_URL unset: concurrent sweep test skipped");
+        return;
+    };
+    let store = &backends
+        .stores
+        .iter()
+        .find(|(name, _)| *name == "postgres")
+        .unwrap()
+        .1;
+    let dead = worker(store.as_ref(), Duration::milliseconds(-1)).await;
+    let run_id = Uuid::new_v4();
+    let mut all = BTreeSet::new();
+    for call in 0..40 {
+        let new = new_invocation(
+            "tenant-a",
+            run_id,
+            &format!("call-{call}"),
+            InvocationStatus::Authorized,
+        );
+        insert(store.as_ref(), &new, dead).await;
+        all.insert(new.id);
+    }
+    // A second store object is a second node: its own pool.
+    let other: Arc<dyn Store> = Arc::new(PostgresStore::connect(&schema.url).await.unwrap());
+    let (one, two) = (
+        worker(store.as_ref(), Duration::seconds(60)).await,
+        worker(store.as_ref(), Duration::seconds(60)).await,
+    );
+    let mut taken_one = BTreeSet::new();
+    let mut taken_two = BTreeSet::new();
+    loop {
+        let (a, b) = tokio::join!(
+            store.claim_expired(
+                Claim {
+                    worker_id: one,
+                    now: now()
+                },
+                3
+            ),
+            other.claim_expired(
+                Claim {
+                    worker_id: two,
+                    now: now()
+                },
+                3
+            )
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        if a.is_empty() && b.is_empty() {
+            break;
+        }
+        for record in a {
+            assert!(taken_one.insert(record.id));
+        }
+        for record in b {
+            assert!(taken_two.insert(record.id));
+        }
+    }
+    assert!(taken_one.is_disjoint(&taken_two));
+    let union: BTreeSet<Uuid> = taken_one.union(&taken_two).copied().collect();
+    assert_eq!(union, all);
+}
