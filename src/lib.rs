@@ -7,6 +7,7 @@
 
 pub mod adapters;
 pub mod app;
+pub mod builtin;
 pub mod config;
 pub mod domain;
 pub mod pipeline;

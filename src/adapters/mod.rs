@@ -1,4 +1,7 @@
 //! Adapters: each implements ports with its own library and knows no other
 //! adapter.
 
+pub mod artifacts;
+pub mod credentials;
+pub mod policy;
 pub mod store;

@@ -61,6 +61,7 @@ pub mod idempotency;
 pub mod mcp_server;
 pub mod names;
 pub mod outcome;
+pub mod policy;
 pub mod reason_codes;
 pub mod result;
 pub mod secret;

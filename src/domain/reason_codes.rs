@@ -84,9 +84,15 @@ reason_codes! {
     /// An external write needed approval, and the approver refused.
     PolicyMatrixExternalWrite => "policy.matrix.external_write", Denied, retryable: false, None,
         "Not performed. Approval was required and was denied.";
+    /// The policy matrix requires approval for this combination.
+    PolicyMatrixApprovalRequired => "policy.matrix.approval_required", Denied, retryable: false, None,
+        "Not performed. Approval was required and was not given.";
     /// A per-name rule denies the tool.
     PolicyRuleDenied => "policy.rule.denied", Denied, retryable: false, None,
         "Not performed. Policy does not permit this action.";
+    /// A per-name rule requires approval, and none was given.
+    PolicyRuleApprovalRequired => "policy.rule.approval_required", Denied, retryable: false, None,
+        "Not performed. Approval was required and was not given.";
     /// Approval was required and the approver refused.
     PolicyApprovalDenied => "policy.approval.denied", Denied, retryable: false, None,
         "Not performed. Approval was required and was denied.";

@@ -4,9 +4,16 @@
 //! Uses ports and domain only; never an adapter, so every adapter supplies a
 //! `Tool` and re-enters the same function.
 
+pub mod executor;
+pub mod output;
+pub mod recovery;
 pub mod registry;
 pub mod validation;
 
+pub use executor::{
+    CallOutcome, CallRequest, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
+    RecoveryReport, StepObserver, Unobserved,
+};
 pub use registry::{
     PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection,
     RejectionReason, StartupError, ToolNotFound, ToolRegistry,

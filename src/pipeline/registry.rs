@@ -309,6 +309,13 @@ impl ToolRegistry {
             .clone()
     }
 
+    /// A pin of exactly one registered version: what recovery resolves a
+    /// row's tool against, since the row records the version it ran.
+    pub fn pin_exact(&self, name: &str, version: &str) -> Option<Arc<PinnedToolSet>> {
+        let tool = self.get(name, Some(version)).ok()?;
+        Some(Arc::new(pin(vec![tool])))
+    }
+
     /// The pinned set a session advertised, by its hash.
     pub fn pinned(&self, tool_schema_sha256: &str) -> Option<Arc<PinnedToolSet>> {
         read(&self.pinned).get(tool_schema_sha256).cloned()

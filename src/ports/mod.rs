@@ -4,15 +4,19 @@
 //! through what is on the context), and `Store` (the durable record the
 //! pipeline's four commits write). Must not know any adapter.
 
+pub mod clock;
+pub mod policy;
 pub mod store;
 pub mod tool;
 
+pub use clock::{Clock, SystemClock};
+pub use policy::PolicyEngine;
 pub use store::{
     ApprovalRecord, Claim, EventRecord, Fence, InsertOutcome, InvocationRecord, NewInvocation,
     Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
 };
 pub use tool::{
-    ArtifactError, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,
+    ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,
     CredentialResolver, EffectWatermark, ExecutionTarget, Tool, ToolExecutionContext,
     WatermarkError, WorkspaceHandle,
 };

@@ -454,6 +454,17 @@ pub trait Store: Send + Sync {
         limit: i64,
     ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>>;
 
+    /// Deduplication's case 4 for one row: takes over an AUTHORIZED or
+    /// RUNNING row, not suspended, whose worker's lease has expired or was
+    /// released, under a new fence. `None` when its owner is alive (or it
+    /// has moved on).
+    fn take_over<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
     /// An approval, within its tenant.
     fn approval<'a>(
         &'a self,

@@ -72,6 +72,17 @@ pub trait ArtifactWriter: Send + Sync {
     ) -> BoxFuture<'a, Result<ArtifactRef, ArtifactError>>;
 }
 
+/// Hands out writers scoped to one tenant and run; the pipeline holds this,
+/// a tool only ever sees the scoped writer.
+pub trait ArtifactStore: Send + Sync {
+    /// A writer for `tenant_id`'s run `run_id`.
+    fn writer(
+        &self,
+        tenant_id: &str,
+        run_id: Uuid,
+    ) -> Result<Arc<dyn ArtifactWriter>, ArtifactError>;
+}
+
 /// Why a credential could not be resolved. Never carries the value.
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialError {

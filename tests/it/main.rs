@@ -3,5 +3,6 @@
 mod boundaries;
 mod config;
 mod gates;
+mod pipeline;
 mod store;
 mod support;

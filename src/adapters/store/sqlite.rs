@@ -677,6 +677,36 @@ impl Store for SqliteStore {
         })
     }
 
+    fn take_over<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let row = sqlx::query(concat!(
+                "UPDATE tool_invocations SET worker_id = $3, lease_epoch = lease_epoch + 1, \
+                 attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
+                 WHERE id = $1 AND tenant_id = $2 AND status IN ('authorized', 'running') \
+                   AND suspended_kind IS NULL \
+                   AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = tool_invocations.worker_id \
+                                   AND w.released_at IS NULL AND w.lease_expires_at >= $4) \
+                 RETURNING ",
+                invocation_columns!()
+            ))
+            .bind(id.to_string())
+            .bind(tenant_id)
+            .bind(claim.worker_id.to_string())
+            .bind(micros(claim.now))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.as_ref().map(invocation).transpose()
+        })
+    }
+
     fn approval<'a>(
         &'a self,
         tenant_id: &'a str,

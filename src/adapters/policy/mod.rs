@@ -1,0 +1,365 @@
+//! The default `PolicyEngine`: a rule file, read once at start-up.
+//!
+//! Per-name rules are tried first, in file order; then the file's matrix
+//! rows over side effect, risk and origin trust; then the built-in matrix:
+//! reads and workspace writes are allowed, external writes need approval
+//! unless they are low-risk and the turn saw nothing below USER.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::domain::glob_matches;
+use crate::domain::policy::{PolicyDecision, ProposedAction};
+use crate::domain::{ReasonCode, RiskLevel, SideEffectClass, TrustLevel};
+use crate::ports::{BoxFuture, PolicyEngine};
+
+/// Why a rule file cannot be used. Names the place, never a value.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFileError {
+    /// The file cannot be read.
+    #[error("cannot read the policy file: {0}")]
+    Read(std::io::ErrorKind),
+    /// The file does not match the rule-file schema.
+    #[error("{path}: {message}")]
+    Schema {
+        /// Where in the file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// What a rule decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// Proceed.
+    Allow,
+    /// Refuse.
+    Deny,
+    /// Ask a human first.
+    RequireApproval,
+}
+
+/// Which request trust a matrix row applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// Any origin.
+    #[default]
+    Any,
+    /// The turn saw nothing below USER.
+    Trusted,
+    /// The turn saw something below USER.
+    Untrusted,
+}
+
+/// A per-name rule.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Globs over registry names.
+    pub tools: Vec<String>,
+    /// The decision for a match.
+    pub decision: Decision,
+}
+
+/// A matrix row.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixRow {
+    /// The side effect it covers.
+    pub side_effect: SideEffectClass,
+    /// The risk it covers; any when absent.
+    #[serde(default)]
+    pub risk: Option<RiskLevel>,
+    /// The origin it covers.
+    #[serde(default)]
+    pub origin: Origin,
+    /// The decision for a match.
+    pub decision: Decision,
+}
+
+/// The rule file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleFile {
+    /// Per-name rules, first match wins.
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    /// Matrix rows, first match wins, before the built-in matrix.
+    #[serde(default)]
+    pub matrix: Vec<MatrixRow>,
+}
+
+/// The rule-file policy engine.
+#[derive(Debug, Clone, Default)]
+pub struct RuleFilePolicy {
+    file: RuleFile,
+}
+
+impl RuleFilePolicy {
+    /// The engine with no rule file: the built-in matrix alone.
+    pub fn built_in() -> Self {
+        RuleFilePolicy::default()
+    }
+
+    /// Reads and parses a rule file.
+    pub fn load(path: &Path) -> Result<Self, PolicyFileError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|error| PolicyFileError::Read(error.kind()))?;
+        Self::parse(&text)
+    }
+
+    /// Parses rule-file text.
+    pub fn parse(text: &str) -> Result<Self, PolicyFileError> {
+        let deserializer =
+            toml::Deserializer::parse(text).map_err(|error| PolicyFileError::Schema {
+                path: "(file)".into(),
+                message: error.message().to_owned(),
+            })?;
+        let file: RuleFile = serde_path_to_error::deserialize(deserializer).map_err(|error| {
+            PolicyFileError::Schema {
+                path: error.path().to_string(),
+                message: error.inner().message().to_owned(),
+            }
+        })?;
+        Ok(RuleFilePolicy { file })
+    }
+
+    /// The decision for an action; synchronous, microseconds.
+    pub fn decide(&self, action: &ProposedAction<'_>) -> PolicyDecision {
+        for rule in &self.file.rules {
+            if rule
+                .tools
+                .iter()
+                .any(|pattern| glob_matches(pattern, action.tool))
+            {
+                return match rule.decision {
+                    Decision::Allow => PolicyDecision::Allow,
+                    Decision::Deny => PolicyDecision::Deny(ReasonCode::PolicyRuleDenied),
+                    Decision::RequireApproval => {
+                        PolicyDecision::RequireApproval(ReasonCode::PolicyRuleApprovalRequired)
+                    }
+                };
+            }
+        }
+        let trusted = action.origin_trust >= TrustLevel::User;
+        let matrix_row = self.file.matrix.iter().find(|row| {
+            row.side_effect == action.side_effect
+                && row.risk.is_none_or(|risk| risk == action.risk)
+                && match row.origin {
+                    Origin::Any => true,
+                    Origin::Trusted => trusted,
+                    Origin::Untrusted => !trusted,
+                }
+        });
+        let decision = match matrix_row {
+            Some(row) => row.decision,
+            None => built_in_matrix(action.side_effect, action.risk, trusted),
+        };
+        match decision {
+            Decision::Allow => PolicyDecision::Allow,
+            Decision::Deny => PolicyDecision::Deny(ReasonCode::PolicyMatrixDenied),
+            Decision::RequireApproval if action.side_effect == SideEffectClass::ExternalWrite => {
+                PolicyDecision::RequireApproval(ReasonCode::PolicyMatrixExternalWrite)
+            }
+            Decision::RequireApproval => {
+                PolicyDecision::RequireApproval(ReasonCode::PolicyMatrixApprovalRequired)
+            }
+        }
+    }
+}
+
+fn built_in_matrix(side_effect: SideEffectClass, risk: RiskLevel, trusted: bool) -> Decision {
+    match side_effect {
+        SideEffectClass::None
+        | SideEffectClass::WorkspaceRead
+        | SideEffectClass::WorkspaceWrite
+        | SideEffectClass::NetworkRead
+        | SideEffectClass::ExternalRead => Decision::Allow,
+        SideEffectClass::ExternalWrite if risk == RiskLevel::Low && trusted => Decision::Allow,
+        SideEffectClass::ExternalWrite => Decision::RequireApproval,
+    }
+}
+
+impl PolicyEngine for RuleFilePolicy {
+    fn evaluate<'a>(&'a self, action: &'a ProposedAction<'a>) -> BoxFuture<'a, PolicyDecision> {
+        Box::pin(std::future::ready(self.decide(action)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{IdempotencyClass, Principal, ToolKind, ToolSource};
+
+    fn action<'a>(
+        principal: &'a Principal,
+        tool: &'a str,
+        side_effect: SideEffectClass,
+        risk: RiskLevel,
+        origin: TrustLevel,
+    ) -> ProposedAction<'a> {
+        ProposedAction {
+            tenant_id: "t",
+            principal,
+            tool,
+            kind: ToolKind::Capability,
+            source: ToolSource::Builtin,
+            side_effect,
+            risk,
+            idempotency: IdempotencyClass::NonIdempotent,
+            origin_trust: origin,
+            argument_trust: TrustLevel::ExternalUntrusted,
+        }
+    }
+
+    #[test]
+    fn the_built_in_matrix() {
+        let p = Principal {
+            id: "p".into(),
+            scopes: Default::default(),
+        };
+        let policy = RuleFilePolicy::built_in();
+        use SideEffectClass::*;
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "demo.echo",
+                None,
+                RiskLevel::Low,
+                TrustLevel::ExternalUntrusted
+            )),
+            PolicyDecision::Allow
+        );
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "x.y",
+                ExternalWrite,
+                RiskLevel::Low,
+                TrustLevel::User
+            )),
+            PolicyDecision::Allow
+        );
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "x.y",
+                ExternalWrite,
+                RiskLevel::Low,
+                TrustLevel::ExternalUntrusted
+            )),
+            PolicyDecision::RequireApproval(ReasonCode::PolicyMatrixExternalWrite)
+        );
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "x.y",
+                ExternalWrite,
+                RiskLevel::High,
+                TrustLevel::Platform
+            )),
+            PolicyDecision::RequireApproval(ReasonCode::PolicyMatrixExternalWrite)
+        );
+    }
+
+    #[test]
+    fn rules_then_matrix_then_built_in() {
+        let policy = RuleFilePolicy::parse(
+            r#"
+            [[rules]]
+            tools = ["demo.forbidden*"]
+            decision = "deny"
+
+            [[rules]]
+            tools = ["demo.external_write"]
+            decision = "allow"
+
+            [[matrix]]
+            side_effect = "external_read"
+            origin = "untrusted"
+            decision = "require_approval"
+
+            [[matrix]]
+            side_effect = "external_write"
+            risk = "high"
+            decision = "deny"
+            "#,
+        )
+        .unwrap();
+        let p = Principal {
+            id: "p".into(),
+            scopes: Default::default(),
+        };
+        use SideEffectClass::*;
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "demo.forbidden_thing",
+                None,
+                RiskLevel::Low,
+                TrustLevel::Platform
+            )),
+            PolicyDecision::Deny(ReasonCode::PolicyRuleDenied)
+        );
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "demo.external_write",
+                ExternalWrite,
+                RiskLevel::High,
+                TrustLevel::ExternalUntrusted
+            )),
+            PolicyDecision::Allow
+        );
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "mcp.a.read",
+                ExternalRead,
+                RiskLevel::Low,
+                TrustLevel::ExternalUntrusted
+            )),
+            PolicyDecision::RequireApproval(ReasonCode::PolicyMatrixApprovalRequired)
+        );
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "mcp.a.read",
+                ExternalRead,
+                RiskLevel::Low,
+                TrustLevel::User
+            )),
+            PolicyDecision::Allow
+        );
+        assert_eq!(
+            policy.decide(&action(
+                &p,
+                "mcp.a.write",
+                ExternalWrite,
+                RiskLevel::High,
+                TrustLevel::User
+            )),
+            PolicyDecision::Deny(ReasonCode::PolicyMatrixDenied)
+        );
+    }
+
+    #[test]
+    fn a_bad_file_names_the_place() {
+        let error = RuleFilePolicy::parse("[[rules]]\ntools = [\"x.*\"]\ndecision = \"maybe\"\n")
+            .unwrap_err();
+        assert!(
+            error.to_string().starts_with("rules[0].decision"),
+            "{error}"
+        );
+        assert!(
+            RuleFilePolicy::parse(
+                "[[matrix]]\nside_effect = \"none\"\ndecision = \"allow\"\nextra = 1\n"
+            )
+            .is_err()
+        );
+    }
+}
