@@ -59,3 +59,192 @@ pub async fn migrate(
     let store = store::connect(&config.store.url).await?;
     Ok(store.migrate().await?)
 }
+
+/// One call (or one recovery sweep) in a process of its own, for the crash
+/// tests: `toolgate __harness` reads this from standard input. With a
+/// failpoint, the process aborts the moment the pipeline reaches it, exactly
+/// as a crash would leave the database.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HarnessJob {
+    /// The store.
+    pub store_url: String,
+    /// Where the demo tools write their effects.
+    pub effects: std::path::PathBuf,
+    /// The artifact store's root.
+    pub artifacts: std::path::PathBuf,
+    /// `call` or `recover`.
+    pub mode: String,
+    /// A point name at which to abort.
+    #[serde(default)]
+    pub failpoint: Option<String>,
+    /// The worker's lease, in milliseconds.
+    pub lease_ms: i64,
+    /// `allow` (every call allowed) or `built_in` (external writes need
+    /// approval).
+    pub policy: String,
+    /// The call, for `call`.
+    #[serde(default)]
+    pub request: Option<HarnessRequest>,
+}
+
+/// The call a harness job makes.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HarnessRequest {
+    /// The tenant.
+    pub tenant_id: String,
+    /// The session.
+    pub session_id: uuid::Uuid,
+    /// The run.
+    pub run_id: uuid::Uuid,
+    /// The call id.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// Its arguments.
+    pub arguments: serde_json::Value,
+}
+
+/// Aborts the process at one point.
+struct Failpoint(crate::pipeline::Point);
+
+impl crate::pipeline::StepObserver for Failpoint {
+    fn reached(&self, point: crate::pipeline::Point, _: &str) {
+        if point == self.0 {
+            std::process::abort();
+        }
+    }
+}
+
+/// Runs a harness job and returns what the call (or sweep) produced.
+pub async fn harness(job: HarnessJob) -> Result<serde_json::Value, AppError> {
+    use std::sync::Arc;
+
+    use crate::adapters::{
+        artifacts::FsArtifactStore, credentials::EnvFileResolver, policy::RuleFilePolicy,
+    };
+    use crate::domain::{
+        AgentSpec, ArgumentTrust, PolicyProfile, Principal, RuntimeEnvironment, TargetKind,
+        TrustLevel,
+    };
+    use crate::pipeline::{
+        CallRequest, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry,
+    };
+    use crate::ports::{Clock, SystemClock, WorkerLease};
+
+    let invalid = |message: &str| {
+        AppError::Config(ConfigErrors(vec![crate::config::ConfigError {
+            path: "(job)".into(),
+            message: message.into(),
+        }]))
+    };
+    let store = store::connect(&job.store_url).await?;
+    store.migrate().await?;
+    let registry = Arc::new(
+        ToolRegistry::with_builtins(
+            RegistryLimits {
+                maximum_output_bytes_ceiling: crate::config::DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+            },
+            crate::builtin::demo::tools(&job.effects),
+        )
+        .map_err(|error| invalid(&error.to_string()))?,
+    );
+    let policy = match job.policy.as_str() {
+        "allow" => RuleFilePolicy::parse("[[rules]]\ntools = [\"*\"]\ndecision = \"allow\"\n")
+            .map_err(|e| invalid(&e.to_string()))?,
+        _ => RuleFilePolicy::built_in(),
+    };
+    let failpoint = match &job.failpoint {
+        Some(name) => {
+            Some(crate::pipeline::Point::parse(name).ok_or_else(|| invalid("unknown failpoint"))?)
+        }
+        None => None,
+    };
+    let observer: Arc<dyn crate::pipeline::StepObserver> = match failpoint {
+        Some(point) => Arc::new(Failpoint(point)),
+        None => Arc::new(crate::pipeline::Unobserved),
+    };
+    let clock = Arc::new(SystemClock);
+    let worker_id = uuid::Uuid::new_v4();
+    let now = clock.now();
+    store
+        .register_worker(&WorkerLease {
+            worker_id,
+            node: "harness".into(),
+            started_at: now,
+            lease_expires_at: now + chrono::Duration::milliseconds(job.lease_ms),
+        })
+        .await?;
+    let pipeline = Pipeline::new(PipelineParts {
+        registry: registry.clone(),
+        store: store.clone(),
+        policy: Arc::new(policy),
+        artifacts: Arc::new(FsArtifactStore::new(&job.artifacts)),
+        credentials: Arc::new(EnvFileResolver::new(BTreeMap::new())),
+        clock,
+        observer,
+        worker_id,
+        settings: PipelineSettings {
+            inline_maximum_bytes: crate::config::DEFAULT_INLINE_MAXIMUM_BYTES,
+        },
+    });
+    let result = match (job.mode.as_str(), job.request) {
+        ("recover", _) => {
+            let report = pipeline.recover(100).await?;
+            serde_json::json!({"taken": report.taken, "uncertain": report.uncertain})
+        }
+        ("call", Some(request)) => {
+            let agent = AgentSpec {
+                tools: vec!["demo.*".into()],
+            };
+            let principal = Principal {
+                id: "harness".into(),
+                scopes: ["demo.use".to_owned()].into(),
+            };
+            let environment = RuntimeEnvironment {
+                targets: [TargetKind::InProcess].into(),
+            };
+            let pinned = registry.specs_for_session(
+                &agent,
+                &principal,
+                &PolicyProfile::default(),
+                &environment,
+            );
+            let outcome = pipeline
+                .call(CallRequest {
+                    tenant_id: request.tenant_id,
+                    session_id: request.session_id,
+                    run_id: request.run_id,
+                    step_number: 1,
+                    call_id: request.call_id,
+                    name: request.tool,
+                    arguments: request.arguments,
+                    principal,
+                    agent,
+                    pinned,
+                    origin_trust: TrustLevel::User,
+                    argument_trust: ArgumentTrust::default(),
+                    deadline_at: Some(now + chrono::Duration::seconds(60)),
+                    parallel_group: None,
+                    recovering: None,
+                })
+                .await;
+            match outcome {
+                crate::pipeline::CallOutcome::Finished(finished) => serde_json::json!({
+                    "invocation_id": finished.invocation_id,
+                    "outcome": finished.outcome,
+                }),
+                crate::pipeline::CallOutcome::Pending {
+                    invocation_id,
+                    approval_id,
+                } => {
+                    serde_json::json!({"invocation_id": invocation_id, "pending": {"approval_id": approval_id}})
+                }
+            }
+        }
+        _ => return Err(invalid("mode must be call (with a request) or recover")),
+    };
+    store.release_worker(worker_id, SystemClock.now()).await?;
+    Ok(result)
+}

@@ -21,6 +21,9 @@ enum Command {
         /// The TOML file.
         file: PathBuf,
     },
+    /// Run one pipeline job read from standard input (the crash tests' harness).
+    #[command(name = "__harness", hide = true)]
+    Harness,
     /// Apply the store's pending migrations.
     Migrate {
         /// The TOML file naming the store.
@@ -51,16 +54,31 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Migrate { config } => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
+        Command::Harness => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
+            };
+            let job = match serde_json::from_reader(std::io::stdin()) {
+                Ok(job) => job,
                 Err(error) => {
-                    eprintln!("toolgate: cannot start the runtime: {error}");
+                    eprintln!("toolgate: the job does not parse: {error}");
                     return ExitCode::FAILURE;
                 }
+            };
+            match runtime.block_on(toolgate::app::harness(job)) {
+                Ok(result) => {
+                    println!("{result}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("toolgate: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Migrate { config } => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
             };
             match runtime.block_on(toolgate::app::migrate(&config, &environment)) {
                 Ok(applied) if applied.is_empty() => {
@@ -77,6 +95,21 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// A runtime for one command.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => Some(runtime),
+        Err(error) => {
+            eprintln!("toolgate: cannot start the runtime: {error}");
+            None
         }
     }
 }

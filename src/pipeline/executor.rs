@@ -69,6 +69,32 @@ pub enum Point {
 }
 
 impl Point {
+    /// A stable name, for failpoints and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Point::Resolve => "resolve",
+            Point::Enabled => "enabled",
+            Point::Scopes => "scopes",
+            Point::Validate => "validate",
+            Point::Normalize => "normalize",
+            Point::Policy => "policy",
+            Point::Approval => "approval",
+            Point::PersistIntent => "persist_intent",
+            Point::Claim => "claim",
+            Point::Execute => "execute",
+            Point::WatermarkCommitted => "watermark_committed",
+            Point::ValidateResult => "validate_result",
+            Point::Artifactize => "artifactize",
+            Point::PersistResult => "persist_result",
+            Point::Render => "render",
+        }
+    }
+
+    /// The point a name denotes.
+    pub fn parse(name: &str) -> Option<Point> {
+        Point::ALL.into_iter().find(|point| point.as_str() == name)
+    }
+
     /// Every point, in pipeline order.
     pub const ALL: [Point; 15] = [
         Point::Resolve,
@@ -109,8 +135,6 @@ impl StepObserver for Unobserved {
 pub struct PipelineSettings {
     /// The model-visible admission ceiling.
     pub inline_maximum_bytes: u64,
-    /// How long a worker's lease lasts past each heartbeat.
-    pub lease_seconds: i64,
 }
 
 /// One call, as an entry point submits it.

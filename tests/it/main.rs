@@ -2,6 +2,7 @@
 
 mod boundaries;
 mod config;
+mod crash;
 mod gates;
 mod pipeline;
 mod store;

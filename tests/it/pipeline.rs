@@ -282,7 +282,6 @@ pub async fn harness(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>) -> Ha
         worker_id,
         settings: PipelineSettings {
             inline_maximum_bytes: 4096,
-            lease_seconds: 30,
         },
     });
     Harness {
