@@ -144,6 +144,11 @@ pub struct ToolResult {
     /// Counters for telemetry only.
     #[serde(default)]
     pub metrics: BTreeMap<String, i64>,
+    /// A digest of what a successful result observed, for the loop breaker:
+    /// a different key restarts the identical-call count. Never
+    /// model-visible and never stored with the result.
+    #[serde(default, skip_serializing)]
+    pub evidence_key: Option<String>,
 }
 
 impl ToolResult {
@@ -156,6 +161,7 @@ impl ToolResult {
             failure: None,
             output_trust: None,
             metrics: BTreeMap::new(),
+            evidence_key: None,
         }
     }
 

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::breaker;
 use super::output::{self, Attribution, RenderedPart};
 use super::recovery::{self, RecoveryDecision};
 use super::registry::{PinnedToolSet, RegisteredTool, ToolRegistry};
@@ -26,10 +27,10 @@ use crate::domain::{
     canonicalize, idempotency_key, sha256_hex,
 };
 use crate::ports::{
-    ArtifactStore, BoxFuture, CancellationToken, Claim, Clock, CredentialError, CredentialResolver,
-    EffectWatermark, ExecutionTarget, Fence, InsertOutcome, InvocationRecord, NewInvocation,
-    PolicyEngine, Store, StoreError, TerminalRecord, ToolEvent, ToolExecutionContext,
-    WatermarkError,
+    ArtifactStore, BoxFuture, BreakerTally, CancellationToken, Claim, Clock, CredentialError,
+    CredentialResolver, EffectWatermark, ExecutionTarget, Fence, InsertOutcome, InvocationRecord,
+    NewInvocation, PolicyEngine, Store, StoreError, TerminalRecord, ToolEvent,
+    ToolExecutionContext, WatermarkError,
 };
 
 /// A place in the pipeline an observer is told about: the fourteen steps as
@@ -181,6 +182,17 @@ pub struct Finished {
     pub outcome: ToolOutcome,
     /// What the model reads beside it.
     pub content: Vec<RenderedPart>,
+    /// An identical-call count sits one below the loop threshold after this
+    /// call: the next model turn must answer from what it has.
+    pub synthesis_only: bool,
+}
+
+impl Finished {
+    /// Whether this outcome fails the run (ToolPolicyDenied: the third
+    /// identical denied proposal).
+    pub fn fails_run(&self) -> bool {
+        self.outcome.reason_code() == Some(ReasonCode::PolicyBreakerRepeatedDenial)
+    }
 }
 
 /// What an entry point gets back.
@@ -435,7 +447,13 @@ impl Pipeline {
         self.reached(Point::Enabled, request);
         if !request.agent.enables(&spec.name) {
             return self
-                .refuse(request, &tool, ReasonCode::PolicyAgentToolDisabled, None)
+                .refuse(
+                    request,
+                    &tool,
+                    ReasonCode::PolicyAgentToolDisabled,
+                    None,
+                    None,
+                )
                 .await;
         }
 
@@ -443,7 +461,7 @@ impl Pipeline {
         self.reached(Point::Scopes, request);
         if !request.principal.missing_scopes(spec).is_empty() {
             return self
-                .refuse(request, &tool, ReasonCode::PolicyScopeMissing, None)
+                .refuse(request, &tool, ReasonCode::PolicyScopeMissing, None, None)
                 .await;
         }
 
@@ -462,6 +480,7 @@ impl Pipeline {
                         &tool,
                         ReasonCode::ToolArgumentsInvalid,
                         Some(detail),
+                        None,
                     )
                     .await;
             }
@@ -483,12 +502,43 @@ impl Pipeline {
         {
             // A call that cannot finish is refused before it starts.
             return self
-                .refuse(request, &tool, ReasonCode::ToolDeadlineExceeded, None)
+                .refuse(
+                    request,
+                    &tool,
+                    ReasonCode::ToolDeadlineExceeded,
+                    None,
+                    Some((&canonical.value, &canonical.sha256)),
+                )
                 .await;
         }
 
-        // 6. Policy.
+        // 6. Policy: the breaker first, since its counts are the run's own
+        // record; a recovering call was counted when it was first proposed.
         self.reached(Point::Policy, request);
+        let tally = match request.recovering {
+            Some(_) => BreakerTally::default(),
+            None => {
+                self.store
+                    .breaker_tally(
+                        &request.tenant_id,
+                        request.run_id,
+                        &spec.name,
+                        &canonical.sha256,
+                    )
+                    .await?
+            }
+        };
+        if let breaker::Verdict::Refuse(code) = breaker::before_dispatch(&tally) {
+            return self
+                .refuse(
+                    request,
+                    &tool,
+                    code,
+                    None,
+                    Some((&canonical.value, &canonical.sha256)),
+                )
+                .await;
+        }
         let argument_names: Vec<&str> = canonical
             .value
             .as_object()
@@ -506,7 +556,10 @@ impl Pipeline {
             origin_trust: request.origin_trust,
             argument_trust: request.argument_trust.minimum(argument_names),
         };
-        let decision = self.policy.evaluate(&action).await;
+        let decision = match self.policy.evaluate(&action).await {
+            PolicyDecision::Deny(code) => PolicyDecision::Deny(breaker::denial(&tally, code)),
+            other => other,
+        };
         let identity = Identity {
             request,
             id: Uuid::new_v4(),
@@ -591,7 +644,11 @@ impl Pipeline {
         };
         match inserted {
             InsertOutcome::Inserted(row) => match row.status {
-                InvocationStatus::Authorized => self.execute(request, &tool, row).await,
+                InvocationStatus::Authorized => {
+                    let outcome = self.execute(request, &tool, row).await?;
+                    self.with_synthesis_flag(request, &spec.name, &canonical.sha256, tally, outcome)
+                        .await
+                }
                 InvocationStatus::WaitingForApproval => match row.approval_id {
                     Some(approval_id) => Ok(CallOutcome::Pending {
                         invocation_id: row.id,
@@ -606,6 +663,46 @@ impl Pipeline {
                     .await
             }
         }
+    }
+
+    /// Sets `synthesis_only` on a call that just ran. The count after it is
+    /// the count before plus this outcome; only when that reaches one below
+    /// the threshold is the store asked again, since evidence restarts can
+    /// only have lowered it.
+    async fn with_synthesis_flag(
+        &self,
+        request: &CallRequest,
+        tool_name: &str,
+        arguments_hash: &str,
+        mut tally: BreakerTally,
+        mut outcome: CallOutcome,
+    ) -> Result<CallOutcome, StoreError> {
+        let CallOutcome::Finished(finished) = &mut outcome else {
+            return Ok(outcome);
+        };
+        let status = finished.outcome.status();
+        let code = finished.outcome.reason_code();
+        match tally
+            .counts
+            .iter_mut()
+            .find(|(s, c, _)| *s == status && *c == code)
+        {
+            Some((_, _, count)) => *count += 1,
+            None => tally.counts.push((status, code, 1)),
+        }
+        if breaker::synthesis_only(&tally) {
+            let fresh = self
+                .store
+                .breaker_tally(
+                    &request.tenant_id,
+                    request.run_id,
+                    tool_name,
+                    arguments_hash,
+                )
+                .await?;
+            finished.synthesis_only = breaker::synthesis_only(&fresh);
+        }
+        Ok(outcome)
     }
 
     /// Deduplication on insert: the design document's five cases.
@@ -744,6 +841,7 @@ impl Pipeline {
                     ReasonCode::ToolConcurrencyConflict,
                 ),
                 content: Vec::new(),
+                synthesis_only: false,
             })),
             None => Ok(unrecorded(
                 request.name.clone(),
@@ -1245,6 +1343,20 @@ impl Pipeline {
             // record, not this attempt's, is the call's.
             return self.reread(request, row.id).await;
         }
+        if let (Finish::Succeeded { result, .. }, None) = (&finish, reason_code)
+            && let Some(evidence_key) = &result.evidence_key
+        {
+            self.store
+                .record_evidence(
+                    &request.tenant_id,
+                    row.run_id,
+                    &spec.name,
+                    &row.arguments_hash,
+                    evidence_key,
+                    breaker::MAXIMUM_RESTARTS,
+                )
+                .await?;
+        }
 
         // 14. Render.
         self.reached(Point::Render, request);
@@ -1258,6 +1370,7 @@ impl Pipeline {
             invocation_id: Some(row.id),
             outcome,
             content,
+            synthesis_only: false,
         }))
     }
 
@@ -1269,6 +1382,7 @@ impl Pipeline {
         tool: &Arc<RegisteredTool>,
         code: ReasonCode,
         detail: Option<Vec<RenderedPart>>,
+        canonical: Option<(&Value, &str)>,
     ) -> Result<CallOutcome, StoreError> {
         let spec = &tool.spec;
         self.record_refusal(
@@ -1283,6 +1397,7 @@ impl Pipeline {
             },
             code,
             detail,
+            canonical,
         )
         .await
     }
@@ -1301,6 +1416,7 @@ impl Pipeline {
             },
             ReasonCode::PolicyMatrixUnknownTool,
             None,
+            None,
         )
         .await
     }
@@ -1311,15 +1427,20 @@ impl Pipeline {
         call: RefusedCall<'_>,
         code: ReasonCode,
         detail: Option<Vec<RenderedPart>>,
+        validated: Option<(&Value, &str)>,
     ) -> Result<CallOutcome, StoreError> {
-        // Refused arguments may not have a canonical form; their raw hash
-        // still identifies the call for deduplication.
-        let (arguments, arguments_hash) = match canonicalize(request.arguments.clone()) {
-            Ok(canonical) => (canonical.value, canonical.sha256),
-            Err(_) => (
-                request.arguments.clone(),
-                sha256_hex(request.arguments.to_string().as_bytes()),
-            ),
+        // A call refused after validation is identified as the validated
+        // call is (defaults applied); one refused before may have no
+        // canonical form, and its raw hash still identifies it.
+        let (arguments, arguments_hash) = match validated.map(|(v, h)| (v.clone(), h.to_owned())) {
+            Some(validated) => validated,
+            None => match canonicalize(request.arguments.clone()) {
+                Ok(canonical) => (canonical.value, canonical.sha256),
+                Err(_) => (
+                    request.arguments.clone(),
+                    sha256_hex(request.arguments.to_string().as_bytes()),
+                ),
+            },
         };
         let key = idempotency_key(
             &request.run_id.to_string(),
@@ -1329,6 +1450,22 @@ impl Pipeline {
             call.tool_version,
             &arguments_hash,
         );
+        // Every identical denial counts toward the run's breaker, wherever
+        // in steps 1 to 6 it was decided.
+        let code = if code.status() == ToolOutcomeStatus::Denied {
+            let tally = self
+                .store
+                .breaker_tally(
+                    &request.tenant_id,
+                    request.run_id,
+                    call.tool_name,
+                    &arguments_hash,
+                )
+                .await?;
+            breaker::denial(&tally, code)
+        } else {
+            code
+        };
         let status = code.status();
         let identity = Identity {
             request,
@@ -1556,6 +1693,7 @@ fn recorded(row: &InvocationRecord) -> CallOutcome {
         invocation_id: Some(row.id),
         outcome,
         content,
+        synthesis_only: false,
     })
 }
 
@@ -1584,6 +1722,7 @@ fn unrecorded(action: String, code: ReasonCode) -> CallOutcome {
         invocation_id: None,
         outcome: ToolOutcome::not_succeeded(action, code),
         content: Vec::new(),
+        synthesis_only: false,
     })
 }
 

@@ -4,6 +4,7 @@
 //! Uses ports and domain only; never an adapter, so every adapter supplies a
 //! `Tool` and re-enters the same function.
 
+pub mod breaker;
 pub mod executor;
 pub mod output;
 pub mod recovery;

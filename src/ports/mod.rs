@@ -12,8 +12,8 @@ pub mod tool;
 pub use clock::{Clock, SystemClock};
 pub use policy::PolicyEngine;
 pub use store::{
-    ApprovalRecord, Claim, EventRecord, Fence, InsertOutcome, InvocationRecord, NewInvocation,
-    Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
+    ApprovalRecord, BreakerTally, Claim, EventRecord, Fence, InsertOutcome, InvocationRecord,
+    NewInvocation, Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
 };
 pub use tool::{
     ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,

@@ -333,6 +333,36 @@ pub struct EventRecord {
     pub created_at: DateTime<Utc>,
 }
 
+/// The breaker's counter for one identical call (name and arguments) in a
+/// run: calls by outcome status and reason code, derived from the rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BreakerTally {
+    /// Rows by outcome status and reason code (absent on success).
+    pub counts: Vec<(ToolOutcomeStatus, Option<ReasonCode>, i64)>,
+    /// Successful calls before the count last restarted on new evidence.
+    pub evidence_base: i64,
+}
+
+impl BreakerTally {
+    /// Rows with this status and code.
+    pub fn count(&self, status: ToolOutcomeStatus, code: Option<ReasonCode>) -> i64 {
+        self.counts
+            .iter()
+            .filter(|(s, c, _)| *s == status && *c == code)
+            .map(|(_, _, n)| *n)
+            .sum()
+    }
+
+    /// Rows with this status, whatever their code.
+    pub fn count_status(&self, status: ToolOutcomeStatus) -> i64 {
+        self.counts
+            .iter()
+            .filter(|(s, _, _)| *s == status)
+            .map(|(_, _, n)| *n)
+            .sum()
+    }
+}
+
 /// The durable record. Each method is one short transaction; none is held
 /// across tool I/O.
 pub trait Store: Send + Sync {
@@ -488,6 +518,29 @@ pub trait Store: Send + Sync {
         approver: &'a str,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>>;
+
+    /// The breaker's counter for `tool_name` with `arguments_hash` in a run.
+    fn breaker_tally<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+    ) -> BoxFuture<'a, Result<BreakerTally, StoreError>>;
+
+    /// Records the evidence key a successful identical call returned (its
+    /// row already terminal). A key different from the last restarts the
+    /// count at one, when that lowers it and the run has restarts left (at
+    /// most `maximum_restarts`); returns whether it restarted.
+    fn record_evidence<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+        evidence_key: &'a str,
+        maximum_restarts: i32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Events after the cursor, in id order; only ids no running transaction
     /// can still fill in below, so a reader never skips one.

@@ -69,6 +69,8 @@ enum Behaviour {
     FailWith(ToolFailure),
     LeakCredential(CredentialRef),
     Panic,
+    /// Observes something new every time.
+    FreshEvidence,
 }
 
 impl Tool for Scripted {
@@ -97,6 +99,10 @@ impl Tool for Scripted {
                     }
                 }
                 Behaviour::Panic => panic!("a tool bug"),
+                Behaviour::FreshEvidence => ToolResult {
+                    evidence_key: Some(Uuid::new_v4().to_string()),
+                    ..ToolResult::text("a page that keeps changing")
+                },
             }
         })
     }
@@ -166,6 +172,8 @@ impl Store for FaultyWatermark {
         pending_approvals(tenant: &'a str) -> Result<Vec<toolgate::ports::ApprovalRecord>, toolgate::ports::StoreError>;
         decide_approval(tenant: &'a str, id: Uuid, status: ApprovalStatus, approver: &'a str, now: chrono::DateTime<Utc>) -> Result<Option<toolgate::ports::ApprovalRecord>, toolgate::ports::StoreError>;
         events_after(after: i64, limit: i64) -> Result<Vec<toolgate::ports::EventRecord>, toolgate::ports::StoreError>;
+        breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<toolgate::ports::BreakerTally, toolgate::ports::StoreError>;
+        record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, toolgate::ports::StoreError>;
     }
 
     fn mark_effect_sent<'a>(
@@ -222,6 +230,12 @@ pub async fn harness(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>) -> Ha
         SideEffectClass::None,
         IdempotencyClass::ReadOnly,
         Behaviour::Output("x".repeat(100_000)),
+    ));
+    tools.push(scripted(
+        "demo.changing",
+        SideEffectClass::None,
+        IdempotencyClass::ReadOnly,
+        Behaviour::FreshEvidence,
     ));
     tools.push(scripted(
         "demo.hostile",
@@ -1015,5 +1029,109 @@ async fn recovery_applies_the_table() {
         // An uncertain call is never re-run by a later sweep.
         let again = harness.pipeline.recover(10).await.unwrap();
         assert_eq!(again.taken, 0, "{name}");
+    }
+}
+
+fn with_call(request: &CallRequest, call: usize) -> CallRequest {
+    CallRequest {
+        call_id: format!("{}-{call}", request.call_id),
+        ..request.clone()
+    }
+}
+
+#[tokio::test]
+async fn the_breaker_counts_identical_calls_across_restarts() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let harness = harness(store.clone(), allow_all()).await;
+        // Identical reads: the fourth warns, the fifth is a loop.
+        let echo = harness.request("demo.echo", json!({"text": "same page"}));
+        for call in 0..4 {
+            let outcome = harness.pipeline.call(with_call(&echo, call)).await;
+            assert_eq!(
+                finished(&outcome).outcome.status(),
+                ToolOutcomeStatus::Succeeded,
+                "{name} call {call}"
+            );
+            assert_eq!(
+                finished(&outcome).synthesis_only,
+                call == 3,
+                "{name} call {call}"
+            );
+        }
+        let fifth = harness.pipeline.call(with_call(&echo, 4)).await;
+        assert_eq!(code(&fifth), Some(ReasonCode::ToolLoopDetected), "{name}");
+        // A replay of an earlier call still returns its recorded result.
+        let replay = harness.pipeline.call(with_call(&echo, 0)).await;
+        assert_eq!(
+            finished(&replay).outcome.status(),
+            ToolOutcomeStatus::Succeeded,
+            "{name}"
+        );
+        // A restarted process obeys the same counts: they are the rows.
+        let restarted = self::harness(store.clone(), allow_all()).await;
+        let sixth = restarted.pipeline.call(with_call(&echo, 5)).await;
+        assert_eq!(code(&sixth), Some(ReasonCode::ToolLoopDetected), "{name}");
+
+        // An uncertain call is never proposed again in the run.
+        let write = harness.request("demo.slow_write", json!({}));
+        assert_eq!(
+            code(&harness.pipeline.call(with_call(&write, 0)).await),
+            Some(ReasonCode::ToolOutcomeUnknown)
+        );
+        let started = std::time::Instant::now();
+        assert_eq!(
+            code(&harness.pipeline.call(with_call(&write, 1)).await),
+            Some(ReasonCode::PolicyBreakerUncertainRepeat),
+            "{name}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(900),
+            "{name}: refused before dispatch"
+        );
+
+        // Three identical denials fail the run.
+        let mut denied = harness.request("demo.echo", json!({"text": "forbidden"}));
+        denied.principal.scopes.clear();
+        let mut codes = Vec::new();
+        for call in 0..3 {
+            codes.push(code(&harness.pipeline.call(with_call(&denied, call)).await));
+        }
+        assert_eq!(
+            codes,
+            vec![
+                Some(ReasonCode::PolicyScopeMissing),
+                Some(ReasonCode::PolicyScopeMissing),
+                Some(ReasonCode::PolicyBreakerRepeatedDenial)
+            ],
+            "{name}"
+        );
+        let third = harness.pipeline.call(with_call(&denied, 2)).await;
+        assert!(finished(&third).fails_run(), "{name}");
+    }
+}
+
+/// A page that changes on every observation allows at most 36 identical
+/// observations in a run: 32 restarts, then the plain count.
+#[tokio::test]
+async fn evidence_restarts_are_capped_at_32() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let harness = harness(store.clone(), allow_all()).await;
+        let changing = harness.request("demo.changing", json!({}));
+        let mut allowed = 0;
+        for call in 0..40 {
+            let outcome = harness.pipeline.call(with_call(&changing, call)).await;
+            if code(&outcome) == Some(ReasonCode::ToolLoopDetected) {
+                break;
+            }
+            assert_eq!(
+                finished(&outcome).outcome.status(),
+                ToolOutcomeStatus::Succeeded,
+                "{name}"
+            );
+            allowed += 1;
+        }
+        assert_eq!(allowed, 36, "{name}");
     }
 }

@@ -37,18 +37,32 @@ impl Migration {
 }
 
 /// PostgreSQL's migrations.
-pub const POSTGRES_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "workers, tool_invocations, approvals, events",
-    sql: include_str!("../../../migrations/postgres/0001_init.sql"),
-}];
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "workers, tool_invocations, approvals, events",
+        sql: include_str!("../../../migrations/postgres/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "the circuit breaker's evidence and restarts",
+        sql: include_str!("../../../migrations/postgres/0002_breaker.sql"),
+    },
+];
 
 /// SQLite's migrations, version for version the same schema.
-pub const SQLITE_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "workers, tool_invocations, approvals, events",
-    sql: include_str!("../../../migrations/sqlite/0001_init.sql"),
-}];
+pub const SQLITE_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "workers, tool_invocations, approvals, events",
+        sql: include_str!("../../../migrations/sqlite/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "the circuit breaker's evidence and restarts",
+        sql: include_str!("../../../migrations/sqlite/0002_breaker.sql"),
+    },
+];
 
 /// Opens the store a URL names: `postgres://…`/`postgresql://…` or
 /// `sqlite://path` (created if missing).

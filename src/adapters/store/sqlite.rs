@@ -16,8 +16,8 @@ use uuid::Uuid;
 use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
-    ApprovalRecord, BoxFuture, Claim, EventRecord, Fence, InsertOutcome, InvocationRecord,
-    NewInvocation, Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
+    ApprovalRecord, BoxFuture, BreakerTally, Claim, EventRecord, Fence, InsertOutcome,
+    InvocationRecord, NewInvocation, Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
 };
 
 /// Readers run beside the one writer (WAL).
@@ -770,6 +770,146 @@ impl Store for SqliteStore {
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             row.as_ref().map(approval).transpose()
+        })
+    }
+
+    fn breaker_tally<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+    ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let rows = sqlx::query(
+                "SELECT outcome_status, reason_code, count(*) AS n FROM tool_invocations \
+                 WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
+                   AND outcome_status IS NOT NULL \
+                 GROUP BY outcome_status, reason_code",
+            )
+            .bind(tenant_id)
+            .bind(run_id.to_string())
+            .bind(tool_name)
+            .bind(arguments_hash)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let base: Option<i64> = sqlx::query_scalar(
+                "SELECT base FROM breaker_evidence WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
+                 AND arguments_hash = $4",
+            )
+            .bind(tenant_id)
+            .bind(run_id.to_string())
+            .bind(tool_name)
+            .bind(arguments_hash)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            let counts = rows
+                .iter()
+                .map(|row| {
+                    Ok((
+                        parse(&get::<String>(row, "outcome_status")?, "outcome_status")?,
+                        parse_optional(get(row, "reason_code")?, "reason_code")?,
+                        get::<i64>(row, "n")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok(BreakerTally {
+                counts,
+                evidence_base: base.unwrap_or(0),
+            })
+        })
+    }
+
+    fn record_evidence<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+        evidence_key: &'a str,
+        maximum_restarts: i32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let successes: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
+                 AND arguments_hash = $4 AND outcome_status = 'succeeded'",
+            )
+            .bind(tenant_id)
+            .bind(run_id.to_string())
+            .bind(tool_name)
+            .bind(arguments_hash)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let last: Option<(String, i64)> = sqlx::query_as(
+                "SELECT evidence_key, base FROM breaker_evidence WHERE tenant_id = $1 AND run_id = $2 \
+                 AND tool_name = $3 AND arguments_hash = $4",
+            )
+            .bind(tenant_id)
+            .bind(run_id.to_string())
+            .bind(tool_name)
+            .bind(arguments_hash)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let restarted = match last {
+                None => {
+                    sqlx::query(
+                        "INSERT INTO breaker_evidence (tenant_id, run_id, tool_name, arguments_hash, evidence_key, base) \
+                         VALUES ($1, $2, $3, $4, $5, 0)",
+                    )
+                    .bind(tenant_id)
+                    .bind(run_id.to_string())
+                    .bind(tool_name)
+                    .bind(arguments_hash)
+                    .bind(evidence_key)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+                    false
+                }
+                Some((key, _)) if key == evidence_key => false,
+                Some((_, base)) => {
+                    // A restart must lower the count, and the run must have one left.
+                    let lowers = successes - base > 1;
+                    let granted = lowers
+                        && sqlx::query(
+                            "INSERT INTO breaker_runs (tenant_id, run_id, restarts) VALUES ($1, $2, 1) \
+                             ON CONFLICT (run_id) DO UPDATE SET restarts = breaker_runs.restarts + 1 \
+                             WHERE breaker_runs.restarts < $3",
+                        )
+                        .bind(tenant_id)
+                        .bind(run_id.to_string())
+                        .bind(maximum_restarts)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(database_error)?
+                        .rows_affected()
+                            == 1;
+                    let new_base = if granted { successes - 1 } else { base };
+                    sqlx::query(
+                        "UPDATE breaker_evidence SET evidence_key = $5, base = $6 WHERE tenant_id = $1 AND run_id = $2 \
+                         AND tool_name = $3 AND arguments_hash = $4",
+                    )
+                    .bind(tenant_id)
+                    .bind(run_id.to_string())
+                    .bind(tool_name)
+                    .bind(arguments_hash)
+                    .bind(evidence_key)
+                    .bind(new_base)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+                    granted
+                }
+            };
+            tx.commit().await.map_err(database_error)?;
+            Ok(restarted)
         })
     }
 
