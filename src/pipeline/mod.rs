@@ -10,6 +10,7 @@ pub mod output;
 pub mod recovery;
 pub mod registry;
 pub mod validation;
+pub mod worker;
 
 pub use executor::{
     CallOutcome, CallRequest, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
@@ -19,4 +20,5 @@ pub use registry::{
     PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection,
     RejectionReason, StartupError, ToolNotFound, ToolRegistry,
 };
+pub use worker::{Worker, WorkerSettings};
 pub use validation::{ArgumentError, CompiledSchema, SchemaCache, SchemaError, SchemaOrigin};

@@ -193,7 +193,7 @@ impl Store for FaultyWatermark {
 
 /// One pipeline over one store, with its effects folder.
 pub struct Harness {
-    pub pipeline: Pipeline,
+    pub pipeline: Arc<Pipeline>,
     pub registry: Arc<ToolRegistry>,
     pub recorder: Arc<Recorder>,
     pub effects: PathBuf,
@@ -204,6 +204,12 @@ pub struct Harness {
 pub const TENANT: &str = "tenant-a";
 
 pub async fn harness(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>) -> Harness {
+    harness_for(store, policy, None).await
+}
+
+/// A harness whose pipeline claims under `worker` (registered by the
+/// caller), or under a worker of its own.
+pub async fn harness_for(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>, worker: Option<Uuid>) -> Harness {
     let folder = tempfile::tempdir().unwrap();
     let effects = folder.path().join("effects");
     let mut tools = builtin::demo::tools(&effects);
@@ -270,20 +276,26 @@ pub async fn harness(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>) -> Ha
         )
         .expect("tools register"),
     );
-    let worker_id = Uuid::new_v4();
-    let now = Utc::now();
-    store
-        .register_worker(&WorkerLease {
-            worker_id,
-            node: "test".into(),
-            started_at: now,
-            lease_expires_at: now + Duration::seconds(60),
-        })
-        .await
-        .unwrap();
+    let worker_id = match worker {
+        Some(worker_id) => worker_id,
+        None => {
+            let worker_id = Uuid::new_v4();
+            let now = Utc::now();
+            store
+                .register_worker(&WorkerLease {
+                    worker_id,
+                    node: "test".into(),
+                    started_at: now,
+                    lease_expires_at: now + Duration::seconds(60),
+                })
+                .await
+                .unwrap();
+            worker_id
+        }
+    };
     let recorder = Arc::new(Recorder::default());
     let artifacts = FsArtifactStore::new(folder.path().join("artifacts"));
-    let pipeline = Pipeline::new(PipelineParts {
+    let pipeline = Arc::new(Pipeline::new(PipelineParts {
         registry: registry.clone(),
         store: store.clone(),
         policy,
@@ -297,7 +309,7 @@ pub async fn harness(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>) -> Ha
         settings: PipelineSettings {
             inline_maximum_bytes: 4096,
         },
-    });
+    }));
     Harness {
         pipeline,
         registry,
@@ -1133,5 +1145,91 @@ async fn evidence_restarts_are_capped_at_32() {
             allowed += 1;
         }
         assert_eq!(allowed, 36, "{name}");
+    }
+}
+
+/// The heartbeat keeps a live worker's rows; when it stops, another
+/// worker's periodic sweep recovers them.
+#[tokio::test]
+async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
+    use toolgate::pipeline::{Worker, WorkerSettings};
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let fast = WorkerSettings {
+            lease: std::time::Duration::from_millis(300),
+            heartbeat: std::time::Duration::from_millis(80),
+            sweep: std::time::Duration::from_millis(100),
+            sweep_batch: 10,
+        };
+        let clock: Arc<dyn toolgate::ports::Clock> = Arc::new(SystemClock);
+        let a = Arc::new(Worker::register(store.clone(), clock.clone(), "a", fast).await.unwrap());
+        let b = Arc::new(Worker::register(store.clone(), clock.clone(), "b", fast).await.unwrap());
+        let harness_a = harness_for(store.clone(), allow_all(), Some(a.id())).await;
+        let harness_b = harness_for(store.clone(), allow_all(), Some(b.id())).await;
+        // Worker a dies mid-call: intent persisted and claimed, nothing sent.
+        let request = harness_a.request("demo.external_write", json!({"line": "recovered"}));
+        let spec = harness_a.registry.get("demo.external_write", None).unwrap();
+        let canonical = spec.input.validate(request.arguments.clone()).unwrap();
+        let key = toolgate::domain::idempotency_key(&request.run_id.to_string(), 1, &request.call_id, "demo.external_write", "1", &canonical.sha256);
+        let now = Utc::now();
+        let new = NewInvocation {
+            id: Uuid::new_v4(),
+            tenant_id: TENANT.into(),
+            session_id: request.session_id,
+            run_id: request.run_id,
+            step_number: 1,
+            call_id: request.call_id.clone(),
+            tool_name: "demo.external_write".into(),
+            tool_version: "1".into(),
+            tool_source: toolgate::domain::ToolSource::Builtin,
+            server_id: None,
+            arguments: canonical.value,
+            arguments_hash: canonical.sha256,
+            idempotency_key: key,
+            idempotency_class: IdempotencyClass::NonIdempotent,
+            side_effect: SideEffectClass::ExternalWrite,
+            origin_trust: TrustLevel::User,
+            principal: request.principal.clone(),
+            parallel_group: None,
+            deadline_at: Some(now + Duration::seconds(60)),
+            status: InvocationStatus::Authorized,
+            reason_code: None,
+            approval_id: None,
+        };
+        let InsertOutcome::Inserted(row) = store.insert_invocation(&new, Claim { worker_id: a.id(), now }, &[]).await.unwrap() else {
+            panic!("fresh");
+        };
+        store.claim_invocation(TENANT, row.id, row.fence().unwrap(), now, &[]).await.unwrap().unwrap();
+
+        let stop_a = tokio_util::sync::CancellationToken::new();
+        let stop_b = tokio_util::sync::CancellationToken::new();
+        let task_a = a.clone().spawn(harness_a.pipeline.clone(), stop_a.clone());
+        let task_b = b.clone().spawn(harness_b.pipeline.clone(), stop_b.clone());
+        // Three leases long: a's heartbeat keeps the row a's.
+        tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+        let held = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        assert_eq!(held.status, InvocationStatus::Running, "{name}");
+        assert_eq!(held.worker_id, Some(a.id()), "{name}: a live lease is not swept");
+        // a stops heartbeating without releasing (a hang); b recovers.
+        stop_a.cancel();
+        task_a.await.unwrap();
+        let mut recovered = None;
+        for _ in 0..40 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let row = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+            if row.status.is_terminal() {
+                recovered = Some(row);
+                break;
+            }
+        }
+        let recovered = recovered.expect("b's sweep recovered the row");
+        assert_eq!(recovered.status, InvocationStatus::Succeeded, "{name}: nothing was sent, so it ran again");
+        assert_eq!(recovered.worker_id, Some(b.id()));
+        assert_eq!(harness_b.lines("external.log"), vec!["recovered"], "{name}: executed once, by b");
+        assert_eq!(harness_a.lines("external.log"), Vec::<String>::new());
+        stop_b.cancel();
+        task_b.await.unwrap();
+        b.release().await.unwrap();
+        assert!(!b.heartbeat().await.unwrap(), "{name}: a released worker's lease is gone");
     }
 }

@@ -60,19 +60,18 @@ impl PostgresStore {
         Ok(PostgresStore { pool })
     }
 
+    /// Opens a transaction scoped for row-level security. The scope is set
+    /// in the same round trip as BEGIN (a simple-protocol batch), since
+    /// every commit of the pipeline pays for it.
     async fn begin(&self, scope: Scope<'_>) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(database_error)?;
         let (tenant, system) = match scope {
-            Scope::Tenant(tenant) => (tenant, ""),
-            Scope::System => ("", "system"),
+            Scope::Tenant(tenant) => (literal(tenant)?, "''"),
+            Scope::System => ("''".to_owned(), "'system'"),
         };
-        sqlx::query("SELECT set_config('toolgate.tenant_id', $1, true), set_config('toolgate.scope', $2, true)")
-            .bind(tenant)
-            .bind(system)
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
-        Ok(tx)
+        let begin = format!(
+            "BEGIN; SELECT set_config('toolgate.tenant_id', {tenant}, true), set_config('toolgate.scope', {system}, true)"
+        );
+        self.pool.begin_with(sqlx::AssertSqlSafe(begin)).await.map_err(database_error)
     }
 
     async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
@@ -93,6 +92,15 @@ impl PostgresStore {
             .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
             .collect()
     }
+}
+
+/// A string as a SQL literal. `standard_conforming_strings` (on since
+/// PostgreSQL 9.1) makes doubling quotes the whole escape; NUL cannot be sent.
+fn literal(text: &str) -> Result<String, StoreError> {
+    if text.contains('\0') {
+        return Err(StoreError::Query("a tenant id may not contain NUL".into()));
+    }
+    Ok(format!("'{}'", text.replace('\'', "''")))
 }
 
 fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T, StoreError>
@@ -170,16 +178,23 @@ async fn append_events(
     events: &[ToolEvent],
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    for event in events {
-        sqlx::query("INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(tenant_id)
-            .bind(event.kind.as_str())
-            .bind(event_body(event)?)
-            .bind(now)
-            .execute(&mut **tx)
-            .await
-            .map_err(database_error)?;
+    if events.is_empty() {
+        return Ok(());
     }
+    // One round trip for all of a commit's events.
+    let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
+    let bodies = events.iter().map(event_body).collect::<Result<Vec<_>, _>>()?;
+    sqlx::query(
+        "INSERT INTO events (tenant_id, event_type, payload, created_at) \
+         SELECT $1, kind, body, $4 FROM UNNEST($2::text[], $3::jsonb[]) WITH ORDINALITY AS e(kind, body, n) ORDER BY n",
+    )
+    .bind(tenant_id)
+    .bind(kinds)
+    .bind(bodies)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
     Ok(())
 }
 
@@ -739,11 +754,15 @@ impl Store for PostgresStore {
     ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            // The counts and the evidence base in one round trip.
             let rows = sqlx::query(
-                "SELECT outcome_status, reason_code, count(*) AS n FROM tool_invocations \
+                "SELECT outcome_status, reason_code, count(*) AS n, NULL::bigint AS base FROM tool_invocations \
                  WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
                    AND outcome_status IS NOT NULL \
-                 GROUP BY outcome_status, reason_code",
+                 GROUP BY outcome_status, reason_code \
+                 UNION ALL \
+                 SELECT NULL, NULL, NULL, base FROM breaker_evidence \
+                 WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4",
             )
             .bind(tenant_id)
             .bind(run_id)
@@ -752,32 +771,20 @@ impl Store for PostgresStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(database_error)?;
-            let base: Option<i64> = sqlx::query_scalar(
-                "SELECT base FROM breaker_evidence WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
-                 AND arguments_hash = $4",
-            )
-            .bind(tenant_id)
-            .bind(run_id)
-            .bind(tool_name)
-            .bind(arguments_hash)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            let counts = rows
-                .iter()
-                .map(|row| {
-                    Ok((
-                        parse(&get::<String>(row, "outcome_status")?, "outcome_status")?,
-                        parse_optional(get(row, "reason_code")?, "reason_code")?,
-                        get::<i64>(row, "n")?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            Ok(BreakerTally {
-                counts,
-                evidence_base: base.unwrap_or(0),
-            })
+            let mut tally = BreakerTally::default();
+            for row in &rows {
+                if let Some(base) = get::<Option<i64>>(row, "base")? {
+                    tally.evidence_base = base;
+                    continue;
+                }
+                tally.counts.push((
+                    parse(&get::<String>(row, "outcome_status")?, "outcome_status")?,
+                    parse_optional(get(row, "reason_code")?, "reason_code")?,
+                    get::<i64>(row, "n")?,
+                ));
+            }
+            Ok(tally)
         })
     }
 

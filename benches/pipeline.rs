@@ -1,0 +1,208 @@
+//! Load driver: the persisted pipeline on `demo.echo` against PostgreSQL
+//! with 1 and 8 concurrent callers, side by side with pgbench running the
+//! same transactions (the breaker read, then intent, claim and result, each
+//! with its tenant setting and events) on the same database.
+//!
+//! `DATABASE_URL=postgres://… cargo bench --bench pipeline`
+//! (`TOOLGATE_BENCH_SECONDS` sets each run's length; default 10.)
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use toolgate::adapters::artifacts::FsArtifactStore;
+use toolgate::adapters::credentials::EnvFileResolver;
+use toolgate::adapters::policy::RuleFilePolicy;
+use toolgate::adapters::store::PostgresStore;
+use toolgate::domain::{AgentSpec, ArgumentTrust, PolicyProfile, Principal, RuntimeEnvironment, TargetKind, TrustLevel};
+use toolgate::pipeline::{CallRequest, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Worker, WorkerSettings};
+use toolgate::ports::{Store, SystemClock};
+use uuid::Uuid;
+
+/// The pgbench script: the same four transactions one echo call makes.
+const PGBENCH_SCRIPT: &str = r#"
+BEGIN;
+SELECT set_config('toolgate.tenant_id', 'bench', true), set_config('toolgate.scope', '', true);
+SELECT outcome_status, reason_code, count(*) FROM tool_invocations WHERE tenant_id = 'bench' AND run_id = '6f1c1d9e-2b1a-4c7e-9f00-0123456789ab' AND tool_name = 'demo.echo' AND arguments_hash = 'x' AND outcome_status IS NOT NULL GROUP BY outcome_status, reason_code;
+SELECT base FROM breaker_evidence WHERE tenant_id = 'bench' AND run_id = '6f1c1d9e-2b1a-4c7e-9f00-0123456789ab' AND tool_name = 'demo.echo' AND arguments_hash = 'x';
+COMMIT;
+BEGIN;
+SELECT set_config('toolgate.tenant_id', 'bench', true), set_config('toolgate.scope', '', true);
+INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, principal, origin_trust, worker_id, lease_epoch, created_at) VALUES (gen_random_uuid(), 'bench', gen_random_uuid(), gen_random_uuid(), 1, md5(random()::text), 'demo.echo', '1', 'builtin', '{"text":"hello"}', md5(random()::text), md5(random()::text) || md5(random()::text), 'authorized', 'read_only', 'none', '{"id":"bench","scopes":["demo.use"]}', 'user', gen_random_uuid(), 0, now()) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id \gset
+INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.proposed', '{"tool_name":"demo.echo"}', now());
+INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.authorized', '{"tool_name":"demo.echo"}', now());
+COMMIT;
+BEGIN;
+SELECT set_config('toolgate.tenant_id', 'bench', true), set_config('toolgate.scope', '', true);
+UPDATE tool_invocations SET status = 'running', lease_epoch = lease_epoch + 1, started_at = now() WHERE id = :id AND status = 'authorized' AND tenant_id = 'bench' RETURNING id;
+INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.started', '{"tool_name":"demo.echo"}', now());
+COMMIT;
+BEGIN;
+SELECT set_config('toolgate.tenant_id', 'bench', true), set_config('toolgate.scope', '', true);
+UPDATE tool_invocations SET status = 'succeeded', outcome_status = 'succeeded', result = '{"content":[{"type":"text","text":"hello"}]}', output_bytes = 5, completed_at = now() WHERE id = :id AND status IN ('authorized', 'running') AND tenant_id = 'bench';
+INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.completed', '{"tool_name":"demo.echo"}', now());
+COMMIT;
+"#;
+
+/// Process CPU time (user + system) from /proc, in seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesized command name; utime and stime are the
+    // 14th and 15th of the whole line.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Linux reports in clock ticks of 1/100 s.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index]
+}
+
+struct Figures {
+    calls_per_second: f64,
+    p50: Duration,
+    p99: Duration,
+    cpu_per_call: Duration,
+}
+
+async fn drive(pipeline: Arc<Pipeline>, registry: Arc<ToolRegistry>, callers: usize, seconds: u64) -> Figures {
+    let agent = AgentSpec { tools: vec!["demo.*".into()] };
+    let principal = Principal { id: "bench".into(), scopes: ["demo.use".to_owned()].into() };
+    let environment = RuntimeEnvironment { targets: [TargetKind::InProcess].into() };
+    let pinned = registry.specs_for_session(&agent, &principal, &PolicyProfile::default(), &environment);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let cpu_before = cpu_seconds();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let (pipeline, agent, principal, pinned) = (pipeline.clone(), agent.clone(), principal.clone(), pinned.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let request = CallRequest {
+                    tenant_id: "bench".into(),
+                    session_id: Uuid::new_v4(),
+                    // A run per call: identical calls in one run would (rightly)
+                    // trip the loop breaker.
+                    run_id: Uuid::new_v4(),
+                    step_number: 1,
+                    call_id: Uuid::new_v4().simple().to_string(),
+                    name: "demo.echo".into(),
+                    arguments: json!({"text": "hello"}),
+                    principal: principal.clone(),
+                    agent: agent.clone(),
+                    pinned: pinned.clone(),
+                    origin_trust: TrustLevel::User,
+                    argument_trust: ArgumentTrust::default(),
+                    deadline_at: Some(chrono::Utc::now() + chrono::Duration::seconds(30)),
+                    parallel_group: None,
+                    recovering: None,
+                };
+                let begun = Instant::now();
+                let outcome = pipeline.call(request).await;
+                assert_eq!(outcome.status(), Some(toolgate::domain::ToolOutcomeStatus::Succeeded), "{outcome:?}");
+                latencies.push(begun.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("a caller finished"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu_before;
+    latencies.sort();
+    Figures {
+        calls_per_second: latencies.len() as f64 / elapsed,
+        p50: percentile(&latencies, 0.5),
+        p99: percentile(&latencies, 0.99),
+        cpu_per_call: Duration::from_secs_f64(cpu / latencies.len().max(1) as f64),
+    }
+}
+
+fn pgbench(admin_url: &str, schema: &str, clients: usize, seconds: u64) -> Option<f64> {
+    let folder = tempfile::tempdir().ok()?;
+    let script = folder.path().join("pipeline.sql");
+    std::fs::write(&script, PGBENCH_SCRIPT).ok()?;
+    let output = std::process::Command::new("pgbench")
+        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", &clients.to_string(), "-T", &seconds.to_string(), "-f"])
+        .arg(&script)
+        .arg(admin_url)
+        .env("PGOPTIONS", format!("-c search_path={schema}"))
+        // The sqlx build has no TLS; neither may the comparison.
+        .env("PGSSLMODE", "disable")
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        eprintln!("pgbench failed: {}", String::from_utf8_lossy(&output.stderr));
+        return None;
+    }
+    text.lines()
+        .find(|line| line.starts_with("tps = "))
+        .and_then(|line| line.trim_start_matches("tps = ").split_whitespace().next())
+        .and_then(|tps| tps.parse().ok())
+}
+
+fn main() {
+    let Ok(admin_url) = std::env::var("DATABASE_URL") else {
+        println!("pipeline bench: DATABASE_URL is unset; nothing to measure");
+        return;
+    };
+    let seconds: u64 = std::env::var("TOOLGATE_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+    let schema = format!("bench_{}", Uuid::new_v4().simple());
+    runtime.block_on(async {
+        use sqlx::Connection as _;
+        let mut admin = sqlx::PgConnection::connect(&admin_url).await.expect("DATABASE_URL connects");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}"))).execute(&mut admin).await.expect("schema");
+        let separator = if admin_url.contains('?') { '&' } else { '?' };
+        let url = format!("{admin_url}{separator}options=-c%20search_path%3D{schema}");
+        let store: Arc<dyn Store> = Arc::new(PostgresStore::connect(&url).await.expect("store"));
+        store.migrate().await.expect("migrations");
+        let folder = tempfile::tempdir().expect("folder");
+        let registry = Arc::new(
+            ToolRegistry::with_builtins(RegistryLimits { maximum_output_bytes_ceiling: 1 << 20 }, toolgate::builtin::demo::tools(folder.path()))
+                .expect("builtins"),
+        );
+        let clock = Arc::new(SystemClock);
+        let worker = Worker::register(store.clone(), clock.clone(), "bench", WorkerSettings::default()).await.expect("worker");
+        let pipeline = Arc::new(Pipeline::new(PipelineParts {
+            registry: registry.clone(),
+            store: store.clone(),
+            policy: Arc::new(RuleFilePolicy::built_in()),
+            artifacts: Arc::new(FsArtifactStore::new(folder.path().join("artifacts"))),
+            credentials: Arc::new(EnvFileResolver::default()),
+            clock,
+            observer: Arc::new(toolgate::pipeline::Unobserved),
+            worker_id: worker.id(),
+            settings: PipelineSettings { inline_maximum_bytes: 4096 },
+        }));
+        // Warm the pool and the plan caches.
+        drive(pipeline.clone(), registry.clone(), 1, 1).await;
+        println!("{:>8} | {:>14} | {:>10} | {:>10} | {:>13} | {:>14} | {:>7}", "callers", "toolgate c/s", "p50", "p99", "cpu per call", "pgbench c/s", "ratio");
+        for callers in [1usize, 8] {
+            let figures = drive(pipeline.clone(), registry.clone(), callers, seconds).await;
+            let tps = pgbench(&admin_url, &schema, callers, seconds);
+            println!(
+                "{:>8} | {:>14.0} | {:>10.2?} | {:>10.2?} | {:>13.2?} | {:>14} | {:>7}",
+                callers,
+                figures.calls_per_second,
+                figures.p50,
+                figures.p99,
+                figures.cpu_per_call,
+                tps.map(|t| format!("{t:.0}")).unwrap_or_else(|| "n/a".into()),
+                tps.map(|t| format!("{:.2}", figures.calls_per_second / t)).unwrap_or_else(|| "n/a".into()),
+            );
+        }
+        worker.release().await.ok();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE"))).execute(&mut admin).await.ok();
+    });
+}
