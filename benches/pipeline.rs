@@ -14,8 +14,13 @@ use toolgate::adapters::artifacts::FsArtifactStore;
 use toolgate::adapters::credentials::EnvFileResolver;
 use toolgate::adapters::policy::RuleFilePolicy;
 use toolgate::adapters::store::PostgresStore;
-use toolgate::domain::{AgentSpec, ArgumentTrust, PolicyProfile, Principal, RuntimeEnvironment, TargetKind, TrustLevel};
-use toolgate::pipeline::{CallRequest, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Worker, WorkerSettings};
+use toolgate::domain::{
+    AgentSpec, ArgumentTrust, PolicyProfile, Principal, RuntimeEnvironment, TargetKind, TrustLevel,
+};
+use toolgate::pipeline::{
+    CallRequest, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Worker,
+    WorkerSettings,
+};
 use toolgate::ports::{Store, SystemClock};
 use uuid::Uuid;
 
@@ -51,7 +56,12 @@ fn cpu_seconds() -> f64 {
     // 14th and 15th of the whole line.
     let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // Linux reports in clock ticks of 1/100 s.
     (ticks(11) + ticks(12)) / 100.0
 }
@@ -71,17 +81,35 @@ struct Figures {
     cpu_per_call: Duration,
 }
 
-async fn drive(pipeline: Arc<Pipeline>, registry: Arc<ToolRegistry>, callers: usize, seconds: u64) -> Figures {
-    let agent = AgentSpec { tools: vec!["demo.*".into()] };
-    let principal = Principal { id: "bench".into(), scopes: ["demo.use".to_owned()].into() };
-    let environment = RuntimeEnvironment { targets: [TargetKind::InProcess].into() };
-    let pinned = registry.specs_for_session(&agent, &principal, &PolicyProfile::default(), &environment);
+async fn drive(
+    pipeline: Arc<Pipeline>,
+    registry: Arc<ToolRegistry>,
+    callers: usize,
+    seconds: u64,
+) -> Figures {
+    let agent = AgentSpec {
+        tools: vec!["demo.*".into()],
+    };
+    let principal = Principal {
+        id: "bench".into(),
+        scopes: ["demo.use".to_owned()].into(),
+    };
+    let environment = RuntimeEnvironment {
+        targets: [TargetKind::InProcess].into(),
+    };
+    let pinned =
+        registry.specs_for_session(&agent, &principal, &PolicyProfile::default(), &environment);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let cpu_before = cpu_seconds();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..callers {
-        let (pipeline, agent, principal, pinned) = (pipeline.clone(), agent.clone(), principal.clone(), pinned.clone());
+        let (pipeline, agent, principal, pinned) = (
+            pipeline.clone(),
+            agent.clone(),
+            principal.clone(),
+            pinned.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
@@ -106,7 +134,11 @@ async fn drive(pipeline: Arc<Pipeline>, registry: Arc<ToolRegistry>, callers: us
                 };
                 let begun = Instant::now();
                 let outcome = pipeline.call(request).await;
-                assert_eq!(outcome.status(), Some(toolgate::domain::ToolOutcomeStatus::Succeeded), "{outcome:?}");
+                assert_eq!(
+                    outcome.status(),
+                    Some(toolgate::domain::ToolOutcomeStatus::Succeeded),
+                    "{outcome:?}"
+                );
                 latencies.push(begun.elapsed());
             }
             latencies
@@ -132,7 +164,18 @@ fn pgbench(admin_url: &str, schema: &str, clients: usize, seconds: u64) -> Optio
     let script = folder.path().join("pipeline.sql");
     std::fs::write(&script, PGBENCH_SCRIPT).ok()?;
     let output = std::process::Command::new("pgbench")
-        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", &clients.to_string(), "-T", &seconds.to_string(), "-f"])
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.to_string(),
+            "-T",
+            &seconds.to_string(),
+            "-f",
+        ])
         .arg(&script)
         .arg(admin_url)
         .env("PGOPTIONS", format!("-c search_path={schema}"))
@@ -142,7 +185,10 @@ fn pgbench(admin_url: &str, schema: &str, clients: usize, seconds: u64) -> Optio
         .ok()?;
     let text = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
-        eprintln!("pgbench failed: {}", String::from_utf8_lossy(&output.stderr));
+        eprintln!(
+            "pgbench failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         return None;
     }
     text.lines()
@@ -156,24 +202,48 @@ fn main() {
         println!("pipeline bench: DATABASE_URL is unset; nothing to measure");
         return;
     };
-    let seconds: u64 = std::env::var("TOOLGATE_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+    let seconds: u64 = std::env::var("TOOLGATE_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
     let schema = format!("bench_{}", Uuid::new_v4().simple());
     runtime.block_on(async {
         use sqlx::Connection as _;
-        let mut admin = sqlx::PgConnection::connect(&admin_url).await.expect("DATABASE_URL connects");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}"))).execute(&mut admin).await.expect("schema");
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .expect("DATABASE_URL connects");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&mut admin)
+            .await
+            .expect("schema");
         let separator = if admin_url.contains('?') { '&' } else { '?' };
         let url = format!("{admin_url}{separator}options=-c%20search_path%3D{schema}");
         let store: Arc<dyn Store> = Arc::new(PostgresStore::connect(&url).await.expect("store"));
         store.migrate().await.expect("migrations");
         let folder = tempfile::tempdir().expect("folder");
         let registry = Arc::new(
-            ToolRegistry::with_builtins(RegistryLimits { maximum_output_bytes_ceiling: 1 << 20 }, toolgate::builtin::demo::tools(folder.path()))
-                .expect("builtins"),
+            ToolRegistry::with_builtins(
+                RegistryLimits {
+                    maximum_output_bytes_ceiling: 1 << 20,
+                },
+                toolgate::builtin::demo::tools(folder.path()),
+            )
+            .expect("builtins"),
         );
         let clock = Arc::new(SystemClock);
-        let worker = Worker::register(store.clone(), clock.clone(), "bench", WorkerSettings::default()).await.expect("worker");
+        let worker = Worker::register(
+            store.clone(),
+            clock.clone(),
+            "bench",
+            WorkerSettings::default(),
+        )
+        .await
+        .expect("worker");
         let pipeline = Arc::new(Pipeline::new(PipelineParts {
             registry: registry.clone(),
             store: store.clone(),
@@ -183,11 +253,16 @@ fn main() {
             clock,
             observer: Arc::new(toolgate::pipeline::Unobserved),
             worker_id: worker.id(),
-            settings: PipelineSettings { inline_maximum_bytes: 4096 },
+            settings: PipelineSettings {
+                inline_maximum_bytes: 4096,
+            },
         }));
         // Warm the pool and the plan caches.
         drive(pipeline.clone(), registry.clone(), 1, 1).await;
-        println!("{:>8} | {:>14} | {:>10} | {:>10} | {:>13} | {:>14} | {:>7}", "callers", "toolgate c/s", "p50", "p99", "cpu per call", "pgbench c/s", "ratio");
+        println!(
+            "{:>8} | {:>14} | {:>10} | {:>10} | {:>13} | {:>14} | {:>7}",
+            "callers", "toolgate c/s", "p50", "p99", "cpu per call", "pgbench c/s", "ratio"
+        );
         for callers in [1usize, 8] {
             let figures = drive(pipeline.clone(), registry.clone(), callers, seconds).await;
             let tps = pgbench(&admin_url, &schema, callers, seconds);
@@ -198,11 +273,16 @@ fn main() {
                 figures.p50,
                 figures.p99,
                 figures.cpu_per_call,
-                tps.map(|t| format!("{t:.0}")).unwrap_or_else(|| "n/a".into()),
-                tps.map(|t| format!("{:.2}", figures.calls_per_second / t)).unwrap_or_else(|| "n/a".into()),
+                tps.map(|t| format!("{t:.0}"))
+                    .unwrap_or_else(|| "n/a".into()),
+                tps.map(|t| format!("{:.2}", figures.calls_per_second / t))
+                    .unwrap_or_else(|| "n/a".into()),
             );
         }
         worker.release().await.ok();
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE"))).execute(&mut admin).await.ok();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&mut admin)
+            .await
+            .ok();
     });
 }

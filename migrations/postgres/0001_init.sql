@@ -1,4 +1,5 @@
--- toolgate 0001: workers, tool_invocations, approvals, the events outbox.
+-- toolgate 0001: workers, tool_invocations, approvals, artifacts, the events
+-- outbox.
 -- Tenant-owned tables carry tenant_id and row-level security keyed on the
 -- per-transaction setting toolgate.tenant_id; system work (recovery, the
 -- operator's event stream) sets toolgate.scope = 'system' instead.
@@ -73,6 +74,18 @@ CREATE TABLE approvals (
 
 CREATE INDEX approvals_pending ON approvals (tenant_id, requested_at) WHERE status = 'pending';
 
+-- What the artifact store holds, recorded with the result that made it.
+CREATE TABLE artifacts (
+    id             UUID PRIMARY KEY,
+    tenant_id      TEXT NOT NULL,
+    run_id         UUID NOT NULL,
+    invocation_id  UUID NOT NULL REFERENCES tool_invocations (id),
+    media_type     TEXT NOT NULL,
+    bytes          BIGINT NOT NULL,
+    trust          TEXT NOT NULL,
+    created_at     TIMESTAMPTZ NOT NULL
+);
+
 -- The outbox. txid lets a reader stop below the oldest transaction still
 -- running, so an id committed late is never skipped.
 CREATE TABLE events (
@@ -95,6 +108,14 @@ CREATE POLICY tenant_isolation ON tool_invocations
 ALTER TABLE approvals ENABLE ROW LEVEL SECURITY;
 ALTER TABLE approvals FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON approvals
+    USING (current_setting('toolgate.scope', true) = 'system'
+           OR tenant_id = current_setting('toolgate.tenant_id', true))
+    WITH CHECK (current_setting('toolgate.scope', true) = 'system'
+           OR tenant_id = current_setting('toolgate.tenant_id', true));
+
+ALTER TABLE artifacts ENABLE ROW LEVEL SECURITY;
+ALTER TABLE artifacts FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON artifacts
     USING (current_setting('toolgate.scope', true) = 'system'
            OR tenant_id = current_setting('toolgate.tenant_id', true))
     WITH CHECK (current_setting('toolgate.scope', true) = 'system'

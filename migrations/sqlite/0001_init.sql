@@ -71,6 +71,17 @@ CREATE TABLE approvals (
 
 CREATE INDEX approvals_pending ON approvals (tenant_id, requested_at) WHERE status = 'pending';
 
+CREATE TABLE artifacts (
+    id             TEXT PRIMARY KEY,
+    tenant_id      TEXT NOT NULL,
+    run_id         TEXT NOT NULL,
+    invocation_id  TEXT NOT NULL REFERENCES tool_invocations (id),
+    media_type     TEXT NOT NULL,
+    bytes          INTEGER NOT NULL,
+    trust          TEXT NOT NULL,
+    created_at     INTEGER NOT NULL
+);
+
 -- One writer at a time: ids are assigned in commit order.
 CREATE TABLE events (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -29,9 +29,12 @@ use crate::domain::{
 use crate::ports::{
     ArtifactStore, BoxFuture, BreakerTally, CancellationToken, Claim, Clock, CredentialError,
     CredentialResolver, EffectWatermark, ExecutionTarget, Fence, InsertOutcome, InvocationRecord,
-    NewInvocation, PolicyEngine, Store, StoreError, TerminalRecord, ToolEvent,
+    NewInvocation, PolicyEngine, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
     ToolExecutionContext, WatermarkError,
 };
+
+/// What an excerpted result's whole is stored as.
+const ARTIFACT_MEDIA_TYPE: &str = "text/plain; charset=utf-8";
 
 /// A place in the pipeline an observer is told about: the fourteen steps as
 /// they are entered, and the watermark's commit inside step 10.
@@ -777,7 +780,7 @@ impl Pipeline {
             error: None,
             output_bytes: None,
             truncated: false,
-            artifact_id: None,
+            artifact: None,
         };
         let now = self.clock.now();
         let end = |code: ReasonCode| {
@@ -895,7 +898,7 @@ impl Pipeline {
                 error: None,
                 output_bytes: None,
                 truncated: false,
-                artifact_id: None,
+                artifact: None,
             };
             let mut event = record_event(&row, terminal_event(status));
             event.outcome_status = Some(status);
@@ -1228,11 +1231,7 @@ impl Pipeline {
                     );
                 }
                 Ok(_) => match writer
-                    .write(
-                        "text/plain; charset=utf-8",
-                        trust,
-                        text.clone().into_bytes(),
-                    )
+                    .write(ARTIFACT_MEDIA_TYPE, trust, text.clone().into_bytes())
                     .await
                 {
                     Ok(reference) => {
@@ -1318,7 +1317,12 @@ impl Pipeline {
             error,
             output_bytes: executed.as_ref().map(|_| output_bytes),
             truncated: artifact.is_some(),
-            artifact_id: artifact.map(|(id, _)| id),
+            artifact: artifact.map(|(id, bytes)| StoredArtifact {
+                id,
+                media_type: ARTIFACT_MEDIA_TYPE.to_owned(),
+                bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+                trust,
+            }),
         };
         let mut event = record_event(row, terminal_event(outcome_status));
         event.outcome_status = Some(outcome_status);
@@ -1568,7 +1572,7 @@ impl Pipeline {
                 error: None,
                 output_bytes: None,
                 truncated: false,
-                artifact_id: None,
+                artifact: None,
             };
             let mut event = record_event(&row, terminal_event(status));
             event.outcome_status = Some(status);

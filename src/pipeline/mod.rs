@@ -20,5 +20,5 @@ pub use registry::{
     PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection,
     RejectionReason, StartupError, ToolNotFound, ToolRegistry,
 };
-pub use worker::{Worker, WorkerSettings};
 pub use validation::{ArgumentError, CompiledSchema, SchemaCache, SchemaError, SchemaOrigin};
+pub use worker::{Worker, WorkerSettings};

@@ -69,7 +69,12 @@ impl Worker {
                 lease_expires_at: now + chrono(settings.lease),
             })
             .await?;
-        Ok(Worker { id, store, clock, settings })
+        Ok(Worker {
+            id,
+            store,
+            clock,
+            settings,
+        })
     }
 
     /// The worker's id, which the pipeline claims rows under.
@@ -79,13 +84,19 @@ impl Worker {
 
     /// Renews the lease once; `false` when it was lost (released).
     pub async fn heartbeat(&self) -> Result<bool, StoreError> {
-        self.store.heartbeat(self.id, self.clock.now() + chrono(self.settings.lease)).await
+        self.store
+            .heartbeat(self.id, self.clock.now() + chrono(self.settings.lease))
+            .await
     }
 
     /// Runs the start-up sweep, then heartbeats and sweeps on their periods
     /// until `shutdown` fires. A lost lease ends the task: the worker must
     /// not keep claiming rows it no longer owns.
-    pub fn spawn(self: Arc<Self>, pipeline: Arc<Pipeline>, shutdown: CancellationToken) -> JoinHandle<()> {
+    pub fn spawn(
+        self: Arc<Self>,
+        pipeline: Arc<Pipeline>,
+        shutdown: CancellationToken,
+    ) -> JoinHandle<()> {
         tokio::spawn(async move {
             self.sweep(&pipeline).await;
             let mut heartbeat = tokio::time::interval(self.settings.heartbeat);
@@ -115,7 +126,11 @@ impl Worker {
         match pipeline.recover(self.settings.sweep_batch).await {
             Ok(report) => {
                 if report.taken > 0 {
-                    tracing::info!(taken = report.taken, uncertain = report.uncertain, "recovery sweep");
+                    tracing::info!(
+                        taken = report.taken,
+                        uncertain = report.uncertain,
+                        "recovery sweep"
+                    );
                 }
                 report
             }

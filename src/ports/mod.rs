@@ -13,7 +13,7 @@ pub use clock::{Clock, SystemClock};
 pub use policy::PolicyEngine;
 pub use store::{
     ApprovalRecord, BreakerTally, Claim, EventRecord, Fence, InsertOutcome, InvocationRecord,
-    NewInvocation, Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
+    NewInvocation, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 pub use tool::{
     ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,

@@ -153,8 +153,21 @@ pub struct TerminalRecord {
     pub output_bytes: Option<i64>,
     /// Whether the model saw an excerpt.
     pub truncated: bool,
-    /// The whole result's artifact, when excerpted.
-    pub artifact_id: Option<Uuid>,
+    /// The whole result's artifact, when excerpted: recorded with the row.
+    pub artifact: Option<StoredArtifact>,
+}
+
+/// An `artifacts` row: what the artifact store holds for an invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredArtifact {
+    /// The artifact.
+    pub id: Uuid,
+    /// Its media type.
+    pub media_type: String,
+    /// Its size.
+    pub bytes: i64,
+    /// The trust label it inherits from the result.
+    pub trust: TrustLevel,
 }
 
 /// A `tool_invocations` row.
@@ -541,6 +554,14 @@ pub trait Store: Send + Sync {
         evidence_key: &'a str,
         maximum_restarts: i32,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// An artifact's record, within its tenant (for the owner-scoped
+    /// artifact routes; no tool reads artifacts back).
+    fn artifact<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>>;
 
     /// Events after the cursor, in id order; only ids no running transaction
     /// can still fill in below, so a reader never skips one.

@@ -174,6 +174,7 @@ impl Store for FaultyWatermark {
         events_after(after: i64, limit: i64) -> Result<Vec<toolgate::ports::EventRecord>, toolgate::ports::StoreError>;
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<toolgate::ports::BreakerTally, toolgate::ports::StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, toolgate::ports::StoreError>;
+        artifact(tenant: &'a str, id: Uuid) -> Result<Option<toolgate::ports::StoredArtifact>, toolgate::ports::StoreError>;
     }
 
     fn mark_effect_sent<'a>(
@@ -209,7 +210,11 @@ pub async fn harness(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>) -> Ha
 
 /// A harness whose pipeline claims under `worker` (registered by the
 /// caller), or under a worker of its own.
-pub async fn harness_for(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>, worker: Option<Uuid>) -> Harness {
+pub async fn harness_for(
+    store: Arc<dyn Store>,
+    policy: Arc<dyn PolicyEngine>,
+    worker: Option<Uuid>,
+) -> Harness {
     let folder = tempfile::tempdir().unwrap();
     let effects = folder.path().join("effects");
     let mut tools = builtin::demo::tools(&effects);
@@ -426,7 +431,7 @@ async fn a_read_succeeds_and_is_recorded_with_its_events() {
             row.effect_sent_at, None,
             "{name}: a NONE tool sets no watermark"
         );
-        let events = store.events_after(0, 1000).await.unwrap();
+        let events = crate::store::events_settled(store.as_ref(), 4).await;
         let kinds: Vec<&str> = events
             .iter()
             .filter(|e| e.payload["invocation_id"] == json!(row.id))
@@ -800,7 +805,7 @@ async fn gate_05_hostile_failure_text_never_reaches_the_message() {
             row.error.unwrap().to_string().contains("remote said"),
             "{name}: the row keeps the detail"
         );
-        let events = store.events_after(0, 1000).await.unwrap();
+        let events = crate::store::events_settled(store.as_ref(), 4).await;
         assert!(
             events
                 .iter()
@@ -832,6 +837,21 @@ async fn large_output_is_excerpted_and_artifactized() {
         let full: String = (0..3000).map(|i| format!("line {i}\n")).collect();
         assert_eq!(row.output_bytes, Some(full.len() as i64));
         let artifact = row.artifact_id.unwrap();
+        let record = store
+            .artifact(TENANT, artifact)
+            .await
+            .unwrap()
+            .expect("the artifact is recorded");
+        assert_eq!(record.bytes, full.len() as i64, "{name}");
+        assert_eq!(record.trust, TrustLevel::InternalTool);
+        assert!(
+            store
+                .artifact("tenant-b", artifact)
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}: tenant-scoped"
+        );
         let stored = std::fs::read_to_string(harness.artifacts.path_of(
             TENANT,
             request.run_id,
@@ -1162,15 +1182,30 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
             sweep_batch: 10,
         };
         let clock: Arc<dyn toolgate::ports::Clock> = Arc::new(SystemClock);
-        let a = Arc::new(Worker::register(store.clone(), clock.clone(), "a", fast).await.unwrap());
-        let b = Arc::new(Worker::register(store.clone(), clock.clone(), "b", fast).await.unwrap());
+        let a = Arc::new(
+            Worker::register(store.clone(), clock.clone(), "a", fast)
+                .await
+                .unwrap(),
+        );
+        let b = Arc::new(
+            Worker::register(store.clone(), clock.clone(), "b", fast)
+                .await
+                .unwrap(),
+        );
         let harness_a = harness_for(store.clone(), allow_all(), Some(a.id())).await;
         let harness_b = harness_for(store.clone(), allow_all(), Some(b.id())).await;
         // Worker a dies mid-call: intent persisted and claimed, nothing sent.
         let request = harness_a.request("demo.external_write", json!({"line": "recovered"}));
         let spec = harness_a.registry.get("demo.external_write", None).unwrap();
         let canonical = spec.input.validate(request.arguments.clone()).unwrap();
-        let key = toolgate::domain::idempotency_key(&request.run_id.to_string(), 1, &request.call_id, "demo.external_write", "1", &canonical.sha256);
+        let key = toolgate::domain::idempotency_key(
+            &request.run_id.to_string(),
+            1,
+            &request.call_id,
+            "demo.external_write",
+            "1",
+            &canonical.sha256,
+        );
         let now = Utc::now();
         let new = NewInvocation {
             id: Uuid::new_v4(),
@@ -1196,10 +1231,25 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
             reason_code: None,
             approval_id: None,
         };
-        let InsertOutcome::Inserted(row) = store.insert_invocation(&new, Claim { worker_id: a.id(), now }, &[]).await.unwrap() else {
+        let InsertOutcome::Inserted(row) = store
+            .insert_invocation(
+                &new,
+                Claim {
+                    worker_id: a.id(),
+                    now,
+                },
+                &[],
+            )
+            .await
+            .unwrap()
+        else {
             panic!("fresh");
         };
-        store.claim_invocation(TENANT, row.id, row.fence().unwrap(), now, &[]).await.unwrap().unwrap();
+        store
+            .claim_invocation(TENANT, row.id, row.fence().unwrap(), now, &[])
+            .await
+            .unwrap()
+            .unwrap();
 
         let stop_a = tokio_util::sync::CancellationToken::new();
         let stop_b = tokio_util::sync::CancellationToken::new();
@@ -1209,7 +1259,11 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
         tokio::time::sleep(std::time::Duration::from_millis(900)).await;
         let held = store.invocation(TENANT, row.id).await.unwrap().unwrap();
         assert_eq!(held.status, InvocationStatus::Running, "{name}");
-        assert_eq!(held.worker_id, Some(a.id()), "{name}: a live lease is not swept");
+        assert_eq!(
+            held.worker_id,
+            Some(a.id()),
+            "{name}: a live lease is not swept"
+        );
         // a stops heartbeating without releasing (a hang); b recovers.
         stop_a.cancel();
         task_a.await.unwrap();
@@ -1223,13 +1277,24 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
             }
         }
         let recovered = recovered.expect("b's sweep recovered the row");
-        assert_eq!(recovered.status, InvocationStatus::Succeeded, "{name}: nothing was sent, so it ran again");
+        assert_eq!(
+            recovered.status,
+            InvocationStatus::Succeeded,
+            "{name}: nothing was sent, so it ran again"
+        );
         assert_eq!(recovered.worker_id, Some(b.id()));
-        assert_eq!(harness_b.lines("external.log"), vec!["recovered"], "{name}: executed once, by b");
+        assert_eq!(
+            harness_b.lines("external.log"),
+            vec!["recovered"],
+            "{name}: executed once, by b"
+        );
         assert_eq!(harness_a.lines("external.log"), Vec::<String>::new());
         stop_b.cancel();
         task_b.await.unwrap();
         b.release().await.unwrap();
-        assert!(!b.heartbeat().await.unwrap(), "{name}: a released worker's lease is gone");
+        assert!(
+            !b.heartbeat().await.unwrap(),
+            "{name}: a released worker's lease is gone"
+        );
     }
 }

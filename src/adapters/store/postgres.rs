@@ -12,7 +12,8 @@ use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_option
 use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
     ApprovalRecord, BoxFuture, BreakerTally, Claim, EventRecord, Fence, InsertOutcome,
-    InvocationRecord, NewInvocation, Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
+    InvocationRecord, NewInvocation, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
+    WorkerLease,
 };
 
 /// Connections per node: the pipeline's commits are short, so a few suffice.
@@ -71,7 +72,10 @@ impl PostgresStore {
         let begin = format!(
             "BEGIN; SELECT set_config('toolgate.tenant_id', {tenant}, true), set_config('toolgate.scope', {system}, true)"
         );
-        self.pool.begin_with(sqlx::AssertSqlSafe(begin)).await.map_err(database_error)
+        self.pool
+            .begin_with(sqlx::AssertSqlSafe(begin))
+            .await
+            .map_err(database_error)
     }
 
     async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
@@ -183,7 +187,10 @@ async fn append_events(
     }
     // One round trip for all of a commit's events.
     let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
-    let bodies = events.iter().map(event_body).collect::<Result<Vec<_>, _>>()?;
+    let bodies = events
+        .iter()
+        .map(event_body)
+        .collect::<Result<Vec<_>, _>>()?;
     sqlx::query(
         "INSERT INTO events (tenant_id, event_type, payload, created_at) \
          SELECT $1, kind, body, $4 FROM UNNEST($2::text[], $3::jsonb[]) WITH ORDINALITY AS e(kind, body, n) ORDER BY n",
@@ -565,6 +572,21 @@ impl Store for PostgresStore {
             )
             .await?;
             if result {
+                if let Some(artifact) = &terminal.artifact {
+                    sqlx::query(
+                        "INSERT INTO artifacts (id, tenant_id, run_id, invocation_id, media_type, bytes, trust, created_at) \
+                         SELECT $1, tenant_id, run_id, id, $3, $4, $5, $6 FROM tool_invocations WHERE id = $2",
+                    )
+                    .bind(artifact.id)
+                    .bind(id)
+                    .bind(&artifact.media_type)
+                    .bind(artifact.bytes)
+                    .bind(artifact.trust.as_str())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+                }
                 append_events(&mut tx, tenant_id, events, now).await?;
             }
             tx.commit().await.map_err(database_error)?;
@@ -624,13 +646,21 @@ impl Store for PostgresStore {
         Box::pin(async move {
             let mut tx = self.begin(Scope::System).await?;
             let rows = sqlx::query(concat!(
-                "UPDATE tool_invocations SET worker_id = $1, lease_epoch = lease_epoch + 1, \
-                 attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
-                 WHERE id IN (\
-                    SELECT i.id FROM tool_invocations i LEFT JOIN workers w ON w.worker_id = i.worker_id \
+                // The candidates are chosen once (a materialized CTE) and
+                // locked with SKIP LOCKED. The lease test names the dead
+                // workers positively: when a row another sweeper just took
+                // is rechecked against its new version, its new owner is not
+                // among them. (A NOT EXISTS over live workers would pass that
+                // recheck vacuously and steal the row.)
+                "WITH candidates AS MATERIALIZED (\
+                    SELECT i.id AS candidate_id FROM tool_invocations i \
                     WHERE i.status IN ('authorized', 'running') AND i.suspended_kind IS NULL \
-                      AND (w.worker_id IS NULL OR w.released_at IS NOT NULL OR w.lease_expires_at < $2) \
-                    ORDER BY i.created_at LIMIT $3 FOR UPDATE OF i SKIP LOCKED) \
+                      AND i.worker_id IN (SELECT w.worker_id FROM workers w \
+                                          WHERE w.released_at IS NOT NULL OR w.lease_expires_at < $2) \
+                    ORDER BY i.created_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                 UPDATE tool_invocations t SET worker_id = $1, lease_epoch = t.lease_epoch + 1, \
+                 attempt_number = CASE WHEN t.started_at IS NULL THEN t.attempt_number ELSE t.attempt_number + 1 END \
+                 FROM candidates c WHERE t.id = c.candidate_id \
                  RETURNING ",
                 invocation_columns!()
             ))
@@ -658,8 +688,8 @@ impl Store for PostgresStore {
                  attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
                  WHERE id = $1 AND tenant_id = $2 AND status IN ('authorized', 'running') \
                    AND suspended_kind IS NULL \
-                   AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = tool_invocations.worker_id \
-                                   AND w.released_at IS NULL AND w.lease_expires_at >= $4) \
+                   AND worker_id IN (SELECT w.worker_id FROM workers w \
+                                     WHERE w.released_at IS NOT NULL OR w.lease_expires_at < $4) \
                  RETURNING ",
                 invocation_columns!()
             ))
@@ -877,6 +907,32 @@ impl Store for PostgresStore {
         })
     }
 
+    fn artifact<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query("SELECT id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
+                .bind(id)
+                .bind(tenant_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.map(|row| {
+                Ok(StoredArtifact {
+                    id: get(&row, "id")?,
+                    media_type: get(&row, "media_type")?,
+                    bytes: get(&row, "bytes")?,
+                    trust: parse(&get::<String>(&row, "trust")?, "trust")?,
+                })
+            })
+            .transpose()
+        })
+    }
+
     fn events_after(
         &self,
         after: i64,
@@ -928,7 +984,7 @@ async fn terminal_update(
         .bind(&terminal.error)
         .bind(terminal.output_bytes)
         .bind(terminal.truncated)
-        .bind(terminal.artifact_id)
+        .bind(terminal.artifact.as_ref().map(|artifact| artifact.id))
         .bind(now)
         .bind(tenant_id.to_owned());
     if let Some(fence) = fence {

@@ -17,7 +17,8 @@ use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional
 use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
     ApprovalRecord, BoxFuture, BreakerTally, Claim, EventRecord, Fence, InsertOutcome,
-    InvocationRecord, NewInvocation, Store, StoreError, TerminalRecord, ToolEvent, WorkerLease,
+    InvocationRecord, NewInvocation, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
+    WorkerLease,
 };
 
 /// Readers run beside the one writer (WAL).
@@ -601,6 +602,21 @@ impl Store for SqliteStore {
             )
             .await?;
             if result {
+                if let Some(artifact) = &terminal.artifact {
+                    sqlx::query(
+                        "INSERT INTO artifacts (id, tenant_id, run_id, invocation_id, media_type, bytes, trust, created_at) \
+                         SELECT $1, tenant_id, run_id, id, $3, $4, $5, $6 FROM tool_invocations WHERE id = $2",
+                    )
+                    .bind(artifact.id.to_string())
+                    .bind(id.to_string())
+                    .bind(&artifact.media_type)
+                    .bind(artifact.bytes)
+                    .bind(artifact.trust.as_str())
+                    .bind(micros(now))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+                }
                 append_events(&mut tx, tenant_id, events, now).await?;
             }
             tx.commit().await.map_err(database_error)?;
@@ -913,6 +929,30 @@ impl Store for SqliteStore {
         })
     }
 
+    fn artifact<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>> {
+        Box::pin(async move {
+            let row = sqlx::query("SELECT id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
+                .bind(id.to_string())
+                .bind(tenant_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(database_error)?;
+            row.map(|row| {
+                Ok(StoredArtifact {
+                    id: uuid(&row, "id")?,
+                    media_type: get(&row, "media_type")?,
+                    bytes: get(&row, "bytes")?,
+                    trust: parse(&get::<String>(&row, "trust")?, "trust")?,
+                })
+            })
+            .transpose()
+        })
+    }
+
     fn events_after(
         &self,
         after: i64,
@@ -962,7 +1002,12 @@ async fn terminal_update(
         .bind(terminal.error.as_ref().map(text))
         .bind(terminal.output_bytes)
         .bind(terminal.truncated)
-        .bind(terminal.artifact_id.map(|id| id.to_string()))
+        .bind(
+            terminal
+                .artifact
+                .as_ref()
+                .map(|artifact| artifact.id.to_string()),
+        )
         .bind(micros(now))
         .bind(tenant_id.to_owned());
     if let Some(fence) = fence {
