@@ -32,12 +32,21 @@ pub struct ConfigSummary {
     pub egress_entries: usize,
 }
 
-/// Loads and validates the configuration at `path` as `serve` would.
+/// Loads and validates the configuration at `path` as `serve` would,
+/// including the policy rule file it names.
 pub fn check_config(
     path: &Path,
     environment: &BTreeMap<String, String>,
 ) -> Result<ConfigSummary, ConfigErrors> {
     let config = Config::load(path, environment)?;
+    if let Some(file) = &config.policy.file
+        && let Err(error) = crate::adapters::policy::RuleFilePolicy::load(file)
+    {
+        return Err(ConfigErrors(vec![crate::config::ConfigError {
+            path: "policy.file".into(),
+            message: format!("the rule file is invalid: {error}"),
+        }]));
+    }
     Ok(ConfigSummary {
         store_backend: if config.store.url.starts_with("sqlite:") {
             "sqlite"

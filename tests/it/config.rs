@@ -181,3 +181,22 @@ fn an_unreadable_file_is_an_error_not_a_panic() {
     assert!(stderr.contains("cannot read"), "{stderr}");
     assert!(!stderr.contains("panicked"));
 }
+
+#[test]
+fn an_invalid_policy_file_is_reported_at_its_field() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("policy.toml"),
+        "[[rules]]\ntools = [\"x.*\"]\ndecision = \"perhaps\"\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = check_config(&write(
+        &dir,
+        &format!("{BASE}\n[policy]\nfile = \"policy.toml\"\n"),
+    ));
+    assert!(!ok);
+    assert!(
+        stderr.contains("policy.file") && stderr.contains("rules[0].decision"),
+        "{stderr}"
+    );
+}
