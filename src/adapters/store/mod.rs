@@ -48,6 +48,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "the circuit breaker's evidence and restarts",
         sql: include_str!("../../../migrations/postgres/0002_breaker.sql"),
     },
+    Migration {
+        version: 3,
+        description: "one round trip per hot-path commit",
+        sql: include_str!("../../../migrations/postgres/0003_one_round_trip.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -61,6 +66,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 2,
         description: "the circuit breaker's evidence and restarts",
         sql: include_str!("../../../migrations/sqlite/0002_breaker.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "one round trip per hot-path commit (nothing to do embedded)",
+        sql: include_str!("../../../migrations/sqlite/0003_one_round_trip.sql"),
     },
 ];
 

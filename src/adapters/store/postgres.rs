@@ -176,6 +176,18 @@ fn approval(row: &PgRow) -> Result<ApprovalRecord, StoreError> {
     })
 }
 
+/// A commit's events as the two arrays the database functions take.
+fn event_arrays(
+    events: &[ToolEvent],
+) -> Result<(Vec<&'static str>, Vec<serde_json::Value>), StoreError> {
+    let kinds = events.iter().map(|event| event.kind.as_str()).collect();
+    let bodies = events
+        .iter()
+        .map(event_body)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((kinds, bodies))
+}
+
 async fn append_events(
     tx: &mut Transaction<'static, Postgres>,
     tenant_id: &str,
@@ -344,19 +356,13 @@ impl Store for PostgresStore {
         Box::pin(async move {
             let principal = serde_json::to_value(&new.principal)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
-            let mut tx = self.begin(Scope::Tenant(&new.tenant_id)).await?;
-            let inserted = sqlx::query(concat!(
-                "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
-                 tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
-                 idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
-                 reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-                 $21, $22, $23, $24, 0, $25, $26) \
-                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING ",
-                invocation_columns!()
-            ))
-            .bind(new.id)
+            let (kinds, bodies) = event_arrays(events)?;
+            let row = sqlx::query(
+                "SELECT * FROM toolgate_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                 $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
+            )
             .bind(&new.tenant_id)
+            .bind(new.id)
             .bind(new.session_id)
             .bind(new.run_id)
             .bind(new.step_number)
@@ -381,50 +387,22 @@ impl Store for PostgresStore {
             .bind(claim.worker_id)
             .bind(claim.now)
             .bind(new.status.is_terminal().then_some(claim.now))
-            .fetch_optional(&mut *tx)
+            .bind(kinds)
+            .bind(bodies)
+            .fetch_optional(&self.pool)
             .await
             .map_err(database_error)?;
-            let Some(row) = inserted else {
-                let existing = sqlx::query(concat!(
-                    "SELECT ",
-                    invocation_columns!(),
-                    " FROM tool_invocations WHERE idempotency_key = $1"
-                ))
-                .bind(&new.idempotency_key)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(database_error)?;
-                tx.commit().await.map_err(database_error)?;
-                let existing = existing.as_ref().map(invocation).transpose()?;
-                // Another tenant's key (invisible under row-level security, or
-                // visible to a role that bypasses it): neither its row nor its
-                // existence is told.
-                return match existing {
-                    Some(record) if record.tenant_id == new.tenant_id => {
-                        Ok(InsertOutcome::Existing(record))
-                    }
-                    _ => Err(StoreError::KeyConflict),
-                };
-            };
-            let record = invocation(&row)?;
-            if let (Some(approval_id), Some(reason_code)) = (new.approval_id, new.reason_code) {
-                sqlx::query(
-                    "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, status, requested_at) \
-                     VALUES ($1, $2, $3, $4, $5, 'pending', $6)",
-                )
-                .bind(approval_id)
-                .bind(&new.tenant_id)
-                .bind(new.id)
-                .bind(&new.tool_name)
-                .bind(reason_code.as_str())
-                .bind(claim.now)
-                .execute(&mut *tx)
-                .await
-                .map_err(database_error)?;
+            let record = row.as_ref().map(invocation).transpose()?;
+            // The function returns the new row, or the one already holding the
+            // key. Another tenant's key (invisible under row-level security, or
+            // visible to a role that bypasses it) is neither shown nor told.
+            match record {
+                Some(record) if record.id == new.id => Ok(InsertOutcome::Inserted(record)),
+                Some(record) if record.tenant_id == new.tenant_id => {
+                    Ok(InsertOutcome::Existing(record))
+                }
+                _ => Err(StoreError::KeyConflict),
             }
-            append_events(&mut tx, &new.tenant_id, events, claim.now).await?;
-            tx.commit().await.map_err(database_error)?;
-            Ok(InsertOutcome::Inserted(record))
         })
     }
 
@@ -496,28 +474,19 @@ impl Store for PostgresStore {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let row = sqlx::query(concat!(
-                "UPDATE tool_invocations SET status = 'running', lease_epoch = lease_epoch + 1, started_at = $4, \
-                 attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
-                 WHERE id = $1 AND status = 'authorized' AND worker_id = $2 AND lease_epoch = $3 \
-                 AND tenant_id = $5 RETURNING ",
-                invocation_columns!()
-            ))
-            .bind(id)
-            .bind(fence.worker_id)
-            .bind(fence.lease_epoch)
-            .bind(now)
-            .bind(tenant_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            let record = row.as_ref().map(invocation).transpose()?;
-            if record.is_some() {
-                append_events(&mut tx, tenant_id, events, now).await?;
-            }
-            tx.commit().await.map_err(database_error)?;
-            Ok(record)
+            let (kinds, bodies) = event_arrays(events)?;
+            let row = sqlx::query("SELECT * FROM toolgate_claim($1, $2, $3, $4, $5, $6, $7)")
+                .bind(tenant_id)
+                .bind(id)
+                .bind(fence.worker_id)
+                .bind(fence.lease_epoch)
+                .bind(now)
+                .bind(kinds)
+                .bind(bodies)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(database_error)?;
+            row.as_ref().map(invocation).transpose()
         })
     }
 
@@ -529,21 +498,15 @@ impl Store for PostgresStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let result = sqlx::query(
-                "UPDATE tool_invocations SET effect_sent_at = COALESCE(effect_sent_at, $4) \
-                 WHERE id = $1 AND status = 'running' AND worker_id = $2 AND lease_epoch = $3 AND tenant_id = $5",
-            )
-            .bind(id)
-            .bind(fence.worker_id)
-            .bind(fence.lease_epoch)
-            .bind(now)
-            .bind(tenant_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            Ok(result.rows_affected() == 1)
+            sqlx::query_scalar("SELECT toolgate_mark_effect_sent($1, $2, $3, $4, $5)")
+                .bind(tenant_id)
+                .bind(id)
+                .bind(fence.worker_id)
+                .bind(fence.lease_epoch)
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(database_error)
         })
     }
 
@@ -557,40 +520,33 @@ impl Store for PostgresStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let result = terminal_update(
-                &mut tx,
-                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
-                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
-                 WHERE id = $1 AND status IN ('authorized', 'running') AND tenant_id = $11 \
-                 AND worker_id = $12 AND lease_epoch = $13",
-                id,
-                tenant_id,
-                terminal,
-                now,
-                Some(fence),
+            let (kinds, bodies) = event_arrays(events)?;
+            let artifact = terminal.artifact.as_ref();
+            sqlx::query_scalar(
+                "SELECT toolgate_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                 $17, $18)",
             )
-            .await?;
-            if result {
-                if let Some(artifact) = &terminal.artifact {
-                    sqlx::query(
-                        "INSERT INTO artifacts (id, tenant_id, run_id, invocation_id, media_type, bytes, trust, created_at) \
-                         SELECT $1, tenant_id, run_id, id, $3, $4, $5, $6 FROM tool_invocations WHERE id = $2",
-                    )
-                    .bind(artifact.id)
-                    .bind(id)
-                    .bind(&artifact.media_type)
-                    .bind(artifact.bytes)
-                    .bind(artifact.trust.as_str())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(database_error)?;
-                }
-                append_events(&mut tx, tenant_id, events, now).await?;
-            }
-            tx.commit().await.map_err(database_error)?;
-            Ok(result)
+            .bind(tenant_id)
+            .bind(id)
+            .bind(fence.worker_id)
+            .bind(fence.lease_epoch)
+            .bind(terminal.status.as_str())
+            .bind(terminal.outcome_status.as_str())
+            .bind(terminal.reason_code.map(ReasonCode::as_str))
+            .bind(&terminal.result)
+            .bind(&terminal.error)
+            .bind(terminal.output_bytes)
+            .bind(terminal.truncated)
+            .bind(artifact.map(|a| a.id))
+            .bind(artifact.map(|a| a.media_type.as_str()))
+            .bind(artifact.map(|a| a.bytes))
+            .bind(artifact.map(|a| a.trust.as_str()))
+            .bind(now)
+            .bind(kinds)
+            .bind(bodies)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(database_error)
         })
     }
 
@@ -783,35 +739,26 @@ impl Store for PostgresStore {
         arguments_hash: &'a str,
     ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            // The counts and the evidence base in one round trip.
             let rows = sqlx::query(
-                "SELECT outcome_status, reason_code, count(*) AS n, NULL::bigint AS base FROM tool_invocations \
-                 WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
-                   AND outcome_status IS NOT NULL \
-                 GROUP BY outcome_status, reason_code \
-                 UNION ALL \
-                 SELECT NULL, NULL, NULL, base FROM breaker_evidence \
-                 WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4",
+                "SELECT t_status, t_code, t_count, t_base FROM toolgate_tally($1, $2, $3, $4)",
             )
             .bind(tenant_id)
             .bind(run_id)
             .bind(tool_name)
             .bind(arguments_hash)
-            .fetch_all(&mut *tx)
+            .fetch_all(&self.pool)
             .await
             .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
             let mut tally = BreakerTally::default();
             for row in &rows {
-                if let Some(base) = get::<Option<i64>>(row, "base")? {
+                if let Some(base) = get::<Option<i64>>(row, "t_base")? {
                     tally.evidence_base = base;
                     continue;
                 }
                 tally.counts.push((
-                    parse(&get::<String>(row, "outcome_status")?, "outcome_status")?,
-                    parse_optional(get(row, "reason_code")?, "reason_code")?,
-                    get::<i64>(row, "n")?,
+                    parse(&get::<String>(row, "t_status")?, "outcome_status")?,
+                    parse_optional(get(row, "t_code")?, "reason_code")?,
+                    get::<i64>(row, "t_count")?,
                 ));
             }
             Ok(tally)
