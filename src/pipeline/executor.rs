@@ -772,22 +772,12 @@ impl Pipeline {
         let status = approval
             .map(|a| a.status)
             .unwrap_or(ApprovalStatus::Expired);
-        let settle = |code: ReasonCode| TerminalRecord {
-            status: InvocationStatus::Denied,
-            outcome_status: ToolOutcomeStatus::Denied,
-            reason_code: Some(code),
-            result: None,
-            error: None,
-            output_bytes: None,
-            truncated: false,
-            artifact: None,
-        };
         let now = self.clock.now();
         let end = |code: ReasonCode| {
-            let mut event = record_event(&row, ToolEventKind::Denied);
-            event.outcome_status = Some(ToolOutcomeStatus::Denied);
-            event.reason_code = Some(code);
-            (settle(code), [event])
+            (
+                TerminalRecord::without_result(code),
+                [ended_event(&row, code)],
+            )
         };
         match (status, decision) {
             (ApprovalStatus::Pending, _) => Ok(CallOutcome::Pending {
@@ -889,20 +879,8 @@ impl Pipeline {
             _ => None,
         };
         if let Some(code) = refusal {
-            let status = code.status();
-            let terminal = TerminalRecord {
-                status: status.invocation_status(),
-                outcome_status: status,
-                reason_code: Some(code),
-                result: None,
-                error: None,
-                output_bytes: None,
-                truncated: false,
-                artifact: None,
-            };
-            let mut event = record_event(&row, terminal_event(status));
-            event.outcome_status = Some(status);
-            event.reason_code = Some(code);
+            let terminal = TerminalRecord::without_result(code);
+            let event = ended_event(&row, code);
             self.store
                 .complete_invocation(
                     &request.tenant_id,
@@ -1563,20 +1541,8 @@ impl Pipeline {
             } else {
                 ReasonCode::ToolWithdrawn
             };
-            let status = code.status();
-            let terminal = TerminalRecord {
-                status: status.invocation_status(),
-                outcome_status: status,
-                reason_code: Some(code),
-                result: None,
-                error: None,
-                output_bytes: None,
-                truncated: false,
-                artifact: None,
-            };
-            let mut event = record_event(&row, terminal_event(status));
-            event.outcome_status = Some(status);
-            event.reason_code = Some(code);
+            let terminal = TerminalRecord::without_result(code);
+            let event = ended_event(&row, code);
             if let Some(fence) = fence {
                 self.store
                     .complete_invocation(
@@ -1668,6 +1634,15 @@ impl Finish {
             }
         }
     }
+}
+
+/// The terminal event of a row that ends with `code` and no result.
+fn ended_event(row: &InvocationRecord, code: ReasonCode) -> ToolEvent {
+    let status = code.status();
+    let mut event = record_event(row, terminal_event(status));
+    event.outcome_status = Some(status);
+    event.reason_code = Some(code);
+    event
 }
 
 fn denied_event(identity: &Identity<'_>, code: ReasonCode) -> ToolEvent {

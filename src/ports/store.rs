@@ -157,6 +157,24 @@ pub struct TerminalRecord {
     pub artifact: Option<StoredArtifact>,
 }
 
+impl TerminalRecord {
+    /// The end of a call that produced no result: a refusal, an expiry, an
+    /// uncertain recovery. Its status follows from the code.
+    pub fn without_result(code: ReasonCode) -> TerminalRecord {
+        let status = code.status();
+        TerminalRecord {
+            status: status.invocation_status(),
+            outcome_status: status,
+            reason_code: Some(code),
+            result: None,
+            error: None,
+            output_bytes: None,
+            truncated: false,
+            artifact: None,
+        }
+    }
+}
+
 /// An `artifacts` row: what the artifact store holds for an invocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredArtifact {

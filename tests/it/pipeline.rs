@@ -954,62 +954,11 @@ async fn recovery_applies_the_table() {
         let mut ids = Vec::new();
         for (tool, arguments, watermark) in cases {
             let request = harness.request(tool, arguments.clone());
-            let spec = harness.registry.get(tool, None).unwrap();
-            let canonical = spec.input.validate(arguments).unwrap();
-            let key = toolgate::domain::idempotency_key(
-                &request.run_id.to_string(),
-                1,
-                &request.call_id,
-                tool,
-                "1",
-                &canonical.sha256,
-            );
-            let new = NewInvocation {
-                id: Uuid::new_v4(),
-                tenant_id: TENANT.into(),
-                session_id: request.session_id,
-                run_id: request.run_id,
-                step_number: 1,
-                call_id: request.call_id.clone(),
-                tool_name: tool.into(),
-                tool_version: "1".into(),
-                tool_source: toolgate::domain::ToolSource::Builtin,
-                server_id: None,
-                arguments: canonical.value,
-                arguments_hash: canonical.sha256,
-                idempotency_key: key.clone(),
-                idempotency_class: spec.spec.idempotency,
-                side_effect: spec.spec.side_effect,
-                origin_trust: TrustLevel::User,
-                principal: request.principal.clone(),
-                parallel_group: None,
-                deadline_at: Some(now + Duration::seconds(60)),
-                status: InvocationStatus::Authorized,
-                reason_code: None,
-                approval_id: None,
-            };
-            let InsertOutcome::Inserted(row) = store
-                .insert_invocation(
-                    &new,
-                    Claim {
-                        worker_id: dead,
-                        now,
-                    },
-                    &[],
-                )
-                .await
-                .unwrap()
-            else {
-                panic!("fresh row");
-            };
-            let running = store
-                .claim_invocation(TENANT, row.id, row.fence().unwrap(), now, &[])
-                .await
-                .unwrap()
-                .unwrap();
+            let running = leave_running(&harness, store.as_ref(), &request, dead).await;
+            let key = running.idempotency_key.clone();
             if watermark {
                 store
-                    .mark_effect_sent(TENANT, row.id, running.fence().unwrap(), now)
+                    .mark_effect_sent(TENANT, running.id, running.fence().unwrap(), now)
                     .await
                     .unwrap();
             }
@@ -1019,7 +968,7 @@ async fn recovery_applies_the_table() {
                 std::fs::write(harness.effects.join("keyed.log"), format!("{key} keyed\n"))
                     .unwrap();
             }
-            ids.push(row.id);
+            ids.push(running.id);
         }
         let report = harness.pipeline.recover(10).await.unwrap();
         assert!(report.taken >= 4, "{name}: {report:?}");
@@ -1196,60 +1145,7 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
         let harness_b = harness_for(store.clone(), allow_all(), Some(b.id())).await;
         // Worker a dies mid-call: intent persisted and claimed, nothing sent.
         let request = harness_a.request("demo.external_write", json!({"line": "recovered"}));
-        let spec = harness_a.registry.get("demo.external_write", None).unwrap();
-        let canonical = spec.input.validate(request.arguments.clone()).unwrap();
-        let key = toolgate::domain::idempotency_key(
-            &request.run_id.to_string(),
-            1,
-            &request.call_id,
-            "demo.external_write",
-            "1",
-            &canonical.sha256,
-        );
-        let now = Utc::now();
-        let new = NewInvocation {
-            id: Uuid::new_v4(),
-            tenant_id: TENANT.into(),
-            session_id: request.session_id,
-            run_id: request.run_id,
-            step_number: 1,
-            call_id: request.call_id.clone(),
-            tool_name: "demo.external_write".into(),
-            tool_version: "1".into(),
-            tool_source: toolgate::domain::ToolSource::Builtin,
-            server_id: None,
-            arguments: canonical.value,
-            arguments_hash: canonical.sha256,
-            idempotency_key: key,
-            idempotency_class: IdempotencyClass::NonIdempotent,
-            side_effect: SideEffectClass::ExternalWrite,
-            origin_trust: TrustLevel::User,
-            principal: request.principal.clone(),
-            parallel_group: None,
-            deadline_at: Some(now + Duration::seconds(60)),
-            status: InvocationStatus::Authorized,
-            reason_code: None,
-            approval_id: None,
-        };
-        let InsertOutcome::Inserted(row) = store
-            .insert_invocation(
-                &new,
-                Claim {
-                    worker_id: a.id(),
-                    now,
-                },
-                &[],
-            )
-            .await
-            .unwrap()
-        else {
-            panic!("fresh");
-        };
-        store
-            .claim_invocation(TENANT, row.id, row.fence().unwrap(), now, &[])
-            .await
-            .unwrap()
-            .unwrap();
+        let row = leave_running(&harness_a, store.as_ref(), &request, a.id()).await;
 
         let stop_a = tokio_util::sync::CancellationToken::new();
         let stop_b = tokio_util::sync::CancellationToken::new();
@@ -1297,4 +1193,68 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
             "{name}: a released worker's lease is gone"
         );
     }
+}
+
+/// Leaves a call as a worker that died mid-call would: intent persisted and
+/// claimed by `worker`, nothing sent.
+async fn leave_running(
+    harness: &Harness,
+    store: &dyn Store,
+    request: &CallRequest,
+    worker: Uuid,
+) -> toolgate::ports::InvocationRecord {
+    let tool = harness.registry.get(&request.name, None).unwrap();
+    let canonical = tool.input.validate(request.arguments.clone()).unwrap();
+    let key = toolgate::domain::idempotency_key(
+        &request.run_id.to_string(),
+        1,
+        &request.call_id,
+        &request.name,
+        &tool.spec.version,
+        &canonical.sha256,
+    );
+    let now = Utc::now();
+    let new = NewInvocation {
+        id: Uuid::new_v4(),
+        tenant_id: TENANT.into(),
+        session_id: request.session_id,
+        run_id: request.run_id,
+        step_number: 1,
+        call_id: request.call_id.clone(),
+        tool_name: request.name.clone(),
+        tool_version: tool.spec.version.clone(),
+        tool_source: tool.spec.source,
+        server_id: None,
+        arguments: canonical.value,
+        arguments_hash: canonical.sha256,
+        idempotency_key: key,
+        idempotency_class: tool.spec.idempotency,
+        side_effect: tool.spec.side_effect,
+        origin_trust: TrustLevel::User,
+        principal: request.principal.clone(),
+        parallel_group: None,
+        deadline_at: Some(now + Duration::seconds(60)),
+        status: InvocationStatus::Authorized,
+        reason_code: None,
+        approval_id: None,
+    };
+    let InsertOutcome::Inserted(row) = store
+        .insert_invocation(
+            &new,
+            Claim {
+                worker_id: worker,
+                now,
+            },
+            &[],
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh row");
+    };
+    store
+        .claim_invocation(TENANT, row.id, row.fence().unwrap(), now, &[])
+        .await
+        .unwrap()
+        .expect("claimed")
 }
