@@ -24,7 +24,9 @@ use toolgate::pipeline::{
 use toolgate::ports::{Store, SystemClock};
 use uuid::Uuid;
 
-/// The pgbench script: the same four transactions one echo call makes.
+/// The pgbench script: the same four transactions one echo call makes, with
+/// rows and event bodies of the sizes toolgate writes. (A space follows
+/// every colon in the JSON so pgbench does not read `:name` as a variable.)
 const PGBENCH_SCRIPT: &str = r#"
 BEGIN;
 SELECT set_config('toolgate.tenant_id', 'bench', true), set_config('toolgate.scope', '', true);
@@ -33,19 +35,19 @@ SELECT base FROM breaker_evidence WHERE tenant_id = 'bench' AND run_id = '6f1c1d
 COMMIT;
 BEGIN;
 SELECT set_config('toolgate.tenant_id', 'bench', true), set_config('toolgate.scope', '', true);
-INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, principal, origin_trust, worker_id, lease_epoch, created_at) VALUES (gen_random_uuid(), 'bench', gen_random_uuid(), gen_random_uuid(), 1, md5(random()::text), 'demo.echo', '1', 'builtin', '{"text":"hello"}', md5(random()::text), md5(random()::text) || md5(random()::text), 'authorized', 'read_only', 'none', '{"id":"bench","scopes":["demo.use"]}', 'user', gen_random_uuid(), 0, now()) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id \gset
-INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.proposed', '{"tool_name":"demo.echo"}', now());
-INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.authorized', '{"tool_name":"demo.echo"}', now());
+INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, principal, origin_trust, worker_id, lease_epoch, created_at) VALUES (gen_random_uuid(), 'bench', gen_random_uuid(), gen_random_uuid(), 1, md5(random()::text), 'demo.echo', '1', 'builtin', '{"text": "hello"}', md5(random()::text), md5(random()::text) || md5(random()::text), 'authorized', 'read_only', 'none', '{"id": "bench","scopes": ["demo.use"]}', 'user', gen_random_uuid(), 0, now()) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id \gset
+INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.proposed', '{"invocation_id": "3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e","run_id": "6f1c1d9e-2b1a-4c7e-9f00-0123456789ab","step_number": 1,"call_id": "9b2f4c1d8e7a4b3c9d2e1f0a8b7c6d5e","tool_name": "demo.echo","tool_source": "builtin","tool_version": "1","outcome_status": null,"reason_code": null,"idempotency_class": "read_only","effect_sent": false,"duration_ms": null,"output_bytes": null,"truncated": false,"parallel_group": null}', now());
+INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.authorized', '{"invocation_id": "3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e","run_id": "6f1c1d9e-2b1a-4c7e-9f00-0123456789ab","step_number": 1,"call_id": "9b2f4c1d8e7a4b3c9d2e1f0a8b7c6d5e","tool_name": "demo.echo","tool_source": "builtin","tool_version": "1","outcome_status": null,"reason_code": null,"idempotency_class": "read_only","effect_sent": false,"duration_ms": null,"output_bytes": null,"truncated": false,"parallel_group": null}', now());
 COMMIT;
 BEGIN;
 SELECT set_config('toolgate.tenant_id', 'bench', true), set_config('toolgate.scope', '', true);
 UPDATE tool_invocations SET status = 'running', lease_epoch = lease_epoch + 1, started_at = now() WHERE id = :id AND status = 'authorized' AND tenant_id = 'bench' RETURNING id;
-INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.started', '{"tool_name":"demo.echo"}', now());
+INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.started', '{"invocation_id": "3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e","run_id": "6f1c1d9e-2b1a-4c7e-9f00-0123456789ab","step_number": 1,"call_id": "9b2f4c1d8e7a4b3c9d2e1f0a8b7c6d5e","tool_name": "demo.echo","tool_source": "builtin","tool_version": "1","outcome_status": null,"reason_code": null,"idempotency_class": "read_only","effect_sent": false,"duration_ms": null,"output_bytes": null,"truncated": false,"parallel_group": null}', now());
 COMMIT;
 BEGIN;
 SELECT set_config('toolgate.tenant_id', 'bench', true), set_config('toolgate.scope', '', true);
-UPDATE tool_invocations SET status = 'succeeded', outcome_status = 'succeeded', result = '{"content":[{"type":"text","text":"hello"}]}', output_bytes = 5, completed_at = now() WHERE id = :id AND status IN ('authorized', 'running') AND tenant_id = 'bench';
-INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.completed', '{"tool_name":"demo.echo"}', now());
+UPDATE tool_invocations SET status = 'succeeded', outcome_status = 'succeeded', result = '{"content": [{"type": "text","text": "<<EXTERNAL_UNTRUSTED nonce=0f3a9c2b7d1e4f5a8b6c9d0e1f2a3b4c source=builtin tool=demo.echo>>\nhello\n<<END EXTERNAL_UNTRUSTED nonce=0f3a9c2b7d1e4f5a8b6c9d0e1f2a3b4c>>","trust": "external_untrusted"}]}', output_bytes = 5, completed_at = now() WHERE id = :id AND status IN ('authorized', 'running') AND tenant_id = 'bench';
+INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench', 'tool.call.completed', '{"invocation_id": "3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e","run_id": "6f1c1d9e-2b1a-4c7e-9f00-0123456789ab","step_number": 1,"call_id": "9b2f4c1d8e7a4b3c9d2e1f0a8b7c6d5e","tool_name": "demo.echo","tool_source": "builtin","tool_version": "1","outcome_status": null,"reason_code": null,"idempotency_class": "read_only","effect_sent": false,"duration_ms": null,"output_bytes": null,"truncated": false,"parallel_group": null}', now());
 COMMIT;
 "#;
 
