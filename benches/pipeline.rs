@@ -4,7 +4,8 @@
 //! with its tenant setting and events) on the same database.
 //!
 //! `DATABASE_URL=postgres://… cargo bench --bench pipeline`
-//! (`TOOLGATE_BENCH_SECONDS` sets each run's length; default 10.)
+//! (`TOOLGATE_BENCH_SECONDS` sets each run's length, default 10;
+//! `TOOLGATE_BENCH_RUNTIME=current_thread` runs the callers on one thread.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -208,11 +209,13 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    // TOOLGATE_BENCH_RUNTIME=current_thread compares a single-threaded
+    // runtime, which saves the cross-thread wake-ups of each round trip.
+    let runtime = match std::env::var("TOOLGATE_BENCH_RUNTIME").as_deref() {
+        Ok("current_thread") => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        _ => tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build(),
+    }
+    .expect("a runtime");
     let schema = format!("bench_{}", Uuid::new_v4().simple());
     runtime.block_on(async {
         use sqlx::Connection as _;
