@@ -212,8 +212,13 @@ fn main() {
     // TOOLGATE_BENCH_RUNTIME=current_thread compares a single-threaded
     // runtime, which saves the cross-thread wake-ups of each round trip.
     let runtime = match std::env::var("TOOLGATE_BENCH_RUNTIME").as_deref() {
-        Ok("current_thread") => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        _ => tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build(),
+        Ok("current_thread") => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build(),
     }
     .expect("a runtime");
     let schema = format!("bench_{}", Uuid::new_v4().simple());

@@ -1493,6 +1493,34 @@ impl Pipeline {
             InsertOutcome::Inserted(row) | InsertOutcome::Existing(row) => row,
         };
         if !row.status.is_terminal() {
+            // Recovery re-checked authority and was refused: the row it holds
+            // ends here, uncertain if its effect may have escaped.
+            if let Some(fence) = request
+                .recovering
+                .filter(|fence| row.fence() == Some(*fence))
+            {
+                let may_have_escaped = row.status == InvocationStatus::Running
+                    && recovery::decide(row.idempotency_class, row.effect_sent_at.is_some())
+                        == RecoveryDecision::Uncertain;
+                let code = if may_have_escaped {
+                    ReasonCode::ToolOutcomeUnknown
+                } else {
+                    code
+                };
+                let terminal = TerminalRecord::without_result(code);
+                let event = ended_event(&row, code);
+                self.store
+                    .complete_invocation(
+                        &request.tenant_id,
+                        row.id,
+                        fence,
+                        &terminal,
+                        &[event],
+                        self.clock.now(),
+                    )
+                    .await?;
+                return self.reread(request, row.id).await;
+            }
             return Ok(unrecorded(
                 call.tool_name.to_owned(),
                 ReasonCode::ToolConcurrencyConflict,

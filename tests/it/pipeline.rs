@@ -1258,3 +1258,52 @@ async fn leave_running(
         .unwrap()
         .expect("claimed")
 }
+
+/// Recovery re-checks authority before re-executing: a row whose caller no
+/// longer holds the scope ends denied instead of running again.
+#[tokio::test]
+async fn recovery_refused_by_authority_settles_the_row() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let harness = harness(store.clone(), allow_all()).await;
+        let dead = Uuid::new_v4();
+        let now = Utc::now();
+        store
+            .register_worker(&WorkerLease {
+                worker_id: dead,
+                node: "dead".into(),
+                started_at: now,
+                lease_expires_at: now - Duration::seconds(1),
+            })
+            .await
+            .unwrap();
+        let mut request = harness.request("demo.external_write", json!({"line": "not again"}));
+        let row = leave_running(&harness, store.as_ref(), &request, dead).await;
+        let taken = store
+            .take_over(
+                TENANT,
+                row.id,
+                Claim {
+                    worker_id: harness.pipeline.worker_id(),
+                    now: Utc::now(),
+                },
+            )
+            .await
+            .unwrap()
+            .expect("a dead worker's row is taken over");
+        request.recovering = taken.fence();
+        request.principal.scopes.clear();
+        let outcome = harness.pipeline.call(request).await;
+        assert_eq!(
+            code(&outcome),
+            Some(ReasonCode::PolicyScopeMissing),
+            "{name}"
+        );
+        let settled = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        assert_eq!(settled.status, InvocationStatus::Denied, "{name}");
+        assert!(
+            harness.lines("external.log").is_empty(),
+            "{name}: nothing ran"
+        );
+    }
+}
