@@ -1195,11 +1195,12 @@ impl Pipeline {
         let too_large = matches!(&finish, Finish::Failed { failure, .. } if failure.kind == ToolFailureKind::OutputTooLarge);
         if (matches!(finish, Finish::Succeeded { .. }) || too_large) && output_bytes as u64 > budget
         {
-            let Some((writer, _)) = &executed else {
-                return Err(StoreError::Query("no artifact writer".into()));
-            };
-            match output::excerpt(&text, budget, "artifact:pending") {
-                Err(_) => {
+            // The budget is checked with a reference of the real one's length
+            // before anything is written: a limit too small to hold it fails
+            // without creating an artifact.
+            let placeholder = format!("artifact:{}", Uuid::nil());
+            match (output::excerpt(&text, budget, &placeholder), &executed) {
+                (Err(_), _) => {
                     finish = Finish::failure(
                         ToolFailure::new(
                             ToolFailureKind::OutputTooLarge,
@@ -1208,17 +1209,28 @@ impl Pipeline {
                         false,
                     );
                 }
-                Ok(_) => match writer
+                (Ok(_), None) => {
+                    // A missing artifact writer never silently discards the result.
+                    finish = Finish::failure(
+                        ToolFailure::new(
+                            ToolFailureKind::OutputTooLarge,
+                            "artifact store unavailable",
+                        ),
+                        false,
+                    );
+                }
+                (Ok(_), Some((writer, _))) => match writer
                     .write(ARTIFACT_MEDIA_TYPE, trust, text.clone().into_bytes())
                     .await
                 {
                     Ok(reference) => {
                         let id = Uuid::parse_str(&reference.artifact_id)
                             .unwrap_or_else(|_| Uuid::new_v4());
+                        // Same length as the placeholder that fit, so this fits.
                         let excerpt = output::excerpt(&text, budget, &format!("artifact:{id}"))
                             .unwrap_or_else(|_| output::Excerpt {
                                 head: String::new(),
-                                marker: String::new(),
+                                marker: format!("[full output: artifact:{id}]"),
                                 tail: String::new(),
                             });
                         content.push(render_text(&excerpt.head, trust, &attribution));
