@@ -69,6 +69,32 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// CPU time (user + system) of every PostgreSQL server process on this
+/// machine, in seconds: what the database spent, to set beside our own.
+fn server_cpu_seconds() -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter_map(|stat| {
+            let (head, rest) = stat.rsplit_once(')')?;
+            if !head.ends_with("(postgres") {
+                return None;
+            }
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            Some((ticks(11) + ticks(12)) / 100.0)
+        })
+        .sum()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -82,6 +108,7 @@ struct Figures {
     p50: Duration,
     p99: Duration,
     cpu_per_call: Duration,
+    server_cpu_per_call: Duration,
 }
 
 async fn drive(
@@ -104,6 +131,7 @@ async fn drive(
         registry.specs_for_session(&agent, &principal, &PolicyProfile::default(), &environment);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let cpu_before = cpu_seconds();
+    let server_before = server_cpu_seconds();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..callers {
@@ -153,19 +181,23 @@ async fn drive(
     }
     let elapsed = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu_before;
+    let server = server_cpu_seconds() - server_before;
     latencies.sort();
     Figures {
         calls_per_second: latencies.len() as f64 / elapsed,
         p50: percentile(&latencies, 0.5),
         p99: percentile(&latencies, 0.99),
         cpu_per_call: Duration::from_secs_f64(cpu / latencies.len().max(1) as f64),
+        server_cpu_per_call: Duration::from_secs_f64(server / latencies.len().max(1) as f64),
     }
 }
 
-fn pgbench(admin_url: &str, schema: &str, clients: usize, seconds: u64) -> Option<f64> {
+/// pgbench's calls per second and the server CPU each cost.
+fn pgbench(admin_url: &str, schema: &str, clients: usize, seconds: u64) -> Option<(f64, Duration)> {
     let folder = tempfile::tempdir().ok()?;
     let script = folder.path().join("pipeline.sql");
     std::fs::write(&script, PGBENCH_SCRIPT).ok()?;
+    let server_before = server_cpu_seconds();
     let output = std::process::Command::new("pgbench")
         .args([
             "-n",
@@ -194,10 +226,14 @@ fn pgbench(admin_url: &str, schema: &str, clients: usize, seconds: u64) -> Optio
         );
         return None;
     }
-    text.lines()
+    let server = server_cpu_seconds() - server_before;
+    let tps: f64 = text
+        .lines()
         .find(|line| line.starts_with("tps = "))
         .and_then(|line| line.trim_start_matches("tps = ").split_whitespace().next())
-        .and_then(|tps| tps.parse().ok())
+        .and_then(|tps| tps.parse().ok())?;
+    let calls = tps * seconds as f64;
+    Some((tps, Duration::from_secs_f64(server / calls.max(1.0))))
 }
 
 fn main() {
@@ -270,23 +306,26 @@ fn main() {
         // Warm the pool and the plan caches.
         drive(pipeline.clone(), registry.clone(), 1, 1).await;
         println!(
-            "{:>8} | {:>14} | {:>10} | {:>10} | {:>13} | {:>14} | {:>7}",
-            "callers", "toolgate c/s", "p50", "p99", "cpu per call", "pgbench c/s", "ratio"
+            "{:>7} | {:>12} | {:>9} | {:>9} | {:>13} | {:>13} | {:>11} | {:>13} | {:>5}",
+            "callers", "toolgate c/s", "p50", "p99", "toolgate cpu", "its db cpu", "pgbench c/s", "pgbench db cpu", "ratio"
         );
         for callers in [1usize, 8] {
             let figures = drive(pipeline.clone(), registry.clone(), callers, seconds).await;
-            let tps = pgbench(&admin_url, &schema, callers, seconds);
+            let compared = pgbench(&admin_url, &schema, callers, seconds);
+            let na = || "n/a".to_owned();
             println!(
-                "{:>8} | {:>14.0} | {:>10.2?} | {:>10.2?} | {:>13.2?} | {:>14} | {:>7}",
+                "{:>7} | {:>12.0} | {:>9.2?} | {:>9.2?} | {:>13.2?} | {:>13.2?} | {:>11} | {:>13} | {:>5}",
                 callers,
                 figures.calls_per_second,
                 figures.p50,
                 figures.p99,
                 figures.cpu_per_call,
-                tps.map(|t| format!("{t:.0}"))
-                    .unwrap_or_else(|| "n/a".into()),
-                tps.map(|t| format!("{:.2}", figures.calls_per_second / t))
-                    .unwrap_or_else(|| "n/a".into()),
+                figures.server_cpu_per_call,
+                compared.map(|(tps, _)| format!("{tps:.0}")).unwrap_or_else(na),
+                compared.map(|(_, cpu)| format!("{cpu:.2?}")).unwrap_or_else(na),
+                compared
+                    .map(|(tps, _)| format!("{:.2}", figures.calls_per_second / tps))
+                    .unwrap_or_else(na),
             );
         }
         worker.release().await.ok();

@@ -55,6 +55,9 @@ impl PostgresStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(MAXIMUM_CONNECTIONS)
+            // No ping before each use: it would add a round trip to every
+            // commit, and a broken connection fails its query cleanly anyway.
+            .test_before_acquire(false)
             .connect(url)
             .await
             .map_err(database_error)?;
