@@ -4,8 +4,12 @@
 //! row-level security checks.
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgPoolOptions, PgRow};
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
@@ -44,10 +48,79 @@ enum Scope<'a> {
     System,
 }
 
+/// The hot path's connections. sqlx's pool pings every connection it takes
+/// back, one more round trip per statement; the pipeline's one-statement
+/// commits use this set instead. A connection goes back only when its
+/// statement completed (or the server answered it with an error, which
+/// leaves the protocol in step); one dropped mid-statement, as a cancelled
+/// call drops it, is closed rather than reused in an unknown state.
+struct HotConnections {
+    options: PgConnectOptions,
+    idle: std::sync::Mutex<Vec<PgConnection>>,
+    permits: tokio::sync::Semaphore,
+}
+
+/// One connection of the set, held for one statement.
+struct Lease<'a> {
+    set: &'a HotConnections,
+    connection: Option<PgConnection>,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    reusable: bool,
+}
+
+impl HotConnections {
+    async fn lease(&self) -> Result<Lease<'_>, StoreError> {
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Unavailable("the connection set is closed".into()))?;
+        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let connection = match idle {
+            Some(connection) => connection,
+            None => PgConnection::connect_with(&self.options)
+                .await
+                .map_err(database_error)?,
+        };
+        Ok(Lease {
+            set: self,
+            connection: Some(connection),
+            _permit: permit,
+            reusable: false,
+        })
+    }
+}
+
+impl Lease<'_> {
+    fn connection(&mut self) -> Result<&mut PgConnection, StoreError> {
+        self.connection
+            .as_mut()
+            .ok_or_else(|| StoreError::Unavailable("the connection was already returned".into()))
+    }
+
+    /// Marks the connection reusable when the statement ended in a known
+    /// protocol state, and passes the result on.
+    fn settle<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, StoreError> {
+        self.reusable = matches!(&result, Ok(_) | Err(sqlx::Error::Database(_)));
+        result.map_err(database_error)
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if self.reusable
+            && let (Some(connection), Ok(mut idle)) = (self.connection.take(), self.set.idle.lock())
+        {
+            idle.push(connection);
+        }
+    }
+}
+
 /// The PostgreSQL store.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    hot: Arc<HotConnections>,
 }
 
 impl PostgresStore {
@@ -61,7 +134,13 @@ impl PostgresStore {
             .connect(url)
             .await
             .map_err(database_error)?;
-        Ok(PostgresStore { pool })
+        let options = PgConnectOptions::from_str(url).map_err(database_error)?;
+        let hot = Arc::new(HotConnections {
+            options,
+            idle: std::sync::Mutex::new(Vec::new()),
+            permits: tokio::sync::Semaphore::new(MAXIMUM_CONNECTIONS as usize),
+        });
+        Ok(PostgresStore { pool, hot })
     }
 
     /// Opens a transaction scoped for row-level security. The scope is set
@@ -357,10 +436,11 @@ impl Store for PostgresStore {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
+            let mut lease = self.hot.lease().await?;
             let principal = serde_json::to_value(&new.principal)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
             let (kinds, bodies) = event_arrays(events)?;
-            let row = sqlx::query(
+            let result = sqlx::query(
                 "SELECT * FROM toolgate_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
                  $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
             )
@@ -392,9 +472,9 @@ impl Store for PostgresStore {
             .bind(new.status.is_terminal().then_some(claim.now))
             .bind(kinds)
             .bind(bodies)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(database_error)?;
+            .fetch_optional(lease.connection()?)
+                .await;
+            let row = lease.settle(result)?;
             let record = row.as_ref().map(invocation).transpose()?;
             // The function returns the new row, or the one already holding the
             // key. Another tenant's key (invisible under row-level security, or
@@ -477,8 +557,9 @@ impl Store for PostgresStore {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
+            let mut lease = self.hot.lease().await?;
             let (kinds, bodies) = event_arrays(events)?;
-            let row = sqlx::query("SELECT * FROM toolgate_claim($1, $2, $3, $4, $5, $6, $7)")
+            let result = sqlx::query("SELECT * FROM toolgate_claim($1, $2, $3, $4, $5, $6, $7)")
                 .bind(tenant_id)
                 .bind(id)
                 .bind(fence.worker_id)
@@ -486,9 +567,9 @@ impl Store for PostgresStore {
                 .bind(now)
                 .bind(kinds)
                 .bind(bodies)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(database_error)?;
+                .fetch_optional(lease.connection()?)
+                .await;
+            let row = lease.settle(result)?;
             row.as_ref().map(invocation).transpose()
         })
     }
@@ -501,15 +582,16 @@ impl Store for PostgresStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            sqlx::query_scalar("SELECT toolgate_mark_effect_sent($1, $2, $3, $4, $5)")
+            let mut lease = self.hot.lease().await?;
+            let result = sqlx::query_scalar("SELECT toolgate_mark_effect_sent($1, $2, $3, $4, $5)")
                 .bind(tenant_id)
                 .bind(id)
                 .bind(fence.worker_id)
                 .bind(fence.lease_epoch)
                 .bind(now)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(database_error)
+                .fetch_one(lease.connection()?)
+                .await;
+            lease.settle(result)
         })
     }
 
@@ -523,9 +605,10 @@ impl Store for PostgresStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            let mut lease = self.hot.lease().await?;
             let (kinds, bodies) = event_arrays(events)?;
             let artifact = terminal.artifact.as_ref();
-            sqlx::query_scalar(
+            let result = sqlx::query_scalar(
                 "SELECT toolgate_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
                  $17, $18)",
             )
@@ -547,9 +630,9 @@ impl Store for PostgresStore {
             .bind(now)
             .bind(kinds)
             .bind(bodies)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(database_error)
+            .fetch_one(lease.connection()?)
+                .await;
+            lease.settle(result)
         })
     }
 
@@ -742,16 +825,17 @@ impl Store for PostgresStore {
         arguments_hash: &'a str,
     ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
+            let mut lease = self.hot.lease().await?;
+            let result = sqlx::query(
                 "SELECT t_status, t_code, t_count, t_base FROM toolgate_tally($1, $2, $3, $4)",
             )
             .bind(tenant_id)
             .bind(run_id)
             .bind(tool_name)
             .bind(arguments_hash)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(database_error)?;
+            .fetch_all(lease.connection()?)
+            .await;
+            let rows = lease.settle(result)?;
             let mut tally = BreakerTally::default();
             for row in &rows {
                 if let Some(base) = get::<Option<i64>>(row, "t_base")? {
