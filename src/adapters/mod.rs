@@ -3,5 +3,6 @@
 
 pub mod artifacts;
 pub mod credentials;
+pub mod mcp;
 pub mod policy;
 pub mod store;

@@ -1,0 +1,328 @@
+//! A stdio server's child process: its environment is constructed, never
+//! inherited; it leads its own process group, so ending it ends everything
+//! it started; its stderr is drained into bounded log lines that reach an
+//! operator, never the model.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
+
+use crate::domain::SecretValue;
+use crate::domain::environment::{SYNTHESIZED, is_tier0};
+
+/// The PATH every stdio server gets: the system's program folders and
+/// nothing from toolgate's own environment.
+pub const CHILD_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// The locale every stdio server gets.
+pub const CHILD_LANG: &str = "C.UTF-8";
+/// The longest stderr line kept; the rest of a longer line is cut.
+pub const MAXIMUM_STDERR_LINE: usize = 1024;
+
+/// What a child is started from.
+#[derive(Debug)]
+pub struct ChildSpec {
+    /// The server, for logs and the state folder.
+    pub server_id: String,
+    /// The program.
+    pub program: String,
+    /// Its arguments: never a credential.
+    pub args: Vec<String>,
+    /// The operator's declared non-secret variables.
+    pub declared: BTreeMap<String, String>,
+    /// For the `env` scheme: the one credential variable and its value.
+    pub credential: Option<(String, SecretValue)>,
+    /// This server's state folder; HOME and TMPDIR live in it.
+    pub state_dir: PathBuf,
+}
+
+/// Why a child could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum ChildError {
+    /// The state folder could not be prepared.
+    #[error("state folder for {server_id}: {kind}")]
+    StateDir {
+        /// The server.
+        server_id: String,
+        /// What the filesystem said.
+        kind: std::io::ErrorKind,
+    },
+    /// The program did not start.
+    #[error("{server_id} did not start: {kind}")]
+    Spawn {
+        /// The server.
+        server_id: String,
+        /// What the system said.
+        kind: std::io::ErrorKind,
+    },
+}
+
+/// The child's whole environment: the synthesized tier, then the declared
+/// variables (tier-0 names refused, as configuration validation refuses
+/// them), then the credential variable. Nothing else.
+pub fn environment(spec: &ChildSpec) -> Vec<(String, String)> {
+    let home = spec.state_dir.display().to_string();
+    let tmp = spec.state_dir.join("tmp").display().to_string();
+    let mut environment: BTreeMap<String, String> = [
+        ("PATH", CHILD_PATH.to_owned()),
+        ("HOME", home),
+        ("LANG", CHILD_LANG.to_owned()),
+        ("TMPDIR", tmp),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect();
+    debug_assert!(
+        SYNTHESIZED
+            .iter()
+            .all(|name| environment.contains_key(*name))
+    );
+    for (name, value) in &spec.declared {
+        if !is_tier0(name) {
+            environment.insert(name.clone(), value.clone());
+        }
+    }
+    if let Some((name, value)) = &spec.credential
+        && !is_tier0(name)
+    {
+        // One of the two places a credential is revealed: a child's
+        // environment, never its argv.
+        environment.insert(name.clone(), value.reveal().to_owned());
+    }
+    environment.into_iter().collect()
+}
+
+/// Prepares the state folder (0700) and the command: environment cleared
+/// and rebuilt, stdio piped, its own process group.
+pub fn command(spec: &ChildSpec) -> Result<Command, ChildError> {
+    prepare_state_dir(&spec.state_dir).map_err(|error| ChildError::StateDir {
+        server_id: spec.server_id.clone(),
+        kind: error.kind(),
+    })?;
+    let mut command = Command::new(&spec.program);
+    command
+        .args(&spec.args)
+        .env_clear()
+        .envs(environment(spec))
+        .current_dir(&spec.state_dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    Ok(command)
+}
+
+fn prepare_state_dir(state_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir.join("tmp"))?;
+    std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Starts the child.
+pub fn spawn(spec: &ChildSpec) -> Result<Child, ChildError> {
+    command(spec)?.spawn().map_err(|error| ChildError::Spawn {
+        server_id: spec.server_id.clone(),
+        kind: error.kind(),
+    })
+}
+
+/// Drains a child's stderr into log lines, each cut to
+/// [`MAXIMUM_STDERR_LINE`] bytes, until the pipe closes. Returns how many
+/// lines it logged.
+pub async fn drain_stderr(server_id: String, stderr: ChildStderr) -> usize {
+    let mut reader = BufReader::new(stderr);
+    let mut line = Vec::new();
+    let mut count = 0;
+    loop {
+        line.clear();
+        // Reads at most one line past the cap, so a child that never ends a
+        // line cannot grow this buffer without bound.
+        match read_bounded_line(&mut reader, &mut line).await {
+            Ok(0) => return count,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                tracing::info!(server = %server_id, line = %text.trim_end(), "mcp server stderr");
+                count += 1;
+            }
+            Err(_) => return count,
+        }
+    }
+}
+
+async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(total);
+        }
+        let (chunk, done) = match available.iter().position(|b| *b == b'\n') {
+            Some(end) => (&available[..=end], true),
+            None => (available, false),
+        };
+        let used = chunk.len();
+        let room = MAXIMUM_STDERR_LINE.saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..used.min(room)]);
+        reader.consume(used);
+        total += used;
+        if done {
+            return Ok(total);
+        }
+    }
+}
+
+/// Ends the child's whole process group: SIGTERM, up to `grace` to exit,
+/// then SIGKILL. Returns whether it exited within the grace.
+pub async fn terminate(child: &mut Child, grace: Duration) -> bool {
+    let Some(id) = child.id() else {
+        // Already reaped.
+        return true;
+    };
+    let group = Pid::from_raw(id as i32);
+    let _ = killpg(group, Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+        // The leader is gone; anything it left in the group goes too.
+        let _ = killpg(group, Signal::SIGKILL);
+        return true;
+    }
+    let _ = killpg(group, Signal::SIGKILL);
+    let _ = child.wait().await;
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    fn spec(folder: &Path, program: &str, args: &[&str]) -> ChildSpec {
+        ChildSpec {
+            server_id: "probe".into(),
+            program: program.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            declared: [
+                ("LOG_LEVEL".to_owned(), "debug".to_owned()),
+                ("LD_PRELOAD".to_owned(), "/tmp/evil.so".to_owned()),
+            ]
+            .into(),
+            credential: Some(("API_TOKEN".to_owned(), SecretValue::new("tok-123"))),
+            state_dir: folder.join("state/probe"),
+        }
+    }
+
+    /// The child sees the built environment and nothing of ours: cargo sets
+    /// CARGO_MANIFEST_DIR in this test process, and it must not come back.
+    #[tokio::test]
+    async fn the_environment_is_built_not_inherited() {
+        assert!(
+            std::env::var("CARGO_MANIFEST_DIR").is_ok(),
+            "the sentinel is in our own environment"
+        );
+        let folder = tempfile::tempdir().unwrap();
+        let spec = spec(folder.path(), "/usr/bin/env", &[]);
+        let mut child = spawn(&spec).unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).await.unwrap();
+        child.wait().await.unwrap();
+        let mut names: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.split_once('=').map(|(n, _)| n))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            vec!["API_TOKEN", "HOME", "LANG", "LOG_LEVEL", "PATH", "TMPDIR"],
+            "{text}"
+        );
+        assert!(text.contains("API_TOKEN=tok-123"));
+        assert!(!text.contains("CARGO_MANIFEST_DIR") && !text.contains("LD_PRELOAD"));
+        assert!(text.contains(&format!("HOME={}", spec.state_dir.display())));
+        // The credential never reaches argv.
+        let command = command(&spec).unwrap();
+        assert!(
+            command
+                .as_std()
+                .get_args()
+                .all(|arg| !arg.to_string_lossy().contains("tok-123"))
+        );
+    }
+
+    #[tokio::test]
+    async fn stderr_is_drained_in_bounded_lines() {
+        let folder = tempfile::tempdir().unwrap();
+        // Three lines, the middle one 5,000 bytes long: logged as three, cut.
+        let script =
+            "printf 'one\\n' >&2; head -c 5000 /dev/zero | tr '\\0' x >&2; printf '\\ntwo\\n' >&2";
+        let mut child = spawn(&spec(folder.path(), "/bin/sh", &["-c", script])).unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let lines = tokio::spawn(drain_stderr("probe".into(), stderr));
+        child.wait().await.unwrap();
+        assert_eq!(lines.await.unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_long_line_is_cut_at_the_cap() {
+        let mut input: &[u8] = &[b'x'; 5000];
+        let mut reader = BufReader::new(&mut input);
+        let mut line = Vec::new();
+        assert_eq!(
+            read_bounded_line(&mut reader, &mut line).await.unwrap(),
+            5000
+        );
+        assert_eq!(line.len(), MAXIMUM_STDERR_LINE);
+    }
+
+    #[tokio::test]
+    async fn terminate_ends_the_whole_group() {
+        let folder = tempfile::tempdir().unwrap();
+        // The shell starts a grandchild that would outlive it, and ignores TERM.
+        let script = "trap '' TERM; sleep 30 & sleep 30; wait";
+        let mut child = spawn(&spec(folder.path(), "/bin/sh", &["-c", script])).unwrap();
+        let group = child.id().unwrap() as i32;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let graceful = terminate(&mut child, Duration::from_millis(300)).await;
+        assert!(!graceful, "TERM was ignored, so it took KILL");
+        // No live process of the group is left (a killed orphan may linger as
+        // a zombie until the system reaps it).
+        let mut survivors = live_members(group);
+        for _ in 0..20 {
+            if survivors.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            survivors = live_members(group);
+        }
+        assert!(
+            survivors.is_empty(),
+            "group members still running: {survivors:?}"
+        );
+    }
+
+    /// Processes of process group `group` that are not zombies.
+    fn live_members(group: i32) -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|entry| {
+                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+                let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+                let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+                let (state, pgrp) = (fields.first()?, fields.get(2)?.parse::<i32>().ok()?);
+                (pgrp == group && *state != "Z").then_some(pid)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,5 @@
+//! MCP servers: the only module that will name rmcp. For now it owns how an
+//! operator-configured stdio server's process is started and ended: a built
+//! environment, its own process group, a drained stderr.
+
+pub mod child;
