@@ -319,3 +319,36 @@ mod tests {
         );
     }
 }
+
+/// What the operator declares about a server, applied to every tool it
+/// offers: a server does not classify itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerClassification {
+    /// Every tool's side effect.
+    pub side_effect: super::tool::SideEffectClass,
+    /// Every tool's risk.
+    pub risk: super::tool::RiskLevel,
+    /// Every tool's idempotency.
+    pub idempotency: super::tool::IdempotencyClass,
+    /// Scopes every tool requires (all under `mcp.{server_id}.`).
+    pub required_scopes: std::collections::BTreeSet<String>,
+    /// Every tool's `timeout_seconds`.
+    pub timeout_seconds: u32,
+    /// Every tool's `maximum_output_bytes`.
+    pub maximum_output_bytes: u64,
+}
+
+impl ServerClassification {
+    /// The most restrictive classification the type system permits: what an
+    /// unclassified server gets.
+    pub fn most_restrictive(timeout_seconds: u32, maximum_output_bytes: u64) -> Self {
+        ServerClassification {
+            side_effect: super::tool::SideEffectClass::ExternalWrite,
+            risk: super::tool::RiskLevel::High,
+            idempotency: super::tool::IdempotencyClass::NonIdempotent,
+            required_scopes: std::collections::BTreeSet::new(),
+            timeout_seconds,
+            maximum_output_bytes,
+        }
+    }
+}

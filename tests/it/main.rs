@@ -4,6 +4,7 @@ mod boundaries;
 mod config;
 mod crash;
 mod gates;
+mod mcp;
 mod pipeline;
 mod store;
 mod support;
