@@ -12,8 +12,9 @@ pub mod tool;
 pub use clock::{Clock, SystemClock};
 pub use policy::PolicyEngine;
 pub use store::{
-    ApprovalRecord, BreakerTally, Claim, EventRecord, Fence, InsertOutcome, InvocationRecord,
-    NewInvocation, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
+    ApprovalRecord, BreakerTally, CatalogEntry, CatalogRow, Claim, EventRecord, Fence,
+    InsertOutcome, InvocationRecord, NewInvocation, Store, StoreError, StoredArtifact,
+    TerminalRecord, ToolEvent, WorkerLease,
 };
 pub use tool::{
     ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,

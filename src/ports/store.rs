@@ -394,6 +394,30 @@ impl BreakerTally {
     }
 }
 
+/// One tool of a catalog generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CatalogEntry {
+    /// The server's name for it.
+    pub remote_name: String,
+    /// `mcp.{server_id}.{normalized}`.
+    pub registry_name: String,
+    /// The schema the tool was registered (and its calls validated) with.
+    pub input_schema: Value,
+}
+
+/// A `mcp_tool_catalog` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CatalogRow {
+    /// The generation.
+    pub catalog_hash: String,
+    /// The tool.
+    pub entry: CatalogEntry,
+    /// When the generation was first written.
+    pub discovered_at: DateTime<Utc>,
+    /// When a later generation no longer had the name.
+    pub withdrawn_at: Option<DateTime<Utc>>,
+}
+
 /// The durable record. Each method is one short transaction; none is held
 /// across tool I/O.
 pub trait Store: Send + Sync {
@@ -580,6 +604,25 @@ pub trait Store: Send + Sync {
         tenant_id: &'a str,
         id: Uuid,
     ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>>;
+
+    /// Writes a catalog generation, unless this hash is already written for
+    /// the server, and stamps `withdrawn_at` on earlier names it lacks; one
+    /// transaction. Returns whether a generation was written.
+    fn record_catalog<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+        catalog_hash: &'a str,
+        entries: &'a [CatalogEntry],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// A server's catalog history, oldest generation first.
+    fn catalog_history<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<CatalogRow>, StoreError>>;
 
     /// Events after the cursor, in id order; only ids no running transaction
     /// can still fill in below, so a reader never skips one.

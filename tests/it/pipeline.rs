@@ -175,6 +175,8 @@ impl Store for FaultyWatermark {
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<toolgate::ports::BreakerTally, toolgate::ports::StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, toolgate::ports::StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<toolgate::ports::StoredArtifact>, toolgate::ports::StoreError>;
+        record_catalog(tenant: &'a str, server: &'a str, hash: &'a str, entries: &'a [toolgate::ports::CatalogEntry], now: chrono::DateTime<Utc>) -> Result<bool, toolgate::ports::StoreError>;
+        catalog_history(tenant: &'a str, server: &'a str) -> Result<Vec<toolgate::ports::CatalogRow>, toolgate::ports::StoreError>;
     }
 
     fn mark_effect_sent<'a>(

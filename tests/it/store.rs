@@ -893,3 +893,93 @@ pub async fn events_settled(
     }
     events
 }
+
+/// The catalog is a history: a generation per hash, written once;
+/// withdrawn names stamped; nothing else changed.
+#[tokio::test]
+async fn the_catalog_is_a_history() {
+    use toolgate::ports::CatalogEntry;
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let entry = |remote: &str| CatalogEntry {
+            remote_name: remote.into(),
+            registry_name: format!("mcp.acme.{remote}"),
+            input_schema: json!({"type": "object"}),
+        };
+        let first = now();
+        assert!(
+            store
+                .record_catalog(
+                    "tenant-a",
+                    "acme",
+                    "h1",
+                    &[entry("read"), entry("write")],
+                    first
+                )
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        // The same generation again writes nothing.
+        assert!(
+            !store
+                .record_catalog(
+                    "tenant-a",
+                    "acme",
+                    "h1",
+                    &[entry("read"), entry("write")],
+                    first + Duration::seconds(1)
+                )
+                .await
+                .unwrap()
+        );
+        // The server drops `write` and adds `list`.
+        let second = first + Duration::seconds(2);
+        assert!(
+            store
+                .record_catalog(
+                    "tenant-a",
+                    "acme",
+                    "h2",
+                    &[entry("read"), entry("list")],
+                    second
+                )
+                .await
+                .unwrap()
+        );
+        let history = store.catalog_history("tenant-a", "acme").await.unwrap();
+        let rows: Vec<(&str, &str, bool)> = history
+            .iter()
+            .map(|row| {
+                (
+                    row.catalog_hash.as_str(),
+                    row.entry.remote_name.as_str(),
+                    row.withdrawn_at.is_some(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("h1", "read", false),
+                ("h1", "write", true),
+                ("h2", "list", false),
+                ("h2", "read", false)
+            ],
+            "{name}"
+        );
+        assert_eq!(history[1].withdrawn_at, Some(second));
+        assert_eq!(
+            history[0].discovered_at, first,
+            "{name}: the first generation keeps its time"
+        );
+        assert!(
+            store
+                .catalog_history("tenant-b", "acme")
+                .await
+                .unwrap()
+                .is_empty(),
+            "{name}"
+        );
+    }
+}

@@ -53,6 +53,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "one round trip per hot-path commit",
         sql: include_str!("../../../migrations/postgres/0003_one_round_trip.sql"),
     },
+    Migration {
+        version: 4,
+        description: "the MCP tool catalog history",
+        sql: include_str!("../../../migrations/postgres/0004_mcp_catalog.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -71,6 +76,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 3,
         description: "one round trip per hot-path commit (nothing to do embedded)",
         sql: include_str!("../../../migrations/sqlite/0003_one_round_trip.sql"),
+    },
+    Migration {
+        version: 4,
+        description: "the MCP tool catalog history",
+        sql: include_str!("../../../migrations/sqlite/0004_mcp_catalog.sql"),
     },
 ];
 

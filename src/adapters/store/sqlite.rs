@@ -16,9 +16,9 @@ use uuid::Uuid;
 use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
-    ApprovalRecord, BoxFuture, BreakerTally, Claim, EventRecord, Fence, InsertOutcome,
-    InvocationRecord, NewInvocation, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
-    WorkerLease,
+    ApprovalRecord, BoxFuture, BreakerTally, CatalogEntry, CatalogRow, Claim, EventRecord, Fence,
+    InsertOutcome, InvocationRecord, NewInvocation, Store, StoreError, StoredArtifact,
+    TerminalRecord, ToolEvent, WorkerLease,
 };
 
 /// Readers run beside the one writer (WAL).
@@ -950,6 +950,110 @@ impl Store for SqliteStore {
                 })
             })
             .transpose()
+        })
+    }
+
+    fn record_catalog<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+        catalog_hash: &'a str,
+        entries: &'a [CatalogEntry],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let written: Option<i64> = sqlx::query_scalar(
+                "SELECT 1 FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 AND catalog_hash = $3 LIMIT 1",
+            )
+            .bind(tenant_id)
+            .bind(server_id)
+            .bind(catalog_hash)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            if written.is_some() {
+                tx.commit().await.map_err(database_error)?;
+                return Ok(false);
+            }
+            for entry in entries {
+                sqlx::query(
+                    "INSERT INTO mcp_tool_catalog (id, tenant_id, server_id, catalog_hash, remote_name, registry_name, \
+                     input_schema, discovered_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(Uuid::new_v4().to_string())
+                .bind(tenant_id)
+                .bind(server_id)
+                .bind(catalog_hash)
+                .bind(&entry.remote_name)
+                .bind(&entry.registry_name)
+                .bind(text(&entry.input_schema))
+                .bind(micros(now))
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            }
+            // Names an earlier generation had and this one lacks are withdrawn.
+            let current: Vec<&str> = entries
+                .iter()
+                .map(|entry| entry.remote_name.as_str())
+                .collect();
+            let earlier: Vec<(String, String)> = sqlx::query_as(
+                "SELECT id, remote_name FROM (SELECT CAST(id AS TEXT) AS id, remote_name FROM mcp_tool_catalog \
+                 WHERE tenant_id = $1 AND server_id = $2 AND catalog_hash <> $3 AND withdrawn_at IS NULL) AS earlier",
+            )
+            .bind(tenant_id)
+            .bind(server_id)
+            .bind(catalog_hash)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            for (id, remote_name) in earlier {
+                if !current.contains(&remote_name.as_str()) {
+                    sqlx::query(
+                        "UPDATE mcp_tool_catalog SET withdrawn_at = $1 WHERE CAST(id AS TEXT) = $2",
+                    )
+                    .bind(micros(now))
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+                }
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(true)
+        })
+    }
+
+    fn catalog_history<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<CatalogRow>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT catalog_hash, remote_name, registry_name, input_schema, discovered_at, withdrawn_at \
+                 FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 ORDER BY discovered_at, remote_name",
+            )
+            .bind(tenant_id)
+            .bind(server_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(database_error)?;
+            rows.iter()
+                .map(|row| {
+                    Ok(CatalogRow {
+                        catalog_hash: get(row, "catalog_hash")?,
+                        entry: CatalogEntry {
+                            remote_name: get(row, "remote_name")?,
+                            registry_name: get(row, "registry_name")?,
+                            input_schema: json(row, "input_schema")?,
+                        },
+                        discovered_at: time(row, "discovered_at")?,
+                        withdrawn_at: optional_time(row, "withdrawn_at")?,
+                    })
+                })
+                .collect()
         })
     }
 
