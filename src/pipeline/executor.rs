@@ -879,24 +879,38 @@ impl Pipeline {
             _ => None,
         };
         if let Some(code) = refusal {
-            let terminal = TerminalRecord::without_result(code);
-            let event = ended_event(&row, code);
-            self.store
-                .complete_invocation(
-                    &request.tenant_id,
-                    row.id,
-                    fence,
-                    &terminal,
-                    &[event],
-                    self.clock.now(),
-                )
-                .await?;
-            return self.reread(request, row.id).await;
+            return self.end_held(&row, fence, code).await;
         }
         if row.status == InvocationStatus::Authorized {
             return self.execute(request, tool, row).await;
         }
         self.run(request, tool, row, fence).await
+    }
+
+    /// Ends a row this worker holds with `code` and no result, then reports
+    /// what the row says (another writer's record wins over ours).
+    async fn end_held(
+        &self,
+        row: &InvocationRecord,
+        fence: Fence,
+        code: ReasonCode,
+    ) -> Result<CallOutcome, StoreError> {
+        let terminal = TerminalRecord::without_result(code);
+        let event = ended_event(row, code);
+        self.store
+            .complete_invocation(
+                &row.tenant_id,
+                row.id,
+                fence,
+                &terminal,
+                &[event],
+                self.clock.now(),
+            )
+            .await?;
+        Ok(match self.store.invocation(&row.tenant_id, row.id).await? {
+            Some(current) if current.status.is_terminal() => recorded(&current),
+            _ => unrecorded(row.tool_name.clone(), ReasonCode::ToolConcurrencyConflict),
+        })
     }
 
     async fn approved(&self, row: &InvocationRecord) -> Result<bool, StoreError> {
@@ -1511,27 +1525,7 @@ impl Pipeline {
                 .recovering
                 .filter(|fence| row.fence() == Some(*fence))
             {
-                let may_have_escaped = row.status == InvocationStatus::Running
-                    && recovery::decide(row.idempotency_class, row.effect_sent_at.is_some())
-                        == RecoveryDecision::Uncertain;
-                let code = if may_have_escaped {
-                    ReasonCode::ToolOutcomeUnknown
-                } else {
-                    code
-                };
-                let terminal = TerminalRecord::without_result(code);
-                let event = ended_event(&row, code);
-                self.store
-                    .complete_invocation(
-                        &request.tenant_id,
-                        row.id,
-                        fence,
-                        &terminal,
-                        &[event],
-                        self.clock.now(),
-                    )
-                    .await?;
-                return self.reread(request, row.id).await;
+                return self.end_held(&row, fence, ending_code(&row, code)).await;
             }
             return Ok(unrecorded(
                 call.tool_name.to_owned(),
@@ -1573,29 +1567,11 @@ impl Pipeline {
         let fence = row.fence();
         let Some(pinned) = self.registry.pin_exact(&row.tool_name, &row.tool_version) else {
             // The build no longer has the tool: nothing can run it again.
-            let decision = recovery::decide(row.idempotency_class, row.effect_sent_at.is_some());
-            let code = if row.status == InvocationStatus::Running
-                && decision == RecoveryDecision::Uncertain
-            {
-                ReasonCode::ToolOutcomeUnknown
-            } else {
-                ReasonCode::ToolWithdrawn
+            let code = ending_code(&row, ReasonCode::ToolWithdrawn);
+            return match fence {
+                Some(fence) => self.end_held(&row, fence, code).await,
+                None => Ok(unrecorded(row.tool_name.clone(), code)),
             };
-            let terminal = TerminalRecord::without_result(code);
-            let event = ended_event(&row, code);
-            if let Some(fence) = fence {
-                self.store
-                    .complete_invocation(
-                        &row.tenant_id,
-                        row.id,
-                        fence,
-                        &terminal,
-                        &[event],
-                        self.clock.now(),
-                    )
-                    .await?;
-            }
-            return Ok(unrecorded(row.tool_name.clone(), code));
         };
         let request = CallRequest {
             tenant_id: row.tenant_id.clone(),
@@ -1673,6 +1649,19 @@ impl Finish {
                 Finish::failure(failure, uncertain)
             }
         }
+    }
+}
+
+/// The code a held row ends with when it is not run again: uncertain if its
+/// effect may have escaped, `otherwise` if not.
+fn ending_code(row: &InvocationRecord, otherwise: ReasonCode) -> ReasonCode {
+    let may_have_escaped = row.status == InvocationStatus::Running
+        && recovery::decide(row.idempotency_class, row.effect_sent_at.is_some())
+            == RecoveryDecision::Uncertain;
+    if may_have_escaped {
+        ReasonCode::ToolOutcomeUnknown
+    } else {
+        otherwise
     }
 }
 
