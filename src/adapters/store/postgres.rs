@@ -20,8 +20,12 @@ use crate::ports::{
     TerminalRecord, ToolEvent, WorkerLease,
 };
 
-/// Connections per node: the pipeline's commits are short, so a few suffice.
+/// Hot-path connections per node: the pipeline's commits are one short
+/// statement each, so a few suffice.
 const MAXIMUM_CONNECTIONS: u32 = 16;
+/// Pooled connections per node for everything else (migrations, reads,
+/// approvals, recovery sweeps).
+const MAXIMUM_POOLED_CONNECTIONS: u32 = 8;
 
 /// Serializes concurrent `toolgate migrate` runs across nodes.
 const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
@@ -127,7 +131,7 @@ impl PostgresStore {
     /// Connects; does not migrate.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
-            .max_connections(MAXIMUM_CONNECTIONS)
+            .max_connections(MAXIMUM_POOLED_CONNECTIONS)
             // No ping before each use: it would add a round trip to every
             // commit, and a broken connection fails its query cleanly anyway.
             .test_before_acquire(false)
