@@ -1126,9 +1126,11 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
     use toolgate::pipeline::{Worker, WorkerSettings};
     let backends = backends().await;
     for (name, store) in &backends.stores {
+        // A lease ten heartbeats long, so a busy test machine cannot starve
+        // a live worker out of it.
         let fast = WorkerSettings {
-            lease: std::time::Duration::from_millis(300),
-            heartbeat: std::time::Duration::from_millis(80),
+            lease: std::time::Duration::from_millis(1000),
+            heartbeat: std::time::Duration::from_millis(100),
             sweep: std::time::Duration::from_millis(100),
             sweep_batch: 10,
         };
@@ -1153,8 +1155,8 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
         let stop_b = tokio_util::sync::CancellationToken::new();
         let task_a = a.clone().spawn(harness_a.pipeline.clone(), stop_a.clone());
         let task_b = b.clone().spawn(harness_b.pipeline.clone(), stop_b.clone());
-        // Three leases long: a's heartbeat keeps the row a's.
-        tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+        // Two leases long: a's heartbeat keeps the row a's.
+        tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
         let held = store.invocation(TENANT, row.id).await.unwrap().unwrap();
         assert_eq!(held.status, InvocationStatus::Running, "{name}");
         assert_eq!(
@@ -1166,7 +1168,7 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
         stop_a.cancel();
         task_a.await.unwrap();
         let mut recovered = None;
-        for _ in 0..40 {
+        for _ in 0..100 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             let row = store.invocation(TENANT, row.id).await.unwrap().unwrap();
             if row.status.is_terminal() {
