@@ -423,11 +423,7 @@ async fn a_read_succeeds_and_is_recorded_with_its_events() {
             "{name}: {text}"
         );
         assert!(text.contains("hello from the model"));
-        let row = store
-            .invocation(TENANT, done.invocation_id.unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let row = row_of(store.as_ref(), &outcome).await;
         assert_eq!(row.status, InvocationStatus::Succeeded);
         assert_eq!(
             row.effect_sent_at, None,
@@ -546,11 +542,7 @@ async fn a_duplicate_submission_returns_the_recorded_outcome() {
         );
         assert_eq!(first, second, "{name}: the same outcome and content");
         assert_eq!(harness.lines("external.log"), vec!["once"], "{name}");
-        let row = store
-            .invocation(TENANT, finished(&first).invocation_id.unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let row = row_of(store.as_ref(), &first).await;
         assert!(row.effect_sent_at.is_some(), "{name}");
 
         // The same call id in a later step is a new call.
@@ -743,11 +735,7 @@ async fn gate_03_side_effecting_builtins_set_the_watermark_first() {
                 "{name}: {}",
                 spec.name
             );
-            let row = store
-                .invocation(TENANT, finished(&outcome).invocation_id.unwrap())
-                .await
-                .unwrap()
-                .unwrap();
+            let row = row_of(store.as_ref(), &outcome).await;
             assert_eq!(row.status, InvocationStatus::Failed);
             assert_eq!(row.effect_sent_at, None);
             checked += 1;
@@ -798,11 +786,7 @@ async fn gate_05_hostile_failure_text_never_reaches_the_message() {
         assert!(open < hostile && hostile < close, "{name}: {text}");
         // The operator-only detail never reaches the model.
         assert!(!text.contains("remote said"), "{name}");
-        let row = store
-            .invocation(TENANT, done.invocation_id.unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let row = row_of(store.as_ref(), &outcome).await;
         assert!(
             row.error.unwrap().to_string().contains("remote said"),
             "{name}: the row keeps the detail"
@@ -830,11 +814,7 @@ async fn large_output_is_excerpted_and_artifactized() {
             ToolOutcomeStatus::Succeeded,
             "{name}"
         );
-        let row = store
-            .invocation(TENANT, done.invocation_id.unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let row = row_of(store.as_ref(), &outcome).await;
         assert!(row.truncated, "{name}");
         let full: String = (0..3000).map(|i| format!("line {i}\n")).collect();
         assert_eq!(row.output_bytes, Some(full.len() as i64));
@@ -888,11 +868,7 @@ async fn large_output_is_excerpted_and_artifactized() {
             Some(ReasonCode::ToolOutputTooLarge),
             "{name}: past four times the limit"
         );
-        let row = store
-            .invocation(TENANT, finished(&huge).invocation_id.unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let row = row_of(store.as_ref(), &huge).await;
         assert!(
             row.artifact_id.is_some(),
             "{name}: the partial output is still artifactized"
@@ -912,11 +888,7 @@ async fn resolved_credentials_are_scrubbed() {
         let text = text_of(finished(&outcome));
         assert!(text.contains("the token is [redacted]"), "{name}: {text}");
         assert!(!text.contains("tok-SECRET-9876"));
-        let row = store
-            .invocation(TENANT, finished(&outcome).invocation_id.unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let row = row_of(store.as_ref(), &outcome).await;
         assert!(
             !row.result.unwrap().to_string().contains("tok-SECRET-9876"),
             "{name}"
@@ -1310,4 +1282,16 @@ async fn recovery_refused_by_authority_settles_the_row() {
             "{name}: nothing ran"
         );
     }
+}
+
+/// The row a finished call recorded.
+async fn row_of(store: &dyn Store, outcome: &CallOutcome) -> toolgate::ports::InvocationRecord {
+    let id = finished(outcome)
+        .invocation_id
+        .expect("the call recorded a row");
+    store
+        .invocation(TENANT, id)
+        .await
+        .unwrap()
+        .expect("the row exists")
 }
