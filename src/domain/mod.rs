@@ -66,6 +66,7 @@ pub mod reason_codes;
 pub mod result;
 pub mod secret;
 pub mod session;
+pub mod skill;
 pub mod tool;
 pub mod trust;
 
@@ -78,6 +79,7 @@ pub use reason_codes::ReasonCode;
 pub use result::{ArtifactRef, ContentPart, ToolFailure, ToolFailureKind, ToolResult};
 pub use secret::SecretValue;
 pub use session::{AgentSpec, PolicyProfile, Principal, RuntimeEnvironment, glob_matches};
+pub use skill::SkillMetadata;
 pub use tool::{
     IdempotencyClass, RiskLevel, SideEffectClass, TargetKind, ToolKind, ToolSource, ToolSpec,
 };

@@ -100,6 +100,12 @@ pub struct ToolFailure {
     pub retryable: bool,
     /// Verbatim third-party text, untrusted.
     pub external_text: Option<String>,
+    /// The tool proves the effect did not happen: it never dispatched, or
+    /// the remote said exactly `effect_status: not_applied` (Decision 26).
+    /// Only this lets a failure after a non-idempotent watermark stay a
+    /// failure instead of becoming uncertain.
+    #[serde(default)]
+    pub effect_not_applied: bool,
 }
 
 impl ToolFailure {
@@ -112,7 +118,21 @@ impl ToolFailure {
             detail: detail.into(),
             retryable: reason_code.retryable(),
             external_text: None,
+            effect_not_applied: false,
         }
+    }
+
+    /// A failure with a more specific code from the table.
+    pub fn with_reason_code(mut self, reason_code: ReasonCode) -> Self {
+        self.reason_code = reason_code;
+        self.retryable = reason_code.retryable();
+        self
+    }
+
+    /// Marks the failure as proven not to have had its effect.
+    pub fn not_applied(mut self) -> Self {
+        self.effect_not_applied = true;
+        self
     }
 
     /// Attaches what the remote system said, to be enveloped as data.

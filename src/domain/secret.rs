@@ -112,6 +112,22 @@ impl fmt::Display for CredentialRef {
     }
 }
 
+/// What a scrubbed secret is replaced with.
+pub const REDACTED: &str = "[redacted]";
+
+/// Replaces every occurrence of each secret's value in `text`. Values under
+/// four bytes are left alone: they would redact ordinary words.
+pub fn scrub(text: &str, secrets: &[SecretValue]) -> String {
+    let mut out = text.to_owned();
+    for secret in secrets {
+        let value = secret.reveal();
+        if value.len() >= 4 && out.contains(value) {
+            out = out.replace(value, REDACTED);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1639,12 +1639,13 @@ impl Finish {
                     .map(|text| output::scrub(&text, &secrets));
                 // A failure after the watermark of a non-idempotent effect is
                 // uncertain unless the tool reports it definitively.
-                let definitive = matches!(
-                    failure.kind,
-                    ToolFailureKind::InvalidArguments
-                        | ToolFailureKind::NotFound
-                        | ToolFailureKind::Permission
-                );
+                let definitive = failure.effect_not_applied
+                    || matches!(
+                        failure.kind,
+                        ToolFailureKind::InvalidArguments
+                            | ToolFailureKind::NotFound
+                            | ToolFailureKind::Permission
+                    );
                 let uncertain = may_have_escaped && !definitive;
                 Finish::failure(failure, uncertain)
             }

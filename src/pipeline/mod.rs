@@ -7,6 +7,7 @@
 pub mod breaker;
 pub mod executor;
 pub mod output;
+pub mod preparation;
 pub mod recovery;
 pub mod registry;
 pub mod validation;
@@ -16,6 +17,7 @@ pub use executor::{
     CallOutcome, CallRequest, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
     RecoveryReport, StepObserver, Unobserved,
 };
+pub use preparation::{PreparedCatalog, prepare_mcp};
 pub use registry::{
     PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection,
     RejectionReason, StartupError, ToolNotFound, ToolRegistry,

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::domain::{SecretValue, ToolSource, TrustLevel};
+use crate::domain::{ToolSource, TrustLevel};
 
 /// The hard capture ceiling is this many times `maximum_output_bytes`.
 pub const HARD_CEILING_FACTOR: u64 = 4;
@@ -17,7 +17,7 @@ const HEAD_SHARE: f64 = 0.6;
 /// Share of the inline budget kept from the end.
 const TAIL_SHARE: f64 = 0.2;
 /// What replaces a resolved credential value in anything a tool returns.
-pub const REDACTED: &str = "[redacted]";
+pub use crate::domain::secret::REDACTED;
 
 /// The inline admission ceiling for one tool: `min(maximum_output_bytes,
 /// output.inline_maximum_bytes)`.
@@ -174,23 +174,12 @@ pub struct Attribution<'a> {
     pub tool: &'a str,
 }
 
-/// Replaces every resolved credential value in `text`. Values shorter than
-/// four bytes are not scrubbed (they would shred ordinary text and cannot be
-/// meaningful secrets).
-pub fn scrub(text: &str, secrets: &[SecretValue]) -> String {
-    let mut out = text.to_owned();
-    for secret in secrets {
-        let value = secret.reveal();
-        if value.len() >= 4 && out.contains(value) {
-            out = out.replace(value, REDACTED);
-        }
-    }
-    out
-}
+pub use crate::domain::secret::scrub;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::SecretValue;
 
     #[test]
     fn boundaries_never_split_a_character() {

@@ -5,16 +5,18 @@
 //! pipeline's four commits write). Must not know any adapter.
 
 pub mod clock;
+pub mod mcp;
 pub mod policy;
 pub mod store;
 pub mod tool;
 
 pub use clock::{Clock, SystemClock};
+pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerDiscovery};
 pub use policy::PolicyEngine;
 pub use store::{
-    ApprovalRecord, BreakerTally, CatalogEntry, CatalogRow, Claim, EventRecord, Fence,
-    InsertOutcome, InvocationRecord, NewInvocation, Store, StoreError, StoredArtifact,
-    TerminalRecord, ToolEvent, WorkerLease,
+    ApprovalRecord, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim, EventRecord,
+    Fence, InsertOutcome, InvocationRecord, McpEvent, McpServerRow, NewInvocation,
+    PreparationRecord, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 pub use tool::{
     ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,

@@ -8,12 +8,13 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::domain::mcp_server::{AuthScheme, Transport};
 use crate::domain::{
-    ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode, SideEffectClass,
-    ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+    ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode, RiskLevel,
+    SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 
 use super::tool::BoxFuture;
@@ -418,6 +419,172 @@ pub struct CatalogRow {
     pub withdrawn_at: Option<DateTime<Utc>>,
 }
 
+/// A `mcp_servers` row: a server as configured, never a secret.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpServerRow {
+    /// The name in `mcp.{server_id}.` tool names.
+    pub server_id: String,
+    /// stdio or http.
+    pub transport: Transport,
+    /// The command line (program and arguments) or the URL.
+    pub endpoint: String,
+    /// One of the five schemes.
+    pub auth_scheme: AuthScheme,
+    /// Header or variable name.
+    pub auth_name: Option<String>,
+    /// A broker reference, never the secret.
+    pub credential_ref: Option<String>,
+    /// oauth2_client only.
+    pub token_endpoint: Option<String>,
+    /// oauth2_client only.
+    pub token_scopes: Option<Vec<String>>,
+    /// The operator's classification of every tool of the server.
+    pub side_effect: SideEffectClass,
+    /// See `side_effect`.
+    pub risk: RiskLevel,
+    /// See `side_effect`.
+    pub idempotency: IdempotencyClass,
+    /// Scopes every tool requires.
+    pub required_scopes: Vec<String>,
+    /// Every tool's timeout.
+    pub timeout_seconds: u32,
+    /// Every tool's output limit.
+    pub maximum_output_bytes: u64,
+    /// Whether it is spawned or dialled at all.
+    pub enabled: bool,
+}
+
+/// One catalog generation of one server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CatalogGeneration {
+    /// The server.
+    pub server_id: String,
+    /// The generation: sha256 over the sorted declarations.
+    pub catalog_hash: String,
+    /// The tools it registered.
+    pub entries: Vec<CatalogEntry>,
+}
+
+/// The MCP events: identity, classification and reason codes only. Nothing
+/// a server said (an error string, a description) is ever in one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum McpEvent {
+    /// A handshake finished.
+    ServerConnected {
+        /// The server.
+        server_id: String,
+        /// Its transport.
+        transport: Transport,
+        /// Tools it listed.
+        tools: usize,
+        /// Handshake and discovery time.
+        duration_ms: i64,
+    },
+    /// A remembered discovery was pinned instead of connecting.
+    ServerPinned {
+        /// The server.
+        server_id: String,
+        /// Its transport.
+        transport: Transport,
+        /// Tools it listed.
+        tools: usize,
+    },
+    /// A connection closed or failed.
+    ServerDisconnected {
+        /// The server.
+        server_id: String,
+        /// Why, as a stable code.
+        reason_code: ReasonCode,
+    },
+    /// The server's list differs from the pin: recorded, not applied.
+    CatalogChanged {
+        /// The server.
+        server_id: String,
+        /// The pinned generation.
+        old_hash: String,
+        /// What the server lists now.
+        new_hash: String,
+    },
+    /// Two remote names normalized to one registry name; neither is kept.
+    CatalogConflict {
+        /// The server.
+        server_id: String,
+        /// Both remote names.
+        remote_names: Vec<String>,
+    },
+    /// A declaration failed registration.
+    ToolRejected {
+        /// The server.
+        server_id: String,
+        /// The server's name for the tool.
+        remote_name: String,
+        /// A stable slug, e.g. `input_schema.too_deep`.
+        reason: String,
+    },
+}
+
+impl McpEvent {
+    /// The event's type, e.g. `mcp.server.connected`.
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            McpEvent::ServerConnected { .. } => "mcp.server.connected",
+            McpEvent::ServerPinned { .. } => "mcp.server.pinned",
+            McpEvent::ServerDisconnected { .. } => "mcp.server.disconnected",
+            McpEvent::CatalogChanged { .. } => "mcp.catalog.changed",
+            McpEvent::CatalogConflict { .. } => "mcp.catalog.conflict",
+            McpEvent::ToolRejected { .. } => "mcp.tool.rejected",
+        }
+    }
+
+    /// The event's body.
+    pub fn payload(&self) -> Value {
+        match self {
+            McpEvent::ServerConnected {
+                server_id,
+                transport,
+                tools,
+                duration_ms,
+            } => json!({"server": server_id, "transport": transport, "tools": tools,
+                        "duration_ms": duration_ms}),
+            McpEvent::ServerPinned {
+                server_id,
+                transport,
+                tools,
+            } => json!({"server": server_id, "transport": transport, "tools": tools}),
+            McpEvent::ServerDisconnected {
+                server_id,
+                reason_code,
+            } => json!({"server": server_id, "reason_code": reason_code}),
+            McpEvent::CatalogChanged {
+                server_id,
+                old_hash,
+                new_hash,
+            } => json!({"server": server_id, "old_hash": old_hash, "new_hash": new_hash}),
+            McpEvent::CatalogConflict {
+                server_id,
+                remote_names,
+            } => json!({"server": server_id, "remote_names": remote_names}),
+            McpEvent::ToolRejected {
+                server_id,
+                remote_name,
+                reason,
+            } => json!({"server": server_id, "remote_name": remote_name, "reason": reason}),
+        }
+    }
+}
+
+/// What one catalog preparation writes, all in one transaction: the server
+/// rows, the catalog generations and the events, in configured-server order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PreparationRecord {
+    /// The servers prepared.
+    pub servers: Vec<McpServerRow>,
+    /// Their catalogs.
+    pub generations: Vec<CatalogGeneration>,
+    /// Their events.
+    pub events: Vec<McpEvent>,
+}
+
 /// The durable record. Each method is one short transaction; none is held
 /// across tool I/O.
 pub trait Store: Send + Sync {
@@ -605,9 +772,20 @@ pub trait Store: Send + Sync {
         id: Uuid,
     ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>>;
 
-    /// Writes a catalog generation, unless this hash is already written for
-    /// the server, and stamps `withdrawn_at` on earlier names it lacks; one
-    /// transaction. Returns whether a generation was written.
+    /// Writes one preparation in one transaction: upserts the server rows,
+    /// writes each catalog generation unless its hash is already written for
+    /// the server (stamping `withdrawn_at` on earlier names it lacks), and
+    /// appends the events in order. Returns, per generation, whether it was
+    /// written.
+    fn record_preparation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        record: &'a PreparationRecord,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
+
+    /// One catalog generation alone: [`Store::record_preparation`] with no
+    /// server rows and no events.
     fn record_catalog<'a>(
         &'a self,
         tenant_id: &'a str,
@@ -615,7 +793,30 @@ pub trait Store: Send + Sync {
         catalog_hash: &'a str,
         entries: &'a [CatalogEntry],
         now: DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let record = PreparationRecord {
+                generations: vec![CatalogGeneration {
+                    server_id: server_id.to_owned(),
+                    catalog_hash: catalog_hash.to_owned(),
+                    entries: entries.to_vec(),
+                }],
+                ..PreparationRecord::default()
+            };
+            let written = self.record_preparation(tenant_id, &record, now).await?;
+            Ok(written.first().copied().unwrap_or(false))
+        })
+    }
+
+    /// Appends one MCP event outside a preparation (a catalog change seen
+    /// mid-session, a disconnection); `tenant_id` is `None` for a server
+    /// that belongs to no one tenant.
+    fn record_mcp_event<'a>(
+        &'a self,
+        tenant_id: Option<&'a str>,
+        event: &'a McpEvent,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A server's catalog history, oldest generation first.
     fn catalog_history<'a>(

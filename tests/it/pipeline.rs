@@ -175,7 +175,8 @@ impl Store for FaultyWatermark {
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<toolgate::ports::BreakerTally, toolgate::ports::StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, toolgate::ports::StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<toolgate::ports::StoredArtifact>, toolgate::ports::StoreError>;
-        record_catalog(tenant: &'a str, server: &'a str, hash: &'a str, entries: &'a [toolgate::ports::CatalogEntry], now: chrono::DateTime<Utc>) -> Result<bool, toolgate::ports::StoreError>;
+        record_preparation(tenant: &'a str, record: &'a toolgate::ports::PreparationRecord, now: chrono::DateTime<Utc>) -> Result<Vec<bool>, toolgate::ports::StoreError>;
+        record_mcp_event(tenant: Option<&'a str>, event: &'a toolgate::ports::McpEvent, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
         catalog_history(tenant: &'a str, server: &'a str) -> Result<Vec<toolgate::ports::CatalogRow>, toolgate::ports::StoreError>;
     }
 
@@ -381,11 +382,11 @@ pub fn finished(outcome: &CallOutcome) -> &Finished {
         .unwrap_or_else(|| panic!("expected a finished call, got {outcome:?}"))
 }
 
-fn code(outcome: &CallOutcome) -> Option<ReasonCode> {
+pub fn code(outcome: &CallOutcome) -> Option<ReasonCode> {
     finished(outcome).outcome.reason_code()
 }
 
-fn text_of(finished: &Finished) -> String {
+pub fn text_of(finished: &Finished) -> String {
     finished
         .content
         .iter()
@@ -397,7 +398,7 @@ fn text_of(finished: &Finished) -> String {
         .join("\n")
 }
 
-fn allow_all() -> Arc<dyn PolicyEngine> {
+pub fn allow_all() -> Arc<dyn PolicyEngine> {
     Arc::new(RuleFilePolicy::parse("[[rules]]\ntools = [\"*\"]\ndecision = \"allow\"\n").unwrap())
 }
 

@@ -75,7 +75,7 @@ pub fn catalog_hash(tools: &[RemoteTool]) -> String {
 }
 
 /// Cuts `text` to at most `bytes` bytes at a character boundary.
-fn cut(text: &str, bytes: usize) -> &str {
+pub fn cut(text: &str, bytes: usize) -> &str {
     if text.len() <= bytes {
         return text;
     }

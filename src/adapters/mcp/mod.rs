@@ -5,3 +5,5 @@
 
 pub mod catalog;
 pub mod child;
+pub mod client;
+pub mod stdio;

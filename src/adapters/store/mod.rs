@@ -58,6 +58,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "the MCP tool catalog history",
         sql: include_str!("../../../migrations/postgres/0004_mcp_catalog.sql"),
     },
+    Migration {
+        version: 5,
+        description: "mcp_servers",
+        sql: include_str!("../../../migrations/postgres/0005_mcp_servers.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -81,6 +86,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 4,
         description: "the MCP tool catalog history",
         sql: include_str!("../../../migrations/sqlite/0004_mcp_catalog.sql"),
+    },
+    Migration {
+        version: 5,
+        description: "mcp_servers",
+        sql: include_str!("../../../migrations/sqlite/0005_mcp_servers.sql"),
     },
 ];
 

@@ -15,9 +15,9 @@ use uuid::Uuid;
 use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
-    ApprovalRecord, BoxFuture, BreakerTally, CatalogEntry, CatalogRow, Claim, EventRecord, Fence,
-    InsertOutcome, InvocationRecord, NewInvocation, Store, StoreError, StoredArtifact,
-    TerminalRecord, ToolEvent, WorkerLease,
+    ApprovalRecord, BoxFuture, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim,
+    EventRecord, Fence, InsertOutcome, InvocationRecord, McpEvent, NewInvocation,
+    PreparationRecord, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 
 /// Hot-path connections per node: the pipeline's commits are one short
@@ -971,75 +971,76 @@ impl Store for PostgresStore {
         })
     }
 
-    fn record_catalog<'a>(
+    fn record_preparation<'a>(
         &'a self,
         tenant_id: &'a str,
-        server_id: &'a str,
-        catalog_hash: &'a str,
-        entries: &'a [CatalogEntry],
+        record: &'a PreparationRecord,
         now: DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let written: Option<i64> = sqlx::query_scalar(
-                "SELECT 1::bigint FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 AND catalog_hash = $3 LIMIT 1",
-            )
-            .bind(tenant_id)
-            .bind(server_id)
-            .bind(catalog_hash)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            if written.is_some() {
-                tx.commit().await.map_err(database_error)?;
-                return Ok(false);
-            }
-            for entry in entries {
+            for server in &record.servers {
                 sqlx::query(
-                    "INSERT INTO mcp_tool_catalog (id, tenant_id, server_id, catalog_hash, remote_name, registry_name, \
-                     input_schema, discovered_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    "INSERT INTO mcp_servers (id, tenant_id, server_id, transport, endpoint, auth_scheme, auth_name, \
+                     credential_ref, token_endpoint, token_scopes, side_effect, risk, idempotency, required_scopes, \
+                     timeout_seconds, maximum_output_bytes, enabled, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+                     ON CONFLICT (tenant_id, server_id) DO UPDATE SET transport = EXCLUDED.transport, \
+                     endpoint = EXCLUDED.endpoint, auth_scheme = EXCLUDED.auth_scheme, auth_name = EXCLUDED.auth_name, \
+                     credential_ref = EXCLUDED.credential_ref, token_endpoint = EXCLUDED.token_endpoint, \
+                     token_scopes = EXCLUDED.token_scopes, side_effect = EXCLUDED.side_effect, risk = EXCLUDED.risk, \
+                     idempotency = EXCLUDED.idempotency, required_scopes = EXCLUDED.required_scopes, \
+                     timeout_seconds = EXCLUDED.timeout_seconds, maximum_output_bytes = EXCLUDED.maximum_output_bytes, \
+                     enabled = EXCLUDED.enabled",
                 )
                 .bind(Uuid::new_v4())
                 .bind(tenant_id)
-                .bind(server_id)
-                .bind(catalog_hash)
-                .bind(&entry.remote_name)
-                .bind(&entry.registry_name)
-                .bind(&entry.input_schema)
+                .bind(&server.server_id)
+                .bind(server.transport.as_str())
+                .bind(&server.endpoint)
+                .bind(server.auth_scheme.as_str())
+                .bind(&server.auth_name)
+                .bind(&server.credential_ref)
+                .bind(&server.token_endpoint)
+                .bind(server.token_scopes.as_ref().map(|scopes| serde_json::json!(scopes)))
+                .bind(server.side_effect.as_str())
+                .bind(server.risk.as_str())
+                .bind(server.idempotency.as_str())
+                .bind(serde_json::json!(server.required_scopes))
+                .bind(i32::try_from(server.timeout_seconds).unwrap_or(i32::MAX))
+                .bind(i64::try_from(server.maximum_output_bytes).unwrap_or(i64::MAX))
+                .bind(server.enabled)
                 .bind(now)
                 .execute(&mut *tx)
                 .await
                 .map_err(database_error)?;
             }
-            // Names an earlier generation had and this one lacks are withdrawn.
-            let current: Vec<&str> = entries
-                .iter()
-                .map(|entry| entry.remote_name.as_str())
-                .collect();
-            let earlier: Vec<(String, String)> = sqlx::query_as(
-                "SELECT id, remote_name FROM (SELECT CAST(id AS TEXT) AS id, remote_name FROM mcp_tool_catalog \
-                 WHERE tenant_id = $1 AND server_id = $2 AND catalog_hash <> $3 AND withdrawn_at IS NULL) AS earlier",
-            )
-            .bind(tenant_id)
-            .bind(server_id)
-            .bind(catalog_hash)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            for (id, remote_name) in earlier {
-                if !current.contains(&remote_name.as_str()) {
-                    sqlx::query(
-                        "UPDATE mcp_tool_catalog SET withdrawn_at = $1 WHERE CAST(id AS TEXT) = $2",
-                    )
-                    .bind(now)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(database_error)?;
-                }
+            let mut written = Vec::with_capacity(record.generations.len());
+            for generation in &record.generations {
+                written.push(write_generation(&mut tx, tenant_id, generation, now).await?);
+            }
+            for event in &record.events {
+                insert_mcp_event(&mut tx, Some(tenant_id), event, now).await?;
             }
             tx.commit().await.map_err(database_error)?;
-            Ok(true)
+            Ok(written)
+        })
+    }
+
+    fn record_mcp_event<'a>(
+        &'a self,
+        tenant_id: Option<&'a str>,
+        event: &'a McpEvent,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let scope = match tenant_id {
+                Some(tenant) => Scope::Tenant(tenant),
+                None => Scope::System,
+            };
+            let mut tx = self.begin(scope).await?;
+            insert_mcp_event(&mut tx, tenant_id, event, now).await?;
+            tx.commit().await.map_err(database_error)
         })
     }
 
@@ -1136,4 +1137,92 @@ async fn terminal_update(
     }
     let result = query.execute(&mut **tx).await.map_err(database_error)?;
     Ok(result.rows_affected() == 1)
+}
+
+/// Writes one catalog generation unless its hash is already written for the
+/// server; earlier names it lacks get `withdrawn_at`. Nothing is updated in
+/// place otherwise.
+async fn write_generation(
+    tx: &mut Transaction<'static, Postgres>,
+    tenant_id: &str,
+    generation: &CatalogGeneration,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let written: Option<i64> = sqlx::query_scalar(
+        "SELECT 1::bigint FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 AND catalog_hash = $3 LIMIT 1",
+    )
+    .bind(tenant_id)
+    .bind(&generation.server_id)
+    .bind(&generation.catalog_hash)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    if written.is_some() {
+        return Ok(false);
+    }
+    for entry in &generation.entries {
+        sqlx::query(
+            "INSERT INTO mcp_tool_catalog (id, tenant_id, server_id, catalog_hash, remote_name, registry_name, \
+             input_schema, discovered_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(Uuid::new_v4())
+        .bind(tenant_id)
+        .bind(&generation.server_id)
+        .bind(&generation.catalog_hash)
+        .bind(&entry.remote_name)
+        .bind(&entry.registry_name)
+        .bind(&entry.input_schema)
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(database_error)?;
+    }
+    // Names an earlier generation had and this one lacks are withdrawn.
+    let current: Vec<&str> = generation
+        .entries
+        .iter()
+        .map(|entry| entry.remote_name.as_str())
+        .collect();
+    let earlier: Vec<(String, String)> = sqlx::query_as(
+        "SELECT CAST(id AS TEXT), remote_name FROM mcp_tool_catalog \
+         WHERE tenant_id = $1 AND server_id = $2 AND catalog_hash <> $3 AND withdrawn_at IS NULL",
+    )
+    .bind(tenant_id)
+    .bind(&generation.server_id)
+    .bind(&generation.catalog_hash)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    for (id, remote_name) in earlier {
+        if !current.contains(&remote_name.as_str()) {
+            sqlx::query(
+                "UPDATE mcp_tool_catalog SET withdrawn_at = $1 WHERE CAST(id AS TEXT) = $2",
+            )
+            .bind(now)
+            .bind(id)
+            .execute(&mut **tx)
+            .await
+            .map_err(database_error)?;
+        }
+    }
+    Ok(true)
+}
+
+async fn insert_mcp_event(
+    tx: &mut Transaction<'static, Postgres>,
+    tenant_id: Option<&str>,
+    event: &McpEvent,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(tenant_id)
+    .bind(event.event_type())
+    .bind(event.payload())
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    Ok(())
 }

@@ -1,0 +1,551 @@
+//! The MCP client: the one place an rmcp session is opened, spoken to and
+//! closed. Everything it hands out is protocol-neutral (`RemoteTool`,
+//! `RemoteCall`, JSON values), so no rmcp type leaves `adapters::mcp`.
+//!
+//! The client advertises no sampling, no roots and no elicitation. A server
+//! that asks anyway is answered "method not found", and the request is
+//! remembered: a server that then gives up on us has required a declined
+//! capability, which the operator sees as `tool.capability_unsupported`
+//! rather than as an unreachable server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+// Sampling and roots are deprecated upstream; we name them only to decline them.
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestMethod,
+    ElicitRequestParams, ElicitResult, ElicitationCreateRequestMethod, ErrorData,
+    GetPromptRequestParams, Implementation, ListRootsRequestMethod, PaginatedRequestParams,
+    ReadResourceRequestParams,
+};
+#[allow(deprecated)]
+use rmcp::model::{CreateMessageRequestParams, CreateMessageResult, ListRootsResult};
+use rmcp::service::{
+    NotificationContext, RequestContext, RoleClient, RunningService, ServiceError,
+};
+use rmcp::{ClientHandler, ServiceExt as _};
+use serde_json::{Map, Value};
+use tokio::process::Child;
+use tokio::sync::watch;
+
+use super::catalog::RemoteTool;
+use super::child::{self, ChildError, ChildSpec};
+use crate::domain::ReasonCode;
+
+/// Most pages of one list a server may return: a server that keeps handing
+/// out cursors is a loop, not a catalog.
+pub const MAXIMUM_PAGES: usize = 64;
+/// Most entries of one list (tools, resources or prompts) kept from a server.
+pub const MAXIMUM_ENTRIES: usize = 4096;
+
+/// What the server said it offers beyond tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerFeatures {
+    /// It has resources: it gets the one synthetic read tool.
+    pub resources: bool,
+    /// It has prompts: they become skills.
+    pub prompts: bool,
+}
+
+/// A resource as a server listed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteResource {
+    /// Its URI: the only thing a read may name.
+    pub uri: String,
+    /// Its name, untrusted.
+    pub name: String,
+    /// Its media type, when given.
+    pub mime_type: Option<String>,
+}
+
+/// One argument of a prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptArgument {
+    /// Its name.
+    pub name: String,
+    /// Its description, untrusted.
+    pub description: Option<String>,
+    /// Whether the prompt needs it.
+    pub required: bool,
+}
+
+/// A prompt as a server listed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemotePrompt {
+    /// Its name.
+    pub name: String,
+    /// Its description, untrusted.
+    pub description: Option<String>,
+    /// Its arguments.
+    pub arguments: Vec<PromptArgument>,
+}
+
+/// A `tools/call` answer, in protocol-neutral form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteCall {
+    /// The content blocks, each as the JSON the server sent.
+    pub content: Vec<Value>,
+    /// The structured result, when any.
+    pub structured: Option<Value>,
+    /// The server's own error flag.
+    pub is_error: bool,
+}
+
+/// Why a request to a server did not produce an answer. Nothing the server
+/// said is in the message: remote text is external.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The child did not start.
+    #[error(transparent)]
+    Child(#[from] ChildError),
+    /// The handshake did not finish in time.
+    #[error("{server_id}: handshake did not finish within the connect timeout")]
+    ConnectTimeout {
+        /// The server.
+        server_id: String,
+    },
+    /// The handshake failed.
+    #[error("{server_id}: handshake failed")]
+    Handshake {
+        /// The server.
+        server_id: String,
+    },
+    /// The server asked for sampling, roots or elicitation, was refused, and
+    /// gave up.
+    #[error("{server_id} requires a capability toolgate declines (sampling, roots or elicitation)")]
+    CapabilityRequired {
+        /// The server.
+        server_id: String,
+    },
+    /// The request did not finish in time.
+    #[error("{server_id}: request timed out")]
+    RequestTimeout {
+        /// The server.
+        server_id: String,
+    },
+    /// The connection is gone.
+    #[error("{server_id}: connection closed")]
+    Closed {
+        /// The server.
+        server_id: String,
+    },
+    /// The server answered with a JSON-RPC error.
+    #[error("{server_id}: answered with error code {code}")]
+    Remote {
+        /// The server.
+        server_id: String,
+        /// The JSON-RPC code.
+        code: i32,
+        /// What it said: external text, for the envelope only.
+        external_text: String,
+    },
+    /// The server answered with something that is not the answer.
+    #[error("{server_id}: answered out of protocol")]
+    Protocol {
+        /// The server.
+        server_id: String,
+    },
+    /// A list went past [`MAXIMUM_PAGES`] or [`MAXIMUM_ENTRIES`].
+    #[error("{server_id}: {what} list longer than toolgate accepts")]
+    TooLong {
+        /// The server.
+        server_id: String,
+        /// Which list.
+        what: &'static str,
+    },
+}
+
+impl ClientError {
+    /// The stable code an outcome or a `mcp.server.disconnected` event
+    /// carries for this error.
+    pub fn reason_code(&self) -> ReasonCode {
+        match self {
+            ClientError::Child(_)
+            | ClientError::ConnectTimeout { .. }
+            | ClientError::Handshake { .. }
+            | ClientError::Closed { .. } => ReasonCode::ToolServerUnreachable,
+            ClientError::CapabilityRequired { .. } => ReasonCode::ToolCapabilityUnsupported,
+            ClientError::RequestTimeout { .. } => ReasonCode::ToolTimeout,
+            ClientError::Remote { .. }
+            | ClientError::Protocol { .. }
+            | ClientError::TooLong { .. } => ReasonCode::ToolUpstreamError,
+        }
+    }
+
+    /// Whether the connection is unusable after this error.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(
+            self,
+            ClientError::Remote { .. } | ClientError::RequestTimeout { .. }
+        )
+    }
+}
+
+/// What the handler saw, shared with the connection.
+#[derive(Debug)]
+struct Signals {
+    declined: AtomicBool,
+    list_changed: watch::Sender<u64>,
+}
+
+/// The client side of the session: declines, remembers and counts.
+#[derive(Clone)]
+struct Client {
+    signals: Arc<Signals>,
+}
+
+#[allow(deprecated)] // sampling and roots are deprecated upstream; we decline them
+impl ClientHandler for Client {
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        self.signals.declined.store(true, Ordering::Relaxed);
+        Err(ErrorData::method_not_found::<CreateMessageRequestMethod>())
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        self.signals.declined.store(true, Ordering::Relaxed);
+        Err(ErrorData::method_not_found::<ListRootsRequestMethod>())
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        self.signals.declined.store(true, Ordering::Relaxed);
+        Err(ErrorData::method_not_found::<ElicitationCreateRequestMethod>())
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        // A counter, not a queue: a flood of notifications costs one add each.
+        self.signals
+            .list_changed
+            .send_modify(|count| *count = count.wrapping_add(1));
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("toolgate", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+/// One live session with one stdio server. It owns the child: dropping it
+/// kills the process group, `close` ends it gracefully first.
+pub struct Connection {
+    server_id: String,
+    service: RunningService<RoleClient, Client>,
+    child: Child,
+    features: ServerFeatures,
+    signals: Arc<Signals>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("server_id", &self.server_id)
+            .field("features", &self.features)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Spawns the child from `spec` and runs the handshake within
+    /// `connect_timeout`. The stderr drain starts before the handshake so a
+    /// chatty child cannot block on a full pipe.
+    pub async fn open(spec: &ChildSpec, connect_timeout: Duration) -> Result<Self, ClientError> {
+        let server_id = spec.server_id.clone();
+        let mut child = child::spawn(spec)?;
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            child::terminate(&mut child, Duration::ZERO).await;
+            return Err(ClientError::Handshake { server_id });
+        };
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(child::drain_stderr(server_id.clone(), stderr));
+        }
+        let (list_changed, _) = watch::channel(0);
+        let signals = Arc::new(Signals {
+            declined: AtomicBool::new(false),
+            list_changed,
+        });
+        let client = Client {
+            signals: signals.clone(),
+        };
+        let handshake = tokio::time::timeout(connect_timeout, client.serve((stdout, stdin))).await;
+        let service = match handshake {
+            Ok(Ok(service)) => service,
+            Ok(Err(_)) => {
+                child::terminate(&mut child, Duration::from_millis(200)).await;
+                return Err(if signals.declined.load(Ordering::Relaxed) {
+                    ClientError::CapabilityRequired { server_id }
+                } else {
+                    ClientError::Handshake { server_id }
+                });
+            }
+            Err(_) => {
+                child::terminate(&mut child, Duration::from_millis(200)).await;
+                return Err(ClientError::ConnectTimeout { server_id });
+            }
+        };
+        let features = service
+            .peer()
+            .peer_info()
+            .map(|info| ServerFeatures {
+                resources: info.capabilities.resources.is_some(),
+                prompts: info.capabilities.prompts.is_some(),
+            })
+            .unwrap_or_default();
+        Ok(Connection {
+            server_id,
+            service,
+            child,
+            features,
+            signals,
+        })
+    }
+
+    /// What the server offers beyond tools.
+    pub fn features(&self) -> ServerFeatures {
+        self.features
+    }
+
+    /// Whether the session has ended (the server exited or the pipe broke).
+    pub fn is_closed(&self) -> bool {
+        self.service.is_closed()
+    }
+
+    /// Ticks once per `notifications/tools/list_changed`.
+    pub fn list_changes(&self) -> watch::Receiver<u64> {
+        self.signals.list_changed.subscribe()
+    }
+
+    /// Every page of `tools/list`, within `timeout` per page.
+    pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<RemoteTool>, ClientError> {
+        let mut tools = Vec::new();
+        let mut cursor = None;
+        for _ in 0..MAXIMUM_PAGES {
+            let page = self
+                .request(timeout, self.service.peer().list_tools(page(cursor)))
+                .await?;
+            for tool in page.tools {
+                tools.push(RemoteTool {
+                    name: tool.name.into_owned(),
+                    description: tool.description.map(|text| text.into_owned()),
+                    input_schema: Value::Object((*tool.input_schema).clone()),
+                    meta: tool
+                        .meta
+                        .and_then(|meta| serde_json::to_value(meta).ok())
+                        .and_then(|meta| match meta {
+                            Value::Object(map) => Some(map),
+                            _ => None,
+                        }),
+                });
+            }
+            if tools.len() > MAXIMUM_ENTRIES {
+                return Err(self.too_long("tool"));
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(tools),
+            }
+        }
+        Err(self.too_long("tool"))
+    }
+
+    /// Every page of `resources/list`.
+    pub async fn list_resources(
+        &self,
+        timeout: Duration,
+    ) -> Result<Vec<RemoteResource>, ClientError> {
+        let mut resources = Vec::new();
+        let mut cursor = None;
+        for _ in 0..MAXIMUM_PAGES {
+            let page = self
+                .request(timeout, self.service.peer().list_resources(page(cursor)))
+                .await?;
+            for resource in page.resources {
+                let value = serde_json::to_value(&resource).map_err(|_| self.protocol())?;
+                let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+                resources.push(RemoteResource {
+                    uri: text("uri").ok_or_else(|| self.protocol())?,
+                    name: text("name").unwrap_or_default(),
+                    mime_type: text("mimeType"),
+                });
+            }
+            if resources.len() > MAXIMUM_ENTRIES {
+                return Err(self.too_long("resource"));
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(resources),
+            }
+        }
+        Err(self.too_long("resource"))
+    }
+
+    /// `resources/read`: the contents, each as the JSON the server sent.
+    pub async fn read_resource(
+        &self,
+        uri: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, ClientError> {
+        let result = self
+            .request(
+                timeout,
+                self.service
+                    .peer()
+                    .read_resource(ReadResourceRequestParams::new(uri)),
+            )
+            .await?;
+        result
+            .contents
+            .iter()
+            .map(|content| serde_json::to_value(content).map_err(|_| self.protocol()))
+            .collect()
+    }
+
+    /// Every page of `prompts/list`.
+    pub async fn list_prompts(&self, timeout: Duration) -> Result<Vec<RemotePrompt>, ClientError> {
+        let mut prompts = Vec::new();
+        let mut cursor = None;
+        for _ in 0..MAXIMUM_PAGES {
+            let page = self
+                .request(timeout, self.service.peer().list_prompts(page(cursor)))
+                .await?;
+            for prompt in page.prompts {
+                prompts.push(RemotePrompt {
+                    name: prompt.name,
+                    description: prompt.description,
+                    arguments: prompt
+                        .arguments
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|argument| PromptArgument {
+                            name: argument.name,
+                            description: argument.description,
+                            required: argument.required.unwrap_or(false),
+                        })
+                        .collect(),
+                });
+            }
+            if prompts.len() > MAXIMUM_ENTRIES {
+                return Err(self.too_long("prompt"));
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(prompts),
+            }
+        }
+        Err(self.too_long("prompt"))
+    }
+
+    /// `prompts/get`: the messages, each as the JSON the server sent.
+    pub async fn get_prompt(
+        &self,
+        name: &str,
+        arguments: Map<String, Value>,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, ClientError> {
+        let result = self
+            .request(
+                timeout,
+                self.service.peer().get_prompt(
+                    GetPromptRequestParams::new(name.to_owned()).with_arguments(arguments),
+                ),
+            )
+            .await?;
+        result
+            .messages
+            .iter()
+            .map(|message| serde_json::to_value(message).map_err(|_| self.protocol()))
+            .collect()
+    }
+
+    /// `tools/call` within `timeout`.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Map<String, Value>,
+        timeout: Duration,
+    ) -> Result<RemoteCall, ClientError> {
+        let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        let result = self
+            .request(timeout, self.service.peer().call_tool(params))
+            .await?;
+        let content = result
+            .content
+            .iter()
+            .map(|block| serde_json::to_value(block).map_err(|_| self.protocol()))
+            .collect::<Result<Vec<Value>, ClientError>>()?;
+        Ok(RemoteCall {
+            content,
+            structured: result.structured_content,
+            is_error: result.is_error.unwrap_or(false),
+        })
+    }
+
+    /// Ends the session: the pipe closes, then the whole process group gets
+    /// SIGTERM and, after `grace`, SIGKILL.
+    pub async fn close(mut self, grace: Duration) {
+        let _ = self.service.close_with_timeout(grace).await;
+        child::terminate(&mut self.child, grace).await;
+    }
+
+    async fn request<T>(
+        &self,
+        timeout: Duration,
+        request: impl Future<Output = Result<T, ServiceError>>,
+    ) -> Result<T, ClientError> {
+        match tokio::time::timeout(timeout, request).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => Err(self.service_error(error)),
+            Err(_) => Err(ClientError::RequestTimeout {
+                server_id: self.server_id.clone(),
+            }),
+        }
+    }
+
+    fn service_error(&self, error: ServiceError) -> ClientError {
+        let server_id = self.server_id.clone();
+        match error {
+            ServiceError::McpError(error) => ClientError::Remote {
+                server_id,
+                code: error.code.0,
+                external_text: error.message.into_owned(),
+            },
+            ServiceError::Timeout { .. } => ClientError::RequestTimeout { server_id },
+            ServiceError::UnexpectedResponse | ServiceError::InputRequiredRoundsExceeded { .. } => {
+                ClientError::Protocol { server_id }
+            }
+            _ if self.signals.declined.load(Ordering::Relaxed) => {
+                ClientError::CapabilityRequired { server_id }
+            }
+            _ => ClientError::Closed { server_id },
+        }
+    }
+
+    fn protocol(&self) -> ClientError {
+        ClientError::Protocol {
+            server_id: self.server_id.clone(),
+        }
+    }
+
+    fn too_long(&self, what: &'static str) -> ClientError {
+        ClientError::TooLong {
+            server_id: self.server_id.clone(),
+            what,
+        }
+    }
+}
+
+fn page(cursor: Option<String>) -> Option<PaginatedRequestParams> {
+    Some(PaginatedRequestParams::default().with_cursor(cursor))
+}

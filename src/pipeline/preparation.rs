@@ -1,0 +1,159 @@
+//! Session preparation for MCP servers: discovery results are registered,
+//! and the server rows, catalog generations and events of one preparation
+//! are written in one transaction, in configured-server order, so a failure
+//! commits none of them and pins and event order stay deterministic.
+
+use std::collections::HashMap;
+
+use crate::domain::{ReasonCode, SkillMetadata, ToolSource};
+use crate::ports::{
+    CatalogEntry, CatalogGeneration, Clock, DiscoveryOutcome, McpEvent, McpServers,
+    PreparationRecord, Store, StoreError,
+};
+
+use super::registry::{RejectionReason, ToolRegistry};
+use super::validation::SchemaError;
+
+/// What a preparation registered and recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PreparedCatalog {
+    /// Registry names now registered, in configured-server order.
+    pub registered: Vec<String>,
+    /// Skills the servers' prompts became.
+    pub skills: Vec<SkillMetadata>,
+    /// The events written, in order.
+    pub events: Vec<McpEvent>,
+}
+
+/// Discovers every configured server, registers what it found and records
+/// the preparation.
+pub async fn prepare_mcp(
+    registry: &ToolRegistry,
+    store: &dyn Store,
+    clock: &dyn Clock,
+    tenant_id: &str,
+    servers: &dyn McpServers,
+) -> Result<PreparedCatalog, StoreError> {
+    let mut prepared = PreparedCatalog::default();
+    let mut record = PreparationRecord::default();
+    for discovery in servers.discover().await {
+        let server_id = discovery.server.server_id.clone();
+        let transport = discovery.server.transport;
+        record.servers.push(discovery.server);
+        let tools = discovery.tools.len();
+        let catalog_hash = match (discovery.outcome, discovery.catalog_hash) {
+            (DiscoveryOutcome::Connected { duration_ms }, Some(hash)) => {
+                record.events.push(McpEvent::ServerConnected {
+                    server_id: server_id.clone(),
+                    transport,
+                    tools,
+                    duration_ms,
+                });
+                hash
+            }
+            (DiscoveryOutcome::Pinned, Some(hash)) => {
+                record.events.push(McpEvent::ServerPinned {
+                    server_id: server_id.clone(),
+                    transport,
+                    tools,
+                });
+                hash
+            }
+            (outcome, _) => {
+                // A server without a catalog is left out; the session goes on.
+                let reason_code = match outcome {
+                    DiscoveryOutcome::Failed { reason_code } => reason_code,
+                    _ => ReasonCode::ToolServerUnreachable,
+                };
+                record.events.push(McpEvent::ServerDisconnected {
+                    server_id,
+                    reason_code,
+                });
+                continue;
+            }
+        };
+        for remote_names in discovery.conflicts {
+            record.events.push(McpEvent::CatalogConflict {
+                server_id: server_id.clone(),
+                remote_names,
+            });
+        }
+        let remote_names: HashMap<String, String> = discovery
+            .tools
+            .iter()
+            .map(|found| (found.tool.spec().name.clone(), found.remote_name.clone()))
+            .collect();
+        let report = registry.register_dynamic(
+            discovery
+                .tools
+                .iter()
+                .map(|found| found.tool.clone())
+                .collect(),
+            ToolSource::Mcp,
+        );
+        for rejection in &report.rejected {
+            record.events.push(McpEvent::ToolRejected {
+                server_id: server_id.clone(),
+                remote_name: remote_names
+                    .get(&rejection.name)
+                    .cloned()
+                    .unwrap_or_else(|| rejection.name.clone()),
+                reason: slug(&rejection.cause).to_owned(),
+            });
+        }
+        let mut entries = Vec::with_capacity(report.registered.len());
+        for name in &report.registered {
+            if let Ok(registered) = registry.get(name, Some(&catalog_hash)) {
+                entries.push(CatalogEntry {
+                    remote_name: remote_names.get(name).cloned().unwrap_or_default(),
+                    registry_name: name.clone(),
+                    input_schema: registered.spec.input_schema.clone(),
+                });
+            }
+        }
+        record.generations.push(CatalogGeneration {
+            server_id,
+            catalog_hash,
+            entries,
+        });
+        prepared.registered.extend(report.registered);
+        prepared.skills.extend(discovery.skills);
+    }
+    store
+        .record_preparation(tenant_id, &record, clock.now())
+        .await?;
+    prepared.events = record.events;
+    Ok(prepared)
+}
+
+/// A stable, content-free reason for `mcp.tool.rejected`: a rejection's
+/// message can quote a server's property names, which are external text.
+pub fn slug(reason: &RejectionReason) -> &'static str {
+    match reason {
+        RejectionReason::Name(_) => "name",
+        RejectionReason::UnknownDomain(_) => "unknown_domain",
+        RejectionReason::ReservedDomain(_) => "reserved_domain",
+        RejectionReason::ControlOnlyDomain(_) => "control_only_domain",
+        RejectionReason::ControlSetClosed => "control_set_closed",
+        RejectionReason::ControlConstraint => "control_constraint",
+        RejectionReason::McpNamespace => "mcp_namespace",
+        RejectionReason::DeviceNamespace => "device_namespace",
+        RejectionReason::TargetSource { .. } => "target_source",
+        RejectionReason::TargetPin(_) => "target_pin",
+        RejectionReason::InputSchema(error) => match error {
+            SchemaError::NotObjectSchema => "input_schema.not_object",
+            SchemaError::Dialect { .. } => "input_schema.dialect",
+            SchemaError::RemoteReference { .. } => "input_schema.remote_reference",
+            SchemaError::TooDeep { .. } => "input_schema.too_deep",
+            SchemaError::TooLarge { .. } => "input_schema.too_large",
+            SchemaError::NoCanonicalForm(_) => "input_schema.no_canonical_form",
+            SchemaError::Invalid { .. } => "input_schema.invalid",
+        },
+        RejectionReason::OutputSchema(_) => "output_schema",
+        RejectionReason::OutputCeiling { .. } => "output_ceiling",
+        RejectionReason::ZeroLimit => "zero_limit",
+        RejectionReason::SourceNotDynamic(_) => "source_not_dynamic",
+        RejectionReason::SourceMismatch { .. } => "source_mismatch",
+        RejectionReason::Duplicate => "duplicate",
+    }
+}
