@@ -14,6 +14,10 @@ use crate::domain::{CanonicalArguments, CanonicalError, canonicalize, sha256_hex
 
 /// The only dialect accepted.
 pub const DRAFT_2020_12: &str = "https://json-schema.org/draft/2020-12/schema";
+/// Draft-07, which most MCP servers still declare. A remote draft-07 schema
+/// is accepted as 2020-12 when it uses no keyword whose meaning changed
+/// between the two (array-form `items`, `additionalItems`, `dependencies`).
+pub const DRAFT_07: &str = "http://json-schema.org/draft-07/schema";
 /// Depth cap for schemas that arrive from outside (MCP, devices).
 pub const REMOTE_SCHEMA_MAXIMUM_DEPTH: usize = 16;
 /// Serialized size cap for schemas that arrive from outside.
@@ -135,14 +139,22 @@ impl CompiledSchema {
             Some(Value::String(kind)) if kind == "object" => {}
             Some(_) => return Err(SchemaError::NotObjectSchema),
         }
-        if let Some(dialect) = root.get("$schema")
-            && dialect.as_str().map(|d| d.trim_end_matches('#')) != Some(DRAFT_2020_12)
-        {
-            return Err(SchemaError::Dialect {
-                pointer: "/$schema".into(),
-            });
-        }
         let mut prepared = schema.clone();
+        if let Some(dialect) = root.get("$schema") {
+            let dialect = dialect.as_str().map(|d| d.trim_end_matches('#'));
+            let translatable = origin == SchemaOrigin::Remote
+                && dialect == Some(DRAFT_07)
+                && !uses_changed_keywords(schema, 0);
+            if dialect != Some(DRAFT_2020_12) && !translatable {
+                return Err(SchemaError::Dialect {
+                    pointer: "/$schema".into(),
+                });
+            }
+            if translatable && let Value::Object(map) = &mut prepared {
+                // Every keyword it uses means the same in 2020-12.
+                map.remove("$schema");
+            }
+        }
         prepare(&mut prepared, &mut String::new(), Position::Root)?;
         let validator = jsonschema::draft202012::options()
             .build(&prepared)
@@ -414,6 +426,26 @@ fn declares_defaults(schema: &Value, depth: usize) -> bool {
         })
 }
 
+/// Whether a draft-07 schema uses a keyword 2020-12 reads differently. A
+/// property merely named like one is refused too: cheaper than telling
+/// them apart, and only ever a refusal.
+fn uses_changed_keywords(schema: &Value, depth: usize) -> bool {
+    if depth > REMOTE_SCHEMA_MAXIMUM_DEPTH {
+        return true;
+    }
+    match schema {
+        Value::Object(map) => map.iter().any(|(key, value)| {
+            matches!(key.as_str(), "additionalItems" | "dependencies")
+                || (key == "items" && value.is_array())
+                || uses_changed_keywords(value, depth + 1)
+        }),
+        Value::Array(items) => items
+            .iter()
+            .any(|item| uses_changed_keywords(item, depth + 1)),
+        _ => false,
+    }
+}
+
 /// Nesting depth of a JSON value: a scalar is 0, the root object 1.
 pub fn json_depth(value: &Value) -> usize {
     // Iterative, so a hostile schema cannot exhaust the stack here.
@@ -567,6 +599,21 @@ mod tests {
         let old = json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"});
         assert!(matches!(
             CompiledSchema::compile(&old, SchemaOrigin::Local),
+            Err(SchemaError::Dialect { .. })
+        ));
+        // A remote draft-07 schema whose keywords mean the same is read as
+        // 2020-12; one using array-form items is not.
+        let remote = CompiledSchema::compile(&old, SchemaOrigin::Remote).unwrap();
+        assert!(remote.validate(json!({})).is_ok());
+        let tuple = json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+            "properties": {"pair": {"type": "array", "items": [{"type": "string"}]}}});
+        assert!(matches!(
+            CompiledSchema::compile(&tuple, SchemaOrigin::Remote),
+            Err(SchemaError::Dialect { .. })
+        ));
+        let other = json!({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object"});
+        assert!(matches!(
+            CompiledSchema::compile(&other, SchemaOrigin::Remote),
             Err(SchemaError::Dialect { .. })
         ));
         let invalid = json!({"type": "object", "properties": {"a": {"type": 12}}});

@@ -1,7 +1,7 @@
 //! MCP catalogs meeting the registry: hostile declarations are rejected one
 //! by one and the rest of the server's catalog stands.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use toolgate::adapters::mcp::catalog::{RemoteTool, map_catalog};
 use toolgate::domain::mcp_server::ServerClassification;
 use toolgate::domain::{ToolSource, TrustLevel};
@@ -258,6 +258,7 @@ impl Live {
             "mcp.reads.use",
             "mcp.writes.use",
             "mcp.everything.use",
+            "mcp.time.use",
         ]
         .into_iter()
         .map(str::to_owned)
@@ -803,5 +804,219 @@ async fn idle_connections_close_and_in_flight_calls_hold_theirs() {
         ToolOutcomeStatus::Succeeded,
         "{outcome:?}"
     );
+    live.servers.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Third-party servers, installed by scripts/test (pinned versions, outside
+// the clone): the reference server over stdio, mcp-server-time and
+// mcp-server-git.
+
+/// Where scripts/test installed the third-party servers.
+fn third_party() -> PathBuf {
+    let root = PathBuf::from(
+        std::env::var("TOOLGATE_MCP_SERVERS")
+            .unwrap_or_else(|_| "/var/tmp/toolgate-mcp-servers".into()),
+    );
+    assert!(
+        root.join("node").exists() && root.join("python").exists(),
+        "third-party MCP servers are not installed at {}: run the tests with scripts/test",
+        root.display()
+    );
+    root
+}
+
+fn everything(folder: &Path, timeout_seconds: u32) -> StdioServerSettings {
+    let script = third_party()
+        .join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let mut classification = reads("everything");
+    classification.timeout_seconds = timeout_seconds;
+    settings(
+        "everything",
+        Path::new("/usr/bin/node"),
+        &[script.to_str().unwrap(), "stdio"],
+        &[("NODE_ENV", "production".to_owned())],
+        classification,
+        &folder.join("state"),
+    )
+}
+
+/// Gate 16 against the reference server's `get-env`, plus its `echo`,
+/// `get-sum`, and a long-running call that times out.
+#[tokio::test]
+async fn gate_16_server_everything_sees_only_its_built_environment() {
+    let sentinel = format!("sentinel-{}", Uuid::new_v4().simple());
+    // SAFETY: a name no other code reads; std serializes its own env access.
+    unsafe { std::env::set_var("TOOLGATE_GATE16_EVERYTHING", &sentinel) };
+    let (store, _db) = sqlite().await;
+    let live = live(store, |folder| vec![everything(folder, 3)]).await;
+    let prepared = live.prepare().await;
+    assert!(
+        prepared
+            .registered
+            .contains(&"mcp.everything.get_env".to_owned()),
+        "{prepared:?}"
+    );
+
+    let outcome = live.call("mcp.everything.get_env", json!({})).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    let text = text_of(finished(&outcome));
+    assert!(!text.contains(&sentinel), "the sentinel leaked: {text}");
+    assert!(
+        !text.contains("CARGO"),
+        "toolgate's environment leaked: {text}"
+    );
+    let start = text.find('{').expect("get-env returns a JSON object");
+    let end = text.rfind('}').unwrap();
+    let environment: Map<String, Value> = serde_json::from_str(&text[start..=end]).unwrap();
+    let names: BTreeSet<&str> = environment.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["HOME", "LANG", "NODE_ENV", "PATH", "TMPDIR"]),
+        "{text}"
+    );
+
+    let outcome = live
+        .call("mcp.everything.echo", json!({"message": "hello there"}))
+        .await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    assert!(text_of(finished(&outcome)).contains("hello there"));
+
+    let outcome = live
+        .call("mcp.everything.get_sum", json!({"a": 2, "b": 40}))
+        .await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    assert!(text_of(finished(&outcome)).contains("42"));
+
+    // Ten seconds against a three-second tool timeout.
+    let outcome = live
+        .call(
+            "mcp.everything.trigger_long_running_operation",
+            json!({"duration": 10, "steps": 2}),
+        )
+        .await;
+    assert_eq!(status(&outcome), ToolOutcomeStatus::Failed, "{outcome:?}");
+    assert_eq!(code(&outcome), Some(ReasonCode::ToolTimeout));
+    // And the server still answers.
+    let outcome = live
+        .call("mcp.everything.echo", json!({"message": "after"}))
+        .await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    live.servers.shutdown().await;
+}
+
+#[tokio::test]
+async fn mcp_server_time_answers_through_the_pipeline() {
+    let (store, _db) = sqlite().await;
+    let live = live(store, |folder| {
+        vec![settings(
+            "time",
+            &third_party().join("python/bin/mcp-server-time"),
+            &[],
+            &[],
+            reads("time"),
+            &folder.join("state"),
+        )]
+    })
+    .await;
+    let prepared = live.prepare().await;
+    assert!(
+        prepared
+            .registered
+            .contains(&"mcp.time.get_current_time".to_owned()),
+        "{prepared:?}"
+    );
+    let outcome = live
+        .call("mcp.time.get_current_time", json!({"timezone": "Etc/UTC"}))
+        .await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    assert!(text_of(finished(&outcome)).contains("Etc/UTC"));
+    live.servers.shutdown().await;
+}
+
+/// `git_commit` as a real non-idempotent effect: the server is killed after
+/// the commit lands (by the repository's post-commit hook, so the kill is
+/// after dispatch every time). The call is UNCERTAIN, is never retried, and
+/// `git log` shows one commit.
+#[tokio::test]
+async fn a_git_commit_killed_after_dispatch_is_uncertain_and_never_retried() {
+    let (store, _db) = sqlite().await;
+    let repository = tempfile::tempdir().unwrap();
+    let repo = repository.path();
+    let git = |args: &[&str]| {
+        let output = std::process::Command::new("git")
+            .args(args)
+            .current_dir(repo)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "git {args:?}: {output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    git(&["init", "-q", "."]);
+    git(&["config", "user.email", "test@example.com"]);
+    git(&["config", "user.name", "test"]);
+    std::fs::write(repo.join("file.txt"), "one\n").unwrap();
+    git(&["add", "file.txt"]);
+    let hook = repo.join(".git/hooks/post-commit");
+    std::fs::write(&hook, "#!/bin/sh\nkill -9 $PPID\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let repo_text = repo.display().to_string();
+    let live = live(store, |folder| {
+        let mut classification = ServerClassification::most_restrictive(20, 65536);
+        classification.required_scopes = BTreeSet::from(["mcp.writes.use".to_owned()]);
+        vec![settings(
+            "writes",
+            &third_party().join("python/bin/mcp-server-git"),
+            &["--repository", &repo_text],
+            &[],
+            classification,
+            &folder.join("state"),
+        )]
+    })
+    .await;
+    let prepared = live.prepare().await;
+    assert!(
+        prepared
+            .registered
+            .contains(&"mcp.writes.git_commit".to_owned()),
+        "{prepared:?}"
+    );
+    let request = live.request(
+        "mcp.writes.git_commit",
+        json!({"repo_path": repo_text, "message": "from toolgate"}),
+    );
+    let outcome = live.harness.pipeline.call(request.clone()).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Uncertain,
+        "{outcome:?}"
+    );
+    assert_eq!(code(&outcome), Some(ReasonCode::ToolOutcomeUnknown));
+    // Submitted again: the recorded outcome, no second commit.
+    let again = live.harness.pipeline.call(request).await;
+    assert_eq!(status(&again), ToolOutcomeStatus::Uncertain);
+    assert_eq!(git(&["log", "--oneline"]).lines().count(), 1);
     live.servers.shutdown().await;
 }
