@@ -5,10 +5,17 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
+use crate::adapters::credentials::EnvFileResolver;
+use crate::adapters::mcp::stdio::{StdioServerSettings, StdioServers};
 use crate::adapters::store;
 use crate::config::{Config, ConfigErrors};
-use crate::ports::StoreError;
+use crate::domain::mcp_server::{AuthScheme, ServerClassification};
+use crate::domain::secret::CredentialRef;
+use crate::pipeline::{RegistryLimits, ToolRegistry, register_discoveries};
+use crate::ports::{McpEvent, McpServers, StoreError, SystemClock};
 
 /// Why a command could not run.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +26,9 @@ pub enum AppError {
     /// The store failed.
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// A part could not be started.
+    #[error("{0}")]
+    Startup(String),
 }
 
 /// What `toolgate check-config` reports about a valid file.
@@ -67,6 +77,113 @@ pub async fn migrate(
     let config = Config::load(path, environment)?;
     let store = store::connect(&config.store.url).await?;
     Ok(store.migrate().await?)
+}
+
+/// The operator's stdio servers as the MCP adapter takes them. The file is
+/// already validated, so a scheme or reference that does not parse here
+/// cannot occur; were it to, the server is left without a credential and
+/// fails to connect rather than starting with a guessed one.
+pub fn stdio_settings(config: &Config) -> Vec<StdioServerSettings> {
+    config
+        .mcp
+        .servers
+        .iter()
+        .map(|server| StdioServerSettings {
+            server_id: server.server_id.clone(),
+            program: server.command.clone(),
+            args: server.args.clone(),
+            env: server.env.clone(),
+            auth_scheme: server.auth.scheme.parse().unwrap_or(AuthScheme::None),
+            auth_name: server.auth.name.clone(),
+            credential_ref: server
+                .auth
+                .credential_ref
+                .as_deref()
+                .and_then(|text| CredentialRef::parse(text).ok()),
+            classification: ServerClassification {
+                side_effect: server.side_effect,
+                risk: server.risk,
+                idempotency: server.idempotency,
+                required_scopes: server.required_scopes.iter().cloned().collect(),
+                timeout_seconds: server.timeout_seconds,
+                maximum_output_bytes: server.maximum_output_bytes,
+            },
+            connect_timeout: Duration::from_secs(u64::from(server.connect_timeout_seconds)),
+            request_timeout: Duration::from_secs(u64::from(server.request_timeout_seconds)),
+            idle_timeout: Duration::from_secs(u64::from(server.idle_timeout_seconds)),
+            enabled: server.enabled,
+            state_dir: config.mcp.state_directory.join(&server.server_id),
+        })
+        .collect()
+}
+
+/// What `toolgate discover` found for one server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerReport {
+    /// The server.
+    pub server_id: String,
+    /// `connected`, `pinned` or `disconnected`, with the event's body.
+    pub events: Vec<McpEvent>,
+    /// Registry names that registered.
+    pub registered: Vec<String>,
+    /// Skills its prompts became.
+    pub skills: Vec<String>,
+}
+
+/// `toolgate discover`: connects to every configured stdio server, lists and
+/// maps its catalog and registers it into a scratch registry, exactly as a
+/// session's preparation would, and reports per server; records nothing.
+pub async fn discover(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<Vec<ServerReport>, AppError> {
+    let config = Config::load(path, environment)?;
+    let store = store::connect(&config.store.url).await?;
+    let servers = StdioServers::new(
+        stdio_settings(&config),
+        Arc::new(EnvFileResolver::new(environment.clone())),
+        store,
+        Arc::new(SystemClock),
+    );
+    let registry = ToolRegistry::with_builtins(
+        RegistryLimits {
+            maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+        },
+        Vec::new(),
+    )
+    .map_err(|error| AppError::Startup(error.to_string()))?;
+    let (prepared, _) = register_discoveries(&registry, servers.discover().await);
+    servers.shutdown().await;
+    Ok(config
+        .mcp
+        .servers
+        .iter()
+        .filter(|server| server.enabled)
+        .map(|server| {
+            let prefix = format!("mcp.{}.", server.server_id);
+            ServerReport {
+                server_id: server.server_id.clone(),
+                events: prepared
+                    .events
+                    .iter()
+                    .filter(|event| event.payload()["server"] == server.server_id.as_str())
+                    .cloned()
+                    .collect(),
+                registered: prepared
+                    .registered
+                    .iter()
+                    .filter(|name| name.starts_with(&prefix))
+                    .cloned()
+                    .collect(),
+                skills: prepared
+                    .skills
+                    .iter()
+                    .filter(|skill| skill.name.starts_with(&prefix))
+                    .map(|skill| skill.name.clone())
+                    .collect(),
+            }
+        })
+        .collect())
 }
 
 /// One call (or one recovery sweep) in a process of its own, for the crash

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use toolgate::ports::McpEvent;
 
 /// The tool gateway beside agent sandboxes.
 #[derive(Parser)]
@@ -20,6 +21,13 @@ enum Command {
     CheckConfig {
         /// The TOML file.
         file: PathBuf,
+    },
+    /// Connect to every configured stdio MCP server and report what its
+    /// catalog registers, what is rejected and why; records nothing.
+    Discover {
+        /// The TOML file.
+        #[arg(long, default_value = "config/toolgate.toml")]
+        config: PathBuf,
     },
     /// Run one pipeline job read from standard input (the crash tests' harness).
     #[command(name = "__harness", hide = true)]
@@ -54,6 +62,38 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Discover { config } => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
+            };
+            match runtime.block_on(toolgate::app::discover(&config, &environment)) {
+                Ok(reports) => {
+                    let mut failed = false;
+                    for report in reports {
+                        println!("{}", report.server_id);
+                        for event in &report.events {
+                            failed |= matches!(event, McpEvent::ServerDisconnected { .. });
+                            println!("  {} {}", event.event_type(), event.payload());
+                        }
+                        for name in &report.registered {
+                            println!("  registered {name}");
+                        }
+                        for name in &report.skills {
+                            println!("  skill {name}");
+                        }
+                    }
+                    if failed {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(error) => {
+                    eprintln!("toolgate: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Harness => {
             let Some(runtime) = runtime() else {
                 return ExitCode::FAILURE;

@@ -194,12 +194,30 @@ pub struct EgressConfig {
 }
 
 /// Operator-configured MCP servers.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpConfig {
+    /// One 0700 folder per stdio server under here: its HOME and TMPDIR.
+    #[serde(default = "McpConfig::default_state_directory")]
+    pub state_directory: PathBuf,
     /// stdio servers, spawned with a constructed environment.
     #[serde(default)]
     pub servers: Vec<StdioServerConfig>,
+}
+
+impl McpConfig {
+    fn default_state_directory() -> PathBuf {
+        PathBuf::from("var/mcp")
+    }
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            state_directory: McpConfig::default_state_directory(),
+            servers: Vec::new(),
+        }
+    }
 }
 
 /// One operator-configured stdio server.
@@ -416,6 +434,7 @@ impl Config {
         resolve(&mut self.control.socket);
         resolve(&mut self.bridge.directory);
         resolve(&mut self.artifacts.directory);
+        resolve(&mut self.mcp.state_directory);
         if let Some(file) = self.policy.file.as_mut() {
             resolve(file);
         }

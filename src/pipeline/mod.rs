@@ -17,7 +17,7 @@ pub use executor::{
     CallOutcome, CallRequest, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
     RecoveryReport, StepObserver, Unobserved,
 };
-pub use preparation::{PreparedCatalog, prepare_mcp};
+pub use preparation::{PreparedCatalog, prepare_mcp, register_discoveries};
 pub use registry::{
     PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection,
     RejectionReason, StartupError, ToolNotFound, ToolRegistry,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use crate::domain::{ReasonCode, SkillMetadata, ToolSource};
 use crate::ports::{
     CatalogEntry, CatalogGeneration, Clock, DiscoveryOutcome, McpEvent, McpServers,
-    PreparationRecord, Store, StoreError,
+    PreparationRecord, ServerDiscovery, Store, StoreError,
 };
 
 use super::registry::{RejectionReason, ToolRegistry};
@@ -34,9 +34,23 @@ pub async fn prepare_mcp(
     tenant_id: &str,
     servers: &dyn McpServers,
 ) -> Result<PreparedCatalog, StoreError> {
+    let (prepared, record) = register_discoveries(registry, servers.discover().await);
+    store
+        .record_preparation(tenant_id, &record, clock.now())
+        .await?;
+    Ok(prepared)
+}
+
+/// Registers discoveries in order and builds what a preparation records:
+/// the server rows, one catalog generation per discovered server (the tools
+/// that registered) and the events.
+pub fn register_discoveries(
+    registry: &ToolRegistry,
+    discoveries: Vec<ServerDiscovery>,
+) -> (PreparedCatalog, PreparationRecord) {
     let mut prepared = PreparedCatalog::default();
     let mut record = PreparationRecord::default();
-    for discovery in servers.discover().await {
+    for discovery in discoveries {
         let server_id = discovery.server.server_id.clone();
         let transport = discovery.server.transport;
         record.servers.push(discovery.server);
@@ -119,11 +133,8 @@ pub async fn prepare_mcp(
         prepared.registered.extend(report.registered);
         prepared.skills.extend(discovery.skills);
     }
-    store
-        .record_preparation(tenant_id, &record, clock.now())
-        .await?;
-    prepared.events = record.events;
-    Ok(prepared)
+    prepared.events = record.events.clone();
+    (prepared, record)
 }
 
 /// A stable, content-free reason for `mcp.tool.rejected`: a rejection's

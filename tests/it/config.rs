@@ -200,3 +200,50 @@ fn an_invalid_policy_file_is_reported_at_its_field() {
         "{stderr}"
     );
 }
+
+/// `toolgate discover` on a file naming the scripted server: the operator's
+/// settings reach the child (the catalog it is told to serve, its state
+/// folder under `mcp.state_directory`), rejections are reported with their
+/// stable reasons, and a server that cannot connect fails the command.
+#[test]
+fn discover_reports_each_servers_catalog_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = crate::mcp::scripted_server();
+    let text = format!(
+        "{BASE}\n[mcp]\nstate_directory = \"mcp-state\"\n\n\
+         [[mcp.servers]]\nserver_id = \"hostile\"\ncommand = \"{}\"\n\
+         env = {{ SCRIPTED_CATALOG = \"hostile\" }}\n\
+         side_effect = \"external_read\"\nrisk = \"low\"\nidempotency = \"read_only\"\n",
+        server.display()
+    );
+    let file = write(&dir, &text);
+    let output = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["discover", "--config"])
+        .arg(&file)
+        .env_remove("TOOLGATE_STORE_URL")
+        .output()
+        .expect("toolgate runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout} {output:?}");
+    assert!(stdout.contains("mcp.server.connected"), "{stdout}");
+    assert!(stdout.contains("registered mcp.hostile.ok"), "{stdout}");
+    assert!(
+        stdout.contains("\"reason\":\"input_schema.too_deep\""),
+        "{stdout}"
+    );
+    assert!(stdout.contains("mcp.catalog.conflict"), "{stdout}");
+    assert!(!stdout.contains("IGNORE ALL PREVIOUS"), "{stdout}");
+    assert!(dir.path().join("mcp-state/hostile/tmp").is_dir());
+
+    let failing = text.replace("\"hostile\" }", "\"requires_roots\" }");
+    let file = write(&dir, &failing);
+    let output = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["discover", "--config"])
+        .arg(&file)
+        .env_remove("TOOLGATE_STORE_URL")
+        .output()
+        .expect("toolgate runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{stdout}");
+    assert!(stdout.contains("tool.capability_unsupported"), "{stdout}");
+}
