@@ -1,0 +1,325 @@
+//! An echo through the whole persisted pipeline to
+//! `@modelcontextprotocol/server-everything` over stdio, against a direct
+//! rmcp client call to another child of the same server, interleaved in
+//! blocks in one run so both see the same machine; `demo.echo` through the
+//! same pipeline alongside separates the store's share from the MCP path's.
+//!
+//! `cargo bench --bench mcp` (PostgreSQL when `DATABASE_URL` is set,
+//! embedded SQLite otherwise; `TOOLGATE_BENCH_CALLS` calls per side, default
+//! 2000; the server comes from `scripts/test`'s install, or
+//! `TOOLGATE_MCP_SERVERS`).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::ServiceExt as _;
+use rmcp::model::CallToolRequestParams;
+use serde_json::json;
+use toolgate::adapters::artifacts::FsArtifactStore;
+use toolgate::adapters::credentials::EnvFileResolver;
+use toolgate::adapters::mcp::stdio::{StdioServerSettings, StdioServers};
+use toolgate::adapters::policy::RuleFilePolicy;
+use toolgate::domain::mcp_server::{AuthScheme, ServerClassification};
+use toolgate::domain::{
+    AgentSpec, ArgumentTrust, IdempotencyClass, PolicyProfile, Principal, RiskLevel,
+    RuntimeEnvironment, SideEffectClass, TargetKind, ToolOutcomeStatus, TrustLevel,
+};
+use toolgate::pipeline::{
+    CallRequest, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Worker,
+    WorkerSettings, prepare_mcp,
+};
+use toolgate::ports::{Store, SystemClock};
+use uuid::Uuid;
+
+const BLOCK: usize = 50;
+const MCP_ECHO: &str = "mcp.everything.echo";
+/// The same pipeline on a builtin: what the store costs without MCP.
+const BUILTIN_ECHO: &str = "demo.echo";
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    let servers = PathBuf::from(
+        std::env::var("TOOLGATE_MCP_SERVERS")
+            .unwrap_or_else(|_| "/var/tmp/toolgate-mcp-servers".into()),
+    );
+    let script =
+        servers.join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if !script.exists() {
+        println!(
+            "mcp bench: {} is missing; run scripts/test once",
+            script.display()
+        );
+        return;
+    }
+    let calls: usize = std::env::var("TOOLGATE_BENCH_CALLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let folder = tempfile::tempdir().expect("folder");
+        // On PostgreSQL, a schema of its own, dropped at the end.
+        let schema = format!("bench_mcp_{}", Uuid::new_v4().simple());
+        let mut admin = None;
+        let (store, backend): (Arc<dyn Store>, &str) = match std::env::var("DATABASE_URL") {
+            Ok(admin_url) => {
+                use sqlx::Connection as _;
+                let mut connection = sqlx::PgConnection::connect(&admin_url)
+                    .await
+                    .expect("DATABASE_URL connects");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                    .execute(&mut connection)
+                    .await
+                    .expect("schema");
+                admin = Some(connection);
+                let separator = if admin_url.contains('?') { '&' } else { '?' };
+                let url = format!("{admin_url}{separator}options=-c%20search_path%3D{schema}");
+                (
+                    toolgate::adapters::store::connect(&url)
+                        .await
+                        .expect("store"),
+                    "postgres",
+                )
+            }
+            Err(_) => {
+                let url = format!("sqlite://{}", folder.path().join("bench.db").display());
+                (
+                    toolgate::adapters::store::connect(&url)
+                        .await
+                        .expect("store"),
+                    "sqlite",
+                )
+            }
+        };
+        store.migrate().await.expect("migrations");
+        let registry = Arc::new(
+            ToolRegistry::with_builtins(
+                RegistryLimits {
+                    maximum_output_bytes_ceiling: 1 << 20,
+                },
+                toolgate::builtin::demo::tools(folder.path()),
+            )
+            .expect("registry"),
+        );
+        let clock = Arc::new(SystemClock);
+        let worker = Worker::register(
+            store.clone(),
+            clock.clone(),
+            "bench",
+            WorkerSettings::default(),
+        )
+        .await
+        .expect("worker");
+        let pipeline = Arc::new(Pipeline::new(PipelineParts {
+            registry: registry.clone(),
+            store: store.clone(),
+            policy: Arc::new(
+                RuleFilePolicy::parse("[[rules]]\ntools = [\"*\"]\ndecision = \"allow\"\n")
+                    .expect("policy"),
+            ),
+            artifacts: Arc::new(FsArtifactStore::new(folder.path().join("artifacts"))),
+            credentials: Arc::new(EnvFileResolver::default()),
+            clock: clock.clone(),
+            observer: Arc::new(toolgate::pipeline::Unobserved),
+            worker_id: worker.id(),
+            settings: PipelineSettings {
+                inline_maximum_bytes: 4096,
+            },
+        }));
+        let node = PathBuf::from("/usr/bin/node");
+        let everything = StdioServers::new(
+            vec![StdioServerSettings {
+                server_id: "everything".into(),
+                program: node.display().to_string(),
+                args: vec![script.display().to_string(), "stdio".into()],
+                env: Default::default(),
+                auth_scheme: AuthScheme::None,
+                auth_name: None,
+                credential_ref: None,
+                classification: ServerClassification {
+                    side_effect: SideEffectClass::ExternalRead,
+                    risk: RiskLevel::Low,
+                    idempotency: IdempotencyClass::ReadOnly,
+                    required_scopes: BTreeSet::new(),
+                    timeout_seconds: 30,
+                    maximum_output_bytes: 65536,
+                },
+                connect_timeout: Duration::from_secs(30),
+                request_timeout: Duration::from_secs(30),
+                idle_timeout: Duration::from_secs(900),
+                enabled: true,
+                state_dir: folder.path().join("state/everything"),
+            }],
+            Arc::new(EnvFileResolver::default()),
+            store.clone(),
+            clock.clone(),
+        );
+        let prepared = prepare_mcp(
+            &registry,
+            store.as_ref(),
+            clock.as_ref(),
+            "bench",
+            &everything,
+        )
+        .await
+        .expect("preparation");
+        assert!(
+            prepared
+                .registered
+                .contains(&"mcp.everything.echo".to_owned())
+        );
+        let agent = AgentSpec {
+            tools: vec!["mcp.*".into(), "demo.echo".into()],
+        };
+        let principal = Principal {
+            id: "bench".into(),
+            scopes: BTreeSet::from(["demo.use".to_owned()]),
+        };
+        let pinned = registry.specs_for_session(
+            &agent,
+            &principal,
+            &PolicyProfile::default(),
+            &RuntimeEnvironment {
+                targets: [TargetKind::McpServer, TargetKind::InProcess].into(),
+            },
+        );
+
+        // The direct side: a plain rmcp client on its own child.
+        let mut child = tokio::process::Command::new(&node)
+            .arg(&script)
+            .arg("stdio")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("server starts");
+        let transport = (
+            child.stdout.take().expect("stdout"),
+            child.stdin.take().expect("stdin"),
+        );
+        let direct = ().serve(transport).await.expect("handshake");
+
+        let session_id = Uuid::new_v4();
+        let toolgate_call = |tool: &'static str, i: usize| {
+            let request = CallRequest {
+                tenant_id: "bench".into(),
+                session_id,
+                run_id: Uuid::new_v4(),
+                step_number: 1,
+                call_id: format!("call-{i}"),
+                name: tool.into(),
+                arguments: if tool == "demo.echo" {
+                    json!({"text": format!("hello {i}")})
+                } else {
+                    json!({"message": format!("hello {i}")})
+                },
+                principal: principal.clone(),
+                agent: agent.clone(),
+                pinned: pinned.clone(),
+                origin_trust: TrustLevel::User,
+                argument_trust: ArgumentTrust::default(),
+                deadline_at: Some(chrono::Utc::now() + chrono::Duration::seconds(60)),
+                parallel_group: None,
+                recovering: None,
+            };
+            let pipeline = pipeline.clone();
+            async move {
+                let started = Instant::now();
+                let outcome = pipeline.call(request).await;
+                assert_eq!(
+                    outcome.status(),
+                    Some(ToolOutcomeStatus::Succeeded),
+                    "{outcome:?}"
+                );
+                started.elapsed()
+            }
+        };
+        let direct_call = |i: usize| {
+            let peer = direct.peer().clone();
+            async move {
+                let params = CallToolRequestParams::new("echo").with_arguments(
+                    json!({"message": format!("hello {i}")})
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+                let started = Instant::now();
+                peer.call_tool(params).await.expect("direct echo");
+                started.elapsed()
+            }
+        };
+        // Warm both.
+        for i in 0..BLOCK {
+            toolgate_call(MCP_ECHO, i).await;
+            toolgate_call(BUILTIN_ECHO, i).await;
+            direct_call(i).await;
+        }
+        let (mut through, mut plain) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
+        let mut builtin = Vec::with_capacity(calls);
+        let mut i = BLOCK;
+        while through.len() < calls {
+            for _ in 0..BLOCK {
+                through.push(toolgate_call(MCP_ECHO, i).await);
+                i += 1;
+            }
+            for _ in 0..BLOCK {
+                builtin.push(toolgate_call(BUILTIN_ECHO, i).await);
+                i += 1;
+            }
+            for _ in 0..BLOCK {
+                plain.push(direct_call(i).await);
+                i += 1;
+            }
+        }
+        through.sort();
+        plain.sort();
+        builtin.sort();
+        let (b50, b99) = (percentile(&builtin, 0.5), percentile(&builtin, 0.99));
+        let (t50, t99) = (percentile(&through, 0.5), percentile(&through, 0.99));
+        let (d50, d99) = (percentile(&plain, 0.5), percentile(&plain, 0.99));
+        println!(
+            "mcp echo, {calls} calls per side, store {backend}, interleaved in blocks of {BLOCK}"
+        );
+        println!("{:>28} | {:>9} | {:>9}", "", "p50", "p99");
+        println!(
+            "{:>28} | {:>9.2?} | {:>9.2?}",
+            "toolgate pipeline (stdio)", t50, t99
+        );
+        println!(
+            "{:>28} | {:>9.2?} | {:>9.2?}",
+            "toolgate pipeline demo.echo", b50, b99
+        );
+        println!(
+            "{:>28} | {:>9.2?} | {:>9.2?}",
+            "direct rmcp client (stdio)", d50, d99
+        );
+        println!(
+            "{:>28} | {:>9.2} | {:>9.2}",
+            "ratio",
+            t50.as_secs_f64() / d50.as_secs_f64(),
+            t99.as_secs_f64() / d99.as_secs_f64()
+        );
+        let _ = direct.cancel().await;
+        everything.shutdown().await;
+        worker.release().await.ok();
+        if let Some(mut admin) = admin {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&mut admin)
+                .await
+                .ok();
+        }
+    });
+}
