@@ -246,6 +246,23 @@ pub struct Connection {
     child: Child,
     features: ServerFeatures,
     signals: Arc<Signals>,
+    /// The child's process group while it may still have members; cleared
+    /// once `close` has ended it.
+    group: Option<i32>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // A connection dropped without `close` (a dead server forgotten, a
+        // cancelled preparation) still ends everything its child started.
+        // The unreaped leader keeps the group id from being reused.
+        if let Some(group) = self.group.take() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(group),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
 }
 
 impl std::fmt::Debug for Connection {
@@ -303,12 +320,14 @@ impl Connection {
                 prompts: info.capabilities.prompts.is_some(),
             })
             .unwrap_or_default();
+        let group = child.id().and_then(|id| i32::try_from(id).ok());
         Ok(Connection {
             server_id,
             service,
             child,
             features,
             signals,
+            group,
         })
     }
 
@@ -497,6 +516,7 @@ impl Connection {
     pub async fn close(mut self, grace: Duration) {
         let _ = self.service.close_with_timeout(grace).await;
         child::terminate(&mut self.child, grace).await;
+        self.group = None;
     }
 
     async fn request<T>(

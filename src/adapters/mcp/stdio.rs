@@ -935,6 +935,22 @@ impl StdioServers {
         closed
     }
 
+    /// Runs [`StdioServers::close_idle`] every [`StdioServers::sweep_period`]
+    /// until the servers are dropped.
+    pub fn spawn_idle_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let servers = Arc::downgrade(self);
+        let period = self.sweep_period();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(servers) = servers.upgrade() else {
+                    return;
+                };
+                servers.close_idle().await;
+            }
+        })
+    }
+
     /// How often [`StdioServers::close_idle`] should run: every 30 s, or the
     /// shortest idle timeout if that is shorter.
     pub fn sweep_period(&self) -> Duration {
