@@ -8,14 +8,23 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
+use crate::adapters::artifacts::FsArtifactStore;
 use crate::adapters::credentials::EnvFileResolver;
 use crate::adapters::mcp::stdio::{StdioServerSettings, StdioServers};
+use crate::adapters::policy::RuleFilePolicy;
 use crate::adapters::store;
+use crate::api::{ApiParts, ApiSettings, ControlApi};
+use crate::bridge::Turns;
 use crate::config::{Config, ConfigErrors};
 use crate::domain::mcp_server::{AuthScheme, ServerClassification};
 use crate::domain::secret::CredentialRef;
-use crate::pipeline::{RegistryLimits, ToolRegistry, register_discoveries};
-use crate::ports::{McpEvent, McpServers, StoreError, SystemClock};
+use crate::pipeline::{
+    Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
+    WorkerSettings, register_discoveries,
+};
+use crate::ports::{Clock, McpEvent, McpServers, PolicyEngine, StoreError, SystemClock};
 
 /// Why a command could not run.
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +193,173 @@ pub async fn discover(
             }
         })
         .collect())
+}
+
+/// How `toolgate serve` runs.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Apply pending migrations instead of refusing to start.
+    pub migrate: bool,
+}
+
+/// `toolgate serve`: loads and validates the configuration, refuses pending
+/// migrations unless told to apply them, registers a worker and runs
+/// recovery, then serves the control API and the bridge until SIGTERM or
+/// SIGINT. The first signal drains (no new calls; in-flight calls finish or
+/// reach their deadline; turns, transports and sockets close; the lease is
+/// released); a second one forces the exit.
+pub async fn serve(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+    options: ServeOptions,
+) -> Result<(), AppError> {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    check_config(path, environment)?;
+    let config = Config::load(path, environment)?;
+    let store = store::connect(&config.store.url).await?;
+    let pending = store.pending_migrations().await?;
+    if !pending.is_empty() {
+        if !options.migrate {
+            return Err(AppError::Startup(format!(
+                "the store has {} pending migration(s); run `toolgate migrate` or `toolgate serve --migrate`",
+                pending.len()
+            )));
+        }
+        store.migrate().await?;
+    }
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let state = config
+        .artifacts
+        .directory
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| config.artifacts.directory.clone());
+    let registry = Arc::new(
+        ToolRegistry::with_builtins(
+            RegistryLimits {
+                maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+            },
+            crate::builtin::demo::tools(&state.join("demo")),
+        )
+        .map_err(|error| AppError::Startup(error.to_string()))?,
+    );
+    let policy: Arc<dyn PolicyEngine> = match &config.policy.file {
+        Some(file) => Arc::new(
+            RuleFilePolicy::load(file).map_err(|error| AppError::Startup(error.to_string()))?,
+        ),
+        None => Arc::new(RuleFilePolicy::built_in()),
+    };
+    let credentials = Arc::new(EnvFileResolver::new(environment.clone()));
+    let worker = Arc::new(
+        Worker::register(
+            store.clone(),
+            clock.clone(),
+            &node_name(environment),
+            WorkerSettings::default(),
+        )
+        .await?,
+    );
+    let pipeline = Arc::new(Pipeline::new(PipelineParts {
+        registry: registry.clone(),
+        store: store.clone(),
+        policy,
+        artifacts: Arc::new(FsArtifactStore::new(config.artifacts.directory.clone())),
+        credentials: credentials.clone(),
+        clock: clock.clone(),
+        observer: Arc::new(Unobserved),
+        worker_id: worker.id(),
+        settings: PipelineSettings {
+            inline_maximum_bytes: config.limits.inline_maximum_bytes,
+        },
+    }));
+    let servers = Arc::new(StdioServers::new(
+        stdio_settings(&config),
+        credentials,
+        store.clone(),
+        clock.clone(),
+    ));
+    let sweeper = servers.spawn_idle_sweeper();
+    let turns = Turns::new(&config.bridge.directory)
+        .map_err(|error| AppError::Startup(error.to_string()))?;
+    let api = ControlApi::new(ApiParts {
+        pipeline: pipeline.clone(),
+        registry,
+        store: store.clone(),
+        clock,
+        mcp: servers.clone(),
+        turns,
+        settings: ApiSettings {
+            approval_hold: Duration::from_secs(u64::from(config.bridge.approval_hold_seconds)),
+            turn_call_cap: config.bridge.turn_call_cap,
+            batch_concurrency: usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
+            ..ApiSettings::default()
+        },
+    });
+    let listener = bind_control(&config.control.socket)?;
+    let shutdown = CancellationToken::new();
+    // Recovery runs first, then heartbeats and periodic sweeps.
+    let maintenance = worker.clone().spawn(pipeline, shutdown.clone());
+    let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
+    tracing::info!(socket = %config.control.socket.display(), "toolgate serving");
+    eprintln!("toolgate: serving on {}", config.control.socket.display());
+
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|error| AppError::Startup(error.to_string()))?;
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|error| AppError::Startup(error.to_string()))?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    eprintln!("toolgate: draining");
+    let drain = async {
+        api.drain().await;
+        shutdown.cancel();
+        let _ = serving.await;
+        let _ = maintenance.await;
+        sweeper.abort();
+        servers.shutdown().await;
+    };
+    tokio::select! {
+        _ = drain => {}
+        _ = terminate.recv() => eprintln!("toolgate: forced"),
+        _ = interrupt.recv() => eprintln!("toolgate: forced"),
+    }
+    let _ = std::fs::remove_file(&config.control.socket);
+    worker.release().await?;
+    eprintln!("toolgate: stopped");
+    Ok(())
+}
+
+fn node_name(environment: &BTreeMap<String, String>) -> String {
+    environment
+        .get("HOSTNAME")
+        .cloned()
+        .unwrap_or_else(|| "toolgate".to_owned())
+}
+
+/// Binds the control socket (0600), replacing a stale one a crashed process
+/// left behind.
+fn bind_control(socket: &Path) -> Result<tokio::net::UnixListener, AppError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent).map_err(|error| AppError::Startup(error.to_string()))?;
+    }
+    if socket.exists() {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return Err(AppError::Startup(format!(
+                "{} is in use by a running toolgate",
+                socket.display()
+            )));
+        }
+        let _ = std::fs::remove_file(socket);
+    }
+    let listener = tokio::net::UnixListener::bind(socket)
+        .map_err(|error| AppError::Startup(format!("{}: {error}", socket.display())))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|error| AppError::Startup(error.to_string()))?;
+    Ok(listener)
 }
 
 /// One call (or one recovery sweep) in a process of its own, for the crash

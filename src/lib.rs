@@ -6,7 +6,9 @@
 #![forbid(unsafe_code)]
 
 pub mod adapters;
+pub mod api;
 pub mod app;
+pub mod bridge;
 pub mod builtin;
 pub mod config;
 pub mod domain;

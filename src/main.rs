@@ -22,6 +22,16 @@ enum Command {
         /// The TOML file.
         file: PathBuf,
     },
+    /// Run the sidecar: the control API, the bridge, recovery and the MCP
+    /// servers, until SIGTERM (which drains) or a second signal (which forces).
+    Serve {
+        /// The TOML file.
+        #[arg(long, default_value = "config/toolgate.toml")]
+        config: PathBuf,
+        /// Apply pending migrations instead of refusing to start.
+        #[arg(long)]
+        migrate: bool,
+    },
     /// Connect to every configured stdio MCP server and report what its
     /// catalog registers, what is rejected and why; records nothing.
     Discover {
@@ -62,6 +72,19 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Serve { config, migrate } => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
+            };
+            let options = toolgate::app::ServeOptions { migrate };
+            match runtime.block_on(toolgate::app::serve(&config, &environment, options)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("toolgate: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Discover { config } => {
             let Some(runtime) = runtime() else {
                 return ExitCode::FAILURE;

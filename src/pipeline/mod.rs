@@ -17,6 +17,7 @@ pub use executor::{
     CallOutcome, CallRequest, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
     RecoveryReport, StepObserver, Unobserved,
 };
+pub use output::RenderedPart;
 pub use preparation::{PreparedCatalog, prepare_mcp, register_discoveries};
 pub use registry::{
     PinnedTool, PinnedToolSet, RegisteredTool, RegistrationReport, RegistryLimits, Rejection,

@@ -605,7 +605,9 @@ fn module_edge_allowed(from: &str, to: &str) -> bool {
         "pipeline" | "builtin" | "config" => {
             matches!(to, "ports" | "domain") && !(from == "config" && to == "ports")
         }
-        "api" | "bridge" => matches!(to, "pipeline" | "ports" | "domain"),
+        // The control API serves the bridge's sockets, so it may use bridge.
+        "api" => matches!(to, "pipeline" | "ports" | "domain" | "bridge"),
+        "bridge" => matches!(to, "pipeline" | "ports" | "domain"),
         "adapters" => false,
         _ if adapter => matches!(to, "ports" | "domain"),
         // A module outside the table may use nothing until it has a row.

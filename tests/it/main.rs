@@ -6,5 +6,6 @@ mod crash;
 mod gates;
 mod mcp;
 mod pipeline;
+mod serve;
 mod store;
 mod support;

@@ -1,0 +1,992 @@
+//! The control API (ARCHITECTURE.md §2.1) and the HTTP side of the bridge
+//! (§2.2), on unix sockets. Every call either surface takes re-enters the
+//! one pipeline at step 1; nothing here judges a call.
+//!
+//! Requests are size-limited and strictly parsed (unknown fields refused);
+//! every error is `{"error": {"code", "message"}}` and no message echoes a
+//! value from the request or text from a remote.
+
+mod wire;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::bridge::{Refusal, Turn, TurnBinding, Turns, call_id};
+use crate::domain::{
+    ApprovalStatus, ArgumentTrust, IdempotencyClass, PolicyProfile, ReasonCode, RuntimeEnvironment,
+    SideEffectClass, TargetKind, ToolOutcome,
+};
+use crate::pipeline::{
+    CallOutcome, CallRequest, Finished, PinnedToolSet, Pipeline, ToolRegistry, prepare_mcp,
+};
+use crate::ports::{Clock, InvocationRecord, McpServers, Store};
+
+use wire::{
+    ApprovalDecision, BridgeCall, CallsRequest, OpenSession, OpenTurn, error_body, invocation_view,
+    rendered_content,
+};
+
+/// What the API is configured with.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    /// Largest request body accepted.
+    pub body_limit: usize,
+    /// How long a script's call waits for an approval.
+    pub approval_hold: Duration,
+    /// Calls per turn, denied calls included.
+    pub turn_call_cap: u32,
+    /// How long a turn's token lives.
+    pub turn_lifetime: Duration,
+    /// Calls of one parallel batch run at once.
+    pub batch_concurrency: usize,
+    /// How long a drain waits for in-flight requests.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        ApiSettings {
+            body_limit: 1 << 20,
+            approval_hold: Duration::from_secs(300),
+            turn_call_cap: 64,
+            turn_lifetime: Duration::from_secs(3600),
+            batch_concurrency: 8,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A session: what its calls resolve against and act as.
+struct Session {
+    tenant_id: String,
+    principal: crate::domain::Principal,
+    agent: crate::domain::AgentSpec,
+    pinned: Arc<PinnedToolSet>,
+}
+
+/// Counters `/metrics` exposes (no tenant label).
+#[derive(Default)]
+struct Metrics {
+    calls: Mutex<HashMap<(&'static str, &'static str), u64>>,
+    requests_in_flight: AtomicU64,
+    bridge_refusals: AtomicU64,
+}
+
+/// The control API's state: the parts it drives and the sessions and turns
+/// it opened.
+pub struct ControlApi {
+    pipeline: Arc<Pipeline>,
+    registry: Arc<ToolRegistry>,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    mcp: Arc<dyn McpServers>,
+    turns: Turns,
+    turn_servers: Mutex<HashMap<Uuid, CancellationToken>>,
+    sessions: Mutex<HashMap<Uuid, Arc<Session>>>,
+    settings: ApiSettings,
+    draining: AtomicBool,
+    idle: tokio::sync::Notify,
+    metrics: Metrics,
+}
+
+/// The parts a control API is built from.
+pub struct ApiParts {
+    /// The one pipeline.
+    pub pipeline: Arc<Pipeline>,
+    /// The registry sessions pin from.
+    pub registry: Arc<ToolRegistry>,
+    /// The durable record.
+    pub store: Arc<dyn Store>,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+    /// The configured MCP servers.
+    pub mcp: Arc<dyn McpServers>,
+    /// The turns' folder manager.
+    pub turns: Turns,
+    /// Limits.
+    pub settings: ApiSettings,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn reply(status: StatusCode, body: &Value) -> Reply {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Reply {
+    reply(status, &error_body(code, message))
+}
+
+fn not_found() -> Reply {
+    error(StatusCode::NOT_FOUND, "not_found", "no such resource")
+}
+
+/// A request the API refuses before doing anything.
+struct Refused(Box<Reply>);
+
+impl Refused {
+    fn new(reply: Reply) -> Self {
+        Refused(Box::new(reply))
+    }
+}
+
+/// Where a call sits: its session, run, step and batch, and the trust of
+/// what proposed it.
+struct Place {
+    session_id: Uuid,
+    run_id: Uuid,
+    step_number: i64,
+    origin_trust: crate::domain::TrustLevel,
+    deadline_at: Option<chrono::DateTime<Utc>>,
+    parallel_group: Option<Uuid>,
+}
+
+impl ControlApi {
+    /// The API over its parts.
+    pub fn new(parts: ApiParts) -> Arc<Self> {
+        Arc::new(ControlApi {
+            pipeline: parts.pipeline,
+            registry: parts.registry,
+            store: parts.store,
+            clock: parts.clock,
+            mcp: parts.mcp,
+            turns: parts.turns,
+            turn_servers: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            settings: parts.settings,
+            draining: AtomicBool::new(false),
+            idle: tokio::sync::Notify::new(),
+            metrics: Metrics::default(),
+        })
+    }
+
+    /// Serves the control API on `listener` until `shutdown` fires.
+    pub async fn serve_control(
+        self: Arc<Self>,
+        listener: UnixListener,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let stream = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        tracing::warn!(error = %error, "control accept failed");
+                        continue;
+                    }
+                },
+            };
+            let api = self.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let api = api.clone();
+                    async move { Ok::<_, Infallible>(api.tracked(api.control(request)).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    }
+
+    /// Stops taking new work and waits (up to the drain timeout) for
+    /// in-flight requests; then closes every turn.
+    pub async fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + self.settings.drain_timeout;
+        while self.metrics.requests_in_flight.load(Ordering::SeqCst) > 0 {
+            if tokio::time::timeout_at(deadline, self.idle.notified())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        for turn in self.turns.close_all() {
+            self.stop_turn_server(turn.id);
+        }
+    }
+
+    async fn tracked(&self, work: impl Future<Output = Reply>) -> Reply {
+        self.metrics
+            .requests_in_flight
+            .fetch_add(1, Ordering::SeqCst);
+        let reply = work.await;
+        if self
+            .metrics
+            .requests_in_flight
+            .fetch_sub(1, Ordering::SeqCst)
+            == 1
+        {
+            self.idle.notify_waiters();
+        }
+        reply
+    }
+
+    async fn body<T: serde::de::DeserializeOwned>(
+        &self,
+        request: Request<Incoming>,
+    ) -> Result<T, Refused> {
+        let collected = Limited::new(request.into_body(), self.settings.body_limit)
+            .collect()
+            .await
+            .map_err(|_| {
+                Refused::new(error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    "the body is over the limit",
+                ))
+            })?;
+        wire::parse(&collected.to_bytes()).map_err(|message| {
+            Refused::new(error(StatusCode::BAD_REQUEST, "invalid_request", &message))
+        })
+    }
+
+    async fn control(self: &Arc<Self>, request: Request<Incoming>) -> Reply {
+        let path: Vec<String> = request
+            .uri()
+            .path()
+            .trim_matches('/')
+            .split('/')
+            .map(str::to_owned)
+            .collect();
+        let query = wire::query(request.uri().query());
+        let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+        let method = request.method().clone();
+        let mutating = method != Method::GET;
+        if mutating && self.draining.load(Ordering::SeqCst) {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "draining",
+                "toolgate is shutting down",
+            );
+        }
+        let result = match (method, segments.as_slice()) {
+            (Method::GET, ["healthz"]) => Ok(reply(StatusCode::OK, &json!({"status": "ok"}))),
+            (Method::GET, ["readyz"]) => Ok(if self.draining.load(Ordering::SeqCst) {
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "draining",
+                    "toolgate is shutting down",
+                )
+            } else {
+                reply(StatusCode::OK, &json!({"status": "ready"}))
+            }),
+            (Method::GET, ["metrics"]) => Ok(self.metrics()),
+            (Method::POST, ["v1", "sessions"]) => self.open_session(request).await,
+            (Method::POST, ["v1", "calls"]) => self.calls(request).await,
+            (Method::POST, ["v1", "turns"]) => self.open_turn(request).await,
+            (Method::DELETE, ["v1", "turns", id]) => Ok(self.close_turn(id).await),
+            (Method::GET, ["v1", "approvals"]) => self.approvals(&query).await,
+            (Method::POST, ["v1", "approvals", id]) => self.decide(id, &query, request).await,
+            (Method::GET, ["v1", "invocations", id]) => self.invocation(id, &query).await,
+            (Method::GET, ["v1", "runs", id, "invocations"]) => self.run(id, &query).await,
+            (Method::GET, ["v1", "events"]) => self.events(&query).await,
+            _ => Ok(not_found()),
+        };
+        result.unwrap_or_else(|Refused(reply)| *reply)
+    }
+
+    fn tenant(query: &HashMap<String, String>) -> Result<String, Refused> {
+        query.get("tenant_id").cloned().ok_or_else(|| {
+            Refused::new(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "tenant_id is required",
+            ))
+        })
+    }
+
+    fn store_failed() -> Refused {
+        Refused::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "the store did not answer",
+        ))
+    }
+
+    fn session(&self, id: Uuid) -> Result<Arc<Session>, Refused> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| {
+                Refused::new(error(
+                    StatusCode::NOT_FOUND,
+                    "unknown_session",
+                    "no open session has this id",
+                ))
+            })
+    }
+
+    async fn open_session(&self, request: Request<Incoming>) -> Result<Reply, Refused> {
+        let open: OpenSession = self.body(request).await?;
+        prepare_mcp(
+            &self.registry,
+            self.store.as_ref(),
+            self.clock.as_ref(),
+            &open.tenant_id,
+            self.mcp.as_ref(),
+        )
+        .await
+        .map_err(|_| Self::store_failed())?;
+        let environment = RuntimeEnvironment {
+            targets: [TargetKind::InProcess, TargetKind::McpServer].into(),
+        };
+        let pinned = self.registry.specs_for_session(
+            &open.agent,
+            &open.principal,
+            &PolicyProfile::default(),
+            &environment,
+        );
+        let tools: Vec<Value> = pinned
+            .advertised()
+            .map(|pinned| {
+                let spec = &pinned.tool.spec;
+                json!({
+                    "name": spec.name,
+                    "wire_name": pinned.wire_name,
+                    "description": spec.description,
+                    "input_schema": spec.input_schema,
+                    "kind": spec.kind,
+                    "source": spec.source,
+                    "side_effect": spec.side_effect,
+                    "risk": spec.risk,
+                })
+            })
+            .collect();
+        let body = json!({
+            "session_id": open.session_id,
+            "tool_schema_sha256": pinned.tool_schema_sha256(),
+            "tools": tools,
+        });
+        self.sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(
+                open.session_id,
+                Arc::new(Session {
+                    tenant_id: open.tenant_id,
+                    principal: open.principal,
+                    agent: open.agent,
+                    pinned,
+                }),
+            );
+        Ok(reply(StatusCode::OK, &body))
+    }
+
+    fn request_for(session: &Session, place: &Place, call: (String, String, Value)) -> CallRequest {
+        let (call_id, name, arguments) = call;
+        CallRequest {
+            tenant_id: session.tenant_id.clone(),
+            session_id: place.session_id,
+            run_id: place.run_id,
+            step_number: place.step_number,
+            call_id,
+            name,
+            arguments,
+            principal: session.principal.clone(),
+            agent: session.agent.clone(),
+            pinned: session.pinned.clone(),
+            origin_trust: place.origin_trust,
+            argument_trust: ArgumentTrust::default(),
+            deadline_at: place.deadline_at,
+            parallel_group: place.parallel_group,
+            recovering: None,
+        }
+    }
+
+    /// The document's admission check: a batch runs in parallel only when
+    /// every call is a read-only, parallel-safe tool of the pinned set.
+    fn parallel(session: &Session, names: &[&str]) -> bool {
+        names.len() > 1
+            && names.iter().all(|name| {
+                session.pinned.resolve(name).is_some_and(|pinned| {
+                    let spec = &pinned.tool.spec;
+                    spec.allow_parallel
+                        && spec.idempotency == IdempotencyClass::ReadOnly
+                        && matches!(
+                            spec.side_effect,
+                            SideEffectClass::None
+                                | SideEffectClass::WorkspaceRead
+                                | SideEffectClass::NetworkRead
+                                | SideEffectClass::ExternalRead
+                        )
+                })
+            })
+    }
+
+    async fn calls(self: &Arc<Self>, request: Request<Incoming>) -> Result<Reply, Refused> {
+        let batch: CallsRequest = self.body(request).await?;
+        let session = self.session(batch.session_id)?;
+        let names: Vec<&str> = batch.calls.iter().map(|call| call.name.as_str()).collect();
+        let parallel_group = Self::parallel(&session, &names).then(Uuid::new_v4);
+        let place = Place {
+            session_id: batch.session_id,
+            run_id: batch.run_id,
+            step_number: batch.step_number,
+            origin_trust: batch.origin_trust,
+            deadline_at: batch.deadline_at,
+            parallel_group,
+        };
+        let requests: Vec<CallRequest> = batch
+            .calls
+            .iter()
+            .map(|call| {
+                Self::request_for(
+                    &session,
+                    &place,
+                    (
+                        call.call_id.clone(),
+                        call.name.clone(),
+                        call.arguments.clone(),
+                    ),
+                )
+            })
+            .collect();
+        let outcomes = if parallel_group.is_some() {
+            let slots = Arc::new(tokio::sync::Semaphore::new(
+                self.settings.batch_concurrency.max(1),
+            ));
+            let tasks: Vec<_> = requests
+                .into_iter()
+                .map(|request| {
+                    let (pipeline, slots) = (self.pipeline.clone(), slots.clone());
+                    tokio::spawn(async move {
+                        let _slot = slots.acquire_owned().await;
+                        pipeline.call(request).await
+                    })
+                })
+                .collect();
+            let mut outcomes = Vec::with_capacity(tasks.len());
+            for task in tasks {
+                match task.await {
+                    Ok(outcome) => outcomes.push(outcome),
+                    Err(_) => {
+                        return Err(Refused::new(error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "internal",
+                            "a call of the batch did not finish",
+                        )));
+                    }
+                }
+            }
+            outcomes
+        } else {
+            // A mixed batch runs sequentially, in the order given.
+            let mut outcomes = Vec::with_capacity(requests.len());
+            for request in requests {
+                outcomes.push(self.pipeline.call(request).await);
+            }
+            outcomes
+        };
+        let results: Vec<Value> = batch
+            .calls
+            .iter()
+            .zip(&outcomes)
+            .map(|(call, outcome)| {
+                self.count(outcome);
+                match outcome {
+                    CallOutcome::Finished(finished) => json!({
+                        "call_id": call.call_id,
+                        "invocation_id": finished.invocation_id,
+                        "outcome": finished.outcome,
+                        "content": rendered_content(&finished.content),
+                    }),
+                    CallOutcome::Pending {
+                        invocation_id,
+                        approval_id,
+                    } => json!({
+                        "call_id": call.call_id,
+                        "invocation_id": invocation_id,
+                        "pending": {"approval_id": approval_id},
+                    }),
+                }
+            })
+            .collect();
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"parallel_group": parallel_group, "results": results}),
+        ))
+    }
+
+    fn count(&self, outcome: &CallOutcome) {
+        let status = match outcome.status() {
+            Some(status) => status.as_str(),
+            None => "pending",
+        };
+        let tool = match outcome {
+            CallOutcome::Finished(finished) => match finished.outcome.reason_code() {
+                Some(code) => code.as_str(),
+                None => "none",
+            },
+            CallOutcome::Pending { .. } => "none",
+        };
+        *self
+            .metrics
+            .calls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry((status, tool))
+            .or_default() += 1;
+    }
+
+    fn metrics(&self) -> Reply {
+        let mut text = String::from(
+            "# HELP tool_calls_total Calls ended, by outcome status and reason code.\n# TYPE tool_calls_total counter\n",
+        );
+        let calls = self
+            .metrics
+            .calls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let mut rows: Vec<_> = calls.into_iter().collect();
+        rows.sort();
+        for ((status, code), count) in rows {
+            text.push_str(&format!(
+                "tool_calls_total{{outcome_status=\"{status}\",reason_code=\"{code}\"}} {count}\n"
+            ));
+        }
+        text.push_str(&format!(
+            "# HELP toolgate_requests_in_flight Control and bridge requests being served.\n# TYPE toolgate_requests_in_flight gauge\ntoolgate_requests_in_flight {}\n",
+            self.metrics.requests_in_flight.load(Ordering::SeqCst)
+        ));
+        text.push_str(&format!(
+            "# HELP bridge_refusals_total Bridge requests refused before any call.\n# TYPE bridge_refusals_total counter\nbridge_refusals_total {}\n",
+            self.metrics.bridge_refusals.load(Ordering::SeqCst)
+        ));
+        let mut response = Response::new(Full::new(Bytes::from(text)));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        response
+    }
+
+    async fn approvals(&self, query: &HashMap<String, String>) -> Result<Reply, Refused> {
+        let tenant = Self::tenant(query)?;
+        let approvals = self
+            .store
+            .pending_approvals(&tenant)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        let views: Vec<Value> = approvals
+            .iter()
+            .map(|approval| {
+                json!({
+                    "approval_id": approval.id,
+                    "invocation_id": approval.invocation_id,
+                    "tool_name": approval.tool_name,
+                    "reason_code": approval.reason_code,
+                    "status": approval.status,
+                    "requested_at": approval.requested_at,
+                })
+            })
+            .collect();
+        Ok(reply(StatusCode::OK, &json!({"approvals": views})))
+    }
+
+    async fn decide(
+        &self,
+        id: &str,
+        query: &HashMap<String, String>,
+        request: Request<Incoming>,
+    ) -> Result<Reply, Refused> {
+        let tenant = Self::tenant(query)?;
+        let Ok(id) = id.parse::<Uuid>() else {
+            return Ok(not_found());
+        };
+        let decision: ApprovalDecision = self.body(request).await?;
+        let status = match decision.decision.as_str() {
+            "approve" => ApprovalStatus::Approved,
+            "deny" => ApprovalStatus::Denied,
+            _ => {
+                return Ok(error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "decision must be approve or deny",
+                ));
+            }
+        };
+        let decided = self
+            .store
+            .decide_approval(&tenant, id, status, &decision.approver, self.clock.now())
+            .await
+            .map_err(|_| Self::store_failed())?;
+        Ok(match decided {
+            Some(approval) => reply(
+                StatusCode::OK,
+                &json!({"approval_id": approval.id, "status": approval.status}),
+            ),
+            None => error(
+                StatusCode::CONFLICT,
+                "not_pending",
+                "no pending approval has this id",
+            ),
+        })
+    }
+
+    async fn invocation(
+        &self,
+        id: &str,
+        query: &HashMap<String, String>,
+    ) -> Result<Reply, Refused> {
+        let tenant = Self::tenant(query)?;
+        let Ok(id) = id.parse::<Uuid>() else {
+            return Ok(not_found());
+        };
+        let row = self
+            .store
+            .invocation(&tenant, id)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        Ok(match row {
+            Some(row) => reply(StatusCode::OK, &invocation_view(&row)),
+            None => not_found(),
+        })
+    }
+
+    async fn run(&self, id: &str, query: &HashMap<String, String>) -> Result<Reply, Refused> {
+        let tenant = Self::tenant(query)?;
+        let Ok(id) = id.parse::<Uuid>() else {
+            return Ok(not_found());
+        };
+        let rows: Vec<InvocationRecord> = self
+            .store
+            .run_invocations(&tenant, id)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        let views: Vec<Value> = rows.iter().map(invocation_view).collect();
+        Ok(reply(StatusCode::OK, &json!({"invocations": views})))
+    }
+
+    async fn events(&self, query: &HashMap<String, String>) -> Result<Reply, Refused> {
+        let after = query
+            .get("after")
+            .and_then(|after| after.parse().ok())
+            .unwrap_or(0);
+        let limit = query
+            .get("limit")
+            .and_then(|limit| limit.parse().ok())
+            .unwrap_or(1000_i64)
+            .clamp(1, 10_000);
+        let events = self
+            .store
+            .events_after(after, limit)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        let mut lines = String::new();
+        for event in events {
+            lines.push_str(
+                &json!({
+                    "id": event.id,
+                    "event_type": event.event_type,
+                    "tenant_id": event.tenant_id,
+                    "payload": event.payload,
+                    "created_at": event.created_at,
+                })
+                .to_string(),
+            );
+            lines.push('\n');
+        }
+        let mut response = Response::new(Full::new(Bytes::from(lines)));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-ndjson"),
+        );
+        Ok(response)
+    }
+
+    async fn open_turn(self: &Arc<Self>, request: Request<Incoming>) -> Result<Reply, Refused> {
+        let open: OpenTurn = self.body(request).await?;
+        self.session(open.session_id)?;
+        let script_ok = open.script_sha256.len() == 64
+            && open
+                .script_sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !script_ok {
+            return Ok(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "script_sha256 must be 64 lowercase hex digits",
+            ));
+        }
+        let lifetime = chrono::Duration::from_std(self.settings.turn_lifetime)
+            .unwrap_or(chrono::Duration::hours(1));
+        let expires_at = self.clock.now() + lifetime;
+        let binding = TurnBinding {
+            session_id: open.session_id,
+            run_id: open.run_id,
+            step_number: open.step_number,
+            script_sha256: open.script_sha256,
+            sandbox_uid: open.sandbox_uid,
+        };
+        let (turn, token, listener) = self.turns.open(binding, expires_at).map_err(|failure| {
+            tracing::warn!(error = %failure, "turn not opened");
+            Refused::new(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "turn_unavailable",
+                "the turn's socket could not be created",
+            ))
+        })?;
+        let stop = CancellationToken::new();
+        self.turn_servers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(turn.id, stop.clone());
+        tokio::spawn(
+            self.clone()
+                .serve_turn(turn.clone(), listener, stop, open.origin_trust),
+        );
+        Ok(reply(
+            StatusCode::OK,
+            &json!({
+                "turn_id": turn.id,
+                "socket_path": turn.socket_path(),
+                "token": token,
+                "expires_at": turn.expires_at,
+            }),
+        ))
+    }
+
+    fn stop_turn_server(&self, id: Uuid) {
+        if let Some(stop) = self
+            .turn_servers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&id)
+        {
+            stop.cancel();
+        }
+    }
+
+    async fn close_turn(&self, id: &str) -> Reply {
+        let Ok(id) = id.parse::<Uuid>() else {
+            return not_found();
+        };
+        match self.turns.close(id) {
+            Some(turn) => {
+                self.stop_turn_server(id);
+                reply(
+                    StatusCode::OK,
+                    &json!({"turn_id": id, "calls": turn.calls()}),
+                )
+            }
+            None => not_found(),
+        }
+    }
+
+    async fn serve_turn(
+        self: Arc<Self>,
+        turn: Arc<Turn>,
+        listener: UnixListener,
+        stop: CancellationToken,
+        origin_trust: crate::domain::TrustLevel,
+    ) {
+        loop {
+            let stream = tokio::select! {
+                _ = stop.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(_) => continue,
+                },
+            };
+            let peer_uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
+            let (api, turn) = (self.clone(), turn.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let (api, turn) = (api.clone(), turn.clone());
+                    async move {
+                        Ok::<_, Infallible>(
+                            api.tracked(api.bridge(&turn, peer_uid, origin_trust, request))
+                                .await,
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(false)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    }
+
+    fn refuse(&self, status: StatusCode, code: &str, message: &str) -> Reply {
+        self.metrics.bridge_refusals.fetch_add(1, Ordering::SeqCst);
+        error(status, code, message)
+    }
+
+    async fn bridge(
+        self: &Arc<Self>,
+        turn: &Arc<Turn>,
+        peer_uid: Option<u32>,
+        origin_trust: crate::domain::TrustLevel,
+        request: Request<Incoming>,
+    ) -> Reply {
+        let token = request
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        match turn.authorize(token, peer_uid, self.clock.now()) {
+            Ok(()) => {}
+            Err(Refusal::Token) => {
+                return self.refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "missing or wrong turn token",
+                );
+            }
+            Err(Refusal::Peer) => {
+                return self.refuse(
+                    StatusCode::FORBIDDEN,
+                    "forbidden_peer",
+                    "the peer is not the turn's sandbox user",
+                );
+            }
+            Err(Refusal::Closed) => {
+                return self.refuse(StatusCode::GONE, "turn_closed", "the turn is closed");
+            }
+        }
+        let Ok(session) = self.session(turn.binding.session_id) else {
+            return self.refuse(
+                StatusCode::GONE,
+                "turn_closed",
+                "the turn's session is closed",
+            );
+        };
+        match (request.method().clone(), request.uri().path()) {
+            (Method::GET, "/v1/tools") => {
+                let tools: Vec<Value> = session
+                    .pinned
+                    .advertised()
+                    .map(|pinned| {
+                        json!({
+                            "name": pinned.tool.spec.name,
+                            "description": pinned.tool.spec.description,
+                            "input_schema": pinned.tool.spec.input_schema,
+                        })
+                    })
+                    .collect();
+                reply(StatusCode::OK, &json!({"tools": tools}))
+            }
+            (Method::POST, "/v1/call") => {
+                if self.draining.load(Ordering::SeqCst) {
+                    return self.refuse(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "draining",
+                        "toolgate is shutting down",
+                    );
+                }
+                let call: BridgeCall = match self.body(request).await {
+                    Ok(call) => call,
+                    Err(Refused(reply)) => {
+                        self.metrics.bridge_refusals.fetch_add(1, Ordering::SeqCst);
+                        return *reply;
+                    }
+                };
+                self.bridge_call(turn, &session, origin_trust, call).await
+            }
+            _ => self.refuse(StatusCode::NOT_FOUND, "not_found", "no such resource"),
+        }
+    }
+
+    async fn bridge_call(
+        self: &Arc<Self>,
+        turn: &Arc<Turn>,
+        session: &Session,
+        origin_trust: crate::domain::TrustLevel,
+        call: BridgeCall,
+    ) -> Reply {
+        let Some(ordinal) = turn.next_ordinal(self.settings.turn_call_cap) else {
+            let outcome = ToolOutcome::not_succeeded(call.call, ReasonCode::BridgeCallLimit);
+            let mut body = wire::outcome_body(&outcome, &[]);
+            body["ordinal"] = Value::Null;
+            return reply(StatusCode::OK, &body);
+        };
+        let place = Place {
+            session_id: turn.binding.session_id,
+            run_id: turn.binding.run_id,
+            step_number: turn.binding.step_number,
+            origin_trust,
+            deadline_at: None,
+            parallel_group: None,
+        };
+        let request = Self::request_for(
+            session,
+            &place,
+            (
+                call_id(&turn.binding.script_sha256, ordinal),
+                call.call,
+                call.arguments,
+            ),
+        );
+        let mut outcome = self.pipeline.call(request.clone()).await;
+        let held_until = tokio::time::Instant::now() + self.settings.approval_hold;
+        while let CallOutcome::Pending { approval_id, .. } = outcome {
+            // Held, not failed: the script blocks while a human decides.
+            let decided = loop {
+                if tokio::time::Instant::now() >= held_until {
+                    break false;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                match self.store.approval(&session.tenant_id, approval_id).await {
+                    Ok(Some(approval)) if approval.status != ApprovalStatus::Pending => break true,
+                    _ => {}
+                }
+            };
+            if !decided {
+                // Past the hold the turn is suspended and closed; the same
+                // script in a new turn resumes through deduplication.
+                self.turns.close(turn.id);
+                self.stop_turn_server(turn.id);
+                return error(
+                    StatusCode::CONFLICT,
+                    "turn_suspended",
+                    "the approval was not decided within the hold; the turn is closed",
+                );
+            }
+            outcome = self.pipeline.call(request.clone()).await;
+        }
+        self.count(&outcome);
+        match outcome {
+            CallOutcome::Finished(Finished {
+                outcome, content, ..
+            }) => {
+                let mut response = reply(StatusCode::OK, &wire::outcome_body(&outcome, &content));
+                if let Ok(value) = HeaderValue::from_str(&ordinal.to_string()) {
+                    response.headers_mut().insert("Toolgate-Ordinal", value);
+                }
+                response
+            }
+            CallOutcome::Pending { .. } => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the call is still pending",
+            ),
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The JSON shapes of the control API and the bridge, parsed strictly.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::domain::{AgentSpec, Principal, ToolOutcome, TrustLevel};
+use crate::pipeline::RenderedPart;
+use crate::ports::InvocationRecord;
+
+/// `POST /v1/sessions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenSession {
+    pub session_id: Uuid,
+    pub tenant_id: String,
+    pub principal: Principal,
+    pub agent: AgentSpec,
+}
+
+/// One call of a batch.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallItem {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// `POST /v1/calls`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallsRequest {
+    pub session_id: Uuid,
+    pub run_id: Uuid,
+    pub step_number: i64,
+    #[serde(default)]
+    pub deadline_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub origin_trust: TrustLevel,
+    pub calls: Vec<CallItem>,
+}
+
+/// `POST /v1/turns`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenTurn {
+    pub session_id: Uuid,
+    pub run_id: Uuid,
+    pub step_number: i64,
+    pub script_sha256: String,
+    #[serde(default)]
+    pub sandbox_uid: Option<u32>,
+    /// The trust of what produced the script; the lowest when unsaid.
+    #[serde(default = "untrusted")]
+    pub origin_trust: TrustLevel,
+}
+
+fn untrusted() -> TrustLevel {
+    TrustLevel::ExternalUntrusted
+}
+
+/// `POST /v1/approvals/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDecision {
+    pub decision: String,
+    pub approver: String,
+}
+
+/// The bridge's `POST /v1/call`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeCall {
+    pub call: String,
+    #[serde(default = "empty_object")]
+    pub arguments: Value,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+
+/// The one error shape.
+pub fn error_body(code: &str, message: &str) -> Value {
+    json!({"error": {"code": code, "message": message}})
+}
+
+/// Parses a body strictly. The message names where parsing failed and what
+/// kind of failure it was, never a value from the body.
+pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
+    let value = parsed.map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                let text = inner.to_string();
+                if text.starts_with("unknown field") {
+                    format!("unknown field at {path}")
+                } else if text.starts_with("missing field") {
+                    let field = text.split('`').nth(1).unwrap_or("?");
+                    format!("missing field {field} at {path}")
+                } else {
+                    format!("wrong type or value at {path}")
+                }
+            }
+            _ => "the body is not valid JSON".to_owned(),
+        }
+    })?;
+    deserializer
+        .end()
+        .map_err(|_| "trailing bytes after the JSON body".to_owned())?;
+    Ok(value)
+}
+
+/// A query string as a map (no percent-decoding beyond `+`; the values this
+/// API reads are ids and numbers).
+pub fn query(query: Option<&str>) -> HashMap<String, String> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.replace('+', " ")))
+        .collect()
+}
+
+/// What the model reads beside the outcome, as JSON.
+pub fn rendered_content(content: &[RenderedPart]) -> Value {
+    serde_json::to_value(content).unwrap_or_else(|_| json!([]))
+}
+
+/// The bridge's answer: the outcome object, `status` first, and the content.
+pub fn outcome_body(outcome: &ToolOutcome, content: &[RenderedPart]) -> Value {
+    let mut body = serde_json::to_value(outcome).unwrap_or_else(|_| json!({}));
+    if let Value::Object(map) = &mut body {
+        map.insert("content".into(), rendered_content(content));
+    }
+    body
+}
+
+/// A recorded row, as operators read it.
+pub fn invocation_view(row: &InvocationRecord) -> Value {
+    json!({
+        "invocation_id": row.id,
+        "tenant_id": row.tenant_id,
+        "session_id": row.session_id,
+        "run_id": row.run_id,
+        "step_number": row.step_number,
+        "call_id": row.call_id,
+        "tool_name": row.tool_name,
+        "tool_version": row.tool_version,
+        "status": row.status,
+        "outcome_status": row.outcome_status,
+        "reason_code": row.reason_code,
+        "idempotency_class": row.idempotency_class,
+        "effect_sent_at": row.effect_sent_at,
+        "parallel_group": row.parallel_group,
+        "created_at": row.created_at,
+        "completed_at": row.completed_at,
+        "result": row.result,
+    })
+}

@@ -1,0 +1,556 @@
+//! `toolgate serve` as a real process: the control API on its unix socket,
+//! turns with their own sockets, and the Python bridge client in a separate
+//! process calling through them.
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const TENANT: &str = "tenant-e2e";
+
+/// One HTTP/1.1 exchange over a unix socket: (status, headers, body).
+pub fn http(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (u16, String, Vec<u8>) {
+    let mut stream = UnixStream::connect(socket).expect("socket connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: toolgate\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    let body = body.unwrap_or_default();
+    request.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    stream.write_all(request.as_bytes()).unwrap();
+    // A server may refuse before reading the whole body.
+    let _ = stream.write_all(body);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let split = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .expect("a complete response");
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status");
+    (status, head, response[split + 4..].to_vec())
+}
+
+fn json_of(body: &[u8]) -> Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)))
+}
+
+/// A running `toolgate serve` on a fresh folder, stopped (SIGTERM) on drop.
+pub struct Served {
+    pub folder: tempfile::TempDir,
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+}
+
+impl Served {
+    pub fn start() -> Served {
+        let folder = tempfile::tempdir().unwrap();
+        let root = folder.path();
+        std::fs::write(
+            root.join("policy.toml"),
+            r#"
+[[rules]]
+tools = ["demo.echo", "mcp.reads.*"]
+decision = "allow"
+
+[[rules]]
+tools = ["demo.external_write"]
+decision = "require_approval"
+
+[[rules]]
+tools = ["demo.keyed_write"]
+decision = "deny"
+"#,
+        )
+        .unwrap();
+        let config = format!(
+            r#"
+[control]
+socket = "run/control.sock"
+
+[bridge]
+directory = "run/turns"
+approval_hold_seconds = 30
+turn_call_cap = 64
+
+[store]
+url = "sqlite://toolgate.db"
+
+[artifacts]
+directory = "state/artifacts"
+
+[policy]
+file = "policy.toml"
+
+[mcp]
+state_directory = "state/mcp"
+
+[[mcp.servers]]
+server_id = "reads"
+command = "{}"
+env = {{ SCRIPTED_CATALOG = "basic" }}
+side_effect = "external_read"
+risk = "low"
+idempotency = "read_only"
+required_scopes = ["mcp.reads.use"]
+"#,
+            crate::mcp::scripted_server().display()
+        );
+        std::fs::write(root.join("toolgate.toml"), config).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["serve", "--migrate", "--config"])
+            .arg(root.join("toolgate.toml"))
+            .env_remove("TOOLGATE_STORE_URL")
+            .env_remove("TOOLGATE_CONTROL_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("toolgate serve starts");
+        let socket = root.join("run/control.sock");
+        let started = Instant::now();
+        while UnixStream::connect(&socket).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "toolgate serve did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Served {
+            folder,
+            child: Some(child),
+            socket,
+        }
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let text = body.to_string();
+        let (status, _, body) = http(
+            &self.socket,
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            Some(text.as_bytes()),
+        );
+        (status, json_of(&body))
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Vec<u8>) {
+        let (status, _, body) = http(&self.socket, "GET", path, &[], None);
+        (status, body)
+    }
+
+    /// Opens a session for the e2e tenant with demo and MCP tools.
+    pub fn session(&self) -> Uuid {
+        let session_id = Uuid::new_v4();
+        let (status, body) = self.post(
+            "/v1/sessions",
+            &json!({
+                "session_id": session_id,
+                "tenant_id": TENANT,
+                "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.reads.use"]},
+                "agent": {"tools": ["demo.*", "mcp.*"]},
+            }),
+        );
+        assert_eq!(status, 200, "{body}");
+        session_id
+    }
+
+    /// Opens a turn: (turn_id, socket_path, token).
+    pub fn turn(
+        &self,
+        session_id: Uuid,
+        run_id: Uuid,
+        script: &str,
+        uid: Option<u32>,
+    ) -> (String, PathBuf, String) {
+        let mut body = json!({
+            "session_id": session_id,
+            "run_id": run_id,
+            "step_number": 3,
+            "script_sha256": sha256(script),
+            "origin_trust": "user",
+        });
+        if let Some(uid) = uid {
+            body["sandbox_uid"] = json!(uid);
+        }
+        let (status, body) = self.post("/v1/turns", &body);
+        assert_eq!(status, 200, "{body}");
+        (
+            body["turn_id"].as_str().unwrap().to_owned(),
+            PathBuf::from(body["socket_path"].as_str().unwrap()),
+            body["token"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    /// The external writes demo.external_write made, counted from outside.
+    pub fn external_writes(&self) -> usize {
+        std::fs::read_to_string(self.folder.path().join("state/demo/external.log"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    /// SIGTERM, then waits; returns whether it exited 0 within the time.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        false
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn sha256(text: &str) -> String {
+    toolgate::domain::sha256_hex(text.as_bytes())
+}
+
+fn sandbox_bridge() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("sandbox-bridge")
+}
+
+/// Runs `script` with the bridge client in a separate Python process.
+fn run_script(script: &str, socket: &Path, token: &str) -> std::process::Output {
+    Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .env("PYTHONPATH", sandbox_bridge())
+        .env("TOOLGATE_BRIDGE_SOCKET", socket)
+        .env("TOOLGATE_BRIDGE_TOKEN", token)
+        .output()
+        .expect("python3 runs")
+}
+
+/// The script of the end-to-end test: a success, a denial, an invalid
+/// argument, an MCP read, and a write that needs an approval.
+const SCRIPT: &str = r#"
+import json
+from toolgate_bridge import call, text, Denied, Failed
+
+results = {}
+results["echo"] = text(call("demo.echo", text="hello from a script"))
+try:
+    call("demo.keyed_write", line="no")
+except Denied as denied:
+    results["denied"] = denied.reason_code
+try:
+    call("demo.echo", text=42)
+except Failed as failed:
+    results["invalid"] = failed.reason_code
+results["mcp"] = text(call("mcp.reads.echo", text="through mcp"))
+results["write"] = text(call("demo.external_write", line="approved once"))
+print(json.dumps(results))
+"#;
+
+/// The end-to-end test: a real `toolgate serve`, a session, a turn, a Python
+/// script calling through the bridge (success, denial, invalid arguments, an
+/// MCP tool, an approval a human grants while the script waits), then the
+/// same script in a new turn for the same run and step: every call returns
+/// its recorded outcome and nothing executes again.
+#[test]
+fn a_script_calls_through_the_bridge_and_a_replay_executes_nothing() {
+    let mut served = Served::start();
+    let session = served.session();
+    let run = Uuid::new_v4();
+
+    // A control-API batch first: one step, one result per call.
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({
+            "session_id": session, "run_id": run, "step_number": 1, "origin_trust": "user",
+            "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "hi"}}]
+        }),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
+
+    let (_, socket, token) = served.turn(session, run, SCRIPT, None);
+    // A human approves the write while the script waits on it.
+    let approver = {
+        let control = served.socket.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(30) {
+                let (_, _, body) = http(
+                    &control,
+                    "GET",
+                    &format!("/v1/approvals?status=pending&tenant_id={TENANT}"),
+                    &[],
+                    None,
+                );
+                let pending = json_of(&body);
+                if let Some(approval) = pending["approvals"].as_array().and_then(|a| a.first()) {
+                    let id = approval["approval_id"].as_str().unwrap().to_owned();
+                    let decision = json!({"decision": "approve", "approver": "ops"}).to_string();
+                    let (status, _, _) = http(
+                        &control,
+                        "POST",
+                        &format!("/v1/approvals/{id}?tenant_id={TENANT}"),
+                        &[],
+                        Some(decision.as_bytes()),
+                    );
+                    return status;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            0
+        })
+    };
+    let output = run_script(SCRIPT, &socket, &token);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(approver.join().unwrap(), 200);
+    let results: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(
+        results["echo"]
+            .as_str()
+            .unwrap()
+            .contains("hello from a script"),
+        "{results}"
+    );
+    assert_eq!(results["denied"], "policy.rule.denied");
+    assert_eq!(results["invalid"], "tool.arguments_invalid");
+    assert!(
+        results["mcp"].as_str().unwrap().contains("through mcp"),
+        "{results}"
+    );
+    assert!(results["write"].as_str().is_some(), "{results}");
+    assert_eq!(served.external_writes(), 1);
+
+    let rows = |served: &Served| {
+        let (_, body) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+        json_of(&body)["invocations"].as_array().unwrap().len()
+    };
+    let before = rows(&served);
+
+    // The same script, a new turn, the same run and step: recorded outcomes.
+    let (_, socket, token) = served.turn(session, run, SCRIPT, None);
+    let replay = run_script(SCRIPT, &socket, &token);
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let replayed: Value = serde_json::from_slice(&replay.stdout).unwrap();
+    assert_eq!(replayed, results);
+    assert_eq!(served.external_writes(), 1, "the replay wrote again");
+    assert_eq!(rows(&served), before, "the replay recorded new calls");
+
+    // The outbox has the tool events, and nothing of the arguments.
+    let (status, events) = served.get("/v1/events?after=0");
+    assert_eq!(status, 200);
+    let events = String::from_utf8(events).unwrap();
+    assert!(events.contains("tool.call.completed") && events.contains("mcp.server.connected"));
+    assert!(!events.contains("hello from a script"));
+    let (status, metrics) = served.get("/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        String::from_utf8(metrics)
+            .unwrap()
+            .contains("tool_calls_total{outcome_status=\"succeeded\"")
+    );
+
+    assert!(served.stop(), "SIGTERM drains and exits 0");
+    assert!(!served.socket.exists(), "the control socket is removed");
+    assert!(!socket.exists(), "turn sockets are removed");
+}
+
+/// Bad input on the bridge: a structured error, nothing recorded as a call.
+#[test]
+fn the_bridge_refuses_bad_requests_and_records_nothing() {
+    let served = Served::start();
+    let session = served.session();
+    let run = Uuid::new_v4();
+    let (turn, socket, token) = served.turn(session, run, "print(1)", None);
+    let (_, other_socket, other_token) = served.turn(session, run, "print(2)", None);
+    let bearer = format!("Bearer {token}");
+    let call = |socket: &Path, authorization: &str, body: &[u8]| {
+        let (status, _, body) = http(
+            socket,
+            "POST",
+            "/v1/call",
+            &[("Authorization", authorization)],
+            Some(body),
+        );
+        (status, json_of(&body))
+    };
+    let echo = json!({"call": "demo.echo", "arguments": {"text": "x"}}).to_string();
+
+    let (status, body) = call(&socket, "Bearer wrong", echo.as_bytes());
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let (status, _) = call(&socket, "", echo.as_bytes());
+    assert_eq!(status, 401);
+    // Another turn's token is not this turn's.
+    let (status, _) = call(&socket, &format!("Bearer {other_token}"), echo.as_bytes());
+    assert_eq!(status, 401);
+    let (status, body) = call(&socket, &bearer, b"{not json");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    let (status, body) = call(
+        &socket,
+        &bearer,
+        br#"{"call": "demo.echo", "arguments": {}, "extra": 1}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(!body.to_string().contains("extra\": 1"));
+    let oversized = format!(
+        r#"{{"call": "demo.echo", "arguments": {{"text": "{}"}}}}"#,
+        "x".repeat(2 << 20)
+    );
+    let (status, body) = call(&socket, &bearer, oversized.as_bytes());
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (413, Some("body_too_large"))
+    );
+    let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+    assert_eq!(
+        json_of(&rows)["invocations"],
+        json!([]),
+        "nothing was recorded"
+    );
+
+    // The cap: 64 calls, denied ones included; the 65th is denied.
+    for i in 0..64 {
+        let body = if i % 2 == 0 {
+            json!({"call": "demo.echo", "arguments": {"text": format!("n{i}")}})
+        } else {
+            json!({"call": "demo.keyed_write", "arguments": {"line": "l"}})
+        };
+        let (status, _) = call(
+            &other_socket,
+            &format!("Bearer {other_token}"),
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(status, 200);
+    }
+    let (status, body) = call(
+        &other_socket,
+        &format!("Bearer {other_token}"),
+        echo.as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        (body["status"].as_str(), body["reason_code"].as_str()),
+        (Some("denied"), Some("bridge.call_limit"))
+    );
+
+    // Closed: the token is dead and the socket gone.
+    let (status, _, _) = http(
+        &served.socket,
+        "DELETE",
+        &format!("/v1/turns/{turn}"),
+        &[],
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(!socket.exists());
+    assert!(UnixStream::connect(&socket).is_err());
+
+    // A peer that is not the turn's sandbox user is refused.
+    let (_, socket, token) = served.turn(session, run, "print(3)", Some(4242));
+    let (status, body) = call(&socket, &format!("Bearer {token}"), echo.as_bytes());
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("forbidden_peer"))
+    );
+}
+
+/// The control API is strict too, and a second `serve` on the same socket
+/// refuses to start.
+#[test]
+fn the_control_api_is_strict() {
+    let served = Served::start();
+    let (status, body) = served.post("/v1/sessions", &json!({"session_id": "not a uuid"}));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    assert!(!body.to_string().contains("not a uuid"));
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": Uuid::new_v4(), "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user", "calls": []}),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("unknown_session"))
+    );
+    let (status, _) = served.get("/nowhere");
+    assert_eq!(status, 404);
+    let (status, _) = served.get("/readyz");
+    assert_eq!(status, 200);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&served.socket).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    let second = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--config"])
+        .arg(served.folder.path().join("toolgate.toml"))
+        .env_remove("TOOLGATE_STORE_URL")
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("in use"));
+}
+
+/// The Python client's own unit tests (call-id vectors, stubs).
+#[test]
+fn the_python_client_tests_pass() {
+    let output = Command::new("python3")
+        .args(["-m", "unittest", "-v", "test_toolgate_bridge"])
+        .current_dir(sandbox_bridge())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
