@@ -124,7 +124,11 @@ pub struct ApiParts {
 type Reply = Response<Full<Bytes>>;
 
 fn reply(status: StatusCode, body: &Value) -> Reply {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    reply_text(status, body.to_string())
+}
+
+fn reply_text(status: StatusCode, body: String) -> Reply {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -923,9 +927,7 @@ impl ControlApi {
     ) -> Reply {
         let Some(ordinal) = turn.next_ordinal(self.settings.turn_call_cap) else {
             let outcome = ToolOutcome::not_succeeded(call.call, ReasonCode::BridgeCallLimit);
-            let mut body = wire::outcome_body(&outcome, &[]);
-            body["ordinal"] = Value::Null;
-            return reply(StatusCode::OK, &body);
+            return reply_text(StatusCode::OK, wire::outcome_text(&outcome, &[]));
         };
         let place = Place {
             session_id: turn.binding.session_id,
@@ -976,7 +978,8 @@ impl ControlApi {
             CallOutcome::Finished(Finished {
                 outcome, content, ..
             }) => {
-                let mut response = reply(StatusCode::OK, &wire::outcome_body(&outcome, &content));
+                let mut response =
+                    reply_text(StatusCode::OK, wire::outcome_text(&outcome, &content));
                 if let Ok(value) = HeaderValue::from_str(&ordinal.to_string()) {
                     response.headers_mut().insert("Toolgate-Ordinal", value);
                 }

@@ -132,13 +132,20 @@ pub fn rendered_content(content: &[RenderedPart]) -> Value {
     serde_json::to_value(content).unwrap_or_else(|_| json!([]))
 }
 
-/// The bridge's answer: the outcome object, `status` first, and the content.
-pub fn outcome_body(outcome: &ToolOutcome, content: &[RenderedPart]) -> Value {
-    let mut body = serde_json::to_value(outcome).unwrap_or_else(|_| json!({}));
-    if let Value::Object(map) = &mut body {
-        map.insert("content".into(), rendered_content(content));
+/// The bridge's answer: the outcome object with `status` as its first key
+/// (as the model reads it), then the content.
+pub fn outcome_text(outcome: &ToolOutcome, content: &[RenderedPart]) -> String {
+    let mut fields = match serde_json::to_value(outcome) {
+        Ok(Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    let status = fields.remove("status").unwrap_or(Value::Null);
+    let mut text = format!("{{\"status\":{status}");
+    for (name, value) in fields {
+        text.push_str(&format!(",{}:{value}", Value::String(name)));
     }
-    body
+    text.push_str(&format!(",\"content\":{}}}", rendered_content(content)));
+    text
 }
 
 /// A recorded row, as operators read it.

@@ -470,12 +470,21 @@ fn the_bridge_refuses_bad_requests_and_records_nothing() {
         );
         assert_eq!(status, 200);
     }
-    let (status, body) = call(
+    let (status, _, raw) = http(
         &other_socket,
-        &format!("Bearer {other_token}"),
-        echo.as_bytes(),
+        "POST",
+        "/v1/call",
+        &[("Authorization", &format!("Bearer {other_token}"))],
+        Some(echo.as_bytes()),
     );
     assert_eq!(status, 200);
+    // The outcome object as the model reads it: `status` first.
+    assert!(
+        raw.starts_with(br#"{"status":"denied""#),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+    let body = json_of(&raw);
     assert_eq!(
         (body["status"].as_str(), body["reason_code"].as_str()),
         (Some("denied"), Some("bridge.call_limit"))
