@@ -24,7 +24,7 @@ use crate::pipeline::{
     Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
     WorkerSettings, register_discoveries,
 };
-use crate::ports::{Clock, McpEvent, McpServers, PolicyEngine, StoreError, SystemClock};
+use crate::ports::{Clock, McpServers, PlatformEvent, PolicyEngine, StoreError, SystemClock};
 
 /// Why a command could not run.
 #[derive(Debug, thiserror::Error)]
@@ -132,7 +132,7 @@ pub struct ServerReport {
     /// The server.
     pub server_id: String,
     /// `connected`, `pinned` or `disconnected`, with the event's body.
-    pub events: Vec<McpEvent>,
+    pub events: Vec<PlatformEvent>,
     /// Registry names that registered.
     pub registered: Vec<String>,
     /// Skills its prompts became.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use toolgate::ports::McpEvent;
+use toolgate::ports::PlatformEvent;
 
 /// The tool gateway beside agent sandboxes.
 #[derive(Parser)]
@@ -95,7 +95,7 @@ fn main() -> ExitCode {
                     for report in reports {
                         println!("{}", report.server_id);
                         for event in &report.events {
-                            failed |= matches!(event, McpEvent::ServerDisconnected { .. });
+                            failed |= matches!(event, PlatformEvent::ServerDisconnected { .. });
                             println!("  {} {}", event.event_type(), event.payload());
                         }
                         for name in &report.registered {

@@ -33,7 +33,7 @@ use crate::domain::{
 use crate::pipeline::{
     CallOutcome, CallRequest, Finished, PinnedToolSet, Pipeline, ToolRegistry, prepare_mcp,
 };
-use crate::ports::{Clock, InvocationRecord, McpServers, Store};
+use crate::ports::{Clock, InvocationRecord, McpServers, PlatformEvent, Store};
 
 use wire::{
     ApprovalDecision, BridgeCall, CallsRequest, OpenSession, OpenTurn, error_body, invocation_view,
@@ -123,6 +123,9 @@ pub struct ApiParts {
 
 type Reply = Response<Full<Bytes>>;
 
+/// How often expired turns are swept.
+const TURN_SWEEP: Duration = Duration::from_secs(30);
+
 fn reply(status: StatusCode, body: &Value) -> Reply {
     reply_text(status, body.to_string())
 }
@@ -189,9 +192,14 @@ impl ControlApi {
         listener: UnixListener,
         shutdown: CancellationToken,
     ) {
+        let mut expiry = tokio::time::interval(TURN_SWEEP);
         loop {
             let stream = tokio::select! {
                 _ = shutdown.cancelled() => return,
+                _ = expiry.tick() => {
+                    self.close_expired_turns().await;
+                    continue;
+                }
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
                     Err(error) => {
@@ -213,6 +221,27 @@ impl ControlApi {
         }
     }
 
+    /// Closes turns past their expiry: their tokens are already dead, and
+    /// their sockets go now.
+    pub async fn close_expired_turns(&self) {
+        let now = self.clock.now();
+        let expired: Vec<Uuid> = self
+            .turn_servers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .copied()
+            .filter(|id| {
+                self.turns
+                    .get(*id)
+                    .is_some_and(|turn| now >= turn.expires_at)
+            })
+            .collect();
+        for id in expired {
+            self.end_turn(id).await;
+        }
+    }
+
     /// Stops taking new work and waits (up to the drain timeout) for
     /// in-flight requests; then closes every turn.
     pub async fn drain(&self) {
@@ -226,8 +255,15 @@ impl ControlApi {
                 break;
             }
         }
-        for turn in self.turns.close_all() {
-            self.stop_turn_server(turn.id);
+        let open: Vec<Uuid> = self
+            .turn_servers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        for id in open {
+            self.end_turn(id).await;
         }
     }
 
@@ -765,6 +801,15 @@ impl ControlApi {
             self.clone()
                 .serve_turn(turn.clone(), listener, stop, open.origin_trust),
         );
+        self.record(
+            &turn,
+            PlatformEvent::BridgeSessionOpened {
+                run_id: turn.binding.run_id,
+                step_number: turn.binding.step_number,
+                script_hash: turn.binding.script_sha256.clone(),
+            },
+        )
+        .await;
         Ok(reply(
             StatusCode::OK,
             &json!({
@@ -774,6 +819,37 @@ impl ControlApi {
                 "expires_at": turn.expires_at,
             }),
         ))
+    }
+
+    async fn record(&self, turn: &Turn, event: PlatformEvent) {
+        let tenant = self
+            .session(turn.binding.session_id)
+            .ok()
+            .map(|session| session.tenant_id.clone());
+        if let Err(failure) = self
+            .store
+            .record_event(tenant.as_deref(), &event, self.clock.now())
+            .await
+        {
+            tracing::warn!(error = %failure, "bridge event not recorded");
+        }
+    }
+
+    /// Tears a turn down: token dead, socket gone, server stopped, event
+    /// recorded. Returns the turn if it was open.
+    async fn end_turn(&self, id: Uuid) -> Option<Arc<Turn>> {
+        let turn = self.turns.close(id)?;
+        self.stop_turn_server(id);
+        self.record(
+            &turn,
+            PlatformEvent::BridgeSessionClosed {
+                run_id: turn.binding.run_id,
+                step_number: turn.binding.step_number,
+                calls: turn.calls(),
+            },
+        )
+        .await;
+        Some(turn)
     }
 
     fn stop_turn_server(&self, id: Uuid) {
@@ -791,14 +867,11 @@ impl ControlApi {
         let Ok(id) = id.parse::<Uuid>() else {
             return not_found();
         };
-        match self.turns.close(id) {
-            Some(turn) => {
-                self.stop_turn_server(id);
-                reply(
-                    StatusCode::OK,
-                    &json!({"turn_id": id, "calls": turn.calls()}),
-                )
-            }
+        match self.end_turn(id).await {
+            Some(turn) => reply(
+                StatusCode::OK,
+                &json!({"turn_id": id, "calls": turn.calls()}),
+            ),
             None => not_found(),
         }
     }
@@ -963,8 +1036,7 @@ impl ControlApi {
             if !decided {
                 // Past the hold the turn is suspended and closed; the same
                 // script in a new turn resumes through deduplication.
-                self.turns.close(turn.id);
-                self.stop_turn_server(turn.id);
+                self.end_turn(turn.id).await;
                 return error(
                     StatusCode::CONFLICT,
                     "turn_suspended",

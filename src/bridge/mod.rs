@@ -247,26 +247,6 @@ impl Turns {
         Some(turn)
     }
 
-    /// Closes every turn (shutdown).
-    pub fn close_all(&self) -> Vec<Arc<Turn>> {
-        let ids: Vec<Uuid> = self.lock().keys().copied().collect();
-        ids.into_iter().filter_map(|id| self.close(id)).collect()
-    }
-
-    /// Closes turns past their expiry; returns them.
-    pub fn close_expired(&self, now: DateTime<Utc>) -> Vec<Arc<Turn>> {
-        let expired: Vec<Uuid> = self
-            .lock()
-            .values()
-            .filter(|turn| now >= turn.expires_at)
-            .map(|turn| turn.id)
-            .collect();
-        expired
-            .into_iter()
-            .filter_map(|id| self.close(id))
-            .collect()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Arc<Turn>>> {
         self.turns
             .lock()

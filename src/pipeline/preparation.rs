@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use crate::domain::{ReasonCode, SkillMetadata, ToolSource};
 use crate::ports::{
-    CatalogEntry, CatalogGeneration, Clock, DiscoveryOutcome, McpEvent, McpServers,
+    CatalogEntry, CatalogGeneration, Clock, DiscoveryOutcome, McpServers, PlatformEvent,
     PreparationRecord, ServerDiscovery, Store, StoreError,
 };
 
@@ -22,7 +22,7 @@ pub struct PreparedCatalog {
     /// Skills the servers' prompts became.
     pub skills: Vec<SkillMetadata>,
     /// The events written, in order.
-    pub events: Vec<McpEvent>,
+    pub events: Vec<PlatformEvent>,
 }
 
 /// Discovers every configured server, registers what it found and records
@@ -57,7 +57,7 @@ pub fn register_discoveries(
         let tools = discovery.tools.len();
         let catalog_hash = match (discovery.outcome, discovery.catalog_hash) {
             (DiscoveryOutcome::Connected { duration_ms }, Some(hash)) => {
-                record.events.push(McpEvent::ServerConnected {
+                record.events.push(PlatformEvent::ServerConnected {
                     server_id: server_id.clone(),
                     transport,
                     tools,
@@ -66,7 +66,7 @@ pub fn register_discoveries(
                 hash
             }
             (DiscoveryOutcome::Pinned, Some(hash)) => {
-                record.events.push(McpEvent::ServerPinned {
+                record.events.push(PlatformEvent::ServerPinned {
                     server_id: server_id.clone(),
                     transport,
                     tools,
@@ -79,7 +79,7 @@ pub fn register_discoveries(
                     DiscoveryOutcome::Failed { reason_code } => reason_code,
                     _ => ReasonCode::ToolServerUnreachable,
                 };
-                record.events.push(McpEvent::ServerDisconnected {
+                record.events.push(PlatformEvent::ServerDisconnected {
                     server_id,
                     reason_code,
                 });
@@ -87,7 +87,7 @@ pub fn register_discoveries(
             }
         };
         for remote_names in discovery.conflicts {
-            record.events.push(McpEvent::CatalogConflict {
+            record.events.push(PlatformEvent::CatalogConflict {
                 server_id: server_id.clone(),
                 remote_names,
             });
@@ -106,7 +106,7 @@ pub fn register_discoveries(
             ToolSource::Mcp,
         );
         for rejection in &report.rejected {
-            record.events.push(McpEvent::ToolRejected {
+            record.events.push(PlatformEvent::ToolRejected {
                 server_id: server_id.clone(),
                 remote_name: remote_names
                     .get(&rejection.name)

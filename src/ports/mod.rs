@@ -15,7 +15,7 @@ pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerD
 pub use policy::PolicyEngine;
 pub use store::{
     ApprovalRecord, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim, EventRecord,
-    Fence, InsertOutcome, InvocationRecord, McpEvent, McpServerRow, NewInvocation,
+    Fence, InsertOutcome, InvocationRecord, McpServerRow, NewInvocation, PlatformEvent,
     PreparationRecord, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 pub use tool::{

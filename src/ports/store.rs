@@ -465,10 +465,11 @@ pub struct CatalogGeneration {
     pub entries: Vec<CatalogEntry>,
 }
 
-/// The MCP events: identity, classification and reason codes only. Nothing
+/// The events beside the seven tool events: MCP servers and catalogs, and
+/// bridge sessions. Identity, classification and reason codes only; nothing
 /// a server said (an error string, a description) is ever in one.
 #[derive(Debug, Clone, PartialEq)]
-pub enum McpEvent {
+pub enum PlatformEvent {
     /// A handshake finished.
     ServerConnected {
         /// The server.
@@ -512,6 +513,24 @@ pub enum McpEvent {
         /// Both remote names.
         remote_names: Vec<String>,
     },
+    /// A bridge turn's socket was bound.
+    BridgeSessionOpened {
+        /// The run.
+        run_id: Uuid,
+        /// The step.
+        step_number: i64,
+        /// The script's hash.
+        script_hash: String,
+    },
+    /// A bridge turn was torn down.
+    BridgeSessionClosed {
+        /// The run.
+        run_id: Uuid,
+        /// The step.
+        step_number: i64,
+        /// Calls the turn made, denied ones included.
+        calls: u32,
+    },
     /// A declaration failed registration.
     ToolRejected {
         /// The server.
@@ -523,52 +542,64 @@ pub enum McpEvent {
     },
 }
 
-impl McpEvent {
+impl PlatformEvent {
     /// The event's type, e.g. `mcp.server.connected`.
     pub fn event_type(&self) -> &'static str {
         match self {
-            McpEvent::ServerConnected { .. } => "mcp.server.connected",
-            McpEvent::ServerPinned { .. } => "mcp.server.pinned",
-            McpEvent::ServerDisconnected { .. } => "mcp.server.disconnected",
-            McpEvent::CatalogChanged { .. } => "mcp.catalog.changed",
-            McpEvent::CatalogConflict { .. } => "mcp.catalog.conflict",
-            McpEvent::ToolRejected { .. } => "mcp.tool.rejected",
+            PlatformEvent::ServerConnected { .. } => "mcp.server.connected",
+            PlatformEvent::ServerPinned { .. } => "mcp.server.pinned",
+            PlatformEvent::ServerDisconnected { .. } => "mcp.server.disconnected",
+            PlatformEvent::CatalogChanged { .. } => "mcp.catalog.changed",
+            PlatformEvent::CatalogConflict { .. } => "mcp.catalog.conflict",
+            PlatformEvent::ToolRejected { .. } => "mcp.tool.rejected",
+            PlatformEvent::BridgeSessionOpened { .. } => "bridge.session.opened",
+            PlatformEvent::BridgeSessionClosed { .. } => "bridge.session.closed",
         }
     }
 
     /// The event's body.
     pub fn payload(&self) -> Value {
         match self {
-            McpEvent::ServerConnected {
+            PlatformEvent::ServerConnected {
                 server_id,
                 transport,
                 tools,
                 duration_ms,
             } => json!({"server": server_id, "transport": transport, "tools": tools,
                         "duration_ms": duration_ms}),
-            McpEvent::ServerPinned {
+            PlatformEvent::ServerPinned {
                 server_id,
                 transport,
                 tools,
             } => json!({"server": server_id, "transport": transport, "tools": tools}),
-            McpEvent::ServerDisconnected {
+            PlatformEvent::ServerDisconnected {
                 server_id,
                 reason_code,
             } => json!({"server": server_id, "reason_code": reason_code}),
-            McpEvent::CatalogChanged {
+            PlatformEvent::CatalogChanged {
                 server_id,
                 old_hash,
                 new_hash,
             } => json!({"server": server_id, "old_hash": old_hash, "new_hash": new_hash}),
-            McpEvent::CatalogConflict {
+            PlatformEvent::CatalogConflict {
                 server_id,
                 remote_names,
             } => json!({"server": server_id, "remote_names": remote_names}),
-            McpEvent::ToolRejected {
+            PlatformEvent::ToolRejected {
                 server_id,
                 remote_name,
                 reason,
             } => json!({"server": server_id, "remote_name": remote_name, "reason": reason}),
+            PlatformEvent::BridgeSessionOpened {
+                run_id,
+                step_number,
+                script_hash,
+            } => json!({"run_id": run_id, "step_number": step_number, "script_hash": script_hash}),
+            PlatformEvent::BridgeSessionClosed {
+                run_id,
+                step_number,
+                calls,
+            } => json!({"run_id": run_id, "step_number": step_number, "calls": calls}),
         }
     }
 }
@@ -582,7 +613,7 @@ pub struct PreparationRecord {
     /// Their catalogs.
     pub generations: Vec<CatalogGeneration>,
     /// Their events.
-    pub events: Vec<McpEvent>,
+    pub events: Vec<PlatformEvent>,
 }
 
 /// The durable record. Each method is one short transaction; none is held
@@ -808,13 +839,13 @@ pub trait Store: Send + Sync {
         })
     }
 
-    /// Appends one MCP event outside a preparation (a catalog change seen
-    /// mid-session, a disconnection); `tenant_id` is `None` for a server
-    /// that belongs to no one tenant.
-    fn record_mcp_event<'a>(
+    /// Appends one event outside a preparation (a catalog change seen
+    /// mid-session, a disconnection, a bridge session); `tenant_id` is
+    /// `None` for a server that belongs to no one tenant.
+    fn record_event<'a>(
         &'a self,
         tenant_id: Option<&'a str>,
-        event: &'a McpEvent,
+        event: &'a PlatformEvent,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 

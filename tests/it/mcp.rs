@@ -106,7 +106,7 @@ use toolgate::domain::{
     SideEffectClass, TargetKind, ToolOutcomeStatus,
 };
 use toolgate::pipeline::{CallOutcome, CallRequest, Point, prepare_mcp};
-use toolgate::ports::{McpEvent, McpServers, Store, SystemClock};
+use toolgate::ports::{McpServers, PlatformEvent, Store, SystemClock};
 use uuid::Uuid;
 
 use crate::pipeline::{Harness, TENANT, allow_all, code, finished, harness, text_of};
@@ -609,19 +609,19 @@ async fn servers_that_require_declined_capabilities_fail_to_connect() {
     })
     .await;
     let prepared = live.prepare().await;
-    let disconnected: Vec<&McpEvent> = prepared
+    let disconnected: Vec<&PlatformEvent> = prepared
         .events
         .iter()
-        .filter(|event| matches!(event, McpEvent::ServerDisconnected { .. }))
+        .filter(|event| matches!(event, PlatformEvent::ServerDisconnected { .. }))
         .collect();
     assert_eq!(
         disconnected,
         vec![
-            &McpEvent::ServerDisconnected {
+            &PlatformEvent::ServerDisconnected {
                 server_id: "roots".into(),
                 reason_code: ReasonCode::ToolCapabilityUnsupported
             },
-            &McpEvent::ServerDisconnected {
+            &PlatformEvent::ServerDisconnected {
                 server_id: "sampling".into(),
                 reason_code: ReasonCode::ToolCapabilityUnsupported
             }
@@ -658,7 +658,7 @@ async fn a_hostile_catalog_is_rejected_tool_by_tool_on_both_backends() {
             .events
             .iter()
             .filter_map(|event| match event {
-                McpEvent::ToolRejected {
+                PlatformEvent::ToolRejected {
                     remote_name,
                     reason,
                     ..
@@ -679,7 +679,7 @@ async fn a_hostile_catalog_is_rejected_tool_by_tool_on_both_backends() {
             ],
             "{backend}"
         );
-        assert!(prepared.events.contains(&McpEvent::CatalogConflict {
+        assert!(prepared.events.contains(&PlatformEvent::CatalogConflict {
             server_id: "hostile".into(),
             remote_names: vec!["Get Item".into(), "get-item".into()]
         }));
@@ -708,7 +708,10 @@ async fn a_hostile_catalog_is_rejected_tool_by_tool_on_both_backends() {
         // A second session pins the remembered discovery: no second
         // generation, and `mcp.server.pinned` instead of connected.
         let again = live.prepare().await;
-        assert!(matches!(again.events[0], McpEvent::ServerPinned { .. }));
+        assert!(matches!(
+            again.events[0],
+            PlatformEvent::ServerPinned { .. }
+        ));
         assert_eq!(
             store
                 .catalog_history(TENANT, "hostile")

@@ -176,7 +176,7 @@ impl Store for FaultyWatermark {
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, toolgate::ports::StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<toolgate::ports::StoredArtifact>, toolgate::ports::StoreError>;
         record_preparation(tenant: &'a str, record: &'a toolgate::ports::PreparationRecord, now: chrono::DateTime<Utc>) -> Result<Vec<bool>, toolgate::ports::StoreError>;
-        record_mcp_event(tenant: Option<&'a str>, event: &'a toolgate::ports::McpEvent, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
+        record_event(tenant: Option<&'a str>, event: &'a toolgate::ports::PlatformEvent, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
         catalog_history(tenant: &'a str, server: &'a str) -> Result<Vec<toolgate::ports::CatalogRow>, toolgate::ports::StoreError>;
     }
 

@@ -64,6 +64,11 @@ pub struct Served {
 
 impl Served {
     pub fn start() -> Served {
+        Served::start_with_hold(30)
+    }
+
+    /// With `approval_hold_seconds` set to `hold`.
+    pub fn start_with_hold(hold: u32) -> Served {
         let folder = tempfile::tempdir().unwrap();
         let root = folder.path();
         std::fs::write(
@@ -90,7 +95,7 @@ socket = "run/control.sock"
 
 [bridge]
 directory = "run/turns"
-approval_hold_seconds = 30
+approval_hold_seconds = {hold}
 turn_call_cap = 64
 
 [store]
@@ -366,7 +371,7 @@ fn a_script_calls_through_the_bridge_and_a_replay_executes_nothing() {
     let before = rows(&served);
 
     // The same script, a new turn, the same run and step: recorded outcomes.
-    let (_, socket, token) = served.turn(session, run, SCRIPT, None);
+    let (replay_turn, socket, token) = served.turn(session, run, SCRIPT, None);
     let replay = run_script(SCRIPT, &socket, &token);
     assert!(
         replay.status.success(),
@@ -378,12 +383,29 @@ fn a_script_calls_through_the_bridge_and_a_replay_executes_nothing() {
     assert_eq!(served.external_writes(), 1, "the replay wrote again");
     assert_eq!(rows(&served), before, "the replay recorded new calls");
 
-    // The outbox has the tool events, and nothing of the arguments.
+    let (status, _, _) = http(
+        &served.socket,
+        "DELETE",
+        &format!("/v1/turns/{replay_turn}"),
+        &[],
+        None,
+    );
+    assert_eq!(status, 200);
+
+    // The outbox has the tool and bridge events, and nothing of the arguments.
     let (status, events) = served.get("/v1/events?after=0");
     assert_eq!(status, 200);
     let events = String::from_utf8(events).unwrap();
     assert!(events.contains("tool.call.completed") && events.contains("mcp.server.connected"));
     assert!(!events.contains("hello from a script"));
+    let closed: Vec<Value> = events
+        .lines()
+        .map(|line| json_of(line.as_bytes()))
+        .filter(|event| event["event_type"] == "bridge.session.closed")
+        .collect();
+    assert_eq!(closed.len(), 1, "{events}");
+    assert_eq!(closed[0]["payload"]["calls"], 5);
+    assert_eq!(events.matches("bridge.session.opened").count(), 2);
     let (status, metrics) = served.get("/metrics");
     assert_eq!(status, 200);
     assert!(
@@ -562,4 +584,48 @@ fn the_python_client_tests_pass() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// An approval that outlives the hold suspends and closes the turn; once a
+/// human approves, the same script in a new turn for the same run and step
+/// resumes the waiting call, which runs exactly once.
+#[test]
+fn an_approval_past_the_hold_suspends_the_turn_and_a_rerun_resumes_it() {
+    let served = Served::start_with_hold(1);
+    let session = served.session();
+    let run = Uuid::new_v4();
+    let script = r#"
+import json
+from toolgate_bridge import BridgeError, call, text
+try:
+    print(json.dumps({"write": text(call("demo.external_write", line="held"))}))
+except BridgeError as error:
+    print(json.dumps({"error": error.code, "status": error.status}))
+"#;
+    let (_, socket, token) = served.turn(session, run, script, None);
+    let output = run_script(script, &socket, &token);
+    let first: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(first, json!({"error": "turn_suspended", "status": 409}));
+    assert!(!socket.exists(), "the suspended turn is closed");
+    assert_eq!(served.external_writes(), 0);
+
+    let (_, body) = served.get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+    let approvals = json_of(&body);
+    let id = approvals["approvals"][0]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, _) = served.post(
+        &format!("/v1/approvals/{id}?tenant_id={TENANT}"),
+        &json!({"decision": "approve", "approver": "ops"}),
+    );
+    assert_eq!(status, 200);
+
+    for _ in 0..2 {
+        let (_, socket, token) = served.turn(session, run, script, None);
+        let output = run_script(script, &socket, &token);
+        let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert!(result["write"].is_string(), "{result}");
+        assert_eq!(served.external_writes(), 1);
+    }
 }

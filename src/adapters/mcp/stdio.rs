@@ -28,8 +28,8 @@ use crate::domain::{
     ToolSpec, TrustLevel, canonicalize, sha256_hex,
 };
 use crate::ports::{
-    BoxFuture, Clock, CredentialResolver, DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpEvent,
-    McpServerRow, McpServers, ServerDiscovery, Store, Tool, ToolExecutionContext,
+    BoxFuture, Clock, CredentialResolver, DiscoveredTool, DiscoveryOutcome, LoadedSkill,
+    McpServerRow, McpServers, PlatformEvent, ServerDiscovery, Store, Tool, ToolExecutionContext,
 };
 
 /// Preparation slots shared by every server of one runtime.
@@ -381,7 +381,7 @@ impl StdioServer {
         }
         self.record(
             Some(tenant_id),
-            McpEvent::ServerConnected {
+            PlatformEvent::ServerConnected {
                 server_id: self.settings.server_id.clone(),
                 transport: Transport::Stdio,
                 tools: tools.len(),
@@ -405,7 +405,7 @@ impl StdioServer {
         drop(live);
         self.record(
             Some(tenant_id),
-            McpEvent::ServerDisconnected {
+            PlatformEvent::ServerDisconnected {
                 server_id: self.settings.server_id.clone(),
                 reason_code,
             },
@@ -413,10 +413,10 @@ impl StdioServer {
         .await;
     }
 
-    async fn record(&self, tenant_id: Option<&str>, event: McpEvent) {
+    async fn record(&self, tenant_id: Option<&str>, event: PlatformEvent) {
         if let Err(error) = self
             .store
-            .record_mcp_event(tenant_id, &event, self.clock.now())
+            .record_event(tenant_id, &event, self.clock.now())
             .await
         {
             tracing::warn!(server = %self.settings.server_id, error = %error, "mcp event not recorded");
@@ -733,7 +733,7 @@ async fn watch_list_changes(
             server
                 .record(
                     None,
-                    McpEvent::CatalogChanged {
+                    PlatformEvent::CatalogChanged {
                         server_id: server.settings.server_id.clone(),
                         old_hash,
                         new_hash: new_hash.clone(),

@@ -17,7 +17,7 @@ use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional
 use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
     ApprovalRecord, BoxFuture, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim,
-    EventRecord, Fence, InsertOutcome, InvocationRecord, McpEvent, NewInvocation,
+    EventRecord, Fence, InsertOutcome, InvocationRecord, NewInvocation, PlatformEvent,
     PreparationRecord, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 
@@ -1007,22 +1007,22 @@ impl Store for SqliteStore {
                 written.push(write_generation(&mut tx, tenant_id, generation, now).await?);
             }
             for event in &record.events {
-                insert_mcp_event(&mut tx, Some(tenant_id), event, now).await?;
+                insert_platform_event(&mut tx, Some(tenant_id), event, now).await?;
             }
             tx.commit().await.map_err(database_error)?;
             Ok(written)
         })
     }
 
-    fn record_mcp_event<'a>(
+    fn record_event<'a>(
         &'a self,
         tenant_id: Option<&'a str>,
-        event: &'a McpEvent,
+        event: &'a PlatformEvent,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin().await?;
-            insert_mcp_event(&mut tx, tenant_id, event, now).await?;
+            insert_platform_event(&mut tx, tenant_id, event, now).await?;
             tx.commit().await.map_err(database_error)
         })
     }
@@ -1192,10 +1192,10 @@ async fn write_generation(
     Ok(true)
 }
 
-async fn insert_mcp_event(
+async fn insert_platform_event(
     tx: &mut Transaction<'static, Sqlite>,
     tenant_id: Option<&str>,
-    event: &McpEvent,
+    event: &PlatformEvent,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     sqlx::query(
