@@ -302,7 +302,6 @@ pub async fn serve(
     let maintenance = worker.clone().spawn(pipeline, shutdown.clone());
     let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
     tracing::info!(socket = %config.control.socket.display(), "toolgate serving");
-    eprintln!("toolgate: serving on {}", config.control.socket.display());
 
     let mut terminate =
         signal(SignalKind::terminate()).map_err(|error| AppError::Startup(error.to_string()))?;
@@ -312,7 +311,7 @@ pub async fn serve(
         _ = terminate.recv() => {}
         _ = interrupt.recv() => {}
     }
-    eprintln!("toolgate: draining");
+    tracing::info!("toolgate draining");
     let drain = async {
         api.drain().await;
         shutdown.cancel();
@@ -323,12 +322,12 @@ pub async fn serve(
     };
     tokio::select! {
         _ = drain => {}
-        _ = terminate.recv() => eprintln!("toolgate: forced"),
-        _ = interrupt.recv() => eprintln!("toolgate: forced"),
+        _ = terminate.recv() => tracing::warn!("toolgate forced to stop"),
+        _ = interrupt.recv() => tracing::warn!("toolgate forced to stop"),
     }
     let _ = std::fs::remove_file(&config.control.socket);
     worker.release().await?;
-    eprintln!("toolgate: stopped");
+    tracing::info!("toolgate stopped");
     Ok(())
 }
 

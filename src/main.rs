@@ -10,6 +10,9 @@ use toolgate::ports::PlatformEvent;
 #[derive(Parser)]
 #[command(name = "toolgate", version, about)]
 struct Cli {
+    /// Log lines as JSON objects instead of text (to standard error).
+    #[arg(long, global = true)]
+    log_json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -52,6 +55,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs go to standard error; spans carry identity and classification
+    // only, never arguments or results.
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO);
+    if cli.log_json {
+        logs.json().with_current_span(true).init();
+    } else {
+        logs.init();
+    }
     let environment = std::env::vars().collect();
     match cli.command {
         Command::CheckConfig { file } => match toolgate::app::check_config(&file, &environment) {

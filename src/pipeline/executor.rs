@@ -426,7 +426,38 @@ impl Pipeline {
 
     /// The one pipeline function.
     pub async fn call(&self, request: CallRequest) -> CallOutcome {
-        match self.steps(&request).await {
+        use tracing::Instrument as _;
+        use tracing::field::Empty;
+        // The document's span: identity and classification, never arguments
+        // or results.
+        let span = tracing::info_span!(
+            "tool.execute",
+            tool.name = %request.name,
+            tool.source = Empty,
+            tool.version = Empty,
+            tool.idempotency_class = Empty,
+            tool.outcome_status = Empty,
+            tool.reason_code = Empty,
+            tool.truncated = Empty,
+            tool.parallel_group = ?request.parallel_group,
+        );
+        let outcome = self.call_steps(&request).instrument(span.clone()).await;
+        if let CallOutcome::Finished(finished) = &outcome {
+            span.record("tool.outcome_status", finished.outcome.status().as_str());
+            if let Some(code) = finished.outcome.reason_code() {
+                span.record("tool.reason_code", code.as_str());
+            }
+            let truncated = finished
+                .content
+                .iter()
+                .any(|part| matches!(part, RenderedPart::Artifact { .. }));
+            span.record("tool.truncated", truncated);
+        }
+        outcome
+    }
+
+    async fn call_steps(&self, request: &CallRequest) -> CallOutcome {
+        match self.steps(request).await {
             Ok(outcome) => outcome,
             // The store failing is the one thing the pipeline cannot record;
             // the caller learns the call is not known to have run.
@@ -438,6 +469,7 @@ impl Pipeline {
     }
 
     async fn steps(&self, request: &CallRequest) -> Result<CallOutcome, StoreError> {
+        use tracing::Instrument as _;
         // 1. Resolve against the pinned set: unknown is denied before policy.
         self.reached(Point::Resolve, request);
         let Some(pinned) = request.pinned.resolve(&request.name) else {
@@ -445,6 +477,11 @@ impl Pipeline {
         };
         let tool = pinned.tool.clone();
         let spec = &tool.spec;
+        let span = tracing::Span::current();
+        span.record("tool.name", spec.name.as_str());
+        span.record("tool.source", spec.source.as_str());
+        span.record("tool.version", spec.version.as_str());
+        span.record("tool.idempotency_class", spec.idempotency.as_str());
 
         // 2. Enabled for this agent.
         self.reached(Point::Enabled, request);
@@ -470,7 +507,9 @@ impl Pipeline {
 
         // 4. Validate.
         self.reached(Point::Validate, request);
-        let canonical = match tool.input.validate(request.arguments.clone()) {
+        let validated = tracing::info_span!("tool.validate")
+            .in_scope(|| tool.input.validate(request.arguments.clone()));
+        let canonical = match validated {
             Ok(canonical) => canonical,
             Err(error) => {
                 let detail = vec![RenderedPart::Text {
@@ -559,7 +598,12 @@ impl Pipeline {
             origin_trust: request.origin_trust,
             argument_trust: request.argument_trust.minimum(argument_names),
         };
-        let decision = match self.policy.evaluate(&action).await {
+        let decision = match self
+            .policy
+            .evaluate(&action)
+            .instrument(tracing::info_span!("policy.evaluate"))
+            .await
+        {
             PolicyDecision::Deny(code) => PolicyDecision::Deny(breaker::denial(&tally, code)),
             other => other,
         };

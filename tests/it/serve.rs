@@ -60,6 +60,8 @@ pub struct Served {
     pub folder: tempfile::TempDir,
     pub child: Option<Child>,
     pub socket: PathBuf,
+    /// Everything the process logged (JSON lines), drained as it comes.
+    pub logs: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Served {
@@ -122,8 +124,8 @@ required_scopes = ["mcp.reads.use"]
             crate::mcp::scripted_server().display()
         );
         std::fs::write(root.join("toolgate.toml"), config).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-            .args(["serve", "--migrate", "--config"])
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["--log-json", "serve", "--migrate", "--config"])
             .arg(root.join("toolgate.toml"))
             .env_remove("TOOLGATE_STORE_URL")
             .env_remove("TOOLGATE_CONTROL_SOCKET")
@@ -131,6 +133,21 @@ required_scopes = ["mcp.reads.use"]
             .stderr(Stdio::piped())
             .spawn()
             .expect("toolgate serve starts");
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        if let Some(mut stderr) = child.stderr.take() {
+            let logs = logs.clone();
+            std::thread::spawn(move || {
+                let mut buffer = [0u8; 8192];
+                while let Ok(read) = stderr.read(&mut buffer) {
+                    if read == 0 {
+                        break;
+                    }
+                    logs.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buffer[..read]));
+                }
+            });
+        }
         let socket = root.join("run/control.sock");
         let started = Instant::now();
         while UnixStream::connect(&socket).is_err() {
@@ -144,6 +161,7 @@ required_scopes = ["mcp.reads.use"]
             folder,
             child: Some(child),
             socket,
+            logs,
         }
     }
 
@@ -415,6 +433,20 @@ fn a_script_calls_through_the_bridge_and_a_replay_executes_nothing() {
     );
 
     assert!(served.stop(), "SIGTERM drains and exits 0");
+    // Structured logs: JSON lines, the document's span names, and nothing of
+    // what was called with or returned.
+    let logs = served.logs.lock().unwrap().clone();
+    assert!(
+        logs.contains("toolgate serving") && logs.contains("toolgate stopped"),
+        "{logs}"
+    );
+    for line in logs.lines().filter(|line| !line.trim().is_empty()) {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+    }
+    assert!(
+        !logs.contains("hello from a script") && !logs.contains(&token),
+        "{logs}"
+    );
     assert!(!served.socket.exists(), "the control socket is removed");
     assert!(!socket.exists(), "turn sockets are removed");
 }

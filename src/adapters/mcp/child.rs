@@ -15,6 +15,7 @@ use tokio::process::{Child, ChildStderr, Command};
 
 use crate::domain::SecretValue;
 use crate::domain::environment::{SYNTHESIZED, is_tier0};
+use crate::domain::secret::scrub;
 
 /// The PATH every stdio server gets: the system's program folders and
 /// nothing from toolgate's own environment.
@@ -136,9 +137,13 @@ pub fn spawn(spec: &ChildSpec) -> Result<Child, ChildError> {
 }
 
 /// Drains a child's stderr into log lines, each cut to
-/// [`MAXIMUM_STDERR_LINE`] bytes, until the pipe closes. Returns how many
-/// lines it logged.
-pub async fn drain_stderr(server_id: String, stderr: ChildStderr) -> usize {
+/// [`MAXIMUM_STDERR_LINE`] bytes and scrubbed of `secrets`, until the pipe
+/// closes. Returns how many lines it logged.
+pub async fn drain_stderr(
+    server_id: String,
+    stderr: ChildStderr,
+    secrets: Vec<SecretValue>,
+) -> usize {
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
     let mut count = 0;
@@ -149,7 +154,9 @@ pub async fn drain_stderr(server_id: String, stderr: ChildStderr) -> usize {
         match read_bounded_line(&mut reader, &mut line).await {
             Ok(0) => return count,
             Ok(_) => {
-                let text = String::from_utf8_lossy(&line);
+                // A server can print its own environment; its credential
+                // never reaches a log line.
+                let text = scrub(&String::from_utf8_lossy(&line), &secrets);
                 tracing::info!(server = %server_id, line = %text.trim_end(), "mcp server stderr");
                 count += 1;
             }
@@ -268,7 +275,7 @@ mod tests {
             "printf 'one\\n' >&2; head -c 5000 /dev/zero | tr '\\0' x >&2; printf '\\ntwo\\n' >&2";
         let mut child = spawn(&spec(folder.path(), "/bin/sh", &["-c", script])).unwrap();
         let stderr = child.stderr.take().unwrap();
-        let lines = tokio::spawn(drain_stderr("probe".into(), stderr));
+        let lines = tokio::spawn(drain_stderr("probe".into(), stderr, Vec::new()));
         child.wait().await.unwrap();
         assert_eq!(lines.await.unwrap(), 3);
     }

@@ -286,7 +286,12 @@ impl Connection {
             return Err(ClientError::Handshake { server_id });
         };
         if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(child::drain_stderr(server_id.clone(), stderr));
+            let secrets = spec
+                .credential
+                .iter()
+                .map(|(_, value)| value.clone())
+                .collect();
+            tokio::spawn(child::drain_stderr(server_id.clone(), stderr, secrets));
         }
         let (list_changed, _) = watch::channel(0);
         let signals = Arc::new(Signals {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
+use tracing::Instrument as _;
 
 use super::catalog::{MAXIMUM_DESCRIPTION_BYTES, RemoteTool, catalog_hash, cut, map_catalog};
 use super::child::ChildSpec;
@@ -457,6 +458,11 @@ impl StdioServer {
         };
         let answer = connection
             .call_tool(remote_name, arguments, self.request_timeout(context))
+            .instrument(tracing::info_span!(
+                "mcp.request",
+                mcp.server = %self.settings.server_id,
+                mcp.method = "tools/call"
+            ))
             .await;
         *lock(&self.last_used) = Instant::now();
         let result = match answer {
