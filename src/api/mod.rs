@@ -33,11 +33,11 @@ use crate::domain::{
 use crate::pipeline::{
     CallOutcome, CallRequest, Finished, PinnedToolSet, Pipeline, ToolRegistry, prepare_mcp,
 };
-use crate::ports::{Clock, InvocationRecord, McpServers, PlatformEvent, Store};
+use crate::ports::{Clock, InvocationRecord, McpServers, PlatformEvent, ReviewRecord, Store};
 
 use wire::{
-    ApprovalDecision, BridgeCall, CallsRequest, OpenSession, OpenTurn, error_body, invocation_view,
-    rendered_content,
+    ApprovalDecision, BridgeCall, CallsRequest, OpenSession, OpenTurn, ReviewDecision, error_body,
+    invocation_view, rendered_content,
 };
 
 /// What the API is configured with.
@@ -313,6 +313,7 @@ impl ControlApi {
         let query = wire::query(request.uri().query());
         let segments: Vec<&str> = path.iter().map(String::as_str).collect();
         let method = request.method().clone();
+        let headers = request.headers().clone();
         let mutating = method != Method::GET;
         if mutating && self.draining.load(Ordering::SeqCst) {
             return error(
@@ -341,7 +342,9 @@ impl ControlApi {
             (Method::POST, ["v1", "approvals", id]) => self.decide(id, &query, request).await,
             (Method::GET, ["v1", "invocations", id]) => self.invocation(id, &query).await,
             (Method::GET, ["v1", "runs", id, "invocations"]) => self.run(id, &query).await,
-            (Method::GET, ["v1", "events"]) => self.events(&query).await,
+            (Method::GET, ["v1", "events"]) => self.events(&query, &headers).await,
+            (Method::GET, ["v1", "review"]) => self.review_queue(&query).await,
+            (Method::POST, ["v1", "review", id]) => self.resolve(id, &query, request).await,
             _ => Ok(not_found()),
         };
         result.unwrap_or_else(|Refused(reply)| *reply)
@@ -722,7 +725,63 @@ impl ControlApi {
         Ok(reply(StatusCode::OK, &json!({"invocations": views})))
     }
 
-    async fn events(&self, query: &HashMap<String, String>) -> Result<Reply, Refused> {
+    async fn review_queue(&self, query: &HashMap<String, String>) -> Result<Reply, Refused> {
+        let tenant = Self::tenant(query)?;
+        let rows = self
+            .store
+            .review_queue(&tenant, 1000)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        let views: Vec<Value> = rows.iter().map(invocation_view).collect();
+        Ok(reply(StatusCode::OK, &json!({"uncertain": views})))
+    }
+
+    async fn resolve(
+        &self,
+        id: &str,
+        query: &HashMap<String, String>,
+        request: Request<Incoming>,
+    ) -> Result<Reply, Refused> {
+        let tenant = Self::tenant(query)?;
+        let Ok(invocation_id) = id.parse::<Uuid>() else {
+            return Ok(not_found());
+        };
+        let decision: ReviewDecision = self.body(request).await?;
+        let review = ReviewRecord {
+            invocation_id,
+            resolution: decision.resolution,
+            resolver: decision.resolver,
+            note: decision.note,
+            resolved_at: self.clock.now(),
+        };
+        let recorded = self
+            .store
+            .resolve_review(&tenant, &review)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        Ok(if recorded {
+            reply(
+                StatusCode::OK,
+                &json!({"invocation_id": invocation_id, "resolution": review.resolution}),
+            )
+        } else {
+            error(
+                StatusCode::CONFLICT,
+                "not_in_review",
+                "no unresolved uncertain invocation has this id",
+            )
+        })
+    }
+
+    async fn events(
+        &self,
+        query: &HashMap<String, String>,
+        headers: &hyper::HeaderMap,
+    ) -> Result<Reply, Refused> {
+        let sse = headers
+            .get(hyper::header::ACCEPT)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|accept| accept.contains("text/event-stream"));
         let after = query
             .get("after")
             .and_then(|after| after.parse().ok())
@@ -739,23 +798,33 @@ impl ControlApi {
             .map_err(|_| Self::store_failed())?;
         let mut lines = String::new();
         for event in events {
-            lines.push_str(
-                &json!({
-                    "id": event.id,
-                    "event_type": event.event_type,
-                    "tenant_id": event.tenant_id,
-                    "payload": event.payload,
-                    "created_at": event.created_at,
-                })
-                .to_string(),
-            );
-            lines.push('\n');
+            let body = json!({
+                "id": event.id,
+                "event_type": event.event_type,
+                "tenant_id": event.tenant_id,
+                "payload": event.payload,
+                "created_at": event.created_at,
+            });
+            if sse {
+                // The id is the cursor a reconnecting reader sends back.
+                lines.push_str(&format!(
+                    "id: {}\nevent: {}\ndata: {body}\n\n",
+                    event.id, event.event_type
+                ));
+            } else {
+                lines.push_str(&body.to_string());
+                lines.push('\n');
+            }
         }
         let mut response = Response::new(Full::new(Bytes::from(lines)));
-        response.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/x-ndjson"),
-        );
+        let media = if sse {
+            "text/event-stream"
+        } else {
+            "application/x-ndjson"
+        };
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(media));
         Ok(response)
     }
 

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::domain::{AgentSpec, Principal, ToolOutcome, TrustLevel};
+use crate::domain::{AgentSpec, Principal, ReviewResolution, ToolOutcome, TrustLevel};
 use crate::pipeline::RenderedPart;
 use crate::ports::InvocationRecord;
 
@@ -67,6 +67,16 @@ fn untrusted() -> TrustLevel {
 pub struct ApprovalDecision {
     pub decision: String,
     pub approver: String,
+}
+
+/// `POST /v1/review/{invocation_id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReviewDecision {
+    pub resolution: ReviewResolution,
+    pub resolver: String,
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// The bridge's `POST /v1/call`.

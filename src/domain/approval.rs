@@ -13,3 +13,13 @@ closed_enum! {
         Expired => "expired",
     }
 }
+
+closed_enum! {
+    /// A human's verdict on an UNCERTAIN invocation, recorded beside it.
+    pub enum ReviewResolution {
+        /// The effect happened (found in the remote system).
+        EffectApplied => "effect_applied",
+        /// The effect did not happen.
+        EffectNotApplied => "effect_not_applied",
+    }
+}

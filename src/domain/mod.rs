@@ -70,7 +70,7 @@ pub mod skill;
 pub mod tool;
 pub mod trust;
 
-pub use approval::ApprovalStatus;
+pub use approval::{ApprovalStatus, ReviewResolution};
 pub use canonical::{CanonicalArguments, CanonicalError, canonicalize, sha256_hex};
 pub use event::ToolEventKind;
 pub use idempotency::idempotency_key;

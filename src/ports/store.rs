@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use crate::domain::mcp_server::{AuthScheme, Transport};
 use crate::domain::{
-    ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode, RiskLevel,
-    SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+    ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode, ReviewResolution,
+    RiskLevel, SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 
 use super::tool::BoxFuture;
@@ -616,6 +616,21 @@ pub struct PreparationRecord {
     pub events: Vec<PlatformEvent>,
 }
 
+/// A human's resolution of an UNCERTAIN invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewRecord {
+    /// The invocation reviewed.
+    pub invocation_id: Uuid,
+    /// The verdict.
+    pub resolution: ReviewResolution,
+    /// Who gave it.
+    pub resolver: String,
+    /// Why, in the reviewer's words.
+    pub note: Option<String>,
+    /// When.
+    pub resolved_at: DateTime<Utc>,
+}
+
 /// The durable record. Each method is one short transaction; none is held
 /// across tool I/O.
 pub trait Store: Send + Sync {
@@ -855,6 +870,23 @@ pub trait Store: Send + Sync {
         tenant_id: &'a str,
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<CatalogRow>, StoreError>>;
+
+    /// The review queue: the tenant's UNCERTAIN invocations no human has
+    /// resolved yet, oldest first, at most `limit`.
+    fn review_queue<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        limit: i64,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
+
+    /// Records a resolution beside an UNCERTAIN invocation; the invocation's
+    /// own row is not touched. Returns false when the invocation is not
+    /// UNCERTAIN, is not the tenant's, or was already resolved.
+    fn resolve_review<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        review: &'a ReviewRecord,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Events after the cursor, in id order; only ids no running transaction
     /// can still fill in below, so a reader never skips one.

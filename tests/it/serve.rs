@@ -77,7 +77,7 @@ impl Served {
             root.join("policy.toml"),
             r#"
 [[rules]]
-tools = ["demo.echo", "mcp.reads.*"]
+tools = ["demo.echo", "mcp.reads.*", "mcp.writes.*"]
 decision = "allow"
 
 [[rules]]
@@ -114,14 +114,21 @@ state_directory = "state/mcp"
 
 [[mcp.servers]]
 server_id = "reads"
-command = "{}"
+command = "{server}"
 env = {{ SCRIPTED_CATALOG = "basic" }}
 side_effect = "external_read"
 risk = "low"
 idempotency = "read_only"
 required_scopes = ["mcp.reads.use"]
+
+[[mcp.servers]]
+server_id = "writes"
+command = "{server}"
+env = {{ SCRIPTED_CATALOG = "basic", SCRIPTED_EFFECTS = "{effects}" }}
+required_scopes = ["mcp.writes.use"]
 "#,
-            crate::mcp::scripted_server().display()
+            server = crate::mcp::scripted_server().display(),
+            effects = root.join("writes.effects").display()
         );
         std::fs::write(root.join("toolgate.toml"), config).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
@@ -190,7 +197,7 @@ required_scopes = ["mcp.reads.use"]
             &json!({
                 "session_id": session_id,
                 "tenant_id": TENANT,
-                "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.reads.use"]},
+                "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.reads.use", "mcp.writes.use"]},
                 "agent": {"tools": ["demo.*", "mcp.*"]},
             }),
         );
@@ -660,4 +667,74 @@ except BridgeError as error:
         assert!(result["write"].is_string(), "{result}");
         assert_eq!(served.external_writes(), 1);
     }
+}
+
+/// The review queue over the control API: a write whose server died after
+/// dispatch is UNCERTAIN, listed for review, resolved by a human once, and
+/// its recorded row is unchanged by the resolution.
+#[test]
+fn uncertain_calls_reach_the_review_queue() {
+    let served = Served::start();
+    let session = served.session();
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({
+            "session_id": session, "run_id": Uuid::new_v4(), "step_number": 1, "origin_trust": "user",
+            "calls": [{"call_id": "w1", "name": "mcp.writes.write_then_die", "arguments": {"line": "x"}}]
+        }),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "uncertain",
+        "{body}"
+    );
+    let id = body["results"][0]["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let (status, queue) = served.get(&format!("/v1/review?tenant_id={TENANT}"));
+    assert_eq!(status, 200);
+    let queue = json_of(&queue);
+    assert_eq!(queue["uncertain"][0]["invocation_id"], json!(id), "{queue}");
+    let (_, before) = served.get(&format!("/v1/invocations/{id}?tenant_id={TENANT}"));
+
+    let resolution =
+        json!({"resolution": "effect_applied", "resolver": "ops", "note": "one line landed"});
+    let (status, body) = served.post(&format!("/v1/review/{id}?tenant_id={TENANT}"), &resolution);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = served.post(&format!("/v1/review/{id}?tenant_id={TENANT}"), &resolution);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("not_in_review"))
+    );
+    let (status, body) = served.post(
+        &format!("/v1/review/{id}?tenant_id={TENANT}"),
+        &json!({"resolution": "maybe", "resolver": "ops"}),
+    );
+    assert_eq!(status, 400, "{body}");
+    let (_, queue) = served.get(&format!("/v1/review?tenant_id={TENANT}"));
+    assert_eq!(json_of(&queue)["uncertain"], json!([]));
+    let (_, after) = served.get(&format!("/v1/invocations/{id}?tenant_id={TENANT}"));
+    assert_eq!(json_of(&after), json_of(&before));
+
+    // The event stream as server-sent events, from a cursor.
+    let (status, head, body) = http(
+        &served.socket,
+        "GET",
+        "/v1/events?after=0",
+        &[("Accept", "text/event-stream")],
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/event-stream"),
+        "{head}"
+    );
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        text.starts_with("id: ") && text.contains("\nevent: tool.call.uncertain\n"),
+        "{text}"
+    );
 }

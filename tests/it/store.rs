@@ -983,3 +983,122 @@ async fn the_catalog_is_a_history() {
         );
     }
 }
+
+/// The review queue lists a tenant's unresolved UNCERTAIN invocations; a
+/// resolution is recorded beside the row, once, and the row itself stays as
+/// it was recorded.
+#[tokio::test]
+async fn the_review_queue_records_resolutions_beside_the_row() {
+    use toolgate::domain::{ReasonCode, ReviewResolution};
+    use toolgate::ports::ReviewRecord;
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let mut ended = Vec::new();
+        for (call, outcome) in [("uncertain", true), ("succeeded", false)] {
+            let new = new_invocation(
+                "tenant-a",
+                Uuid::new_v4(),
+                call,
+                InvocationStatus::Authorized,
+            );
+            let fence = insert(store.as_ref(), &new, worker_id)
+                .await
+                .fence()
+                .unwrap();
+            let running = store
+                .claim_invocation("tenant-a", new.id, fence, now(), &[])
+                .await
+                .unwrap()
+                .expect("claims");
+            let terminal = if outcome {
+                TerminalRecord::without_result(ReasonCode::ToolOutcomeUnknown)
+            } else {
+                succeeded()
+            };
+            assert!(
+                store
+                    .complete_invocation(
+                        "tenant-a",
+                        new.id,
+                        running.fence().unwrap(),
+                        &terminal,
+                        &[],
+                        now()
+                    )
+                    .await
+                    .unwrap()
+            );
+            ended.push(new.id);
+        }
+        let (uncertain, succeeded_id) = (ended[0], ended[1]);
+        let queue = store.review_queue("tenant-a", 100).await.unwrap();
+        assert_eq!(
+            queue.iter().map(|row| row.id).collect::<Vec<_>>(),
+            vec![uncertain],
+            "{name}"
+        );
+        assert!(
+            store
+                .review_queue("tenant-b", 100)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let before = store
+            .invocation("tenant-a", uncertain)
+            .await
+            .unwrap()
+            .unwrap();
+
+        let review = |invocation_id| ReviewRecord {
+            invocation_id,
+            resolution: ReviewResolution::EffectApplied,
+            resolver: "ops@example.com".into(),
+            note: Some("found the line in the remote log".into()),
+            resolved_at: now(),
+        };
+        assert!(
+            !store
+                .resolve_review("tenant-b", &review(uncertain))
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        assert!(
+            !store
+                .resolve_review("tenant-a", &review(succeeded_id))
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        assert!(
+            store
+                .resolve_review("tenant-a", &review(uncertain))
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        assert!(
+            !store
+                .resolve_review("tenant-a", &review(uncertain))
+                .await
+                .unwrap(),
+            "a second resolution"
+        );
+        assert!(
+            store
+                .review_queue("tenant-a", 100)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{name}"
+        );
+        let after = store
+            .invocation("tenant-a", uncertain)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(after, before, "{name}: the row is what was recorded");
+    }
+}

@@ -63,6 +63,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "mcp_servers",
         sql: include_str!("../../../migrations/postgres/0005_mcp_servers.sql"),
     },
+    Migration {
+        version: 6,
+        description: "review resolutions",
+        sql: include_str!("../../../migrations/postgres/0006_review.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -91,6 +96,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 5,
         description: "mcp_servers",
         sql: include_str!("../../../migrations/sqlite/0005_mcp_servers.sql"),
+    },
+    Migration {
+        version: 6,
+        description: "review resolutions",
+        sql: include_str!("../../../migrations/sqlite/0006_review.sql"),
     },
 ];
 
