@@ -165,6 +165,7 @@ fn main() {
             Arc::new(EnvFileResolver::default()),
             store.clone(),
             clock.clone(),
+            Arc::default(),
         );
         let prepared = prepare_mcp(
             &registry,

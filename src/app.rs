@@ -21,9 +21,10 @@ use crate::config::{Config, ConfigErrors};
 use crate::domain::mcp_server::{AuthScheme, ServerClassification};
 use crate::domain::secret::CredentialRef;
 use crate::pipeline::{
-    Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
-    WorkerSettings, register_discoveries,
+    MeteredStore, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry,
+    Unobserved, Worker, WorkerSettings, register_discoveries,
 };
+use crate::ports::metrics::Metrics;
 use crate::ports::{Clock, McpServers, PlatformEvent, PolicyEngine, StoreError, SystemClock};
 
 /// Why a command could not run.
@@ -153,6 +154,7 @@ pub async fn discover(
         Arc::new(EnvFileResolver::new(environment.clone())),
         store,
         Arc::new(SystemClock),
+        Arc::default(),
     );
     let registry = ToolRegistry::with_builtins(
         RegistryLimits {
@@ -260,9 +262,11 @@ pub async fn serve(
         )
         .await?,
     );
+    let metrics = Arc::new(Metrics::default());
     let pipeline = Arc::new(Pipeline::new(PipelineParts {
         registry: registry.clone(),
-        store: store.clone(),
+        // The pipeline's writes are counted as they commit.
+        store: Arc::new(MeteredStore::new(store.clone(), metrics.clone())),
         policy,
         artifacts: Arc::new(FsArtifactStore::new(config.artifacts.directory.clone())),
         credentials: credentials.clone(),
@@ -278,6 +282,7 @@ pub async fn serve(
         credentials,
         store.clone(),
         clock.clone(),
+        metrics.clone(),
     ));
     let sweeper = servers.spawn_idle_sweeper();
     let turns = Turns::new(&config.bridge.directory)
@@ -295,6 +300,7 @@ pub async fn serve(
             batch_concurrency: usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
             ..ApiSettings::default()
         },
+        metrics,
     });
     let listener = bind_control(&config.control.socket)?;
     let shutdown = CancellationToken::new();

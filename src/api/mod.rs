@@ -33,6 +33,7 @@ use crate::domain::{
 use crate::pipeline::{
     CallOutcome, CallRequest, Finished, PinnedToolSet, Pipeline, ToolRegistry, prepare_mcp,
 };
+use crate::ports::metrics::Metrics;
 use crate::ports::{Clock, InvocationRecord, McpServers, PlatformEvent, ReviewRecord, Store};
 
 use wire::{
@@ -78,12 +79,10 @@ struct Session {
     pinned: Arc<PinnedToolSet>,
 }
 
-/// Counters `/metrics` exposes (no tenant label).
+/// What `/metrics` exposes beside the registry: requests being served.
 #[derive(Default)]
-struct Metrics {
-    calls: Mutex<HashMap<(&'static str, &'static str), u64>>,
+struct Gauges {
     requests_in_flight: AtomicU64,
-    bridge_refusals: AtomicU64,
 }
 
 /// The control API's state: the parts it drives and the sessions and turns
@@ -100,7 +99,8 @@ pub struct ControlApi {
     settings: ApiSettings,
     draining: AtomicBool,
     idle: tokio::sync::Notify,
-    metrics: Metrics,
+    gauges: Gauges,
+    metrics: Arc<Metrics>,
 }
 
 /// The parts a control API is built from.
@@ -119,6 +119,9 @@ pub struct ApiParts {
     pub turns: Turns,
     /// Limits.
     pub settings: ApiSettings,
+    /// The registry `/metrics` renders (the pipeline's store and the MCP
+    /// adapter count into it).
+    pub metrics: Arc<Metrics>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -182,7 +185,8 @@ impl ControlApi {
             settings: parts.settings,
             draining: AtomicBool::new(false),
             idle: tokio::sync::Notify::new(),
-            metrics: Metrics::default(),
+            gauges: Gauges::default(),
+            metrics: parts.metrics,
         })
     }
 
@@ -247,7 +251,7 @@ impl ControlApi {
     pub async fn drain(&self) {
         self.draining.store(true, Ordering::SeqCst);
         let deadline = tokio::time::Instant::now() + self.settings.drain_timeout;
-        while self.metrics.requests_in_flight.load(Ordering::SeqCst) > 0 {
+        while self.gauges.requests_in_flight.load(Ordering::SeqCst) > 0 {
             if tokio::time::timeout_at(deadline, self.idle.notified())
                 .await
                 .is_err()
@@ -268,12 +272,12 @@ impl ControlApi {
     }
 
     async fn tracked(&self, work: impl Future<Output = Reply>) -> Reply {
-        self.metrics
+        self.gauges
             .requests_in_flight
             .fetch_add(1, Ordering::SeqCst);
         let reply = work.await;
         if self
-            .metrics
+            .gauges
             .requests_in_flight
             .fetch_sub(1, Ordering::SeqCst)
             == 1
@@ -548,24 +552,21 @@ impl ControlApi {
             .calls
             .iter()
             .zip(&outcomes)
-            .map(|(call, outcome)| {
-                self.count(outcome);
-                match outcome {
-                    CallOutcome::Finished(finished) => json!({
-                        "call_id": call.call_id,
-                        "invocation_id": finished.invocation_id,
-                        "outcome": finished.outcome,
-                        "content": rendered_content(&finished.content),
-                    }),
-                    CallOutcome::Pending {
-                        invocation_id,
-                        approval_id,
-                    } => json!({
-                        "call_id": call.call_id,
-                        "invocation_id": invocation_id,
-                        "pending": {"approval_id": approval_id},
-                    }),
-                }
+            .map(|(call, outcome)| match outcome {
+                CallOutcome::Finished(finished) => json!({
+                    "call_id": call.call_id,
+                    "invocation_id": finished.invocation_id,
+                    "outcome": finished.outcome,
+                    "content": rendered_content(&finished.content),
+                }),
+                CallOutcome::Pending {
+                    invocation_id,
+                    approval_id,
+                } => json!({
+                    "call_id": call.call_id,
+                    "invocation_id": invocation_id,
+                    "pending": {"approval_id": approval_id},
+                }),
             })
             .collect();
         Ok(reply(
@@ -574,51 +575,11 @@ impl ControlApi {
         ))
     }
 
-    fn count(&self, outcome: &CallOutcome) {
-        let status = match outcome.status() {
-            Some(status) => status.as_str(),
-            None => "pending",
-        };
-        let tool = match outcome {
-            CallOutcome::Finished(finished) => match finished.outcome.reason_code() {
-                Some(code) => code.as_str(),
-                None => "none",
-            },
-            CallOutcome::Pending { .. } => "none",
-        };
-        *self
-            .metrics
-            .calls
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .entry((status, tool))
-            .or_default() += 1;
-    }
-
     fn metrics(&self) -> Reply {
-        let mut text = String::from(
-            "# HELP tool_calls_total Calls ended, by outcome status and reason code.\n# TYPE tool_calls_total counter\n",
-        );
-        let calls = self
-            .metrics
-            .calls
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
-        let mut rows: Vec<_> = calls.into_iter().collect();
-        rows.sort();
-        for ((status, code), count) in rows {
-            text.push_str(&format!(
-                "tool_calls_total{{outcome_status=\"{status}\",reason_code=\"{code}\"}} {count}\n"
-            ));
-        }
+        let mut text = self.metrics.render();
         text.push_str(&format!(
             "# HELP toolgate_requests_in_flight Control and bridge requests being served.\n# TYPE toolgate_requests_in_flight gauge\ntoolgate_requests_in_flight {}\n",
-            self.metrics.requests_in_flight.load(Ordering::SeqCst)
-        ));
-        text.push_str(&format!(
-            "# HELP bridge_refusals_total Bridge requests refused before any call.\n# TYPE bridge_refusals_total counter\nbridge_refusals_total {}\n",
-            self.metrics.bridge_refusals.load(Ordering::SeqCst)
+            self.gauges.requests_in_flight.load(Ordering::SeqCst)
         ));
         let mut response = Response::new(Full::new(Bytes::from(text)));
         response.headers_mut().insert(
@@ -981,7 +942,8 @@ impl ControlApi {
     }
 
     fn refuse(&self, status: StatusCode, code: &str, message: &str) -> Reply {
-        self.metrics.bridge_refusals.fetch_add(1, Ordering::SeqCst);
+        self.metrics
+            .increment("bridge_refusals_total", vec![("code", code.to_owned())]);
         error(status, code, message)
     }
 
@@ -1050,7 +1012,10 @@ impl ControlApi {
                 let call: BridgeCall = match self.body(request).await {
                     Ok(call) => call,
                     Err(Refused(reply)) => {
-                        self.metrics.bridge_refusals.fetch_add(1, Ordering::SeqCst);
+                        self.metrics.increment(
+                            "bridge_refusals_total",
+                            vec![("code", "invalid_request".to_owned())],
+                        );
                         return *reply;
                     }
                 };
@@ -1114,7 +1079,6 @@ impl ControlApi {
             }
             outcome = self.pipeline.call(request.clone()).await;
         }
-        self.count(&outcome);
         match outcome {
             CallOutcome::Finished(Finished {
                 outcome, content, ..

@@ -6,6 +6,7 @@
 
 pub mod breaker;
 pub mod executor;
+pub mod metered;
 pub mod output;
 pub mod preparation;
 pub mod recovery;
@@ -17,6 +18,7 @@ pub use executor::{
     CallOutcome, CallRequest, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
     RecoveryReport, StepObserver, Unobserved,
 };
+pub use metered::MeteredStore;
 pub use output::RenderedPart;
 pub use preparation::{PreparedCatalog, prepare_mcp, register_discoveries};
 pub use registry::{

@@ -6,6 +6,7 @@
 
 pub mod clock;
 pub mod mcp;
+pub mod metrics;
 pub mod policy;
 pub mod store;
 pub mod tool;

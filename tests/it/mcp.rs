@@ -226,6 +226,7 @@ async fn live(
         )),
         store.clone(),
         Arc::new(SystemClock),
+        Arc::default(),
     ));
     Live {
         harness,

@@ -433,11 +433,16 @@ fn a_script_calls_through_the_bridge_and_a_replay_executes_nothing() {
     assert_eq!(events.matches("bridge.session.opened").count(), 2);
     let (status, metrics) = served.get("/metrics");
     assert_eq!(status, 200);
-    assert!(
-        String::from_utf8(metrics)
-            .unwrap()
-            .contains("tool_calls_total{outcome_status=\"succeeded\"")
-    );
+    let metrics = String::from_utf8(metrics).unwrap();
+    for expected in [
+        r#"tool_calls_total{name="demo.echo",source="builtin",outcome_status="succeeded"}"#,
+        r#"tool_failures_total{name="demo.keyed_write",source="builtin",reason_code="policy.rule.denied"}"#,
+        r#"tool_duration_seconds_count{name="mcp.reads.echo",source="mcp"}"#,
+        r#"mcp_requests_total{server="reads",method="tools/call",outcome="ok"}"#,
+    ] {
+        assert!(metrics.contains(expected), "{expected} missing:\n{metrics}");
+    }
+    assert!(!metrics.contains(TENANT), "no tenant label");
 
     assert!(served.stop(), "SIGTERM drains and exits 0");
     // Structured logs: JSON lines, the document's span names, and nothing of

@@ -28,6 +28,7 @@ use crate::domain::{
     SkillMetadata, TargetKind, ToolFailure, ToolFailureKind, ToolKind, ToolResult, ToolSource,
     ToolSpec, TrustLevel, canonicalize, sha256_hex,
 };
+use crate::ports::metrics::Metrics;
 use crate::ports::{
     BoxFuture, Clock, CredentialResolver, DiscoveredTool, DiscoveryOutcome, LoadedSkill,
     McpServerRow, McpServers, PlatformEvent, ServerDiscovery, Store, Tool, ToolExecutionContext,
@@ -132,6 +133,7 @@ pub struct StdioServer {
     /// The credential the live child was given: scrubbed from everything
     /// the server returns, since a server can echo its own environment.
     credential: Mutex<Option<SecretValue>>,
+    metrics: Arc<Metrics>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -177,6 +179,13 @@ impl StdioServer {
             .await
             .map_err(|error| {
                 tracing::warn!(server = %self.settings.server_id, error = %error, "mcp connect failed");
+                self.metrics.increment(
+                    "mcp_connect_failures_total",
+                    vec![
+                        ("server", self.settings.server_id.clone()),
+                        ("reason_code", error.reason_code().as_str().to_owned()),
+                    ],
+                );
                 error.reason_code()
             })
     }
@@ -465,6 +474,19 @@ impl StdioServer {
             ))
             .await;
         *lock(&self.last_used) = Instant::now();
+        let outcome = match &answer {
+            Ok(call) if call.is_error => "error_result",
+            Ok(_) => "ok",
+            Err(error) => error.reason_code().as_str(),
+        };
+        self.metrics.increment(
+            "mcp_requests_total",
+            vec![
+                ("server", self.settings.server_id.clone()),
+                ("method", "tools/call".to_owned()),
+                ("outcome", outcome.to_owned()),
+            ],
+        );
         let result = match answer {
             Ok(call) => render_call(call, context).await,
             Err(error) => self.failed(&connection, error, context).await,
@@ -896,6 +918,7 @@ impl StdioServers {
         credentials: Arc<dyn CredentialResolver>,
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let servers = settings
             .into_iter()
@@ -910,6 +933,7 @@ impl StdioServers {
                     current: Mutex::new(None),
                     last_used: Mutex::new(Instant::now()),
                     credential: Mutex::new(None),
+                    metrics: metrics.clone(),
                 })
             })
             .collect();
