@@ -25,7 +25,9 @@ use crate::pipeline::{
     Unobserved, Worker, WorkerSettings, register_discoveries,
 };
 use crate::ports::metrics::Metrics;
-use crate::ports::{Clock, McpServers, PlatformEvent, PolicyEngine, StoreError, SystemClock};
+use crate::ports::{
+    Clock, CredentialResolver, McpServers, PlatformEvent, PolicyEngine, StoreError, SystemClock,
+};
 
 /// Why a command could not run.
 #[derive(Debug, thiserror::Error)]
@@ -307,6 +309,26 @@ pub async fn serve(
     // Recovery runs first, then heartbeats and periodic sweeps.
     let maintenance = worker.clone().spawn(pipeline, shutdown.clone());
     let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
+    let serving_tcp = match (&config.control.tcp, &config.control.token_ref) {
+        (Some(address), Some(reference)) => {
+            let reference = CredentialRef::parse(reference)
+                .map_err(|error| AppError::Startup(error.to_string()))?;
+            let token = EnvFileResolver::new(environment.clone())
+                .resolve(&reference)
+                .await
+                .map_err(|error| AppError::Startup(error.to_string()))?;
+            let tcp = tokio::net::TcpListener::bind(address.as_str())
+                .await
+                .map_err(|error| AppError::Startup(format!("control.tcp: {error}")))?;
+            tracing::info!(address = %address, "toolgate serving on loopback TCP");
+            Some(tokio::spawn(api.clone().serve_control_tcp(
+                tcp,
+                token,
+                shutdown.clone(),
+            )))
+        }
+        _ => None,
+    };
     tracing::info!(socket = %config.control.socket.display(), "toolgate serving");
 
     let mut terminate =
@@ -322,6 +344,9 @@ pub async fn serve(
         api.drain().await;
         shutdown.cancel();
         let _ = serving.await;
+        if let Some(serving_tcp) = serving_tcp {
+            let _ = serving_tcp.await;
+        }
         let _ = maintenance.await;
         sweeper.abort();
         servers.shutdown().await;

@@ -25,10 +25,10 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::bridge::{Refusal, Turn, TurnBinding, Turns, call_id};
+use crate::bridge::{Refusal, Turn, TurnBinding, Turns, call_id, constant_time_eq};
 use crate::domain::{
     ApprovalStatus, ArgumentTrust, IdempotencyClass, PolicyProfile, ReasonCode, RuntimeEnvironment,
-    SideEffectClass, TargetKind, ToolOutcome,
+    SecretValue, SideEffectClass, TargetKind, ToolOutcome, sha256_hex,
 };
 use crate::pipeline::{
     CallOutcome, CallRequest, Finished, PinnedToolSet, Pipeline, ToolRegistry, prepare_mcp,
@@ -212,17 +212,65 @@ impl ControlApi {
                     }
                 },
             };
-            let api = self.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    let api = api.clone();
-                    async move { Ok::<_, Infallible>(api.tracked(api.control(request)).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+            tokio::spawn(self.clone().connection(stream, None));
         }
+    }
+
+    /// Serves the control API on a loopback TCP listener, where every
+    /// request must carry `token` as a bearer token.
+    pub async fn serve_control_tcp(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        token: SecretValue,
+        shutdown: CancellationToken,
+    ) {
+        let token = Arc::new(sha256_hex(token.reveal().as_bytes()));
+        loop {
+            let stream = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        tracing::warn!(error = %error, "control accept failed");
+                        continue;
+                    }
+                },
+            };
+            tokio::spawn(self.clone().connection(stream, Some(token.clone())));
+        }
+    }
+
+    /// One control connection. With `token_sha256`, a request without the
+    /// matching bearer token is refused before it is routed.
+    async fn connection<S>(self: Arc<Self>, stream: S, token_sha256: Option<Arc<String>>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let (api, token_sha256) = (self.clone(), token_sha256.clone());
+            async move {
+                if let Some(expected) = token_sha256 {
+                    let presented = request
+                        .headers()
+                        .get(AUTHORIZATION)
+                        .and_then(|value| value.to_str().ok())
+                        .and_then(|value| value.strip_prefix("Bearer "))
+                        .map(|token| sha256_hex(token.as_bytes()))
+                        .unwrap_or_default();
+                    if !constant_time_eq(presented.as_bytes(), expected.as_bytes()) {
+                        return Ok::<_, Infallible>(error(
+                            StatusCode::UNAUTHORIZED,
+                            "unauthorized",
+                            "missing or wrong control token",
+                        ));
+                    }
+                }
+                Ok::<_, Infallible>(api.tracked(api.control(request)).await)
+            }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
     }
 
     /// Closes turns past their expiry: their tokens are already dead, and

@@ -2,7 +2,7 @@
 //! turns with their own sockets, and the Python bridge client in a separate
 //! process calling through them.
 
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,10 +21,21 @@ pub fn http(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> (u16, String, Vec<u8>) {
-    let mut stream = UnixStream::connect(socket).expect("socket connects");
+    let stream = UnixStream::connect(socket).expect("socket connects");
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
+    exchange(stream, method, path, headers, body)
+}
+
+/// One HTTP/1.1 exchange over any stream.
+pub fn exchange(
+    mut stream: impl std::io::Read + std::io::Write,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (u16, String, Vec<u8>) {
     let mut request =
         format!("{method} {path} HTTP/1.1\r\nHost: toolgate\r\nConnection: close\r\n");
     for (name, value) in headers {
@@ -71,6 +82,12 @@ impl Served {
 
     /// With `approval_hold_seconds` set to `hold`.
     pub fn start_with_hold(hold: u32) -> Served {
+        Served::start_with(hold, None)
+    }
+
+    /// With `approval_hold_seconds` set to `hold` and, when given, the
+    /// control API on loopback TCP at `tcp` with `token`.
+    pub fn start_with(hold: u32, tcp: Option<(&str, &str)>) -> Served {
         let folder = tempfile::tempdir().unwrap();
         let root = folder.path();
         std::fs::write(
@@ -130,12 +147,25 @@ required_scopes = ["mcp.writes.use"]
             server = crate::mcp::scripted_server().display(),
             effects = root.join("writes.effects").display()
         );
+        let config = match tcp {
+            Some((address, _)) => config.replace(
+                "[control]\nsocket = \"run/control.sock\"\n",
+                &format!(
+                    "[control]\nsocket = \"run/control.sock\"\ntcp = \"{address}\"\ntoken_ref = \"env:TOOLGATE_TEST_CONTROL_TOKEN\"\n"
+                ),
+            ),
+            None => config,
+        };
         std::fs::write(root.join("toolgate.toml"), config).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
             .args(["--log-json", "serve", "--migrate", "--config"])
             .arg(root.join("toolgate.toml"))
             .env_remove("TOOLGATE_STORE_URL")
             .env_remove("TOOLGATE_CONTROL_SOCKET")
+            .env(
+                "TOOLGATE_TEST_CONTROL_TOKEN",
+                tcp.map(|(_, token)| token).unwrap_or_default(),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -742,4 +772,46 @@ fn uncertain_calls_reach_the_review_queue() {
         text.starts_with("id: ") && text.contains("\nevent: tool.call.uncertain\n"),
         "{text}"
     );
+}
+
+/// The control API on loopback TCP: every request needs the bearer token.
+#[test]
+fn the_control_api_on_tcp_needs_its_token() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let token = "control-token-0123456789abcdef";
+    let served = Served::start_with(30, Some((&address, token)));
+    let tcp = || {
+        let started = Instant::now();
+        loop {
+            match std::net::TcpStream::connect(&address) {
+                Ok(stream) => return stream,
+                Err(_) if started.elapsed() < Duration::from_secs(10) => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+    };
+    let (status, _, body) = exchange(tcp(), "GET", "/readyz", &[], None);
+    assert_eq!(status, 401);
+    assert_eq!(json_of(&body)["error"]["code"], "unauthorized");
+    let (status, _, _) = exchange(
+        tcp(),
+        "GET",
+        "/readyz",
+        &[("Authorization", "Bearer wrong")],
+        None,
+    );
+    assert_eq!(status, 401);
+    let bearer = format!("Bearer {token}");
+    let (status, _, _) = exchange(tcp(), "GET", "/readyz", &[("Authorization", &bearer)], None);
+    assert_eq!(status, 200);
+    // The unix socket needs no token: its mode is the access control.
+    let (status, _) = served.get("/readyz");
+    assert_eq!(status, 200);
 }
