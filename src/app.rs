@@ -239,15 +239,6 @@ pub async fn serve(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| config.artifacts.directory.clone());
-    let registry = Arc::new(
-        ToolRegistry::with_builtins(
-            RegistryLimits {
-                maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
-            },
-            crate::builtin::demo::tools(&state.join("demo")),
-        )
-        .map_err(|error| AppError::Startup(error.to_string()))?,
-    );
     let policy: Arc<dyn PolicyEngine> = match &config.policy.file {
         Some(file) => Arc::new(
             RuleFilePolicy::load(file).map_err(|error| AppError::Startup(error.to_string()))?,
@@ -255,6 +246,25 @@ pub async fn serve(
         None => Arc::new(RuleFilePolicy::built_in()),
     };
     let credentials = Arc::new(EnvFileResolver::new(environment.clone()));
+    let metrics = Arc::new(Metrics::default());
+    let servers = Arc::new(StdioServers::new(
+        stdio_settings(&config),
+        credentials.clone(),
+        store.clone(),
+        clock.clone(),
+        metrics.clone(),
+    ));
+    let mut builtins = crate::builtin::demo::tools(&state.join("demo"));
+    builtins.extend(crate::builtin::control::tools(servers.clone()));
+    let registry = Arc::new(
+        ToolRegistry::with_builtins(
+            RegistryLimits {
+                maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+            },
+            builtins,
+        )
+        .map_err(|error| AppError::Startup(error.to_string()))?,
+    );
     let worker = Arc::new(
         Worker::register(
             store.clone(),
@@ -264,14 +274,13 @@ pub async fn serve(
         )
         .await?,
     );
-    let metrics = Arc::new(Metrics::default());
     let pipeline = Arc::new(Pipeline::new(PipelineParts {
         registry: registry.clone(),
         // The pipeline's writes are counted as they commit.
         store: Arc::new(MeteredStore::new(store.clone(), metrics.clone())),
         policy,
         artifacts: Arc::new(FsArtifactStore::new(config.artifacts.directory.clone())),
-        credentials: credentials.clone(),
+        credentials,
         clock: clock.clone(),
         observer: Arc::new(Unobserved),
         worker_id: worker.id(),
@@ -279,13 +288,6 @@ pub async fn serve(
             inline_maximum_bytes: config.limits.inline_maximum_bytes,
         },
     }));
-    let servers = Arc::new(StdioServers::new(
-        stdio_settings(&config),
-        credentials,
-        store.clone(),
-        clock.clone(),
-        metrics.clone(),
-    ));
     let sweeper = servers.spawn_idle_sweeper();
     let turns = Turns::new(&config.bridge.directory)
         .map_err(|error| AppError::Startup(error.to_string()))?;

@@ -30,6 +30,7 @@ use crate::domain::{
     ApprovalStatus, ArgumentTrust, IdempotencyClass, PolicyProfile, ReasonCode, RuntimeEnvironment,
     SecretValue, SideEffectClass, TargetKind, ToolOutcome, sha256_hex,
 };
+use crate::pipeline::executor::TOOL_CALL;
 use crate::pipeline::{
     CallOutcome, CallRequest, Finished, PinnedToolSet, Pipeline, ToolRegistry, prepare_mcp,
 };
@@ -514,9 +515,18 @@ impl ControlApi {
 
     /// The document's admission check: a batch runs in parallel only when
     /// every call is a read-only, parallel-safe tool of the pinned set.
-    fn parallel(session: &Session, names: &[&str]) -> bool {
-        names.len() > 1
-            && names.iter().all(|name| {
+    fn parallel(session: &Session, calls: &[&wire::CallItem]) -> bool {
+        calls.len() > 1
+            && calls.iter().all(|call| {
+                // tool.call is judged as the tool it names.
+                let name = if call.name == TOOL_CALL {
+                    call.arguments
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                } else {
+                    call.name.as_str()
+                };
                 session.pinned.resolve(name).is_some_and(|pinned| {
                     let spec = &pinned.tool.spec;
                     spec.allow_parallel
@@ -535,8 +545,8 @@ impl ControlApi {
     async fn calls(self: &Arc<Self>, request: Request<Incoming>) -> Result<Reply, Refused> {
         let batch: CallsRequest = self.body(request).await?;
         let session = self.session(batch.session_id)?;
-        let names: Vec<&str> = batch.calls.iter().map(|call| call.name.as_str()).collect();
-        let parallel_group = Self::parallel(&session, &names).then(Uuid::new_v4);
+        let calls: Vec<&wire::CallItem> = batch.calls.iter().collect();
+        let parallel_group = Self::parallel(&session, &calls).then(Uuid::new_v4);
         let place = Place {
             session_id: batch.session_id,
             run_id: batch.run_id,

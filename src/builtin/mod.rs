@@ -1,4 +1,5 @@
 //! Builtin tools. They see ports and domain only: never the registry, the
 //! executor or an adapter, so a builtin cannot call another tool.
 
+pub mod control;
 pub mod demo;

@@ -23,7 +23,7 @@ use crate::domain::secret::CredentialRef;
 use crate::domain::{
     AgentSpec, ApprovalStatus, ArgumentTrust, ContentPart, IdempotencyClass, InvocationStatus,
     Principal, ReasonCode, SecretValue, SideEffectClass, ToolEventKind, ToolFailure,
-    ToolFailureKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSource, TrustLevel,
+    ToolFailureKind, ToolKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSource, TrustLevel,
     canonicalize, idempotency_key, sha256_hex,
 };
 use crate::ports::{
@@ -470,6 +470,14 @@ impl Pipeline {
 
     async fn steps(&self, request: &CallRequest) -> Result<CallOutcome, StoreError> {
         use tracing::Instrument as _;
+        // tool.call never executes: it is unwrapped into the deferred tool
+        // it names before step 1, and the call goes on as that tool.
+        let unwrapped = match self.unwrap_tool_call(request).await? {
+            Unwrap::Plain => None,
+            Unwrap::Into(inner) => Some(inner),
+            Unwrap::Refused(outcome) => return Ok(outcome),
+        };
+        let request: &CallRequest = unwrapped.as_deref().unwrap_or(request);
         // 1. Resolve against the pinned set: unknown is denied before policy.
         self.reached(Point::Resolve, request);
         let Some(pinned) = request.pinned.resolve(&request.name) else {
@@ -512,8 +520,15 @@ impl Pipeline {
         let canonical = match validated {
             Ok(canonical) => canonical,
             Err(error) => {
+                let mut text = error.to_string();
+                if unwrapped.is_some() {
+                    // The deferred tool's definition never reached the
+                    // provider; its schema is what the model needs.
+                    text.push_str("\ninput_schema: ");
+                    text.push_str(&spec.input_schema.to_string());
+                }
                 let detail = vec![RenderedPart::Text {
-                    text: error.to_string(),
+                    text,
                     trust: TrustLevel::Platform,
                 }];
                 return self
@@ -1428,6 +1443,67 @@ impl Pipeline {
 
     /// A denial or pipeline failure before step 8, recorded as a terminal
     /// row so the step's batch is complete and a replay finds it.
+    /// ADR-0123: a `tool.call` is checked against its own schema, the tool
+    /// it names must be pinned and must not be a control tool, and the call
+    /// continues as that tool with the model's call id. Refusals are
+    /// recorded under tool.call's name.
+    async fn unwrap_tool_call(&self, request: &CallRequest) -> Result<Unwrap, StoreError> {
+        let Some(wrapper) = request
+            .pinned
+            .resolve(&request.name)
+            .filter(|pinned| pinned.tool.spec.name == TOOL_CALL)
+            .map(|pinned| pinned.tool.clone())
+        else {
+            return Ok(Unwrap::Plain);
+        };
+        let Ok(canonical) = wrapper.input.validate(request.arguments.clone()) else {
+            let detail = vec![RenderedPart::Text {
+                text: "tool.call takes {\"name\": string, \"arguments\": object}".to_owned(),
+                trust: TrustLevel::Platform,
+            }];
+            let outcome = self
+                .refuse(
+                    request,
+                    &wrapper,
+                    ReasonCode::ToolArgumentsInvalid,
+                    Some(detail),
+                    None,
+                )
+                .await?;
+            return Ok(Unwrap::Refused(outcome));
+        };
+        let name = canonical
+            .value
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let offered = request
+            .pinned
+            .resolve(&name)
+            .is_some_and(|pinned| pinned.tool.spec.kind != ToolKind::Control);
+        if !offered {
+            let outcome = self
+                .refuse(
+                    request,
+                    &wrapper,
+                    ReasonCode::ToolNotFoundNotOffered,
+                    None,
+                    Some((&canonical.value, &canonical.sha256)),
+                )
+                .await?;
+            return Ok(Unwrap::Refused(outcome));
+        }
+        let mut inner = request.clone();
+        inner.name = name;
+        inner.arguments = canonical
+            .value
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        Ok(Unwrap::Into(Box::new(inner)))
+    }
+
     async fn refuse(
         &self,
         request: &CallRequest,
@@ -1651,6 +1727,19 @@ struct RefusedCall<'a> {
 }
 
 /// How a call ended before its result is validated and stored.
+/// The registry name of the wrapper ADR-0123 adds.
+pub const TOOL_CALL: &str = "tool.call";
+
+/// What `tool.call` unwrapping decided.
+enum Unwrap {
+    /// Not a tool.call.
+    Plain,
+    /// The call, as the tool it names.
+    Into(Box<CallRequest>),
+    /// The wrapper was refused; this is the recorded outcome.
+    Refused(CallOutcome),
+}
+
 enum Finish {
     Succeeded {
         result: ToolResult,

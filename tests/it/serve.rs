@@ -228,7 +228,7 @@ required_scopes = ["mcp.writes.use"]
                 "session_id": session_id,
                 "tenant_id": TENANT,
                 "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.reads.use", "mcp.writes.use"]},
-                "agent": {"tools": ["demo.*", "mcp.*"]},
+                "agent": {"tools": ["demo.*", "mcp.*", "tool.call", "skill.load", "context.update_working_state"]},
             }),
         );
         assert_eq!(status, 200, "{body}");
@@ -814,4 +814,95 @@ fn the_control_api_on_tcp_needs_its_token() {
     // The unix socket needs no token: its mode is the access control.
     let (status, _) = served.get("/readyz");
     assert_eq!(status, 200);
+}
+
+/// The control tools that complete at once, through the control API:
+/// `tool.call` is unwrapped into the tool it names (and refused under its
+/// own name when malformed or naming something not offered), and
+/// `skill.load` loads an MCP prompt as untrusted text.
+#[test]
+fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
+    let served = Served::start();
+    let session = served.session();
+    let run = Uuid::new_v4();
+    let calls = |step: i64, calls: Value| {
+        let (status, body) = served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": run, "step_number": step,
+                    "origin_trust": "user", "calls": calls}),
+        );
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    let body = calls(
+        1,
+        json!([
+            {"call_id": "a", "name": "tool.call", "arguments": {"name": "demo.echo", "arguments": {"text": "deferred"}}},
+            {"call_id": "b", "name": "tool.call", "arguments": {"name": "demo.echo", "arguments": {"text": "twice"}}}
+        ]),
+    );
+    // Two read-only, parallel-safe tools behind the wrapper: one parallel group.
+    assert!(body["parallel_group"].is_string(), "{body}");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
+    assert!(
+        body["results"][0]["content"]
+            .to_string()
+            .contains("deferred")
+    );
+
+    let body = calls(
+        2,
+        json!([
+            {"call_id": "c", "name": "tool.call", "arguments": {"name": 5}},
+            {"call_id": "d", "name": "tool.call", "arguments": {"name": "skill.load", "arguments": {}}},
+            {"call_id": "e", "name": "tool.call", "arguments": {"name": "demo.echo", "arguments": {"text": 7}}},
+            {"call_id": "f", "name": "context.update_working_state", "arguments": {"state": {"goal": "x"}}},
+            {"call_id": "g", "name": "skill.load", "arguments": {"name": "mcp.reads.summarize", "arguments": {"topic": "tides"}}}
+        ]),
+    );
+    assert!(
+        body["parallel_group"].is_null(),
+        "a mixed batch runs in order"
+    );
+    let result = |i: usize| &body["results"][i];
+    assert_eq!(
+        result(0)["outcome"]["reason_code"],
+        "tool.arguments_invalid"
+    );
+    assert_eq!(result(0)["outcome"]["action"], "tool.call");
+    assert_eq!(
+        result(1)["outcome"]["reason_code"],
+        "tool.not_found.not_offered"
+    );
+    assert_eq!(
+        result(2)["outcome"]["reason_code"],
+        "tool.arguments_invalid"
+    );
+    assert_eq!(result(2)["outcome"]["action"], "demo.echo");
+    assert!(
+        result(2)["content"].to_string().contains("input_schema"),
+        "{body}"
+    );
+    assert_eq!(result(3)["outcome"]["status"], "succeeded", "{body}");
+    assert_eq!(result(4)["outcome"]["status"], "succeeded", "{body}");
+    let skill = result(4)["content"].to_string();
+    assert!(
+        skill.contains("Summarize tides") && skill.contains("EXTERNAL_UNTRUSTED"),
+        "{skill}"
+    );
+
+    // The rows carry the deferred tool's own name.
+    let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+    let rows = json_of(&rows);
+    let names: Vec<&str> = rows["invocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| row["call_id"] == "a")
+        .map(|row| row["tool_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["demo.echo"]);
 }

@@ -1,0 +1,152 @@
+//! The control tools that complete at once: `tool.call` (the wrapper the
+//! pipeline unwraps; it never executes), `context.update_working_state` and
+//! `skill.load`. They run the full pipeline like any tool; their effect is on
+//! the run, and the invocation row is their record.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use crate::domain::{
+    ContentPart, IdempotencyClass, RiskLevel, SideEffectClass, TargetKind, ToolFailure,
+    ToolFailureKind, ToolKind, ToolResult, ToolSource, ToolSpec, TrustLevel,
+};
+use crate::ports::{BoxFuture, McpServers, Tool, ToolExecutionContext};
+
+fn spec(name: &str, description: &str, input_schema: Value, output_trust: TrustLevel) -> ToolSpec {
+    ToolSpec {
+        name: name.to_owned(),
+        version: "1".to_owned(),
+        description: description.to_owned(),
+        input_schema,
+        output_schema: None,
+        side_effect: SideEffectClass::None,
+        risk: RiskLevel::Low,
+        idempotency: IdempotencyClass::ReadOnly,
+        required_scopes: Default::default(),
+        timeout_seconds: 30,
+        maximum_output_bytes: 256 * 1024,
+        allow_parallel: false,
+        kind: ToolKind::Control,
+        target_kind: TargetKind::InProcess,
+        output_trust,
+        source: ToolSource::Builtin,
+        server_id: None,
+        device_id: None,
+        deprecated: false,
+        model_visible: true,
+    }
+}
+
+/// `tool.call`: reaches a deferred tool of the pinned set. The pipeline
+/// unwraps it before step 1, so `execute` is never reached.
+struct ToolCall(ToolSpec);
+
+impl Tool for ToolCall {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    fn execute<'a>(&'a self, _: Value, _: ToolExecutionContext) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async {
+            ToolResult::failed(
+                ToolFailure::new(ToolFailureKind::Internal, "tool.call reached execution")
+                    .not_applied(),
+            )
+        })
+    }
+}
+
+/// `context.update_working_state`: the run's working state, written as the
+/// call's recorded arguments; the context engine reads it from the row.
+struct UpdateWorkingState(ToolSpec);
+
+impl Tool for UpdateWorkingState {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    fn execute<'a>(&'a self, _: Value, _: ToolExecutionContext) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async { ToolResult::text("working state updated") })
+    }
+}
+
+/// `skill.load`: a skill's content, labelled with the trust its source
+/// carries (an MCP prompt is EXTERNAL_UNTRUSTED).
+struct SkillLoad {
+    spec: ToolSpec,
+    skills: Arc<dyn McpServers>,
+}
+
+impl Tool for SkillLoad {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn execute<'a>(
+        &'a self,
+        arguments: Value,
+        context: ToolExecutionContext,
+    ) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async move {
+            let name = arguments
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let parameters: Map<String, Value> = arguments
+                .get("arguments")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            match self
+                .skills
+                .load_skill(&context.tenant_id, name, parameters)
+                .await
+            {
+                Ok(loaded) => {
+                    let mut result = ToolResult::ok(vec![ContentPart::Text { text: loaded.text }]);
+                    result.output_trust = Some(loaded.metadata.trust);
+                    result
+                }
+                Err(failure) => ToolResult::failed(failure),
+            }
+        })
+    }
+}
+
+/// The immediate control tools; `skills` serves `skill.load`. Their nested
+/// `arguments` and `state` objects are the caller's own, so those stay open
+/// where every other object schema is closed.
+pub fn tools(skills: Arc<dyn McpServers>) -> Vec<Arc<dyn Tool>> {
+    vec![
+        Arc::new(ToolCall(spec(
+            "tool.call",
+            "Calls a deferred tool of this session by name.",
+            json!({"type": "object", "required": ["name", "arguments"],
+                   "properties": {"name": {"type": "string", "maxLength": 256},
+                                  "arguments": {"type": "object", "additionalProperties": true}},
+                   "additionalProperties": false}),
+            TrustLevel::ExternalUntrusted,
+        ))),
+        Arc::new(UpdateWorkingState(spec(
+            "context.update_working_state",
+            "Replaces the run's working state.",
+            json!({"type": "object", "required": ["state"],
+                   "properties": {"state": {"type": "object", "additionalProperties": true}},
+                   "additionalProperties": false}),
+            TrustLevel::Platform,
+        ))),
+        Arc::new(SkillLoad {
+            spec: spec(
+                "skill.load",
+                "Loads a skill this session advertises into the turn.",
+                json!({"type": "object", "required": ["name"],
+                       "properties": {"name": {"type": "string", "maxLength": 256},
+                                      "arguments": {"type": "object", "additionalProperties": true}},
+                       "additionalProperties": false}),
+                TrustLevel::ExternalUntrusted,
+            ),
+            skills,
+        }),
+    ]
+}
