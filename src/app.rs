@@ -575,6 +575,14 @@ pub async fn harness(job: HarnessJob) -> Result<serde_json::Value, AppError> {
                 } => {
                     serde_json::json!({"invocation_id": invocation_id, "pending": {"approval_id": approval_id}})
                 }
+                crate::pipeline::CallOutcome::Suspended {
+                    invocation_id,
+                    kind,
+                    reference,
+                } => serde_json::json!({
+                    "invocation_id": invocation_id,
+                    "suspended": {"kind": kind, "reference": reference},
+                }),
             }
         }
         _ => return Err(invalid("mode must be call (with a request) or recover")),

@@ -30,7 +30,7 @@ use crate::domain::{
     ApprovalStatus, ArgumentTrust, IdempotencyClass, PolicyProfile, ReasonCode, RuntimeEnvironment,
     SecretValue, SideEffectClass, TargetKind, ToolOutcome, sha256_hex,
 };
-use crate::pipeline::executor::TOOL_CALL;
+use crate::pipeline::executor::{Completion, TOOL_CALL};
 use crate::pipeline::{
     CallOutcome, CallRequest, Finished, PinnedToolSet, Pipeline, ToolRegistry, prepare_mcp,
 };
@@ -38,8 +38,8 @@ use crate::ports::metrics::Metrics;
 use crate::ports::{Clock, InvocationRecord, McpServers, PlatformEvent, ReviewRecord, Store};
 
 use wire::{
-    ApprovalDecision, BridgeCall, CallsRequest, OpenSession, OpenTurn, ReviewDecision, error_body,
-    invocation_view, rendered_content,
+    ApprovalDecision, BridgeCall, CallsRequest, CompleteSuspended, OpenSession, OpenTurn,
+    ReviewDecision, error_body, invocation_view, rendered_content,
 };
 
 /// What the API is configured with.
@@ -394,6 +394,9 @@ impl ControlApi {
             (Method::GET, ["v1", "approvals"]) => self.approvals(&query).await,
             (Method::POST, ["v1", "approvals", id]) => self.decide(id, &query, request).await,
             (Method::GET, ["v1", "invocations", id]) => self.invocation(id, &query).await,
+            (Method::POST, ["v1", "invocations", id, "complete"]) => {
+                self.complete(id, &query, request).await
+            }
             (Method::GET, ["v1", "runs", id, "invocations"]) => self.run(id, &query).await,
             (Method::GET, ["v1", "events"]) => self.events(&query, &headers).await,
             (Method::GET, ["v1", "review"]) => self.review_queue(&query).await,
@@ -625,6 +628,15 @@ impl ControlApi {
                     "invocation_id": invocation_id,
                     "pending": {"approval_id": approval_id},
                 }),
+                CallOutcome::Suspended {
+                    invocation_id,
+                    kind,
+                    reference,
+                } => json!({
+                    "call_id": call.call_id,
+                    "invocation_id": invocation_id,
+                    "suspended": {"kind": kind, "reference": reference},
+                }),
             })
             .collect();
         Ok(reply(
@@ -727,6 +739,50 @@ impl ControlApi {
         Ok(match row {
             Some(row) => reply(StatusCode::OK, &invocation_view(&row)),
             None => not_found(),
+        })
+    }
+
+    async fn complete(
+        &self,
+        id: &str,
+        query: &HashMap<String, String>,
+        request: Request<Incoming>,
+    ) -> Result<Reply, Refused> {
+        let tenant = Self::tenant(query)?;
+        let Ok(id) = id.parse::<Uuid>() else {
+            return Ok(not_found());
+        };
+        let body: CompleteSuspended = self.body(request).await?;
+        let completion = match (body.outcome.as_str(), body.text) {
+            ("answered", Some(text)) => Completion::Answered { text },
+            ("run_cancelled", None) => Completion::RunCancelled,
+            _ => {
+                return Ok(error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "outcome must be answered (with text) or run_cancelled (without)",
+                ));
+            }
+        };
+        let finished = self
+            .pipeline
+            .complete_suspended(&tenant, id, completion)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        Ok(match finished {
+            Some(finished) => reply(
+                StatusCode::OK,
+                &json!({
+                    "invocation_id": id,
+                    "outcome": finished.outcome,
+                    "content": rendered_content(&finished.content),
+                }),
+            ),
+            None => error(
+                StatusCode::CONFLICT,
+                "not_suspended",
+                "no suspended invocation has this id",
+            ),
         })
     }
 
@@ -1152,6 +1208,12 @@ impl ControlApi {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 "the call is still pending",
+            ),
+            // A script cannot wait hours for a user or a child run.
+            CallOutcome::Suspended { .. } => error(
+                StatusCode::CONFLICT,
+                "call_suspended",
+                "the call suspended the run; it completes through the control API",
             ),
         }
     }

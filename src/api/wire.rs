@@ -69,6 +69,17 @@ pub struct ApprovalDecision {
     pub approver: String,
 }
 
+/// `POST /v1/invocations/{id}/complete`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteSuspended {
+    /// `answered` or `run_cancelled`.
+    pub outcome: String,
+    /// The user's reply or the child run's result, when answered.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
 /// `POST /v1/review/{invocation_id}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -174,6 +185,8 @@ pub fn invocation_view(row: &InvocationRecord) -> Value {
         "reason_code": row.reason_code,
         "idempotency_class": row.idempotency_class,
         "effect_sent_at": row.effect_sent_at,
+        "suspended_kind": row.suspended_kind,
+        "suspended_ref": row.suspended_ref,
         "parallel_group": row.parallel_group,
         "created_at": row.created_at,
         "completed_at": row.completed_at,

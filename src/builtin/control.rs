@@ -1,7 +1,8 @@
-//! The control tools that complete at once: `tool.call` (the wrapper the
-//! pipeline unwraps; it never executes), `context.update_working_state` and
-//! `skill.load`. They run the full pipeline like any tool; their effect is on
-//! the run, and the invocation row is their record.
+//! The five control tools. `tool.call` is the wrapper the pipeline unwraps
+//! (it never executes); `conversation.ask_user` and `delegate.run` suspend
+//! the call until their answer arrives; `context.update_working_state` and
+//! `skill.load` complete at once. They run the full pipeline like any tool;
+//! their effect is on the run, and the invocation row is their record.
 
 use std::sync::Arc;
 
@@ -52,6 +53,29 @@ impl Tool for ToolCall {
             ToolResult::failed(
                 ToolFailure::new(ToolFailureKind::Internal, "tool.call reached execution")
                     .not_applied(),
+            )
+        })
+    }
+}
+
+/// `conversation.ask_user` and `delegate.run`: the pipeline suspends them
+/// at step 10 (the row waits, RUNNING with its marker, for the reply or the
+/// child's result), so `execute` is never reached.
+struct Suspending(ToolSpec);
+
+impl Tool for Suspending {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    fn execute<'a>(&'a self, _: Value, _: ToolExecutionContext) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async {
+            ToolResult::failed(
+                ToolFailure::new(
+                    ToolFailureKind::Internal,
+                    "a suspending tool reached execution",
+                )
+                .not_applied(),
             )
         })
     }
@@ -114,7 +138,7 @@ impl Tool for SkillLoad {
     }
 }
 
-/// The immediate control tools; `skills` serves `skill.load`. Their nested
+/// The control tools; `skills` serves `skill.load`. Their nested
 /// `arguments` and `state` objects are the caller's own, so those stay open
 /// where every other object schema is closed.
 pub fn tools(skills: Arc<dyn McpServers>) -> Vec<Arc<dyn Tool>> {
@@ -125,6 +149,22 @@ pub fn tools(skills: Arc<dyn McpServers>) -> Vec<Arc<dyn Tool>> {
             json!({"type": "object", "required": ["name", "arguments"],
                    "properties": {"name": {"type": "string", "maxLength": 256},
                                   "arguments": {"type": "object", "additionalProperties": true}},
+                   "additionalProperties": false}),
+            TrustLevel::ExternalUntrusted,
+        ))),
+        Arc::new(Suspending(spec(
+            "conversation.ask_user",
+            "Asks the user a question; the run waits for the reply.",
+            json!({"type": "object", "required": ["question"],
+                   "properties": {"question": {"type": "string", "maxLength": 4096}},
+                   "additionalProperties": false}),
+            TrustLevel::User,
+        ))),
+        Arc::new(Suspending(spec(
+            "delegate.run",
+            "Runs a child agent on a brief; the run waits for its result.",
+            json!({"type": "object", "required": ["brief"],
+                   "properties": {"brief": {"type": "string", "maxLength": 16384}},
                    "additionalProperties": false}),
             TrustLevel::ExternalUntrusted,
         ))),

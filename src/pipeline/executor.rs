@@ -23,8 +23,8 @@ use crate::domain::secret::CredentialRef;
 use crate::domain::{
     AgentSpec, ApprovalStatus, ArgumentTrust, ContentPart, IdempotencyClass, InvocationStatus,
     Principal, ReasonCode, SecretValue, SideEffectClass, ToolEventKind, ToolFailure,
-    ToolFailureKind, ToolKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSource, TrustLevel,
-    canonicalize, idempotency_key, sha256_hex,
+    ToolFailureKind, ToolKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSource, ToolSpec,
+    TrustLevel, canonicalize, idempotency_key, sha256_hex,
 };
 use crate::ports::{
     ArtifactStore, BoxFuture, BreakerTally, CancellationToken, Claim, Clock, CredentialError,
@@ -203,6 +203,17 @@ impl Finished {
 pub enum CallOutcome {
     /// The call ended.
     Finished(Finished),
+    /// A control tool suspended the call: it ends when its answer (a user's
+    /// reply, a child run's result) completes it through
+    /// [`Pipeline::complete_suspended`].
+    Suspended {
+        /// The suspended row.
+        invocation_id: Uuid,
+        /// `user_input` or `child_run`.
+        kind: String,
+        /// The question or child run the answer must name.
+        reference: String,
+    },
     /// The call waits for a human; submitting it again resumes it.
     Pending {
         /// The waiting row.
@@ -217,7 +228,7 @@ impl CallOutcome {
     pub fn finished(&self) -> Option<&Finished> {
         match self {
             CallOutcome::Finished(finished) => Some(finished),
-            CallOutcome::Pending { .. } => None,
+            CallOutcome::Pending { .. } | CallOutcome::Suspended { .. } => None,
         }
     }
 
@@ -416,6 +427,90 @@ impl Pipeline {
     }
 
     /// This pipeline's worker.
+    /// The resumption path of a suspended control tool: completes the row
+    /// with the user's reply or the child run's result (a child's output is
+    /// a model's, so EXTERNAL_UNTRUSTED and enveloped), or ends it failed
+    /// with `tool.run_cancelled`. `None` when the row is not a suspended
+    /// call of this tenant (already completed, or never suspended).
+    pub async fn complete_suspended(
+        &self,
+        tenant_id: &str,
+        invocation_id: Uuid,
+        completion: Completion,
+    ) -> Result<Option<Finished>, StoreError> {
+        let Some(row) = self.store.invocation(tenant_id, invocation_id).await? else {
+            return Ok(None);
+        };
+        let Some(kind) = row.suspended_kind.clone() else {
+            return Ok(None);
+        };
+        if row.status != InvocationStatus::Running {
+            return Ok(None);
+        }
+        let (terminal, outcome, content, event) = match completion {
+            Completion::Answered { text } => {
+                let trust = if kind == "user_input" {
+                    TrustLevel::User
+                } else {
+                    TrustLevel::ExternalUntrusted
+                };
+                let text = if trust < TrustLevel::InternalTool {
+                    let attribution = Attribution {
+                        source: row.tool_source,
+                        tool: &row.tool_name,
+                    };
+                    output::envelope(&text, &attribution, &nonce())
+                } else {
+                    text
+                };
+                let output_bytes = i64::try_from(text.len()).unwrap_or(i64::MAX);
+                let content = vec![RenderedPart::Text { text, trust }];
+                let terminal = TerminalRecord {
+                    status: InvocationStatus::Succeeded,
+                    outcome_status: ToolOutcomeStatus::Succeeded,
+                    reason_code: None,
+                    result: Some(json!({ "content": content })),
+                    error: None,
+                    output_bytes: Some(output_bytes),
+                    truncated: false,
+                    artifact: None,
+                };
+                let mut event = record_event(&row, ToolEventKind::Completed);
+                event.outcome_status = Some(ToolOutcomeStatus::Succeeded);
+                event.output_bytes = Some(output_bytes);
+                let outcome = ToolOutcome::Succeeded {
+                    action: row.tool_name.clone(),
+                };
+                (terminal, outcome, content, event)
+            }
+            Completion::RunCancelled => {
+                let code = ReasonCode::ToolRunCancelled;
+                (
+                    TerminalRecord::without_result(code),
+                    ToolOutcome::not_succeeded(row.tool_name.clone(), code),
+                    Vec::new(),
+                    ended_event(&row, code),
+                )
+            }
+        };
+        let written = self
+            .store
+            .complete_suspended(
+                tenant_id,
+                invocation_id,
+                &terminal,
+                &[event],
+                self.clock.now(),
+            )
+            .await?;
+        Ok(written.then_some(Finished {
+            invocation_id: Some(invocation_id),
+            outcome,
+            content,
+            synthesis_only: false,
+        }))
+    }
+
     pub fn worker_id(&self) -> Uuid {
         self.worker_id
     }
@@ -781,6 +876,17 @@ impl Pipeline {
         if row.arguments_hash != arguments_hash {
             return Ok(unrecorded(action, ReasonCode::ToolIdempotencyConflict));
         }
+        // A suspended control tool waits for its answer, not for a worker:
+        // submitting it again finds it still suspended.
+        if let (InvocationStatus::Running, Some(kind), Some(reference)) =
+            (row.status, &row.suspended_kind, &row.suspended_ref)
+        {
+            return Ok(CallOutcome::Suspended {
+                invocation_id: row.id,
+                kind: kind.clone(),
+                reference: reference.clone(),
+            });
+        }
         match row.status {
             // 2. Terminal: the recorded outcome, without executing.
             status if status.is_terminal() => Ok(recorded(&row)),
@@ -1017,6 +1123,23 @@ impl Pipeline {
         let spec = &tool.spec;
         // 10. Execute with the effective timeout.
         self.reached(Point::Execute, request);
+        if let Some(kind) = suspension(spec) {
+            // The await happens elsewhere: the row stays RUNNING with its
+            // marker, the lease is released, and the answer completes it.
+            let reference = Uuid::new_v4().to_string();
+            let suspended = self
+                .store
+                .suspend_invocation(&request.tenant_id, row.id, fence, kind, &reference)
+                .await?;
+            if !suspended {
+                return self.reread(request, row.id).await;
+            }
+            return Ok(CallOutcome::Suspended {
+                invocation_id: row.id,
+                kind: kind.to_owned(),
+                reference,
+            });
+        }
         let now = self.clock.now();
         let remaining = row
             .deadline_at
@@ -1727,6 +1850,34 @@ struct RefusedCall<'a> {
 }
 
 /// How a call ended before its result is validated and stored.
+/// How a suspended control tool ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    /// The user replied, or the child run finished, with this text.
+    Answered {
+        /// The reply or the child's result.
+        text: String,
+    },
+    /// The run was cancelled while the call waited.
+    RunCancelled,
+}
+
+/// The control tools that suspend, and the marker each leaves on its row.
+pub const SUSPENDING: &[(&str, &str)] = &[
+    ("conversation.ask_user", "user_input"),
+    ("delegate.run", "child_run"),
+];
+
+fn suspension(spec: &ToolSpec) -> Option<&'static str> {
+    if spec.kind != ToolKind::Control {
+        return None;
+    }
+    SUSPENDING
+        .iter()
+        .find(|(name, _)| *name == spec.name)
+        .map(|(_, kind)| *kind)
+}
+
 /// The registry name of the wrapper ADR-0123 adds.
 pub const TOOL_CALL: &str = "tool.call";
 

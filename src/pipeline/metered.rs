@@ -99,6 +99,7 @@ impl Store for MeteredStore {
         record_preparation(tenant: &'a str, record: &'a PreparationRecord, now: DateTime<Utc>) -> Result<Vec<bool>, StoreError>;
         record_event(tenant: Option<&'a str>, event: &'a PlatformEvent, now: DateTime<Utc>) -> Result<(), StoreError>;
         catalog_history(tenant: &'a str, server: &'a str) -> Result<Vec<CatalogRow>, StoreError>;
+        suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
         review_queue(tenant: &'a str, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
         resolve_review(tenant: &'a str, review: &'a ReviewRecord) -> Result<bool, StoreError>;
         events_after(after: i64, limit: i64) -> Result<Vec<EventRecord>, StoreError>;
@@ -175,6 +176,26 @@ impl Store for MeteredStore {
                 count(&self.metrics, events);
             }
             Ok(row)
+        })
+    }
+
+    fn complete_suspended<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let written = self
+                .inner
+                .complete_suspended(tenant, id, terminal, events, now)
+                .await?;
+            if written {
+                count(&self.metrics, events);
+            }
+            Ok(written)
         })
     }
 

@@ -871,6 +871,30 @@ pub trait Store: Send + Sync {
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<CatalogRow>, StoreError>>;
 
+    /// Suspends a claimed invocation (a control tool waiting on a user or a
+    /// child run): it stays RUNNING with `suspended_kind` and
+    /// `suspended_ref` set and its lease released, so no recovery sweep
+    /// takes it. False under a stale fence.
+    fn suspend_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        kind: &'a str,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Completes a suspended invocation with its terminal record and
+    /// events; false unless it is RUNNING and suspended.
+    fn complete_suspended<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
     /// The review queue: the tenant's UNCERTAIN invocations no human has
     /// resolved yet, oldest first, at most `limit`.
     fn review_queue<'a>(

@@ -228,7 +228,8 @@ required_scopes = ["mcp.writes.use"]
                 "session_id": session_id,
                 "tenant_id": TENANT,
                 "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.reads.use", "mcp.writes.use"]},
-                "agent": {"tools": ["demo.*", "mcp.*", "tool.call", "skill.load", "context.update_working_state"]},
+                "agent": {"tools": ["demo.*", "mcp.*", "tool.call", "skill.load", "context.update_working_state",
+                                     "conversation.ask_user", "delegate.run"]},
             }),
         );
         assert_eq!(status, 200, "{body}");
@@ -905,4 +906,89 @@ fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
         .map(|row| row["tool_name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["demo.echo"]);
+}
+
+/// `conversation.ask_user` and `delegate.run` suspend: the row stays RUNNING
+/// with its marker, a resubmission finds it still suspended, and the answer
+/// (or the run's cancellation) completes it through the control API, once.
+#[test]
+fn suspending_control_tools_wait_for_their_answer() {
+    let served = Served::start();
+    let session = served.session();
+    let run = Uuid::new_v4();
+    let batch = json!({"session_id": session, "run_id": run, "step_number": 1, "origin_trust": "user",
+    "calls": [
+        {"call_id": "ask", "name": "conversation.ask_user", "arguments": {"question": "Which account?"}},
+        {"call_id": "child", "name": "delegate.run", "arguments": {"brief": "Summarize the thread."}},
+        {"call_id": "ask-2", "name": "conversation.ask_user", "arguments": {"question": "Still there?"}}
+    ]});
+    let (status, body) = served.post("/v1/calls", &batch);
+    assert_eq!(status, 200, "{body}");
+    let suspended = |i: usize| body["results"][i]["suspended"].clone();
+    assert_eq!(suspended(0)["kind"], "user_input", "{body}");
+    assert_eq!(suspended(1)["kind"], "child_run", "{body}");
+    let id = |i: usize| {
+        body["results"][i]["invocation_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+
+    let (_, row) = served.get(&format!("/v1/invocations/{}?tenant_id={TENANT}", id(0)));
+    let row = json_of(&row);
+    assert_eq!(
+        (row["status"].as_str(), row["suspended_kind"].as_str()),
+        (Some("running"), Some("user_input"))
+    );
+    assert_eq!(row["suspended_ref"], suspended(0)["reference"]);
+
+    // Submitted again, the same call is still suspended: nothing reruns.
+    let (_, again) = served.post("/v1/calls", &batch);
+    assert_eq!(again["results"][0]["invocation_id"], json!(id(0)));
+    assert_eq!(again["results"][0]["suspended"], suspended(0));
+
+    let complete = |i: usize, body: Value| {
+        served.post(
+            &format!("/v1/invocations/{}/complete?tenant_id={TENANT}", id(i)),
+            &body,
+        )
+    };
+    let (status, done) = complete(0, json!({"outcome": "answered", "text": "the savings one"}));
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["outcome"]["status"], "succeeded");
+    assert_eq!(done["content"][0]["text"], "the savings one");
+    assert_eq!(done["content"][0]["trust"], "user");
+    let (status, _) = complete(0, json!({"outcome": "answered", "text": "again"}));
+    assert_eq!(status, 409, "completed once");
+
+    // A child run's result is a model's output: untrusted, enveloped.
+    let (status, done) = complete(
+        1,
+        json!({"outcome": "answered", "text": "the thread says hi"}),
+    );
+    assert_eq!(status, 200, "{done}");
+    assert!(
+        done["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("<<EXTERNAL_UNTRUSTED")
+    );
+    assert_eq!(done["content"][0]["trust"], "external_untrusted");
+
+    let (status, done) = complete(2, json!({"outcome": "run_cancelled"}));
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["outcome"]["reason_code"], "tool.run_cancelled");
+    let (status, _) = complete(2, json!({"outcome": "maybe"}));
+    assert_eq!(status, 400);
+
+    // The recorded outcomes are what a resubmission now returns.
+    let (_, after) = served.post("/v1/calls", &batch);
+    assert_eq!(
+        after["results"][0]["outcome"]["status"], "succeeded",
+        "{after}"
+    );
+    assert_eq!(
+        after["results"][2]["outcome"]["reason_code"],
+        "tool.run_cancelled"
+    );
 }

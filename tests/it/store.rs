@@ -1102,3 +1102,72 @@ async fn the_review_queue_records_resolutions_beside_the_row() {
         assert_eq!(after, before, "{name}: the row is what was recorded");
     }
 }
+
+/// A suspended invocation keeps RUNNING with its marker and no lease, and no
+/// recovery sweep takes it, however long it waits.
+#[tokio::test]
+async fn suspended_invocations_are_not_recovered() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        // A worker whose lease is already over.
+        let worker_id = worker(store.as_ref(), Duration::seconds(-5)).await;
+        let new = new_invocation(
+            "tenant-a",
+            Uuid::new_v4(),
+            "ask",
+            InvocationStatus::Authorized,
+        );
+        let fence = insert(store.as_ref(), &new, worker_id)
+            .await
+            .fence()
+            .unwrap();
+        let running = store
+            .claim_invocation("tenant-a", new.id, fence, now(), &[])
+            .await
+            .unwrap()
+            .expect("claims");
+        let fence = running.fence().unwrap();
+        assert!(
+            store
+                .suspend_invocation("tenant-a", new.id, fence, "user_input", "q-1")
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        assert!(
+            !store
+                .suspend_invocation("tenant-a", new.id, fence, "user_input", "q-2")
+                .await
+                .unwrap(),
+            "{name}: suspended once"
+        );
+        let row = store.invocation("tenant-a", new.id).await.unwrap().unwrap();
+        assert_eq!(row.status, InvocationStatus::Running);
+        assert_eq!(row.suspended_ref.as_deref(), Some("q-1"));
+        assert_eq!(row.worker_id, None, "{name}: the lease is released");
+        let sweeper = worker(store.as_ref(), Duration::seconds(30)).await;
+        let taken = store
+            .claim_expired(
+                Claim {
+                    worker_id: sweeper,
+                    now: now(),
+                },
+                100,
+            )
+            .await
+            .unwrap();
+        assert!(taken.iter().all(|row| row.id != new.id), "{name}");
+        assert!(
+            store
+                .complete_suspended("tenant-a", new.id, &succeeded(), &[], now())
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .complete_suspended("tenant-a", new.id, &succeeded(), &[], now())
+                .await
+                .unwrap()
+        );
+    }
+}

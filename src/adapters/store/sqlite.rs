@@ -1028,6 +1028,68 @@ impl Store for SqliteStore {
         })
     }
 
+    fn suspend_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        kind: &'a str,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            // The lease is released with the row: a suspended call is not a
+            // dead worker's, and no sweep may take it.
+            let result = sqlx::query(
+                "UPDATE tool_invocations SET suspended_kind = $1, suspended_ref = $2, worker_id = $3 \
+                 WHERE id = $4 AND tenant_id = $5 AND status = 'running' AND suspended_kind IS NULL \
+                 AND worker_id = $6 AND lease_epoch = $7",
+            )
+            .bind(kind)
+            .bind(reference)
+            .bind(Option::<String>::None)
+            .bind(id.to_string())
+            .bind(tenant_id)
+            .bind(fence.worker_id.to_string())
+            .bind(fence.lease_epoch)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(result.rows_affected() == 1)
+        })
+    }
+
+    fn complete_suspended<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let result = terminal_update(
+                &mut tx,
+                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
+                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
+                 WHERE id = $1 AND status = 'running' AND suspended_kind IS NOT NULL AND tenant_id = $11",
+                id,
+                tenant_id,
+                terminal,
+                now,
+                None,
+            )
+            .await?;
+            if result {
+                append_events(&mut tx, tenant_id, events, now).await?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(result)
+        })
+    }
+
     fn review_queue<'a>(
         &'a self,
         tenant_id: &'a str,
