@@ -343,6 +343,19 @@ mod tests {
     }
 
     #[test]
+    fn stale_turns_are_cleaned_at_start_up() {
+        let folder = tempfile::tempdir().unwrap();
+        let stale = folder.path().join("0123abcd");
+        std::fs::create_dir_all(&stale).unwrap();
+        std::fs::write(stale.join(SOCKET_NAME), b"").unwrap();
+        let unrelated = folder.path().join("notes");
+        std::fs::create_dir_all(&unrelated).unwrap();
+        Turns::new(folder.path()).unwrap();
+        assert!(!stale.exists(), "a dead turn's socket is removed");
+        assert!(unrelated.exists(), "nothing else is touched");
+    }
+
+    #[test]
     fn the_cap_counts_every_call() {
         let turn = Turn {
             id: Uuid::new_v4(),

@@ -992,3 +992,30 @@ fn suspending_control_tools_wait_for_their_answer() {
         "tool.run_cancelled"
     );
 }
+
+/// `toolgate serve` refuses a store with pending migrations unless told to
+/// apply them.
+#[test]
+fn serve_refuses_pending_migrations_without_migrate() {
+    let folder = tempfile::tempdir().unwrap();
+    let config = folder.path().join("toolgate.toml");
+    std::fs::write(
+        &config,
+        "[control]\nsocket = \"control.sock\"\n[store]\nurl = \"sqlite://toolgate.db\"\n[artifacts]\ndirectory = \"artifacts\"\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env_remove("TOOLGATE_STORE_URL")
+        .env_remove("TOOLGATE_CONTROL_SOCKET")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("pending migration"), "{stderr}");
+    assert!(
+        !folder.path().join("control.sock").exists(),
+        "nothing was served"
+    );
+}
