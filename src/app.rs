@@ -302,6 +302,13 @@ pub async fn serve(
             approval_hold: Duration::from_secs(u64::from(config.bridge.approval_hold_seconds)),
             turn_call_cap: config.bridge.turn_call_cap,
             batch_concurrency: usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
+            egress: config.egress_allowlist(),
+            operator_servers: config
+                .mcp
+                .servers
+                .iter()
+                .map(|server| server.server_id.clone())
+                .collect(),
             ..ApiSettings::default()
         },
         metrics,

@@ -26,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::bridge::{Refusal, Turn, TurnBinding, Turns, call_id, constant_time_eq};
+use crate::domain::egress::EgressAllowlist;
+use crate::domain::mcp_server::{
+    AuthFields, AuthScheme, Transport, validate_auth, validate_classification,
+};
 use crate::domain::{
     ApprovalStatus, ArgumentTrust, IdempotencyClass, PolicyProfile, ReasonCode, RuntimeEnvironment,
     SecretValue, SideEffectClass, TargetKind, ToolOutcome, sha256_hex,
@@ -35,11 +39,14 @@ use crate::pipeline::{
     CallOutcome, CallRequest, Finished, PinnedToolSet, Pipeline, ToolRegistry, prepare_mcp,
 };
 use crate::ports::metrics::Metrics;
-use crate::ports::{Clock, InvocationRecord, McpServers, PlatformEvent, ReviewRecord, Store};
+use crate::ports::{
+    Clock, InvocationRecord, McpServerRow, McpServers, PlatformEvent, ReviewRecord, Store,
+};
 
 use wire::{
     ApprovalDecision, BridgeCall, CallsRequest, CompleteSuspended, OpenSession, OpenTurn,
-    ReviewDecision, error_body, invocation_view, rendered_content,
+    PutMcpServer, ReviewDecision, ServerAuth, error_body, invocation_view, rendered_content,
+    server_view,
 };
 
 /// What the API is configured with.
@@ -57,6 +64,10 @@ pub struct ApiSettings {
     pub batch_concurrency: usize,
     /// How long a drain waits for in-flight requests.
     pub drain_timeout: Duration,
+    /// Where tenant HTTP servers (and their token endpoints) may be dialled.
+    pub egress: EgressAllowlist,
+    /// Operator servers' ids, which a tenant server may not take.
+    pub operator_servers: Vec<String>,
 }
 
 impl Default for ApiSettings {
@@ -68,6 +79,8 @@ impl Default for ApiSettings {
             turn_lifetime: Duration::from_secs(3600),
             batch_concurrency: 8,
             drain_timeout: Duration::from_secs(30),
+            egress: EgressAllowlist::default(),
+            operator_servers: Vec::new(),
         }
     }
 }
@@ -400,6 +413,15 @@ impl ControlApi {
             (Method::GET, ["v1", "runs", id, "invocations"]) => self.run(id, &query).await,
             (Method::GET, ["v1", "events"]) => self.events(&query, &headers).await,
             (Method::GET, ["v1", "review"]) => self.review_queue(&query).await,
+            (Method::PUT, ["v1", "tenants", tenant, "mcp-servers", server]) => {
+                self.put_server(tenant, server, request).await
+            }
+            (Method::GET, ["v1", "tenants", tenant, "mcp-servers", server]) => {
+                self.get_server(tenant, server).await
+            }
+            (Method::DELETE, ["v1", "tenants", tenant, "mcp-servers", server]) => {
+                self.delete_server(tenant, server).await
+            }
             (Method::POST, ["v1", "review", id]) => self.resolve(id, &query, request).await,
             _ => Ok(not_found()),
         };
@@ -798,6 +820,137 @@ impl ControlApi {
             .map_err(|_| Self::store_failed())?;
         let views: Vec<Value> = rows.iter().map(invocation_view).collect();
         Ok(reply(StatusCode::OK, &json!({"invocations": views})))
+    }
+
+    /// A tenant HTTP server, validated when written: the transport is HTTP,
+    /// the endpoint and any token endpoint pass the egress allowlist, the
+    /// authentication obeys the five rules, and scopes stay under
+    /// `mcp.{server_id}.`. Every problem is reported with its field; no
+    /// value is echoed.
+    async fn put_server(
+        &self,
+        tenant: &str,
+        server_id: &str,
+        request: Request<Incoming>,
+    ) -> Result<Reply, Refused> {
+        let body: PutMcpServer = self.body(request).await?;
+        if self
+            .settings
+            .operator_servers
+            .iter()
+            .any(|id| id == server_id)
+        {
+            return Ok(error(
+                StatusCode::CONFLICT,
+                "server_id_taken",
+                "an operator server has this server_id",
+            ));
+        }
+        let mut problems: Vec<String> = validate_classification(server_id, &body.required_scopes)
+            .iter()
+            .map(|violation| format!("{}: {violation}", violation.field()))
+            .collect();
+        if let Err(failure) = self.settings.egress.check(&body.endpoint) {
+            problems.push(format!("endpoint: {failure}"));
+        }
+        let auth = body.auth.unwrap_or(ServerAuth {
+            scheme: "none".into(),
+            name: None,
+            credential_ref: None,
+            token_endpoint: None,
+            token_scopes: None,
+        });
+        let fields = AuthFields {
+            transport: Transport::Http,
+            scheme: &auth.scheme,
+            auth_name: auth.name.as_deref(),
+            credential_ref: auth.credential_ref.as_deref(),
+            token_endpoint: auth.token_endpoint.as_deref(),
+        };
+        problems.extend(
+            validate_auth(fields, &self.settings.egress)
+                .iter()
+                .map(|violation| format!("auth.{}: {violation}", violation.field())),
+        );
+        if body.timeout_seconds == 0 || body.maximum_output_bytes == 0 {
+            problems.push("timeout_seconds, maximum_output_bytes: must be positive".into());
+        }
+        let Ok(auth_scheme) = auth.scheme.parse::<AuthScheme>() else {
+            return Ok(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_server",
+                &problems.join("; "),
+            ));
+        };
+        if !problems.is_empty() {
+            return Ok(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_server",
+                &problems.join("; "),
+            ));
+        }
+        let row = McpServerRow {
+            server_id: server_id.to_owned(),
+            transport: Transport::Http,
+            endpoint: body.endpoint,
+            auth_scheme,
+            auth_name: auth.name,
+            credential_ref: auth.credential_ref,
+            token_endpoint: auth.token_endpoint,
+            token_scopes: auth.token_scopes,
+            side_effect: body.side_effect,
+            risk: body.risk,
+            idempotency: body.idempotency,
+            required_scopes: body.required_scopes,
+            timeout_seconds: body.timeout_seconds,
+            maximum_output_bytes: body.maximum_output_bytes,
+            enabled: body.enabled,
+        };
+        self.store
+            .put_mcp_server(tenant, &row, self.clock.now())
+            .await
+            .map_err(|_| Self::store_failed())?;
+        Ok(reply(StatusCode::OK, &server_view(&row)))
+    }
+
+    async fn get_server(&self, tenant: &str, server_id: &str) -> Result<Reply, Refused> {
+        let row = self
+            .store
+            .mcp_server(tenant, server_id)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        Ok(match row {
+            Some(row) => reply(StatusCode::OK, &server_view(&row)),
+            None => not_found(),
+        })
+    }
+
+    async fn delete_server(&self, tenant: &str, server_id: &str) -> Result<Reply, Refused> {
+        if self
+            .settings
+            .operator_servers
+            .iter()
+            .any(|id| id == server_id)
+        {
+            return Ok(error(
+                StatusCode::CONFLICT,
+                "server_id_taken",
+                "an operator server has this server_id",
+            ));
+        }
+        let deleted = self
+            .store
+            .delete_mcp_server(tenant, server_id)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        Ok(if deleted {
+            reply(
+                StatusCode::OK,
+                &json!({"server_id": server_id, "deleted": true}),
+            )
+        } else {
+            not_found()
+        })
     }
 
     async fn review_queue(&self, query: &HashMap<String, String>) -> Result<Reply, Refused> {

@@ -6,9 +6,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::domain::{AgentSpec, Principal, ReviewResolution, ToolOutcome, TrustLevel};
+use crate::domain::{
+    AgentSpec, IdempotencyClass, Principal, ReviewResolution, RiskLevel, SideEffectClass,
+    ToolOutcome, TrustLevel,
+};
 use crate::pipeline::RenderedPart;
-use crate::ports::InvocationRecord;
+use crate::ports::{InvocationRecord, McpServerRow};
 
 /// `POST /v1/sessions`.
 #[derive(Debug, Deserialize)]
@@ -67,6 +70,85 @@ fn untrusted() -> TrustLevel {
 pub struct ApprovalDecision {
     pub decision: String,
     pub approver: String,
+}
+
+/// The authentication of a tenant server, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerAuth {
+    /// One of the five schemes (text, so an unknown one is a rule violation).
+    pub scheme: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub credential_ref: Option<String>,
+    #[serde(default)]
+    pub token_endpoint: Option<String>,
+    #[serde(default)]
+    pub token_scopes: Option<Vec<String>>,
+}
+
+/// `PUT /v1/tenants/{tenant}/mcp-servers/{server_id}`: a tenant's HTTP
+/// server. Classification defaults to the most restrictive.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutMcpServer {
+    pub endpoint: String,
+    #[serde(default)]
+    pub auth: Option<ServerAuth>,
+    #[serde(default = "external_write")]
+    pub side_effect: SideEffectClass,
+    #[serde(default = "high")]
+    pub risk: RiskLevel,
+    #[serde(default = "non_idempotent")]
+    pub idempotency: IdempotencyClass,
+    #[serde(default)]
+    pub required_scopes: Vec<String>,
+    #[serde(default = "thirty")]
+    pub timeout_seconds: u32,
+    #[serde(default = "sixty_four_kib")]
+    pub maximum_output_bytes: u64,
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+}
+
+fn external_write() -> SideEffectClass {
+    SideEffectClass::ExternalWrite
+}
+fn high() -> RiskLevel {
+    RiskLevel::High
+}
+fn non_idempotent() -> IdempotencyClass {
+    IdempotencyClass::NonIdempotent
+}
+fn thirty() -> u32 {
+    30
+}
+fn sixty_four_kib() -> u64 {
+    64 * 1024
+}
+fn enabled() -> bool {
+    true
+}
+
+/// A server row, as the API shows it (a credential reference, never a
+/// secret).
+pub fn server_view(row: &McpServerRow) -> Value {
+    json!({
+        "server_id": row.server_id,
+        "transport": row.transport,
+        "endpoint": row.endpoint,
+        "auth": {"scheme": row.auth_scheme, "name": row.auth_name,
+                 "credential_ref": row.credential_ref, "token_endpoint": row.token_endpoint,
+                 "token_scopes": row.token_scopes},
+        "side_effect": row.side_effect,
+        "risk": row.risk,
+        "idempotency": row.idempotency,
+        "required_scopes": row.required_scopes,
+        "timeout_seconds": row.timeout_seconds,
+        "maximum_output_bytes": row.maximum_output_bytes,
+        "enabled": row.enabled,
+    })
 }
 
 /// `POST /v1/invocations/{id}/complete`.

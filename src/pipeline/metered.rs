@@ -10,8 +10,8 @@ use crate::domain::{ApprovalStatus, ToolEventKind};
 use crate::ports::metrics::{Labels, Metrics};
 use crate::ports::{
     ApprovalRecord, BoxFuture, BreakerTally, CatalogRow, Claim, EventRecord, Fence, InsertOutcome,
-    InvocationRecord, NewInvocation, PlatformEvent, PreparationRecord, ReviewRecord, Store,
-    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
+    InvocationRecord, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, ReviewRecord,
+    Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 
 /// Wraps a store; every write that commits tool events counts them.
@@ -100,6 +100,9 @@ impl Store for MeteredStore {
         record_event(tenant: Option<&'a str>, event: &'a PlatformEvent, now: DateTime<Utc>) -> Result<(), StoreError>;
         catalog_history(tenant: &'a str, server: &'a str) -> Result<Vec<CatalogRow>, StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+        put_mcp_server(tenant: &'a str, server: &'a McpServerRow, now: DateTime<Utc>) -> Result<(), StoreError>;
+        mcp_server(tenant: &'a str, server_id: &'a str) -> Result<Option<McpServerRow>, StoreError>;
+        delete_mcp_server(tenant: &'a str, server_id: &'a str) -> Result<bool, StoreError>;
         review_queue(tenant: &'a str, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
         resolve_review(tenant: &'a str, review: &'a ReviewRecord) -> Result<bool, StoreError>;
         events_after(after: i64, limit: i64) -> Result<Vec<EventRecord>, StoreError>;

@@ -895,6 +895,28 @@ pub trait Store: Send + Sync {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// Writes a tenant's server row (insert or replace by server id).
+    fn put_mcp_server<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server: &'a McpServerRow,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// A tenant's server row.
+    fn mcp_server<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<McpServerRow>, StoreError>>;
+
+    /// Removes a tenant's server row; false when there was none.
+    fn delete_mcp_server<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
     /// The review queue: the tenant's UNCERTAIN invocations no human has
     /// resolved yet, oldest first, at most `limit`.
     fn review_queue<'a>(

@@ -179,6 +179,9 @@ impl Store for FaultyWatermark {
         record_event(tenant: Option<&'a str>, event: &'a toolgate::ports::PlatformEvent, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, toolgate::ports::StoreError>;
         complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a toolgate::ports::TerminalRecord, events: &'a [toolgate::ports::ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, toolgate::ports::StoreError>;
+        put_mcp_server(tenant: &'a str, server: &'a toolgate::ports::McpServerRow, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
+        mcp_server(tenant: &'a str, server_id: &'a str) -> Result<Option<toolgate::ports::McpServerRow>, toolgate::ports::StoreError>;
+        delete_mcp_server(tenant: &'a str, server_id: &'a str) -> Result<bool, toolgate::ports::StoreError>;
         review_queue(tenant: &'a str, limit: i64) -> Result<Vec<toolgate::ports::InvocationRecord>, toolgate::ports::StoreError>;
         resolve_review(tenant: &'a str, review: &'a toolgate::ports::ReviewRecord) -> Result<bool, toolgate::ports::StoreError>;
         catalog_history(tenant: &'a str, server: &'a str) -> Result<Vec<toolgate::ports::CatalogRow>, toolgate::ports::StoreError>;

@@ -126,6 +126,9 @@ directory = "state/artifacts"
 [policy]
 file = "policy.toml"
 
+[egress]
+allow = ["mcp.example.com", "*.auth.example.com"]
+
 [mcp]
 state_directory = "state/mcp"
 
@@ -1018,4 +1021,81 @@ fn serve_refuses_pending_migrations_without_migrate() {
         !folder.path().join("control.sock").exists(),
         "nothing was served"
     );
+}
+
+/// Tenant HTTP servers are validated when written: the egress allowlist,
+/// the five authentication rules, scopes under the server, and no taking an
+/// operator server's id. Errors name fields and never echo values.
+#[test]
+fn tenant_servers_are_validated_when_written() {
+    let served = Served::start();
+    let put = |server: &str, body: Value| {
+        let text = body.to_string();
+        let (status, _, body) = http(
+            &served.socket,
+            "PUT",
+            &format!("/v1/tenants/{TENANT}/mcp-servers/{server}"),
+            &[],
+            Some(text.as_bytes()),
+        );
+        (status, json_of(&body))
+    };
+    let (status, body) = put(
+        "acme",
+        json!({"endpoint": "https://mcp.example.com/mcp",
+               "auth": {"scheme": "oauth2_client", "credential_ref": "env:ACME_CLIENT",
+                        "token_endpoint": "https://login.auth.example.com/token", "token_scopes": ["read"]},
+               "required_scopes": ["mcp.acme.use"]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (body["transport"].as_str(), body["risk"].as_str()),
+        (Some("http"), Some("high"))
+    );
+    let (status, row) = served.get(&format!("/v1/tenants/{TENANT}/mcp-servers/acme"));
+    assert_eq!(status, 200);
+    assert_eq!(json_of(&row)["auth"]["credential_ref"], "env:ACME_CLIENT");
+
+    let (status, body) = put(
+        "evil",
+        json!({"endpoint": "https://evil.example.net/secret-path",
+               "auth": {"scheme": "env", "name": "LD_PRELOAD", "credential_ref": "env:X"},
+               "required_scopes": ["session.write"]}),
+    );
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    for field in ["endpoint:", "auth.auth_scheme:", "required_scopes[0]:"] {
+        assert!(message.contains(field), "{field} missing from {message}");
+    }
+    assert!(
+        !message.contains("evil.example.net") && !message.contains("secret-path"),
+        "{message}"
+    );
+    let (status, body) = put(
+        "acme",
+        json!({"endpoint": "https://mcp.example.com", "auth": {"scheme": "bearer"}}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("auth.credential_ref")
+    );
+    let (status, body) = put("reads", json!({"endpoint": "https://mcp.example.com"}));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("server_id_taken"))
+    );
+
+    let (status, _, _) = http(
+        &served.socket,
+        "DELETE",
+        &format!("/v1/tenants/{TENANT}/mcp-servers/acme"),
+        &[],
+        None,
+    );
+    assert_eq!(status, 200);
+    let (status, _) = served.get(&format!("/v1/tenants/{TENANT}/mcp-servers/acme"));
+    assert_eq!(status, 404);
 }

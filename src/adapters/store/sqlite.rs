@@ -17,9 +17,9 @@ use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional
 use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
     ApprovalRecord, BoxFuture, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim,
-    EventRecord, Fence, InsertOutcome, InvocationRecord, NewInvocation, PlatformEvent,
-    PreparationRecord, ReviewRecord, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
-    WorkerLease,
+    EventRecord, Fence, InsertOutcome, InvocationRecord, McpServerRow, NewInvocation,
+    PlatformEvent, PreparationRecord, ReviewRecord, Store, StoreError, StoredArtifact,
+    TerminalRecord, ToolEvent, WorkerLease,
 };
 
 /// Readers run beside the one writer (WAL).
@@ -963,45 +963,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             for server in &record.servers {
-                sqlx::query(
-                    "INSERT INTO mcp_servers (id, tenant_id, server_id, transport, endpoint, auth_scheme, auth_name, \
-                     credential_ref, token_endpoint, token_scopes, side_effect, risk, idempotency, required_scopes, \
-                     timeout_seconds, maximum_output_bytes, enabled, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
-                     ON CONFLICT (tenant_id, server_id) DO UPDATE SET transport = excluded.transport, \
-                     endpoint = excluded.endpoint, auth_scheme = excluded.auth_scheme, auth_name = excluded.auth_name, \
-                     credential_ref = excluded.credential_ref, token_endpoint = excluded.token_endpoint, \
-                     token_scopes = excluded.token_scopes, side_effect = excluded.side_effect, risk = excluded.risk, \
-                     idempotency = excluded.idempotency, required_scopes = excluded.required_scopes, \
-                     timeout_seconds = excluded.timeout_seconds, maximum_output_bytes = excluded.maximum_output_bytes, \
-                     enabled = excluded.enabled",
-                )
-                .bind(Uuid::new_v4().to_string())
-                .bind(tenant_id)
-                .bind(&server.server_id)
-                .bind(server.transport.as_str())
-                .bind(&server.endpoint)
-                .bind(server.auth_scheme.as_str())
-                .bind(&server.auth_name)
-                .bind(&server.credential_ref)
-                .bind(&server.token_endpoint)
-                .bind(
-                    server
-                        .token_scopes
-                        .as_ref()
-                        .map(|scopes| text(&serde_json::json!(scopes))),
-                )
-                .bind(server.side_effect.as_str())
-                .bind(server.risk.as_str())
-                .bind(server.idempotency.as_str())
-                .bind(text(&serde_json::json!(server.required_scopes)))
-                .bind(i64::from(server.timeout_seconds))
-                .bind(i64::try_from(server.maximum_output_bytes).unwrap_or(i64::MAX))
-                .bind(server.enabled)
-                .bind(micros(now))
-                .execute(&mut *tx)
-                .await
-                .map_err(database_error)?;
+                upsert_server(&mut tx, tenant_id, server, now).await?;
             }
             let mut written = Vec::with_capacity(record.generations.len());
             for generation in &record.generations {
@@ -1087,6 +1049,61 @@ impl Store for SqliteStore {
             }
             tx.commit().await.map_err(database_error)?;
             Ok(result)
+        })
+    }
+
+    fn put_mcp_server<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server: &'a McpServerRow,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            upsert_server(&mut tx, tenant_id, server, now).await?;
+            tx.commit().await.map_err(database_error)
+        })
+    }
+
+    fn mcp_server<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<McpServerRow>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let row = sqlx::query(
+                "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
+                 token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
+                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2",
+            )
+            .bind(tenant_id)
+            .bind(server_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.map(|row| server_row(&row)).transpose()
+        })
+    }
+
+    fn delete_mcp_server<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let deleted =
+                sqlx::query("DELETE FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2")
+                    .bind(tenant_id)
+                    .bind(server_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?
+                    .rows_affected();
+            tx.commit().await.map_err(database_error)?;
+            Ok(deleted == 1)
         })
     }
 
@@ -1322,4 +1339,91 @@ async fn insert_platform_event(
     .await
     .map_err(database_error)?;
     Ok(())
+}
+
+/// Inserts or replaces a server row, by (tenant, server id).
+async fn upsert_server(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant_id: &str,
+    server: &McpServerRow,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO mcp_servers (id, tenant_id, server_id, transport, endpoint, auth_scheme, auth_name, \
+         credential_ref, token_endpoint, token_scopes, side_effect, risk, idempotency, required_scopes, \
+         timeout_seconds, maximum_output_bytes, enabled, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+         ON CONFLICT (tenant_id, server_id) DO UPDATE SET transport = excluded.transport, \
+         endpoint = excluded.endpoint, auth_scheme = excluded.auth_scheme, auth_name = excluded.auth_name, \
+         credential_ref = excluded.credential_ref, token_endpoint = excluded.token_endpoint, \
+         token_scopes = excluded.token_scopes, side_effect = excluded.side_effect, risk = excluded.risk, \
+         idempotency = excluded.idempotency, required_scopes = excluded.required_scopes, \
+         timeout_seconds = excluded.timeout_seconds, maximum_output_bytes = excluded.maximum_output_bytes, \
+         enabled = excluded.enabled",
+    )
+    .bind(Uuid::new_v4().to_string())
+    .bind(tenant_id)
+    .bind(&server.server_id)
+    .bind(server.transport.as_str())
+    .bind(&server.endpoint)
+    .bind(server.auth_scheme.as_str())
+    .bind(&server.auth_name)
+    .bind(&server.credential_ref)
+    .bind(&server.token_endpoint)
+    .bind(
+        server
+            .token_scopes
+            .as_ref()
+            .map(|scopes| text(&serde_json::json!(scopes))),
+    )
+    .bind(server.side_effect.as_str())
+    .bind(server.risk.as_str())
+    .bind(server.idempotency.as_str())
+    .bind(text(&serde_json::json!(server.required_scopes)))
+    .bind(i64::from(server.timeout_seconds))
+    .bind(i64::try_from(server.maximum_output_bytes).unwrap_or(i64::MAX))
+    .bind(server.enabled)
+    .bind(micros(now))
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    Ok(())
+}
+
+fn server_row(row: &SqliteRow) -> Result<McpServerRow, StoreError> {
+    let text =
+        |name: &str| -> Result<String, StoreError> { row.try_get(name).map_err(database_error) };
+    let scopes = |value: Option<String>| -> Vec<String> {
+        value
+            .and_then(|value| serde_json::from_str(&value).ok())
+            .unwrap_or_default()
+    };
+    Ok(McpServerRow {
+        server_id: text("server_id")?,
+        transport: parse(&text("transport")?, "transport")?,
+        endpoint: text("endpoint")?,
+        auth_scheme: parse(&text("auth_scheme")?, "auth_scheme")?,
+        auth_name: row.try_get("auth_name").map_err(database_error)?,
+        credential_ref: row.try_get("credential_ref").map_err(database_error)?,
+        token_endpoint: row.try_get("token_endpoint").map_err(database_error)?,
+        token_scopes: row
+            .try_get::<Option<String>, _>("token_scopes")
+            .map_err(database_error)?
+            .map(|value| scopes(Some(value))),
+        side_effect: parse(&text("side_effect")?, "side_effect")?,
+        risk: parse(&text("risk")?, "risk")?,
+        idempotency: parse(&text("idempotency")?, "idempotency")?,
+        required_scopes: scopes(row.try_get("required_scopes").map_err(database_error)?),
+        timeout_seconds: u32::try_from(
+            row.try_get::<i64, _>("timeout_seconds")
+                .map_err(database_error)?,
+        )
+        .unwrap_or_default(),
+        maximum_output_bytes: u64::try_from(
+            row.try_get::<i64, _>("maximum_output_bytes")
+                .map_err(database_error)?,
+        )
+        .unwrap_or_default(),
+        enabled: row.try_get("enabled").map_err(database_error)?,
+    })
 }
