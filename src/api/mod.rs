@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
@@ -138,7 +139,28 @@ pub struct ApiParts {
     pub metrics: Arc<Metrics>,
 }
 
-type Reply = Response<Full<Bytes>>;
+type Reply = Response<UnsyncBoxBody<Bytes, Infallible>>;
+
+/// A response body fed, frame by frame, from a channel: the followed event
+/// stream. It ends when the sender is dropped.
+struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Channel {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|bytes| Ok(hyper::body::Frame::data(bytes))))
+    }
+}
+
+/// How often a followed event stream looks for new events.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
 /// How often expired turns are swept.
 const TURN_SWEEP: Duration = Duration::from_secs(30);
@@ -148,7 +170,7 @@ fn reply(status: StatusCode, body: &Value) -> Reply {
 }
 
 fn reply_text(status: StatusCode, body: String) -> Reply {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -539,8 +561,13 @@ impl ControlApi {
     }
 
     /// The document's admission check: a batch runs in parallel only when
-    /// every call is a read-only, parallel-safe tool of the pinned set.
-    fn parallel(session: &Session, calls: &[&wire::CallItem]) -> bool {
+    /// every call is a read-only, parallel-safe tool of the pinned set whose
+    /// timeout fits the run's remaining budget.
+    fn parallel(
+        session: &Session,
+        calls: &[&wire::CallItem],
+        remaining_seconds: Option<f64>,
+    ) -> bool {
         calls.len() > 1
             && calls.iter().all(|call| {
                 // tool.call is judged as the tool it names.
@@ -554,7 +581,9 @@ impl ControlApi {
                 };
                 session.pinned.resolve(name).is_some_and(|pinned| {
                     let spec = &pinned.tool.spec;
-                    spec.allow_parallel
+                    let fits = remaining_seconds
+                        .is_none_or(|remaining| f64::from(spec.timeout_seconds) <= remaining);
+                    fits && spec.allow_parallel
                         && spec.idempotency == IdempotencyClass::ReadOnly
                         && matches!(
                             spec.side_effect,
@@ -571,7 +600,10 @@ impl ControlApi {
         let batch: CallsRequest = self.body(request).await?;
         let session = self.session(batch.session_id)?;
         let calls: Vec<&wire::CallItem> = batch.calls.iter().collect();
-        let parallel_group = Self::parallel(&session, &calls).then(Uuid::new_v4);
+        let remaining = batch
+            .deadline_at
+            .map(|deadline| (deadline - self.clock.now()).num_milliseconds() as f64 / 1000.0);
+        let parallel_group = Self::parallel(&session, &calls, remaining).then(Uuid::new_v4);
         let place = Place {
             session_id: batch.session_id,
             run_id: batch.run_id,
@@ -673,7 +705,7 @@ impl ControlApi {
             "# HELP toolgate_requests_in_flight Control and bridge requests being served.\n# TYPE toolgate_requests_in_flight gauge\ntoolgate_requests_in_flight {}\n",
             self.gauges.requests_in_flight.load(Ordering::SeqCst)
         ));
-        let mut response = Response::new(Full::new(Bytes::from(text)));
+        let mut response = Response::new(Full::new(Bytes::from(text)).boxed_unsync());
         response.headers_mut().insert(
             CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -1001,8 +1033,12 @@ impl ControlApi {
         })
     }
 
+    /// The outbox from a cursor, as JSON lines or (with `Accept:
+    /// text/event-stream`) server-sent events whose ids are the cursor. With
+    /// `follow=true` the response stays open and new events are sent as
+    /// they commit, until the reader goes or toolgate drains.
     async fn events(
-        &self,
+        self: &Arc<Self>,
         query: &HashMap<String, String>,
         headers: &hyper::HeaderMap,
     ) -> Result<Reply, Refused> {
@@ -1010,7 +1046,8 @@ impl ControlApi {
             .get(hyper::header::ACCEPT)
             .and_then(|value| value.to_str().ok())
             .is_some_and(|accept| accept.contains("text/event-stream"));
-        let after = query
+        let follow = query.get("follow").is_some_and(|value| value == "true");
+        let mut after: i64 = query
             .get("after")
             .and_then(|after| after.parse().ok())
             .unwrap_or(0);
@@ -1019,11 +1056,55 @@ impl ControlApi {
             .and_then(|limit| limit.parse().ok())
             .unwrap_or(1000_i64)
             .clamp(1, 10_000);
+        let media = if sse {
+            "text/event-stream"
+        } else {
+            "application/x-ndjson"
+        };
+        let (lines, last) = self.event_lines(after, limit, sse).await?;
+        let body = if follow {
+            after = last.unwrap_or(after);
+            let (sender, receiver) = tokio::sync::mpsc::channel(16);
+            let api = self.clone();
+            tokio::spawn(async move {
+                if sender.send(Bytes::from(lines)).await.is_err() {
+                    return;
+                }
+                while !api.draining.load(Ordering::SeqCst) {
+                    tokio::time::sleep(FOLLOW_POLL).await;
+                    let Ok((lines, last)) = api.event_lines(after, limit, sse).await else {
+                        return;
+                    };
+                    after = last.unwrap_or(after);
+                    if !lines.is_empty() && sender.send(Bytes::from(lines)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Channel(receiver).boxed_unsync()
+        } else {
+            Full::new(Bytes::from(lines)).boxed_unsync()
+        };
+        let mut response = Response::new(body);
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(media));
+        Ok(response)
+    }
+
+    /// Events after `after`, rendered, and the last id among them.
+    async fn event_lines(
+        &self,
+        after: i64,
+        limit: i64,
+        sse: bool,
+    ) -> Result<(String, Option<i64>), Refused> {
         let events = self
             .store
             .events_after(after, limit)
             .await
             .map_err(|_| Self::store_failed())?;
+        let last = events.last().map(|event| event.id);
         let mut lines = String::new();
         for event in events {
             let body = json!({
@@ -1044,16 +1125,7 @@ impl ControlApi {
                 lines.push('\n');
             }
         }
-        let mut response = Response::new(Full::new(Bytes::from(lines)));
-        let media = if sse {
-            "text/event-stream"
-        } else {
-            "application/x-ndjson"
-        };
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(media));
-        Ok(response)
+        Ok((lines, last))
     }
 
     async fn open_turn(self: &Arc<Self>, request: Request<Incoming>) -> Result<Reply, Refused> {

@@ -847,6 +847,17 @@ fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
     );
     // Two read-only, parallel-safe tools behind the wrapper: one parallel group.
     assert!(body["parallel_group"].is_string(), "{body}");
+    // The same pair with a budget shorter than their timeouts runs in order.
+    let (status, short) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": run, "step_number": 9, "origin_trust": "user",
+                "deadline_at": (chrono::Utc::now() + chrono::Duration::seconds(3)).to_rfc3339(),
+                "calls": [
+                    {"call_id": "p", "name": "demo.echo", "arguments": {"text": "1"}},
+                    {"call_id": "q", "name": "demo.echo", "arguments": {"text": "2"}}]}),
+    );
+    assert_eq!(status, 200, "{short}");
+    assert!(short["parallel_group"].is_null(), "{short}");
     assert_eq!(
         body["results"][0]["outcome"]["status"], "succeeded",
         "{body}"
@@ -1098,4 +1109,43 @@ fn tenant_servers_are_validated_when_written() {
     assert_eq!(status, 200);
     let (status, _) = served.get(&format!("/v1/tenants/{TENANT}/mcp-servers/acme"));
     assert_eq!(status, 404);
+}
+
+/// `GET /v1/events?follow=true` stays open and sends events as they commit.
+#[test]
+fn the_event_stream_follows_new_events() {
+    use std::io::Write as _;
+    let served = Served::start();
+    let session = served.session();
+    let mut stream = UnixStream::connect(&served.socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream
+        .write_all(
+            b"GET /v1/events?after=0&follow=true HTTP/1.1\r\nHost: toolgate\r\nAccept: text/event-stream\r\n\r\n",
+        )
+        .unwrap();
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1, "origin_trust": "user",
+                "calls": [{"call_id": "followed", "name": "demo.echo", "arguments": {"text": "x"}}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("event: tool.call.completed") {
+        let read = stream
+            .read(&mut buffer)
+            .expect("the stream stays open and delivers");
+        assert!(
+            read > 0,
+            "the stream ended: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buffer[..read]);
+    }
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"call_id\":\"followed\""), "{text}");
 }
