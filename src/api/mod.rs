@@ -11,7 +11,7 @@ mod wire;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -316,7 +316,7 @@ impl ControlApi {
         let expired: Vec<Uuid> = self
             .turn_servers
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
             .keys()
             .copied()
             .filter(|id| {
@@ -346,7 +346,7 @@ impl ControlApi {
         let open: Vec<Uuid> = self
             .turn_servers
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
             .keys()
             .copied()
             .collect();
@@ -460,6 +460,16 @@ impl ControlApi {
         })
     }
 
+    /// The tenant a tenant-scoped route names, and the id in its path;
+    /// `None` when the id is not one.
+    fn tenant_and_id(
+        query: &HashMap<String, String>,
+        id: &str,
+    ) -> Result<Option<(String, Uuid)>, Refused> {
+        let tenant = Self::tenant(query)?;
+        Ok(id.parse::<Uuid>().ok().map(|id| (tenant, id)))
+    }
+
     fn store_failed() -> Refused {
         Refused::new(error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -471,7 +481,7 @@ impl ControlApi {
     fn session(&self, id: Uuid) -> Result<Arc<Session>, Refused> {
         self.sessions
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
             .get(&id)
             .cloned()
             .ok_or_else(|| {
@@ -526,7 +536,7 @@ impl ControlApi {
         });
         self.sessions
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(
                 open.session_id,
                 Arc::new(Session {
@@ -742,8 +752,7 @@ impl ControlApi {
         query: &HashMap<String, String>,
         request: Request<Incoming>,
     ) -> Result<Reply, Refused> {
-        let tenant = Self::tenant(query)?;
-        let Ok(id) = id.parse::<Uuid>() else {
+        let Some((tenant, id)) = Self::tenant_and_id(query, id)? else {
             return Ok(not_found());
         };
         let decision: ApprovalDecision = self.body(request).await?;
@@ -781,8 +790,7 @@ impl ControlApi {
         id: &str,
         query: &HashMap<String, String>,
     ) -> Result<Reply, Refused> {
-        let tenant = Self::tenant(query)?;
-        let Ok(id) = id.parse::<Uuid>() else {
+        let Some((tenant, id)) = Self::tenant_and_id(query, id)? else {
             return Ok(not_found());
         };
         let row = self
@@ -802,8 +810,7 @@ impl ControlApi {
         query: &HashMap<String, String>,
         request: Request<Incoming>,
     ) -> Result<Reply, Refused> {
-        let tenant = Self::tenant(query)?;
-        let Ok(id) = id.parse::<Uuid>() else {
+        let Some((tenant, id)) = Self::tenant_and_id(query, id)? else {
             return Ok(not_found());
         };
         let body: CompleteSuspended = self.body(request).await?;
@@ -841,8 +848,7 @@ impl ControlApi {
     }
 
     async fn run(&self, id: &str, query: &HashMap<String, String>) -> Result<Reply, Refused> {
-        let tenant = Self::tenant(query)?;
-        let Ok(id) = id.parse::<Uuid>() else {
+        let Some((tenant, id)) = Self::tenant_and_id(query, id)? else {
             return Ok(not_found());
         };
         let rows: Vec<InvocationRecord> = self
@@ -866,17 +872,8 @@ impl ControlApi {
         request: Request<Incoming>,
     ) -> Result<Reply, Refused> {
         let body: PutMcpServer = self.body(request).await?;
-        if self
-            .settings
-            .operator_servers
-            .iter()
-            .any(|id| id == server_id)
-        {
-            return Ok(error(
-                StatusCode::CONFLICT,
-                "server_id_taken",
-                "an operator server has this server_id",
-            ));
+        if let Some(taken) = self.operator_server(server_id) {
+            return Ok(taken);
         }
         let mut problems: Vec<String> = validate_classification(server_id, &body.required_scopes)
             .iter()
@@ -945,6 +942,22 @@ impl ControlApi {
         Ok(reply(StatusCode::OK, &server_view(&row)))
     }
 
+    /// The refusal for a tenant server that would take an operator
+    /// server's id.
+    fn operator_server(&self, server_id: &str) -> Option<Reply> {
+        self.settings
+            .operator_servers
+            .iter()
+            .any(|id| id == server_id)
+            .then(|| {
+                error(
+                    StatusCode::CONFLICT,
+                    "server_id_taken",
+                    "an operator server has this server_id",
+                )
+            })
+    }
+
     async fn get_server(&self, tenant: &str, server_id: &str) -> Result<Reply, Refused> {
         let row = self
             .store
@@ -958,17 +971,8 @@ impl ControlApi {
     }
 
     async fn delete_server(&self, tenant: &str, server_id: &str) -> Result<Reply, Refused> {
-        if self
-            .settings
-            .operator_servers
-            .iter()
-            .any(|id| id == server_id)
-        {
-            return Ok(error(
-                StatusCode::CONFLICT,
-                "server_id_taken",
-                "an operator server has this server_id",
-            ));
+        if let Some(taken) = self.operator_server(server_id) {
+            return Ok(taken);
         }
         let deleted = self
             .store
@@ -1002,8 +1006,7 @@ impl ControlApi {
         query: &HashMap<String, String>,
         request: Request<Incoming>,
     ) -> Result<Reply, Refused> {
-        let tenant = Self::tenant(query)?;
-        let Ok(invocation_id) = id.parse::<Uuid>() else {
+        let Some((tenant, invocation_id)) = Self::tenant_and_id(query, id)? else {
             return Ok(not_found());
         };
         let decision: ReviewDecision = self.body(request).await?;
@@ -1164,7 +1167,7 @@ impl ControlApi {
         let stop = CancellationToken::new();
         self.turn_servers
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(turn.id, stop.clone());
         tokio::spawn(
             self.clone()
@@ -1225,7 +1228,7 @@ impl ControlApi {
         if let Some(stop) = self
             .turn_servers
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(PoisonError::into_inner)
             .remove(&id)
         {
             stop.cancel();
