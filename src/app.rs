@@ -313,31 +313,42 @@ pub async fn serve(
         },
         metrics,
     });
-    let listener = bind_control(&config.control.socket)?;
+    // Both listeners are bound before anything is served; if either cannot
+    // be, nothing was, and the lease ends with the attempt.
+    let listeners = async {
+        let tcp = match (&config.control.tcp, &config.control.token_ref) {
+            (Some(address), Some(reference)) => {
+                let reference = CredentialRef::parse(reference)
+                    .map_err(|error| AppError::Startup(error.to_string()))?;
+                let token = EnvFileResolver::new(environment.clone())
+                    .resolve(&reference)
+                    .await
+                    .map_err(|error| AppError::Startup(error.to_string()))?;
+                let tcp = tokio::net::TcpListener::bind(address.as_str())
+                    .await
+                    .map_err(|error| AppError::Startup(format!("control.tcp: {error}")))?;
+                tracing::info!(address = %address, "toolgate serving on loopback TCP");
+                Some((tcp, token))
+            }
+            _ => None,
+        };
+        Ok::<_, AppError>((bind_control(&config.control.socket)?, tcp))
+    }
+    .await;
+    let (listener, tcp) = match listeners {
+        Ok(listeners) => listeners,
+        Err(error) => {
+            worker.release().await?;
+            return Err(error);
+        }
+    };
     let shutdown = CancellationToken::new();
     // Recovery runs first, then heartbeats and periodic sweeps.
     let maintenance = worker.clone().spawn(pipeline, shutdown.clone());
     let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
-    let serving_tcp = match (&config.control.tcp, &config.control.token_ref) {
-        (Some(address), Some(reference)) => {
-            let reference = CredentialRef::parse(reference)
-                .map_err(|error| AppError::Startup(error.to_string()))?;
-            let token = EnvFileResolver::new(environment.clone())
-                .resolve(&reference)
-                .await
-                .map_err(|error| AppError::Startup(error.to_string()))?;
-            let tcp = tokio::net::TcpListener::bind(address.as_str())
-                .await
-                .map_err(|error| AppError::Startup(format!("control.tcp: {error}")))?;
-            tracing::info!(address = %address, "toolgate serving on loopback TCP");
-            Some(tokio::spawn(api.clone().serve_control_tcp(
-                tcp,
-                token,
-                shutdown.clone(),
-            )))
-        }
-        _ => None,
-    };
+    let serving_tcp = tcp.map(|(tcp, token)| {
+        tokio::spawn(api.clone().serve_control_tcp(tcp, token, shutdown.clone()))
+    });
     tracing::info!(socket = %config.control.socket.display(), "toolgate serving");
 
     let mut terminate =

@@ -335,11 +335,16 @@ impl ControlApi {
     pub async fn drain(&self) {
         self.draining.store(true, Ordering::SeqCst);
         let deadline = tokio::time::Instant::now() + self.settings.drain_timeout;
-        while self.gauges.requests_in_flight.load(Ordering::SeqCst) > 0 {
-            if tokio::time::timeout_at(deadline, self.idle.notified())
-                .await
-                .is_err()
-            {
+        loop {
+            // Registered before the count is read, so the last request's
+            // notification cannot fall between the two.
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.gauges.requests_in_flight.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
                 break;
             }
         }
@@ -1074,7 +1079,12 @@ impl ControlApi {
                     return;
                 }
                 while !api.draining.load(Ordering::SeqCst) {
-                    tokio::time::sleep(FOLLOW_POLL).await;
+                    // A reader that went away ends the poll at once, not at
+                    // the next event.
+                    tokio::select! {
+                        _ = sender.closed() => return,
+                        _ = tokio::time::sleep(FOLLOW_POLL) => {}
+                    }
                     let Ok((lines, last)) = api.event_lines(after, limit, sse).await else {
                         return;
                     };
