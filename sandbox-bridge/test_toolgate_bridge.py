@@ -44,6 +44,25 @@ class Stubs(unittest.TestCase):
         exec(compile(source, "stubs", "exec"), namespace)
         self.assertTrue(callable(namespace["demo_echo"]))
 
+    def test_hostile_descriptions_and_names_stay_data(self):
+        hostile = "';__import__('os').system('echo INJECTED')#" + '"' * 3
+        pinned = [
+            {"name": "mcp.evil.a", "description": "ends in a backslash \\", "input_schema": {}},
+            {"name": "mcp.evil.b", "description": hostile,
+             "input_schema": {"type": "object", "properties": {"from": {"type": "string"},
+                                                              "name": {"type": "string"}}}},
+        ]
+        source = toolgate_bridge.generate_stubs(pinned)
+        namespace = {}
+        exec(compile(source, "stubs", "exec"), namespace)
+        self.assertEqual(namespace["mcp_evil_b"].__doc__, hostile)
+        self.assertIn("def mcp_evil_b(*, from_: str = None, name: str = None) -> list:", source)
+
+    def test_a_tool_argument_may_be_called_name(self):
+        bridge = toolgate_bridge.Bridge(socket_path="/nonexistent", token="t")
+        with self.assertRaises(OSError):
+            bridge.call("tool.call", name="demo.echo", arguments={})
+
 
 if __name__ == "__main__":
     unittest.main()

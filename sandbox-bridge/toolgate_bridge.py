@@ -18,6 +18,7 @@ its message.
 import hashlib
 import http.client
 import json
+import keyword
 import os
 import socket
 import threading
@@ -129,7 +130,7 @@ class Bridge:
             raise BridgeError(response.status, error.get("code"), error.get("message"))
         return parsed, ordinal
 
-    def call(self, name, **arguments):
+    def call(self, name, /, **arguments):
         """Calls ``name``; returns its content, or raises per status."""
         with self._lock:
             body, _ = self._request("POST", "/v1/call", {"call": name, "arguments": arguments})
@@ -157,7 +158,7 @@ def _bridge():
     return _default
 
 
-def call(name, **arguments):
+def call(name, /, **arguments):
     """Calls ``name`` through the turn's bridge (see ``Bridge.call``)."""
     return _bridge().call(name, **arguments)
 
@@ -183,9 +184,11 @@ _PY_TYPES = {
 
 
 def _identifier(name):
-    out = "".join(c if c.isalnum() else "_" for c in name)
+    out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
     if not out or out[0].isdigit():
         out = "t_" + out
+    if keyword.iskeyword(out) or keyword.issoftkeyword(out):
+        out += "_"
     return out
 
 
@@ -216,8 +219,10 @@ def generate_stubs(pinned):
         signature = ", ".join(["*"] + parameters) if parameters else ""
         lines.append("")
         lines.append("def %s(%s) -> list:" % (_identifier(tool["name"]), signature))
-        description = (tool.get("description") or "").replace('"""', "'''").strip()
-        lines.append('    """%s"""' % (description.splitlines()[0] if description else tool["name"]))
+        # A server's description is untrusted text: written as a repr,
+        # never spliced into source.
+        description = (tool.get("description") or "").strip()
+        lines.append("    %r" % (description.splitlines()[0] if description else tool["name"]))
         lines.append("    arguments = {}")
         for name, python_name, is_required in passed:
             if is_required:

@@ -88,6 +88,8 @@ impl Default for ApiSettings {
 
 /// A session: what its calls resolve against and act as.
 struct Session {
+    /// When a call, turn or tool listing last used it.
+    last_used: Mutex<std::time::Instant>,
     tenant_id: String,
     principal: crate::domain::Principal,
     agent: crate::domain::AgentSpec,
@@ -158,6 +160,11 @@ impl hyper::body::Body for Channel {
             .map(|chunk| chunk.map(|bytes| Ok(hyper::body::Frame::data(bytes))))
     }
 }
+
+/// The pause after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// A session unused this long is forgotten (its rows are durable).
+const SESSION_IDLE: Duration = Duration::from_secs(24 * 3600);
 
 /// How often a followed event stream looks for new events.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
@@ -238,12 +245,16 @@ impl ControlApi {
                 _ = shutdown.cancelled() => return,
                 _ = expiry.tick() => {
                     self.close_expired_turns().await;
+                    self.forget_idle_sessions();
                     continue;
                 }
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
                     Err(error) => {
+                        // Out of descriptors, most likely: back off rather
+                        // than spin.
                         tracing::warn!(error = %error, "control accept failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
                         continue;
                     }
                 },
@@ -267,7 +278,10 @@ impl ControlApi {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
                     Err(error) => {
+                        // Out of descriptors, most likely: back off rather
+                        // than spin.
                         tracing::warn!(error = %error, "control accept failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
                         continue;
                     }
                 },
@@ -301,7 +315,11 @@ impl ControlApi {
                         ));
                     }
                 }
-                Ok::<_, Infallible>(api.tracked(api.control(request)).await)
+                let work = {
+                    let api = api.clone();
+                    async move { api.control(request).await }
+                };
+                Ok::<_, Infallible>(api.tracked(work).await)
             }
         });
         let _ = hyper::server::conn::http1::Builder::new()
@@ -360,20 +378,41 @@ impl ControlApi {
         }
     }
 
-    async fn tracked(&self, work: impl Future<Output = Reply>) -> Reply {
+    /// Runs one request's work to its end on a task of its own: a client
+    /// that goes away must not cancel a call halfway through the pipeline
+    /// (its row would stay RUNNING under a live lease). The in-flight count
+    /// is kept by a guard, so it drops however the work ends.
+    async fn tracked(self: Arc<Self>, work: impl Future<Output = Reply> + Send + 'static) -> Reply {
+        struct InFlight(Arc<ControlApi>);
+        impl Drop for InFlight {
+            fn drop(&mut self) {
+                if self
+                    .0
+                    .gauges
+                    .requests_in_flight
+                    .fetch_sub(1, Ordering::SeqCst)
+                    == 1
+                {
+                    self.0.idle.notify_waiters();
+                }
+            }
+        }
         self.gauges
             .requests_in_flight
             .fetch_add(1, Ordering::SeqCst);
-        let reply = work.await;
-        if self
-            .gauges
-            .requests_in_flight
-            .fetch_sub(1, Ordering::SeqCst)
-            == 1
-        {
-            self.idle.notify_waiters();
-        }
-        reply
+        let guard = InFlight(self);
+        let task = tokio::spawn(async move {
+            let reply = work.await;
+            drop(guard);
+            reply
+        });
+        task.await.unwrap_or_else(|_| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the request did not complete",
+            )
+        })
     }
 
     async fn body<T: serde::de::DeserializeOwned>(
@@ -484,7 +523,8 @@ impl ControlApi {
     }
 
     fn session(&self, id: Uuid) -> Result<Arc<Session>, Refused> {
-        self.sessions
+        let session = self
+            .sessions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&id)
@@ -495,7 +535,37 @@ impl ControlApi {
                     "unknown_session",
                     "no open session has this id",
                 ))
-            })
+            })?;
+        *session
+            .last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = std::time::Instant::now();
+        Ok(session)
+    }
+
+    /// Forgets sessions unused for [`SESSION_IDLE`] that no open turn
+    /// names: what they pinned is recorded with every call they made.
+    fn forget_idle_sessions(&self) {
+        let open: std::collections::HashSet<Uuid> = self
+            .turn_servers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .filter_map(|id| self.turns.get(*id))
+            .map(|turn| turn.binding.session_id)
+            .collect();
+        self.sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|id, session| {
+                open.contains(id)
+                    || session
+                        .last_used
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .elapsed()
+                        < SESSION_IDLE
+            });
     }
 
     async fn open_session(&self, request: Request<Incoming>) -> Result<Reply, Refused> {
@@ -545,6 +615,7 @@ impl ControlApi {
             .insert(
                 open.session_id,
                 Arc::new(Session {
+                    last_used: Mutex::new(std::time::Instant::now()),
                     tenant_id: open.tenant_id,
                     principal: open.principal,
                     agent: open.agent,
@@ -1270,7 +1341,10 @@ impl ControlApi {
                 _ = stop.cancelled() => return,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
-                    Err(_) => continue,
+                    Err(_) => {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
                 },
             };
             let peer_uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
@@ -1279,10 +1353,11 @@ impl ControlApi {
                 let service = hyper::service::service_fn(move |request| {
                     let (api, turn) = (api.clone(), turn.clone());
                     async move {
-                        Ok::<_, Infallible>(
-                            api.tracked(api.bridge(&turn, peer_uid, origin_trust, request))
-                                .await,
-                        )
+                        let work = {
+                            let api = api.clone();
+                            async move { api.bridge(&turn, peer_uid, origin_trust, request).await }
+                        };
+                        Ok::<_, Infallible>(api.tracked(work).await)
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()

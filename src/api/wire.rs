@@ -197,12 +197,19 @@ pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> 
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
     let value = parsed.map_err(|error| {
         let path = error.path().to_string();
+        // An unknown key is the caller's text: the message names where it
+        // was, not what it was.
+        let segments: Vec<String> = error.path().iter().map(ToString::to_string).collect();
+        let parent = match segments.split_last() {
+            Some((_, parents)) if !parents.is_empty() => parents.join("."),
+            _ => ".".to_owned(),
+        };
         let inner = error.into_inner();
         match inner.classify() {
             serde_json::error::Category::Data => {
                 let text = inner.to_string();
                 if text.starts_with("unknown field") {
-                    format!("unknown field at {path}")
+                    format!("unknown field in {parent}")
                 } else if text.starts_with("missing field") {
                     let field = text.split('`').nth(1).unwrap_or("?");
                     format!("missing field {field} at {path}")

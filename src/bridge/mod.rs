@@ -210,18 +210,15 @@ impl Turns {
             .mode(0o700)
             .create(&folder)
             .map_err(|error| BridgeError::Folder(error.kind()))?;
-        let socket = folder.join(SOCKET_NAME);
-        let listener = tokio::net::UnixListener::bind(&socket)
-            .map_err(|error| BridgeError::Bind(error.kind()))?;
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
-            .map_err(|error| BridgeError::Folder(error.kind()))?;
-        if let Some(uid) = binding.sandbox_uid {
-            for path in [&folder, &socket] {
-                std::os::unix::fs::chown(path, Some(uid), None)
-                    .map_err(|error| BridgeError::Folder(error.kind()))?;
+        let prepared = Self::prepare(&folder, binding.sandbox_uid);
+        let (listener, token) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                // A turn that did not open leaves nothing behind.
+                let _ = std::fs::remove_dir_all(&folder);
+                return Err(error);
             }
-        }
-        let token = random_token()?;
+        };
         let turn = Arc::new(Turn {
             id,
             binding,
@@ -232,6 +229,26 @@ impl Turns {
         });
         self.lock().insert(id, turn.clone());
         Ok((turn, token, listener))
+    }
+
+    /// Binds the socket (0600), hands folder and socket to the sandbox user
+    /// and mints the token.
+    fn prepare(
+        folder: &Path,
+        sandbox_uid: Option<u32>,
+    ) -> Result<(tokio::net::UnixListener, String), BridgeError> {
+        let socket = folder.join(SOCKET_NAME);
+        let listener = tokio::net::UnixListener::bind(&socket)
+            .map_err(|error| BridgeError::Bind(error.kind()))?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|error| BridgeError::Folder(error.kind()))?;
+        if let Some(uid) = sandbox_uid {
+            for path in [folder, socket.as_path()] {
+                std::os::unix::fs::chown(path, Some(uid), None)
+                    .map_err(|error| BridgeError::Folder(error.kind()))?;
+            }
+        }
+        Ok((listener, random_token()?))
     }
 
     /// The turn, while open.

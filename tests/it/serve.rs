@@ -622,6 +622,18 @@ fn the_control_api_is_strict() {
         (400, Some("invalid_request"))
     );
     assert!(!body.to_string().contains("not a uuid"));
+    // An unknown key is the caller's text too: named by where, not what.
+    let (status, body) = served.post(
+        "/v1/sessions",
+        &json!({"session_id": Uuid::new_v4(), "tenant_id": "t", "principal": {"id": "p", "scopes": [],
+                "sk-live-4242": 1}, "agent": {"tools": []}}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(!body.to_string().contains("sk-live-4242"), "{body}");
+    assert!(
+        body.to_string().contains("unknown field in principal"),
+        "{body}"
+    );
     let (status, body) = served.post(
         "/v1/calls",
         &json!({"session_id": Uuid::new_v4(), "run_id": Uuid::new_v4(), "step_number": 1,

@@ -156,13 +156,33 @@ pub async fn drain_stderr(
             Ok(_) => {
                 // A server can print its own environment; its credential
                 // never reaches a log line.
-                let text = scrub(&String::from_utf8_lossy(&line), &secrets);
+                let mut text = scrub(&String::from_utf8_lossy(&line), &secrets);
+                if line.len() == MAXIMUM_STDERR_LINE {
+                    text = scrub_cut_prefix(text, &secrets);
+                }
                 tracing::info!(server = %server_id, line = %text.trim_end(), "mcp server stderr");
                 count += 1;
             }
             Err(_) => return count,
         }
     }
+}
+
+/// A line cut at the cap may end in the beginning of a secret that the
+/// whole-value scrub cannot match; that beginning is redacted too.
+fn scrub_cut_prefix(mut text: String, secrets: &[SecretValue]) -> String {
+    for secret in secrets {
+        let value = secret.reveal();
+        let longest = (1..value.len())
+            .rev()
+            .filter(|end| value.is_char_boundary(*end))
+            .find(|end| text.ends_with(&value[..*end]));
+        if let Some(end) = longest {
+            text.truncate(text.len() - end);
+            text.push_str(crate::domain::secret::REDACTED);
+        }
+    }
+    text
 }
 
 async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(
@@ -278,6 +298,17 @@ mod tests {
         let lines = tokio::spawn(drain_stderr("probe".into(), stderr, Vec::new()));
         child.wait().await.unwrap();
         assert_eq!(lines.await.unwrap(), 3);
+    }
+
+    #[test]
+    fn a_secret_cut_at_the_cap_is_redacted_too() {
+        let secrets = [SecretValue::new("tok-SECRET-9876")];
+        let line = format!("{}tok-SEC", "x".repeat(10));
+        assert_eq!(
+            scrub_cut_prefix(line, &secrets),
+            format!("{}[redacted]", "x".repeat(10))
+        );
+        assert_eq!(scrub_cut_prefix("plain".into(), &secrets), "plain");
     }
 
     #[tokio::test]

@@ -339,6 +339,17 @@ impl StdioServer {
 
     /// Makes `connection` the live one and starts its list-changed watcher.
     async fn install(self: &Arc<Self>, connection: Connection) -> Arc<Connection> {
+        let connection = self.start(connection);
+        let previous = self.live.lock().await.replace(connection.clone());
+        if let Some(previous) = previous {
+            close_when_unused(previous);
+        }
+        connection
+    }
+
+    /// Shares a new connection and starts its list-changed watcher; the
+    /// caller puts it in the live slot.
+    fn start(self: &Arc<Self>, connection: Connection) -> Arc<Connection> {
         let connection = Arc::new(connection);
         let changes = connection.list_changes();
         tokio::spawn(watch_list_changes(
@@ -347,10 +358,6 @@ impl StdioServer {
             changes,
         ));
         *lock(&self.last_used) = Instant::now();
-        let previous = self.live.lock().await.replace(connection.clone());
-        if let Some(previous) = previous {
-            close_when_unused(previous);
-        }
         connection
     }
 
@@ -399,8 +406,11 @@ impl StdioServer {
             },
         )
         .await;
-        drop(live);
-        Ok(self.install(connection).await)
+        // Installed under the same lock that saw the slot empty, so a second
+        // caller cannot start a second child.
+        let connection = self.start(connection);
+        *live = Some(connection.clone());
+        Ok(connection)
     }
 
     /// Forgets a connection that failed, so the next call redials.
@@ -488,10 +498,37 @@ impl StdioServer {
             ],
         );
         let result = match answer {
-            Ok(call) => render_call(call, context).await,
+            Ok(call) => render_call(self.scrub_call(call), context).await,
             Err(error) => self.failed(&connection, error, context).await,
         };
         self.scrubbed(result)
+    }
+
+    /// A block with the transport's own credential redacted wherever it
+    /// appears (a URI, a blob, a field), before any of it is rendered or
+    /// stored as an artifact.
+    fn scrub_value(&self, value: Value) -> Value {
+        let Some(secret) = lock(&self.credential).clone() else {
+            return value;
+        };
+        let text = value.to_string();
+        let scrubbed = scrub(&text, &[secret]);
+        if scrubbed == text {
+            return value;
+        }
+        serde_json::from_str(&scrubbed).unwrap_or(Value::Null)
+    }
+
+    fn scrub_call(&self, call: RemoteCall) -> RemoteCall {
+        RemoteCall {
+            content: call
+                .content
+                .into_iter()
+                .map(|block| self.scrub_value(block))
+                .collect(),
+            structured: call.structured.map(|value| self.scrub_value(value)),
+            is_error: call.is_error,
+        }
     }
 
     /// The result with the transport's own credential redacted.
@@ -578,7 +615,13 @@ impl StdioServer {
             .await;
         *lock(&self.last_used) = Instant::now();
         let result = match answer {
-            Ok(contents) => render_blocks(contents, context).await,
+            Ok(contents) => {
+                let contents = contents
+                    .into_iter()
+                    .map(|block| self.scrub_value(block))
+                    .collect();
+                render_blocks(contents, context).await
+            }
             Err(error) => self.failed(&connection, error, context).await,
         };
         self.scrubbed(result)
@@ -745,10 +788,16 @@ async fn watch_list_changes(
         let (Some(server), Some(live)) = (server.upgrade(), connection.upgrade()) else {
             return;
         };
-        let Ok(tools) = live.list_tools(server.settings.request_timeout).await else {
-            return;
-        };
+        let listed = live.list_tools(server.settings.request_timeout).await;
+        let closed = live.is_closed();
         drop(live);
+        let tools = match listed {
+            Ok(tools) => tools,
+            // A slow or refused listing is tried at the next notification;
+            // only a closed connection ends the watch.
+            Err(_) if !closed => continue,
+            Err(_) => return,
+        };
         let new_hash = catalog_hash(&tools);
         let Some(old_hash) = lock(&server.remembered)
             .as_ref()
