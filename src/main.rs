@@ -5,6 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use toolgate::ports::PlatformEvent;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// The tool gateway beside agent sandboxes.
 #[derive(Parser)]
@@ -57,13 +60,27 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Logs go to standard error; spans carry identity and classification
     // only, never arguments or results.
-    let logs = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO);
+    // The MCP library logs every notification and a server's self-description
+    // at INFO: a server could flood the log or fill it with its own text, so
+    // it is heard from at WARN only.
+    let targets = Targets::new()
+        .with_default(tracing::Level::INFO)
+        .with_target("rmcp", tracing::Level::WARN);
     if cli.log_json {
-        logs.json().with_current_span(true).init();
+        tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_writer(std::io::stderr),
+            )
+            .with(targets)
+            .init();
     } else {
-        logs.init();
+        tracing_subscriber::registry()
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(targets)
+            .init();
     }
     let environment = std::env::vars().collect();
     match cli.command {
