@@ -493,6 +493,9 @@ fn a_script_calls_through_the_bridge_and_a_replay_executes_nothing() {
         !logs.contains("hello from a script") && !logs.contains(&token),
         "{logs}"
     );
+    // The MCP library's own INFO chatter (a server's self-description, every
+    // notification) is not logged.
+    assert!(!logs.contains("Service initialized"), "{logs}");
     assert!(!served.socket.exists(), "the control socket is removed");
     assert!(!socket.exists(), "turn sockets are removed");
 }
