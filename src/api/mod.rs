@@ -1,5 +1,6 @@
 //! The control API (ARCHITECTURE.md §2.1) and the HTTP side of the bridge
-//! (§2.2), on unix sockets. Every call either surface takes re-enters the
+//! (§2.2), on unix sockets (and the control API optionally on loopback TCP
+//! with a bearer token). Every call either surface takes re-enters the
 //! one pipeline at step 1; nothing here judges a call.
 //!
 //! Requests are size-limited and strictly parsed (unknown fields refused);

@@ -1,7 +1,8 @@
-//! MCP servers: the only module that will name rmcp. For now it owns how an
-//! operator-configured stdio server's process is started and ended (a built
-//! environment, its own process group, a drained stderr) and how a server's
-//! tool declarations become `ToolSpec`s.
+//! MCP servers: the only module that names rmcp (in `client`). `child`
+//! starts and ends a stdio server's process (a built environment, its own
+//! process group, a drained stderr); `catalog` maps a server's declarations
+//! into `ToolSpec`s; `stdio` remembers discoveries, owns the connections and
+//! serves the `Tool`s the pipeline calls.
 
 pub mod catalog;
 pub mod child;
