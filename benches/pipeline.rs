@@ -1,10 +1,13 @@
 //! Load driver: the persisted pipeline on `demo.echo` against PostgreSQL
-//! with 1 and 8 concurrent callers, side by side with pgbench running the
-//! same transactions (the breaker read, then intent, claim and result, each
-//! with its tenant setting and events) on the same database.
+//! with 1 and 8 concurrent callers, side by side with pgbench doing the same
+//! four commits per call on the same database, two ways: as plain SQL
+//! statements (each transaction's BEGIN, tenant setting, writes, events and
+//! COMMIT), and as the very statements toolgate sends (one function call per
+//! commit), which leaves only the client between the two.
 //!
 //! `DATABASE_URL=postgres://… cargo bench --bench pipeline`
 //! (`TOOLGATE_BENCH_SECONDS` sets each run's length, default 10;
+//! `TOOLGATE_BENCH_ROUNDS` repeats the comparison and prints medians;
 //! `TOOLGATE_BENCH_RUNTIME=current_thread` runs the callers on one thread.)
 
 use std::sync::Arc;
@@ -52,6 +55,19 @@ INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench',
 COMMIT;
 "#;
 
+/// The same four commits as the statements toolgate's PostgreSQL store sends:
+/// the breaker read and the insert, claim and completion functions, with
+/// arguments and event bodies of toolgate's sizes.
+const PGBENCH_FUNCTIONS_SCRIPT: &str = r#"
+SELECT * FROM toolgate_tally('bench', gen_random_uuid(), 'demo.echo', md5(random()::text));
+SELECT id AS iid FROM toolgate_insert('bench', gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, md5(random()::text), 'demo.echo', '1', 'builtin', NULL, '{"text": "hello"}', md5(random()::text), md5(random()::text) || md5(random()::text), 'authorized', 'read_only', 'none', '{"id": "bench","scopes": ["demo.use"]}', 'user', NULL, now() + interval '30 seconds', NULL, NULL, NULL, '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', now(), NULL, ARRAY['tool.call.proposed', 'tool.call.authorized'], ARRAY['EVENT'::jsonb, 'EVENT'::jsonb]) \gset
+SELECT id FROM toolgate_claim('bench', :iid, '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', 0, now(), ARRAY['tool.call.started'], ARRAY['EVENT'::jsonb]);
+SELECT toolgate_complete('bench', :iid, '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', 1, 'succeeded', 'succeeded', NULL, '{"content": [{"type": "text","text": "<<EXTERNAL_UNTRUSTED nonce=0f3a9c2b7d1e4f5a8b6c9d0e1f2a3b4c source=builtin tool=demo.echo>>\nhello\n<<END EXTERNAL_UNTRUSTED nonce=0f3a9c2b7d1e4f5a8b6c9d0e1f2a3b4c>>","trust": "external_untrusted"}]}', NULL, 5, false, NULL, NULL, NULL, NULL, now(), ARRAY['tool.call.completed'], ARRAY['EVENT'::jsonb]);
+"#;
+
+/// An event body of the size toolgate writes, for the functions script.
+const PGBENCH_EVENT: &str = r#"{"invocation_id": "3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e","run_id": "6f1c1d9e-2b1a-4c7e-9f00-0123456789ab","step_number": 1,"call_id": "9b2f4c1d8e7a4b3c9d2e1f0a8b7c6d5e","tool_name": "demo.echo","tool_source": "builtin","tool_version": "1","outcome_status": null,"reason_code": null,"idempotency_class": "read_only","effect_sent": false,"duration_ms": null,"output_bytes": null,"truncated": false,"parallel_group": null}"#;
+
 /// Process CPU time (user + system) from /proc, in seconds.
 fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -71,6 +87,8 @@ fn cpu_seconds() -> f64 {
 
 /// CPU time (user + system) of every PostgreSQL server process on this
 /// machine, in seconds: what the database spent, to set beside our own.
+/// The children's fields count the backends that have exited (pgbench's
+/// connections end with its run; the postmaster reaps them).
 fn server_cpu_seconds() -> f64 {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0.0;
@@ -90,7 +108,7 @@ fn server_cpu_seconds() -> f64 {
                     .and_then(|v| v.parse::<f64>().ok())
                     .unwrap_or(0.0)
             };
-            Some((ticks(11) + ticks(12)) / 100.0)
+            Some((ticks(11) + ticks(12) + ticks(13) + ticks(14)) / 100.0)
         })
         .sum()
 }
@@ -193,10 +211,16 @@ async fn drive(
 }
 
 /// pgbench's calls per second and the server CPU each cost.
-fn pgbench(admin_url: &str, schema: &str, clients: usize, seconds: u64) -> Option<(f64, Duration)> {
+fn pgbench(
+    admin_url: &str,
+    schema: &str,
+    script_text: &str,
+    clients: usize,
+    seconds: u64,
+) -> Option<(f64, Duration)> {
     let folder = tempfile::tempdir().ok()?;
     let script = folder.path().join("pipeline.sql");
-    std::fs::write(&script, PGBENCH_SCRIPT).ok()?;
+    std::fs::write(&script, script_text).ok()?;
     let server_before = server_cpu_seconds();
     let output = std::process::Command::new("pgbench")
         .args([
@@ -245,6 +269,11 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
+    let rounds: usize = std::env::var("TOOLGATE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     // TOOLGATE_BENCH_RUNTIME=current_thread compares a single-threaded
     // runtime, which saves the cross-thread wake-ups of each round trip.
     let runtime = match std::env::var("TOOLGATE_BENCH_RUNTIME").as_deref() {
@@ -305,28 +334,90 @@ fn main() {
         }));
         // Warm the pool and the plan caches.
         drive(pipeline.clone(), registry.clone(), 1, 1).await;
+        let functions_script = PGBENCH_FUNCTIONS_SCRIPT.replace("EVENT", PGBENCH_EVENT);
+        let scripts = [
+            ("pgbench statements", PGBENCH_SCRIPT),
+            ("pgbench functions", functions_script.as_str()),
+        ];
         println!(
-            "{:>7} | {:>12} | {:>9} | {:>9} | {:>13} | {:>13} | {:>11} | {:>13} | {:>5}",
-            "callers", "toolgate c/s", "p50", "p99", "toolgate cpu", "its db cpu", "pgbench c/s", "pgbench db cpu", "ratio"
+            "{:>7} | {:<18} | {:>8} | {:>9} | {:>9} | {:>10} | {:>10} | {:>14}",
+            "callers", "driver", "calls/s", "p50", "p99", "its cpu", "db cpu", "toolgate/this"
         );
-        for callers in [1usize, 8] {
-            let figures = drive(pipeline.clone(), registry.clone(), callers, seconds).await;
-            let compared = pgbench(&admin_url, &schema, callers, seconds);
-            let na = || "n/a".to_owned();
-            println!(
-                "{:>7} | {:>12.0} | {:>9.2?} | {:>9.2?} | {:>13.2?} | {:>13.2?} | {:>11} | {:>13} | {:>5}",
-                callers,
-                figures.calls_per_second,
-                figures.p50,
-                figures.p99,
-                figures.cpu_per_call,
-                figures.server_cpu_per_call,
-                compared.map(|(tps, _)| format!("{tps:.0}")).unwrap_or_else(na),
-                compared.map(|(_, cpu)| format!("{cpu:.2?}")).unwrap_or_else(na),
-                compared
-                    .map(|(tps, _)| format!("{:.2}", figures.calls_per_second / tps))
-                    .unwrap_or_else(na),
-            );
+        // (callers, driver) -> per-round calls/s, client CPU, db CPU, ratio.
+        let mut rounds_seen: Vec<(usize, &str, Vec<[f64; 4]>)> = Vec::new();
+        let mut note = |callers: usize, driver: &'static str, figures: [f64; 4]| {
+            match rounds_seen
+                .iter_mut()
+                .find(|(c, d, _)| *c == callers && *d == driver)
+            {
+                Some((_, _, seen)) => seen.push(figures),
+                None => rounds_seen.push((callers, driver, vec![figures])),
+            }
+        };
+        for _ in 0..rounds {
+            for callers in [1usize, 8] {
+                let figures = drive(pipeline.clone(), registry.clone(), callers, seconds).await;
+                println!(
+                    "{:>7} | {:<18} | {:>8.0} | {:>9.2?} | {:>9.2?} | {:>10.2?} | {:>10.2?} | {:>14}",
+                    callers,
+                    "toolgate",
+                    figures.calls_per_second,
+                    figures.p50,
+                    figures.p99,
+                    figures.cpu_per_call,
+                    figures.server_cpu_per_call,
+                    "",
+                );
+                note(
+                    callers,
+                    "toolgate",
+                    [
+                        figures.calls_per_second,
+                        figures.cpu_per_call.as_secs_f64(),
+                        figures.server_cpu_per_call.as_secs_f64(),
+                        1.0,
+                    ],
+                );
+                for (driver, script) in scripts {
+                    let Some((tps, server)) = pgbench(&admin_url, &schema, script, callers, seconds)
+                    else {
+                        println!("{callers:>7} | {driver:<18} | n/a");
+                        continue;
+                    };
+                    let ratio = figures.calls_per_second / tps;
+                    println!(
+                        "{:>7} | {:<18} | {:>8.0} | {:>9} | {:>9} | {:>10} | {:>10.2?} | {:>14.2}",
+                        callers, driver, tps, "", "", "", server, ratio,
+                    );
+                    note(callers, driver, [tps, 0.0, server.as_secs_f64(), ratio]);
+                }
+            }
+        }
+        if rounds > 1 {
+            println!("medians of {rounds} rounds:");
+            for (callers, driver, seen) in &rounds_seen {
+                let median = |k: usize| {
+                    let mut values: Vec<f64> = seen.iter().map(|f| f[k]).collect();
+                    values.sort_by(f64::total_cmp);
+                    values[values.len() / 2]
+                };
+                let (client, ratio) = if *driver == "toolgate" {
+                    (format!("{:.2?}", Duration::from_secs_f64(median(1))), String::new())
+                } else {
+                    (String::new(), format!("{:.2}", median(3)))
+                };
+                println!(
+                    "{:>7} | {:<18} | {:>8.0} | {:>9} | {:>9} | {:>10} | {:>10.2?} | {:>14}",
+                    callers,
+                    driver,
+                    median(0),
+                    "",
+                    "",
+                    client,
+                    Duration::from_secs_f64(median(2)),
+                    ratio,
+                );
+            }
         }
         worker.release().await.ok();
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))

@@ -1233,24 +1233,20 @@ impl Pipeline {
         };
         let started = Instant::now();
         let execution = {
-            let implementation = tool.tool.clone();
-            let arguments = row.arguments.clone();
-            // Spawned, so a panicking tool is contained and a timed-out one
-            // can be aborted.
-            let task =
-                tokio::spawn(async move { implementation.execute(arguments, context).await });
-            let abort = task.abort_handle();
+            // Polled on this task: a panic is contained, and a timed-out tool
+            // is dropped where it stands; a spawned task would add a hand-off
+            // and a wake-up to every call.
+            let running = Contained(tool.tool.execute(row.arguments.clone(), context));
             match tokio::time::timeout(
                 std::time::Duration::from_secs_f64(timeout_seconds.max(0.0)),
-                task,
+                running,
             )
             .await
             {
-                Ok(Ok(result)) => Execution::Returned(result),
-                Ok(Err(_)) => Execution::Panicked,
+                Ok(Some(result)) => Execution::Returned(result),
+                Ok(None) => Execution::Panicked,
                 Err(_) => {
                     cancellation.cancel();
-                    abort.abort();
                     Execution::TimedOut
                 }
             }
@@ -1867,6 +1863,27 @@ pub const SUSPENDING: &[(&str, &str)] = &[
     ("conversation.ask_user", "user_input"),
     ("delegate.run", "child_run"),
 ];
+
+/// A tool's future whose panic ends it with `None` instead of unwinding
+/// through the pipeline.
+struct Contained<'a>(BoxFuture<'a, ToolResult>);
+
+impl std::future::Future for Contained<'_> {
+    type Output = Option<ToolResult>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let running = &mut self.0;
+        // A future that panicked is never polled again: the timeout drops it.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(result)) => std::task::Poll::Ready(Some(result)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(_) => std::task::Poll::Ready(None),
+        }
+    }
+}
 
 fn suspension(spec: &ToolSpec) -> Option<&'static str> {
     if spec.kind != ToolKind::Control {

@@ -1171,3 +1171,48 @@ async fn suspended_invocations_are_not_recovered() {
         );
     }
 }
+
+/// The hot path's writes find their row by primary key before the database
+/// has any statistics (a new deployment, or one tenant holding every row):
+/// no index led by the tenant tempts the planner into scanning the tenant's
+/// rows for each claim, watermark and completion.
+#[tokio::test]
+async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the PostgreSQL plan test is skipped");
+        return;
+    };
+    let store = PostgresStore::connect(&schema.url)
+        .await
+        .expect("postgres connects");
+    store.migrate().await.expect("postgres migrates");
+    let mut connection = sqlx::PgConnection::connect(&schema.url).await.unwrap();
+    let row = "id = '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e' AND tenant_id = 'solo' \
+               AND worker_id = '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c' AND lease_epoch = 0";
+    // The WHERE clauses of toolgate_claim, toolgate_mark_effect_sent and
+    // toolgate_complete.
+    for (write, status) in [
+        ("status = 'running'", "status = 'authorized'"),
+        ("effect_sent_at = now()", "status = 'running'"),
+        (
+            "status = 'succeeded'",
+            "status IN ('authorized', 'running')",
+        ),
+    ] {
+        let lines: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN UPDATE tool_invocations SET {write} WHERE {row} AND {status}"
+        )))
+        .fetch_all(&mut connection)
+        .await
+        .unwrap();
+        let plan = lines
+            .into_iter()
+            .map(|(line,)| line)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            plan.contains("using tool_invocations_pkey"),
+            "{write}: the row is not found by its primary key:\n{plan}"
+        );
+    }
+}

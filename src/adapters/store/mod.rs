@@ -68,6 +68,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "review resolutions",
         sql: include_str!("../../../migrations/postgres/0006_review.sql"),
     },
+    Migration {
+        version: 7,
+        description: "no tool_invocations index led by the tenant",
+        sql: include_str!("../../../migrations/postgres/0007_run_index.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -101,6 +106,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 6,
         description: "review resolutions",
         sql: include_str!("../../../migrations/sqlite/0006_review.sql"),
+    },
+    Migration {
+        version: 7,
+        description: "no tool_invocations index led by the tenant",
+        sql: include_str!("../../../migrations/sqlite/0007_run_index.sql"),
     },
 ];
 
