@@ -4,7 +4,7 @@
 //! configuration path and the environment.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +78,15 @@ pub fn check_config(
         stdio_servers: config.mcp.servers.len(),
         egress_entries: config.egress.allow.len(),
     })
+}
+
+/// The control socket the configuration at `path` names, for the operator
+/// commands that talk to a running sidecar.
+pub fn control_socket(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<PathBuf, ConfigErrors> {
+    Ok(Config::load(path, environment)?.control.socket)
 }
 
 /// `toolgate migrate`: applies the store's pending migrations and returns

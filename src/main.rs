@@ -3,7 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::collections::BTreeMap;
+
 use clap::{Parser, Subcommand};
+use hyper::Method;
+use toolgate::api::client::{encode, send};
 use toolgate::ports::PlatformEvent;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -53,6 +57,103 @@ enum Command {
         /// The TOML file naming the store.
         #[arg(long, default_value = "config/toolgate.toml")]
         config: PathBuf,
+    },
+    /// Read recorded calls through a running sidecar's control API.
+    Invocations {
+        #[command(subcommand)]
+        command: InvocationsCommand,
+    },
+    /// List and decide approvals through a running sidecar's control API.
+    Approvals {
+        #[command(subcommand)]
+        command: ApprovalsCommand,
+    },
+    /// The queue of UNCERTAIN calls and their human resolution, through a
+    /// running sidecar's control API.
+    Review {
+        #[command(subcommand)]
+        command: ReviewCommand,
+    },
+}
+
+/// Where an operator command finds the sidecar, and whose records it reads.
+#[derive(clap::Args)]
+struct Operator {
+    /// The tenant whose records are read or decided.
+    #[arg(long)]
+    tenant: String,
+    /// The TOML file naming the control socket.
+    #[arg(long, default_value = "config/toolgate.toml")]
+    config: PathBuf,
+    /// The control socket, instead of the one the configuration names.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum InvocationsCommand {
+    /// One recorded call.
+    Show {
+        invocation_id: String,
+        #[command(flatten)]
+        operator: Operator,
+    },
+    /// A run's recorded calls, in step order.
+    Run {
+        run_id: String,
+        #[command(flatten)]
+        operator: Operator,
+    },
+}
+
+#[derive(Subcommand)]
+enum ApprovalsCommand {
+    /// The tenant's pending approvals.
+    List {
+        #[command(flatten)]
+        operator: Operator,
+    },
+    /// Approve: the waiting call resumes at its next submission.
+    Approve {
+        approval_id: String,
+        /// Who decided, as recorded.
+        #[arg(long)]
+        approver: String,
+        #[command(flatten)]
+        operator: Operator,
+    },
+    /// Deny: the waiting call ends denied.
+    Deny {
+        approval_id: String,
+        /// Who decided, as recorded.
+        #[arg(long)]
+        approver: String,
+        #[command(flatten)]
+        operator: Operator,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReviewCommand {
+    /// The tenant's UNCERTAIN calls not yet resolved, oldest first.
+    List {
+        #[command(flatten)]
+        operator: Operator,
+    },
+    /// Record what a human found: whether the effect happened. The row
+    /// itself is never changed.
+    Resolve {
+        invocation_id: String,
+        #[arg(long, value_parser = ["effect_applied", "effect_not_applied"])]
+        resolution: String,
+        /// Who resolved it, as recorded.
+        #[arg(long)]
+        resolver: String,
+        /// What was found, in a line.
+        #[arg(long)]
+        note: Option<String>,
+        #[command(flatten)]
+        operator: Operator,
     },
 }
 
@@ -188,6 +289,121 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::Invocations { command } => match command {
+            InvocationsCommand::Show {
+                invocation_id,
+                operator,
+            } => ask(
+                &operator,
+                &environment,
+                Method::GET,
+                &format!("/v1/invocations/{}", encode(&invocation_id)),
+                None,
+            ),
+            InvocationsCommand::Run { run_id, operator } => ask(
+                &operator,
+                &environment,
+                Method::GET,
+                &format!("/v1/runs/{}/invocations", encode(&run_id)),
+                None,
+            ),
+        },
+        Command::Approvals { command } => match command {
+            ApprovalsCommand::List { operator } => ask(
+                &operator,
+                &environment,
+                Method::GET,
+                "/v1/approvals?status=pending",
+                None,
+            ),
+            ApprovalsCommand::Approve {
+                approval_id,
+                approver,
+                operator,
+            } => ask(
+                &operator,
+                &environment,
+                Method::POST,
+                &format!("/v1/approvals/{}", encode(&approval_id)),
+                Some(serde_json::json!({"decision": "approve", "approver": approver})),
+            ),
+            ApprovalsCommand::Deny {
+                approval_id,
+                approver,
+                operator,
+            } => ask(
+                &operator,
+                &environment,
+                Method::POST,
+                &format!("/v1/approvals/{}", encode(&approval_id)),
+                Some(serde_json::json!({"decision": "deny", "approver": approver})),
+            ),
+        },
+        Command::Review { command } => match command {
+            ReviewCommand::List { operator } => {
+                ask(&operator, &environment, Method::GET, "/v1/review", None)
+            }
+            ReviewCommand::Resolve {
+                invocation_id,
+                resolution,
+                resolver,
+                note,
+                operator,
+            } => ask(
+                &operator,
+                &environment,
+                Method::POST,
+                &format!("/v1/review/{}", encode(&invocation_id)),
+                Some(
+                    serde_json::json!({"resolution": resolution, "resolver": resolver, "note": note}),
+                ),
+            ),
+        },
+    }
+}
+
+/// Sends one operator request for the tenant and prints the answer: the
+/// JSON on standard output, or the refusal on standard error.
+fn ask(
+    operator: &Operator,
+    environment: &BTreeMap<String, String>,
+    method: Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> ExitCode {
+    let socket = match &operator.socket {
+        Some(socket) => socket.clone(),
+        None => match toolgate::app::control_socket(&operator.config, environment) {
+            Ok(socket) => socket,
+            Err(errors) => {
+                for error in &errors.0 {
+                    eprintln!("{}: {error}", operator.config.display());
+                }
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let separator = if path.contains('?') { '&' } else { '?' };
+    let target = format!("{path}{separator}tenant_id={}", encode(&operator.tenant));
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(send(&socket, method, &target, body.as_ref())) {
+        Ok(answer) if (200..300).contains(&answer.status) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&answer.body).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            eprintln!("toolgate: {}", answer.refusal());
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("toolgate: {error}");
+            ExitCode::FAILURE
         }
     }
 }

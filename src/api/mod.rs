@@ -7,6 +7,7 @@
 //! every error is `{"error": {"code", "message"}}` and no message echoes a
 //! value from the request or text from a remote.
 
+pub mod client;
 mod wire;
 
 use std::collections::HashMap;
@@ -34,7 +35,7 @@ use crate::domain::mcp_server::{
 };
 use crate::domain::{
     ApprovalStatus, ArgumentTrust, IdempotencyClass, PolicyProfile, ReasonCode, RuntimeEnvironment,
-    SecretValue, SideEffectClass, TargetKind, ToolOutcome, sha256_hex,
+    SecretValue, SideEffectClass, TargetKind, ToolOutcome, sha256_hex, valid_tenant_id,
 };
 use crate::pipeline::executor::{Completion, TOOL_CALL};
 use crate::pipeline::{
@@ -436,14 +437,20 @@ impl ControlApi {
     }
 
     async fn control(self: &Arc<Self>, request: Request<Incoming>) -> Reply {
-        let path: Vec<String> = request
+        let path: Option<Vec<String>> = request
             .uri()
             .path()
             .trim_matches('/')
             .split('/')
-            .map(str::to_owned)
+            .map(wire::decode)
             .collect();
-        let query = wire::query(request.uri().query());
+        let (Some(path), Some(query)) = (path, wire::query(request.uri().query())) else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "the path or query is not valid percent-encoding",
+            );
+        };
         let segments: Vec<&str> = path.iter().map(String::as_str).collect();
         let method = request.method().clone();
         let headers = request.headers().clone();
@@ -495,14 +502,26 @@ impl ControlApi {
         result.unwrap_or_else(|Refused(reply)| *reply)
     }
 
+    fn invalid_tenant() -> Refused {
+        Refused::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "tenant_id must be 1 to 128 letters, digits, '-' or '_'",
+        ))
+    }
+
     fn tenant(query: &HashMap<String, String>) -> Result<String, Refused> {
-        query.get("tenant_id").cloned().ok_or_else(|| {
+        let tenant = query.get("tenant_id").cloned().ok_or_else(|| {
             Refused::new(error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "tenant_id is required",
             ))
-        })
+        })?;
+        if !valid_tenant_id(&tenant) {
+            return Err(Self::invalid_tenant());
+        }
+        Ok(tenant)
     }
 
     /// The tenant a tenant-scoped route names, and the id in its path;
@@ -571,6 +590,9 @@ impl ControlApi {
 
     async fn open_session(&self, request: Request<Incoming>) -> Result<Reply, Refused> {
         let open: OpenSession = self.body(request).await?;
+        if !valid_tenant_id(&open.tenant_id) {
+            return Err(Self::invalid_tenant());
+        }
         prepare_mcp(
             &self.registry,
             self.store.as_ref(),
@@ -948,6 +970,9 @@ impl ControlApi {
         server_id: &str,
         request: Request<Incoming>,
     ) -> Result<Reply, Refused> {
+        if !valid_tenant_id(tenant) {
+            return Err(Self::invalid_tenant());
+        }
         let body: PutMcpServer = self.body(request).await?;
         if let Some(taken) = self.operator_server(server_id) {
             return Ok(taken);

@@ -226,15 +226,33 @@ pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> 
     Ok(value)
 }
 
-/// A query string as a map (no percent-decoding beyond `+`; the values this
-/// API reads are ids and numbers).
-pub fn query(query: Option<&str>) -> HashMap<String, String> {
+/// A query string as a map, percent-decoded (`+` as a space); `None` when an
+/// escape is malformed or decodes to text that is not UTF-8.
+pub fn query(query: Option<&str>) -> Option<HashMap<String, String>> {
     query
         .unwrap_or_default()
         .split('&')
         .filter_map(|pair| pair.split_once('='))
-        .map(|(name, value)| (name.to_owned(), value.replace('+', " ")))
+        .map(|(name, value)| Some((decode(name)?, decode(&value.replace('+', " "))?)))
         .collect()
+}
+
+/// Percent-decodes one path segment or query component.
+pub fn decode(component: &str) -> Option<String> {
+    let bytes = component.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while let Some(&byte) = bytes.get(index) {
+        if byte == b'%' {
+            let hex = std::str::from_utf8(bytes.get(index + 1..index + 3)?).ok()?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            index += 3;
+        } else {
+            decoded.push(byte);
+            index += 1;
+        }
+    }
+    String::from_utf8(decoded).ok()
 }
 
 /// What the model reads beside the outcome, as JSON.
@@ -281,4 +299,22 @@ pub fn invocation_view(row: &InvocationRecord) -> Value {
         "completed_at": row.completed_at,
         "result": row.result,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn components_are_percent_decoded() {
+        assert_eq!(decode("acme%20corp%2Fa").as_deref(), Some("acme corp/a"));
+        assert_eq!(decode("%C3%A9").as_deref(), Some("é"));
+        assert_eq!(decode("plain").as_deref(), Some("plain"));
+        for malformed in ["%", "%2", "%zz", "%FF", "a%2"] {
+            assert_eq!(decode(malformed), None, "{malformed}");
+        }
+        let query = query(Some("tenant_id=a+b%26c&after=3")).unwrap();
+        assert_eq!(query["tenant_id"], "a b&c");
+        assert_eq!(query["after"], "3");
+    }
 }

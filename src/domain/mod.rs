@@ -78,7 +78,9 @@ pub use outcome::{InvocationStatus, Remediation, ToolOutcome, ToolOutcomeStatus}
 pub use reason_codes::ReasonCode;
 pub use result::{ArtifactRef, ContentPart, ToolFailure, ToolFailureKind, ToolResult};
 pub use secret::SecretValue;
-pub use session::{AgentSpec, PolicyProfile, Principal, RuntimeEnvironment, glob_matches};
+pub use session::{
+    AgentSpec, PolicyProfile, Principal, RuntimeEnvironment, glob_matches, valid_tenant_id,
+};
 pub use skill::SkillMetadata;
 pub use tool::{
     IdempotencyClass, RiskLevel, SideEffectClass, TargetKind, ToolKind, ToolSource, ToolSpec,

@@ -7,6 +7,16 @@ use serde::{Deserialize, Serialize};
 
 use super::tool::{RiskLevel, TargetKind, ToolSpec};
 
+/// Whether `tenant_id` is a tenant id toolgate accepts: 1 to 128 ASCII
+/// letters, digits, `-` or `_`. Tenant ids name folders (artifacts) and
+/// travel in URLs, so anything else is refused where it first arrives.
+pub fn valid_tenant_id(tenant_id: &str) -> bool {
+    (1..=128).contains(&tenant_id.len())
+        && tenant_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// The authenticated party a session acts for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -122,6 +132,16 @@ pub fn glob_matches(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenant_ids_are_plain_segments() {
+        for good in ["acme", "acme-eu_1", &"a".repeat(128)] {
+            assert!(valid_tenant_id(good), "{good}");
+        }
+        for bad in ["", "acme corp", "a/b", "..", "é", "a&b", &"a".repeat(129)] {
+            assert!(!valid_tenant_id(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn globs() {

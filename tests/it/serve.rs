@@ -1164,3 +1164,243 @@ fn the_event_stream_follows_new_events() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("\"call_id\":\"followed\""), "{text}");
 }
+
+/// Runs a `toolgate` operator command; (succeeded, stdout, stderr).
+fn operator(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(args)
+        .env_remove("TOOLGATE_CONTROL_SOCKET")
+        .output()
+        .expect("toolgate runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The operator commands (`toolgate approvals`, `invocations`, `review`)
+/// read and decide through a running sidecar's control API, one tenant's
+/// records only; refusals and an absent sidecar are one line on standard
+/// error and a failing exit.
+#[test]
+fn operator_commands_work_through_the_control_api() {
+    let served = Served::start();
+    let config = served.folder.path().join("toolgate.toml");
+    let config = config.to_str().unwrap();
+    // A tenant id that could not name a folder is refused where it arrives.
+    let (status, body) = served.post(
+        "/v1/sessions",
+        &json!({
+            "session_id": Uuid::new_v4(),
+            "tenant_id": "acme corp/eu&1",
+            "principal": {"id": "user-1", "scopes": []},
+            "agent": {"tools": ["demo.*"]},
+        }),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
+    let tenant = "acme-eu_1";
+    let session_id = Uuid::new_v4();
+    let (status, body) = served.post(
+        "/v1/sessions",
+        &json!({
+            "session_id": session_id,
+            "tenant_id": tenant,
+            "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.writes.use"]},
+            "agent": {"tools": ["demo.*", "mcp.*"]},
+        }),
+    );
+    assert_eq!(status, 200, "{body}");
+    let run_id = Uuid::new_v4();
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({
+            "session_id": session_id, "run_id": run_id, "step_number": 1, "origin_trust": "user",
+            "calls": [{"call_id": "a1", "name": "demo.external_write", "arguments": {"line": "x"}}]
+        }),
+    );
+    assert_eq!(status, 200, "{body}");
+    let approval_id = body["results"][0]["pending"]["approval_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a pending approval: {body}"))
+        .to_owned();
+    let invocation_id = body["results"][0]["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let (ok, out, err) = operator(&["approvals", "list", "--tenant", tenant, "--config", config]);
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        listed["approvals"][0]["approval_id"],
+        json!(approval_id),
+        "{out}"
+    );
+    // Another tenant sees none of it.
+    let (ok, out, _) = operator(&["approvals", "list", "--tenant", TENANT, "--config", config]);
+    assert!(ok);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["approvals"],
+        json!([])
+    );
+
+    let socket = served.socket.to_str().unwrap();
+    let (ok, out, err) = operator(&[
+        "approvals",
+        "approve",
+        &approval_id,
+        "--approver",
+        "ops",
+        "--tenant",
+        tenant,
+        "--socket",
+        socket,
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["status"],
+        "approved"
+    );
+    let (ok, out, err) = operator(&[
+        "approvals",
+        "deny",
+        &approval_id,
+        "--approver",
+        "ops",
+        "--tenant",
+        tenant,
+        "--socket",
+        socket,
+    ]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert_eq!(
+        err.trim(),
+        "toolgate: 409 not_pending: no pending approval has this id"
+    );
+
+    let (ok, out, err) = operator(&[
+        "invocations",
+        "show",
+        &invocation_id,
+        "--tenant",
+        tenant,
+        "--config",
+        config,
+    ]);
+    assert!(ok, "{err}");
+    let row: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (row["invocation_id"].as_str(), row["tenant_id"].as_str()),
+        (Some(invocation_id.as_str()), Some(tenant))
+    );
+    let (ok, out, err) = operator(&[
+        "invocations",
+        "run",
+        &run_id.to_string(),
+        "--tenant",
+        tenant,
+        "--config",
+        config,
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&invocation_id), "{out}");
+    let (ok, _, err) = operator(&[
+        "invocations",
+        "show",
+        &invocation_id,
+        "--tenant",
+        TENANT,
+        "--config",
+        config,
+    ]);
+    assert!(!ok);
+    assert!(err.starts_with("toolgate: 404 "), "{err}");
+
+    // An UNCERTAIN call, resolved from the command line.
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({
+            "session_id": session_id, "run_id": run_id, "step_number": 2, "origin_trust": "user",
+            "calls": [{"call_id": "w1", "name": "mcp.writes.write_then_die", "arguments": {"line": "y"}}]
+        }),
+    );
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "uncertain",
+        "{status} {body}"
+    );
+    let uncertain = body["results"][0]["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (ok, out, err) = operator(&["review", "list", "--tenant", tenant, "--config", config]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&uncertain), "{out}");
+    let (ok, _, err) = operator(&[
+        "review",
+        "resolve",
+        &uncertain,
+        "--resolution",
+        "effect_applied",
+        "--resolver",
+        "ops",
+        "--note",
+        "one line landed",
+        "--tenant",
+        tenant,
+        "--config",
+        config,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, _) = operator(&["review", "list", "--tenant", tenant, "--config", config]);
+    assert!(ok);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["uncertain"],
+        json!([])
+    );
+    let (ok, _, err) = operator(&[
+        "review",
+        "resolve",
+        &uncertain,
+        "--resolution",
+        "maybe",
+        "--resolver",
+        "ops",
+        "--tenant",
+        tenant,
+        "--config",
+        config,
+    ]);
+    assert!(!ok && err.contains("maybe"), "{err}");
+
+    // Malformed percent-encoding, and a tenant id that could be no tenant's,
+    // are refused by the API itself.
+    let (status, body) = served.get("/v1/approvals?tenant_id=%zz");
+    assert_eq!(status, 400);
+    assert_eq!(json_of(&body)["error"]["code"], "invalid_request");
+    let (ok, _, err) = operator(&["review", "list", "--tenant", "a b", "--config", config]);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "toolgate: 400 invalid_request: tenant_id must be 1 to 128 letters, digits, '-' or '_'"
+    );
+
+    let absent = served.folder.path().join("run/absent.sock");
+    let (ok, out, err) = operator(&[
+        "approvals",
+        "list",
+        "--tenant",
+        tenant,
+        "--socket",
+        absent.to_str().unwrap(),
+    ]);
+    assert!(!ok && out.is_empty());
+    assert!(
+        err.starts_with("toolgate: cannot reach the control API at "),
+        "{err}"
+    );
+}

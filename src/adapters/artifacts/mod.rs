@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use crate::domain::{ArtifactRef, TrustLevel};
+use crate::domain::{ArtifactRef, TrustLevel, valid_tenant_id};
 use crate::ports::{ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture};
 
 /// The filesystem artifact store.
@@ -34,21 +34,13 @@ impl FsArtifactStore {
 }
 
 /// A tenant id is a path segment here, so it must be a plain one.
-fn safe_segment(tenant_id: &str) -> bool {
-    !tenant_id.is_empty()
-        && tenant_id.len() <= 128
-        && tenant_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 impl ArtifactStore for FsArtifactStore {
     fn writer(
         &self,
         tenant_id: &str,
         run_id: Uuid,
     ) -> Result<Arc<dyn ArtifactWriter>, ArtifactError> {
-        if !safe_segment(tenant_id) {
+        if !valid_tenant_id(tenant_id) {
             return Err(ArtifactError::Store(
                 "tenant id is not a plain path segment".into(),
             ));
