@@ -399,7 +399,12 @@ fn main() {
                 let median = |k: usize| {
                     let mut values: Vec<f64> = seen.iter().map(|f| f[k]).collect();
                     values.sort_by(f64::total_cmp);
-                    values[values.len() / 2]
+                    let middle = values.len() / 2;
+                    if values.len().is_multiple_of(2) {
+                        (values[middle - 1] + values[middle]) / 2.0
+                    } else {
+                        values[middle]
+                    }
                 };
                 let (client, ratio) = if *driver == "toolgate" {
                     (format!("{:.2?}", Duration::from_secs_f64(median(1))), String::new())

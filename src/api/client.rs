@@ -14,6 +14,8 @@ use tokio::net::UnixStream;
 
 /// An answer larger than this is refused rather than buffered.
 const MAXIMUM_ANSWER_BYTES: usize = 64 << 20;
+/// A sidecar that accepts and then says nothing does not hold a command.
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Why a request got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +29,9 @@ pub enum ClientError {
     /// The answer was not a JSON document.
     #[error("the control API's answer is not JSON")]
     NotJson,
+    /// No whole answer within the time allowed.
+    #[error("the control API did not answer within {} s", ANSWER_TIMEOUT.as_secs())]
+    TimedOut,
 }
 
 /// The status and JSON body of one answer.
@@ -50,6 +55,17 @@ impl Answer {
 /// Sends one request to the control API at `socket`. `target` is the path
 /// and query, already encoded (see [`encode`]).
 pub async fn send(
+    socket: &Path,
+    method: Method,
+    target: &str,
+    body: Option<&Value>,
+) -> Result<Answer, ClientError> {
+    tokio::time::timeout(ANSWER_TIMEOUT, exchange(socket, method, target, body))
+        .await
+        .map_err(|_| ClientError::TimedOut)?
+}
+
+async fn exchange(
     socket: &Path,
     method: Method,
     target: &str,

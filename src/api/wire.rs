@@ -233,7 +233,10 @@ pub fn query(query: Option<&str>) -> Option<HashMap<String, String>> {
         .unwrap_or_default()
         .split('&')
         .filter_map(|pair| pair.split_once('='))
-        .map(|(name, value)| Some((decode(name)?, decode(&value.replace('+', " "))?)))
+        .map(|(name, value)| {
+            let form = |text: &str| decode(&text.replace('+', " "));
+            Some((form(name)?, form(value)?))
+        })
         .collect()
 }
 
@@ -244,8 +247,11 @@ pub fn decode(component: &str) -> Option<String> {
     let mut index = 0;
     while let Some(&byte) = bytes.get(index) {
         if byte == b'%' {
-            let hex = std::str::from_utf8(bytes.get(index + 1..index + 3)?).ok()?;
-            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            let hex = bytes.get(index + 1..index + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            decoded.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             index += 3;
         } else {
             decoded.push(byte);
@@ -310,7 +316,7 @@ mod tests {
         assert_eq!(decode("acme%20corp%2Fa").as_deref(), Some("acme corp/a"));
         assert_eq!(decode("%C3%A9").as_deref(), Some("é"));
         assert_eq!(decode("plain").as_deref(), Some("plain"));
-        for malformed in ["%", "%2", "%zz", "%FF", "a%2"] {
+        for malformed in ["%", "%2", "%zz", "%FF", "a%2", "%+F", "%-1"] {
             assert_eq!(decode(malformed), None, "{malformed}");
         }
         let query = query(Some("tenant_id=a+b%26c&after=3")).unwrap();

@@ -1236,20 +1236,28 @@ impl Pipeline {
             // Polled on this task: a panic is contained, and a timed-out tool
             // is dropped where it stands; a spawned task would add a hand-off
             // and a wake-up to every call.
-            let running = Contained(tool.tool.execute(row.arguments.clone(), context));
-            match tokio::time::timeout(
-                std::time::Duration::from_secs_f64(timeout_seconds.max(0.0)),
-                running,
-            )
-            .await
-            {
-                Ok(Some(result)) => Execution::Returned(result),
-                Ok(None) => Execution::Panicked,
-                Err(_) => {
-                    cancellation.cancel();
-                    Execution::TimedOut
+            let arguments = row.arguments.clone();
+            let execution = match contain(|| Contained(tool.tool.execute(arguments, context))) {
+                Some(mut running) => {
+                    let ended = tokio::time::timeout(
+                        std::time::Duration::from_secs_f64(timeout_seconds.max(0.0)),
+                        &mut running,
+                    )
+                    .await;
+                    // The tool's own destructor runs contained as well.
+                    contain(move || drop(running));
+                    match ended {
+                        Ok(Some(result)) => Execution::Returned(result),
+                        Ok(None) => Execution::Panicked,
+                        Err(_) => Execution::TimedOut,
+                    }
                 }
+                None => Execution::Panicked,
+            };
+            if !matches!(execution, Execution::Returned(_)) {
+                cancellation.cancel();
             }
+            execution
         };
         let duration_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         // Non-idempotent effects that may have escaped cannot be reported
@@ -1864,6 +1872,12 @@ pub const SUSPENDING: &[(&str, &str)] = &[
     ("delegate.run", "child_run"),
 ];
 
+/// Runs tool code (its `execute`, its destructor) so that a panic in it is
+/// `None` rather than an unwinding pipeline.
+fn contain<T>(run: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).ok()
+}
+
 /// A tool's future whose panic ends it with `None` instead of unwinding
 /// through the pipeline.
 struct Contained<'a>(BoxFuture<'a, ToolResult>);
@@ -1876,11 +1890,11 @@ impl std::future::Future for Contained<'_> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         let running = &mut self.0;
-        // A future that panicked is never polled again: the timeout drops it.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| running.as_mut().poll(cx))) {
-            Ok(std::task::Poll::Ready(result)) => std::task::Poll::Ready(Some(result)),
-            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Err(_) => std::task::Poll::Ready(None),
+        // A future that panicked is never polled again.
+        match contain(|| running.as_mut().poll(cx)) {
+            Some(std::task::Poll::Ready(result)) => std::task::Poll::Ready(Some(result)),
+            Some(std::task::Poll::Pending) => std::task::Poll::Pending,
+            None => std::task::Poll::Ready(None),
         }
     }
 }

@@ -26,7 +26,10 @@ pub trait Tool: Send + Sync {
     /// The declaration this implementation serves.
     fn spec(&self) -> &ToolSpec;
 
-    /// Runs one call. `arguments` are validated and canonical.
+    /// Runs one call. `arguments` are validated and canonical. The future
+    /// is polled on the pipeline's own task: it must await, never block the
+    /// thread (blocking work belongs on `spawn_blocking`), or its timeout
+    /// cannot end it.
     fn execute<'a>(
         &'a self,
         arguments: Value,

@@ -69,6 +69,10 @@ enum Behaviour {
     FailWith(ToolFailure),
     LeakCredential(CredentialRef),
     Panic,
+    /// Panics in `execute` itself, before any future exists.
+    PanicOnCall,
+    /// Never finishes, and panics when its future is dropped.
+    PanicWhenDropped,
     /// Observes something new every time.
     FreshEvidence,
 }
@@ -84,6 +88,9 @@ impl Tool for Scripted {
         context: ToolExecutionContext,
     ) -> BoxFuture<'a, ToolResult> {
         let behaviour = self.behaviour.clone();
+        if let Behaviour::PanicOnCall = behaviour {
+            panic!("a tool bug before its future");
+        }
         Box::pin(async move {
             match behaviour {
                 Behaviour::Sleep(duration) => {
@@ -99,6 +106,18 @@ impl Tool for Scripted {
                     }
                 }
                 Behaviour::Panic => panic!("a tool bug"),
+                Behaviour::PanicOnCall => ToolResult::text("unreachable"),
+                Behaviour::PanicWhenDropped => {
+                    struct Bomb;
+                    impl Drop for Bomb {
+                        fn drop(&mut self) {
+                            panic!("a tool bug in its destructor");
+                        }
+                    }
+                    let _bomb = Bomb;
+                    std::future::pending::<()>().await;
+                    ToolResult::text("never")
+                }
                 Behaviour::FreshEvidence => ToolResult {
                     evidence_key: Some(Uuid::new_v4().to_string()),
                     ..ToolResult::text("a page that keeps changing")
@@ -281,6 +300,18 @@ pub async fn harness_for(
         SideEffectClass::ExternalWrite,
         IdempotencyClass::NonIdempotent,
         Behaviour::Panic,
+    ));
+    tools.push(scripted(
+        "demo.panics_at_call",
+        SideEffectClass::None,
+        IdempotencyClass::ReadOnly,
+        Behaviour::PanicOnCall,
+    ));
+    tools.push(scripted(
+        "demo.panics_when_dropped",
+        SideEffectClass::None,
+        IdempotencyClass::ReadOnly,
+        Behaviour::PanicWhenDropped,
     ));
     let registry = Arc::new(
         ToolRegistry::with_builtins(
@@ -693,6 +724,23 @@ async fn timeouts_panics_and_the_watermark() {
             Some(ReasonCode::ToolOutcomeUnknown),
             "{name}: a panic after the watermark"
         );
+        // A panic in `execute` itself, or in a timed-out tool's destructor,
+        // is the tool's failure too: the call is recorded and the caller
+        // goes on.
+        let at_call = harness
+            .pipeline
+            .call(harness.request("demo.panics_at_call", json!({})))
+            .await;
+        assert_eq!(
+            code(&at_call),
+            Some(ReasonCode::ToolInternalError),
+            "{name}"
+        );
+        let dropped = harness
+            .pipeline
+            .call(harness.request("demo.panics_when_dropped", json!({})))
+            .await;
+        assert_eq!(code(&dropped), Some(ReasonCode::ToolTimeout), "{name}");
         let mut short = harness.request("demo.slow_read", json!({}));
         short.deadline_at = Some(Utc::now() + Duration::milliseconds(200));
         let started = std::time::Instant::now();

@@ -1187,32 +1187,50 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
         .expect("postgres connects");
     store.migrate().await.expect("postgres migrates");
     let mut connection = sqlx::PgConnection::connect(&schema.url).await.unwrap();
-    let row = "id = '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e' AND tenant_id = 'solo' \
-               AND worker_id = '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c' AND lease_epoch = 0";
+    let literals = "'3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', 'solo', \
+                    '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', 0";
+    let row = "id = $1 AND tenant_id = $2 AND worker_id = $3 AND lease_epoch = $4";
     // The WHERE clauses of toolgate_claim, toolgate_mark_effect_sent and
-    // toolgate_complete.
-    for (write, status) in [
+    // toolgate_complete, planned for their values (as a first call is) and
+    // generically (as PL/pgSQL's cached plans become).
+    for (index, (write, status)) in [
         ("status = 'running'", "status = 'authorized'"),
         ("effect_sent_at = now()", "status = 'running'"),
         (
             "status = 'succeeded'",
             "status IN ('authorized', 'running')",
         ),
-    ] {
-        let lines: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN UPDATE tool_invocations SET {write} WHERE {row} AND {status}"
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "PREPARE write_{index} (uuid, text, uuid, bigint) AS \
+             UPDATE tool_invocations SET {write} WHERE {row} AND {status}"
         )))
-        .fetch_all(&mut connection)
+        .execute(&mut connection)
         .await
         .unwrap();
-        let plan = lines
-            .into_iter()
-            .map(|(line,)| line)
-            .collect::<Vec<_>>()
-            .join("\n");
-        assert!(
-            plan.contains("using tool_invocations_pkey"),
-            "{write}: the row is not found by its primary key:\n{plan}"
-        );
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
+                .execute(&mut connection)
+                .await
+                .unwrap();
+            let lines: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN EXECUTE write_{index}({literals})"
+            )))
+            .fetch_all(&mut connection)
+            .await
+            .unwrap();
+            let plan = lines
+                .into_iter()
+                .map(|(line,)| line)
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(
+                plan.contains("using tool_invocations_pkey"),
+                "{write} ({mode}): the row is not found by its primary key:\n{plan}"
+            );
+        }
     }
 }
