@@ -34,8 +34,9 @@ use crate::domain::mcp_server::{
     AuthFields, AuthScheme, Transport, validate_auth, validate_classification,
 };
 use crate::domain::{
-    ApprovalStatus, ArgumentTrust, IdempotencyClass, PolicyProfile, ReasonCode, RuntimeEnvironment,
-    SecretValue, SideEffectClass, TargetKind, ToolOutcome, sha256_hex, valid_tenant_id,
+    AgentSpec, ApprovalStatus, ArgumentTrust, IdempotencyClass, PolicyProfile, Principal,
+    ReasonCode, RuntimeEnvironment, SecretValue, SideEffectClass, TargetKind, ToolOutcome,
+    sha256_hex, valid_tenant_id,
 };
 use crate::pipeline::executor::{Completion, TOOL_CALL};
 use crate::pipeline::{
@@ -43,7 +44,8 @@ use crate::pipeline::{
 };
 use crate::ports::metrics::Metrics;
 use crate::ports::{
-    Clock, InvocationRecord, McpServerRow, McpServers, PlatformEvent, ReviewRecord, Store,
+    Clock, InvocationRecord, McpServerRow, McpServers, PlatformEvent, ReviewRecord, SessionRecord,
+    Store,
 };
 
 use wire::{
@@ -165,7 +167,8 @@ impl hyper::body::Body for Channel {
 
 /// The pause after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// A session unused this long is forgotten (its rows are durable).
+/// A session unused this long leaves memory; the store still holds it, and
+/// its next use pins it again.
 const SESSION_IDLE: Duration = Duration::from_secs(24 * 3600);
 
 /// How often a followed event stream looks for new events.
@@ -542,20 +545,51 @@ impl ControlApi {
         ))
     }
 
-    fn session(&self, id: Uuid) -> Result<Arc<Session>, Refused> {
-        let session = self
+    /// A session, from memory or else from the store: one opened by another
+    /// node on this database, or by this one before a restart, is pinned
+    /// again here, and served only if its tool set comes out the same.
+    async fn session(&self, id: Uuid) -> Result<Arc<Session>, Refused> {
+        let cached = self
             .sessions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&id)
-            .cloned()
-            .ok_or_else(|| {
-                Refused::new(error(
-                    StatusCode::NOT_FOUND,
-                    "unknown_session",
-                    "no open session has this id",
-                ))
-            })?;
+            .cloned();
+        let session = match cached {
+            Some(session) => session,
+            None => {
+                let record = self
+                    .store
+                    .session(id)
+                    .await
+                    .map_err(|_| Self::store_failed())?
+                    .ok_or_else(|| {
+                        Refused::new(error(
+                            StatusCode::NOT_FOUND,
+                            "unknown_session",
+                            "no open session has this id",
+                        ))
+                    })?;
+                let pinned = self
+                    .pin(&record.tenant_id, &record.principal, &record.agent)
+                    .await?;
+                if pinned.tool_schema_sha256() != record.tool_schema_sha256 {
+                    return Err(Self::tools_changed());
+                }
+                let session = Arc::new(Session {
+                    last_used: Mutex::new(std::time::Instant::now()),
+                    tenant_id: record.tenant_id,
+                    principal: record.principal,
+                    agent: record.agent,
+                    pinned,
+                });
+                self.sessions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(id, session.clone());
+                session
+            }
+        };
         *session
             .last_used
             .lock()
@@ -563,8 +597,43 @@ impl ControlApi {
         Ok(session)
     }
 
-    /// Forgets sessions unused for [`SESSION_IDLE`] that no open turn
-    /// names: what they pinned is recorded with every call they made.
+    /// Prepares the tenant's MCP servers and pins what the agent may use.
+    async fn pin(
+        &self,
+        tenant_id: &str,
+        principal: &Principal,
+        agent: &AgentSpec,
+    ) -> Result<Arc<PinnedToolSet>, Refused> {
+        prepare_mcp(
+            &self.registry,
+            self.store.as_ref(),
+            self.clock.as_ref(),
+            tenant_id,
+            self.mcp.as_ref(),
+        )
+        .await
+        .map_err(|_| Self::store_failed())?;
+        let environment = RuntimeEnvironment {
+            targets: [TargetKind::InProcess, TargetKind::McpServer].into(),
+        };
+        Ok(self.registry.specs_for_session(
+            agent,
+            principal,
+            &PolicyProfile::default(),
+            &environment,
+        ))
+    }
+
+    fn tools_changed() -> Refused {
+        Refused::new(error(
+            StatusCode::CONFLICT,
+            "session_tools_changed",
+            "the tools this session pinned are no longer all offered as they were; open a new session",
+        ))
+    }
+
+    /// Drops from memory the sessions unused for [`SESSION_IDLE`] that no
+    /// open turn names; the store keeps them.
     fn forget_idle_sessions(&self) {
         let open: std::collections::HashSet<Uuid> = self
             .turn_servers
@@ -593,24 +662,35 @@ impl ControlApi {
         if !valid_tenant_id(&open.tenant_id) {
             return Err(Self::invalid_tenant());
         }
-        prepare_mcp(
-            &self.registry,
-            self.store.as_ref(),
-            self.clock.as_ref(),
-            &open.tenant_id,
-            self.mcp.as_ref(),
-        )
-        .await
-        .map_err(|_| Self::store_failed())?;
-        let environment = RuntimeEnvironment {
-            targets: [TargetKind::InProcess, TargetKind::McpServer].into(),
+        let pinned = self
+            .pin(&open.tenant_id, &open.principal, &open.agent)
+            .await?;
+        let record = SessionRecord {
+            session_id: open.session_id,
+            tenant_id: open.tenant_id.clone(),
+            principal: open.principal.clone(),
+            agent: open.agent.clone(),
+            tool_schema_sha256: pinned.tool_schema_sha256().to_owned(),
+            opened_at: self.clock.now(),
         };
-        let pinned = self.registry.specs_for_session(
-            &open.agent,
-            &open.principal,
-            &PolicyProfile::default(),
-            &environment,
-        );
+        let recorded = self
+            .store
+            .open_session(&record)
+            .await
+            .map_err(|_| Self::store_failed())?;
+        // Opening a session again is idempotent only as the same session.
+        if (&recorded.tenant_id, &recorded.principal, &recorded.agent)
+            != (&record.tenant_id, &record.principal, &record.agent)
+        {
+            return Err(Refused::new(error(
+                StatusCode::CONFLICT,
+                "session_conflict",
+                "this session id is already open for another tenant, principal or agent",
+            )));
+        }
+        if recorded.tool_schema_sha256 != record.tool_schema_sha256 {
+            return Err(Self::tools_changed());
+        }
         let tools: Vec<Value> = pinned
             .advertised()
             .map(|pinned| {
@@ -707,7 +787,7 @@ impl ControlApi {
 
     async fn calls(self: &Arc<Self>, request: Request<Incoming>) -> Result<Reply, Refused> {
         let batch: CallsRequest = self.body(request).await?;
-        let session = self.session(batch.session_id)?;
+        let session = self.session(batch.session_id).await?;
         let calls: Vec<&wire::CallItem> = batch.calls.iter().collect();
         let remaining = batch
             .deadline_at
@@ -1240,7 +1320,7 @@ impl ControlApi {
 
     async fn open_turn(self: &Arc<Self>, request: Request<Incoming>) -> Result<Reply, Refused> {
         let open: OpenTurn = self.body(request).await?;
-        self.session(open.session_id)?;
+        self.session(open.session_id).await?;
         let script_ok = open.script_sha256.len() == 64
             && open
                 .script_sha256
@@ -1303,6 +1383,7 @@ impl ControlApi {
     async fn record(&self, turn: &Turn, event: PlatformEvent) {
         let tenant = self
             .session(turn.binding.session_id)
+            .await
             .ok()
             .map(|session| session.tenant_id.clone());
         if let Err(failure) = self
@@ -1432,7 +1513,7 @@ impl ControlApi {
                 return self.refuse(StatusCode::GONE, "turn_closed", "the turn is closed");
             }
         }
-        let Ok(session) = self.session(turn.binding.session_id) else {
+        let Ok(session) = self.session(turn.binding.session_id).await else {
             return self.refuse(
                 StatusCode::GONE,
                 "turn_closed",

@@ -11,7 +11,7 @@ use crate::ports::metrics::{Labels, Metrics};
 use crate::ports::{
     ApprovalRecord, BoxFuture, BreakerTally, CatalogRow, Claim, EventRecord, Fence, InsertOutcome,
     InvocationRecord, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, ReviewRecord,
-    Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
+    SessionRecord, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 
 /// Wraps a store; every write that commits tool events counts them.
@@ -100,6 +100,8 @@ impl Store for MeteredStore {
         record_event(tenant: Option<&'a str>, event: &'a PlatformEvent, now: DateTime<Utc>) -> Result<(), StoreError>;
         catalog_history(tenant: &'a str, server: &'a str) -> Result<Vec<CatalogRow>, StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+        open_session(session: &'a SessionRecord) -> Result<SessionRecord, StoreError>;
+        session(session_id: Uuid) -> Result<Option<SessionRecord>, StoreError>;
         put_mcp_server(tenant: &'a str, server: &'a McpServerRow, now: DateTime<Utc>) -> Result<(), StoreError>;
         mcp_server(tenant: &'a str, server_id: &'a str) -> Result<Option<McpServerRow>, StoreError>;
         delete_mcp_server(tenant: &'a str, server_id: &'a str) -> Result<bool, StoreError>;

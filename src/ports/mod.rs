@@ -17,8 +17,8 @@ pub use policy::PolicyEngine;
 pub use store::{
     ApprovalRecord, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim, EventRecord,
     Fence, InsertOutcome, InvocationRecord, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, ReviewRecord, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
-    WorkerLease,
+    PreparationRecord, ReviewRecord, SessionRecord, Store, StoreError, StoredArtifact,
+    TerminalRecord, ToolEvent, WorkerLease,
 };
 pub use tool::{
     ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,

@@ -13,8 +13,9 @@ use uuid::Uuid;
 
 use crate::domain::mcp_server::{AuthScheme, Transport};
 use crate::domain::{
-    ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode, ReviewResolution,
-    RiskLevel, SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+    AgentSpec, ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode,
+    ReviewResolution, RiskLevel, SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource,
+    TrustLevel,
 };
 
 use super::tool::BoxFuture;
@@ -417,6 +418,20 @@ pub struct CatalogRow {
     pub discovered_at: DateTime<Utc>,
     /// When a later generation no longer had the name.
     pub withdrawn_at: Option<DateTime<Utc>>,
+}
+
+/// A `sessions` row: what a session was opened with, so that any node (or
+/// this one after a restart) can pin its tool set again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    pub session_id: Uuid,
+    pub tenant_id: String,
+    pub principal: Principal,
+    pub agent: AgentSpec,
+    /// The pinned set's hash when the session opened: a node that takes the
+    /// session over must reproduce it.
+    pub tool_schema_sha256: String,
+    pub opened_at: DateTime<Utc>,
 }
 
 /// A `mcp_servers` row: a server as configured, never a secret.
@@ -894,6 +909,18 @@ pub trait Store: Send + Sync {
         events: &'a [ToolEvent],
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Records a session. When its id is already recorded, nothing is
+    /// written and the recorded row is returned instead, to be compared.
+    fn open_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+    ) -> BoxFuture<'a, Result<SessionRecord, StoreError>>;
+
+    /// A session by its id, whichever tenant holds it: the id is what a
+    /// caller presents, and the row says whose it is.
+    fn session(&self, session_id: Uuid)
+    -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>>;
 
     /// Writes a tenant's server row (insert or replace by server id).
     fn put_mcp_server<'a>(

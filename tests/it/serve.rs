@@ -88,6 +88,15 @@ impl Served {
     /// With `approval_hold_seconds` set to `hold` and, when given, the
     /// control API on loopback TCP at `tcp` with `token`.
     pub fn start_with(hold: u32, tcp: Option<(&str, &str)>) -> Served {
+        Served::build(hold, tcp, None)
+    }
+
+    /// A sidecar whose store is the database at `store_url`.
+    pub fn start_on(store_url: &str) -> Served {
+        Served::build(30, None, Some(store_url))
+    }
+
+    fn build(hold: u32, tcp: Option<(&str, &str)>, store_url: Option<&str>) -> Served {
         let folder = tempfile::tempdir().unwrap();
         let root = folder.path();
         std::fs::write(
@@ -159,23 +168,40 @@ required_scopes = ["mcp.writes.use"]
             ),
             None => config,
         };
+        let config = match store_url {
+            Some(url) => config.replace(
+                "url = \"sqlite://toolgate.db\"",
+                &format!("url = \"{url}\""),
+            ),
+            None => config,
+        };
         std::fs::write(root.join("toolgate.toml"), config).unwrap();
+        let mut served = Served {
+            socket: root.join("run/control.sock"),
+            folder,
+            child: None,
+            logs: std::sync::Arc::new(std::sync::Mutex::new(String::new())),
+        };
+        served.spawn(tcp.map(|(_, token)| token).unwrap_or_default());
+        served
+    }
+
+    /// Starts `toolgate serve` on this folder's configuration and waits for
+    /// its control socket.
+    fn spawn(&mut self, token: &str) {
+        let root = self.folder.path();
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
             .args(["--log-json", "serve", "--migrate", "--config"])
             .arg(root.join("toolgate.toml"))
             .env_remove("TOOLGATE_STORE_URL")
             .env_remove("TOOLGATE_CONTROL_SOCKET")
-            .env(
-                "TOOLGATE_TEST_CONTROL_TOKEN",
-                tcp.map(|(_, token)| token).unwrap_or_default(),
-            )
+            .env("TOOLGATE_TEST_CONTROL_TOKEN", token)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("toolgate serve starts");
-        let logs = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         if let Some(mut stderr) = child.stderr.take() {
-            let logs = logs.clone();
+            let logs = self.logs.clone();
             std::thread::spawn(move || {
                 let mut buffer = [0u8; 8192];
                 while let Ok(read) = stderr.read(&mut buffer) {
@@ -188,21 +214,22 @@ required_scopes = ["mcp.writes.use"]
                 }
             });
         }
-        let socket = root.join("run/control.sock");
+        self.child = Some(child);
         let started = Instant::now();
-        while UnixStream::connect(&socket).is_err() {
+        while UnixStream::connect(&self.socket).is_err() {
             assert!(
                 started.elapsed() < Duration::from_secs(30),
                 "toolgate serve did not listen"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Served {
-            folder,
-            child: Some(child),
-            socket,
-            logs,
-        }
+    }
+
+    /// Stops the sidecar (draining) and starts it again on the same folder:
+    /// the same store, configuration and state.
+    pub fn restart(&mut self) {
+        assert!(self.stop(), "toolgate serve drains and exits cleanly");
+        self.spawn("");
     }
 
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -1402,5 +1429,131 @@ fn operator_commands_work_through_the_control_api() {
     assert!(
         err.starts_with("toolgate: cannot reach the control API at "),
         "{err}"
+    );
+}
+
+/// Sessions are recorded: after a restart the sidecar serves a session it
+/// opened before (pinning it again, and replaying a recorded call rather than
+/// running it twice); reopening an id as another session is refused; and a
+/// session whose tool set can no longer be reproduced is refused rather than
+/// served with different tools.
+#[test]
+fn sessions_outlive_a_restart_and_keep_their_tool_set() {
+    let mut served = Served::start();
+    let session_id = served.session();
+    let run_id = Uuid::new_v4();
+    let call = |served: &Served, call_id: &str, step: u32| {
+        served.post(
+            "/v1/calls",
+            &json!({
+                "session_id": session_id, "run_id": run_id, "step_number": step, "origin_trust": "user",
+                "calls": [{"call_id": call_id, "name": "demo.echo", "arguments": {"text": "hi"}}]
+            }),
+        )
+    };
+    let (status, first) = call(&served, "c1", 1);
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        first["results"][0]["outcome"]["status"], "succeeded",
+        "{first}"
+    );
+
+    served.restart();
+    let (status, replayed) = call(&served, "c1", 1);
+    assert_eq!(status, 200, "{replayed}");
+    assert_eq!(
+        replayed["results"][0]["invocation_id"], first["results"][0]["invocation_id"],
+        "the recorded call is returned, not run again"
+    );
+    let (status, next) = call(&served, "c2", 2);
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(
+        next["results"][0]["outcome"]["status"], "succeeded",
+        "{next}"
+    );
+
+    // The same id opened again: as the same session it is the same session;
+    // as another it is refused.
+    let open = |principal: &str| {
+        served.post(
+            "/v1/sessions",
+            &json!({
+                "session_id": session_id,
+                "tenant_id": TENANT,
+                "principal": {"id": principal, "scopes": ["demo.use", "mcp.reads.use", "mcp.writes.use"]},
+                "agent": {"tools": ["demo.*", "mcp.*", "tool.call", "skill.load", "context.update_working_state",
+                                     "conversation.ask_user", "delegate.run"]},
+            }),
+        )
+    };
+    let (status, body) = open("user-1");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = open("someone-else");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("session_conflict")),
+        "{body}"
+    );
+
+    // Without the `reads` server the pinned set cannot be reproduced.
+    let config = served.folder.path().join("toolgate.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let start = text.find("[[mcp.servers]]\nserver_id = \"reads\"").unwrap();
+    let end = start + text[start..].find("\n\n").unwrap();
+    std::fs::write(&config, format!("{}{}", &text[..start], &text[end..])).unwrap();
+    served.restart();
+    let (status, body) = call(&served, "c3", 3);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("session_tools_changed")),
+        "{body}"
+    );
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({
+            "session_id": Uuid::new_v4(), "run_id": run_id, "step_number": 3, "origin_trust": "user",
+            "calls": [{"call_id": "c3", "name": "demo.echo", "arguments": {"text": "hi"}}]
+        }),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("unknown_session"))
+    );
+}
+
+/// Two sidecars on one PostgreSQL database: a session opened on one is
+/// served by the other, and a call replayed there returns the first node's
+/// record.
+#[test]
+fn a_session_opened_on_one_node_is_served_by_another() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(schema) = runtime.block_on(crate::store::PgSchema::create()) else {
+        eprintln!("DATABASE_URL unset: the two-node session test runs on PostgreSQL only");
+        return;
+    };
+    let first = Served::start_on(&schema.url);
+    let second = Served::start_on(&schema.url);
+    let session_id = first.session();
+    let run_id = Uuid::new_v4();
+    let call = |served: &Served| {
+        served.post(
+            "/v1/calls",
+            &json!({
+                "session_id": session_id, "run_id": run_id, "step_number": 1, "origin_trust": "user",
+                "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "hi"}}]
+            }),
+        )
+    };
+    let (status, on_first) = call(&first);
+    assert_eq!(status, 200, "{on_first}");
+    let (status, on_second) = call(&second);
+    assert_eq!(status, 200, "{on_second}");
+    assert_eq!(
+        on_second["results"][0]["outcome"]["status"], "succeeded",
+        "{on_second}"
+    );
+    assert_eq!(
+        on_second["results"][0]["invocation_id"], on_first["results"][0]["invocation_id"],
+        "one execution, whichever node is asked"
     );
 }

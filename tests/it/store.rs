@@ -14,7 +14,7 @@ use toolgate::domain::{
     ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 use toolgate::ports::{
-    Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Store, StoreError,
+    Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, SessionRecord, Store, StoreError,
     TerminalRecord, ToolEvent, WorkerLease,
 };
 use uuid::Uuid;
@@ -1232,5 +1232,49 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
                 "{write} ({mode}): the row is not found by its primary key:\n{plan}"
             );
         }
+    }
+}
+
+/// A session is recorded once; opening its id again writes nothing and
+/// returns what was recorded, and any node reads it by id alone.
+#[tokio::test]
+async fn sessions_are_recorded_once_and_read_by_id() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let session = SessionRecord {
+            session_id: Uuid::new_v4(),
+            tenant_id: "tenant-a".into(),
+            principal: Principal {
+                id: "user-1".into(),
+                scopes: ["demo.use".to_owned()].into(),
+            },
+            agent: toolgate::domain::AgentSpec {
+                tools: vec!["demo.*".into()],
+            },
+            tool_schema_sha256: "a".repeat(64),
+            // Whole microseconds: what both backends keep.
+            opened_at: DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).unwrap(),
+        };
+        assert_eq!(
+            store.open_session(&session).await.unwrap(),
+            session,
+            "{name}"
+        );
+        let other = SessionRecord {
+            tenant_id: "tenant-b".into(),
+            tool_schema_sha256: "b".repeat(64),
+            ..session.clone()
+        };
+        assert_eq!(
+            store.open_session(&other).await.unwrap(),
+            session,
+            "{name}: the first record stands"
+        );
+        assert_eq!(
+            store.session(session.session_id).await.unwrap(),
+            Some(session.clone()),
+            "{name}"
+        );
+        assert_eq!(store.session(Uuid::new_v4()).await.unwrap(), None, "{name}");
     }
 }

@@ -73,6 +73,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "no tool_invocations index led by the tenant",
         sql: include_str!("../../../migrations/postgres/0007_run_index.sql"),
     },
+    Migration {
+        version: 8,
+        description: "sessions",
+        sql: include_str!("../../../migrations/postgres/0008_sessions.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -111,6 +116,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 7,
         description: "no tool_invocations index led by the tenant",
         sql: include_str!("../../../migrations/sqlite/0007_run_index.sql"),
+    },
+    Migration {
+        version: 8,
+        description: "sessions",
+        sql: include_str!("../../../migrations/sqlite/0008_sessions.sql"),
     },
 ];
 

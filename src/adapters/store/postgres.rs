@@ -17,8 +17,8 @@ use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
     ApprovalRecord, BoxFuture, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim,
     EventRecord, Fence, InsertOutcome, InvocationRecord, McpServerRow, NewInvocation,
-    PlatformEvent, PreparationRecord, ReviewRecord, Store, StoreError, StoredArtifact,
-    TerminalRecord, ToolEvent, WorkerLease,
+    PlatformEvent, PreparationRecord, ReviewRecord, SessionRecord, Store, StoreError,
+    StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 
 /// Hot-path connections per node: the pipeline's commits are one short
@@ -44,6 +44,12 @@ macro_rules! invocation_columns {
 macro_rules! approval_columns {
     () => {
         "id, tenant_id, invocation_id, tool_name, reason_code, status, approver, requested_at, decided_at"
+    };
+}
+
+macro_rules! session_columns {
+    () => {
+        "session_id, tenant_id, principal, agent, tool_schema_sha256, opened_at"
     };
 }
 
@@ -246,6 +252,21 @@ fn invocation(row: &PgRow) -> Result<InvocationRecord, StoreError> {
         created_at: get(row, "created_at")?,
         started_at: get(row, "started_at")?,
         completed_at: get(row, "completed_at")?,
+    })
+}
+
+fn session_row(row: &PgRow) -> Result<SessionRecord, StoreError> {
+    let principal: serde_json::Value = get(row, "principal")?;
+    let agent: serde_json::Value = get(row, "agent")?;
+    Ok(SessionRecord {
+        session_id: get(row, "session_id")?,
+        tenant_id: get(row, "tenant_id")?,
+        principal: serde_json::from_value(principal)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        agent: serde_json::from_value(agent)
+            .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
+        tool_schema_sha256: get(row, "tool_schema_sha256")?,
+        opened_at: get(row, "opened_at")?,
     })
 }
 
@@ -1071,6 +1092,64 @@ impl Store for PostgresStore {
             }
             tx.commit().await.map_err(database_error)?;
             Ok(result)
+        })
+    }
+
+    fn open_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+    ) -> BoxFuture<'a, Result<SessionRecord, StoreError>> {
+        Box::pin(async move {
+            let principal = serde_json::to_value(&session.principal)
+                .map_err(|e| StoreError::Decode(e.to_string()))?;
+            let agent = serde_json::to_value(&session.agent)
+                .map_err(|e| StoreError::Decode(e.to_string()))?;
+            // The system scope: an id another tenant holds must be seen to be
+            // refused, not inserted beside it.
+            let mut tx = self.begin(Scope::System).await?;
+            sqlx::query(
+                "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, opened_at)                  VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id) DO NOTHING",
+            )
+            .bind(session.session_id)
+            .bind(&session.tenant_id)
+            .bind(principal)
+            .bind(agent)
+            .bind(&session.tool_schema_sha256)
+            .bind(session.opened_at)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                session_columns!(),
+                " FROM sessions WHERE session_id = $1"
+            ))
+            .bind(session.session_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            session_row(&row)
+        })
+    }
+
+    fn session(
+        &self,
+        session_id: Uuid,
+    ) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                session_columns!(),
+                " FROM sessions WHERE session_id = $1"
+            ))
+            .bind(session_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.map(|row| session_row(&row)).transpose()
         })
     }
 

@@ -18,8 +18,8 @@ use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
     ApprovalRecord, BoxFuture, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim,
     EventRecord, Fence, InsertOutcome, InvocationRecord, McpServerRow, NewInvocation,
-    PlatformEvent, PreparationRecord, ReviewRecord, Store, StoreError, StoredArtifact,
-    TerminalRecord, ToolEvent, WorkerLease,
+    PlatformEvent, PreparationRecord, ReviewRecord, SessionRecord, Store, StoreError,
+    StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
 };
 
 /// Readers run beside the one writer (WAL).
@@ -142,6 +142,22 @@ fn optional_uuid(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, StoreErr
             Uuid::parse_str(&text).map_err(|_| StoreError::Decode(format!("{column}: not a UUID")))
         })
         .transpose()
+}
+
+const SESSION_BY_ID: &str = "SELECT session_id, tenant_id, principal, agent, tool_schema_sha256, opened_at \
+                             FROM sessions WHERE session_id = $1";
+
+fn session_row(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
+    Ok(SessionRecord {
+        session_id: uuid(row, "session_id")?,
+        tenant_id: get(row, "tenant_id")?,
+        principal: serde_json::from_value(json(row, "principal")?)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        agent: serde_json::from_value(json(row, "agent")?)
+            .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
+        tool_schema_sha256: get(row, "tool_schema_sha256")?,
+        opened_at: time(row, "opened_at")?,
+    })
 }
 
 fn json(row: &SqliteRow, column: &str) -> Result<serde_json::Value, StoreError> {
@@ -1049,6 +1065,55 @@ impl Store for SqliteStore {
             }
             tx.commit().await.map_err(database_error)?;
             Ok(result)
+        })
+    }
+
+    fn open_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+    ) -> BoxFuture<'a, Result<SessionRecord, StoreError>> {
+        Box::pin(async move {
+            let principal = serde_json::to_string(&session.principal)
+                .map_err(|e| StoreError::Decode(e.to_string()))?;
+            let agent = serde_json::to_string(&session.agent)
+                .map_err(|e| StoreError::Decode(e.to_string()))?;
+            let mut tx = self.begin().await?;
+            sqlx::query(
+                "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, opened_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id) DO NOTHING",
+            )
+            .bind(session.session_id.to_string())
+            .bind(&session.tenant_id)
+            .bind(principal)
+            .bind(agent)
+            .bind(&session.tool_schema_sha256)
+            .bind(micros(session.opened_at))
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let row = sqlx::query(SESSION_BY_ID)
+                .bind(session.session_id.to_string())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            session_row(&row)
+        })
+    }
+
+    fn session(
+        &self,
+        session_id: Uuid,
+    ) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let row = sqlx::query(SESSION_BY_ID)
+                .bind(session_id.to_string())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.map(|row| session_row(&row)).transpose()
         })
     }
 
