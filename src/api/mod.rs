@@ -94,6 +94,8 @@ impl Default for ApiSettings {
 struct Session {
     /// When a call, turn or tool listing last used it.
     last_used: Mutex<std::time::Instant>,
+    /// When this node last refreshed the store's `last_used_at`.
+    touched: Mutex<std::time::Instant>,
     tenant_id: String,
     principal: crate::domain::Principal,
     agent: crate::domain::AgentSpec,
@@ -165,11 +167,21 @@ impl hyper::body::Body for Channel {
     }
 }
 
+/// Whether a pinned set is the one a session recorded: both hashes, neither
+/// empty (a hash that could not be taken matches nothing).
+fn same_tools(recorded: &SessionRecord, pinned: &PinnedToolSet) -> bool {
+    !pinned.tool_schema_sha256().is_empty()
+        && !pinned.tool_contract_sha256().is_empty()
+        && recorded.tool_schema_sha256 == pinned.tool_schema_sha256()
+        && recorded.tool_contract_sha256 == pinned.tool_contract_sha256()
+}
+
 /// The pause after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// A session unused this long leaves memory; the store still holds it, and
-/// its next use pins it again.
+/// A session unused this long has ended: it leaves memory and the store.
 const SESSION_IDLE: Duration = Duration::from_secs(24 * 3600);
+/// How often a session in use refreshes its `last_used_at` in the store.
+const SESSION_TOUCH: Duration = Duration::from_secs(3600);
 
 /// How often a followed event stream looks for new events.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
@@ -250,7 +262,7 @@ impl ControlApi {
                 _ = shutdown.cancelled() => return,
                 _ = expiry.tick() => {
                     self.close_expired_turns().await;
-                    self.forget_idle_sessions();
+                    self.forget_idle_sessions().await;
                     continue;
                 }
                 accepted = listener.accept() => match accepted {
@@ -557,44 +569,72 @@ impl ControlApi {
             .cloned();
         let session = match cached {
             Some(session) => session,
-            None => {
-                let record = self
-                    .store
-                    .session(id)
-                    .await
-                    .map_err(|_| Self::store_failed())?
-                    .ok_or_else(|| {
-                        Refused::new(error(
-                            StatusCode::NOT_FOUND,
-                            "unknown_session",
-                            "no open session has this id",
-                        ))
-                    })?;
-                let pinned = self
-                    .pin(&record.tenant_id, &record.principal, &record.agent)
-                    .await?;
-                if pinned.tool_schema_sha256() != record.tool_schema_sha256 {
-                    return Err(Self::tools_changed());
-                }
-                let session = Arc::new(Session {
-                    last_used: Mutex::new(std::time::Instant::now()),
-                    tenant_id: record.tenant_id,
-                    principal: record.principal,
-                    agent: record.agent,
-                    pinned,
-                });
-                self.sessions
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(id, session.clone());
-                session
-            }
+            None => self.reload_session(id).await?,
         };
         *session
             .last_used
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = std::time::Instant::now();
+        let stale = {
+            let mut touched = session
+                .touched
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let stale = touched.elapsed() >= SESSION_TOUCH;
+            if stale {
+                *touched = std::time::Instant::now();
+            }
+            stale
+        };
+        if stale && let Err(failure) = self.store.touch_session(id, self.clock.now()).await {
+            tracing::warn!(error = %failure, "a session's last use was not recorded");
+        }
         Ok(session)
+    }
+
+    /// A session this node does not hold: opened by another node on this
+    /// database, or by this one before a restart or before it went idle here.
+    /// It is pinned again and served only if its tool set comes out the same.
+    async fn reload_session(&self, id: Uuid) -> Result<Arc<Session>, Refused> {
+        let unknown = || {
+            Refused::new(error(
+                StatusCode::NOT_FOUND,
+                "unknown_session",
+                "no open session has this id",
+            ))
+        };
+        let record = self
+            .store
+            .session(id)
+            .await
+            .map_err(|_| Self::store_failed())?
+            .ok_or_else(unknown)?;
+        let idle = chrono::Duration::from_std(SESSION_IDLE).unwrap_or(chrono::Duration::MAX);
+        if record.last_used_at + idle < self.clock.now() {
+            return Err(unknown());
+        }
+        let (pinned, complete) = self
+            .pin(&record.tenant_id, &record.principal, &record.agent)
+            .await?;
+        if !same_tools(&record, &pinned) {
+            return Err(Self::unreproduced(complete));
+        }
+        let session = Arc::new(Session {
+            last_used: Mutex::new(std::time::Instant::now()),
+            touched: Mutex::new(std::time::Instant::now()),
+            tenant_id: record.tenant_id,
+            principal: record.principal,
+            agent: record.agent,
+            pinned,
+        });
+        // Two requests may reload at once: the first one kept is everyone's.
+        Ok(self
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_insert(session)
+            .clone())
     }
 
     /// Prepares the tenant's MCP servers and pins what the agent may use.
@@ -603,8 +643,8 @@ impl ControlApi {
         tenant_id: &str,
         principal: &Principal,
         agent: &AgentSpec,
-    ) -> Result<Arc<PinnedToolSet>, Refused> {
-        prepare_mcp(
+    ) -> Result<(Arc<PinnedToolSet>, bool), Refused> {
+        let prepared = prepare_mcp(
             &self.registry,
             self.store.as_ref(),
             self.clock.as_ref(),
@@ -613,28 +653,47 @@ impl ControlApi {
         )
         .await
         .map_err(|_| Self::store_failed())?;
+        let complete = !prepared
+            .events
+            .iter()
+            .any(|event| matches!(event, PlatformEvent::ServerDisconnected { .. }));
         let environment = RuntimeEnvironment {
             targets: [TargetKind::InProcess, TargetKind::McpServer].into(),
         };
-        Ok(self.registry.specs_for_session(
+        let pinned = self.registry.specs_for_session(
             agent,
             principal,
             &PolicyProfile::default(),
             &environment,
-        ))
+        );
+        Ok((pinned, complete))
     }
 
-    fn tools_changed() -> Refused {
-        Refused::new(error(
-            StatusCode::CONFLICT,
-            "session_tools_changed",
-            "the tools this session pinned are no longer all offered as they were; open a new session",
-        ))
+    /// A recorded session whose tool set did not come out the same: changed
+    /// for good when every server answered, else perhaps only for now.
+    fn unreproduced(complete: bool) -> Refused {
+        if complete {
+            Refused::new(error(
+                StatusCode::CONFLICT,
+                "session_tools_changed",
+                "the tools this session pinned are no longer all offered as they were; open a new session",
+            ))
+        } else {
+            Refused::new(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "tool_servers_unavailable",
+                "a tool server this session pinned did not answer; retry",
+            ))
+        }
     }
 
-    /// Drops from memory the sessions unused for [`SESSION_IDLE`] that no
-    /// open turn names; the store keeps them.
-    fn forget_idle_sessions(&self) {
+    /// Ends the sessions unused for [`SESSION_IDLE`]: from the store, and
+    /// from memory unless an open turn names them.
+    async fn forget_idle_sessions(&self) {
+        let idle = chrono::Duration::from_std(SESSION_IDLE).unwrap_or(chrono::Duration::MAX);
+        if let Err(failure) = self.store.forget_sessions(self.clock.now() - idle).await {
+            tracing::warn!(error = %failure, "ended sessions were not removed from the store");
+        }
         let open: std::collections::HashSet<Uuid> = self
             .turn_servers
             .lock()
@@ -662,16 +721,19 @@ impl ControlApi {
         if !valid_tenant_id(&open.tenant_id) {
             return Err(Self::invalid_tenant());
         }
-        let pinned = self
+        let (pinned, complete) = self
             .pin(&open.tenant_id, &open.principal, &open.agent)
             .await?;
+        let now = self.clock.now();
         let record = SessionRecord {
             session_id: open.session_id,
             tenant_id: open.tenant_id.clone(),
             principal: open.principal.clone(),
             agent: open.agent.clone(),
             tool_schema_sha256: pinned.tool_schema_sha256().to_owned(),
-            opened_at: self.clock.now(),
+            tool_contract_sha256: pinned.tool_contract_sha256().to_owned(),
+            opened_at: now,
+            last_used_at: now,
         };
         let recorded = self
             .store
@@ -688,8 +750,8 @@ impl ControlApi {
                 "this session id is already open for another tenant, principal or agent",
             )));
         }
-        if recorded.tool_schema_sha256 != record.tool_schema_sha256 {
-            return Err(Self::tools_changed());
+        if !same_tools(&recorded, &pinned) {
+            return Err(Self::unreproduced(complete));
         }
         let tools: Vec<Value> = pinned
             .advertised()
@@ -719,6 +781,7 @@ impl ControlApi {
                 open.session_id,
                 Arc::new(Session {
                     last_used: Mutex::new(std::time::Instant::now()),
+                    touched: Mutex::new(std::time::Instant::now()),
                     tenant_id: open.tenant_id,
                     principal: open.principal,
                     agent: open.agent,

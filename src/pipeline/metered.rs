@@ -102,6 +102,8 @@ impl Store for MeteredStore {
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
         open_session(session: &'a SessionRecord) -> Result<SessionRecord, StoreError>;
         session(session_id: Uuid) -> Result<Option<SessionRecord>, StoreError>;
+        touch_session(session_id: Uuid, now: DateTime<Utc>) -> Result<(), StoreError>;
+        forget_sessions(before: DateTime<Utc>) -> Result<u64, StoreError>;
         put_mcp_server(tenant: &'a str, server: &'a McpServerRow, now: DateTime<Utc>) -> Result<(), StoreError>;
         mcp_server(tenant: &'a str, server_id: &'a str) -> Result<Option<McpServerRow>, StoreError>;
         delete_mcp_server(tenant: &'a str, server_id: &'a str) -> Result<bool, StoreError>;

@@ -188,6 +188,7 @@ pub struct PinnedToolSet {
     by_name: HashMap<String, usize>,
     by_wire_name: HashMap<String, usize>,
     tool_schema_sha256: String,
+    tool_contract_sha256: String,
     wire_collisions: Vec<(String, String)>,
 }
 
@@ -195,6 +196,13 @@ impl PinnedToolSet {
     /// The hash of the pinned declarations.
     pub fn tool_schema_sha256(&self) -> &str {
         &self.tool_schema_sha256
+    }
+
+    /// The hash of every pinned tool's whole spec: what a call is executed
+    /// under (idempotency, timeout, output limits, trust, scopes), which the
+    /// declarations the model sees leave out.
+    pub fn tool_contract_sha256(&self) -> &str {
+        &self.tool_contract_sha256
     }
 
     /// Every pinned tool, by name.
@@ -606,6 +614,15 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
         .and_then(|value| canonicalize(value).ok())
         .map(|canonical| canonical.sha256)
         .unwrap_or_default();
+    let contract: Vec<(&str, &ToolSpec)> = tools
+        .iter()
+        .map(|pinned| (pinned.wire_name.as_str(), &pinned.tool.spec))
+        .collect();
+    let tool_contract_sha256 = serde_json::to_value(&contract)
+        .ok()
+        .and_then(|value| canonicalize(value).ok())
+        .map(|canonical| canonical.sha256)
+        .unwrap_or_default();
     let by_name = tools
         .iter()
         .enumerate()
@@ -621,6 +638,7 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
         by_name,
         by_wire_name,
         tool_schema_sha256,
+        tool_contract_sha256,
         wire_collisions,
     }
 }

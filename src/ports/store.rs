@@ -428,10 +428,14 @@ pub struct SessionRecord {
     pub tenant_id: String,
     pub principal: Principal,
     pub agent: AgentSpec,
-    /// The pinned set's hash when the session opened: a node that takes the
-    /// session over must reproduce it.
+    /// The pinned set's hashes when the session opened (what the model was
+    /// shown, and what calls execute under): a node that takes the session
+    /// over must reproduce both.
     pub tool_schema_sha256: String,
+    pub tool_contract_sha256: String,
     pub opened_at: DateTime<Utc>,
+    /// Refreshed at most hourly while the session is used.
+    pub last_used_at: DateTime<Utc>,
 }
 
 /// A `mcp_servers` row: a server as configured, never a secret.
@@ -921,6 +925,16 @@ pub trait Store: Send + Sync {
     /// caller presents, and the row says whose it is.
     fn session(&self, session_id: Uuid)
     -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>>;
+
+    /// Marks a session used at `now`.
+    fn touch_session(
+        &self,
+        session_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Deletes the sessions last used before `before`; how many.
+    fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>>;
 
     /// Writes a tenant's server row (insert or replace by server id).
     fn put_mcp_server<'a>(

@@ -200,6 +200,8 @@ impl Store for FaultyWatermark {
         complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a toolgate::ports::TerminalRecord, events: &'a [toolgate::ports::ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, toolgate::ports::StoreError>;
         open_session(session: &'a toolgate::ports::SessionRecord) -> Result<toolgate::ports::SessionRecord, toolgate::ports::StoreError>;
         session(session_id: Uuid) -> Result<Option<toolgate::ports::SessionRecord>, toolgate::ports::StoreError>;
+        touch_session(session_id: Uuid, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
+        forget_sessions(before: chrono::DateTime<Utc>) -> Result<u64, toolgate::ports::StoreError>;
         put_mcp_server(tenant: &'a str, server: &'a toolgate::ports::McpServerRow, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
         mcp_server(tenant: &'a str, server_id: &'a str) -> Result<Option<toolgate::ports::McpServerRow>, toolgate::ports::StoreError>;
         delete_mcp_server(tenant: &'a str, server_id: &'a str) -> Result<bool, toolgate::ports::StoreError>;

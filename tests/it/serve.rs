@@ -1471,6 +1471,19 @@ fn sessions_outlive_a_restart_and_keep_their_tool_set() {
         next["results"][0]["outcome"]["status"], "succeeded",
         "{next}"
     );
+    // Its MCP tools too, from a server this process started afresh.
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({
+            "session_id": session_id, "run_id": run_id, "step_number": 3, "origin_trust": "user",
+            "calls": [{"call_id": "m1", "name": "mcp.reads.echo", "arguments": {"text": "hi"}}]
+        }),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
 
     // The same id opened again: as the same session it is the same session;
     // as another it is refused.
@@ -1488,6 +1501,9 @@ fn sessions_outlive_a_restart_and_keep_their_tool_set() {
     };
     let (status, body) = open("user-1");
     assert_eq!(status, 200, "{body}");
+    let (status, again) = open("user-1");
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["tool_schema_sha256"], body["tool_schema_sha256"]);
     let (status, body) = open("someone-else");
     assert_eq!(
         (status, body["error"]["code"].as_str()),
@@ -1495,14 +1511,31 @@ fn sessions_outlive_a_restart_and_keep_their_tool_set() {
         "{body}"
     );
 
-    // Without the `reads` server the pinned set cannot be reproduced.
+    // With the `reads` server failing to start, the set cannot be pinned
+    // again for now: retry later, not a new session.
     let config = served.folder.path().join("toolgate.toml");
     let text = std::fs::read_to_string(&config).unwrap();
     let start = text.find("[[mcp.servers]]\nserver_id = \"reads\"").unwrap();
     let end = start + text[start..].find("\n\n").unwrap();
+    let reads = &text[start..end];
+    let broken = reads.replace(
+        &format!("command = \"{}\"", crate::mcp::scripted_server().display()),
+        "command = \"/nonexistent/scripted-server\"",
+    );
+    assert_ne!(broken, reads);
+    std::fs::write(&config, text.replace(reads, &broken)).unwrap();
+    served.restart();
+    let (status, body) = call(&served, "c3", 4);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("tool_servers_unavailable")),
+        "{body}"
+    );
+
+    // Without the `reads` server at all, the pinned set is gone for good.
     std::fs::write(&config, format!("{}{}", &text[..start], &text[end..])).unwrap();
     served.restart();
-    let (status, body) = call(&served, "c3", 3);
+    let (status, body) = call(&served, "c3", 4);
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (409, Some("session_tools_changed")),

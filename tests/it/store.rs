@@ -1240,6 +1240,7 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
 #[tokio::test]
 async fn sessions_are_recorded_once_and_read_by_id() {
     let backends = backends().await;
+    let opened_at = DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).unwrap();
     for (name, store) in &backends.stores {
         let session = SessionRecord {
             session_id: Uuid::new_v4(),
@@ -1252,8 +1253,10 @@ async fn sessions_are_recorded_once_and_read_by_id() {
                 tools: vec!["demo.*".into()],
             },
             tool_schema_sha256: "a".repeat(64),
+            tool_contract_sha256: "c".repeat(64),
             // Whole microseconds: what both backends keep.
-            opened_at: DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).unwrap(),
+            opened_at,
+            last_used_at: opened_at,
         };
         assert_eq!(
             store.open_session(&session).await.unwrap(),
@@ -1276,5 +1279,36 @@ async fn sessions_are_recorded_once_and_read_by_id() {
             "{name}"
         );
         assert_eq!(store.session(Uuid::new_v4()).await.unwrap(), None, "{name}");
+
+        // Use moves `last_used_at` forward only; a session idle past the
+        // cutoff is forgotten, one used since is kept.
+        let later = opened_at + Duration::hours(2);
+        store
+            .touch_session(session.session_id, later)
+            .await
+            .unwrap();
+        store
+            .touch_session(session.session_id, opened_at)
+            .await
+            .unwrap();
+        let touched = store.session(session.session_id).await.unwrap().unwrap();
+        assert_eq!(touched.last_used_at, later, "{name}");
+        assert_eq!(
+            store.forget_sessions(later).await.unwrap(),
+            0,
+            "{name}: used at the cutoff"
+        );
+        assert!(
+            store
+                .forget_sessions(later + Duration::seconds(1))
+                .await
+                .unwrap()
+                >= 1
+        );
+        assert_eq!(
+            store.session(session.session_id).await.unwrap(),
+            None,
+            "{name}"
+        );
     }
 }

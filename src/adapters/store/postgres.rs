@@ -49,7 +49,8 @@ macro_rules! approval_columns {
 
 macro_rules! session_columns {
     () => {
-        "session_id, tenant_id, principal, agent, tool_schema_sha256, opened_at"
+        "session_id, tenant_id, principal, agent, tool_schema_sha256, tool_contract_sha256, opened_at, \
+         last_used_at"
     };
 }
 
@@ -266,7 +267,9 @@ fn session_row(row: &PgRow) -> Result<SessionRecord, StoreError> {
         agent: serde_json::from_value(agent)
             .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
         tool_schema_sha256: get(row, "tool_schema_sha256")?,
+        tool_contract_sha256: get(row, "tool_contract_sha256")?,
         opened_at: get(row, "opened_at")?,
+        last_used_at: get(row, "last_used_at")?,
     })
 }
 
@@ -1108,14 +1111,18 @@ impl Store for PostgresStore {
             // refused, not inserted beside it.
             let mut tx = self.begin(Scope::System).await?;
             sqlx::query(
-                "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, opened_at)                  VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id) DO NOTHING",
+                "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, \
+                 tool_contract_sha256, opened_at, last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (session_id) DO NOTHING",
             )
             .bind(session.session_id)
             .bind(&session.tenant_id)
             .bind(principal)
             .bind(agent)
             .bind(&session.tool_schema_sha256)
+            .bind(&session.tool_contract_sha256)
             .bind(session.opened_at)
+            .bind(session.last_used_at)
             .execute(&mut *tx)
             .await
             .map_err(database_error)?;
@@ -1150,6 +1157,38 @@ impl Store for PostgresStore {
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             row.map(|row| session_row(&row)).transpose()
+        })
+    }
+
+    fn touch_session(
+        &self,
+        session_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            sqlx::query(
+                "UPDATE sessions SET last_used_at = $2 WHERE session_id = $1 AND last_used_at < $2",
+            )
+            .bind(session_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)
+        })
+    }
+
+    fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let deleted = sqlx::query("DELETE FROM sessions WHERE last_used_at < $1")
+                .bind(before)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(deleted.rows_affected())
         })
     }
 

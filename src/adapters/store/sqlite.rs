@@ -144,8 +144,8 @@ fn optional_uuid(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, StoreErr
         .transpose()
 }
 
-const SESSION_BY_ID: &str = "SELECT session_id, tenant_id, principal, agent, tool_schema_sha256, opened_at \
-                             FROM sessions WHERE session_id = $1";
+const SESSION_BY_ID: &str = "SELECT session_id, tenant_id, principal, agent, tool_schema_sha256, \
+                             tool_contract_sha256, opened_at, last_used_at FROM sessions WHERE session_id = $1";
 
 fn session_row(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
     Ok(SessionRecord {
@@ -156,7 +156,9 @@ fn session_row(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
         agent: serde_json::from_value(json(row, "agent")?)
             .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
         tool_schema_sha256: get(row, "tool_schema_sha256")?,
+        tool_contract_sha256: get(row, "tool_contract_sha256")?,
         opened_at: time(row, "opened_at")?,
+        last_used_at: time(row, "last_used_at")?,
     })
 }
 
@@ -1079,15 +1081,18 @@ impl Store for SqliteStore {
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
             let mut tx = self.begin().await?;
             sqlx::query(
-                "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, opened_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id) DO NOTHING",
+                "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, \
+                 tool_contract_sha256, opened_at, last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (session_id) DO NOTHING",
             )
             .bind(session.session_id.to_string())
             .bind(&session.tenant_id)
             .bind(principal)
             .bind(agent)
             .bind(&session.tool_schema_sha256)
+            .bind(&session.tool_contract_sha256)
             .bind(micros(session.opened_at))
+            .bind(micros(session.last_used_at))
             .execute(&mut *tx)
             .await
             .map_err(database_error)?;
@@ -1114,6 +1119,38 @@ impl Store for SqliteStore {
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             row.map(|row| session_row(&row)).transpose()
+        })
+    }
+
+    fn touch_session(
+        &self,
+        session_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            sqlx::query(
+                "UPDATE sessions SET last_used_at = $2 WHERE session_id = $1 AND last_used_at < $2",
+            )
+            .bind(session_id.to_string())
+            .bind(micros(now))
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)
+        })
+    }
+
+    fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let deleted = sqlx::query("DELETE FROM sessions WHERE last_used_at < $1")
+                .bind(micros(before))
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(deleted.rows_affected())
         })
     }
 
