@@ -1589,4 +1589,17 @@ fn a_session_opened_on_one_node_is_served_by_another() {
         on_second["results"][0]["invocation_id"], on_first["results"][0]["invocation_id"],
         "one execution, whichever node is asked"
     );
+    // And a new call runs there, the MCP tools included.
+    let (status, body) = second.post(
+        "/v1/calls",
+        &json!({
+            "session_id": session_id, "run_id": run_id, "step_number": 2, "origin_trust": "user",
+            "calls": [{"call_id": "m1", "name": "mcp.reads.echo", "arguments": {"text": "hi"}}]
+        }),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
 }
