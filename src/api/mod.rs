@@ -45,7 +45,7 @@ use crate::pipeline::{
 use crate::ports::metrics::Metrics;
 use crate::ports::{
     Clock, InvocationRecord, McpServerRow, McpServers, PlatformEvent, ReviewRecord, SessionRecord,
-    Store,
+    Store, StoreError,
 };
 
 use wire::{
@@ -549,7 +549,10 @@ impl ControlApi {
         Ok(id.parse::<Uuid>().ok().map(|id| (tenant, id)))
     }
 
-    fn store_failed() -> Refused {
+    /// The client hears only that the store did not answer; the operator's
+    /// log says why, as the pipeline's own store failures are logged.
+    fn store_failed(failure: StoreError) -> Refused {
+        tracing::error!(error = %failure, "the store failed a control API request");
         Refused::new(error(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
@@ -607,7 +610,7 @@ impl ControlApi {
             .store
             .session(id)
             .await
-            .map_err(|_| Self::store_failed())?
+            .map_err(Self::store_failed)?
             .ok_or_else(unknown)?;
         let idle = chrono::Duration::from_std(SESSION_IDLE).unwrap_or(chrono::Duration::MAX);
         if record.last_used_at + idle < self.clock.now() {
@@ -652,7 +655,7 @@ impl ControlApi {
             self.mcp.as_ref(),
         )
         .await
-        .map_err(|_| Self::store_failed())?;
+        .map_err(Self::store_failed)?;
         let complete = !prepared
             .events
             .iter()
@@ -739,7 +742,7 @@ impl ControlApi {
             .store
             .open_session(&record)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         // Opening a session again is idempotent only as the same session.
         if (&recorded.tenant_id, &recorded.principal, &recorded.agent)
             != (&record.tenant_id, &record.principal, &record.agent)
@@ -971,7 +974,7 @@ impl ControlApi {
             .store
             .pending_approvals(&tenant)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         let views: Vec<Value> = approvals
             .iter()
             .map(|approval| {
@@ -1013,7 +1016,7 @@ impl ControlApi {
             .store
             .decide_approval(&tenant, id, status, &decision.approver, self.clock.now())
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         Ok(match decided {
             Some(approval) => reply(
                 StatusCode::OK,
@@ -1039,7 +1042,7 @@ impl ControlApi {
             .store
             .invocation(&tenant, id)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         Ok(match row {
             Some(row) => reply(StatusCode::OK, &invocation_view(&row)),
             None => not_found(),
@@ -1071,7 +1074,7 @@ impl ControlApi {
             .pipeline
             .complete_suspended(&tenant, id, completion)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         Ok(match finished {
             Some(finished) => reply(
                 StatusCode::OK,
@@ -1097,7 +1100,7 @@ impl ControlApi {
             .store
             .run_invocations(&tenant, id)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         let views: Vec<Value> = rows.iter().map(invocation_view).collect();
         Ok(reply(StatusCode::OK, &json!({"invocations": views})))
     }
@@ -1183,7 +1186,7 @@ impl ControlApi {
         self.store
             .put_mcp_server(tenant, &row, self.clock.now())
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         Ok(reply(StatusCode::OK, &server_view(&row)))
     }
 
@@ -1208,7 +1211,7 @@ impl ControlApi {
             .store
             .mcp_server(tenant, server_id)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         Ok(match row {
             Some(row) => reply(StatusCode::OK, &server_view(&row)),
             None => not_found(),
@@ -1223,7 +1226,7 @@ impl ControlApi {
             .store
             .delete_mcp_server(tenant, server_id)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         Ok(if deleted {
             reply(
                 StatusCode::OK,
@@ -1240,7 +1243,7 @@ impl ControlApi {
             .store
             .review_queue(&tenant, 1000)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         let views: Vec<Value> = rows.iter().map(invocation_view).collect();
         Ok(reply(StatusCode::OK, &json!({"uncertain": views})))
     }
@@ -1266,7 +1269,7 @@ impl ControlApi {
             .store
             .resolve_review(&tenant, &review)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         Ok(if recorded {
             reply(
                 StatusCode::OK,
@@ -1356,7 +1359,7 @@ impl ControlApi {
             .store
             .events_after(after, limit)
             .await
-            .map_err(|_| Self::store_failed())?;
+            .map_err(Self::store_failed)?;
         let last = events.last().map(|event| event.id);
         let mut lines = String::new();
         for event in events {
