@@ -267,6 +267,25 @@ required_scopes = ["mcp.writes.use"]
     }
 
     /// Opens a turn: (turn_id, socket_path, token).
+    /// One step calling a tool that takes `{"text"}` (`demo.echo`,
+    /// `mcp.reads.echo`) in a session.
+    pub fn echo(
+        &self,
+        session_id: Uuid,
+        run_id: Uuid,
+        step: u32,
+        call_id: &str,
+        name: &str,
+    ) -> (u16, Value) {
+        self.post(
+            "/v1/calls",
+            &json!({
+                "session_id": session_id, "run_id": run_id, "step_number": step, "origin_trust": "user",
+                "calls": [{"call_id": call_id, "name": name, "arguments": {"text": "hi"}}]
+            }),
+        )
+    }
+
     pub fn turn(
         &self,
         session_id: Uuid,
@@ -1443,13 +1462,7 @@ fn sessions_outlive_a_restart_and_keep_their_tool_set() {
     let session_id = served.session();
     let run_id = Uuid::new_v4();
     let call = |served: &Served, call_id: &str, step: u32| {
-        served.post(
-            "/v1/calls",
-            &json!({
-                "session_id": session_id, "run_id": run_id, "step_number": step, "origin_trust": "user",
-                "calls": [{"call_id": call_id, "name": "demo.echo", "arguments": {"text": "hi"}}]
-            }),
-        )
+        served.echo(session_id, run_id, step, call_id, "demo.echo")
     };
     let (status, first) = call(&served, "c1", 1);
     assert_eq!(status, 200, "{first}");
@@ -1472,13 +1485,7 @@ fn sessions_outlive_a_restart_and_keep_their_tool_set() {
         "{next}"
     );
     // Its MCP tools too, from a server this process started afresh.
-    let (status, body) = served.post(
-        "/v1/calls",
-        &json!({
-            "session_id": session_id, "run_id": run_id, "step_number": 3, "origin_trust": "user",
-            "calls": [{"call_id": "m1", "name": "mcp.reads.echo", "arguments": {"text": "hi"}}]
-        }),
-    );
+    let (status, body) = served.echo(session_id, run_id, 3, "m1", "mcp.reads.echo");
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["results"][0]["outcome"]["status"], "succeeded",
@@ -1541,13 +1548,7 @@ fn sessions_outlive_a_restart_and_keep_their_tool_set() {
         (409, Some("session_tools_changed")),
         "{body}"
     );
-    let (status, body) = served.post(
-        "/v1/calls",
-        &json!({
-            "session_id": Uuid::new_v4(), "run_id": run_id, "step_number": 3, "origin_trust": "user",
-            "calls": [{"call_id": "c3", "name": "demo.echo", "arguments": {"text": "hi"}}]
-        }),
-    );
+    let (status, body) = served.echo(Uuid::new_v4(), run_id, 3, "c3", "demo.echo");
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (404, Some("unknown_session"))
@@ -1568,18 +1569,9 @@ fn a_session_opened_on_one_node_is_served_by_another() {
     let second = Served::start_on(&schema.url);
     let session_id = first.session();
     let run_id = Uuid::new_v4();
-    let call = |served: &Served| {
-        served.post(
-            "/v1/calls",
-            &json!({
-                "session_id": session_id, "run_id": run_id, "step_number": 1, "origin_trust": "user",
-                "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "hi"}}]
-            }),
-        )
-    };
-    let (status, on_first) = call(&first);
+    let (status, on_first) = first.echo(session_id, run_id, 1, "c1", "demo.echo");
     assert_eq!(status, 200, "{on_first}");
-    let (status, on_second) = call(&second);
+    let (status, on_second) = second.echo(session_id, run_id, 1, "c1", "demo.echo");
     assert_eq!(status, 200, "{on_second}");
     assert_eq!(
         on_second["results"][0]["outcome"]["status"], "succeeded",
@@ -1590,13 +1582,7 @@ fn a_session_opened_on_one_node_is_served_by_another() {
         "one execution, whichever node is asked"
     );
     // And a new call runs there, the MCP tools included.
-    let (status, body) = second.post(
-        "/v1/calls",
-        &json!({
-            "session_id": session_id, "run_id": run_id, "step_number": 2, "origin_trust": "user",
-            "calls": [{"call_id": "m1", "name": "mcp.reads.echo", "arguments": {"text": "hi"}}]
-        }),
-    );
+    let (status, body) = second.echo(session_id, run_id, 2, "m1", "mcp.reads.echo");
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["results"][0]["outcome"]["status"], "succeeded",
