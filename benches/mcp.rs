@@ -124,7 +124,8 @@ fn main() {
         .expect("worker");
         let pipeline = Arc::new(Pipeline::new(PipelineParts {
             registry: registry.clone(),
-            store: store.clone(),
+            invocations: store.clone(),
+            approvals: store.clone(),
             policy: Arc::new(
                 RuleFilePolicy::parse("[[rules]]\ntools = [\"*\"]\ndecision = \"allow\"\n")
                     .expect("policy"),
@@ -165,7 +166,7 @@ fn main() {
             Arc::new(EnvFileResolver::default()),
             store.clone(),
             clock.clone(),
-            Arc::default(),
+            Arc::new(toolgate::adapters::telemetry::MetricsRegistry::default()),
         );
         let prepared = prepare_mcp(
             &registry,

@@ -321,7 +321,8 @@ fn main() {
         .expect("worker");
         let pipeline = Arc::new(Pipeline::new(PipelineParts {
             registry: registry.clone(),
-            store: store.clone(),
+            invocations: store.clone(),
+            approvals: store.clone(),
             policy: Arc::new(RuleFilePolicy::built_in()),
             artifacts: Arc::new(FsArtifactStore::new(folder.path().join("artifacts"))),
             credentials: Arc::new(EnvFileResolver::default()),

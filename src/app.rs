@@ -15,19 +15,29 @@ use crate::adapters::credentials::EnvFileResolver;
 use crate::adapters::mcp::stdio::{StdioServerSettings, StdioServers};
 use crate::adapters::policy::RuleFilePolicy;
 use crate::adapters::store;
+use crate::adapters::telemetry::{MeteredInvocations, MetricsRegistry};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
-use crate::bridge::Turns;
+use crate::bridge::{Bridge, BridgeParts, BridgeSettings, InFlight, Turns};
 use crate::config::{Config, ConfigErrors};
 use crate::domain::mcp_server::{AuthScheme, ServerClassification};
 use crate::domain::secret::CredentialRef;
+use crate::pipeline::admission::Admission;
+use crate::pipeline::approvals::Approvals;
+use crate::pipeline::sessions::{SessionParts, Sessions};
+use crate::pipeline::tenant_servers::TenantServers;
 use crate::pipeline::{
-    MeteredStore, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry,
-    Unobserved, Worker, WorkerSettings, register_discoveries,
+    Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
+    WorkerSettings, register_discoveries,
 };
-use crate::ports::metrics::Metrics;
 use crate::ports::{
-    Clock, CredentialResolver, McpServers, PlatformEvent, PolicyEngine, StoreError, SystemClock,
+    Clock, CredentialResolver, McpServers, Metrics, PlatformEvent, PolicyEngine, StoreError,
+    SystemClock,
 };
+
+/// How long a drain waits for in-flight requests.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often expired turns are closed and idle sessions forgotten.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Why a command could not run.
 #[derive(Debug, thiserror::Error)]
@@ -165,7 +175,7 @@ pub async fn discover(
         Arc::new(EnvFileResolver::new(environment.clone())),
         store,
         Arc::new(SystemClock),
-        Arc::default(),
+        Arc::new(MetricsRegistry::default()),
     );
     let registry = ToolRegistry::with_builtins(
         RegistryLimits {
@@ -255,7 +265,7 @@ pub async fn serve(
         None => Arc::new(RuleFilePolicy::built_in()),
     };
     let credentials = Arc::new(EnvFileResolver::new(environment.clone()));
-    let metrics = Arc::new(Metrics::default());
+    let metrics: Arc<dyn Metrics> = Arc::new(MetricsRegistry::default());
     let servers = Arc::new(StdioServers::new(
         stdio_settings(&config),
         credentials.clone(),
@@ -286,7 +296,8 @@ pub async fn serve(
     let pipeline = Arc::new(Pipeline::new(PipelineParts {
         registry: registry.clone(),
         // The pipeline's writes are counted as they commit.
-        store: Arc::new(MeteredStore::new(store.clone(), metrics.clone())),
+        invocations: Arc::new(MeteredInvocations::new(store.clone(), metrics.clone())),
+        approvals: store.clone(),
         policy,
         artifacts: Arc::new(FsArtifactStore::new(config.artifacts.directory.clone())),
         credentials,
@@ -298,29 +309,60 @@ pub async fn serve(
         },
     }));
     let sweeper = servers.spawn_idle_sweeper();
+    let sessions = Arc::new(Sessions::new(SessionParts {
+        registry,
+        sessions: store.clone(),
+        catalog: store.clone(),
+        mcp: servers.clone(),
+        clock: clock.clone(),
+    }));
+    let approvals = Arc::new(Approvals::new(store.clone(), clock.clone()));
+    let in_flight = Arc::new(InFlight::default());
     let turns = Turns::new(&config.bridge.directory)
         .map_err(|error| AppError::Startup(error.to_string()))?;
-    let api = ControlApi::new(ApiParts {
+    let bridge = Bridge::new(BridgeParts {
         pipeline: pipeline.clone(),
-        registry,
-        store: store.clone(),
-        clock,
-        mcp: servers.clone(),
+        sessions: sessions.clone(),
+        approvals: approvals.clone(),
+        events: store.clone(),
+        clock: clock.clone(),
+        metrics: metrics.clone(),
+        in_flight: in_flight.clone(),
         turns,
-        settings: ApiSettings {
+        settings: BridgeSettings {
             approval_hold: Duration::from_secs(u64::from(config.bridge.approval_hold_seconds)),
             turn_call_cap: config.bridge.turn_call_cap,
-            batch_concurrency: usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
-            egress: config.egress_allowlist(),
-            operator_servers: config
+            ..BridgeSettings::default()
+        },
+    });
+    let api = ControlApi::new(ApiParts {
+        sessions: sessions.clone(),
+        admission: Admission::new(
+            pipeline.clone(),
+            clock.clone(),
+            usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
+        ),
+        pipeline: pipeline.clone(),
+        approvals,
+        tenant_servers: TenantServers::new(
+            store.clone(),
+            clock.clone(),
+            config.egress_allowlist(),
+            config
                 .mcp
                 .servers
                 .iter()
                 .map(|server| server.server_id.clone())
                 .collect(),
-            ..ApiSettings::default()
-        },
+        ),
+        bridge: bridge.clone(),
+        invocations: store.clone(),
+        reviews: store.clone(),
+        events: store.clone(),
         metrics,
+        in_flight: in_flight.clone(),
+        clock: clock.clone(),
+        settings: ApiSettings::default(),
     });
     // Both listeners are bound before anything is served; if either cannot
     // be, nothing was, and the lease ends with the attempt.
@@ -355,6 +397,7 @@ pub async fn serve(
     // Recovery runs first, then heartbeats and periodic sweeps.
     let maintenance = worker.clone().spawn(pipeline, shutdown.clone());
     let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
+    let sweeping = tokio::spawn(sweep(bridge.clone(), sessions, shutdown.clone()));
     let serving_tcp = tcp.map(|(tcp, token)| {
         tokio::spawn(api.clone().serve_control_tcp(tcp, token, shutdown.clone()))
     });
@@ -370,8 +413,10 @@ pub async fn serve(
     }
     tracing::info!("toolgate draining");
     let drain = async {
-        api.drain().await;
+        in_flight.drain(DRAIN_TIMEOUT).await;
+        bridge.close_all().await;
         shutdown.cancel();
+        let _ = sweeping.await;
         let _ = serving.await;
         if let Some(serving_tcp) = serving_tcp {
             let _ = serving_tcp.await;
@@ -389,6 +434,20 @@ pub async fn serve(
     worker.release().await?;
     tracing::info!("toolgate stopped");
     Ok(())
+}
+
+/// Closes expired turns and forgets idle sessions, until `shutdown`.
+async fn sweep(bridge: Arc<Bridge>, sessions: Arc<Sessions>, shutdown: CancellationToken) {
+    let mut interval = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = interval.tick() => {
+                bridge.close_expired().await;
+                sessions.forget_idle(&bridge.sessions_in_use()).await;
+            }
+        }
+    }
 }
 
 fn node_name(environment: &BTreeMap<String, String>) -> String {
@@ -419,201 +478,4 @@ fn bind_control(socket: &Path) -> Result<tokio::net::UnixListener, AppError> {
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|error| AppError::Startup(error.to_string()))?;
     Ok(listener)
-}
-
-/// One call (or one recovery sweep) in a process of its own, for the crash
-/// tests: `toolgate __harness` reads this from standard input. With a
-/// failpoint, the process aborts the moment the pipeline reaches it, exactly
-/// as a crash would leave the database.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HarnessJob {
-    /// The store.
-    pub store_url: String,
-    /// Where the demo tools write their effects.
-    pub effects: std::path::PathBuf,
-    /// The artifact store's root.
-    pub artifacts: std::path::PathBuf,
-    /// `call` or `recover`.
-    pub mode: String,
-    /// A point name at which to abort.
-    #[serde(default)]
-    pub failpoint: Option<String>,
-    /// The worker's lease, in milliseconds.
-    pub lease_ms: i64,
-    /// `allow` (every call allowed) or `built_in` (external writes need
-    /// approval).
-    pub policy: String,
-    /// The call, for `call`.
-    #[serde(default)]
-    pub request: Option<HarnessRequest>,
-}
-
-/// The call a harness job makes.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HarnessRequest {
-    /// The tenant.
-    pub tenant_id: String,
-    /// The session.
-    pub session_id: uuid::Uuid,
-    /// The run.
-    pub run_id: uuid::Uuid,
-    /// The call id.
-    pub call_id: String,
-    /// The tool.
-    pub tool: String,
-    /// Its arguments.
-    pub arguments: serde_json::Value,
-}
-
-/// Aborts the process at one point.
-struct Failpoint(crate::pipeline::Point);
-
-impl crate::pipeline::StepObserver for Failpoint {
-    fn reached(&self, point: crate::pipeline::Point, _: &str) {
-        if point == self.0 {
-            std::process::abort();
-        }
-    }
-}
-
-/// Runs a harness job and returns what the call (or sweep) produced.
-pub async fn harness(job: HarnessJob) -> Result<serde_json::Value, AppError> {
-    use std::sync::Arc;
-
-    use crate::adapters::{
-        artifacts::FsArtifactStore, credentials::EnvFileResolver, policy::RuleFilePolicy,
-    };
-    use crate::domain::{
-        AgentSpec, ArgumentTrust, PolicyProfile, Principal, RuntimeEnvironment, TargetKind,
-        TrustLevel,
-    };
-    use crate::pipeline::{
-        CallRequest, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry,
-    };
-    use crate::ports::{Clock, SystemClock, WorkerLease};
-
-    let invalid = |message: &str| {
-        AppError::Config(ConfigErrors(vec![crate::config::ConfigError {
-            path: "(job)".into(),
-            message: message.into(),
-        }]))
-    };
-    let store = store::connect(&job.store_url).await?;
-    store.migrate().await?;
-    let registry = Arc::new(
-        ToolRegistry::with_builtins(
-            RegistryLimits {
-                maximum_output_bytes_ceiling: crate::config::DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
-            },
-            crate::builtin::demo::tools(&job.effects),
-        )
-        .map_err(|error| invalid(&error.to_string()))?,
-    );
-    let policy = match job.policy.as_str() {
-        "allow" => RuleFilePolicy::parse("[[rules]]\ntools = [\"*\"]\ndecision = \"allow\"\n")
-            .map_err(|e| invalid(&e.to_string()))?,
-        _ => RuleFilePolicy::built_in(),
-    };
-    let failpoint = match &job.failpoint {
-        Some(name) => {
-            Some(crate::pipeline::Point::parse(name).ok_or_else(|| invalid("unknown failpoint"))?)
-        }
-        None => None,
-    };
-    let observer: Arc<dyn crate::pipeline::StepObserver> = match failpoint {
-        Some(point) => Arc::new(Failpoint(point)),
-        None => Arc::new(crate::pipeline::Unobserved),
-    };
-    let clock = Arc::new(SystemClock);
-    let worker_id = uuid::Uuid::new_v4();
-    let now = clock.now();
-    store
-        .register_worker(&WorkerLease {
-            worker_id,
-            node: "harness".into(),
-            started_at: now,
-            lease_expires_at: now + chrono::Duration::milliseconds(job.lease_ms),
-        })
-        .await?;
-    let pipeline = Pipeline::new(PipelineParts {
-        registry: registry.clone(),
-        store: store.clone(),
-        policy: Arc::new(policy),
-        artifacts: Arc::new(FsArtifactStore::new(&job.artifacts)),
-        credentials: Arc::new(EnvFileResolver::new(BTreeMap::new())),
-        clock,
-        observer,
-        worker_id,
-        settings: PipelineSettings {
-            inline_maximum_bytes: crate::config::DEFAULT_INLINE_MAXIMUM_BYTES,
-        },
-    });
-    let result = match (job.mode.as_str(), job.request) {
-        ("recover", _) => {
-            let report = pipeline.recover(100).await?;
-            serde_json::json!({"taken": report.taken, "uncertain": report.uncertain})
-        }
-        ("call", Some(request)) => {
-            let agent = AgentSpec {
-                tools: vec!["demo.*".into()],
-            };
-            let principal = Principal {
-                id: "harness".into(),
-                scopes: ["demo.use".to_owned()].into(),
-            };
-            let environment = RuntimeEnvironment {
-                targets: [TargetKind::InProcess].into(),
-            };
-            let pinned = registry.specs_for_session(
-                &agent,
-                &principal,
-                &PolicyProfile::default(),
-                &environment,
-            );
-            let outcome = pipeline
-                .call(CallRequest {
-                    tenant_id: request.tenant_id,
-                    session_id: request.session_id,
-                    run_id: request.run_id,
-                    step_number: 1,
-                    call_id: request.call_id,
-                    name: request.tool,
-                    arguments: request.arguments,
-                    principal,
-                    agent,
-                    pinned,
-                    origin_trust: TrustLevel::User,
-                    argument_trust: ArgumentTrust::default(),
-                    deadline_at: Some(now + chrono::Duration::seconds(60)),
-                    parallel_group: None,
-                    recovering: None,
-                })
-                .await;
-            match outcome {
-                crate::pipeline::CallOutcome::Finished(finished) => serde_json::json!({
-                    "invocation_id": finished.invocation_id,
-                    "outcome": finished.outcome,
-                }),
-                crate::pipeline::CallOutcome::Pending {
-                    invocation_id,
-                    approval_id,
-                } => {
-                    serde_json::json!({"invocation_id": invocation_id, "pending": {"approval_id": approval_id}})
-                }
-                crate::pipeline::CallOutcome::Suspended {
-                    invocation_id,
-                    kind,
-                    reference,
-                } => serde_json::json!({
-                    "invocation_id": invocation_id,
-                    "suspended": {"kind": kind, "reference": reference},
-                }),
-            }
-        }
-        _ => return Err(invalid("mode must be call (with a request) or recover")),
-    };
-    store.release_worker(worker_id, SystemClock.now()).await?;
-    Ok(result)
 }

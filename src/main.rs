@@ -49,9 +49,6 @@ enum Command {
         #[arg(long, default_value = "config/toolgate.toml")]
         config: PathBuf,
     },
-    /// Run one pipeline job read from standard input (the crash tests' harness).
-    #[command(name = "__harness", hide = true)]
-    Harness,
     /// Apply the store's pending migrations.
     Migrate {
         /// The TOML file naming the store.
@@ -241,28 +238,6 @@ fn main() -> ExitCode {
                     } else {
                         ExitCode::SUCCESS
                     }
-                }
-                Err(error) => {
-                    eprintln!("toolgate: {error}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Harness => {
-            let Some(runtime) = runtime() else {
-                return ExitCode::FAILURE;
-            };
-            let job = match serde_json::from_reader(std::io::stdin()) {
-                Ok(job) => job,
-                Err(error) => {
-                    eprintln!("toolgate: the job does not parse: {error}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(toolgate::app::harness(job)) {
-                Ok(result) => {
-                    println!("{result}");
-                    ExitCode::SUCCESS
                 }
                 Err(error) => {
                     eprintln!("toolgate: {error}");

@@ -6,3 +6,4 @@ pub mod credentials;
 pub mod mcp;
 pub mod policy;
 pub mod store;
+pub mod telemetry;

@@ -1,4 +1,5 @@
-//! The JSON shapes of the control API and the bridge, parsed strictly.
+//! The JSON shapes of the control API, parsed strictly, and its views of
+//! recorded rows.
 
 use std::collections::HashMap;
 
@@ -8,7 +9,7 @@ use uuid::Uuid;
 
 use crate::domain::{
     AgentSpec, IdempotencyClass, Principal, ReviewResolution, RiskLevel, SideEffectClass,
-    ToolOutcome, TrustLevel,
+    TrustLevel,
 };
 use crate::pipeline::RenderedPart;
 use crate::ports::{InvocationRecord, McpServerRow};
@@ -172,60 +173,6 @@ pub struct ReviewDecision {
     pub note: Option<String>,
 }
 
-/// The bridge's `POST /v1/call`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BridgeCall {
-    pub call: String,
-    #[serde(default = "empty_object")]
-    pub arguments: Value,
-}
-
-fn empty_object() -> Value {
-    json!({})
-}
-
-/// The one error shape.
-pub fn error_body(code: &str, message: &str) -> Value {
-    json!({"error": {"code": code, "message": message}})
-}
-
-/// Parses a body strictly. The message names where parsing failed and what
-/// kind of failure it was, never a value from the body.
-pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
-    let value = parsed.map_err(|error| {
-        let path = error.path().to_string();
-        // An unknown key is the caller's text: the message names where it
-        // was, not what it was.
-        let segments: Vec<String> = error.path().iter().map(ToString::to_string).collect();
-        let parent = match segments.split_last() {
-            Some((_, parents)) if !parents.is_empty() => parents.join("."),
-            _ => ".".to_owned(),
-        };
-        let inner = error.into_inner();
-        match inner.classify() {
-            serde_json::error::Category::Data => {
-                let text = inner.to_string();
-                if text.starts_with("unknown field") {
-                    format!("unknown field in {parent}")
-                } else if text.starts_with("missing field") {
-                    let field = text.split('`').nth(1).unwrap_or("?");
-                    format!("missing field {field} at {path}")
-                } else {
-                    format!("wrong type or value at {path}")
-                }
-            }
-            _ => "the body is not valid JSON".to_owned(),
-        }
-    })?;
-    deserializer
-        .end()
-        .map_err(|_| "trailing bytes after the JSON body".to_owned())?;
-    Ok(value)
-}
-
 /// A query string as a map, percent-decoded (`+` as a space); `None` when an
 /// escape is malformed or decodes to text that is not UTF-8.
 pub fn query(query: Option<&str>) -> Option<HashMap<String, String>> {
@@ -264,22 +211,6 @@ pub fn decode(component: &str) -> Option<String> {
 /// What the model reads beside the outcome, as JSON.
 pub fn rendered_content(content: &[RenderedPart]) -> Value {
     serde_json::to_value(content).unwrap_or_else(|_| json!([]))
-}
-
-/// The bridge's answer: the outcome object with `status` as its first key
-/// (as the model reads it), then the content.
-pub fn outcome_text(outcome: &ToolOutcome, content: &[RenderedPart]) -> String {
-    let mut fields = match serde_json::to_value(outcome) {
-        Ok(Value::Object(fields)) => fields,
-        _ => serde_json::Map::new(),
-    };
-    let status = fields.remove("status").unwrap_or(Value::Null);
-    let mut text = format!("{{\"status\":{status}");
-    for (name, value) in fields {
-        text.push_str(&format!(",{}:{value}", Value::String(name)));
-    }
-    text.push_str(&format!(",\"content\":{}}}", rendered_content(content)));
-    text
 }
 
 /// A recorded row, as operators read it.

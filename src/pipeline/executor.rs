@@ -10,247 +10,43 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::breaker;
+use super::call::{
+    CallOutcome, CallRequest, Completion, Finished, PipelineSettings, Point, RecoveryReport,
+    SUSPENDING, StepObserver, TOOL_CALL,
+};
+use super::guard::{Contained, RecordingResolver, StoreWatermark, contain, system_time};
 use super::output::{self, Attribution, RenderedPart};
+use super::records::{
+    Identity, content_text, denied_event, ended_event, nonce, recorded, render_text, row_event,
+    terminal_event_kind, unrecorded,
+};
 use super::recovery::{self, RecoveryDecision};
-use super::registry::{PinnedToolSet, RegisteredTool, ToolRegistry};
+use super::registry::{RegisteredTool, ToolRegistry};
 use crate::domain::policy::{PolicyDecision, ProposedAction};
-use crate::domain::secret::CredentialRef;
 use crate::domain::{
     AgentSpec, ApprovalStatus, ArgumentTrust, ContentPart, IdempotencyClass, InvocationStatus,
-    Principal, ReasonCode, SecretValue, SideEffectClass, ToolEventKind, ToolFailure,
-    ToolFailureKind, ToolKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSource, ToolSpec,
-    TrustLevel, canonicalize, idempotency_key, sha256_hex,
+    ReasonCode, SecretValue, SideEffectClass, ToolEventKind, ToolFailure, ToolFailureKind,
+    ToolKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSource, ToolSpec, TrustLevel,
+    canonicalize, idempotency_key, sha256_hex,
 };
 use crate::ports::{
-    ArtifactStore, BoxFuture, BreakerTally, CancellationToken, Claim, Clock, CredentialError,
-    CredentialResolver, EffectWatermark, ExecutionTarget, Fence, InsertOutcome, InvocationRecord,
-    NewInvocation, PolicyEngine, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
-    ToolExecutionContext, WatermarkError,
+    ApprovalStore, ArtifactStore, BreakerTally, CancellationToken, Claim, Clock,
+    CredentialResolver, ExecutionTarget, Fence, InsertOutcome, InvocationRecord, InvocationStore,
+    NewInvocation, PolicyEngine, StoreError, StoredArtifact, TerminalRecord, ToolExecutionContext,
 };
 
 /// What an excerpted result's whole is stored as.
 const ARTIFACT_MEDIA_TYPE: &str = "text/plain; charset=utf-8";
 
-/// A place in the pipeline an observer is told about: the fourteen steps as
-/// they are entered, and the watermark's commit inside step 10.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Point {
-    /// 1: resolve the registered tool.
-    Resolve,
-    /// 2: check the tool is enabled for the agent.
-    Enabled,
-    /// 3: check the principal's scopes.
-    Scopes,
-    /// 4: validate the arguments.
-    Validate,
-    /// 5: normalize: canonical form, hash, key.
-    Normalize,
-    /// 6: evaluate policy.
-    Policy,
-    /// 7: request approval if needed.
-    Approval,
-    /// 8: persist intent (commit).
-    PersistIntent,
-    /// 9: claim for execution (commit).
-    Claim,
-    /// 10: execute (the watermark commits first for any side effect).
-    Execute,
-    /// Inside 10: the watermark is committed and the tool is about to start.
-    WatermarkCommitted,
-    /// 11: validate the result.
-    ValidateResult,
-    /// 12: truncate or artifactize.
-    Artifactize,
-    /// 13: persist the result (commit).
-    PersistResult,
-    /// 14: render the outcome.
-    Render,
-}
-
-impl Point {
-    /// A stable name, for failpoints and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Point::Resolve => "resolve",
-            Point::Enabled => "enabled",
-            Point::Scopes => "scopes",
-            Point::Validate => "validate",
-            Point::Normalize => "normalize",
-            Point::Policy => "policy",
-            Point::Approval => "approval",
-            Point::PersistIntent => "persist_intent",
-            Point::Claim => "claim",
-            Point::Execute => "execute",
-            Point::WatermarkCommitted => "watermark_committed",
-            Point::ValidateResult => "validate_result",
-            Point::Artifactize => "artifactize",
-            Point::PersistResult => "persist_result",
-            Point::Render => "render",
-        }
-    }
-
-    /// The point a name denotes.
-    pub fn parse(name: &str) -> Option<Point> {
-        Point::ALL.into_iter().find(|point| point.as_str() == name)
-    }
-
-    /// Every point, in pipeline order.
-    pub const ALL: [Point; 15] = [
-        Point::Resolve,
-        Point::Enabled,
-        Point::Scopes,
-        Point::Validate,
-        Point::Normalize,
-        Point::Policy,
-        Point::Approval,
-        Point::PersistIntent,
-        Point::Claim,
-        Point::Execute,
-        Point::WatermarkCommitted,
-        Point::ValidateResult,
-        Point::Artifactize,
-        Point::PersistResult,
-        Point::Render,
-    ];
-}
-
-/// Watches the pipeline pass its points: tests record the sequence, the
-/// crash harness aborts the process at one.
-pub trait StepObserver: Send + Sync {
-    /// The call `call_id` reached `point`.
-    fn reached(&self, point: Point, call_id: &str);
-}
-
-/// An observer that does nothing.
-#[derive(Debug, Default)]
-pub struct Unobserved;
-
-impl StepObserver for Unobserved {
-    fn reached(&self, _: Point, _: &str) {}
-}
-
-/// Pipeline-wide settings from configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PipelineSettings {
-    /// The model-visible admission ceiling.
-    pub inline_maximum_bytes: u64,
-}
-
-/// One call, as an entry point submits it.
-#[derive(Debug, Clone)]
-pub struct CallRequest {
-    /// The tenant.
-    pub tenant_id: String,
-    /// The session.
-    pub session_id: Uuid,
-    /// The run.
-    pub run_id: Uuid,
-    /// The step (shared by the batch).
-    pub step_number: i64,
-    /// The provider's call id, or the bridge's.
-    pub call_id: String,
-    /// A registry name or its wire alias.
-    pub name: String,
-    /// The model's arguments.
-    pub arguments: Value,
-    /// Who the call acts for.
-    pub principal: Principal,
-    /// The agent's configuration.
-    pub agent: AgentSpec,
-    /// The session's pinned set: resolution is against what was advertised.
-    pub pinned: Arc<PinnedToolSet>,
-    /// Minimum trust over the request's context items.
-    pub origin_trust: TrustLevel,
-    /// Per-argument trust, carried from construction.
-    pub argument_trust: ArgumentTrust,
-    /// The run's deadline.
-    pub deadline_at: Option<DateTime<Utc>>,
-    /// The batch, when parallel.
-    pub parallel_group: Option<Uuid>,
-    /// Set only by recovery: the fence under which it took the row over.
-    pub recovering: Option<Fence>,
-}
-
-/// A call's end, as the model reads it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Finished {
-    /// The row, when one was written or found.
-    pub invocation_id: Option<Uuid>,
-    /// The six-field (or success) outcome.
-    pub outcome: ToolOutcome,
-    /// What the model reads beside it.
-    pub content: Vec<RenderedPart>,
-    /// An identical-call count sits one below the loop threshold after this
-    /// call: the next model turn must answer from what it has.
-    pub synthesis_only: bool,
-}
-
-impl Finished {
-    /// Whether this outcome fails the run (ToolPolicyDenied: the third
-    /// identical denied proposal).
-    pub fn fails_run(&self) -> bool {
-        self.outcome.reason_code() == Some(ReasonCode::PolicyBreakerRepeatedDenial)
-    }
-}
-
-/// What an entry point gets back.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CallOutcome {
-    /// The call ended.
-    Finished(Finished),
-    /// A control tool suspended the call: it ends when its answer (a user's
-    /// reply, a child run's result) completes it through
-    /// [`Pipeline::complete_suspended`].
-    Suspended {
-        /// The suspended row.
-        invocation_id: Uuid,
-        /// `user_input` or `child_run`.
-        kind: String,
-        /// The question or child run the answer must name.
-        reference: String,
-    },
-    /// The call waits for a human; submitting it again resumes it.
-    Pending {
-        /// The waiting row.
-        invocation_id: Uuid,
-        /// The approval to decide.
-        approval_id: Uuid,
-    },
-}
-
-impl CallOutcome {
-    /// The end, if the call has one.
-    pub fn finished(&self) -> Option<&Finished> {
-        match self {
-            CallOutcome::Finished(finished) => Some(finished),
-            CallOutcome::Pending { .. } | CallOutcome::Suspended { .. } => None,
-        }
-    }
-
-    /// The outcome status, absent while pending.
-    pub fn status(&self) -> Option<ToolOutcomeStatus> {
-        self.finished().map(|finished| finished.outcome.status())
-    }
-}
-
-/// What recovery did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
-    /// Rows taken over.
-    pub taken: usize,
-    /// Of those, ended uncertain.
-    pub uncertain: usize,
-}
-
 /// The executor and what it stands on.
 pub struct Pipeline {
     registry: Arc<ToolRegistry>,
-    store: Arc<dyn Store>,
+    invocations: Arc<dyn InvocationStore>,
+    approvals: Arc<dyn ApprovalStore>,
     policy: Arc<dyn PolicyEngine>,
     artifacts: Arc<dyn ArtifactStore>,
     credentials: Arc<dyn CredentialResolver>,
@@ -264,8 +60,10 @@ pub struct Pipeline {
 pub struct PipelineParts {
     /// Resolution and specs.
     pub registry: Arc<ToolRegistry>,
-    /// The durable record.
-    pub store: Arc<dyn Store>,
+    /// The invocation rows the four commits write.
+    pub invocations: Arc<dyn InvocationStore>,
+    /// Approvals, read when a waiting call resumes.
+    pub approvals: Arc<dyn ApprovalStore>,
     /// Step 6.
     pub policy: Arc<dyn PolicyEngine>,
     /// Step 12's writer factory.
@@ -282,127 +80,6 @@ pub struct PipelineParts {
     pub settings: PipelineSettings,
 }
 
-/// Identity fields every event and row of one call shares.
-struct Identity<'a> {
-    request: &'a CallRequest,
-    id: Uuid,
-    tool_name: &'a str,
-    tool_version: &'a str,
-    tool_source: ToolSource,
-    class: IdempotencyClass,
-}
-
-impl Identity<'_> {
-    fn event(&self, kind: ToolEventKind) -> ToolEvent {
-        ToolEvent {
-            kind,
-            invocation_id: self.id,
-            run_id: self.request.run_id,
-            step_number: self.request.step_number,
-            call_id: self.request.call_id.clone(),
-            tool_name: self.tool_name.to_owned(),
-            tool_source: self.tool_source,
-            tool_version: self.tool_version.to_owned(),
-            outcome_status: None,
-            reason_code: None,
-            idempotency_class: self.class,
-            effect_sent: false,
-            duration_ms: None,
-            output_bytes: None,
-            truncated: false,
-            parallel_group: self.request.parallel_group,
-        }
-    }
-}
-
-fn terminal_event(kind_of: ToolOutcomeStatus) -> ToolEventKind {
-    match kind_of {
-        ToolOutcomeStatus::Succeeded => ToolEventKind::Completed,
-        ToolOutcomeStatus::Failed | ToolOutcomeStatus::Unavailable => ToolEventKind::Failed,
-        ToolOutcomeStatus::Denied => ToolEventKind::Denied,
-        ToolOutcomeStatus::Uncertain => ToolEventKind::Uncertain,
-    }
-}
-
-fn record_event(row: &InvocationRecord, kind: ToolEventKind) -> ToolEvent {
-    ToolEvent {
-        kind,
-        invocation_id: row.id,
-        run_id: row.run_id,
-        step_number: row.step_number,
-        call_id: row.call_id.clone(),
-        tool_name: row.tool_name.clone(),
-        tool_source: row.tool_source,
-        tool_version: row.tool_version.clone(),
-        outcome_status: row.outcome_status,
-        reason_code: row.reason_code,
-        idempotency_class: row.idempotency_class,
-        effect_sent: row.effect_sent_at.is_some(),
-        duration_ms: None,
-        output_bytes: row.output_bytes,
-        truncated: row.truncated,
-        parallel_group: row.parallel_group,
-    }
-}
-
-/// The watermark a tool's context carries: one short fenced transaction.
-struct StoreWatermark {
-    store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
-    tenant_id: String,
-    id: Uuid,
-    fence: Fence,
-}
-
-impl EffectWatermark for StoreWatermark {
-    fn mark_effect_sent(&self) -> BoxFuture<'_, Result<(), WatermarkError>> {
-        Box::pin(async move {
-            match self
-                .store
-                .mark_effect_sent(&self.tenant_id, self.id, self.fence, self.clock.now())
-                .await
-            {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(WatermarkError(
-                    "this attempt no longer holds the call".into(),
-                )),
-                Err(error) => Err(WatermarkError(error.to_string())),
-            }
-        })
-    }
-}
-
-/// Resolves through the real resolver and remembers every value it handed
-/// out, so they can be scrubbed from whatever the tool returns.
-struct RecordingResolver {
-    inner: Arc<dyn CredentialResolver>,
-    resolved: Mutex<Vec<SecretValue>>,
-}
-
-impl RecordingResolver {
-    fn resolved(&self) -> Vec<SecretValue> {
-        self.resolved
-            .lock()
-            .map(|values| values.clone())
-            .unwrap_or_default()
-    }
-}
-
-impl CredentialResolver for RecordingResolver {
-    fn resolve<'a>(
-        &'a self,
-        reference: &'a CredentialRef,
-    ) -> BoxFuture<'a, Result<SecretValue, CredentialError>> {
-        Box::pin(async move {
-            let value = self.inner.resolve(reference).await?;
-            if let Ok(mut resolved) = self.resolved.lock() {
-                resolved.push(value.clone());
-            }
-            Ok(value)
-        })
-    }
-}
-
 /// How step 10 ended.
 enum Execution {
     Returned(ToolResult),
@@ -415,7 +92,8 @@ impl Pipeline {
     pub fn new(parts: PipelineParts) -> Self {
         Pipeline {
             registry: parts.registry,
-            store: parts.store,
+            invocations: parts.invocations,
+            approvals: parts.approvals,
             policy: parts.policy,
             artifacts: parts.artifacts,
             credentials: parts.credentials,
@@ -426,7 +104,6 @@ impl Pipeline {
         }
     }
 
-    /// This pipeline's worker.
     /// The resumption path of a suspended control tool: completes the row
     /// with the user's reply or the child run's result (a child's output is
     /// a model's, so EXTERNAL_UNTRUSTED and enveloped), or ends it failed
@@ -438,7 +115,11 @@ impl Pipeline {
         invocation_id: Uuid,
         completion: Completion,
     ) -> Result<Option<Finished>, StoreError> {
-        let Some(row) = self.store.invocation(tenant_id, invocation_id).await? else {
+        let Some(row) = self
+            .invocations
+            .invocation(tenant_id, invocation_id)
+            .await?
+        else {
             return Ok(None);
         };
         let Some(kind) = row.suspended_kind.clone() else {
@@ -475,7 +156,7 @@ impl Pipeline {
                     truncated: false,
                     artifact: None,
                 };
-                let mut event = record_event(&row, ToolEventKind::Completed);
+                let mut event = row_event(&row, ToolEventKind::Completed);
                 event.outcome_status = Some(ToolOutcomeStatus::Succeeded);
                 event.output_bytes = Some(output_bytes);
                 let outcome = ToolOutcome::Succeeded {
@@ -494,7 +175,7 @@ impl Pipeline {
             }
         };
         let written = self
-            .store
+            .invocations
             .complete_suspended(
                 tenant_id,
                 invocation_id,
@@ -511,6 +192,7 @@ impl Pipeline {
         }))
     }
 
+    /// This pipeline's worker.
     pub fn worker_id(&self) -> Uuid {
         self.worker_id
     }
@@ -670,7 +352,7 @@ impl Pipeline {
         let tally = match request.recovering {
             Some(_) => BreakerTally::default(),
             None => {
-                self.store
+                self.invocations
                     .breaker_tally(
                         &request.tenant_id,
                         request.run_id,
@@ -761,7 +443,7 @@ impl Pipeline {
                     identity.event(ToolEventKind::Proposed),
                     denied_event(&identity, code),
                 ];
-                self.store
+                self.invocations
                     .insert_invocation(
                         &new(InvocationStatus::Denied, Some(code), None),
                         claim,
@@ -779,7 +461,7 @@ impl Pipeline {
                     Some(code),
                     Some(approval_id),
                 );
-                self.store
+                self.invocations
                     .insert_invocation(&waiting, claim, &events)
                     .await?
             }
@@ -790,7 +472,7 @@ impl Pipeline {
                     identity.event(ToolEventKind::Proposed),
                     identity.event(ToolEventKind::Authorized),
                 ];
-                self.store
+                self.invocations
                     .insert_invocation(
                         &new(InvocationStatus::Authorized, None, None),
                         claim,
@@ -802,7 +484,7 @@ impl Pipeline {
         match inserted {
             InsertOutcome::Inserted(row) => match row.status {
                 InvocationStatus::Authorized => {
-                    let outcome = self.execute(request, &tool, row).await?;
+                    let outcome = self.claim_then_run(request, &tool, row).await?;
                     self.with_synthesis_flag(request, &spec.name, &canonical.sha256, tally, outcome)
                         .await
                 }
@@ -849,7 +531,7 @@ impl Pipeline {
         }
         if breaker::synthesis_only(&tally) {
             let fresh = self
-                .store
+                .invocations
                 .breaker_tally(
                     &request.tenant_id,
                     request.run_id,
@@ -908,7 +590,7 @@ impl Pipeline {
                     now: self.clock.now(),
                 };
                 match self
-                    .store
+                    .invocations
                     .take_over(&request.tenant_id, row.id, claim)
                     .await?
                 {
@@ -933,7 +615,10 @@ impl Pipeline {
         let Some(approval_id) = row.approval_id else {
             return Ok(recorded(&row));
         };
-        let approval = self.store.approval(&request.tenant_id, approval_id).await?;
+        let approval = self
+            .approvals
+            .approval(&request.tenant_id, approval_id)
+            .await?;
         let status = approval
             .map(|a| a.status)
             .unwrap_or(ApprovalStatus::Expired);
@@ -953,7 +638,7 @@ impl Pipeline {
             // only asked for the approval that was given.
             (ApprovalStatus::Approved, PolicyDecision::Deny(code)) => {
                 let (terminal, events) = end(code);
-                self.store
+                self.invocations
                     .settle_waiting(&request.tenant_id, row.id, &terminal, &events, now)
                     .await?;
                 self.reread(request, row.id).await
@@ -963,13 +648,13 @@ impl Pipeline {
                     worker_id: self.worker_id,
                     now,
                 };
-                let events = [record_event(&row, ToolEventKind::Authorized)];
+                let events = [row_event(&row, ToolEventKind::Authorized)];
                 match self
-                    .store
+                    .invocations
                     .authorize_waiting(&request.tenant_id, row.id, claim, &events)
                     .await?
                 {
-                    Some(authorized) => self.execute(request, tool, authorized).await,
+                    Some(authorized) => self.claim_then_run(request, tool, authorized).await,
                     None => self.reread(request, row.id).await,
                 }
             }
@@ -980,7 +665,7 @@ impl Pipeline {
                     ReasonCode::PolicyApprovalExpired
                 };
                 let (terminal, events) = end(code);
-                self.store
+                self.invocations
                     .settle_waiting(&request.tenant_id, row.id, &terminal, &events, now)
                     .await?;
                 self.reread(request, row.id).await
@@ -990,7 +675,7 @@ impl Pipeline {
 
     /// What the row says now, after another writer may have moved it.
     async fn reread(&self, request: &CallRequest, id: Uuid) -> Result<CallOutcome, StoreError> {
-        match self.store.invocation(&request.tenant_id, id).await? {
+        match self.invocations.invocation(&request.tenant_id, id).await? {
             Some(row) if row.status.is_terminal() => Ok(recorded(&row)),
             Some(row) => Ok(CallOutcome::Finished(Finished {
                 invocation_id: Some(row.id),
@@ -1047,9 +732,9 @@ impl Pipeline {
             return self.end_held(&row, fence, code).await;
         }
         if row.status == InvocationStatus::Authorized {
-            return self.execute(request, tool, row).await;
+            return self.claim_then_run(request, tool, row).await;
         }
-        self.run(request, tool, row, fence).await
+        self.run_claimed(request, tool, row, fence).await
     }
 
     /// Ends a row this worker holds with `code` and no result, then reports
@@ -1062,7 +747,7 @@ impl Pipeline {
     ) -> Result<CallOutcome, StoreError> {
         let terminal = TerminalRecord::without_result(code);
         let event = ended_event(row, code);
-        self.store
+        self.invocations
             .complete_invocation(
                 &row.tenant_id,
                 row.id,
@@ -1072,22 +757,24 @@ impl Pipeline {
                 self.clock.now(),
             )
             .await?;
-        Ok(match self.store.invocation(&row.tenant_id, row.id).await? {
-            Some(current) if current.status.is_terminal() => recorded(&current),
-            _ => unrecorded(row.tool_name.clone(), ReasonCode::ToolConcurrencyConflict),
-        })
+        Ok(
+            match self.invocations.invocation(&row.tenant_id, row.id).await? {
+                Some(current) if current.status.is_terminal() => recorded(&current),
+                _ => unrecorded(row.tool_name.clone(), ReasonCode::ToolConcurrencyConflict),
+            },
+        )
     }
 
     async fn approved(&self, row: &InvocationRecord) -> Result<bool, StoreError> {
         let Some(approval_id) = row.approval_id else {
             return Ok(false);
         };
-        let approval = self.store.approval(&row.tenant_id, approval_id).await?;
+        let approval = self.approvals.approval(&row.tenant_id, approval_id).await?;
         Ok(approval.is_some_and(|a| a.status == ApprovalStatus::Approved))
     }
 
     /// Step 9, then steps 10 to 14.
-    async fn execute(
+    async fn claim_then_run(
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
@@ -1100,20 +787,20 @@ impl Pipeline {
                 ReasonCode::ToolConcurrencyConflict,
             ));
         };
-        let events = [record_event(&row, ToolEventKind::Started)];
+        let events = [row_event(&row, ToolEventKind::Started)];
         let Some(running) = self
-            .store
+            .invocations
             .claim_invocation(&request.tenant_id, row.id, fence, self.clock.now(), &events)
             .await?
         else {
             return self.reread(request, row.id).await;
         };
         let fence = running.fence().unwrap_or(fence);
-        self.run(request, tool, running, fence).await
+        self.run_claimed(request, tool, running, fence).await
     }
 
     /// Steps 10 to 14 for a RUNNING row held under `fence`.
-    async fn run(
+    async fn run_claimed(
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
@@ -1128,7 +815,7 @@ impl Pipeline {
             // marker, the lease is released, and the answer completes it.
             let reference = Uuid::new_v4().to_string();
             let suspended = self
-                .store
+                .invocations
                 .suspend_invocation(&request.tenant_id, row.id, fence, kind, &reference)
                 .await?;
             if !suspended {
@@ -1155,12 +842,12 @@ impl Pipeline {
                     "artifact store unavailable; the tool did not start",
                 );
                 return self
-                    .finish(
+                    .settle(
                         request,
                         tool,
                         &row,
                         fence,
-                        Finish::failure(failure, false),
+                        Conclusion::failure(failure, false),
                         None,
                     )
                     .await;
@@ -1170,7 +857,7 @@ impl Pipeline {
             // The watermark commits before the tool starts; if it cannot, the
             // tool never starts.
             match self
-                .store
+                .invocations
                 .mark_effect_sent(&request.tenant_id, row.id, fence, now)
                 .await
             {
@@ -1183,12 +870,12 @@ impl Pipeline {
                         "effect watermark not committed; the tool did not start",
                     );
                     return self
-                        .finish(
+                        .settle(
                             request,
                             tool,
                             &row,
                             fence,
-                            Finish::failure(failure, false),
+                            Conclusion::failure(failure, false),
                             None,
                         )
                         .await;
@@ -1224,7 +911,7 @@ impl Pipeline {
             credentials: resolver.clone(),
             cancellation: cancellation.clone(),
             mark_effect_sent: Arc::new(StoreWatermark {
-                store: self.store.clone(),
+                store: self.invocations.clone(),
                 clock: self.clock.clone(),
                 tenant_id: row.tenant_id.clone(),
                 id: row.id,
@@ -1265,32 +952,32 @@ impl Pipeline {
         let may_have_escaped = effect_sent && spec.idempotency == IdempotencyClass::NonIdempotent;
         let finish = match execution {
             Execution::Returned(result) => {
-                Finish::from_result(result, resolver.resolved(), may_have_escaped)
+                Conclusion::from_result(result, resolver.resolved(), may_have_escaped)
             }
-            Execution::TimedOut if may_have_escaped => Finish::failure(
+            Execution::TimedOut if may_have_escaped => Conclusion::failure(
                 ToolFailure::new(
                     ToolFailureKind::OutcomeUnknown,
                     "timed out after the effect watermark",
                 ),
                 true,
             ),
-            Execution::TimedOut => Finish::failure(
+            Execution::TimedOut => Conclusion::failure(
                 ToolFailure::new(ToolFailureKind::Timeout, "timed out"),
                 false,
             ),
-            Execution::Panicked if may_have_escaped => Finish::failure(
+            Execution::Panicked if may_have_escaped => Conclusion::failure(
                 ToolFailure::new(
                     ToolFailureKind::OutcomeUnknown,
                     "the tool panicked after the effect watermark",
                 ),
                 true,
             ),
-            Execution::Panicked => Finish::failure(
+            Execution::Panicked => Conclusion::failure(
                 ToolFailure::new(ToolFailureKind::Internal, "the tool panicked"),
                 false,
             ),
         };
-        self.finish(
+        self.settle(
             request,
             tool,
             &row,
@@ -1302,13 +989,13 @@ impl Pipeline {
     }
 
     /// Steps 11 to 14.
-    async fn finish(
+    async fn settle(
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
         row: &InvocationRecord,
         fence: Fence,
-        finish: Finish,
+        finish: Conclusion,
         executed: Option<(Arc<dyn crate::ports::ArtifactWriter>, i64)>,
     ) -> Result<CallOutcome, StoreError> {
         let spec = &tool.spec;
@@ -1319,11 +1006,11 @@ impl Pipeline {
         // 11. Validate the result: schema, size, trust.
         self.reached(Point::ValidateResult, request);
         let secrets = match &finish {
-            Finish::Succeeded { secrets, .. } => secrets.clone(),
-            Finish::Failed { .. } => Vec::new(),
+            Conclusion::Succeeded { secrets, .. } => secrets.clone(),
+            Conclusion::Failed { .. } => Vec::new(),
         };
         let (mut finish, text) = match finish {
-            Finish::Succeeded { result, secrets } => {
+            Conclusion::Succeeded { result, secrets } => {
                 let text = output::scrub(&content_text(&result.content), &secrets);
                 let invalid = match (&tool.output, &result.structured) {
                     (Some(schema), Some(structured)) => {
@@ -1334,7 +1021,7 @@ impl Pipeline {
                 let ceiling = output::hard_ceiling(spec.maximum_output_bytes);
                 if invalid {
                     (
-                        Finish::failure(
+                        Conclusion::failure(
                             ToolFailure::new(
                                 ToolFailureKind::OutputInvalid,
                                 "structured result fails the output schema",
@@ -1350,7 +1037,7 @@ impl Pipeline {
                     )
                     .to_owned();
                     (
-                        Finish::failure(
+                        Conclusion::failure(
                             ToolFailure::new(
                                 ToolFailureKind::OutputTooLarge,
                                 "output past the hard ceiling",
@@ -1362,7 +1049,7 @@ impl Pipeline {
                 } else {
                     let trust = spec.output_trust.clamp_lower(result.output_trust);
                     (
-                        Finish::Succeeded {
+                        Conclusion::Succeeded {
                             result: ToolResult {
                                 output_trust: Some(trust),
                                 ..result
@@ -1387,13 +1074,14 @@ impl Pipeline {
         let mut artifact: Option<(Uuid, u64)> = None;
         let mut content: Vec<RenderedPart> = Vec::new();
         let trust = match &finish {
-            Finish::Succeeded { result, .. } => {
+            Conclusion::Succeeded { result, .. } => {
                 result.output_trust.unwrap_or(TrustLevel::ExternalUntrusted)
             }
             _ => TrustLevel::ExternalUntrusted,
         };
-        let too_large = matches!(&finish, Finish::Failed { failure, .. } if failure.kind == ToolFailureKind::OutputTooLarge);
-        if (matches!(finish, Finish::Succeeded { .. }) || too_large) && output_bytes as u64 > budget
+        let too_large = matches!(&finish, Conclusion::Failed { failure, .. } if failure.kind == ToolFailureKind::OutputTooLarge);
+        if (matches!(finish, Conclusion::Succeeded { .. }) || too_large)
+            && output_bytes as u64 > budget
         {
             // The budget is checked with a reference of the real one's length
             // before anything is written: a limit too small to hold it fails
@@ -1401,7 +1089,7 @@ impl Pipeline {
             let placeholder = format!("artifact:{}", Uuid::nil());
             match (output::excerpt(&text, budget, &placeholder), &executed) {
                 (Err(_), _) => {
-                    finish = Finish::failure(
+                    finish = Conclusion::failure(
                         ToolFailure::new(
                             ToolFailureKind::OutputTooLarge,
                             "inline budget too small for an excerpt",
@@ -1411,7 +1099,7 @@ impl Pipeline {
                 }
                 (Ok(_), None) => {
                     // A missing artifact writer never silently discards the result.
-                    finish = Finish::failure(
+                    finish = Conclusion::failure(
                         ToolFailure::new(
                             ToolFailureKind::OutputTooLarge,
                             "artifact store unavailable",
@@ -1447,7 +1135,7 @@ impl Pipeline {
                     }
                     Err(_) => {
                         // A missing artifact never silently discards the result.
-                        finish = Finish::failure(
+                        finish = Conclusion::failure(
                             ToolFailure::new(
                                 ToolFailureKind::OutputTooLarge,
                                 "artifact store unavailable",
@@ -1457,7 +1145,7 @@ impl Pipeline {
                     }
                 },
             }
-        } else if let Finish::Succeeded { result, .. } = &finish {
+        } else if let Conclusion::Succeeded { result, .. } = &finish {
             for part in &result.content {
                 match part {
                     ContentPart::Text { text } => {
@@ -1475,8 +1163,8 @@ impl Pipeline {
             }
         }
         let (outcome_status, reason_code, error) = match &finish {
-            Finish::Succeeded { .. } => (ToolOutcomeStatus::Succeeded, None, None),
-            Finish::Failed { failure, uncertain } => {
+            Conclusion::Succeeded { .. } => (ToolOutcomeStatus::Succeeded, None, None),
+            Conclusion::Failed { failure, uncertain } => {
                 let code = if *uncertain {
                     ReasonCode::ToolOutcomeUnknown
                 } else {
@@ -1514,7 +1202,7 @@ impl Pipeline {
                 trust,
             }),
         };
-        let mut event = record_event(row, terminal_event(outcome_status));
+        let mut event = row_event(row, terminal_event_kind(outcome_status));
         event.outcome_status = Some(outcome_status);
         event.reason_code = reason_code;
         event.effect_sent = row.effect_sent_at.is_some() || tool.spec.needs_effect_watermark();
@@ -1522,7 +1210,7 @@ impl Pipeline {
         event.output_bytes = terminal.output_bytes;
         event.truncated = terminal.truncated;
         let written = self
-            .store
+            .invocations
             .complete_invocation(
                 &request.tenant_id,
                 row.id,
@@ -1537,10 +1225,10 @@ impl Pipeline {
             // record, not this attempt's, is the call's.
             return self.reread(request, row.id).await;
         }
-        if let (Finish::Succeeded { result, .. }, None) = (&finish, reason_code)
+        if let (Conclusion::Succeeded { result, .. }, None) = (&finish, reason_code)
             && let Some(evidence_key) = &result.evidence_key
         {
-            self.store
+            self.invocations
                 .record_evidence(
                     &request.tenant_id,
                     row.run_id,
@@ -1568,8 +1256,6 @@ impl Pipeline {
         }))
     }
 
-    /// A denial or pipeline failure before step 8, recorded as a terminal
-    /// row so the step's batch is complete and a replay finds it.
     /// ADR-0123: a `tool.call` is checked against its own schema, the tool
     /// it names must be pinned and must not be a control tool, and the call
     /// continues as that tool with the model's call id. Refusals are
@@ -1642,7 +1328,7 @@ impl Pipeline {
         let spec = &tool.spec;
         self.record_refusal(
             request,
-            RefusedCall {
+            RecordedAs {
                 tool_name: &spec.name,
                 tool_version: &spec.version,
                 tool_source: spec.source,
@@ -1661,7 +1347,7 @@ impl Pipeline {
         // No spec: the most restrictive classification stands in.
         self.record_refusal(
             request,
-            RefusedCall {
+            RecordedAs {
                 tool_name: &request.name,
                 tool_version: "",
                 tool_source: ToolSource::Builtin,
@@ -1676,10 +1362,12 @@ impl Pipeline {
         .await
     }
 
+    /// A denial or pipeline failure before step 8, recorded as a terminal
+    /// row so the step's batch is complete and a replay finds it.
     async fn record_refusal(
         &self,
         request: &CallRequest,
-        call: RefusedCall<'_>,
+        call: RecordedAs<'_>,
         code: ReasonCode,
         detail: Option<Vec<RenderedPart>>,
         validated: Option<(&Value, &str)>,
@@ -1709,7 +1397,7 @@ impl Pipeline {
         // in steps 1 to 6 it was decided.
         let code = if code.status() == ToolOutcomeStatus::Denied {
             let tally = self
-                .store
+                .invocations
                 .breaker_tally(
                     &request.tenant_id,
                     request.run_id,
@@ -1754,7 +1442,7 @@ impl Pipeline {
             reason_code: Some(code),
             approval_id: None,
         };
-        let mut terminal = identity.event(terminal_event(status));
+        let mut terminal = identity.event(terminal_event_kind(status));
         terminal.outcome_status = Some(status);
         terminal.reason_code = Some(code);
         let events = [identity.event(ToolEventKind::Proposed), terminal];
@@ -1762,7 +1450,11 @@ impl Pipeline {
             worker_id: self.worker_id,
             now: self.clock.now(),
         };
-        let row = match self.store.insert_invocation(&new, claim, &events).await? {
+        let row = match self
+            .invocations
+            .insert_invocation(&new, claim, &events)
+            .await?
+        {
             InsertOutcome::Inserted(row) | InsertOutcome::Existing(row) => row,
         };
         if !row.status.is_terminal() {
@@ -1797,7 +1489,7 @@ impl Pipeline {
                 worker_id: self.worker_id,
                 now: self.clock.now(),
             };
-            let rows = self.store.claim_expired(claim, batch).await?;
+            let rows = self.invocations.claim_expired(claim, batch).await?;
             if rows.is_empty() {
                 return Ok(report);
             }
@@ -1844,59 +1536,13 @@ impl Pipeline {
 }
 
 /// The classification a refused call is recorded under.
-struct RefusedCall<'a> {
+struct RecordedAs<'a> {
     tool_name: &'a str,
     tool_version: &'a str,
     tool_source: ToolSource,
     server_id: Option<String>,
     class: IdempotencyClass,
     side_effect: SideEffectClass,
-}
-
-/// How a call ended before its result is validated and stored.
-/// How a suspended control tool ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Completion {
-    /// The user replied, or the child run finished, with this text.
-    Answered {
-        /// The reply or the child's result.
-        text: String,
-    },
-    /// The run was cancelled while the call waited.
-    RunCancelled,
-}
-
-/// The control tools that suspend, and the marker each leaves on its row.
-pub const SUSPENDING: &[(&str, &str)] = &[
-    ("conversation.ask_user", "user_input"),
-    ("delegate.run", "child_run"),
-];
-
-/// Runs tool code (its `execute`, its destructor) so that a panic in it is
-/// `None` rather than an unwinding pipeline.
-fn contain<T>(run: impl FnOnce() -> T) -> Option<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).ok()
-}
-
-/// A tool's future whose panic ends it with `None` instead of unwinding
-/// through the pipeline.
-struct Contained<'a>(BoxFuture<'a, ToolResult>);
-
-impl std::future::Future for Contained<'_> {
-    type Output = Option<ToolResult>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let running = &mut self.0;
-        // A future that panicked is never polled again.
-        match contain(|| running.as_mut().poll(cx)) {
-            Some(std::task::Poll::Ready(result)) => std::task::Poll::Ready(Some(result)),
-            Some(std::task::Poll::Pending) => std::task::Poll::Pending,
-            None => std::task::Poll::Ready(None),
-        }
-    }
 }
 
 fn suspension(spec: &ToolSpec) -> Option<&'static str> {
@@ -1909,9 +1555,6 @@ fn suspension(spec: &ToolSpec) -> Option<&'static str> {
         .map(|(_, kind)| *kind)
 }
 
-/// The registry name of the wrapper ADR-0123 adds.
-pub const TOOL_CALL: &str = "tool.call";
-
 /// What `tool.call` unwrapping decided.
 enum Unwrap {
     /// Not a tool.call.
@@ -1922,7 +1565,7 @@ enum Unwrap {
     Refused(CallOutcome),
 }
 
-enum Finish {
+enum Conclusion {
     Succeeded {
         result: ToolResult,
         secrets: Vec<SecretValue>,
@@ -1933,19 +1576,19 @@ enum Finish {
     },
 }
 
-impl Finish {
-    fn failure(failure: ToolFailure, uncertain: bool) -> Finish {
+impl Conclusion {
+    fn failure(failure: ToolFailure, uncertain: bool) -> Conclusion {
         let uncertain = uncertain || failure.kind == ToolFailureKind::OutcomeUnknown;
-        Finish::Failed { failure, uncertain }
+        Conclusion::Failed { failure, uncertain }
     }
 
     fn from_result(
         result: ToolResult,
         secrets: Vec<SecretValue>,
         may_have_escaped: bool,
-    ) -> Finish {
+    ) -> Conclusion {
         match result.failure {
-            None => Finish::Succeeded { result, secrets },
+            None => Conclusion::Succeeded { result, secrets },
             Some(mut failure) => {
                 // Scrub what the tool says about itself, too.
                 failure.detail = output::scrub(&failure.detail, &secrets);
@@ -1962,7 +1605,7 @@ impl Finish {
                             | ToolFailureKind::Permission
                     );
                 let uncertain = may_have_escaped && !definitive;
-                Finish::failure(failure, uncertain)
+                Conclusion::failure(failure, uncertain)
             }
         }
     }
@@ -1978,112 +1621,5 @@ fn ending_code(row: &InvocationRecord, otherwise: ReasonCode) -> ReasonCode {
         ReasonCode::ToolOutcomeUnknown
     } else {
         otherwise
-    }
-}
-
-/// The terminal event of a row that ends with `code` and no result.
-fn ended_event(row: &InvocationRecord, code: ReasonCode) -> ToolEvent {
-    let status = code.status();
-    let mut event = record_event(row, terminal_event(status));
-    event.outcome_status = Some(status);
-    event.reason_code = Some(code);
-    event
-}
-
-fn denied_event(identity: &Identity<'_>, code: ReasonCode) -> ToolEvent {
-    let mut event = identity.event(ToolEventKind::Denied);
-    event.outcome_status = Some(ToolOutcomeStatus::Denied);
-    event.reason_code = Some(code);
-    event
-}
-
-/// The outcome a terminal row records, as the model read it the first time.
-fn recorded(row: &InvocationRecord) -> CallOutcome {
-    let outcome = match (row.outcome_status, row.reason_code) {
-        (Some(ToolOutcomeStatus::Succeeded), _) => ToolOutcome::Succeeded {
-            action: row.tool_name.clone(),
-        },
-        (_, Some(code)) => ToolOutcome::not_succeeded(row.tool_name.clone(), code),
-        _ => ToolOutcome::not_succeeded(row.tool_name.clone(), ReasonCode::ToolInternalError),
-    };
-    let content = row
-        .result
-        .as_ref()
-        .and_then(|result| result.get("content"))
-        .and_then(|content| serde_json::from_value::<Vec<StoredPart>>(content.clone()).ok())
-        .map(|parts| parts.into_iter().map(StoredPart::into_rendered).collect())
-        .unwrap_or_default();
-    CallOutcome::Finished(Finished {
-        invocation_id: Some(row.id),
-        outcome,
-        content,
-        synthesis_only: false,
-    })
-}
-
-/// A rendered part as stored in `result`.
-#[derive(serde::Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum StoredPart {
-    Text { text: String, trust: TrustLevel },
-    Artifact { artifact_id: String, bytes: u64 },
-}
-
-impl StoredPart {
-    fn into_rendered(self) -> RenderedPart {
-        match self {
-            StoredPart::Text { text, trust } => RenderedPart::Text { text, trust },
-            StoredPart::Artifact { artifact_id, bytes } => {
-                RenderedPart::Artifact { artifact_id, bytes }
-            }
-        }
-    }
-}
-
-/// An outcome for a submission that wrote no row of its own.
-fn unrecorded(action: String, code: ReasonCode) -> CallOutcome {
-    CallOutcome::Finished(Finished {
-        invocation_id: None,
-        outcome: ToolOutcome::not_succeeded(action, code),
-        content: Vec::new(),
-        synthesis_only: false,
-    })
-}
-
-fn content_text(content: &[ContentPart]) -> String {
-    let texts: Vec<&str> = content
-        .iter()
-        .filter_map(|part| match part {
-            ContentPart::Text { text } => Some(text.as_str()),
-            ContentPart::Artifact(_) => None,
-        })
-        .collect();
-    texts.join("\n")
-}
-
-fn render_text(text: &str, trust: TrustLevel, attribution: &Attribution<'_>) -> RenderedPart {
-    if trust <= TrustLevel::ExternalUntrusted {
-        RenderedPart::Text {
-            text: output::envelope(text, attribution, &nonce()),
-            trust,
-        }
-    } else {
-        RenderedPart::Text {
-            text: text.to_owned(),
-            trust,
-        }
-    }
-}
-
-fn nonce() -> String {
-    Uuid::new_v4().simple().to_string()
-}
-
-fn system_time(now: DateTime<Utc>, seconds: f64) -> std::time::SystemTime {
-    let now: std::time::SystemTime = now.into();
-    if seconds.is_finite() {
-        now + std::time::Duration::from_secs_f64(seconds.max(0.0))
-    } else {
-        now + std::time::Duration::from_secs(365 * 24 * 3600)
     }
 }

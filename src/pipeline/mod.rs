@@ -1,24 +1,32 @@
-//! The one executor and what it stands on: the registry, argument validation,
-//! output limiting, breakers and recovery.
+//! The one executor and what it stands on: the registry, argument
+//! validation, output limiting, breakers and recovery; and the services the
+//! edges drive it through: sessions (open, cache, re-pin), batch admission
+//! and approval decisions.
 //!
 //! Uses ports and domain only; never an adapter, so every adapter supplies a
 //! `Tool` and re-enters the same function.
 
+pub mod admission;
+pub mod approvals;
 pub mod breaker;
+mod call;
 pub mod executor;
-pub mod metered;
+mod guard;
 pub mod output;
 pub mod preparation;
+mod records;
 pub mod recovery;
 pub mod registry;
+pub mod sessions;
+pub mod tenant_servers;
 pub mod validation;
 pub mod worker;
 
-pub use executor::{
-    CallOutcome, CallRequest, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
-    RecoveryReport, StepObserver, Unobserved,
+pub use call::{
+    CallOutcome, CallRequest, Completion, Finished, PipelineSettings, Point, RecoveryReport,
+    SUSPENDING, StepObserver, TOOL_CALL, Unobserved, named_tool,
 };
-pub use metered::MeteredStore;
+pub use executor::{Pipeline, PipelineParts};
 pub use output::RenderedPart;
 pub use preparation::{PreparedCatalog, prepare_mcp, register_discoveries};
 pub use registry::{

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use crate::domain::{ReasonCode, SkillMetadata, ToolSource};
 use crate::ports::{
-    CatalogEntry, CatalogGeneration, Clock, DiscoveryOutcome, McpServers, PlatformEvent,
-    PreparationRecord, ServerDiscovery, Store, StoreError,
+    CatalogEntry, CatalogGeneration, CatalogStore, Clock, DiscoveryOutcome, McpServers,
+    PlatformEvent, PreparationRecord, ServerDiscovery, StoreError,
 };
 
 use super::registry::{RejectionReason, ToolRegistry};
@@ -29,7 +29,7 @@ pub struct PreparedCatalog {
 /// the preparation.
 pub async fn prepare_mcp(
     registry: &ToolRegistry,
-    store: &dyn Store,
+    store: &dyn CatalogStore,
     clock: &dyn Clock,
     tenant_id: &str,
     servers: &dyn McpServers,

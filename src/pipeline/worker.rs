@@ -11,8 +11,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::executor::{Pipeline, RecoveryReport};
-use crate::ports::{Clock, Store, StoreError, WorkerLease};
+use super::call::RecoveryReport;
+use super::executor::Pipeline;
+use crate::ports::{Clock, StoreError, WorkerLease, WorkerStore};
 
 /// How the lease and the sweep are paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +43,7 @@ impl Default for WorkerSettings {
 /// A registered worker.
 pub struct Worker {
     id: Uuid,
-    store: Arc<dyn Store>,
+    store: Arc<dyn WorkerStore>,
     clock: Arc<dyn Clock>,
     settings: WorkerSettings,
 }
@@ -54,7 +55,7 @@ fn chrono(duration: Duration) -> chrono::Duration {
 impl Worker {
     /// Registers a new worker with its first lease.
     pub async fn register(
-        store: Arc<dyn Store>,
+        store: Arc<dyn WorkerStore>,
         clock: Arc<dyn Clock>,
         node: &str,
         settings: WorkerSettings,

@@ -1,8 +1,10 @@
 //! The traits the pipeline needs, and the data that crosses them.
 //!
 //! Owns `Tool` and `ToolExecutionContext` (a tool reaches the world only
-//! through what is on the context), and `Store` (the durable record the
-//! pipeline's four commits write). Must not know any adapter.
+//! through what is on the context), the store's per-aggregate traits (the
+//! durable record the pipeline's four commits write), and the narrow
+//! surfaces of policy, credentials, artifacts, MCP servers, metrics and the
+//! clock. Must not know any adapter.
 
 pub mod clock;
 pub mod mcp;
@@ -13,12 +15,14 @@ pub mod tool;
 
 pub use clock::{Clock, SystemClock};
 pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerDiscovery};
+pub use metrics::{Labels, Metrics};
 pub use policy::PolicyEngine;
 pub use store::{
-    ApprovalRecord, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow, Claim, EventRecord,
-    Fence, InsertOutcome, InvocationRecord, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, ReviewRecord, SessionRecord, Store, StoreError, StoredArtifact,
-    TerminalRecord, ToolEvent, WorkerLease,
+    ApprovalRecord, ApprovalStore, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow,
+    CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome, InvocationRecord,
+    InvocationStore, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, ReviewRecord,
+    ReviewStore, Schema, SessionRecord, SessionStore, Store, StoreError, StoredArtifact,
+    TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
 };
 pub use tool::{
     ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,

@@ -605,7 +605,8 @@ fn module_edge_allowed(from: &str, to: &str) -> bool {
         "pipeline" | "builtin" | "config" => {
             matches!(to, "ports" | "domain") && !(from == "config" && to == "ports")
         }
-        // The control API serves the bridge's sockets, so it may use bridge.
+        // The API opens and closes turns through the bridge (and shares its
+        // HTTP plumbing); the bridge never uses the API.
         "api" => matches!(to, "pipeline" | "ports" | "domain" | "bridge"),
         "bridge" => matches!(to, "pipeline" | "ports" | "domain"),
         "adapters" => false,
@@ -781,6 +782,34 @@ mod walker {
         );
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].to, "crate tokio");
+    }
+
+    #[test]
+    fn the_bridge_may_not_use_the_api_nor_an_adapter() {
+        let lib = "pub mod domain; pub mod ports; pub mod pipeline; pub mod adapters; pub mod api; pub mod bridge; pub mod app;";
+        let bridge = "pub fn open() { crate::api::serve(); } pub fn dial(_: crate::adapters::store::Store) {}";
+        let api = "pub fn serve() { crate::bridge::open(); }";
+        let found = walk(
+            &tree(&[
+                ("lib.rs", lib),
+                ("bridge/mod.rs", bridge),
+                ("api/mod.rs", api),
+            ]),
+            &["rmcp"],
+        );
+        let edges: BTreeSet<(String, String)> = found
+            .iter()
+            .map(|v| (v.from.clone(), v.to.clone()))
+            .collect();
+        assert_eq!(
+            edges,
+            [
+                ("bridge".to_owned(), "adapters::store".to_owned()),
+                ("bridge".to_owned(), "api".to_owned()),
+            ]
+            .into(),
+            "api -> bridge is allowed; bridge -> api and bridge -> adapters are not: {found:?}"
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Real crashes. A `toolgate __harness` process runs one call and aborts at
+//! Real crashes. A `crash_harness` process runs one call and aborts at
 //! a failpoint; a fresh process runs recovery; a third replays the call.
 //! The rows and the effects counted from outside must match the recovery
 //! table, for every idempotency class and every point of the pipeline.
@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use serde_json::{Value, json};
 use toolgate::domain::{InvocationStatus, ReasonCode};
 use toolgate::pipeline::Point;
-use toolgate::ports::Store;
+use toolgate::ports::{Schema, Store};
 use uuid::Uuid;
 
 use crate::store::PgSchema;
@@ -27,6 +27,22 @@ struct Job<'a> {
     tool: &'a str,
     arguments: &'a Value,
     ids: (Uuid, Uuid, &'a str),
+}
+
+/// The harness binary, built by `cargo test` as an example.
+fn harness() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("target folder")
+        .join("examples/crash_harness");
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test`",
+        path.display()
+    );
+    path
 }
 
 /// Runs a harness process; returns whether it exited normally and its output.
@@ -48,8 +64,7 @@ fn run(job: &Job<'_>) -> (bool, Value) {
             "arguments": job.arguments,
         },
     });
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .arg("__harness")
+    let mut child = Command::new(harness())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -226,7 +226,7 @@ async fn live(
         )),
         store.clone(),
         Arc::new(SystemClock),
-        Arc::default(),
+        Arc::new(toolgate::adapters::telemetry::MetricsRegistry::default()),
     ));
     Live {
         harness,

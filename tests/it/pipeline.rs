@@ -23,8 +23,9 @@ use toolgate::pipeline::{
     RegistryLimits, StepObserver, ToolRegistry,
 };
 use toolgate::ports::{
-    BoxFuture, Claim, Fence, InsertOutcome, NewInvocation, PolicyEngine, Store, SystemClock, Tool,
-    ToolExecutionContext, WorkerLease,
+    BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord, InvocationStore,
+    NewInvocation, PolicyEngine, Store, StoreError, StoredArtifact, SystemClock, TerminalRecord,
+    Tool, ToolEvent, ToolExecutionContext, WorkerLease,
 };
 use uuid::Uuid;
 
@@ -158,7 +159,7 @@ fn scripted(
     Arc::new(Scripted { spec, behaviour })
 }
 
-/// A real store whose watermark writes fail on demand: the fault the
+/// A real invocation store whose watermark writes fail: the fault the
 /// pipeline must meet by never starting the tool.
 pub struct FaultyWatermark {
     pub inner: Arc<dyn Store>,
@@ -170,44 +171,22 @@ macro_rules! delegate {
     };
 }
 
-impl Store for FaultyWatermark {
+impl InvocationStore for FaultyWatermark {
     delegate! {
-        pending_migrations() -> Result<Vec<i64>, toolgate::ports::StoreError>;
-        migrate() -> Result<Vec<i64>, toolgate::ports::StoreError>;
-        register_worker(lease: &'a WorkerLease) -> Result<(), toolgate::ports::StoreError>;
-        heartbeat(worker_id: Uuid, until: chrono::DateTime<Utc>) -> Result<bool, toolgate::ports::StoreError>;
-        release_worker(worker_id: Uuid, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
-        worker(worker_id: Uuid) -> Result<Option<WorkerLease>, toolgate::ports::StoreError>;
-        insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [toolgate::ports::ToolEvent]) -> Result<InsertOutcome, toolgate::ports::StoreError>;
-        authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [toolgate::ports::ToolEvent]) -> Result<Option<toolgate::ports::InvocationRecord>, toolgate::ports::StoreError>;
-        settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a toolgate::ports::TerminalRecord, events: &'a [toolgate::ports::ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, toolgate::ports::StoreError>;
-        claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [toolgate::ports::ToolEvent]) -> Result<Option<toolgate::ports::InvocationRecord>, toolgate::ports::StoreError>;
-        complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a toolgate::ports::TerminalRecord, events: &'a [toolgate::ports::ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, toolgate::ports::StoreError>;
-        invocation(tenant: &'a str, id: Uuid) -> Result<Option<toolgate::ports::InvocationRecord>, toolgate::ports::StoreError>;
-        run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<toolgate::ports::InvocationRecord>, toolgate::ports::StoreError>;
-        claim_expired(claim: Claim, limit: i64) -> Result<Vec<toolgate::ports::InvocationRecord>, toolgate::ports::StoreError>;
-        take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<toolgate::ports::InvocationRecord>, toolgate::ports::StoreError>;
-        approval(tenant: &'a str, id: Uuid) -> Result<Option<toolgate::ports::ApprovalRecord>, toolgate::ports::StoreError>;
-        pending_approvals(tenant: &'a str) -> Result<Vec<toolgate::ports::ApprovalRecord>, toolgate::ports::StoreError>;
-        decide_approval(tenant: &'a str, id: Uuid, status: ApprovalStatus, approver: &'a str, now: chrono::DateTime<Utc>) -> Result<Option<toolgate::ports::ApprovalRecord>, toolgate::ports::StoreError>;
-        events_after(after: i64, limit: i64) -> Result<Vec<toolgate::ports::EventRecord>, toolgate::ports::StoreError>;
-        breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<toolgate::ports::BreakerTally, toolgate::ports::StoreError>;
-        record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, toolgate::ports::StoreError>;
-        artifact(tenant: &'a str, id: Uuid) -> Result<Option<toolgate::ports::StoredArtifact>, toolgate::ports::StoreError>;
-        record_preparation(tenant: &'a str, record: &'a toolgate::ports::PreparationRecord, now: chrono::DateTime<Utc>) -> Result<Vec<bool>, toolgate::ports::StoreError>;
-        record_event(tenant: Option<&'a str>, event: &'a toolgate::ports::PlatformEvent, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
-        suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, toolgate::ports::StoreError>;
-        complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a toolgate::ports::TerminalRecord, events: &'a [toolgate::ports::ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, toolgate::ports::StoreError>;
-        open_session(session: &'a toolgate::ports::SessionRecord) -> Result<toolgate::ports::SessionRecord, toolgate::ports::StoreError>;
-        session(session_id: Uuid) -> Result<Option<toolgate::ports::SessionRecord>, toolgate::ports::StoreError>;
-        touch_session(session_id: Uuid, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
-        forget_sessions(before: chrono::DateTime<Utc>) -> Result<u64, toolgate::ports::StoreError>;
-        put_mcp_server(tenant: &'a str, server: &'a toolgate::ports::McpServerRow, now: chrono::DateTime<Utc>) -> Result<(), toolgate::ports::StoreError>;
-        mcp_server(tenant: &'a str, server_id: &'a str) -> Result<Option<toolgate::ports::McpServerRow>, toolgate::ports::StoreError>;
-        delete_mcp_server(tenant: &'a str, server_id: &'a str) -> Result<bool, toolgate::ports::StoreError>;
-        review_queue(tenant: &'a str, limit: i64) -> Result<Vec<toolgate::ports::InvocationRecord>, toolgate::ports::StoreError>;
-        resolve_review(tenant: &'a str, review: &'a toolgate::ports::ReviewRecord) -> Result<bool, toolgate::ports::StoreError>;
-        catalog_history(tenant: &'a str, server: &'a str) -> Result<Vec<toolgate::ports::CatalogRow>, toolgate::ports::StoreError>;
+        insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
+        authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+        settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+        claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+        complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+        suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+        complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+        invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
+        run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+        claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
+        take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+        breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
+        record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
+        artifact(tenant: &'a str, id: Uuid) -> Result<Option<StoredArtifact>, StoreError>;
     }
 
     fn mark_effect_sent<'a>(
@@ -216,9 +195,9 @@ impl Store for FaultyWatermark {
         _: Uuid,
         _: Fence,
         _: chrono::DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<bool, toolgate::ports::StoreError>> {
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async {
-            Err(toolgate::ports::StoreError::Unavailable(
+            Err(StoreError::Unavailable(
                 "watermark write refused by the test".into(),
             ))
         })
@@ -241,10 +220,29 @@ pub async fn harness(store: Arc<dyn Store>, policy: Arc<dyn PolicyEngine>) -> Ha
     harness_for(store, policy, None).await
 }
 
+/// A harness whose pipeline writes its rows through `invocations` (a
+/// decorator of `store`'s).
+pub async fn harness_over(
+    store: Arc<dyn Store>,
+    invocations: Arc<dyn InvocationStore>,
+    policy: Arc<dyn PolicyEngine>,
+) -> Harness {
+    build_harness(store, Some(invocations), policy, None).await
+}
+
 /// A harness whose pipeline claims under `worker` (registered by the
 /// caller), or under a worker of its own.
 pub async fn harness_for(
     store: Arc<dyn Store>,
+    policy: Arc<dyn PolicyEngine>,
+    worker: Option<Uuid>,
+) -> Harness {
+    build_harness(store, None, policy, worker).await
+}
+
+async fn build_harness(
+    store: Arc<dyn Store>,
+    invocations: Option<Arc<dyn InvocationStore>>,
     policy: Arc<dyn PolicyEngine>,
     worker: Option<Uuid>,
 ) -> Harness {
@@ -347,7 +345,8 @@ pub async fn harness_for(
     let artifacts = FsArtifactStore::new(folder.path().join("artifacts"));
     let pipeline = Arc::new(Pipeline::new(PipelineParts {
         registry: registry.clone(),
-        store: store.clone(),
+        invocations: invocations.unwrap_or_else(|| store.clone()),
+        approvals: store.clone(),
         policy,
         artifacts: Arc::new(artifacts.clone()),
         credentials: Arc::new(EnvFileResolver::new(
@@ -765,10 +764,10 @@ async fn timeouts_panics_and_the_watermark() {
 async fn gate_03_side_effecting_builtins_set_the_watermark_first() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
-        let faulty: Arc<dyn Store> = Arc::new(FaultyWatermark {
+        let faulty: Arc<dyn InvocationStore> = Arc::new(FaultyWatermark {
             inner: store.clone(),
         });
-        let harness = harness(faulty, allow_all()).await;
+        let harness = harness_over(store.clone(), faulty, allow_all()).await;
         let builtins = builtin::demo::tools(&harness.effects);
         let mut checked = 0;
         for tool in &builtins {

@@ -14,8 +14,8 @@ use toolgate::domain::{
     ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 use toolgate::ports::{
-    Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, SessionRecord, Store, StoreError,
-    TerminalRecord, ToolEvent, WorkerLease,
+    Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Schema, SessionRecord, Store,
+    StoreError, TerminalRecord, ToolEvent, WorkerLease,
 };
 use uuid::Uuid;
 

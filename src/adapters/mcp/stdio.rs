@@ -133,7 +133,7 @@ pub struct StdioServer {
     /// The credential the live child was given: scrubbed from everything
     /// the server returns, since a server can echo its own environment.
     credential: Mutex<Option<SecretValue>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Metrics>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -967,7 +967,7 @@ impl StdioServers {
         credentials: Arc<dyn CredentialResolver>,
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<dyn Metrics>,
     ) -> Self {
         let servers = settings
             .into_iter()

@@ -1,0 +1,53 @@
+//! PostgresStore: The events outbox.
+
+use super::*;
+
+impl EventStore for PostgresStore {
+    fn record_event<'a>(
+        &'a self,
+        tenant_id: Option<&'a str>,
+        event: &'a PlatformEvent,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let scope = match tenant_id {
+                Some(tenant) => Scope::Tenant(tenant),
+                None => Scope::System,
+            };
+            let mut tx = self.begin(scope).await?;
+            insert_platform_event(&mut tx, tenant_id, event, now).await?;
+            tx.commit().await.map_err(database_error)
+        })
+    }
+
+    fn events_after(
+        &self,
+        after: i64,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<EventRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let rows = sqlx::query(
+                "SELECT id, tenant_id, event_type, payload, created_at FROM events \
+                 WHERE id > $1 AND txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY id LIMIT $2",
+            )
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter()
+                .map(|row| {
+                    Ok(EventRecord {
+                        id: get(row, "id")?,
+                        tenant_id: get(row, "tenant_id")?,
+                        event_type: get(row, "event_type")?,
+                        payload: get(row, "payload")?,
+                        created_at: get(row, "created_at")?,
+                    })
+                })
+                .collect()
+        })
+    }
+}

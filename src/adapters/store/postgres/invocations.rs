@@ -1,0 +1,564 @@
+//! PostgresStore: The invocation rows: the four commits, the watermark, take-overs, suspension, the breaker's counts and artifacts.
+
+use super::*;
+
+impl InvocationStore for PostgresStore {
+    fn insert_invocation<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
+        Box::pin(async move {
+            let mut lease = self.hot.lease().await?;
+            let principal = serde_json::to_value(&new.principal)
+                .map_err(|e| StoreError::Decode(e.to_string()))?;
+            let (kinds, bodies) = event_arrays(events)?;
+            let result = sqlx::query(
+                "SELECT * FROM toolgate_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                 $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
+            )
+            .bind(&new.tenant_id)
+            .bind(new.id)
+            .bind(new.session_id)
+            .bind(new.run_id)
+            .bind(new.step_number)
+            .bind(&new.call_id)
+            .bind(&new.tool_name)
+            .bind(&new.tool_version)
+            .bind(new.tool_source.as_str())
+            .bind(&new.server_id)
+            .bind(&new.arguments)
+            .bind(&new.arguments_hash)
+            .bind(&new.idempotency_key)
+            .bind(new.status.as_str())
+            .bind(new.idempotency_class.as_str())
+            .bind(new.side_effect.as_str())
+            .bind(principal)
+            .bind(new.origin_trust.as_str())
+            .bind(new.parallel_group)
+            .bind(new.deadline_at)
+            .bind(new.approval_id)
+            .bind(new.reason_code.map(ReasonCode::as_str))
+            .bind(new.status.outcome_status(new.reason_code).map(|s| s.as_str()))
+            .bind(claim.worker_id)
+            .bind(claim.now)
+            .bind(new.status.is_terminal().then_some(claim.now))
+            .bind(kinds)
+            .bind(bodies)
+            .fetch_optional(lease.connection()?)
+                .await;
+            let row = lease.settle(result)?;
+            let record = row.as_ref().map(invocation).transpose()?;
+            // The function returns the new row, or the one already holding the
+            // key. Another tenant's key (invisible under row-level security, or
+            // visible to a role that bypasses it) is neither shown nor told.
+            match record {
+                Some(record) if record.id == new.id => Ok(InsertOutcome::Inserted(record)),
+                Some(record) if record.tenant_id == new.tenant_id => {
+                    Ok(InsertOutcome::Existing(record))
+                }
+                _ => Err(StoreError::KeyConflict),
+            }
+        })
+    }
+
+    fn authorize_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "UPDATE tool_invocations SET status = 'authorized', worker_id = $2, lease_epoch = lease_epoch + 1 \
+                 WHERE id = $1 AND status = 'waiting_for_approval' AND tenant_id = $3 RETURNING ",
+                invocation_columns!()
+            ))
+            .bind(id)
+            .bind(claim.worker_id)
+            .bind(tenant_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let record = row.as_ref().map(invocation).transpose()?;
+            if record.is_some() {
+                append_events(&mut tx, tenant_id, events, claim.now).await?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(record)
+        })
+    }
+
+    fn settle_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let result = terminal_update(
+                &mut tx,
+                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
+                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
+                 WHERE id = $1 AND status = 'waiting_for_approval' AND tenant_id = $11",
+                id,
+                tenant_id,
+                terminal,
+                now,
+                None,
+            )
+            .await?;
+            if result {
+                append_events(&mut tx, tenant_id, events, now).await?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(result)
+        })
+    }
+
+    fn claim_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut lease = self.hot.lease().await?;
+            let (kinds, bodies) = event_arrays(events)?;
+            let result = sqlx::query("SELECT * FROM toolgate_claim($1, $2, $3, $4, $5, $6, $7)")
+                .bind(tenant_id)
+                .bind(id)
+                .bind(fence.worker_id)
+                .bind(fence.lease_epoch)
+                .bind(now)
+                .bind(kinds)
+                .bind(bodies)
+                .fetch_optional(lease.connection()?)
+                .await;
+            let row = lease.settle(result)?;
+            row.as_ref().map(invocation).transpose()
+        })
+    }
+
+    fn mark_effect_sent<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut lease = self.hot.lease().await?;
+            let result = sqlx::query_scalar("SELECT toolgate_mark_effect_sent($1, $2, $3, $4, $5)")
+                .bind(tenant_id)
+                .bind(id)
+                .bind(fence.worker_id)
+                .bind(fence.lease_epoch)
+                .bind(now)
+                .fetch_one(lease.connection()?)
+                .await;
+            lease.settle(result)
+        })
+    }
+
+    fn complete_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut lease = self.hot.lease().await?;
+            let (kinds, bodies) = event_arrays(events)?;
+            let artifact = terminal.artifact.as_ref();
+            let result = sqlx::query_scalar(
+                "SELECT toolgate_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                 $17, $18)",
+            )
+            .bind(tenant_id)
+            .bind(id)
+            .bind(fence.worker_id)
+            .bind(fence.lease_epoch)
+            .bind(terminal.status.as_str())
+            .bind(terminal.outcome_status.as_str())
+            .bind(terminal.reason_code.map(ReasonCode::as_str))
+            .bind(&terminal.result)
+            .bind(&terminal.error)
+            .bind(terminal.output_bytes)
+            .bind(terminal.truncated)
+            .bind(artifact.map(|a| a.id))
+            .bind(artifact.map(|a| a.media_type.as_str()))
+            .bind(artifact.map(|a| a.bytes))
+            .bind(artifact.map(|a| a.trust.as_str()))
+            .bind(now)
+            .bind(kinds)
+            .bind(bodies)
+            .fetch_one(lease.connection()?)
+                .await;
+            lease.settle(result)
+        })
+    }
+
+    fn suspend_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        kind: &'a str,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            // The lease is released with the row: a suspended call is not a
+            // dead worker's, and no sweep may take it.
+            let result = sqlx::query(
+                "UPDATE tool_invocations SET suspended_kind = $1, suspended_ref = $2, worker_id = $3 \
+                 WHERE id = $4 AND tenant_id = $5 AND status = 'running' AND suspended_kind IS NULL \
+                 AND worker_id = $6 AND lease_epoch = $7",
+            )
+            .bind(kind)
+            .bind(reference)
+            .bind(Option::<Uuid>::None)
+            .bind(id)
+            .bind(tenant_id)
+            .bind(fence.worker_id)
+            .bind(fence.lease_epoch)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(result.rows_affected() == 1)
+        })
+    }
+
+    fn complete_suspended<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let result = terminal_update(
+                &mut tx,
+                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
+                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
+                 WHERE id = $1 AND status = 'running' AND suspended_kind IS NOT NULL AND tenant_id = $11",
+                id,
+                tenant_id,
+                terminal,
+                now,
+                None,
+            )
+            .await?;
+            if result {
+                append_events(&mut tx, tenant_id, events, now).await?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(result)
+        })
+    }
+
+    fn invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                invocation_columns!(),
+                " FROM tool_invocations WHERE id = $1 AND tenant_id = $2"
+            ))
+            .bind(id)
+            .bind(tenant_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.as_ref().map(invocation).transpose()
+        })
+    }
+
+    fn run_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                invocation_columns!(),
+                " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 ORDER BY step_number, created_at, id"
+            ))
+            .bind(tenant_id)
+            .bind(run_id)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(invocation).collect()
+        })
+    }
+
+    fn claim_expired(
+        &self,
+        claim: Claim,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let rows = sqlx::query(concat!(
+                // The candidates are chosen once (a materialized CTE) and
+                // locked with SKIP LOCKED. The lease test names the dead
+                // workers positively: when a row another sweeper just took
+                // is rechecked against its new version, its new owner is not
+                // among them. (A NOT EXISTS over live workers would pass that
+                // recheck vacuously and steal the row.)
+                "WITH candidates AS MATERIALIZED (\
+                    SELECT i.id AS candidate_id FROM tool_invocations i \
+                    WHERE i.status IN ('authorized', 'running') AND i.suspended_kind IS NULL \
+                      AND i.worker_id IN (SELECT w.worker_id FROM workers w \
+                                          WHERE w.released_at IS NOT NULL OR w.lease_expires_at < $2) \
+                    ORDER BY i.created_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                 UPDATE tool_invocations t SET worker_id = $1, lease_epoch = t.lease_epoch + 1, \
+                 attempt_number = CASE WHEN t.started_at IS NULL THEN t.attempt_number ELSE t.attempt_number + 1 END \
+                 FROM candidates c WHERE t.id = c.candidate_id \
+                 RETURNING ",
+                invocation_columns!()
+            ))
+            .bind(claim.worker_id)
+            .bind(claim.now)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(invocation).collect()
+        })
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "UPDATE tool_invocations SET worker_id = $3, lease_epoch = lease_epoch + 1, \
+                 attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
+                 WHERE id = $1 AND tenant_id = $2 AND status IN ('authorized', 'running') \
+                   AND suspended_kind IS NULL \
+                   AND worker_id IN (SELECT w.worker_id FROM workers w \
+                                     WHERE w.released_at IS NOT NULL OR w.lease_expires_at < $4) \
+                 RETURNING ",
+                invocation_columns!()
+            ))
+            .bind(id)
+            .bind(tenant_id)
+            .bind(claim.worker_id)
+            .bind(claim.now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.as_ref().map(invocation).transpose()
+        })
+    }
+
+    fn breaker_tally<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+    ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
+        Box::pin(async move {
+            let mut lease = self.hot.lease().await?;
+            let result = sqlx::query(
+                "SELECT t_status, t_code, t_count, t_base FROM toolgate_tally($1, $2, $3, $4)",
+            )
+            .bind(tenant_id)
+            .bind(run_id)
+            .bind(tool_name)
+            .bind(arguments_hash)
+            .fetch_all(lease.connection()?)
+            .await;
+            let rows = lease.settle(result)?;
+            let mut tally = BreakerTally::default();
+            for row in &rows {
+                if let Some(base) = get::<Option<i64>>(row, "t_base")? {
+                    tally.evidence_base = base;
+                    continue;
+                }
+                tally.counts.push((
+                    parse(&get::<String>(row, "t_status")?, "outcome_status")?,
+                    parse_optional(get(row, "t_code")?, "reason_code")?,
+                    get::<i64>(row, "t_count")?,
+                ));
+            }
+            Ok(tally)
+        })
+    }
+
+    fn record_evidence<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+        evidence_key: &'a str,
+        maximum_restarts: i32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let successes: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
+                 AND arguments_hash = $4 AND outcome_status = 'succeeded'",
+            )
+            .bind(tenant_id)
+            .bind(run_id)
+            .bind(tool_name)
+            .bind(arguments_hash)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let last: Option<(String, i64)> = sqlx::query_as(
+                "SELECT evidence_key, base FROM breaker_evidence WHERE tenant_id = $1 AND run_id = $2 \
+                 AND tool_name = $3 AND arguments_hash = $4 FOR UPDATE",
+            )
+            .bind(tenant_id)
+            .bind(run_id)
+            .bind(tool_name)
+            .bind(arguments_hash)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            let restarted = match last {
+                None => {
+                    sqlx::query(
+                        "INSERT INTO breaker_evidence (tenant_id, run_id, tool_name, arguments_hash, evidence_key, base) \
+                         VALUES ($1, $2, $3, $4, $5, 0)",
+                    )
+                    .bind(tenant_id)
+                    .bind(run_id)
+                    .bind(tool_name)
+                    .bind(arguments_hash)
+                    .bind(evidence_key)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+                    false
+                }
+                Some((key, _)) if key == evidence_key => false,
+                Some((_, base)) => {
+                    // A restart must lower the count, and the run must have one left.
+                    let lowers = successes - base > 1;
+                    let granted = lowers
+                        && sqlx::query(
+                            "INSERT INTO breaker_runs (tenant_id, run_id, restarts) VALUES ($1, $2, 1) \
+                             ON CONFLICT (run_id) DO UPDATE SET restarts = breaker_runs.restarts + 1 \
+                             WHERE breaker_runs.restarts < $3",
+                        )
+                        .bind(tenant_id)
+                        .bind(run_id)
+                        .bind(maximum_restarts)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(database_error)?
+                        .rows_affected()
+                            == 1;
+                    let new_base = if granted { successes - 1 } else { base };
+                    sqlx::query(
+                        "UPDATE breaker_evidence SET evidence_key = $5, base = $6 WHERE tenant_id = $1 AND run_id = $2 \
+                         AND tool_name = $3 AND arguments_hash = $4",
+                    )
+                    .bind(tenant_id)
+                    .bind(run_id)
+                    .bind(tool_name)
+                    .bind(arguments_hash)
+                    .bind(evidence_key)
+                    .bind(new_base)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+                    granted
+                }
+            };
+            tx.commit().await.map_err(database_error)?;
+            Ok(restarted)
+        })
+    }
+
+    fn artifact<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query("SELECT id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
+                .bind(id)
+                .bind(tenant_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.map(|row| {
+                Ok(StoredArtifact {
+                    id: get(&row, "id")?,
+                    media_type: get(&row, "media_type")?,
+                    bytes: get(&row, "bytes")?,
+                    trust: parse(&get::<String>(&row, "trust")?, "trust")?,
+                })
+            })
+            .transpose()
+        })
+    }
+}
+
+/// The terminal columns of an UPDATE, fenced when `fence` is given.
+async fn terminal_update(
+    tx: &mut Transaction<'static, Postgres>,
+    sql: &'static str,
+    id: Uuid,
+    tenant_id: &str,
+    terminal: &TerminalRecord,
+    now: DateTime<Utc>,
+    fence: Option<Fence>,
+) -> Result<bool, StoreError> {
+    let mut query = sqlx::query(sql)
+        .bind(id)
+        .bind(terminal.status.as_str())
+        .bind(terminal.outcome_status.as_str())
+        .bind(terminal.reason_code.map(ReasonCode::as_str))
+        .bind(&terminal.result)
+        .bind(&terminal.error)
+        .bind(terminal.output_bytes)
+        .bind(terminal.truncated)
+        .bind(terminal.artifact.as_ref().map(|artifact| artifact.id))
+        .bind(now)
+        .bind(tenant_id.to_owned());
+    if let Some(fence) = fence {
+        query = query.bind(fence.worker_id).bind(fence.lease_epoch);
+    }
+    let result = query.execute(&mut **tx).await.map_err(database_error)?;
+    Ok(result.rows_affected() == 1)
+}

@@ -1,0 +1,410 @@
+//! The store on PostgreSQL: shared by every node; `UNIQUE(idempotency_key)`,
+//! fenced writes and `FOR UPDATE SKIP LOCKED` make several sidecars on one
+//! database safe. Each transaction sets the tenant (or the system scope) that
+//! row-level security checks.
+
+use chrono::{DateTime, Utc};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use uuid::Uuid;
+
+use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
+use crate::domain::{ApprovalStatus, ReasonCode};
+use crate::ports::{
+    ApprovalRecord, ApprovalStore, BoxFuture, BreakerTally, CatalogEntry, CatalogGeneration,
+    CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome,
+    InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
+    PreparationRecord, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, StoreError,
+    StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
+};
+
+/// Hot-path connections per node: the pipeline's commits are one short
+/// statement each, so a few suffice.
+const MAXIMUM_CONNECTIONS: u32 = 16;
+/// Pooled connections per node for everything else (migrations, reads,
+/// approvals, recovery sweeps).
+const MAXIMUM_POOLED_CONNECTIONS: u32 = 8;
+
+/// Serializes concurrent `toolgate migrate` runs across nodes.
+const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
+
+macro_rules! invocation_columns {
+    () => {
+        "id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, \
+         server_id, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, \
+         principal, origin_trust, parallel_group, deadline_at, approval_id, effect_sent_at, attempt_number, \
+         worker_id, lease_epoch, suspended_kind, suspended_ref, outcome_status, reason_code, result, error, \
+         output_bytes, truncated, artifact_id, created_at, started_at, completed_at"
+    };
+}
+
+macro_rules! approval_columns {
+    () => {
+        "id, tenant_id, invocation_id, tool_name, reason_code, status, approver, requested_at, decided_at"
+    };
+}
+
+macro_rules! session_columns {
+    () => {
+        "session_id, tenant_id, principal, agent, tool_schema_sha256, tool_contract_sha256, opened_at, \
+         last_used_at"
+    };
+}
+
+/// Whose rows a transaction may see.
+enum Scope<'a> {
+    Tenant(&'a str),
+    System,
+}
+
+/// The hot path's connections. sqlx's pool pings every connection it takes
+/// back, one more round trip per statement; the pipeline's one-statement
+/// commits use this set instead. A connection goes back only when its
+/// statement completed (or the server answered it with an error, which
+/// leaves the protocol in step); one dropped mid-statement, as a cancelled
+/// call drops it, is closed rather than reused in an unknown state.
+struct HotConnections {
+    options: PgConnectOptions,
+    idle: std::sync::Mutex<Vec<PgConnection>>,
+    permits: tokio::sync::Semaphore,
+}
+
+/// One connection of the set, held for one statement.
+struct Lease<'a> {
+    set: &'a HotConnections,
+    connection: Option<PgConnection>,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    reusable: bool,
+}
+
+impl HotConnections {
+    async fn lease(&self) -> Result<Lease<'_>, StoreError> {
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Unavailable("the connection set is closed".into()))?;
+        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let connection = match idle {
+            Some(connection) => connection,
+            None => PgConnection::connect_with(&self.options)
+                .await
+                .map_err(database_error)?,
+        };
+        Ok(Lease {
+            set: self,
+            connection: Some(connection),
+            _permit: permit,
+            reusable: false,
+        })
+    }
+}
+
+impl Lease<'_> {
+    fn connection(&mut self) -> Result<&mut PgConnection, StoreError> {
+        self.connection
+            .as_mut()
+            .ok_or_else(|| StoreError::Unavailable("the connection was already returned".into()))
+    }
+
+    /// Marks the connection reusable when the statement ended in a known
+    /// protocol state, and passes the result on.
+    fn settle<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, StoreError> {
+        self.reusable = matches!(&result, Ok(_) | Err(sqlx::Error::Database(_)));
+        result.map_err(database_error)
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if self.reusable
+            && let (Some(connection), Ok(mut idle)) = (self.connection.take(), self.set.idle.lock())
+        {
+            idle.push(connection);
+        }
+    }
+}
+
+/// The PostgreSQL store.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    hot: Arc<HotConnections>,
+}
+
+impl PostgresStore {
+    /// Connects; does not migrate.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(MAXIMUM_POOLED_CONNECTIONS)
+            // No ping before each use: it would add a round trip to every
+            // commit, and a broken connection fails its query cleanly anyway.
+            .test_before_acquire(false)
+            .connect(url)
+            .await
+            .map_err(database_error)?;
+        let options = PgConnectOptions::from_str(url).map_err(database_error)?;
+        let hot = Arc::new(HotConnections {
+            options,
+            idle: std::sync::Mutex::new(Vec::new()),
+            permits: tokio::sync::Semaphore::new(MAXIMUM_CONNECTIONS as usize),
+        });
+        Ok(PostgresStore { pool, hot })
+    }
+
+    /// Opens a transaction scoped for row-level security. The scope is set
+    /// in the same round trip as BEGIN (a simple-protocol batch), since
+    /// every commit of the pipeline pays for it.
+    async fn begin(&self, scope: Scope<'_>) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let (tenant, system) = match scope {
+            Scope::Tenant(tenant) => (literal(tenant)?, "''"),
+            Scope::System => ("''".to_owned(), "'system'"),
+        };
+        let begin = format!(
+            "BEGIN; SELECT set_config('toolgate.tenant_id', {tenant}, true), set_config('toolgate.scope', {system}, true)"
+        );
+        self.pool
+            .begin_with(sqlx::AssertSqlSafe(begin))
+            .await
+            .map_err(database_error)
+    }
+
+    async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS toolgate_migrations (\
+                version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+                checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .execute(&self.pool)
+        .await
+        .map_err(database_error)?;
+        let rows =
+            sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(database_error)?;
+        rows.iter()
+            .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
+            .collect()
+    }
+}
+
+/// A string as a SQL literal. `standard_conforming_strings` (on since
+/// PostgreSQL 9.1) makes doubling quotes the whole escape; NUL cannot be sent.
+fn literal(text: &str) -> Result<String, StoreError> {
+    if text.contains('\0') {
+        return Err(StoreError::Query("a tenant id may not contain NUL".into()));
+    }
+    Ok(format!("'{}'", text.replace('\'', "''")))
+}
+
+fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    row.try_get(column)
+        .map_err(|error| StoreError::Decode(format!("{column}: {error}")))
+}
+
+fn invocation(row: &PgRow) -> Result<InvocationRecord, StoreError> {
+    let principal: serde_json::Value = get(row, "principal")?;
+    Ok(InvocationRecord {
+        id: get(row, "id")?,
+        tenant_id: get(row, "tenant_id")?,
+        session_id: get(row, "session_id")?,
+        run_id: get(row, "run_id")?,
+        step_number: get(row, "step_number")?,
+        call_id: get(row, "call_id")?,
+        tool_name: get(row, "tool_name")?,
+        tool_version: get(row, "tool_version")?,
+        tool_source: parse(&get::<String>(row, "tool_source")?, "tool_source")?,
+        server_id: get(row, "server_id")?,
+        arguments: get(row, "arguments")?,
+        arguments_hash: get(row, "arguments_hash")?,
+        idempotency_key: get(row, "idempotency_key")?,
+        status: parse(&get::<String>(row, "status")?, "status")?,
+        idempotency_class: parse(
+            &get::<String>(row, "idempotency_class")?,
+            "idempotency_class",
+        )?,
+        side_effect: parse(&get::<String>(row, "side_effect")?, "side_effect")?,
+        principal: serde_json::from_value(principal)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        origin_trust: parse(&get::<String>(row, "origin_trust")?, "origin_trust")?,
+        parallel_group: get(row, "parallel_group")?,
+        deadline_at: get(row, "deadline_at")?,
+        approval_id: get(row, "approval_id")?,
+        effect_sent_at: get(row, "effect_sent_at")?,
+        attempt_number: get(row, "attempt_number")?,
+        worker_id: get(row, "worker_id")?,
+        lease_epoch: get(row, "lease_epoch")?,
+        suspended_kind: get(row, "suspended_kind")?,
+        suspended_ref: get(row, "suspended_ref")?,
+        outcome_status: parse_optional(get(row, "outcome_status")?, "outcome_status")?,
+        reason_code: parse_optional(get(row, "reason_code")?, "reason_code")?,
+        result: get(row, "result")?,
+        error: get(row, "error")?,
+        output_bytes: get(row, "output_bytes")?,
+        truncated: get(row, "truncated")?,
+        artifact_id: get(row, "artifact_id")?,
+        created_at: get(row, "created_at")?,
+        started_at: get(row, "started_at")?,
+        completed_at: get(row, "completed_at")?,
+    })
+}
+
+fn session_row(row: &PgRow) -> Result<SessionRecord, StoreError> {
+    let principal: serde_json::Value = get(row, "principal")?;
+    let agent: serde_json::Value = get(row, "agent")?;
+    Ok(SessionRecord {
+        session_id: get(row, "session_id")?,
+        tenant_id: get(row, "tenant_id")?,
+        principal: serde_json::from_value(principal)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        agent: serde_json::from_value(agent)
+            .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
+        tool_schema_sha256: get(row, "tool_schema_sha256")?,
+        tool_contract_sha256: get(row, "tool_contract_sha256")?,
+        opened_at: get(row, "opened_at")?,
+        last_used_at: get(row, "last_used_at")?,
+    })
+}
+
+fn approval(row: &PgRow) -> Result<ApprovalRecord, StoreError> {
+    Ok(ApprovalRecord {
+        id: get(row, "id")?,
+        tenant_id: get(row, "tenant_id")?,
+        invocation_id: get(row, "invocation_id")?,
+        tool_name: get(row, "tool_name")?,
+        reason_code: parse::<ReasonCode>(&get::<String>(row, "reason_code")?, "reason_code")?,
+        status: parse::<ApprovalStatus>(&get::<String>(row, "status")?, "status")?,
+        approver: get(row, "approver")?,
+        requested_at: get(row, "requested_at")?,
+        decided_at: get(row, "decided_at")?,
+    })
+}
+
+/// A commit's events as the two arrays the database functions take.
+fn event_arrays(
+    events: &[ToolEvent],
+) -> Result<(Vec<&'static str>, Vec<serde_json::Value>), StoreError> {
+    let kinds = events.iter().map(|event| event.kind.as_str()).collect();
+    let bodies = events
+        .iter()
+        .map(event_body)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((kinds, bodies))
+}
+
+async fn append_events(
+    tx: &mut Transaction<'static, Postgres>,
+    tenant_id: &str,
+    events: &[ToolEvent],
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    // One round trip for all of a commit's events.
+    let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
+    let bodies = events
+        .iter()
+        .map(event_body)
+        .collect::<Result<Vec<_>, _>>()?;
+    sqlx::query(
+        "INSERT INTO events (tenant_id, event_type, payload, created_at) \
+         SELECT $1, kind, body, $4 FROM UNNEST($2::text[], $3::jsonb[]) WITH ORDINALITY AS e(kind, body, n) ORDER BY n",
+    )
+    .bind(tenant_id)
+    .bind(kinds)
+    .bind(bodies)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    Ok(())
+}
+
+mod approvals;
+mod catalog;
+mod events;
+mod invocations;
+mod reviews;
+mod sessions;
+mod workers;
+
+impl Schema for PostgresStore {
+    fn pending_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
+        Box::pin(async move {
+            let applied = self.applied().await?;
+            Ok(plan(POSTGRES_MIGRATIONS, &applied)?
+                .iter()
+                .map(|m| m.version)
+                .collect())
+        })
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
+        Box::pin(async move {
+            self.applied().await?;
+            let mut tx = self.pool.begin().await.map_err(database_error)?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(MIGRATION_LOCK)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            // Read again under the lock: another node may have just migrated.
+            let rows =
+                sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+            let applied = rows
+                .iter()
+                .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
+                .collect::<Result<Vec<(i64, String)>, StoreError>>()?;
+            let pending = plan(POSTGRES_MIGRATIONS, &applied)?;
+            for migration in &pending {
+                sqlx::raw_sql(migration.sql)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|error| StoreError::Migration {
+                        version: migration.version,
+                        reason: database_error(error).to_string(),
+                    })?;
+                sqlx::query("INSERT INTO toolgate_migrations (version, description, checksum) VALUES ($1, $2, $3)")
+                    .bind(migration.version)
+                    .bind(migration.description)
+                    .bind(migration.checksum())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(pending.iter().map(|m| m.version).collect())
+        })
+    }
+}
+
+async fn insert_platform_event(
+    tx: &mut Transaction<'static, Postgres>,
+    tenant_id: Option<&str>,
+    event: &PlatformEvent,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(tenant_id)
+    .bind(event.event_type())
+    .bind(event.payload())
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    Ok(())
+}

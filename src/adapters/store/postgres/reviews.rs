@@ -1,0 +1,59 @@
+//! PostgresStore: The review queue and its resolutions.
+
+use super::*;
+
+impl ReviewStore for PostgresStore {
+    fn review_queue<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        limit: i64,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                invocation_columns!(),
+                " FROM tool_invocations WHERE tenant_id = $1 AND outcome_status = 'uncertain' \
+                 AND NOT EXISTS (SELECT 1 FROM review_resolutions r \
+                 WHERE r.tenant_id = tool_invocations.tenant_id AND r.invocation_id = tool_invocations.id) \
+                 ORDER BY completed_at, id LIMIT $2"
+            ))
+            .bind(tenant_id)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(invocation).collect()
+        })
+    }
+
+    fn resolve_review<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        review: &'a ReviewRecord,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let written = sqlx::query(
+                "INSERT INTO review_resolutions (id, tenant_id, invocation_id, resolution, resolver, note, resolved_at) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM tool_invocations \
+                 WHERE tenant_id = $2 AND id = $3 AND outcome_status = 'uncertain') \
+                 ON CONFLICT (invocation_id) DO NOTHING",
+            )
+            .bind(Uuid::new_v4())
+            .bind(tenant_id)
+            .bind(review.invocation_id)
+            .bind(review.resolution.as_str())
+            .bind(&review.resolver)
+            .bind(&review.note)
+            .bind(review.resolved_at)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?
+            .rows_affected();
+            tx.commit().await.map_err(database_error)?;
+            Ok(written == 1)
+        })
+    }
+}

@@ -1,0 +1,71 @@
+//! SqliteStore: Approvals.
+
+use super::*;
+
+impl ApprovalStore for SqliteStore {
+    fn approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>> {
+        Box::pin(async move {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                approval_columns!(),
+                " FROM approvals WHERE id = $1 AND tenant_id = $2"
+            ))
+            .bind(id.to_string())
+            .bind(tenant_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(database_error)?;
+            row.as_ref().map(approval).transpose()
+        })
+    }
+
+    fn pending_approvals<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                approval_columns!(),
+                " FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at, id"
+            ))
+            .bind(tenant_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(database_error)?;
+            rows.iter().map(approval).collect()
+        })
+    }
+
+    fn decide_approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        status: ApprovalStatus,
+        approver: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let row = sqlx::query(concat!(
+                "UPDATE approvals SET status = $3, approver = $4, decided_at = $5 \
+                 WHERE id = $1 AND tenant_id = $2 AND status = 'pending' RETURNING ",
+                approval_columns!()
+            ))
+            .bind(id.to_string())
+            .bind(tenant_id)
+            .bind(status.as_str())
+            .bind(approver)
+            .bind(micros(now))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.as_ref().map(approval).transpose()
+        })
+    }
+}

@@ -1,0 +1,337 @@
+//! The store on embedded SQLite: the single-node default. Writes take the
+//! database lock at `BEGIN IMMEDIATE`, so there is one writer at a time and
+//! event ids are assigned in commit order. UUIDs and JSON are TEXT and
+//! timestamps INTEGER microseconds, converted here.
+
+use chrono::{DateTime, Utc};
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, SqlitePool, Transaction};
+use uuid::Uuid;
+
+use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
+use crate::domain::{ApprovalStatus, ReasonCode};
+use crate::ports::{
+    ApprovalRecord, ApprovalStore, BoxFuture, BreakerTally, CatalogEntry, CatalogGeneration,
+    CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome,
+    InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
+    PreparationRecord, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, StoreError,
+    StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
+};
+
+/// Readers run beside the one writer (WAL).
+const MAXIMUM_CONNECTIONS: u32 = 8;
+
+/// How long a writer waits for the lock before the store reports busy.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+macro_rules! invocation_columns {
+    () => {
+        "id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, \
+         server_id, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, \
+         principal, origin_trust, parallel_group, deadline_at, approval_id, effect_sent_at, attempt_number, \
+         worker_id, lease_epoch, suspended_kind, suspended_ref, outcome_status, reason_code, result, error, \
+         output_bytes, truncated, artifact_id, created_at, started_at, completed_at"
+    };
+}
+
+macro_rules! approval_columns {
+    () => {
+        "id, tenant_id, invocation_id, tool_name, reason_code, status, approver, requested_at, decided_at"
+    };
+}
+
+/// The SQLite store.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file; does not migrate.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(database_error)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: a commit survives power loss, not only a crash.
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT);
+        if let Some(parent) = options.get_filename().parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| StoreError::Unavailable(format!("database folder: {}", e.kind())))?;
+        }
+        let pool = SqlitePoolOptions::new()
+            .max_connections(MAXIMUM_CONNECTIONS)
+            .connect_with(options)
+            .await
+            .map_err(database_error)?;
+        Ok(SqliteStore { pool })
+    }
+
+    /// A write transaction holding the database lock from its first statement,
+    /// so it never fails halfway on a lock upgrade.
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(database_error)
+    }
+
+    async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS toolgate_migrations (\
+                version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+                checksum TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+        )
+        .execute(&self.pool)
+        .await
+        .map_err(database_error)?;
+        let rows =
+            sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(database_error)?;
+        rows.iter()
+            .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
+            .collect()
+    }
+}
+
+fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>,
+{
+    row.try_get(column)
+        .map_err(|error| StoreError::Decode(format!("{column}: {error}")))
+}
+
+fn micros(at: DateTime<Utc>) -> i64 {
+    at.timestamp_micros()
+}
+
+fn time(row: &SqliteRow, column: &str) -> Result<DateTime<Utc>, StoreError> {
+    let micros: i64 = get(row, column)?;
+    DateTime::from_timestamp_micros(micros)
+        .ok_or_else(|| StoreError::Decode(format!("{column}: out of range")))
+}
+
+fn optional_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+    get::<Option<i64>>(row, column)?
+        .map(|micros| {
+            DateTime::from_timestamp_micros(micros)
+                .ok_or_else(|| StoreError::Decode(format!("{column}: out of range")))
+        })
+        .transpose()
+}
+
+fn uuid(row: &SqliteRow, column: &str) -> Result<Uuid, StoreError> {
+    let text: String = get(row, column)?;
+    Uuid::parse_str(&text).map_err(|_| StoreError::Decode(format!("{column}: not a UUID")))
+}
+
+fn optional_uuid(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, StoreError> {
+    get::<Option<String>>(row, column)?
+        .map(|text| {
+            Uuid::parse_str(&text).map_err(|_| StoreError::Decode(format!("{column}: not a UUID")))
+        })
+        .transpose()
+}
+
+const SESSION_BY_ID: &str = "SELECT session_id, tenant_id, principal, agent, tool_schema_sha256, \
+                             tool_contract_sha256, opened_at, last_used_at FROM sessions WHERE session_id = $1";
+
+fn session_row(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
+    Ok(SessionRecord {
+        session_id: uuid(row, "session_id")?,
+        tenant_id: get(row, "tenant_id")?,
+        principal: serde_json::from_value(json(row, "principal")?)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        agent: serde_json::from_value(json(row, "agent")?)
+            .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
+        tool_schema_sha256: get(row, "tool_schema_sha256")?,
+        tool_contract_sha256: get(row, "tool_contract_sha256")?,
+        opened_at: time(row, "opened_at")?,
+        last_used_at: time(row, "last_used_at")?,
+    })
+}
+
+fn json(row: &SqliteRow, column: &str) -> Result<serde_json::Value, StoreError> {
+    let text: String = get(row, column)?;
+    serde_json::from_str(&text).map_err(|_| StoreError::Decode(format!("{column}: not JSON")))
+}
+
+fn optional_json(row: &SqliteRow, column: &str) -> Result<Option<serde_json::Value>, StoreError> {
+    get::<Option<String>>(row, column)?
+        .map(|text| {
+            serde_json::from_str(&text)
+                .map_err(|_| StoreError::Decode(format!("{column}: not JSON")))
+        })
+        .transpose()
+}
+
+fn text(value: &serde_json::Value) -> String {
+    value.to_string()
+}
+
+fn invocation(row: &SqliteRow) -> Result<InvocationRecord, StoreError> {
+    let principal = json(row, "principal")?;
+    Ok(InvocationRecord {
+        id: uuid(row, "id")?,
+        tenant_id: get(row, "tenant_id")?,
+        session_id: uuid(row, "session_id")?,
+        run_id: uuid(row, "run_id")?,
+        step_number: get(row, "step_number")?,
+        call_id: get(row, "call_id")?,
+        tool_name: get(row, "tool_name")?,
+        tool_version: get(row, "tool_version")?,
+        tool_source: parse(&get::<String>(row, "tool_source")?, "tool_source")?,
+        server_id: get(row, "server_id")?,
+        arguments: json(row, "arguments")?,
+        arguments_hash: get(row, "arguments_hash")?,
+        idempotency_key: get(row, "idempotency_key")?,
+        status: parse(&get::<String>(row, "status")?, "status")?,
+        idempotency_class: parse(
+            &get::<String>(row, "idempotency_class")?,
+            "idempotency_class",
+        )?,
+        side_effect: parse(&get::<String>(row, "side_effect")?, "side_effect")?,
+        principal: serde_json::from_value(principal)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        origin_trust: parse(&get::<String>(row, "origin_trust")?, "origin_trust")?,
+        parallel_group: optional_uuid(row, "parallel_group")?,
+        deadline_at: optional_time(row, "deadline_at")?,
+        approval_id: optional_uuid(row, "approval_id")?,
+        effect_sent_at: optional_time(row, "effect_sent_at")?,
+        attempt_number: get(row, "attempt_number")?,
+        worker_id: optional_uuid(row, "worker_id")?,
+        lease_epoch: get(row, "lease_epoch")?,
+        suspended_kind: get(row, "suspended_kind")?,
+        suspended_ref: get(row, "suspended_ref")?,
+        outcome_status: parse_optional(get(row, "outcome_status")?, "outcome_status")?,
+        reason_code: parse_optional(get(row, "reason_code")?, "reason_code")?,
+        result: optional_json(row, "result")?,
+        error: optional_json(row, "error")?,
+        output_bytes: get(row, "output_bytes")?,
+        truncated: get(row, "truncated")?,
+        artifact_id: optional_uuid(row, "artifact_id")?,
+        created_at: time(row, "created_at")?,
+        started_at: optional_time(row, "started_at")?,
+        completed_at: optional_time(row, "completed_at")?,
+    })
+}
+
+fn approval(row: &SqliteRow) -> Result<ApprovalRecord, StoreError> {
+    Ok(ApprovalRecord {
+        id: uuid(row, "id")?,
+        tenant_id: get(row, "tenant_id")?,
+        invocation_id: uuid(row, "invocation_id")?,
+        tool_name: get(row, "tool_name")?,
+        reason_code: parse::<ReasonCode>(&get::<String>(row, "reason_code")?, "reason_code")?,
+        status: parse::<ApprovalStatus>(&get::<String>(row, "status")?, "status")?,
+        approver: get(row, "approver")?,
+        requested_at: time(row, "requested_at")?,
+        decided_at: optional_time(row, "decided_at")?,
+    })
+}
+
+async fn append_events(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant_id: &str,
+    events: &[ToolEvent],
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    for event in events {
+        sqlx::query("INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(tenant_id)
+            .bind(event.kind.as_str())
+            .bind(text(&event_body(event)?))
+            .bind(micros(now))
+            .execute(&mut **tx)
+            .await
+            .map_err(database_error)?;
+    }
+    Ok(())
+}
+
+mod approvals;
+mod catalog;
+mod events;
+mod invocations;
+mod reviews;
+mod sessions;
+mod workers;
+
+impl Schema for SqliteStore {
+    fn pending_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
+        Box::pin(async move {
+            let applied = self.applied().await?;
+            Ok(plan(SQLITE_MIGRATIONS, &applied)?
+                .iter()
+                .map(|m| m.version)
+                .collect())
+        })
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
+        Box::pin(async move {
+            self.applied().await?;
+            let mut tx = self.begin().await?;
+            // Read again under the lock: another process may have just migrated.
+            let rows =
+                sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+            let applied = rows
+                .iter()
+                .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
+                .collect::<Result<Vec<(i64, String)>, StoreError>>()?;
+            let pending = plan(SQLITE_MIGRATIONS, &applied)?;
+            for migration in &pending {
+                sqlx::raw_sql(migration.sql)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|error| StoreError::Migration {
+                        version: migration.version,
+                        reason: database_error(error).to_string(),
+                    })?;
+                sqlx::query("INSERT INTO toolgate_migrations (version, description, checksum) VALUES ($1, $2, $3)")
+                    .bind(migration.version)
+                    .bind(migration.description)
+                    .bind(migration.checksum())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+            }
+            tx.commit().await.map_err(database_error)?;
+            Ok(pending.iter().map(|m| m.version).collect())
+        })
+    }
+}
+
+async fn insert_platform_event(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant_id: Option<&str>,
+    event: &PlatformEvent,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(tenant_id)
+    .bind(event.event_type())
+    .bind(text(&event.payload()))
+    .bind(micros(now))
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    Ok(())
+}

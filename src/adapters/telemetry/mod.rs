@@ -1,0 +1,9 @@
+//! Telemetry: the metrics registry behind the `Metrics` port, and the
+//! decorator that counts the document's tool metrics from the tool events
+//! the invocation store commits.
+
+mod metered;
+mod metrics;
+
+pub use metered::MeteredInvocations;
+pub use metrics::MetricsRegistry;

@@ -1,0 +1,73 @@
+//! `POST /v1/calls`: one step's batch, onto batch admission; the answer is
+//! the model-facing rendering of each outcome.
+
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::listen::Routed;
+use super::wire::{CallsRequest, rendered_content};
+use super::{ApiError, ControlApi};
+use crate::bridge::http::{Reply, reply};
+use crate::pipeline::CallOutcome;
+use crate::pipeline::admission::{Batch, BatchCall};
+
+impl ControlApi {
+    pub(super) async fn calls(&self, routed: Routed) -> Result<Reply, ApiError> {
+        let request: CallsRequest = self.body(routed.request).await?;
+        let session = self.parts.sessions.get(request.session_id).await?;
+        let call_ids: Vec<String> = request
+            .calls
+            .iter()
+            .map(|call| call.call_id.clone())
+            .collect();
+        let batch = Batch {
+            run_id: request.run_id,
+            step_number: request.step_number,
+            deadline_at: request.deadline_at,
+            origin_trust: request.origin_trust,
+            calls: request
+                .calls
+                .into_iter()
+                .map(|call| BatchCall {
+                    call_id: call.call_id,
+                    name: call.name,
+                    arguments: call.arguments,
+                })
+                .collect(),
+        };
+        let ran = self.parts.admission.run(&session, batch).await?;
+        let results: Vec<Value> = call_ids
+            .iter()
+            .zip(&ran.outcomes)
+            .map(|(call_id, outcome)| match outcome {
+                CallOutcome::Finished(finished) => json!({
+                    "call_id": call_id,
+                    "invocation_id": finished.invocation_id,
+                    "outcome": finished.outcome,
+                    "content": rendered_content(&finished.content),
+                }),
+                CallOutcome::Pending {
+                    invocation_id,
+                    approval_id,
+                } => json!({
+                    "call_id": call_id,
+                    "invocation_id": invocation_id,
+                    "pending": {"approval_id": approval_id},
+                }),
+                CallOutcome::Suspended {
+                    invocation_id,
+                    kind,
+                    reference,
+                } => json!({
+                    "call_id": call_id,
+                    "invocation_id": invocation_id,
+                    "suspended": {"kind": kind, "reference": reference},
+                }),
+            })
+            .collect();
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"parallel_group": ran.parallel_group, "results": results}),
+        ))
+    }
+}

@@ -1,0 +1,149 @@
+//! `GET /v1/events` (the outbox as JSON lines or server-sent events,
+//! optionally followed) and `GET /metrics`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::Response;
+use hyper::body::Bytes;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use serde_json::json;
+
+use super::listen::Routed;
+use super::{ApiError, ControlApi};
+use crate::bridge::http::Reply;
+
+/// How often a followed event stream looks for new events.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+
+/// A response body fed, frame by frame, from a channel: the followed event
+/// stream. It ends when the sender is dropped.
+struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Channel {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|bytes| Ok(hyper::body::Frame::data(bytes))))
+    }
+}
+
+impl ControlApi {
+    /// The outbox from a cursor, as JSON lines or (with `Accept:
+    /// text/event-stream`) server-sent events whose ids are the cursor. With
+    /// `follow=true` the response stays open and new events are sent as
+    /// they commit, until the reader goes or toolgate drains.
+    pub(super) async fn events(self: &Arc<Self>, routed: Routed) -> Result<Reply, ApiError> {
+        let query = &routed.query;
+        let sse = routed
+            .request
+            .headers()
+            .get(hyper::header::ACCEPT)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|accept| accept.contains("text/event-stream"));
+        let follow = query.get("follow").is_some_and(|value| value == "true");
+        let mut after: i64 = query
+            .get("after")
+            .and_then(|after| after.parse().ok())
+            .unwrap_or(0);
+        let limit = query
+            .get("limit")
+            .and_then(|limit| limit.parse().ok())
+            .unwrap_or(1000_i64)
+            .clamp(1, 10_000);
+        let media = if sse {
+            "text/event-stream"
+        } else {
+            "application/x-ndjson"
+        };
+        let (lines, last) = self.event_lines(after, limit, sse).await?;
+        let body = if follow {
+            after = last.unwrap_or(after);
+            let (sender, receiver) = tokio::sync::mpsc::channel(16);
+            let api = self.clone();
+            tokio::spawn(async move {
+                if sender.send(Bytes::from(lines)).await.is_err() {
+                    return;
+                }
+                while !api.parts.in_flight.draining() {
+                    // A reader that went away ends the poll at once, not at
+                    // the next event.
+                    tokio::select! {
+                        _ = sender.closed() => return,
+                        _ = tokio::time::sleep(FOLLOW_POLL) => {}
+                    }
+                    let Ok((lines, last)) = api.event_lines(after, limit, sse).await else {
+                        return;
+                    };
+                    after = last.unwrap_or(after);
+                    if !lines.is_empty() && sender.send(Bytes::from(lines)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Channel(receiver).boxed_unsync()
+        } else {
+            Full::new(Bytes::from(lines)).boxed_unsync()
+        };
+        let mut response = Response::new(body);
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(media));
+        Ok(response)
+    }
+
+    /// Events after `after`, rendered, and the last id among them.
+    async fn event_lines(
+        &self,
+        after: i64,
+        limit: i64,
+        sse: bool,
+    ) -> Result<(String, Option<i64>), ApiError> {
+        let events = self.parts.events.events_after(after, limit).await?;
+        let last = events.last().map(|event| event.id);
+        let mut lines = String::new();
+        for event in events {
+            let body = json!({
+                "id": event.id,
+                "event_type": event.event_type,
+                "tenant_id": event.tenant_id,
+                "payload": event.payload,
+                "created_at": event.created_at,
+            });
+            if sse {
+                // The id is the cursor a reconnecting reader sends back.
+                lines.push_str(&format!(
+                    "id: {}\nevent: {}\ndata: {body}\n\n",
+                    event.id, event.event_type
+                ));
+            } else {
+                lines.push_str(&body.to_string());
+                lines.push('\n');
+            }
+        }
+        Ok((lines, last))
+    }
+
+    /// The Prometheus text exposition, with the requests being served.
+    pub(super) fn metrics(&self) -> Reply {
+        let mut text = self.parts.metrics.render();
+        text.push_str(&format!(
+            "# HELP toolgate_requests_in_flight Control and bridge requests being served.\n# TYPE toolgate_requests_in_flight gauge\ntoolgate_requests_in_flight {}\n",
+            self.parts.in_flight.count()
+        ));
+        let mut response = Response::new(Full::new(Bytes::from(text)).boxed_unsync());
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        response
+    }
+}

@@ -1,0 +1,147 @@
+//! The operator's reads and decisions: recorded invocations, approvals, the
+//! review queue, and completing a suspended control tool. Every route names
+//! its tenant.
+
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::listen::{Routed, tenant, tenant_and_id};
+use super::wire::{
+    ApprovalDecision, CompleteSuspended, ReviewDecision, invocation_view, rendered_content,
+};
+use super::{ApiError, ControlApi};
+use crate::bridge::http::{Reply, reply};
+use crate::domain::ApprovalStatus;
+use crate::pipeline::Completion;
+use crate::ports::ReviewRecord;
+
+/// How many review rows one answer holds.
+const REVIEW_PAGE: i64 = 1000;
+
+impl ControlApi {
+    pub(super) async fn approvals(&self, routed: Routed) -> Result<Reply, ApiError> {
+        let tenant = tenant(&routed.query)?;
+        let approvals = self.parts.approvals.pending(&tenant).await?;
+        let views: Vec<Value> = approvals
+            .iter()
+            .map(|approval| {
+                json!({
+                    "approval_id": approval.id,
+                    "invocation_id": approval.invocation_id,
+                    "tool_name": approval.tool_name,
+                    "reason_code": approval.reason_code,
+                    "status": approval.status,
+                    "requested_at": approval.requested_at,
+                })
+            })
+            .collect();
+        Ok(reply(StatusCode::OK, &json!({"approvals": views})))
+    }
+
+    pub(super) async fn decide(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
+        let (tenant, id) = tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let decision: ApprovalDecision = self.body(routed.request).await?;
+        let status = match decision.decision.as_str() {
+            "approve" => ApprovalStatus::Approved,
+            "deny" => ApprovalStatus::Denied,
+            _ => return Err(ApiError::Invalid("decision must be approve or deny".into())),
+        };
+        let approval = self
+            .parts
+            .approvals
+            .decide(&tenant, id, status, &decision.approver)
+            .await?
+            .ok_or(ApiError::Conflict {
+                code: "not_pending",
+                message: "no pending approval has this id",
+            })?;
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"approval_id": approval.id, "status": approval.status}),
+        ))
+    }
+
+    pub(super) async fn invocation(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
+        let (tenant, id) = tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let row = self
+            .parts
+            .invocations
+            .invocation(&tenant, id)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+        Ok(reply(StatusCode::OK, &invocation_view(&row)))
+    }
+
+    pub(super) async fn run(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
+        let (tenant, id) = tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let rows = self.parts.invocations.run_invocations(&tenant, id).await?;
+        let views: Vec<Value> = rows.iter().map(invocation_view).collect();
+        Ok(reply(StatusCode::OK, &json!({"invocations": views})))
+    }
+
+    pub(super) async fn complete(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
+        let (tenant, id) = tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let body: CompleteSuspended = self.body(routed.request).await?;
+        let completion = match (body.outcome.as_str(), body.text) {
+            ("answered", Some(text)) => Completion::Answered { text },
+            ("run_cancelled", None) => Completion::RunCancelled,
+            _ => {
+                return Err(ApiError::Invalid(
+                    "outcome must be answered (with text) or run_cancelled (without)".into(),
+                ));
+            }
+        };
+        let finished = self
+            .parts
+            .pipeline
+            .complete_suspended(&tenant, id, completion)
+            .await?
+            .ok_or(ApiError::Conflict {
+                code: "not_suspended",
+                message: "no suspended invocation has this id",
+            })?;
+        Ok(reply(
+            StatusCode::OK,
+            &json!({
+                "invocation_id": id,
+                "outcome": finished.outcome,
+                "content": rendered_content(&finished.content),
+            }),
+        ))
+    }
+
+    pub(super) async fn review_queue(&self, routed: Routed) -> Result<Reply, ApiError> {
+        let tenant = tenant(&routed.query)?;
+        let rows = self
+            .parts
+            .reviews
+            .review_queue(&tenant, REVIEW_PAGE)
+            .await?;
+        let views: Vec<Value> = rows.iter().map(invocation_view).collect();
+        Ok(reply(StatusCode::OK, &json!({"uncertain": views})))
+    }
+
+    pub(super) async fn resolve(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
+        let (tenant, invocation_id) =
+            tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let decision: ReviewDecision = self.body(routed.request).await?;
+        let review = ReviewRecord {
+            invocation_id,
+            resolution: decision.resolution,
+            resolver: decision.resolver,
+            note: decision.note,
+            resolved_at: self.parts.clock.now(),
+        };
+        let recorded = self.parts.reviews.resolve_review(&tenant, &review).await?;
+        if !recorded {
+            return Err(ApiError::Conflict {
+                code: "not_in_review",
+                message: "no unresolved uncertain invocation has this id",
+            });
+        }
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"invocation_id": invocation_id, "resolution": review.resolution}),
+        ))
+    }
+}

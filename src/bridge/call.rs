@@ -1,0 +1,119 @@
+//! A script's call entering the pipeline: the bridge, not the script,
+//! assigns the ordinal (so the call id); the cap counts every call; a call
+//! that needs an approval is held until the decision wakes it, and past the
+//! hold the turn is suspended and closed.
+
+use std::sync::Arc;
+
+use hyper::StatusCode;
+use hyper::header::HeaderValue;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::Bridge;
+use super::http::{Reply, error, reply_text};
+use super::turn::{Turn, call_id};
+use crate::domain::{ReasonCode, ToolOutcome};
+use crate::pipeline::sessions::{CallPlace, Session};
+use crate::pipeline::{CallOutcome, Finished, RenderedPart};
+
+/// The bridge's `POST /v1/call`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScriptCall {
+    call: String,
+    #[serde(default = "empty_object")]
+    arguments: Value,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+
+/// The answer a script reads: the outcome object with `status` as its first
+/// key (as the model reads it), then the content.
+fn outcome_text(outcome: &ToolOutcome, content: &[RenderedPart]) -> String {
+    let mut fields = match serde_json::to_value(outcome) {
+        Ok(Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    let status = fields.remove("status").unwrap_or(Value::Null);
+    let mut text = format!("{{\"status\":{status}");
+    for (name, value) in fields {
+        text.push_str(&format!(",{}:{value}", Value::String(name)));
+    }
+    let content = serde_json::to_value(content).unwrap_or_else(|_| json!([]));
+    text.push_str(&format!(",\"content\":{content}}}"));
+    text
+}
+
+/// Runs one script call through the pipeline.
+pub(super) async fn run(
+    bridge: &Arc<Bridge>,
+    turn: &Arc<Turn>,
+    session: &Session,
+    script_call: ScriptCall,
+) -> Reply {
+    let settings = &bridge.parts.settings;
+    let Some(ordinal) = turn.next_ordinal(settings.turn_call_cap) else {
+        let outcome = ToolOutcome::not_succeeded(script_call.call, ReasonCode::BridgeCallLimit);
+        return reply_text(StatusCode::OK, outcome_text(&outcome, &[]));
+    };
+    let place = CallPlace {
+        run_id: turn.binding.run_id,
+        step_number: turn.binding.step_number,
+        origin_trust: turn.binding.origin_trust,
+        deadline_at: None,
+        parallel_group: None,
+    };
+    let request = session.call_request(
+        place,
+        call_id(&turn.binding.script_sha256, ordinal),
+        script_call.call,
+        script_call.arguments,
+    );
+    let pipeline = &bridge.parts.pipeline;
+    let mut outcome = pipeline.call(request.clone()).await;
+    let held_until = tokio::time::Instant::now() + settings.approval_hold;
+    while let CallOutcome::Pending { approval_id, .. } = outcome {
+        // Held, not failed: the script blocks while a human decides.
+        let decided = bridge
+            .parts
+            .approvals
+            .wait_decided(&session.tenant_id, approval_id, held_until)
+            .await;
+        if !decided {
+            // Past the hold the turn is suspended and closed; the same
+            // script in a new turn resumes through deduplication.
+            bridge.close_turn(turn.id).await;
+            return error(
+                StatusCode::CONFLICT,
+                "turn_suspended",
+                "the approval was not decided within the hold; the turn is closed",
+            );
+        }
+        outcome = pipeline.call(request.clone()).await;
+    }
+    match outcome {
+        CallOutcome::Finished(Finished {
+            outcome, content, ..
+        }) => {
+            let mut response = reply_text(StatusCode::OK, outcome_text(&outcome, &content));
+            if let Ok(value) = HeaderValue::from_str(&ordinal.to_string()) {
+                response.headers_mut().insert("Toolgate-Ordinal", value);
+            }
+            response
+        }
+        CallOutcome::Pending { .. } => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the call is still pending",
+        ),
+        // A script cannot wait hours for a user or a child run.
+        CallOutcome::Suspended { .. } => error(
+            StatusCode::CONFLICT,
+            "call_suspended",
+            "the call suspended the run; it completes through the control API",
+        ),
+    }
+}

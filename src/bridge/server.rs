@@ -1,0 +1,158 @@
+//! A turn's socket server: accepts scripts' connections, refuses a request
+//! whose token, peer or turn is wrong before anything else, and routes the
+//! rest. Every request runs to its end under the in-flight tracker.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::header::AUTHORIZATION;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+
+use super::http::{Reply, error, json_body, reply};
+use super::turn::{AccessDenied, Turn};
+use super::{Bridge, call};
+
+/// The pause after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Serves one turn's socket until the turn is closed.
+pub(super) async fn serve_turn(
+    bridge: Arc<Bridge>,
+    turn: Arc<Turn>,
+    listener: UnixListener,
+    stop: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let peer_uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
+        let (bridge, turn) = (bridge.clone(), turn.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let (bridge, turn) = (bridge.clone(), turn.clone());
+                async move {
+                    let in_flight = bridge.parts.in_flight.clone();
+                    let work = async move { handle(&bridge, &turn, peer_uid, request).await };
+                    Ok::<_, Infallible>(in_flight.track(work).await)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// A refusal, counted by its code.
+pub(super) fn refuse(bridge: &Bridge, status: StatusCode, code: &str, message: &str) -> Reply {
+    bridge
+        .parts
+        .metrics
+        .increment("bridge_refusals_total", vec![("code", code.to_owned())]);
+    error(status, code, message)
+}
+
+async fn handle(
+    bridge: &Arc<Bridge>,
+    turn: &Arc<Turn>,
+    peer_uid: Option<u32>,
+    request: Request<Incoming>,
+) -> Reply {
+    let token = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match turn.authorize(token, peer_uid, bridge.parts.clock.now()) {
+        Ok(()) => {}
+        Err(AccessDenied::Token) => {
+            return refuse(
+                bridge,
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong turn token",
+            );
+        }
+        Err(AccessDenied::Peer) => {
+            return refuse(
+                bridge,
+                StatusCode::FORBIDDEN,
+                "forbidden_peer",
+                "the peer is not the turn's sandbox user",
+            );
+        }
+        Err(AccessDenied::Closed) => {
+            return refuse(
+                bridge,
+                StatusCode::GONE,
+                "turn_closed",
+                "the turn is closed",
+            );
+        }
+    }
+    let Ok(session) = bridge.parts.sessions.get(turn.binding.session_id).await else {
+        return refuse(
+            bridge,
+            StatusCode::GONE,
+            "turn_closed",
+            "the turn's session is closed",
+        );
+    };
+    match (request.method().clone(), request.uri().path()) {
+        (Method::GET, "/v1/tools") => {
+            let tools: Vec<Value> = session
+                .pinned
+                .advertised()
+                .map(|pinned| {
+                    json!({
+                        "name": pinned.tool.spec.name,
+                        "description": pinned.tool.spec.description,
+                        "input_schema": pinned.tool.spec.input_schema,
+                    })
+                })
+                .collect();
+            reply(StatusCode::OK, &json!({"tools": tools}))
+        }
+        (Method::POST, "/v1/call") => {
+            if bridge.parts.in_flight.draining() {
+                return refuse(
+                    bridge,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "draining",
+                    "toolgate is shutting down",
+                );
+            }
+            match json_body(request, bridge.parts.settings.body_limit).await {
+                Ok(script_call) => call::run(bridge, turn, &session, script_call).await,
+                Err(refused) => {
+                    bridge.parts.metrics.increment(
+                        "bridge_refusals_total",
+                        vec![("code", "invalid_request".to_owned())],
+                    );
+                    refused.reply()
+                }
+            }
+        }
+        _ => refuse(
+            bridge,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such resource",
+        ),
+    }
+}

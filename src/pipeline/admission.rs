@@ -1,0 +1,162 @@
+//! Batch admission: a step's calls run in parallel only when the whole batch
+//! qualifies (the design document's admission check); otherwise in the
+//! order the provider emitted them. No partial parallelism.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::call::{CallOutcome, named_tool};
+use super::executor::Pipeline;
+use super::registry::PinnedToolSet;
+use super::sessions::{CallPlace, Session};
+use crate::domain::{IdempotencyClass, SideEffectClass, TrustLevel};
+use crate::ports::Clock;
+
+/// Why a batch did not run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// A call of a parallel batch ended its task without an outcome.
+    #[error("a call of the batch did not finish")]
+    CallLost,
+}
+
+/// One call of a batch, as the model emitted it.
+#[derive(Debug, Clone)]
+pub struct BatchCall {
+    /// The provider's call id.
+    pub call_id: String,
+    /// A registry name or its wire alias.
+    pub name: String,
+    /// The model's arguments.
+    pub arguments: Value,
+}
+
+/// One step's batch.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// The run.
+    pub run_id: Uuid,
+    /// The step every call shares.
+    pub step_number: i64,
+    /// The run's deadline.
+    pub deadline_at: Option<DateTime<Utc>>,
+    /// Minimum trust over the context that proposed the batch.
+    pub origin_trust: TrustLevel,
+    /// The calls, in the provider's order.
+    pub calls: Vec<BatchCall>,
+}
+
+/// What a batch came to: its group when it ran in parallel, and one outcome
+/// per call in the order given.
+#[derive(Debug, Clone)]
+pub struct BatchOutcome {
+    /// Shared by the calls of a parallel batch.
+    pub parallel_group: Option<Uuid>,
+    /// One per call, in order.
+    pub outcomes: Vec<CallOutcome>,
+}
+
+/// The admission check: a batch runs in parallel only when every call is a
+/// read-only, parallel-safe tool of the pinned set whose timeout fits the
+/// run's remaining time. `tool.call` is judged as the tool it names.
+pub fn parallel_ok(
+    pinned: &PinnedToolSet,
+    calls: &[BatchCall],
+    remaining_seconds: Option<f64>,
+) -> bool {
+    calls.len() > 1
+        && calls.iter().all(|call| {
+            pinned
+                .resolve(named_tool(&call.name, &call.arguments))
+                .is_some_and(|pinned| {
+                    let spec = &pinned.tool.spec;
+                    let fits = remaining_seconds
+                        .is_none_or(|remaining| f64::from(spec.timeout_seconds) <= remaining);
+                    fits && spec.allow_parallel
+                        && spec.idempotency == IdempotencyClass::ReadOnly
+                        && matches!(
+                            spec.side_effect,
+                            SideEffectClass::None
+                                | SideEffectClass::WorkspaceRead
+                                | SideEffectClass::NetworkRead
+                                | SideEffectClass::ExternalRead
+                        )
+                })
+        })
+}
+
+/// Runs batches through the one pipeline.
+pub struct Admission {
+    pipeline: Arc<Pipeline>,
+    clock: Arc<dyn Clock>,
+    /// Calls of one parallel batch that run at once.
+    concurrency: usize,
+}
+
+impl Admission {
+    /// Batches over `pipeline`, at most `concurrency` calls at once.
+    pub fn new(pipeline: Arc<Pipeline>, clock: Arc<dyn Clock>, concurrency: usize) -> Self {
+        Admission {
+            pipeline,
+            clock,
+            concurrency: concurrency.max(1),
+        }
+    }
+
+    /// Runs one step's batch for `session`.
+    pub async fn run(
+        &self,
+        session: &Session,
+        batch: Batch,
+    ) -> Result<BatchOutcome, AdmissionError> {
+        let remaining = batch
+            .deadline_at
+            .map(|deadline| (deadline - self.clock.now()).num_milliseconds() as f64 / 1000.0);
+        let parallel_group =
+            parallel_ok(&session.pinned, &batch.calls, remaining).then(Uuid::new_v4);
+        let place = CallPlace {
+            run_id: batch.run_id,
+            step_number: batch.step_number,
+            origin_trust: batch.origin_trust,
+            deadline_at: batch.deadline_at,
+            parallel_group,
+        };
+        let requests: Vec<_> = batch
+            .calls
+            .into_iter()
+            .map(|call| session.call_request(place, call.call_id, call.name, call.arguments))
+            .collect();
+        let outcomes = if parallel_group.is_some() {
+            let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency));
+            let tasks: Vec<_> = requests
+                .into_iter()
+                .map(|request| {
+                    let (pipeline, slots) = (self.pipeline.clone(), slots.clone());
+                    tokio::spawn(async move {
+                        let _slot = slots.acquire_owned().await;
+                        pipeline.call(request).await
+                    })
+                })
+                .collect();
+            let mut outcomes = Vec::with_capacity(tasks.len());
+            for task in tasks {
+                outcomes.push(task.await.map_err(|_| AdmissionError::CallLost)?);
+            }
+            outcomes
+        } else {
+            // A mixed batch runs sequentially, in the order given.
+            let mut outcomes = Vec::with_capacity(requests.len());
+            for request in requests {
+                outcomes.push(self.pipeline.call(request).await);
+            }
+            outcomes
+        };
+        Ok(BatchOutcome {
+            parallel_group,
+            outcomes,
+        })
+    }
+}

@@ -1,0 +1,186 @@
+//! Tenant-configured MCP servers, validated when written (Decision 21): the
+//! transport is HTTP, the endpoint and any token endpoint pass the egress
+//! allowlist, the authentication obeys the five rules, scopes stay under
+//! `mcp.{server_id}.`, and an operator server's id is never taken. Every
+//! problem is reported with its field; no value is echoed.
+
+use std::sync::Arc;
+
+use crate::domain::egress::EgressAllowlist;
+use crate::domain::mcp_server::{
+    AuthFields, AuthScheme, Transport, validate_auth, validate_classification,
+};
+use crate::domain::{IdempotencyClass, RiskLevel, SideEffectClass, valid_tenant_id};
+use crate::ports::{CatalogStore, Clock, McpServerRow, StoreError};
+
+/// Why a tenant server was not written, read or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantServerError {
+    /// The tenant id breaks the rule where a tenant's records begin.
+    #[error("tenant_id must be 1 to 128 letters, digits, '-' or '_'")]
+    InvalidTenant,
+    /// An operator server has this id.
+    #[error("an operator server has this server_id")]
+    Taken,
+    /// The server breaks the write-time rules; each problem names its field.
+    #[error("{}", .0.join("; "))]
+    Invalid(Vec<String>),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The authentication of a tenant server, as written.
+#[derive(Debug, Clone, Default)]
+pub struct ServerAuthSpec {
+    /// One of the five schemes (text, so an unknown one is a rule violation).
+    pub scheme: String,
+    /// Header or variable name.
+    pub name: Option<String>,
+    /// A broker reference, never a secret.
+    pub credential_ref: Option<String>,
+    /// oauth2_client only.
+    pub token_endpoint: Option<String>,
+    /// oauth2_client only.
+    pub token_scopes: Option<Vec<String>>,
+}
+
+/// A tenant server as written.
+#[derive(Debug, Clone)]
+pub struct TenantServerSpec {
+    /// The URL.
+    pub endpoint: String,
+    /// How it authenticates; `none` when absent.
+    pub auth: Option<ServerAuthSpec>,
+    /// The operator-style classification of all its tools.
+    pub side_effect: SideEffectClass,
+    /// See `side_effect`.
+    pub risk: RiskLevel,
+    /// See `side_effect`.
+    pub idempotency: IdempotencyClass,
+    /// Scopes every tool requires.
+    pub required_scopes: Vec<String>,
+    /// Every tool's timeout.
+    pub timeout_seconds: u32,
+    /// Every tool's output limit.
+    pub maximum_output_bytes: u64,
+    /// Whether it is dialled at all.
+    pub enabled: bool,
+}
+
+/// The tenant servers of every tenant.
+pub struct TenantServers {
+    store: Arc<dyn CatalogStore>,
+    clock: Arc<dyn Clock>,
+    egress: EgressAllowlist,
+    /// Operator servers' ids, which a tenant server may not take.
+    operator_servers: Vec<String>,
+}
+
+impl TenantServers {
+    /// Tenant servers over their store, checked against `egress`.
+    pub fn new(
+        store: Arc<dyn CatalogStore>,
+        clock: Arc<dyn Clock>,
+        egress: EgressAllowlist,
+        operator_servers: Vec<String>,
+    ) -> Self {
+        TenantServers {
+            store,
+            clock,
+            egress,
+            operator_servers,
+        }
+    }
+
+    fn taken(&self, server_id: &str) -> bool {
+        self.operator_servers.iter().any(|id| id == server_id)
+    }
+
+    /// Validates and writes a tenant's server (insert or replace by id).
+    pub async fn put(
+        &self,
+        tenant_id: &str,
+        server_id: &str,
+        spec: TenantServerSpec,
+    ) -> Result<McpServerRow, TenantServerError> {
+        if !valid_tenant_id(tenant_id) {
+            return Err(TenantServerError::InvalidTenant);
+        }
+        if self.taken(server_id) {
+            return Err(TenantServerError::Taken);
+        }
+        let mut problems: Vec<String> = validate_classification(server_id, &spec.required_scopes)
+            .iter()
+            .map(|violation| format!("{}: {violation}", violation.field()))
+            .collect();
+        if let Err(failure) = self.egress.check(&spec.endpoint) {
+            problems.push(format!("endpoint: {failure}"));
+        }
+        let auth = spec.auth.unwrap_or(ServerAuthSpec {
+            scheme: "none".into(),
+            ..ServerAuthSpec::default()
+        });
+        let fields = AuthFields {
+            transport: Transport::Http,
+            scheme: &auth.scheme,
+            auth_name: auth.name.as_deref(),
+            credential_ref: auth.credential_ref.as_deref(),
+            token_endpoint: auth.token_endpoint.as_deref(),
+        };
+        problems.extend(
+            validate_auth(fields, &self.egress)
+                .iter()
+                .map(|violation| format!("auth.{}: {violation}", violation.field())),
+        );
+        if spec.timeout_seconds == 0 || spec.maximum_output_bytes == 0 {
+            problems.push("timeout_seconds, maximum_output_bytes: must be positive".into());
+        }
+        let auth_scheme = match auth.scheme.parse::<AuthScheme>() {
+            Ok(scheme) if problems.is_empty() => scheme,
+            _ => return Err(TenantServerError::Invalid(problems)),
+        };
+        let row = McpServerRow {
+            server_id: server_id.to_owned(),
+            transport: Transport::Http,
+            endpoint: spec.endpoint,
+            auth_scheme,
+            auth_name: auth.name,
+            credential_ref: auth.credential_ref,
+            token_endpoint: auth.token_endpoint,
+            token_scopes: auth.token_scopes,
+            side_effect: spec.side_effect,
+            risk: spec.risk,
+            idempotency: spec.idempotency,
+            required_scopes: spec.required_scopes,
+            timeout_seconds: spec.timeout_seconds,
+            maximum_output_bytes: spec.maximum_output_bytes,
+            enabled: spec.enabled,
+        };
+        self.store
+            .put_mcp_server(tenant_id, &row, self.clock.now())
+            .await?;
+        Ok(row)
+    }
+
+    /// A tenant's server.
+    pub async fn get(
+        &self,
+        tenant_id: &str,
+        server_id: &str,
+    ) -> Result<Option<McpServerRow>, TenantServerError> {
+        Ok(self.store.mcp_server(tenant_id, server_id).await?)
+    }
+
+    /// Removes a tenant's server; false when there was none.
+    pub async fn delete(
+        &self,
+        tenant_id: &str,
+        server_id: &str,
+    ) -> Result<bool, TenantServerError> {
+        if self.taken(server_id) {
+            return Err(TenantServerError::Taken);
+        }
+        Ok(self.store.delete_mcp_server(tenant_id, server_id).await?)
+    }
+}

@@ -1,0 +1,186 @@
+//! The events outbox: a monotonically increasing id, tool events written
+//! with their commits, and the platform events beside them.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::domain::ReasonCode;
+use crate::domain::mcp_server::Transport;
+use crate::ports::tool::BoxFuture;
+
+/// A row of the events outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRecord {
+    /// Monotonic cursor.
+    pub id: i64,
+    /// The tenant, for tenant events.
+    pub tenant_id: Option<String>,
+    /// e.g. `tool.call.started`.
+    pub event_type: String,
+    /// The event body.
+    pub payload: Value,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The events beside the seven tool events: MCP servers and catalogs, and
+/// bridge sessions. Identity, classification and reason codes only; nothing
+/// a server said (an error string, a description) is ever in one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlatformEvent {
+    /// A handshake finished.
+    ServerConnected {
+        /// The server.
+        server_id: String,
+        /// Its transport.
+        transport: Transport,
+        /// Tools it listed.
+        tools: usize,
+        /// Handshake and discovery time.
+        duration_ms: i64,
+    },
+    /// A remembered discovery was pinned instead of connecting.
+    ServerPinned {
+        /// The server.
+        server_id: String,
+        /// Its transport.
+        transport: Transport,
+        /// Tools it listed.
+        tools: usize,
+    },
+    /// A connection closed or failed.
+    ServerDisconnected {
+        /// The server.
+        server_id: String,
+        /// Why, as a stable code.
+        reason_code: ReasonCode,
+    },
+    /// The server's list differs from the pin: recorded, not applied.
+    CatalogChanged {
+        /// The server.
+        server_id: String,
+        /// The pinned generation.
+        old_hash: String,
+        /// What the server lists now.
+        new_hash: String,
+    },
+    /// Two remote names normalized to one registry name; neither is kept.
+    CatalogConflict {
+        /// The server.
+        server_id: String,
+        /// Both remote names.
+        remote_names: Vec<String>,
+    },
+    /// A bridge turn's socket was bound.
+    BridgeSessionOpened {
+        /// The run.
+        run_id: Uuid,
+        /// The step.
+        step_number: i64,
+        /// The script's hash.
+        script_hash: String,
+    },
+    /// A bridge turn was torn down.
+    BridgeSessionClosed {
+        /// The run.
+        run_id: Uuid,
+        /// The step.
+        step_number: i64,
+        /// Calls the turn made, denied ones included.
+        calls: u32,
+    },
+    /// A declaration failed registration.
+    ToolRejected {
+        /// The server.
+        server_id: String,
+        /// The server's name for the tool.
+        remote_name: String,
+        /// A stable slug, e.g. `input_schema.too_deep`.
+        reason: String,
+    },
+}
+
+impl PlatformEvent {
+    /// The event's type, e.g. `mcp.server.connected`.
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            PlatformEvent::ServerConnected { .. } => "mcp.server.connected",
+            PlatformEvent::ServerPinned { .. } => "mcp.server.pinned",
+            PlatformEvent::ServerDisconnected { .. } => "mcp.server.disconnected",
+            PlatformEvent::CatalogChanged { .. } => "mcp.catalog.changed",
+            PlatformEvent::CatalogConflict { .. } => "mcp.catalog.conflict",
+            PlatformEvent::ToolRejected { .. } => "mcp.tool.rejected",
+            PlatformEvent::BridgeSessionOpened { .. } => "bridge.session.opened",
+            PlatformEvent::BridgeSessionClosed { .. } => "bridge.session.closed",
+        }
+    }
+
+    /// The event's body.
+    pub fn payload(&self) -> Value {
+        match self {
+            PlatformEvent::ServerConnected {
+                server_id,
+                transport,
+                tools,
+                duration_ms,
+            } => json!({"server": server_id, "transport": transport, "tools": tools,
+                        "duration_ms": duration_ms}),
+            PlatformEvent::ServerPinned {
+                server_id,
+                transport,
+                tools,
+            } => json!({"server": server_id, "transport": transport, "tools": tools}),
+            PlatformEvent::ServerDisconnected {
+                server_id,
+                reason_code,
+            } => json!({"server": server_id, "reason_code": reason_code}),
+            PlatformEvent::CatalogChanged {
+                server_id,
+                old_hash,
+                new_hash,
+            } => json!({"server": server_id, "old_hash": old_hash, "new_hash": new_hash}),
+            PlatformEvent::CatalogConflict {
+                server_id,
+                remote_names,
+            } => json!({"server": server_id, "remote_names": remote_names}),
+            PlatformEvent::ToolRejected {
+                server_id,
+                remote_name,
+                reason,
+            } => json!({"server": server_id, "remote_name": remote_name, "reason": reason}),
+            PlatformEvent::BridgeSessionOpened {
+                run_id,
+                step_number,
+                script_hash,
+            } => json!({"run_id": run_id, "step_number": step_number, "script_hash": script_hash}),
+            PlatformEvent::BridgeSessionClosed {
+                run_id,
+                step_number,
+                calls,
+            } => json!({"run_id": run_id, "step_number": step_number, "calls": calls}),
+        }
+    }
+}
+
+/// The outbox.
+pub trait EventStore: Send + Sync {
+    /// Appends one event outside a preparation (a catalog change seen
+    /// mid-session, a disconnection, a bridge session); `tenant_id` is
+    /// `None` for a server that belongs to no one tenant.
+    fn record_event<'a>(
+        &'a self,
+        tenant_id: Option<&'a str>,
+        event: &'a PlatformEvent,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Events after the cursor, in id order; only ids no running transaction
+    /// can still fill in below, so a reader never skips one.
+    fn events_after(
+        &self,
+        after: i64,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<EventRecord>, StoreError>>;
+}

@@ -1,0 +1,480 @@
+//! The `tool_invocations` aggregate: the pipeline's four commits, the
+//! effect watermark, deduplication, recovery's take-overs, the breaker's
+//! counts, suspension, and the artifacts and reviews recorded beside rows.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Claim, Fence, StoreError};
+use crate::domain::{
+    IdempotencyClass, InvocationStatus, Principal, ReasonCode, ReviewResolution, SideEffectClass,
+    ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+};
+use crate::ports::tool::BoxFuture;
+
+/// A row to insert at step 8 (AUTHORIZED), step 7 (WAITING_FOR_APPROVAL,
+/// with its approval) or on a denial (DENIED, terminal).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewInvocation {
+    /// The row id.
+    pub id: Uuid,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The session.
+    pub session_id: Uuid,
+    /// The run.
+    pub run_id: Uuid,
+    /// The step; every call of a batch shares it.
+    pub step_number: i64,
+    /// Provider call id or the bridge's synthesized one.
+    pub call_id: String,
+    /// The registry name (the deferred tool's, for `tool.call`).
+    pub tool_name: String,
+    /// The pinned version.
+    pub tool_version: String,
+    /// Builtin, MCP, device or sandbox.
+    pub tool_source: ToolSource,
+    /// Set for MCP tools.
+    pub server_id: Option<String>,
+    /// The canonical arguments.
+    pub arguments: Value,
+    /// `normalized_arguments_hash`.
+    pub arguments_hash: String,
+    /// The UNIQUE key.
+    pub idempotency_key: String,
+    /// Snapshot of the class at authorization: recovery reads this, never
+    /// the registry of a possibly different build.
+    pub idempotency_class: IdempotencyClass,
+    /// Snapshot of the side effect, for the same reason.
+    pub side_effect: SideEffectClass,
+    /// Minimum trust over the request's context items.
+    pub origin_trust: TrustLevel,
+    /// Who the call acts for; re-checked before any re-execution.
+    pub principal: Principal,
+    /// Shared by one parallel batch.
+    pub parallel_group: Option<Uuid>,
+    /// The run's deadline for this call.
+    pub deadline_at: Option<DateTime<Utc>>,
+    /// AUTHORIZED, WAITING_FOR_APPROVAL or DENIED.
+    pub status: InvocationStatus,
+    /// For a DENIED row, why.
+    pub reason_code: Option<ReasonCode>,
+    /// For a WAITING_FOR_APPROVAL row, the approval opened with it.
+    pub approval_id: Option<Uuid>,
+}
+
+/// How a row ended, written at step 13 (or by recovery).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TerminalRecord {
+    /// SUCCEEDED, FAILED, DENIED or UNCERTAIN.
+    pub status: InvocationStatus,
+    /// The outcome status the model read.
+    pub outcome_status: ToolOutcomeStatus,
+    /// Absent on success.
+    pub reason_code: Option<ReasonCode>,
+    /// The rendered result (content and structure), for replay on dedup.
+    pub result: Option<Value>,
+    /// The tool's failure (detail and external text), for operators only.
+    pub error: Option<Value>,
+    /// UTF-8 bytes of the tool's content.
+    pub output_bytes: Option<i64>,
+    /// Whether the model saw an excerpt.
+    pub truncated: bool,
+    /// The whole result's artifact, when excerpted: recorded with the row.
+    pub artifact: Option<StoredArtifact>,
+}
+
+impl TerminalRecord {
+    /// The end of a call that produced no result: a refusal, an expiry, an
+    /// uncertain recovery. Its status follows from the code.
+    pub fn without_result(code: ReasonCode) -> TerminalRecord {
+        let status = code.status();
+        TerminalRecord {
+            status: status.invocation_status(),
+            outcome_status: status,
+            reason_code: Some(code),
+            result: None,
+            error: None,
+            output_bytes: None,
+            truncated: false,
+            artifact: None,
+        }
+    }
+}
+
+/// An `artifacts` row: what the artifact store holds for an invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredArtifact {
+    /// The artifact.
+    pub id: Uuid,
+    /// Its media type.
+    pub media_type: String,
+    /// Its size.
+    pub bytes: i64,
+    /// The trust label it inherits from the result.
+    pub trust: TrustLevel,
+}
+
+/// A `tool_invocations` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvocationRecord {
+    /// The row id.
+    pub id: Uuid,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The session.
+    pub session_id: Uuid,
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step_number: i64,
+    /// The call id.
+    pub call_id: String,
+    /// The registry name.
+    pub tool_name: String,
+    /// The pinned version.
+    pub tool_version: String,
+    /// Where the tool comes from.
+    pub tool_source: ToolSource,
+    /// Set for MCP tools.
+    pub server_id: Option<String>,
+    /// The canonical arguments.
+    pub arguments: Value,
+    /// `normalized_arguments_hash`.
+    pub arguments_hash: String,
+    /// The UNIQUE key.
+    pub idempotency_key: String,
+    /// The row's state.
+    pub status: InvocationStatus,
+    /// Snapshot of the class.
+    pub idempotency_class: IdempotencyClass,
+    /// Snapshot of the side effect.
+    pub side_effect: SideEffectClass,
+    /// Who the call acts for.
+    pub principal: Principal,
+    /// Request trust.
+    pub origin_trust: TrustLevel,
+    /// The batch.
+    pub parallel_group: Option<Uuid>,
+    /// The call's deadline.
+    pub deadline_at: Option<DateTime<Utc>>,
+    /// The approval, while or after waiting.
+    pub approval_id: Option<Uuid>,
+    /// The effect watermark.
+    pub effect_sent_at: Option<DateTime<Utc>>,
+    /// Claims made of the row.
+    pub attempt_number: i32,
+    /// The current claim's worker.
+    pub worker_id: Option<Uuid>,
+    /// The current claim's epoch.
+    pub lease_epoch: i64,
+    /// `user_input` or `child_run` while a control tool is suspended.
+    pub suspended_kind: Option<String>,
+    /// The question or child run it waits for.
+    pub suspended_ref: Option<String>,
+    /// The outcome status, once terminal.
+    pub outcome_status: Option<ToolOutcomeStatus>,
+    /// The reason code, once terminal (absent on success).
+    pub reason_code: Option<ReasonCode>,
+    /// The rendered result.
+    pub result: Option<Value>,
+    /// The tool's failure, for operators.
+    pub error: Option<Value>,
+    /// Output size.
+    pub output_bytes: Option<i64>,
+    /// Excerpted or not.
+    pub truncated: bool,
+    /// The whole result's artifact.
+    pub artifact_id: Option<Uuid>,
+    /// Row creation.
+    pub created_at: DateTime<Utc>,
+    /// Last claim.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Terminal write.
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+impl InvocationRecord {
+    /// The fence of the row's current claim, if claimed.
+    pub fn fence(&self) -> Option<Fence> {
+        self.worker_id.map(|worker_id| Fence {
+            worker_id,
+            lease_epoch: self.lease_epoch,
+        })
+    }
+}
+
+/// What step 8's insert found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InsertOutcome {
+    /// The row is new.
+    Inserted(InvocationRecord),
+    /// A row with this key already exists: the deduplication path.
+    Existing(InvocationRecord),
+}
+
+/// One of the seven tool events: identity and classification only. No
+/// arguments, no result, no error detail, no external text: those live in
+/// the tenant-scoped row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolEvent {
+    /// Which of the seven; the event's type, not part of its body.
+    #[serde(skip)]
+    pub kind: ToolEventKind,
+    /// The row.
+    pub invocation_id: Uuid,
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step_number: i64,
+    /// The call id.
+    pub call_id: String,
+    /// The registry name.
+    pub tool_name: String,
+    /// Builtin, MCP, device or sandbox.
+    pub tool_source: ToolSource,
+    /// The pinned version.
+    pub tool_version: String,
+    /// Set once the outcome is known.
+    pub outcome_status: Option<ToolOutcomeStatus>,
+    /// Set on non-success.
+    pub reason_code: Option<ReasonCode>,
+    /// The snapshot class.
+    pub idempotency_class: IdempotencyClass,
+    /// Whether the watermark was set: what an operator scans for.
+    pub effect_sent: bool,
+    /// Execution time, on terminal events.
+    pub duration_ms: Option<i64>,
+    /// Output size, on terminal events.
+    pub output_bytes: Option<i64>,
+    /// Excerpted or not.
+    pub truncated: bool,
+    /// The batch.
+    pub parallel_group: Option<Uuid>,
+}
+
+/// The breaker's counter for one identical call (name and arguments) in a
+/// run: calls by outcome status and reason code, derived from the rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BreakerTally {
+    /// Rows by outcome status and reason code (absent on success).
+    pub counts: Vec<(ToolOutcomeStatus, Option<ReasonCode>, i64)>,
+    /// Successful calls before the count last restarted on new evidence.
+    pub evidence_base: i64,
+}
+
+impl BreakerTally {
+    /// Rows with this status and code.
+    pub fn count(&self, status: ToolOutcomeStatus, code: Option<ReasonCode>) -> i64 {
+        self.counts
+            .iter()
+            .filter(|(s, c, _)| *s == status && *c == code)
+            .map(|(_, _, n)| *n)
+            .sum()
+    }
+
+    /// Rows with this status, whatever their code.
+    pub fn count_status(&self, status: ToolOutcomeStatus) -> i64 {
+        self.counts
+            .iter()
+            .filter(|(s, _, _)| *s == status)
+            .map(|(_, _, n)| *n)
+            .sum()
+    }
+}
+
+/// A human's resolution of an UNCERTAIN invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewRecord {
+    /// The invocation reviewed.
+    pub invocation_id: Uuid,
+    /// The verdict.
+    pub resolution: ReviewResolution,
+    /// Who gave it.
+    pub resolver: String,
+    /// Why, in the reviewer's words.
+    pub note: Option<String>,
+    /// When.
+    pub resolved_at: DateTime<Utc>,
+}
+
+/// The invocation rows. Each write is one short transaction (with the
+/// events of its commit); none is held across tool I/O, and every write made
+/// for an attempt is conditional on its [`Fence`].
+pub trait InvocationStore: Send + Sync {
+    /// Step 8 (or 7 with its approval, or a denial): inserts the row and its
+    /// events in one commit under the inserting worker's fence (epoch 0), or
+    /// returns the row already holding the key and writes nothing.
+    fn insert_invocation<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>>;
+
+    /// An approved call's row moves from WAITING_FOR_APPROVAL to AUTHORIZED
+    /// under the resuming worker's new fence. `None` when it is not waiting.
+    fn authorize_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
+    /// A denied or expired approval ends its waiting row. `false` when the
+    /// row is no longer waiting (another decision won).
+    fn settle_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Step 9: AUTHORIZED to RUNNING under a new fence, with its events.
+    /// `None` when the row is not AUTHORIZED under `fence`.
+    fn claim_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
+    /// The effect watermark: sets `effect_sent_at` once (later calls keep the
+    /// first value). `false` when the fence is stale: the tool must not start.
+    fn mark_effect_sent<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Step 13: the terminal write and its events, only under the current
+    /// fence of an AUTHORIZED or RUNNING row. `false` when the fence is
+    /// stale and nothing changed.
+    fn complete_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Suspends a claimed invocation (a control tool waiting on a user or a
+    /// child run): it stays RUNNING with `suspended_kind` and
+    /// `suspended_ref` set and its lease released, so no recovery sweep
+    /// takes it. False under a stale fence.
+    fn suspend_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        kind: &'a str,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Completes a suspended invocation with its terminal record and
+    /// events; false unless it is RUNNING and suspended.
+    fn complete_suspended<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// A row by id, within its tenant.
+    fn invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
+    /// A run's rows in step and creation order.
+    fn run_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
+
+    /// Recovery: takes over up to `limit` AUTHORIZED or RUNNING rows, not
+    /// suspended, whose worker's lease has expired or was released, each
+    /// under a new fence. Concurrent sweepers never take the same row.
+    fn claim_expired(
+        &self,
+        claim: Claim,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>>;
+
+    /// Deduplication's case 4 for one row: takes over an AUTHORIZED or
+    /// RUNNING row, not suspended, whose worker's lease has expired or was
+    /// released, under a new fence. `None` when its owner is alive (or it
+    /// has moved on).
+    fn take_over<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
+    /// The breaker's counter for `tool_name` with `arguments_hash` in a run.
+    fn breaker_tally<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+    ) -> BoxFuture<'a, Result<BreakerTally, StoreError>>;
+
+    /// Records the evidence key a successful identical call returned (its
+    /// row already terminal). A key different from the last restarts the
+    /// count at one, when that lowers it and the run has restarts left (at
+    /// most `maximum_restarts`); returns whether it restarted.
+    fn record_evidence<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+        evidence_key: &'a str,
+        maximum_restarts: i32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// An artifact's record, within its tenant (for the owner-scoped
+    /// artifact routes; no tool reads artifacts back).
+    fn artifact<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>>;
+}
+
+/// The review queue: UNCERTAIN rows and the resolutions recorded beside them.
+pub trait ReviewStore: Send + Sync {
+    /// The review queue: the tenant's UNCERTAIN invocations no human has
+    /// resolved yet, oldest first, at most `limit`.
+    fn review_queue<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        limit: i64,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
+
+    /// Records a resolution beside an UNCERTAIN invocation; the invocation's
+    /// own row is not touched. Returns false when the invocation is not
+    /// UNCERTAIN, is not the tenant's, or was already resolved.
+    fn resolve_review<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        review: &'a ReviewRecord,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+}

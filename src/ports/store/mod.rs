@@ -1,0 +1,127 @@
+//! The durable record: what the pipeline's four commits, the effect
+//! watermark, deduplication and recovery read and write, one narrow trait
+//! per aggregate (invocations, reviews, approvals, sessions, the MCP
+//! catalog, events, workers).
+//!
+//! A write that spans aggregates (an invocation and the events of its
+//! commit, a preparation's servers, catalogs and events) is one method of
+//! the aggregate that owns it and one transaction in every adapter. Every
+//! write made for an attempt carries its [`Fence`] and changes nothing when
+//! the fence is stale. Every tenant-owned read and write names its tenant;
+//! adapters enforce it in the query and, on PostgreSQL, with row-level
+//! security as well.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::tool::BoxFuture;
+
+mod approvals;
+mod catalog;
+mod events;
+mod invocations;
+mod sessions;
+mod workers;
+
+pub use approvals::{ApprovalRecord, ApprovalStore};
+pub use catalog::{
+    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow, PreparationRecord,
+};
+pub use events::{EventRecord, EventStore, PlatformEvent};
+pub use invocations::{
+    BreakerTally, InsertOutcome, InvocationRecord, InvocationStore, NewInvocation, ReviewRecord,
+    ReviewStore, StoredArtifact, TerminalRecord, ToolEvent,
+};
+pub use sessions::{SessionRecord, SessionStore};
+pub use workers::{WorkerLease, WorkerStore};
+
+/// Why the store failed. Messages carry no argument, result or secret.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or the connection broke.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A query failed.
+    #[error("store query failed: {0}")]
+    Query(String),
+    /// A stored value could not be read back.
+    #[error("stored value unreadable: {0}")]
+    Decode(String),
+    /// The schema is behind this build.
+    #[error("{0} migration(s) pending; run `toolgate migrate`")]
+    MigrationsPending(usize),
+    /// A migration failed or an applied one differs from this build's.
+    #[error("migration {version}: {reason}")]
+    Migration {
+        /// The migration's version.
+        version: i64,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The idempotency key is held by another tenant's row.
+    #[error("idempotency key conflict")]
+    KeyConflict,
+}
+
+impl StoreError {
+    /// Whether retrying the same operation may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+/// The attempt a write is made for: the worker that claimed the row and the
+/// row's lease epoch at that claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    /// The claiming worker.
+    pub worker_id: Uuid,
+    /// Incremented by every claim of the row.
+    pub lease_epoch: i64,
+}
+
+/// A claim being made: by whom, and until when the lease holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The claiming worker.
+    pub worker_id: Uuid,
+    /// The moment of the claim.
+    pub now: DateTime<Utc>,
+}
+
+/// The schema: this build's migrations.
+pub trait Schema: Send + Sync {
+    /// Versions of this build's migrations not yet applied.
+    fn pending_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>>;
+
+    /// Applies pending migrations; returns the versions applied.
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>>;
+}
+
+/// Every aggregate of one database: what an adapter provides and the
+/// composition root hands out, each consumer taking only the narrow traits
+/// it uses.
+pub trait Store:
+    Schema
+    + WorkerStore
+    + InvocationStore
+    + ReviewStore
+    + ApprovalStore
+    + SessionStore
+    + CatalogStore
+    + EventStore
+{
+}
+
+impl<T> Store for T where
+    T: Schema
+        + WorkerStore
+        + InvocationStore
+        + ReviewStore
+        + ApprovalStore
+        + SessionStore
+        + CatalogStore
+        + EventStore
+{
+}

@@ -1,0 +1,51 @@
+//! Sessions as recorded, so any node can pin a session's tool set again.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::domain::{AgentSpec, Principal};
+use crate::ports::tool::BoxFuture;
+
+/// A `sessions` row: what a session was opened with, so that any node (or
+/// this one after a restart) can pin its tool set again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    pub session_id: Uuid,
+    pub tenant_id: String,
+    pub principal: Principal,
+    pub agent: AgentSpec,
+    /// The pinned set's hashes when the session opened (what the model was
+    /// shown, and what calls execute under): a node that takes the session
+    /// over must reproduce both.
+    pub tool_schema_sha256: String,
+    pub tool_contract_sha256: String,
+    pub opened_at: DateTime<Utc>,
+    /// Refreshed at most hourly while the session is used.
+    pub last_used_at: DateTime<Utc>,
+}
+
+/// The `sessions` table.
+pub trait SessionStore: Send + Sync {
+    /// Records a session. When its id is already recorded, nothing is
+    /// written and the recorded row is returned instead, to be compared.
+    fn open_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+    ) -> BoxFuture<'a, Result<SessionRecord, StoreError>>;
+
+    /// A session by its id, whichever tenant holds it: the id is what a
+    /// caller presents, and the row says whose it is.
+    fn session(&self, session_id: Uuid)
+    -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>>;
+
+    /// Marks a session used at `now`.
+    fn touch_session(
+        &self,
+        session_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Deletes the sessions last used before `before`; how many.
+    fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>>;
+}
