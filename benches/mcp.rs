@@ -162,6 +162,7 @@ fn main() {
                 idle_timeout: Duration::from_secs(900),
                 enabled: true,
                 state_dir: folder.path().join("state/everything"),
+                run_as: None,
             }],
             Arc::new(EnvFileResolver::default()),
             store.clone(),

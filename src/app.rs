@@ -12,12 +12,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapters::artifacts::FsArtifactStore;
 use crate::adapters::credentials::EnvFileResolver;
+use crate::adapters::mcp::child::RunAs;
 use crate::adapters::mcp::stdio::{StdioServerSettings, StdioServers};
 use crate::adapters::policy::RuleFilePolicy;
 use crate::adapters::store;
 use crate::adapters::telemetry::{MeteredInvocations, MetricsRegistry};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
-use crate::bridge::{Bridge, BridgeParts, BridgeSettings, InFlight, Turns};
+use crate::bridge::{
+    Bridge, BridgeParts, BridgeSettings, ConnectionCap, EdgeLimits, InFlight, Turns,
+};
 use crate::config::{Config, ConfigErrors};
 use crate::domain::mcp_server::{AuthScheme, ServerClassification};
 use crate::domain::secret::CredentialRef;
@@ -79,6 +82,7 @@ pub fn check_config(
             message: format!("the rule file is invalid: {error}"),
         }]));
     }
+    stdio_settings(&config)?;
     Ok(ConfigSummary {
         store_backend: if config.store.url.starts_with("sqlite:") {
             "sqlite"
@@ -114,12 +118,32 @@ pub async fn migrate(
 /// already validated, so a scheme or reference that does not parse here
 /// cannot occur; were it to, the server is left without a credential and
 /// fails to connect rather than starting with a guessed one.
-pub fn stdio_settings(config: &Config) -> Vec<StdioServerSettings> {
-    config
+pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, ConfigErrors> {
+    let mut problems = Vec::new();
+    let settings = config
         .mcp
         .servers
         .iter()
-        .map(|server| StdioServerSettings {
+        .enumerate()
+        .map(|(index, server)| {
+            let (field, run_as) = match (&server.run_as, &config.mcp.run_as) {
+                (Some(own), _) => (format!("mcp.servers[{index}].run_as"), Some(own)),
+                (None, Some(default)) => ("mcp.run_as".to_owned(), Some(default)),
+                (None, None) => (String::new(), None),
+            };
+            let run_as = run_as.and_then(|text| match resolve_run_as(text) {
+                Ok(run_as) => Some(run_as),
+                Err(message) => {
+                    problems.push(crate::config::ConfigError {
+                        path: field,
+                        message,
+                    });
+                    None
+                }
+            });
+            (server, run_as)
+        })
+        .map(|(server, run_as)| StdioServerSettings {
             server_id: server.server_id.clone(),
             program: server.command.clone(),
             args: server.args.clone(),
@@ -144,8 +168,69 @@ pub fn stdio_settings(config: &Config) -> Vec<StdioServerSettings> {
             idle_timeout: Duration::from_secs(u64::from(server.idle_timeout_seconds)),
             enabled: server.enabled,
             state_dir: config.mcp.state_directory.join(&server.server_id),
+            run_as,
         })
-        .collect()
+        .collect();
+    if problems.is_empty() {
+        Ok(settings)
+    } else {
+        Err(ConfigErrors(problems))
+    }
+}
+
+/// A `run_as` value as a user: `uid:gid`, a uid (its passwd group, or the
+/// same number), or a user name from the system's user database.
+fn resolve_run_as(text: &str) -> Result<RunAs, String> {
+    use nix::unistd::{Uid, User};
+    if let Some((uid, gid)) = text.split_once(':') {
+        return match (uid.parse(), gid.parse()) {
+            (Ok(uid), Ok(gid)) => Ok(RunAs { uid, gid }),
+            _ => Err("must be a user name, a uid, or uid:gid".into()),
+        };
+    }
+    let user = match text.parse::<u32>() {
+        Ok(uid) => {
+            return Ok(match User::from_uid(Uid::from_raw(uid)) {
+                Ok(Some(user)) => RunAs {
+                    uid,
+                    gid: user.gid.as_raw(),
+                },
+                _ => RunAs { uid, gid: uid },
+            });
+        }
+        Err(_) => User::from_name(text),
+    };
+    match user {
+        Ok(Some(user)) => Ok(RunAs {
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+        }),
+        _ => Err("names no user of this system".into()),
+    }
+}
+
+/// Creates `folder` if missing and makes it traversable but not listable
+/// by others (0711).
+fn traversable_folder(folder: &Path) -> Result<(), AppError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(folder)
+        .and_then(|()| std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o711)))
+        .map_err(|error| AppError::Startup(format!("{}: {error}", folder.display())))
+}
+
+/// Hardens the process before it opens anything: files and folders it
+/// creates are its own only (umask 077), same-uid processes (a stdio server
+/// run as toolgate's user among them) cannot read its memory or
+/// environment (not dumpable), and nothing it starts can gain privileges
+/// through a set-uid program or file capabilities (no_new_privs, inherited).
+pub fn harden_process() -> Result<(), AppError> {
+    use nix::sys::stat::{Mode, umask};
+    umask(Mode::from_bits_truncate(0o077));
+    nix::sys::prctl::set_dumpable(false)
+        .map_err(|error| AppError::Startup(format!("not dumpable: {error}")))?;
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|error| AppError::Startup(format!("no_new_privs: {error}")))?;
+    Ok(())
 }
 
 /// What `toolgate discover` found for one server.
@@ -171,7 +256,7 @@ pub async fn discover(
     let config = Config::load(path, environment)?;
     let store = store::connect(&config.store.url).await?;
     let servers = StdioServers::new(
-        stdio_settings(&config),
+        stdio_settings(&config)?,
         Arc::new(EnvFileResolver::new(environment.clone())),
         store,
         Arc::new(SystemClock),
@@ -251,6 +336,13 @@ pub async fn serve(
         }
         store.migrate().await?;
     }
+    if store.row_security_bypassed().await? {
+        tracing::warn!(
+            "the store's PostgreSQL role is a superuser or has BYPASSRLS: row-level security \
+             does not isolate tenants; run serve as a role that owns nothing and may only use \
+             the tables (see docs/operations.md)"
+        );
+    }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let state = config
         .artifacts
@@ -266,8 +358,14 @@ pub async fn serve(
     };
     let credentials = Arc::new(EnvFileResolver::new(environment.clone()));
     let metrics: Arc<dyn Metrics> = Arc::new(MetricsRegistry::default());
+    let stdio = stdio_settings(&config)?;
+    if stdio.iter().any(|server| server.run_as.is_some()) {
+        // Servers of other users reach their own 0700 folders through it,
+        // and can list nothing in it.
+        traversable_folder(&config.mcp.state_directory)?;
+    }
     let servers = Arc::new(StdioServers::new(
-        stdio_settings(&config),
+        stdio,
         credentials.clone(),
         store.clone(),
         clock.clone(),
@@ -318,6 +416,14 @@ pub async fn serve(
     }));
     let approvals = Arc::new(Approvals::new(store.clone(), clock.clone()));
     let in_flight = Arc::new(InFlight::default());
+    let edge_limits = EdgeLimits {
+        body_limit: usize::try_from(config.limits.request_body_bytes).unwrap_or(usize::MAX),
+        header_timeout: Duration::from_secs(u64::from(
+            config.limits.request_header_timeout_seconds,
+        )),
+        body_timeout: Duration::from_secs(u64::from(config.limits.request_body_timeout_seconds)),
+    };
+    let connections = |maximum: u32| ConnectionCap::new(usize::try_from(maximum).unwrap_or(1));
     let turns = Turns::new(&config.bridge.directory)
         .map_err(|error| AppError::Startup(error.to_string()))?;
     let bridge = Bridge::new(BridgeParts {
@@ -328,8 +434,11 @@ pub async fn serve(
         clock: clock.clone(),
         metrics: metrics.clone(),
         in_flight: in_flight.clone(),
+        connections: connections(config.limits.bridge_connections),
         turns,
         settings: BridgeSettings {
+            limits: edge_limits,
+            turn_connections: usize::try_from(config.limits.turn_connections).unwrap_or(1),
             approval_hold: Duration::from_secs(u64::from(config.bridge.approval_hold_seconds)),
             turn_call_cap: config.bridge.turn_call_cap,
             ..BridgeSettings::default()
@@ -361,8 +470,11 @@ pub async fn serve(
         events: store.clone(),
         metrics,
         in_flight: in_flight.clone(),
+        connections: connections(config.limits.control_connections),
         clock: clock.clone(),
-        settings: ApiSettings::default(),
+        settings: ApiSettings {
+            limits: edge_limits,
+        },
     });
     // Both listeners are bound before anything is served; if either cannot
     // be, nothing was, and the lease ends with the attempt.

@@ -156,6 +156,12 @@ enum ReviewCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any file, socket or child exists, and while the process has one
+    // thread (the umask is process-wide).
+    if let Err(error) = toolgate::app::harden_process() {
+        eprintln!("toolgate: {error}");
+        return ExitCode::FAILURE;
+    }
     // Logs go to standard error; spans carry identity and classification
     // only, never arguments or results.
     // The MCP library logs every notification and a server's self-description

@@ -15,6 +15,11 @@ use super::listen::Routed;
 use super::{ApiError, ControlApi};
 use crate::bridge::http::Reply;
 
+/// Events one answer holds unless `limit` says otherwise.
+const DEFAULT_EVENTS: i64 = 1000;
+/// The largest `limit`.
+const MAXIMUM_EVENTS: i64 = 10_000;
+
 /// How often a followed event stream looks for new events.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
@@ -49,22 +54,40 @@ impl ControlApi {
             .get(hyper::header::ACCEPT)
             .and_then(|value| value.to_str().ok())
             .is_some_and(|accept| accept.contains("text/event-stream"));
-        let follow = query.get("follow").is_some_and(|value| value == "true");
-        let mut after: i64 = query
-            .get("after")
-            .and_then(|after| after.parse().ok())
-            .unwrap_or(0);
-        let limit = query
-            .get("limit")
-            .and_then(|limit| limit.parse().ok())
-            .unwrap_or(1000_i64)
-            .clamp(1, 10_000);
+        let follow = match query.get("follow") {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(_) => return Err(ApiError::Invalid("follow must be true or false".into())),
+        };
+        let mut after = match query.get("after") {
+            None => 0,
+            Some(after) => after
+                .parse::<i64>()
+                .ok()
+                .filter(|after| *after >= 0)
+                .ok_or_else(|| ApiError::Invalid("after must be a non-negative integer".into()))?,
+        };
+        let limit = match query.get("limit") {
+            None => DEFAULT_EVENTS,
+            Some(limit) => limit
+                .parse::<i64>()
+                .ok()
+                .filter(|limit| (1..=MAXIMUM_EVENTS).contains(limit))
+                .ok_or_else(|| {
+                    ApiError::Invalid(format!(
+                        "limit must be an integer from 1 to {MAXIMUM_EVENTS}"
+                    ))
+                })?,
+        };
+        let tenant = query.get("tenant_id").map(str::to_owned);
         let media = if sse {
             "text/event-stream"
         } else {
             "application/x-ndjson"
         };
-        let (lines, last) = self.event_lines(after, limit, sse).await?;
+        let (lines, last) = self
+            .event_lines(after, limit, tenant.as_deref(), sse)
+            .await?;
         let body = if follow {
             after = last.unwrap_or(after);
             let (sender, receiver) = tokio::sync::mpsc::channel(16);
@@ -80,7 +103,9 @@ impl ControlApi {
                         _ = sender.closed() => return,
                         _ = tokio::time::sleep(FOLLOW_POLL) => {}
                     }
-                    let Ok((lines, last)) = api.event_lines(after, limit, sse).await else {
+                    let Ok((lines, last)) =
+                        api.event_lines(after, limit, tenant.as_deref(), sse).await
+                    else {
                         return;
                     };
                     after = last.unwrap_or(after);
@@ -105,9 +130,14 @@ impl ControlApi {
         &self,
         after: i64,
         limit: i64,
+        tenant_id: Option<&str>,
         sse: bool,
     ) -> Result<(String, Option<i64>), ApiError> {
-        let events = self.parts.events.events_after(after, limit).await?;
+        let events = self
+            .parts
+            .events
+            .events_after(after, limit, tenant_id)
+            .await?;
         let last = events.last().map(|event| event.id);
         let mut lines = String::new();
         for event in events {

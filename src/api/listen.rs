@@ -1,32 +1,74 @@
 //! The control API's listeners: the unix socket, and loopback TCP where every
-//! request carries the control token; the route table; and the one rescue
-//! point, where any handler's error becomes the one error shape.
+//! request carries the control token; both under one connection cap and the
+//! header deadline. The route table, with the query keys each route takes;
+//! and the one rescue point, where any handler's error becomes the one error
+//! shape.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper::header::AUTHORIZATION;
 use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{ApiError, ControlApi, wire};
 use crate::bridge::constant_time_eq;
-use crate::bridge::http::{Reply, error, reply};
+use crate::bridge::http::{Reply, bearer_token, error, reply, serve_connection};
 use crate::domain::{SecretValue, sha256_hex};
 
 /// The pause after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// A request as the handlers see it: its decoded path and query.
+/// A request's query: percent-decoded, each key at most once, and only the
+/// keys its route takes.
+pub(super) struct Query(HashMap<String, String>);
+
+impl Query {
+    /// A value, if given.
+    pub(super) fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// The tenant a read or decision names. Only where a tenant's records
+    /// begin (a session, a tenant server) is its id held to the rule; here
+    /// it is only a bound parameter, and records made before the rule must
+    /// stay reachable.
+    pub(super) fn tenant(&self) -> Result<String, ApiError> {
+        self.get("tenant_id")
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::Invalid("tenant_id is required".into()))
+    }
+
+    /// The tenant, and the id in a tenant-scoped route's path; `None` when
+    /// the id is not one.
+    pub(super) fn tenant_and_id(&self, id: &str) -> Result<Option<(String, uuid::Uuid)>, ApiError> {
+        let tenant = self.tenant()?;
+        Ok(id.parse::<uuid::Uuid>().ok().map(|id| (tenant, id)))
+    }
+}
+
+/// A request as the handlers see it: its query and the request.
 pub(super) struct Routed {
-    pub(super) query: HashMap<String, String>,
+    pub(super) query: Query,
     pub(super) request: Request<Incoming>,
+}
+
+/// The query keys a route takes; any other is refused.
+fn allowed_keys(method: &Method, segments: &[&str]) -> &'static [&'static str] {
+    match (method, segments) {
+        (&Method::GET, ["v1", "approvals"]) => &["tenant_id", "status"],
+        (&Method::GET, ["v1", "events"]) => &["tenant_id", "after", "limit", "follow"],
+        (&Method::POST, ["v1", "approvals", _])
+        | (&Method::GET, ["v1", "invocations", _])
+        | (&Method::POST, ["v1", "invocations", _, "complete"])
+        | (&Method::GET, ["v1", "runs", _, "invocations"])
+        | (&Method::GET, ["v1", "review"])
+        | (&Method::POST, ["v1", "review", _]) => &["tenant_id"],
+        _ => &[],
+    }
 }
 
 impl ControlApi {
@@ -50,7 +92,11 @@ impl ControlApi {
                     }
                 },
             };
-            tokio::spawn(self.clone().connection(stream, None));
+            // Past the cap the connection is closed as soon as accepted.
+            let Some(permit) = self.parts.connections.admit() else {
+                continue;
+            };
+            tokio::spawn(self.clone().connection(stream, None, permit));
         }
     }
 
@@ -75,43 +121,45 @@ impl ControlApi {
                     }
                 },
             };
-            tokio::spawn(self.clone().connection(stream, Some(token.clone())));
+            let Some(permit) = self.parts.connections.admit() else {
+                continue;
+            };
+            tokio::spawn(self.clone().connection(stream, Some(token.clone()), permit));
         }
     }
 
     /// One control connection. With `token_sha256`, a request without the
     /// matching bearer token is refused before it is routed.
-    async fn connection<S>(self: Arc<Self>, stream: S, token_sha256: Option<Arc<String>>)
-    where
+    async fn connection<S>(
+        self: Arc<Self>,
+        stream: S,
+        token_sha256: Option<Arc<String>>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let header_timeout = self.parts.settings.limits.header_timeout;
+        serve_connection(stream, header_timeout, vec![permit], move |request| {
             let (api, token_sha256) = (self.clone(), token_sha256.clone());
             async move {
                 if let Some(expected) = token_sha256 {
-                    let presented = request
-                        .headers()
-                        .get(AUTHORIZATION)
-                        .and_then(|value| value.to_str().ok())
-                        .and_then(|value| value.strip_prefix("Bearer "))
+                    let presented = bearer_token(request.headers())
                         .map(|token| sha256_hex(token.as_bytes()))
                         .unwrap_or_default();
                     if !constant_time_eq(presented.as_bytes(), expected.as_bytes()) {
-                        return Ok::<_, Infallible>(error(
+                        return error(
                             StatusCode::UNAUTHORIZED,
                             "unauthorized",
                             "missing or wrong control token",
-                        ));
+                        );
                     }
                 }
                 let in_flight = api.parts.in_flight.clone();
                 let work = async move { api.route(request).await };
-                Ok::<_, Infallible>(in_flight.track(work).await)
+                in_flight.track(work).await
             }
-        });
-        let _ = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service)
-            .await;
+        })
+        .await;
     }
 
     /// The route table, and the rescue point.
@@ -123,12 +171,19 @@ impl ControlApi {
             .split('/')
             .map(wire::decode)
             .collect();
-        let (Some(path), Some(query)) = (path, wire::query(request.uri().query())) else {
-            return ApiError::Invalid("the path or query is not valid percent-encoding".into())
-                .reply();
+        let Some(path) = path else {
+            return ApiError::Invalid("the path is not valid percent-encoding".into()).reply();
+        };
+        let query = match wire::query(request.uri().query()) {
+            Ok(query) => Query(query),
+            Err(message) => return ApiError::Invalid(message.into()).reply(),
         };
         let segments: Vec<&str> = path.iter().map(String::as_str).collect();
         let method = request.method().clone();
+        let allowed = allowed_keys(&method, &segments);
+        if query.0.keys().any(|key| !allowed.contains(&key.as_str())) {
+            return ApiError::Invalid("a query key this route does not take".into()).reply();
+        }
         let draining = self.parts.in_flight.draining();
         if method != Method::GET && draining {
             return ApiError::Draining.reply();
@@ -167,31 +222,11 @@ impl ControlApi {
         result.unwrap_or_else(ApiError::reply)
     }
 
-    /// A strictly parsed body of at most the configured size.
+    /// A strictly parsed body within the configured size and deadline.
     pub(super) async fn body<T: serde::de::DeserializeOwned>(
         &self,
         request: Request<Incoming>,
     ) -> Result<T, ApiError> {
-        Ok(crate::bridge::http::json_body(request, self.parts.settings.body_limit).await?)
+        Ok(crate::bridge::http::json_body(request, &self.parts.settings.limits).await?)
     }
-}
-
-/// The tenant a read or decision names. Only where a tenant's records begin
-/// (a session, a tenant server) is its id held to the rule; here it is only
-/// a bound parameter, and records made before the rule must stay reachable.
-pub(super) fn tenant(query: &HashMap<String, String>) -> Result<String, ApiError> {
-    query
-        .get("tenant_id")
-        .cloned()
-        .ok_or_else(|| ApiError::Invalid("tenant_id is required".into()))
-}
-
-/// The tenant a tenant-scoped route names, and the id in its path; `None`
-/// when the id is not one.
-pub(super) fn tenant_and_id(
-    query: &HashMap<String, String>,
-    id: &str,
-) -> Result<Option<(String, uuid::Uuid)>, ApiError> {
-    let tenant = tenant(query)?;
-    Ok(id.parse::<uuid::Uuid>().ok().map(|id| (tenant, id)))
 }

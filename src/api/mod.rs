@@ -22,7 +22,7 @@ use std::sync::Arc;
 use hyper::StatusCode;
 
 use crate::bridge::http::{BodyError, Reply, error};
-use crate::bridge::{Bridge, InFlight, TurnError};
+use crate::bridge::{Bridge, ConnectionCap, EdgeLimits, InFlight, TurnError};
 use crate::pipeline::Pipeline;
 use crate::pipeline::admission::{Admission, AdmissionError};
 use crate::pipeline::approvals::Approvals;
@@ -31,18 +31,10 @@ use crate::pipeline::tenant_servers::{TenantServerError, TenantServers};
 use crate::ports::{Clock, EventStore, InvocationStore, Metrics, ReviewStore, StoreError};
 
 /// What the API is configured with.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ApiSettings {
-    /// Largest request body accepted.
-    pub body_limit: usize,
-}
-
-impl Default for ApiSettings {
-    fn default() -> Self {
-        ApiSettings {
-            body_limit: 1 << 20,
-        }
-    }
+    /// Body size, header and body deadlines.
+    pub limits: EdgeLimits,
 }
 
 /// The parts a control API is built from.
@@ -69,6 +61,8 @@ pub struct ApiParts {
     pub metrics: Arc<dyn Metrics>,
     /// Requests in flight on both edges, for the drain.
     pub in_flight: Arc<InFlight>,
+    /// Control connections held at once, on both listeners.
+    pub connections: ConnectionCap,
     /// Now.
     pub clock: Arc<dyn Clock>,
     /// Limits.
@@ -184,6 +178,11 @@ impl ApiError {
                 "invalid_request",
                 "script_sha256 must be 64 lowercase hex digits",
             ),
+            ApiError::Turn(TurnError::NegativeStep) => error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "step_number must not be negative",
+            ),
             ApiError::Turn(TurnError::Session(failure)) => session(failure),
             ApiError::Turn(TurnError::Socket(failure)) => {
                 tracing::warn!(error = %failure, "turn not opened");
@@ -209,7 +208,12 @@ impl ApiError {
                 &failure.to_string(),
             ),
             ApiError::TenantServer(TenantServerError::Store(store)) => store_failed(store),
-            ApiError::Admission(failure) => error(
+            ApiError::Admission(AdmissionError::NegativeStep) => error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "step_number must not be negative",
+            ),
+            ApiError::Admission(failure @ AdmissionError::CallLost) => error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 &failure.to_string(),

@@ -5,7 +5,7 @@
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
-use super::listen::{Routed, tenant, tenant_and_id};
+use super::listen::Routed;
 use super::wire::{
     ApprovalDecision, CompleteSuspended, ReviewDecision, invocation_view, rendered_content,
 };
@@ -20,7 +20,14 @@ const REVIEW_PAGE: i64 = 1000;
 
 impl ControlApi {
     pub(super) async fn approvals(&self, routed: Routed) -> Result<Reply, ApiError> {
-        let tenant = tenant(&routed.query)?;
+        let tenant = routed.query.tenant()?;
+        if routed
+            .query
+            .get("status")
+            .is_some_and(|status| status != "pending")
+        {
+            return Err(ApiError::Invalid("status must be pending".into()));
+        }
         let approvals = self.parts.approvals.pending(&tenant).await?;
         let views: Vec<Value> = approvals
             .iter()
@@ -39,7 +46,7 @@ impl ControlApi {
     }
 
     pub(super) async fn decide(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
-        let (tenant, id) = tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let decision: ApprovalDecision = self.body(routed.request).await?;
         let status = match decision.decision.as_str() {
             "approve" => ApprovalStatus::Approved,
@@ -62,7 +69,7 @@ impl ControlApi {
     }
 
     pub(super) async fn invocation(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
-        let (tenant, id) = tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let row = self
             .parts
             .invocations
@@ -73,14 +80,14 @@ impl ControlApi {
     }
 
     pub(super) async fn run(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
-        let (tenant, id) = tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let rows = self.parts.invocations.run_invocations(&tenant, id).await?;
         let views: Vec<Value> = rows.iter().map(invocation_view).collect();
         Ok(reply(StatusCode::OK, &json!({"invocations": views})))
     }
 
     pub(super) async fn complete(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
-        let (tenant, id) = tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let body: CompleteSuspended = self.body(routed.request).await?;
         let completion = match (body.outcome.as_str(), body.text) {
             ("answered", Some(text)) => Completion::Answered { text },
@@ -111,7 +118,7 @@ impl ControlApi {
     }
 
     pub(super) async fn review_queue(&self, routed: Routed) -> Result<Reply, ApiError> {
-        let tenant = tenant(&routed.query)?;
+        let tenant = routed.query.tenant()?;
         let rows = self
             .parts
             .reviews
@@ -122,8 +129,7 @@ impl ControlApi {
     }
 
     pub(super) async fn resolve(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
-        let (tenant, invocation_id) =
-            tenant_and_id(&routed.query, id)?.ok_or(ApiError::NotFound)?;
+        let (tenant, invocation_id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let decision: ReviewDecision = self.body(routed.request).await?;
         let review = ReviewRecord {
             invocation_id,

@@ -173,18 +173,26 @@ pub struct ReviewDecision {
     pub note: Option<String>,
 }
 
-/// A query string as a map, percent-decoded (`+` as a space); `None` when an
-/// escape is malformed or decodes to text that is not UTF-8.
-pub fn query(query: Option<&str>) -> Option<HashMap<String, String>> {
-    query
+/// A query string as a map, percent-decoded (`+` as a space). Refused when
+/// an escape is malformed, decodes to text that is not UTF-8, or a key is
+/// given twice (a second value would be a guess at which one was meant).
+pub fn query(query: Option<&str>) -> Result<HashMap<String, String>, &'static str> {
+    let mut map = HashMap::new();
+    for pair in query
         .unwrap_or_default()
         .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(name, value)| {
-            let form = |text: &str| decode(&text.replace('+', " "));
-            Some((form(name)?, form(value)?))
-        })
-        .collect()
+        .filter(|p| !p.is_empty())
+    {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let form = |text: &str| decode(&text.replace('+', " "));
+        let (Some(name), Some(value)) = (form(name), form(value)) else {
+            return Err("the query is not valid percent-encoding");
+        };
+        if map.insert(name, value).is_some() {
+            return Err("a query key is given more than once");
+        }
+    }
+    Ok(map)
 }
 
 /// Percent-decodes one path segment or query component.
@@ -250,8 +258,11 @@ mod tests {
         for malformed in ["%", "%2", "%zz", "%FF", "a%2", "%+F", "%-1"] {
             assert_eq!(decode(malformed), None, "{malformed}");
         }
-        let query = query(Some("tenant_id=a+b%26c&after=3")).unwrap();
-        assert_eq!(query["tenant_id"], "a b&c");
-        assert_eq!(query["after"], "3");
+        let parsed = query(Some("tenant_id=a+b%26c&after=3")).unwrap();
+        assert_eq!(parsed["tenant_id"], "a b&c");
+        assert_eq!(parsed["after"], "3");
+        assert!(query(Some("tenant_id=a&tenant_id=b")).is_err());
+        assert!(query(Some("a=%zz")).is_err());
+        assert_eq!(query(None).unwrap().len(), 0);
     }
 }

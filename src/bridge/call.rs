@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use super::Bridge;
 use super::http::{Reply, error, reply_text};
-use super::turn::{Turn, call_id};
+use super::server::refuse;
+use super::turn::{Admission, Turn, call_id};
 use crate::domain::{ReasonCode, ToolOutcome};
 use crate::pipeline::sessions::{CallPlace, Session};
 use crate::pipeline::{CallOutcome, Finished, RenderedPart};
@@ -55,9 +56,22 @@ pub(super) async fn run(
     script_call: ScriptCall,
 ) -> Reply {
     let settings = &bridge.parts.settings;
-    let Some(ordinal) = turn.next_ordinal(settings.turn_call_cap) else {
-        let outcome = ToolOutcome::not_succeeded(script_call.call, ReasonCode::BridgeCallLimit);
-        return reply_text(StatusCode::OK, outcome_text(&outcome, &[]));
+    // Admitted only now that the whole request has arrived: a turn closed
+    // (or expired) meanwhile runs and records nothing.
+    let ordinal = match turn.admit(settings.turn_call_cap, bridge.parts.clock.now()) {
+        Ok(ordinal) => ordinal,
+        Err(Admission::Closed) => {
+            return refuse(
+                bridge,
+                StatusCode::GONE,
+                "turn_closed",
+                "the turn is closed",
+            );
+        }
+        Err(Admission::CapReached) => {
+            let outcome = ToolOutcome::not_succeeded(script_call.call, ReasonCode::BridgeCallLimit);
+            return reply_text(StatusCode::OK, outcome_text(&outcome, &[]));
+        }
     };
     let place = CallPlace {
         run_id: turn.binding.run_id,

@@ -9,11 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A response of either edge.
 pub type Reply = Response<UnsyncBoxBody<Bytes, Infallible>>;
@@ -43,12 +45,91 @@ pub fn error(status: StatusCode, code: &str, message: &str) -> Reply {
     reply(status, &error_body(code, message))
 }
 
+/// The deadlines and caps of one edge's connections.
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeLimits {
+    /// Largest request body accepted.
+    pub body_limit: usize,
+    /// A request head must arrive within this, counted from when the
+    /// connection waits for one: it also ends an idle kept-alive connection.
+    pub header_timeout: Duration,
+    /// A request body must arrive within this once its head has.
+    pub body_timeout: Duration,
+}
+
+impl Default for EdgeLimits {
+    fn default() -> Self {
+        EdgeLimits {
+            body_limit: 1 << 20,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Connections an edge holds at once; one more is closed as soon as it is
+/// accepted, so half-sent requests cannot exhaust the process's descriptors.
+#[derive(Debug, Clone)]
+pub struct ConnectionCap(Arc<Semaphore>);
+
+impl ConnectionCap {
+    /// At most `maximum` at once.
+    pub fn new(maximum: usize) -> Self {
+        ConnectionCap(Arc::new(Semaphore::new(maximum.max(1))))
+    }
+
+    /// A place for one more connection, if there is one.
+    pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        self.0.clone().try_acquire_owned().ok()
+    }
+}
+
+/// Serves one connection under the header deadline (which also closes it
+/// when idle), holding `permits` until it ends.
+pub async fn serve_connection<S, F, R>(
+    stream: S,
+    header_timeout: Duration,
+    permits: Vec<OwnedSemaphorePermit>,
+    handler: F,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> R + Send + Sync + 'static,
+    R: Future<Output = Reply> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    let service = hyper::service::service_fn(move |request| {
+        let handler = handler.clone();
+        async move { Ok::<_, Infallible>(handler(request).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+    drop(permits);
+}
+
+/// The bearer token of a request: the scheme matched case-insensitively
+/// (RFC 6750), the token after it.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Why a body was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
     /// Longer than the limit.
     #[error("the body is over the limit")]
     TooLarge,
+    /// Not all of it arrived within the body deadline.
+    #[error("the body did not arrive in time")]
+    TimedOut,
+    /// The connection broke or the framing was malformed.
+    #[error("the body could not be read")]
+    Broken,
     /// Not the expected JSON; the message names where, never a value.
     #[error("{0}")]
     Invalid(String),
@@ -63,6 +144,16 @@ impl BodyError {
                 "body_too_large",
                 "the body is over the limit",
             ),
+            BodyError::TimedOut => error(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the body did not arrive in time",
+            ),
+            BodyError::Broken => error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "the body could not be read",
+            ),
             BodyError::Invalid(message) => {
                 error(StatusCode::BAD_REQUEST, "invalid_request", message)
             }
@@ -70,21 +161,80 @@ impl BodyError {
     }
 }
 
-/// Reads a body of at most `limit` bytes and parses it strictly.
+/// Reads a body within the edge's size limit and body deadline, and parses
+/// it strictly.
 pub async fn json_body<T: serde::de::DeserializeOwned>(
     request: Request<Incoming>,
-    limit: usize,
+    limits: &EdgeLimits,
 ) -> Result<T, BodyError> {
-    let collected = Limited::new(request.into_body(), limit)
-        .collect()
+    let collecting = Limited::new(request.into_body(), limits.body_limit).collect();
+    let collected = tokio::time::timeout(limits.body_timeout, collecting)
         .await
-        .map_err(|_| BodyError::TooLarge)?;
+        .map_err(|_| BodyError::TimedOut)?
+        .map_err(|failure| {
+            if failure.downcast_ref::<LengthLimitError>().is_some() {
+                BodyError::TooLarge
+            } else {
+                BodyError::Broken
+            }
+        })?;
     parse(&collected.to_bytes()).map_err(BodyError::Invalid)
+}
+
+/// Finds an integer literal outside what JSON numbers carry exactly here
+/// (i64 and u64): serde_json would silently make it a float. Returns the
+/// byte offset of the first one.
+fn inexact_integer(bytes: &[u8]) -> Option<usize> {
+    let mut index = 0;
+    let mut in_string = false;
+    while let Some(&byte) = bytes.get(index) {
+        if in_string {
+            match byte {
+                b'\\' => index += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            index += 1;
+            continue;
+        }
+        match byte {
+            b'"' => {
+                in_string = true;
+                index += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = index;
+                index += 1;
+                while bytes.get(index).is_some_and(|b| {
+                    b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-')
+                }) {
+                    index += 1;
+                }
+                let token = &bytes[start..index];
+                let integer = !token.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
+                if integer {
+                    let text = std::str::from_utf8(token).unwrap_or_default();
+                    if text.parse::<i64>().is_err() && text.parse::<u64>().is_err() {
+                        return Some(start);
+                    }
+                }
+            }
+            _ => index += 1,
+        }
+    }
+    None
 }
 
 /// Parses a body strictly. The message names where parsing failed and what
 /// kind of failure it was, never a value from the body.
 pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    if inexact_integer(bytes).is_some() {
+        // Only refused once the text is known to be JSON at all, so the
+        // message for a broken body stays the same.
+        if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
+            return Err("an integer is beyond what a JSON number carries exactly".to_owned());
+        }
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
     let value = parsed.map_err(|error| {
@@ -186,6 +336,49 @@ impl InFlight {
             if tokio::time::timeout_at(deadline, idle).await.is_err() {
                 return;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_beyond_i64_and_u64_are_found_outside_strings() {
+        for exact in [
+            r#"{"n": 18446744073709551615}"#,
+            r#"{"n": -9223372036854775808}"#,
+            r#"{"n": 1e300, "f": 1.5, "s": "18446744073709551616"}"#,
+            r#"{"escaped": "\\" , "n": 3}"#,
+        ] {
+            assert_eq!(inexact_integer(exact.as_bytes()), None, "{exact}");
+        }
+        for inexact in [
+            r#"{"n": 18446744073709551616}"#,
+            r#"{"n": -9223372036854775809}"#,
+            r#"[1, 2, 99999999999999999999999]"#,
+            r#"{"s": "a\"b", "n": 100000000000000000000}"#,
+        ] {
+            assert!(inexact_integer(inexact.as_bytes()).is_some(), "{inexact}");
+            assert!(parse::<Value>(inexact.as_bytes()).is_err(), "{inexact}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let mut headers = HeaderMap::new();
+        for (value, expected) in [
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("BEARER   abc", Some("abc")),
+            ("Basic abc", None),
+            ("Bearer", None),
+            ("Bearer ", None),
+            ("Bearerabc", None),
+        ] {
+            headers.insert(AUTHORIZATION, HeaderValue::from_static(value));
+            assert_eq!(bearer_token(&headers), expected, "{value}");
         }
     }
 }

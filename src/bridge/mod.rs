@@ -27,17 +27,19 @@ use crate::pipeline::approvals::Approvals;
 use crate::pipeline::sessions::{SessionError, Sessions};
 use crate::ports::{Clock, EventStore, Metrics, PlatformEvent};
 
-pub use http::InFlight;
+pub use http::{ConnectionCap, EdgeLimits, InFlight};
 pub use turn::{
-    AccessDenied, BridgeError, SOCKET_NAME, TOKEN_BYTES, Turn, TurnBinding, Turns, call_id,
-    constant_time_eq,
+    AccessDenied, Admission, BridgeError, CallInFlight, SOCKET_NAME, TOKEN_BYTES, Turn,
+    TurnBinding, Turns, call_id, constant_time_eq,
 };
 
 /// How turns behave.
 #[derive(Debug, Clone)]
 pub struct BridgeSettings {
-    /// Largest request body accepted.
-    pub body_limit: usize,
+    /// Body size, header and body deadlines of the turns' sockets.
+    pub limits: EdgeLimits,
+    /// Connections one turn's socket holds at once.
+    pub turn_connections: usize,
     /// How long a script's call waits for an approval.
     pub approval_hold: Duration,
     /// Calls per turn, denied calls included.
@@ -49,7 +51,8 @@ pub struct BridgeSettings {
 impl Default for BridgeSettings {
     fn default() -> Self {
         BridgeSettings {
-            body_limit: 1 << 20,
+            limits: EdgeLimits::default(),
+            turn_connections: 4,
             approval_hold: Duration::from_secs(300),
             turn_call_cap: 64,
             turn_lifetime: Duration::from_secs(3600),
@@ -73,6 +76,8 @@ pub struct BridgeParts {
     pub metrics: Arc<dyn Metrics>,
     /// Requests in flight on both edges, for the drain.
     pub in_flight: Arc<InFlight>,
+    /// Connections all turns' sockets hold at once.
+    pub connections: ConnectionCap,
     /// The turns' folders.
     pub turns: Turns,
     /// Limits.
@@ -115,6 +120,9 @@ pub enum TurnError {
     /// The script hash is not 64 lowercase hex digits.
     #[error("script_sha256 must be 64 lowercase hex digits")]
     InvalidScriptHash,
+    /// Steps count from zero.
+    #[error("step_number must not be negative")]
+    NegativeStep,
     /// The session could not be used.
     #[error(transparent)]
     Session(#[from] SessionError),
@@ -148,6 +156,9 @@ impl Bridge {
         self: &Arc<Self>,
         request: TurnRequest,
     ) -> Result<OpenedTurn, TurnError> {
+        if request.step_number < 0 {
+            return Err(TurnError::NegativeStep);
+        }
         let session = self.parts.sessions.get(request.session_id).await?;
         let script_ok = request.script_sha256.len() == 64
             && request

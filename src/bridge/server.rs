@@ -1,20 +1,18 @@
-//! A turn's socket server: accepts scripts' connections, refuses a request
-//! whose token, peer or turn is wrong before anything else, and routes the
-//! rest. Every request runs to its end under the in-flight tracker.
+//! A turn's socket server: accepts scripts' connections under the turn's and
+//! the bridge's connection caps, refuses a request whose token, peer or turn
+//! is wrong before anything else, and routes the rest. Every request runs to
+//! its end under the in-flight tracker.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper::header::AUTHORIZATION;
 use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use super::http::{Reply, error, json_body, reply};
+use super::http::{ConnectionCap, Reply, bearer_token, error, json_body, reply, serve_connection};
 use super::turn::{AccessDenied, Turn};
 use super::{Bridge, call};
 
@@ -28,6 +26,7 @@ pub(super) async fn serve_turn(
     listener: UnixListener,
     stop: CancellationToken,
 ) {
+    let own = ConnectionCap::new(bridge.parts.settings.turn_connections);
     loop {
         let stream = tokio::select! {
             _ = stop.cancelled() => return,
@@ -39,22 +38,29 @@ pub(super) async fn serve_turn(
                 }
             },
         };
+        // Past either cap the connection is closed as soon as accepted.
+        let Some(turn_permit) = own.admit() else {
+            continue;
+        };
+        let Some(bridge_permit) = bridge.parts.connections.admit() else {
+            continue;
+        };
         let peer_uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
         let (bridge, turn) = (bridge.clone(), turn.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
+        let header_timeout = bridge.parts.settings.limits.header_timeout;
+        tokio::spawn(serve_connection(
+            stream,
+            header_timeout,
+            vec![turn_permit, bridge_permit],
+            move |request| {
                 let (bridge, turn) = (bridge.clone(), turn.clone());
                 async move {
                     let in_flight = bridge.parts.in_flight.clone();
                     let work = async move { handle(&bridge, &turn, peer_uid, request).await };
-                    Ok::<_, Infallible>(in_flight.track(work).await)
+                    in_flight.track(work).await
                 }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
+            },
+        ));
     }
 }
 
@@ -73,11 +79,7 @@ async fn handle(
     peer_uid: Option<u32>,
     request: Request<Incoming>,
 ) -> Reply {
-    let token = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+    let token = bearer_token(request.headers());
     match turn.authorize(token, peer_uid, bridge.parts.clock.now()) {
         Ok(()) => {}
         Err(AccessDenied::Token) => {
@@ -137,7 +139,17 @@ async fn handle(
                     "toolgate is shutting down",
                 );
             }
-            match json_body(request, bridge.parts.settings.body_limit).await {
+            // One call at a time per turn, taken before the body is read so
+            // that a second request cannot slip in while the first arrives.
+            let Some(in_flight) = turn.begin_call() else {
+                return refuse(
+                    bridge,
+                    StatusCode::CONFLICT,
+                    "call_in_flight",
+                    "another call of this turn is in flight; calls are made one at a time",
+                );
+            };
+            let answer = match json_body(request, &bridge.parts.settings.limits).await {
                 Ok(script_call) => call::run(bridge, turn, &session, script_call).await,
                 Err(refused) => {
                     bridge.parts.metrics.increment(
@@ -146,7 +158,9 @@ async fn handle(
                     );
                     refused.reply()
                 }
-            }
+            };
+            drop(in_flight);
+            answer
         }
         _ => refuse(
             bridge,

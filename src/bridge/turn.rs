@@ -109,6 +109,28 @@ pub struct Turn {
 struct TurnState {
     ordinals: u32,
     closed: bool,
+    /// A call is being served: one at a time per turn, so the ordinals are
+    /// the script's order.
+    busy: bool,
+}
+
+/// Why a call was not admitted on its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The turn closed or expired before the call was admitted.
+    Closed,
+    /// The turn has made its cap of calls.
+    CapReached,
+}
+
+/// The turn's one call in flight; dropping it frees the turn for the next.
+#[derive(Debug)]
+pub struct CallInFlight(Arc<Turn>);
+
+impl Drop for CallInFlight {
+    fn drop(&mut self) {
+        self.0.lock().busy = false;
+    }
 }
 
 impl Turn {
@@ -142,15 +164,29 @@ impl Turn {
         Ok(())
     }
 
-    /// The next ordinal (1-based), or `None` once `cap` calls were made.
-    /// Denied calls count: the ordinal is taken before the call runs.
-    pub fn next_ordinal(&self, cap: u32) -> Option<u32> {
+    /// Takes the turn for one call, or `None` when another is in flight.
+    pub fn begin_call(self: &Arc<Self>) -> Option<CallInFlight> {
         let mut state = self.lock();
-        if state.ordinals >= cap {
+        if state.busy {
             return None;
         }
+        state.busy = true;
+        Some(CallInFlight(self.clone()))
+    }
+
+    /// Admits a call whose request has fully arrived: the turn must still be
+    /// open and unexpired, and under its cap. Returns the call's ordinal
+    /// (1-based); denied calls count, since it is taken before the call runs.
+    pub fn admit(&self, cap: u32, now: DateTime<Utc>) -> Result<u32, Admission> {
+        let mut state = self.lock();
+        if state.closed || now >= self.expires_at {
+            return Err(Admission::Closed);
+        }
+        if state.ordinals >= cap {
+            return Err(Admission::CapReached);
+        }
         state.ordinals += 1;
-        Some(state.ordinals)
+        Ok(state.ordinals)
     }
 
     /// Calls made so far.
@@ -397,7 +433,12 @@ mod tests {
             token_sha256: String::new(),
             state: Mutex::new(TurnState::default()),
         };
-        let ordinals: Vec<Option<u32>> = (0..4).map(|_| turn.next_ordinal(3)).collect();
-        assert_eq!(ordinals, vec![Some(1), Some(2), Some(3), None]);
+        let now = turn.expires_at - chrono::Duration::seconds(1);
+        let ordinals: Vec<Result<u32, Admission>> = (0..4).map(|_| turn.admit(3, now)).collect();
+        assert_eq!(
+            ordinals,
+            vec![Ok(1), Ok(2), Ok(3), Err(Admission::CapReached)]
+        );
+        assert_eq!(turn.admit(3, turn.expires_at), Err(Admission::Closed));
     }
 }

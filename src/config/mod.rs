@@ -29,6 +29,18 @@ pub const MINIMUM_INLINE_MAXIMUM_BYTES: u64 = 1024;
 pub const DEFAULT_BATCH_CONCURRENCY: u32 = 8;
 /// Default bridge approval hold.
 pub const DEFAULT_APPROVAL_HOLD_SECONDS: u32 = 300;
+/// A request head must arrive within this (it also ends idle connections).
+pub const DEFAULT_REQUEST_HEADER_TIMEOUT_SECONDS: u32 = 10;
+/// A request body must arrive within this once its head has.
+pub const DEFAULT_REQUEST_BODY_TIMEOUT_SECONDS: u32 = 30;
+/// The largest request body either edge reads.
+pub const DEFAULT_REQUEST_BODY_BYTES: u64 = 1024 * 1024;
+/// Connections one turn's socket holds at once.
+pub const DEFAULT_TURN_CONNECTIONS: u32 = 4;
+/// Connections all turns' sockets hold at once.
+pub const DEFAULT_BRIDGE_CONNECTIONS: u32 = 512;
+/// Connections the control API holds at once, both listeners together.
+pub const DEFAULT_CONTROL_CONNECTIONS: u32 = 256;
 /// Default per-turn call cap.
 pub const DEFAULT_TURN_CALL_CAP: u32 = 64;
 /// MCP handshake deadline.
@@ -143,6 +155,27 @@ pub struct LimitsConfig {
     /// Parallel calls per batch; more queue.
     #[serde(default = "LimitsConfig::default_concurrency")]
     pub batch_concurrency: u32,
+    /// A request head (on either edge) must arrive within this many
+    /// seconds, counted from when the connection waits for one: slow or
+    /// idle connections are closed, not held.
+    #[serde(default = "LimitsConfig::default_header_timeout")]
+    pub request_header_timeout_seconds: u32,
+    /// A request body must arrive within this many seconds of its head.
+    #[serde(default = "LimitsConfig::default_body_timeout")]
+    pub request_body_timeout_seconds: u32,
+    /// The largest request body either edge reads.
+    #[serde(default = "LimitsConfig::default_body_bytes")]
+    pub request_body_bytes: u64,
+    /// Connections one turn's socket holds at once; more are closed as
+    /// they arrive.
+    #[serde(default = "LimitsConfig::default_turn_connections")]
+    pub turn_connections: u32,
+    /// Connections all turns' sockets hold at once.
+    #[serde(default = "LimitsConfig::default_bridge_connections")]
+    pub bridge_connections: u32,
+    /// Connections the control API holds at once (socket and TCP).
+    #[serde(default = "LimitsConfig::default_control_connections")]
+    pub control_connections: u32,
 }
 
 impl LimitsConfig {
@@ -155,6 +188,24 @@ impl LimitsConfig {
     fn default_concurrency() -> u32 {
         DEFAULT_BATCH_CONCURRENCY
     }
+    fn default_header_timeout() -> u32 {
+        DEFAULT_REQUEST_HEADER_TIMEOUT_SECONDS
+    }
+    fn default_body_timeout() -> u32 {
+        DEFAULT_REQUEST_BODY_TIMEOUT_SECONDS
+    }
+    fn default_body_bytes() -> u64 {
+        DEFAULT_REQUEST_BODY_BYTES
+    }
+    fn default_turn_connections() -> u32 {
+        DEFAULT_TURN_CONNECTIONS
+    }
+    fn default_bridge_connections() -> u32 {
+        DEFAULT_BRIDGE_CONNECTIONS
+    }
+    fn default_control_connections() -> u32 {
+        DEFAULT_CONTROL_CONNECTIONS
+    }
 }
 
 impl Default for LimitsConfig {
@@ -163,6 +214,12 @@ impl Default for LimitsConfig {
             maximum_output_bytes_ceiling: DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
             inline_maximum_bytes: DEFAULT_INLINE_MAXIMUM_BYTES,
             batch_concurrency: DEFAULT_BATCH_CONCURRENCY,
+            request_header_timeout_seconds: DEFAULT_REQUEST_HEADER_TIMEOUT_SECONDS,
+            request_body_timeout_seconds: DEFAULT_REQUEST_BODY_TIMEOUT_SECONDS,
+            request_body_bytes: DEFAULT_REQUEST_BODY_BYTES,
+            turn_connections: DEFAULT_TURN_CONNECTIONS,
+            bridge_connections: DEFAULT_BRIDGE_CONNECTIONS,
+            control_connections: DEFAULT_CONTROL_CONNECTIONS,
         }
     }
 }
@@ -200,6 +257,13 @@ pub struct McpConfig {
     /// One 0700 folder per stdio server under here: its HOME and TMPDIR.
     #[serde(default = "McpConfig::default_state_directory")]
     pub state_directory: PathBuf,
+    /// The user every stdio server runs as unless it names its own:
+    /// `name`, `uid` or `uid:gid`. Unset, servers run as toolgate's own
+    /// user and could reach what it can (its socket, its database); set it
+    /// to a user of their own (toolgate then needs CAP_SETUID and
+    /// CAP_SETGID, or root).
+    #[serde(default)]
+    pub run_as: Option<String>,
     /// stdio servers, spawned with a constructed environment.
     #[serde(default)]
     pub servers: Vec<StdioServerConfig>,
@@ -215,6 +279,7 @@ impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
             state_directory: McpConfig::default_state_directory(),
+            run_as: None,
             servers: Vec::new(),
         }
     }
@@ -234,6 +299,10 @@ pub struct StdioServerConfig {
     /// Declared non-secret variables, added to the synthesized tier.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The user this server runs as (`name`, `uid` or `uid:gid`), over
+    /// `mcp.run_as`.
+    #[serde(default)]
+    pub run_as: Option<String>,
     /// How the server authenticates us.
     #[serde(default)]
     pub auth: AuthConfig,
@@ -367,6 +436,27 @@ impl fmt::Display for ConfigErrors {
             write!(f, "{error}")?;
         }
         Ok(())
+    }
+}
+
+const RUN_AS_RULE: &str = "must be a user name, a uid, or uid:gid";
+
+/// `name` (a POSIX user name), `uid`, or `uid:gid`.
+fn valid_run_as(text: &str) -> bool {
+    let numeric = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    match text.split_once(':') {
+        Some((uid, gid)) => numeric(uid) && numeric(gid),
+        None => {
+            numeric(text)
+                || (text.len() <= 32
+                    && text
+                        .bytes()
+                        .next()
+                        .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+                    && text.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-')
+                    }))
+        }
     }
 }
 
@@ -517,11 +607,36 @@ impl Config {
                 "must not exceed limits.maximum_output_bytes_ceiling".into(),
             );
         }
-        if self.limits.batch_concurrency == 0 {
-            push(
-                "limits.batch_concurrency".into(),
-                "must be at least 1".into(),
-            );
+        for (field, value) in [
+            (
+                "limits.batch_concurrency",
+                u64::from(self.limits.batch_concurrency),
+            ),
+            (
+                "limits.request_header_timeout_seconds",
+                u64::from(self.limits.request_header_timeout_seconds),
+            ),
+            (
+                "limits.request_body_timeout_seconds",
+                u64::from(self.limits.request_body_timeout_seconds),
+            ),
+            ("limits.request_body_bytes", self.limits.request_body_bytes),
+            (
+                "limits.turn_connections",
+                u64::from(self.limits.turn_connections),
+            ),
+            (
+                "limits.bridge_connections",
+                u64::from(self.limits.bridge_connections),
+            ),
+            (
+                "limits.control_connections",
+                u64::from(self.limits.control_connections),
+            ),
+        ] {
+            if value == 0 {
+                push(field.into(), "must be at least 1".into());
+            }
         }
 
         if let Some(file) = &self.policy.file
@@ -536,6 +651,11 @@ impl Config {
             }
         }
 
+        if let Some(run_as) = &self.mcp.run_as
+            && !valid_run_as(run_as)
+        {
+            push("mcp.run_as".into(), RUN_AS_RULE.into());
+        }
         let allowlist = self.egress_allowlist();
         let mut seen = BTreeMap::new();
         for (index, server) in self.mcp.servers.iter().enumerate() {
@@ -551,6 +671,11 @@ impl Config {
             }
             if server.command.trim().is_empty() {
                 push(format!("{at}.command"), "must name a program".into());
+            }
+            if let Some(run_as) = &server.run_as
+                && !valid_run_as(run_as)
+            {
+                push(format!("{at}.run_as"), RUN_AS_RULE.into());
             }
             for name in server.env.keys() {
                 if !is_variable_name(name) {

@@ -106,6 +106,33 @@ pub fn validate_registry_name(name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
+/// The longest name from outside that an event or record carries whole.
+pub const MAXIMUM_OUTSIDE_NAME_LENGTH: usize = 64;
+/// How many characters of a longer or odd name are kept before its hash.
+const KEPT_PREFIX: usize = 24;
+
+/// A name that came from outside (a caller's name for a tool that is not
+/// pinned, a server's name for its tool) as an event or a record may carry
+/// it: whole when it is a registry name, or short printable ASCII; otherwise
+/// its first characters with anything but printable ASCII replaced, then `#`
+/// and 16 hex digits of the whole name's sha256. Bounded and inert, and
+/// different names stay told apart.
+pub fn bounded_name(name: &str) -> std::borrow::Cow<'_, str> {
+    let printable = name.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+    if validate_registry_name(name).is_ok()
+        || (printable && !name.is_empty() && name.len() <= MAXIMUM_OUTSIDE_NAME_LENGTH)
+    {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let prefix: String = name
+        .chars()
+        .take(KEPT_PREFIX)
+        .map(|c| if c.is_ascii_graphic() { c } else { '_' })
+        .collect();
+    let digest = super::canonical::sha256_hex(name.as_bytes());
+    std::borrow::Cow::Owned(format!("{prefix}#{}", &digest[..16]))
+}
+
 /// `^[a-z][a-z0-9_]*$`: one name segment, and the grammar of a server id.
 pub fn is_identifier(text: &str) -> bool {
     let mut bytes = text.bytes();
@@ -177,6 +204,19 @@ pub fn is_wire_safe(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outside_names_are_bounded_inert_and_distinct() {
+        assert_eq!(bounded_name("demo.echo"), "demo.echo");
+        assert_eq!(bounded_name("Get Item"), "Get Item");
+        let huge = "x".repeat(900_000);
+        let cut = bounded_name(&huge);
+        assert!(cut.len() <= MAXIMUM_OUTSIDE_NAME_LENGTH, "{cut}");
+        assert_ne!(cut, bounded_name(&"x".repeat(900_001)));
+        let hostile = bounded_name("\u{1b}[31mfake\nlog line");
+        assert!(hostile.bytes().all(|b| b.is_ascii_graphic()), "{hostile}");
+        assert!(bounded_name("").starts_with('#'));
+    }
 
     #[test]
     fn grammar() {

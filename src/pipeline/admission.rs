@@ -18,6 +18,9 @@ use crate::ports::Clock;
 /// Why a batch did not run to its end.
 #[derive(Debug, thiserror::Error)]
 pub enum AdmissionError {
+    /// Steps count from zero.
+    #[error("step_number must not be negative")]
+    NegativeStep,
     /// A call of a parallel batch ended its task without an outcome.
     #[error("a call of the batch did not finish")]
     CallLost,
@@ -112,6 +115,9 @@ impl Admission {
         session: &Session,
         batch: Batch,
     ) -> Result<BatchOutcome, AdmissionError> {
+        if batch.step_number < 0 {
+            return Err(AdmissionError::NegativeStep);
+        }
         let remaining = batch
             .deadline_at
             .map(|deadline| (deadline - self.clock.now()).num_milliseconds() as f64 / 1000.0);

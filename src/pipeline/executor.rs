@@ -26,6 +26,7 @@ use super::records::{
 };
 use super::recovery::{self, RecoveryDecision};
 use super::registry::{RegisteredTool, ToolRegistry};
+use crate::domain::names::bounded_name;
 use crate::domain::policy::{PolicyDecision, ProposedAction};
 use crate::domain::{
     AgentSpec, ApprovalStatus, ArgumentTrust, ContentPart, IdempotencyClass, InvocationStatus,
@@ -38,6 +39,9 @@ use crate::ports::{
     CredentialResolver, ExecutionTarget, Fence, InsertOutcome, InvocationRecord, InvocationStore,
     NewInvocation, PolicyEngine, StoreError, StoredArtifact, TerminalRecord, ToolExecutionContext,
 };
+
+/// The version tag of the key a recorded conflict is stored under.
+const CONFLICT_KEY_TAG: &str = "veetbot.tool.v1.conflict";
 
 /// What an excerpted result's whole is stored as.
 const ARTIFACT_MEDIA_TYPE: &str = "text/plain; charset=utf-8";
@@ -449,7 +453,7 @@ impl Pipeline {
                         claim,
                         &events,
                     )
-                    .await?
+                    .await
             }
             PolicyDecision::RequireApproval(code) => {
                 // 7. Approval: persisted with a waiting row in one commit.
@@ -463,7 +467,7 @@ impl Pipeline {
                 );
                 self.invocations
                     .insert_invocation(&waiting, claim, &events)
-                    .await?
+                    .await
             }
             PolicyDecision::Allow => {
                 // 8. Persist intent.
@@ -478,8 +482,23 @@ impl Pipeline {
                         claim,
                         &events,
                     )
-                    .await?
+                    .await
             }
+        };
+        let inserted = match inserted {
+            Ok(inserted) => inserted,
+            // Another tenant holds the key: never its row, a conflict.
+            Err(StoreError::KeyConflict) => {
+                return self
+                    .record_conflict(
+                        request,
+                        RecordedAs::of(spec),
+                        &canonical.value,
+                        &canonical.sha256,
+                    )
+                    .await;
+            }
+            Err(failure) => return Err(failure),
         };
         match inserted {
             InsertOutcome::Inserted(row) => match row.status {
@@ -554,9 +573,18 @@ impl Pipeline {
         decision: PolicyDecision,
     ) -> Result<CallOutcome, StoreError> {
         let action = tool.spec.name.clone();
-        // A reused key whose canonical arguments differ is refused, not merged.
-        if row.arguments_hash != arguments_hash {
-            return Ok(unrecorded(action, ReasonCode::ToolIdempotencyConflict));
+        // A key recorded for another principal (or, impossibly but checked,
+        // other canonical arguments) is never answered with that record: it
+        // is a conflict, recorded as such.
+        if row.principal.id != request.principal.id || row.arguments_hash != arguments_hash {
+            return self
+                .record_conflict(
+                    request,
+                    RecordedAs::of(&tool.spec),
+                    &row.arguments,
+                    arguments_hash,
+                )
+                .await;
         }
         // A suspended control tool waits for its answer, not for a worker:
         // submitting it again finds it still suspended.
@@ -1325,30 +1353,18 @@ impl Pipeline {
         detail: Option<Vec<RenderedPart>>,
         canonical: Option<(&Value, &str)>,
     ) -> Result<CallOutcome, StoreError> {
-        let spec = &tool.spec;
-        self.record_refusal(
-            request,
-            RecordedAs {
-                tool_name: &spec.name,
-                tool_version: &spec.version,
-                tool_source: spec.source,
-                server_id: spec.server_id.clone(),
-                class: spec.idempotency,
-                side_effect: spec.side_effect,
-            },
-            code,
-            detail,
-            canonical,
-        )
-        .await
+        self.record_refusal(request, RecordedAs::of(&tool.spec), code, detail, canonical)
+            .await
     }
 
     async fn refuse_unresolved(&self, request: &CallRequest) -> Result<CallOutcome, StoreError> {
-        // No spec: the most restrictive classification stands in.
+        // No spec: the most restrictive classification stands in, and the
+        // caller's name is recorded bounded (it is anyone's text).
+        let name = bounded_name(&request.name);
         self.record_refusal(
             request,
             RecordedAs {
-                tool_name: &request.name,
+                tool_name: &name,
                 tool_version: "",
                 tool_source: ToolSource::Builtin,
                 server_id: None,
@@ -1428,7 +1444,7 @@ impl Pipeline {
             tool_name: call.tool_name.to_owned(),
             tool_version: call.tool_version.to_owned(),
             tool_source: call.tool_source,
-            server_id: call.server_id,
+            server_id: call.server_id.clone(),
             arguments,
             arguments_hash,
             idempotency_key: key,
@@ -1453,9 +1469,23 @@ impl Pipeline {
         let row = match self
             .invocations
             .insert_invocation(&new, claim, &events)
-            .await?
+            .await
         {
-            InsertOutcome::Inserted(row) | InsertOutcome::Existing(row) => row,
+            Ok(InsertOutcome::Inserted(row)) => row,
+            // A refusal whose identity another principal's row holds is that
+            // conflict, not the other row.
+            Ok(InsertOutcome::Existing(row)) if row.principal.id != request.principal.id => {
+                return self
+                    .record_conflict(request, call, &new.arguments, &new.arguments_hash)
+                    .await;
+            }
+            Ok(InsertOutcome::Existing(row)) => row,
+            Err(StoreError::KeyConflict) => {
+                return self
+                    .record_conflict(request, call, &new.arguments, &new.arguments_hash)
+                    .await;
+            }
+            Err(failure) => return Err(failure),
         };
         if !row.status.is_terminal() {
             // Recovery re-checked authority and was refused: the row it holds
@@ -1478,6 +1508,89 @@ impl Pipeline {
             finished.content = detail;
         }
         Ok(outcome)
+    }
+
+    /// A call whose idempotency key another tenant's or another
+    /// principal's row holds: that row is never this call's answer. The
+    /// conflict is recorded as a terminal row of its own, under a key derived
+    /// from the call's key and who submitted it (so a repeated submission
+    /// finds the same conflict), and its outcome is returned.
+    async fn record_conflict(
+        &self,
+        request: &CallRequest,
+        call: RecordedAs<'_>,
+        arguments: &Value,
+        arguments_hash: &str,
+    ) -> Result<CallOutcome, StoreError> {
+        let code = ReasonCode::ToolIdempotencyConflict;
+        let key = idempotency_key(
+            &request.run_id.to_string(),
+            u64::try_from(request.step_number).unwrap_or_default(),
+            &request.call_id,
+            call.tool_name,
+            call.tool_version,
+            arguments_hash,
+        );
+        let conflict_key = sha256_hex(
+            format!(
+                "{CONFLICT_KEY_TAG}\0{key}\0{}\0{}",
+                request.tenant_id, request.principal.id
+            )
+            .as_bytes(),
+        );
+        let identity = Identity {
+            request,
+            id: Uuid::new_v4(),
+            tool_name: call.tool_name,
+            tool_version: call.tool_version,
+            tool_source: call.tool_source,
+            class: call.class,
+        };
+        let new = NewInvocation {
+            id: identity.id,
+            tenant_id: request.tenant_id.clone(),
+            session_id: request.session_id,
+            run_id: request.run_id,
+            step_number: request.step_number,
+            call_id: request.call_id.clone(),
+            tool_name: call.tool_name.to_owned(),
+            tool_version: call.tool_version.to_owned(),
+            tool_source: call.tool_source,
+            server_id: call.server_id,
+            arguments: arguments.clone(),
+            arguments_hash: arguments_hash.to_owned(),
+            idempotency_key: conflict_key,
+            idempotency_class: call.class,
+            side_effect: call.side_effect,
+            origin_trust: request.origin_trust,
+            principal: request.principal.clone(),
+            parallel_group: request.parallel_group,
+            deadline_at: request.deadline_at,
+            status: code.status().invocation_status(),
+            reason_code: Some(code),
+            approval_id: None,
+        };
+        let mut ended = identity.event(terminal_event_kind(code.status()));
+        ended.outcome_status = Some(code.status());
+        ended.reason_code = Some(code);
+        let events = [identity.event(ToolEventKind::Proposed), ended];
+        let claim = Claim {
+            worker_id: self.worker_id,
+            now: self.clock.now(),
+        };
+        Ok(
+            match self
+                .invocations
+                .insert_invocation(&new, claim, &events)
+                .await
+            {
+                Ok(InsertOutcome::Inserted(row) | InsertOutcome::Existing(row)) => recorded(&row),
+                // The derived key cannot collide in practice; were it to, the
+                // answer is still the conflict, unrecorded.
+                Err(StoreError::KeyConflict) => unrecorded(call.tool_name.to_owned(), code),
+                Err(failure) => return Err(failure),
+            },
+        )
     }
 
     /// Recovery: takes over the rows of dead workers, a batch at a time, and
@@ -1536,6 +1649,7 @@ impl Pipeline {
 }
 
 /// The classification a refused call is recorded under.
+#[derive(Clone)]
 struct RecordedAs<'a> {
     tool_name: &'a str,
     tool_version: &'a str,
@@ -1543,6 +1657,20 @@ struct RecordedAs<'a> {
     server_id: Option<String>,
     class: IdempotencyClass,
     side_effect: SideEffectClass,
+}
+
+impl<'a> RecordedAs<'a> {
+    /// A resolved tool's classification.
+    fn of(spec: &'a ToolSpec) -> Self {
+        RecordedAs {
+            tool_name: &spec.name,
+            tool_version: &spec.version,
+            tool_source: spec.source,
+            server_id: spec.server_id.clone(),
+            class: spec.idempotency,
+            side_effect: spec.side_effect,
+        }
+    }
 }
 
 fn suspension(spec: &ToolSpec) -> Option<&'static str> {

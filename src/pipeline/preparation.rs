@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use crate::domain::names::bounded_name;
 use crate::domain::{ReasonCode, SkillMetadata, ToolSource};
 use crate::ports::{
     CatalogEntry, CatalogGeneration, CatalogStore, Clock, DiscoveryOutcome, McpServers,
@@ -86,10 +87,14 @@ pub fn register_discoveries(
                 continue;
             }
         };
+        // Remote names are a server's text: events carry them bounded.
         for remote_names in discovery.conflicts {
             record.events.push(PlatformEvent::CatalogConflict {
                 server_id: server_id.clone(),
-                remote_names,
+                remote_names: remote_names
+                    .iter()
+                    .map(|name| bounded_name(name).into_owned())
+                    .collect(),
             });
         }
         let remote_names: HashMap<String, String> = discovery
@@ -108,10 +113,10 @@ pub fn register_discoveries(
         for rejection in &report.rejected {
             record.events.push(PlatformEvent::ToolRejected {
                 server_id: server_id.clone(),
-                remote_name: remote_names
-                    .get(&rejection.name)
-                    .cloned()
-                    .unwrap_or_else(|| rejection.name.clone()),
+                remote_name: bounded_name(
+                    remote_names.get(&rejection.name).unwrap_or(&rejection.name),
+                )
+                .into_owned(),
                 reason: slug(&rejection.cause).to_owned(),
             });
         }

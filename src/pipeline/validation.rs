@@ -170,19 +170,36 @@ impl CompiledSchema {
         })
     }
 
-    /// Step 4 and 5: applies defaults, validates, and canonicalizes.
-    pub fn validate(&self, mut arguments: Value) -> Result<CanonicalArguments, ArgumentError> {
+    /// Step 4 and 5: normalizes, applies defaults, validates, and
+    /// canonicalizes. What is validated is the NFC form that will execute
+    /// (normalization can lengthen text), never the text as sent.
+    pub fn validate(&self, arguments: Value) -> Result<CanonicalArguments, ArgumentError> {
         if !arguments.is_object() {
             return Err(ArgumentError::NotAnObject);
         }
-        if self.has_defaults {
-            apply_defaults(&self.prepared, &mut arguments, 0);
+        let normalized = canonicalize(arguments)?;
+        if !self.has_defaults {
+            // The boolean check is much cheaper; errors are built only on
+            // failure.
+            if self.validator.is_valid(&normalized.value) {
+                return Ok(normalized);
+            }
+            return Err(self.refusal(&normalized.value));
         }
-        // The boolean check is much cheaper; errors are built only on failure.
+        let mut arguments = normalized.value;
+        apply_defaults(&self.prepared, &mut arguments, 0);
         if self.validator.is_valid(&arguments) {
+            // Defaults come from the schema, whose strings are canonical;
+            // the form is taken again over the whole.
             return Ok(canonicalize(arguments)?);
         }
-        let error = self.validator.iter_errors(&arguments).next();
+        Err(self.refusal(&arguments))
+    }
+
+    /// Why `arguments` fail the schema: where and which keyword, never the
+    /// value.
+    fn refusal(&self, arguments: &Value) -> ArgumentError {
+        let error = self.validator.iter_errors(arguments).next();
         let (path, keyword, detail) = match error {
             Some(error) => {
                 let detail = match error.kind() {
@@ -198,11 +215,11 @@ impl CompiledSchema {
             // the arguments are still refused.
             None => ("/".to_owned(), "schema".to_owned(), None),
         };
-        Err(ArgumentError::Schema {
+        ArgumentError::Schema {
             path,
             keyword,
             detail,
-        })
+        }
     }
 }
 
@@ -493,6 +510,29 @@ mod tests {
 
     fn compile(schema: Value) -> CompiledSchema {
         CompiledSchema::compile(&schema, SchemaOrigin::Local).unwrap()
+    }
+
+    /// U+0958 has no NFC form of its own: it becomes two code points. A
+    /// limit checked before normalization would let twice the limit through.
+    #[test]
+    fn arguments_are_validated_in_the_nfc_form_that_executes() {
+        let limited = compile(json!({"type": "object", "properties": {
+            "text": {"type": "string", "maxLength": 4096},
+            "key": {"type": "string", "pattern": "^\u{0915}\u{093c}$"}
+        }}));
+        let expanding = "\u{0958}".repeat(4096);
+        assert!(
+            limited.validate(json!({ "text": expanding })).is_err(),
+            "4,096 code points that execute as 8,192 passed a 4,096 limit"
+        );
+        let within = "\u{0958}".repeat(2048);
+        let canonical = limited.validate(json!({ "text": within })).unwrap();
+        assert_eq!(
+            canonical.value["text"].as_str().unwrap().chars().count(),
+            4096
+        );
+        // A pattern written for the NFC form matches what executes.
+        assert!(limited.validate(json!({"key": "\u{0958}"})).is_ok());
     }
 
     #[test]

@@ -8,8 +8,13 @@ pub type Labels = Vec<(&'static str, String)>;
 
 /// Counters and histograms by name and labels.
 pub trait Metrics: Send + Sync {
+    /// Adds `amount` to a counter.
+    fn add(&self, name: &'static str, labels: Labels, amount: u64);
+
     /// Adds one to a counter.
-    fn increment(&self, name: &'static str, labels: Labels);
+    fn increment(&self, name: &'static str, labels: Labels) {
+        self.add(name, labels, 1);
+    }
 
     /// Records one observation of a histogram.
     fn observe(&self, name: &'static str, labels: Labels, value: f64);

@@ -3,9 +3,11 @@
 mod boundaries;
 mod config;
 mod crash;
+mod fuzz;
 mod gates;
 mod mcp;
 mod pipeline;
+mod security;
 mod serve;
 mod store;
 mod support;

@@ -169,6 +169,7 @@ fn settings(
         idle_timeout: Duration::from_secs(900),
         enabled: true,
         state_dir: state.join(server_id),
+        run_as: None,
     }
 }
 
@@ -301,7 +302,7 @@ impl Live {
 
 async fn events(store: &dyn Store) -> Vec<(String, Value)> {
     store
-        .events_after(0, 10_000)
+        .events_after(0, 10_000, None)
         .await
         .unwrap()
         .into_iter()
@@ -668,9 +669,17 @@ async fn a_hostile_catalog_is_rejected_tool_by_tool_on_both_backends() {
             })
             .collect();
         rejected.sort();
+        let long_name =
+            toolgate::domain::names::bounded_name(&format!("\u{1b}[2J{}", "n".repeat(4096)))
+                .into_owned();
+        assert!(
+            long_name.len() <= 64 && long_name.bytes().all(|b| b.is_ascii_graphic()),
+            "{long_name}"
+        );
         assert_eq!(
             rejected,
             vec![
+                (long_name, "input_schema.remote_reference".to_owned()),
                 ("deep".to_owned(), "input_schema.too_deep".to_owned()),
                 ("huge".to_owned(), "input_schema.too_large".to_owned()),
                 (

@@ -1354,3 +1354,76 @@ async fn row_of(store: &dyn Store, outcome: &CallOutcome) -> toolgate::ports::In
         .unwrap()
         .expect("the row exists")
 }
+
+/// An idempotency key is never answered with another tenant's or another
+/// principal's record: the resubmission is a conflict, recorded as a row of
+/// its own (once, however often it is repeated), and nothing runs.
+#[tokio::test]
+async fn a_key_held_by_another_tenant_or_principal_is_a_recorded_conflict() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let harness = harness(store.clone(), allow_all()).await;
+        let original = harness.request("demo.external_write", json!({"line": "once"}));
+        let outcome = harness.pipeline.call(original.clone()).await;
+        assert_eq!(
+            finished(&outcome).outcome.status(),
+            ToolOutcomeStatus::Succeeded,
+            "{name}"
+        );
+        let effects = || {
+            std::fs::read_to_string(harness.effects.join("external.log"))
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        assert_eq!(effects(), 1, "{name}");
+
+        // Another tenant, the very same call.
+        let mut other_tenant = original.clone();
+        other_tenant.tenant_id = "tenant-b".into();
+        // Another principal of the same tenant, with and without the scope.
+        let mut other_principal = original.clone();
+        other_principal.principal.id = "user-2".into();
+        let mut unscoped = other_principal.clone();
+        unscoped.principal.id = "user-3".into();
+        unscoped.principal.scopes.clear();
+        for (who, request) in [
+            ("another tenant", &other_tenant),
+            ("another principal", &other_principal),
+            ("an unscoped principal", &unscoped),
+        ] {
+            for _ in 0..2 {
+                let outcome = harness.pipeline.call(request.clone()).await;
+                let done = finished(&outcome);
+                assert_eq!(
+                    done.outcome.reason_code(),
+                    Some(ReasonCode::ToolIdempotencyConflict),
+                    "{name}: {who} got {:?}",
+                    done.outcome
+                );
+                assert!(done.invocation_id.is_some(), "{name}: {who}: recorded");
+            }
+            let rows = store
+                .run_invocations(&request.tenant_id, request.run_id)
+                .await
+                .unwrap();
+            let conflicts: Vec<_> = rows
+                .iter()
+                .filter(|row| row.principal.id == request.principal.id)
+                .collect();
+            assert_eq!(conflicts.len(), 1, "{name}: {who}: one conflict row");
+            assert_eq!(
+                conflicts[0].reason_code,
+                Some(ReasonCode::ToolIdempotencyConflict)
+            );
+        }
+        assert_eq!(effects(), 1, "{name}: nothing ran again");
+        // The original still replays its own record.
+        let replay = harness.pipeline.call(original.clone()).await;
+        assert_eq!(
+            finished(&replay).outcome.status(),
+            ToolOutcomeStatus::Succeeded,
+            "{name}"
+        );
+    }
+}

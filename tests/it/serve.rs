@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-const TENANT: &str = "tenant-e2e";
+pub const TENANT: &str = "tenant-e2e";
 
 /// One HTTP/1.1 exchange over a unix socket: (status, headers, body).
 pub fn http(
@@ -61,7 +61,7 @@ pub fn exchange(
     (status, head, response[split + 4..].to_vec())
 }
 
-fn json_of(body: &[u8]) -> Value {
+pub fn json_of(body: &[u8]) -> Value {
     serde_json::from_slice(body)
         .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)))
 }
@@ -71,6 +71,8 @@ pub struct Served {
     pub folder: tempfile::TempDir,
     pub child: Option<Child>,
     pub socket: PathBuf,
+    /// The user `serve` runs as, when not the test's own.
+    pub user: Option<(u32, u32)>,
     /// Everything the process logged (JSON lines), drained as it comes.
     pub logs: std::sync::Arc<std::sync::Mutex<String>>,
 }
@@ -88,17 +90,44 @@ impl Served {
     /// With `approval_hold_seconds` set to `hold` and, when given, the
     /// control API on loopback TCP at `tcp` with `token`.
     pub fn start_with(hold: u32, tcp: Option<(&str, &str)>) -> Served {
-        Served::build(hold, tcp, None)
+        Served::build(hold, tcp, None, "", None)
     }
 
     /// A sidecar whose store is the database at `store_url`.
     pub fn start_on(store_url: &str) -> Served {
-        Served::build(30, None, Some(store_url))
+        Served::build(30, None, Some(store_url), "", None)
     }
 
-    fn build(hold: u32, tcp: Option<(&str, &str)>, store_url: Option<&str>) -> Served {
+    /// A sidecar with `extra` appended to its configuration (whole tables).
+    pub fn start_configured(extra: &str) -> Served {
+        Served::build(30, None, None, extra, None)
+    }
+
+    /// A sidecar run as `user` (uid, gid), its folder handed to that user.
+    pub fn start_as(user: (u32, u32), extra: &str) -> Served {
+        Served::build(30, None, None, extra, Some(user))
+    }
+
+    fn build(
+        hold: u32,
+        tcp: Option<(&str, &str)>,
+        store_url: Option<&str>,
+        extra: &str,
+        user: Option<(u32, u32)>,
+    ) -> Served {
+        use std::os::unix::fs::PermissionsExt as _;
         let folder = tempfile::tempdir().unwrap();
         let root = folder.path();
+        // Traversable (not listable), so a stdio server run as another user
+        // can reach its own state folder below.
+        for path in [
+            root.to_path_buf(),
+            root.join("state"),
+            root.join("state/mcp"),
+        ] {
+            std::fs::create_dir_all(&path).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
         std::fs::write(
             root.join("policy.toml"),
             r#"
@@ -175,11 +204,17 @@ required_scopes = ["mcp.writes.use"]
             ),
             None => config,
         };
-        std::fs::write(root.join("toolgate.toml"), config).unwrap();
+        std::fs::write(root.join("toolgate.toml"), format!("{config}\n{extra}")).unwrap();
+        if let Some((uid, gid)) = user {
+            for entry in ["", "toolgate.toml", "policy.toml", "state", "state/mcp"] {
+                std::os::unix::fs::chown(root.join(entry), Some(uid), Some(gid)).unwrap();
+            }
+        }
         let mut served = Served {
             socket: root.join("run/control.sock"),
             folder,
             child: None,
+            user,
             logs: std::sync::Arc::new(std::sync::Mutex::new(String::new())),
         };
         served.spawn(tcp.map(|(_, token)| token).unwrap_or_default());
@@ -189,17 +224,21 @@ required_scopes = ["mcp.writes.use"]
     /// Starts `toolgate serve` on this folder's configuration and waits for
     /// its control socket.
     fn spawn(&mut self, token: &str) {
+        use std::os::unix::process::CommandExt as _;
         let root = self.folder.path();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+        command
             .args(["--log-json", "serve", "--migrate", "--config"])
             .arg(root.join("toolgate.toml"))
             .env_remove("TOOLGATE_STORE_URL")
             .env_remove("TOOLGATE_CONTROL_SOCKET")
             .env("TOOLGATE_TEST_CONTROL_TOKEN", token)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("toolgate serve starts");
+            .stderr(Stdio::piped());
+        if let Some((uid, gid)) = self.user {
+            command.gid(gid).uid(uid);
+        }
+        let mut child = command.spawn().expect("toolgate serve starts");
         if let Some(mut stderr) = child.stderr.take() {
             let logs = self.logs.clone();
             std::thread::spawn(move || {
@@ -347,7 +386,7 @@ impl Drop for Served {
     }
 }
 
-fn sha256(text: &str) -> String {
+pub fn sha256(text: &str) -> String {
     toolgate::domain::sha256_hex(text.as_bytes())
 }
 
@@ -1588,4 +1627,24 @@ fn a_session_opened_on_one_node_is_served_by_another() {
         body["results"][0]["outcome"]["status"], "succeeded",
         "{body}"
     );
+}
+
+/// `serve` says, once and loudly, when its PostgreSQL role bypasses
+/// row-level security, and says nothing when it runs as it should.
+#[test]
+fn serve_warns_when_its_role_bypasses_row_level_security() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(schema) = runtime.block_on(crate::store::PgSchema::create()) else {
+        eprintln!("DATABASE_URL unset: the row-level security warning is PostgreSQL's");
+        return;
+    };
+    let warning = "row-level security does not isolate tenants";
+    let mut owner = Served::start_on(&schema.owner_url);
+    let mut user = Served::start_on(&schema.url);
+    let _ = owner.session();
+    let _ = user.session();
+    assert!(owner.stop() && user.stop());
+    let owner_logs = owner.logs.lock().unwrap().clone();
+    assert_eq!(owner_logs.matches(warning).count(), 1, "{owner_logs}");
+    assert!(!user.logs.lock().unwrap().contains(warning));
 }

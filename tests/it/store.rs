@@ -19,30 +19,90 @@ use toolgate::ports::{
 };
 use uuid::Uuid;
 
-/// A PostgreSQL schema that exists for one test.
+/// A PostgreSQL schema that exists for one test, migrated by its owner (the
+/// database's administrator) and used by a role of its own that is not a
+/// superuser, does not bypass row-level security and owns nothing: what a
+/// production deployment runs `serve` as.
 pub struct PgSchema {
     admin_url: String,
     pub name: String,
+    /// The role the store connects as.
+    pub role: String,
+    /// The schema as its owner sees it (migrations, inspection).
+    pub owner_url: String,
+    /// The schema as the store's role sees it.
     pub url: String,
 }
 
+/// Whether a test that needs PostgreSQL must fail rather than skip when
+/// `DATABASE_URL` is unset (`CI=true`, or `TOOLGATE_REQUIRE_POSTGRES=1`).
+fn postgres_required() -> bool {
+    std::env::var("CI").is_ok_and(|value| value == "true")
+        || std::env::var("TOOLGATE_REQUIRE_POSTGRES").is_ok_and(|value| value == "1")
+}
+
+/// `url` with its user replaced by `user` (trust authentication, no
+/// password).
+fn as_user(url: &str, user: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{user}@{host}")
+}
+
+fn with_search_path(url: &str, schema: &str, extra: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options=-c%20search_path%3D{schema}{extra}")
+}
+
 impl PgSchema {
-    /// Creates a fresh schema, or `None` when `DATABASE_URL` is unset.
+    /// A fresh, migrated schema; `None` when `DATABASE_URL` is unset (and
+    /// that is allowed).
     pub async fn create() -> Option<PgSchema> {
-        let admin_url = std::env::var("DATABASE_URL").ok()?;
-        let name = format!("t_{}", Uuid::new_v4().simple());
+        PgSchema::create_with("").await
+    }
+
+    /// As [`PgSchema::create`], the store's sessions also given `options`
+    /// (URL-encoded `-c` settings, each starting with `%20`).
+    pub async fn create_with(options: &str) -> Option<PgSchema> {
+        let Ok(admin_url) = std::env::var("DATABASE_URL") else {
+            assert!(
+                !postgres_required(),
+                "DATABASE_URL is unset and this run requires PostgreSQL"
+            );
+            return None;
+        };
+        let id = Uuid::new_v4().simple().to_string();
+        let (name, role) = (format!("t_{id}"), format!("r_{id}"));
         let mut admin = sqlx::PgConnection::connect(&admin_url)
             .await
             .expect("DATABASE_URL connects");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
-            .execute(&mut admin)
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE SCHEMA {name}; \
+             CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE; \
+             GRANT USAGE ON SCHEMA {name} TO {role};"
+        )))
+        .execute(&mut admin)
+        .await
+        .expect("creates a schema and a role");
+        let owner_url = with_search_path(&admin_url, &name, "");
+        let owner = PostgresStore::connect(&owner_url)
             .await
-            .expect("creates a schema");
-        let separator = if admin_url.contains('?') { '&' } else { '?' };
-        let url = format!("{admin_url}{separator}options=-c%20search_path%3D{name}");
+            .expect("the owner connects");
+        owner.migrate().await.expect("postgres migrates");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {name} TO {role}; \
+             GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {name} TO {role}; \
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {name} TO {role};"
+        )))
+        .execute(&mut admin)
+        .await
+        .expect("grants the store's role its rows");
+        let url = with_search_path(&as_user(&admin_url, &role), &name, options);
         Some(PgSchema {
             admin_url,
             name,
+            role,
+            owner_url,
             url,
         })
     }
@@ -50,7 +110,7 @@ impl PgSchema {
 
 impl Drop for PgSchema {
     fn drop(&mut self) {
-        let (url, name) = (self.admin_url.clone(), self.name.clone());
+        let (url, name, role) = (self.admin_url.clone(), self.name.clone(), self.role.clone());
         // Drop runs outside any async context; a thread with its own runtime
         // removes the schema even when the test failed.
         let _ = std::thread::spawn(move || {
@@ -61,7 +121,8 @@ impl Drop for PgSchema {
             runtime.block_on(async {
                 let mut admin = sqlx::PgConnection::connect(&url).await.ok()?;
                 sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "DROP SCHEMA IF EXISTS {name} CASCADE"
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'; \
+                     DROP SCHEMA IF EXISTS {name} CASCADE; DROP OWNED BY {role}; DROP ROLE IF EXISTS {role}"
                 )))
                 .execute(&mut admin)
                 .await
@@ -93,7 +154,6 @@ pub async fn backends() -> Backends {
                 .await
                 .expect("postgres connects"),
         );
-        store.migrate().await.expect("postgres migrates");
         stores.push(("postgres", store));
     } else {
         eprintln!("DATABASE_URL unset: PostgreSQL half of the store suite skipped");
@@ -760,7 +820,9 @@ async fn postgres_row_level_security_isolates_tenants() {
         )
         .await;
     }
-    let mut connection = sqlx::PgConnection::connect(&schema.url).await.unwrap();
+    let mut connection = sqlx::PgConnection::connect(&schema.owner_url)
+        .await
+        .unwrap();
     let role = format!("{}_reader", schema.name);
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE ROLE {role} NOLOGIN; GRANT USAGE ON SCHEMA {s} TO {role}; \
@@ -885,7 +947,7 @@ pub async fn events_settled(
 ) -> Vec<toolgate::ports::EventRecord> {
     let mut events = Vec::new();
     for _ in 0..50 {
-        events = store.events_after(0, 10_000).await.unwrap();
+        events = store.events_after(0, 10_000, None).await.unwrap();
         if events.len() >= at_least {
             break;
         }
@@ -1186,7 +1248,9 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
         .await
         .expect("postgres connects");
     store.migrate().await.expect("postgres migrates");
-    let mut connection = sqlx::PgConnection::connect(&schema.url).await.unwrap();
+    let mut connection = sqlx::PgConnection::connect(&schema.owner_url)
+        .await
+        .unwrap();
     let literals = "'3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', 'solo', \
                     '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', 0";
     let row = "id = $1 AND tenant_id = $2 AND worker_id = $3 AND lease_epoch = $4";
@@ -1311,4 +1375,90 @@ async fn sessions_are_recorded_once_and_read_by_id() {
             "{name}"
         );
     }
+}
+
+/// With `standard_conforming_strings` off, a backslash escapes a quote
+/// inside a literal: a tenant id spliced into SQL text would end its literal
+/// and run what follows. Bound as a parameter it is only a value, whatever
+/// the session's settings.
+#[tokio::test]
+async fn postgres_tenant_ids_are_bound_never_spliced() {
+    let Some(schema) = PgSchema::create_with("%20-c%20standard_conforming_strings%3Doff").await
+    else {
+        eprintln!("DATABASE_URL unset: the tenant-binding test runs on PostgreSQL only");
+        return;
+    };
+    let store: Arc<dyn Store> = Arc::new(PostgresStore::connect(&schema.url).await.unwrap());
+    let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+    let victim = insert(
+        store.as_ref(),
+        &new_invocation(
+            "victim",
+            Uuid::new_v4(),
+            "call",
+            InvocationStatus::Authorized,
+        ),
+        worker_id,
+    )
+    .await;
+    for hostile in [
+        r"x\'; CREATE TABLE pwned (id int); --",
+        r"x\'), set_config('toolgate.scope', 'system', true) --",
+        "x'; CREATE TABLE pwned (id int); --",
+    ] {
+        // Each of these opens a tenant-scoped transaction.
+        let runs = store.run_invocations(hostile, victim.run_id).await;
+        assert!(runs.is_ok_and(|rows| rows.is_empty()), "{hostile}");
+        assert!(
+            store
+                .invocation(hostile, victim.id)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(store.pending_approvals(hostile).await.unwrap().is_empty());
+        assert!(store.review_queue(hostile, 10).await.unwrap().is_empty());
+    }
+    let mut owner = sqlx::PgConnection::connect(&schema.owner_url)
+        .await
+        .unwrap();
+    let pwned: bool = sqlx::query_scalar("SELECT to_regclass('pwned') IS NOT NULL")
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+    assert!(!pwned, "a tenant id ran as SQL");
+}
+
+/// No SQL text in the source is built from values at run time: every query
+/// is a literal (or `concat!` of literals and constants), so no tenant id,
+/// name or argument can become SQL. sqlx only takes run-time text through
+/// `AssertSqlSafe`, which may therefore appear nowhere in `src/`.
+#[test]
+fn no_sql_is_built_by_formatting_values() {
+    fn walk(folder: &std::path::Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(folder).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (number, line) in text.lines().enumerate() {
+                    let code = line.split("//").next().unwrap_or_default();
+                    if code.contains("AssertSqlSafe") || code.contains("sqlx::raw_sql(format!") {
+                        found.push(format!("{}:{}", path.display(), number + 1));
+                    }
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut found,
+    );
+    assert!(
+        found.is_empty(),
+        "SQL built at run time:\n{}",
+        found.join("\n")
+    );
 }

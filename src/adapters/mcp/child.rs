@@ -1,11 +1,13 @@
 //! A stdio server's child process: its environment is constructed, never
-//! inherited; it leads its own process group, so ending it ends everything
-//! it started; its stderr is drained into bounded log lines that reach an
-//! operator, never the model.
+//! inherited; it runs as the operator's `run_as` user when one is set; it
+//! leads its own process group, so ending it ends everything it started;
+//! its stderr is drained into bounded, escaped log lines, within a byte
+//! budget per interval, that reach an operator, never the model.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
@@ -16,6 +18,7 @@ use tokio::process::{Child, ChildStderr, Command};
 use crate::domain::SecretValue;
 use crate::domain::environment::{SYNTHESIZED, is_tier0};
 use crate::domain::secret::scrub;
+use crate::ports::Metrics;
 
 /// The PATH every stdio server gets: the system's program folders and
 /// nothing from toolgate's own environment.
@@ -24,6 +27,20 @@ pub const CHILD_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 pub const CHILD_LANG: &str = "C.UTF-8";
 /// The longest stderr line kept; the rest of a longer line is cut.
 pub const MAXIMUM_STDERR_LINE: usize = 1024;
+/// Bytes of one server's stderr logged per [`STDERR_INTERVAL`]; the rest is
+/// counted and summarized, so a server cannot flood the operator's log.
+pub const STDERR_BUDGET_BYTES: usize = 16 * 1024;
+/// The interval the stderr budget is counted over.
+pub const STDERR_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The user a child runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs {
+    /// Its uid.
+    pub uid: u32,
+    /// Its primary group; supplementary groups are cleared.
+    pub gid: u32,
+}
 
 /// What a child is started from.
 #[derive(Debug)]
@@ -40,6 +57,8 @@ pub struct ChildSpec {
     pub credential: Option<(String, SecretValue)>,
     /// This server's state folder; HOME and TMPDIR live in it.
     pub state_dir: PathBuf,
+    /// The user it runs as; toolgate's own when `None`.
+    pub run_as: Option<RunAs>,
 }
 
 /// Why a child could not be started.
@@ -98,10 +117,11 @@ pub fn environment(spec: &ChildSpec) -> Vec<(String, String)> {
     environment.into_iter().collect()
 }
 
-/// Prepares the state folder (0700) and the command: environment cleared
-/// and rebuilt, stdio piped, its own process group.
+/// Prepares the state folder (0700, the child's own) and the command:
+/// environment cleared and rebuilt, its user, stdio piped, its own process
+/// group.
 pub fn command(spec: &ChildSpec) -> Result<Command, ChildError> {
-    prepare_state_dir(&spec.state_dir).map_err(|error| ChildError::StateDir {
+    prepare_state_dir(&spec.state_dir, spec.run_as).map_err(|error| ChildError::StateDir {
         server_id: spec.server_id.clone(),
         kind: error.kind(),
     })?;
@@ -116,16 +136,28 @@ pub fn command(spec: &ChildSpec) -> Result<Command, ChildError> {
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(run_as) = spec.run_as {
+        // The group first, then the user; the standard library also drops
+        // supplementary groups when it changes the user.
+        command.gid(run_as.gid).uid(run_as.uid);
+    }
     Ok(command)
 }
 
-fn prepare_state_dir(state_dir: &Path) -> std::io::Result<()> {
+fn prepare_state_dir(state_dir: &Path, run_as: Option<RunAs>) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let tmp = state_dir.join("tmp");
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(state_dir.join("tmp"))?;
-    std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o700))
+        .create(&tmp)?;
+    std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o700))?;
+    if let Some(run_as) = run_as {
+        for folder in [state_dir, tmp.as_path()] {
+            std::os::unix::fs::chown(folder, Some(run_as.uid), Some(run_as.gid))?;
+        }
+    }
+    Ok(())
 }
 
 /// Starts the child.
@@ -136,36 +168,110 @@ pub fn spawn(spec: &ChildSpec) -> Result<Child, ChildError> {
     })
 }
 
-/// Drains a child's stderr into log lines, each cut to
-/// [`MAXIMUM_STDERR_LINE`] bytes and scrubbed of `secrets`, until the pipe
-/// closes. Returns how many lines it logged.
+/// Drains a child's stderr into log lines until the pipe closes: each cut
+/// to [`MAXIMUM_STDERR_LINE`] bytes, scrubbed of `secrets`, with every
+/// control character escaped (no terminal sequence, carriage return or fake
+/// line reaches the log as written), and at most [`STDERR_BUDGET_BYTES`]
+/// logged per [`STDERR_INTERVAL`]. What is dropped is counted in
+/// `mcp_stderr_dropped_bytes_total` and told in one summary line per
+/// interval. Returns how many lines it logged.
 pub async fn drain_stderr(
     server_id: String,
     stderr: ChildStderr,
     secrets: Vec<SecretValue>,
+    metrics: Arc<dyn Metrics>,
 ) -> usize {
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
-    let mut count = 0;
+    let mut logged = 0;
+    let mut budget = StderrBudget::default();
+    let mut tick = tokio::time::interval(STDERR_INTERVAL);
+    tick.tick().await;
     loop {
         line.clear();
         // Reads at most one line past the cap, so a child that never ends a
         // line cannot grow this buffer without bound.
-        match read_bounded_line(&mut reader, &mut line).await {
-            Ok(0) => return count,
-            Ok(_) => {
+        let read = tokio::select! {
+            read = read_bounded_line(&mut reader, &mut line) => read,
+            _ = tick.tick() => {
+                budget.roll(&server_id, metrics.as_ref());
+                continue;
+            }
+        };
+        match read {
+            Ok(0) | Err(_) => {
+                budget.roll(&server_id, metrics.as_ref());
+                return logged;
+            }
+            Ok(read) => {
+                if !budget.spend(read) {
+                    continue;
+                }
                 // A server can print its own environment; its credential
                 // never reaches a log line.
                 let mut text = scrub(&String::from_utf8_lossy(&line), &secrets);
                 if line.len() == MAXIMUM_STDERR_LINE {
                     text = scrub_cut_prefix(text, &secrets);
                 }
-                tracing::info!(server = %server_id, line = %text.trim_end(), "mcp server stderr");
-                count += 1;
+                let text = escape_control(text.trim_end_matches(['\n', '\r']));
+                tracing::info!(server = %server_id, line = %text, "mcp server stderr");
+                logged += 1;
             }
-            Err(_) => return count,
         }
     }
+}
+
+/// One server's stderr budget in the current interval.
+#[derive(Debug, Default)]
+struct StderrBudget {
+    spent: usize,
+    dropped_bytes: u64,
+    dropped_lines: u64,
+}
+
+impl StderrBudget {
+    /// Whether a line of `bytes` may be logged; counts it as dropped if not.
+    fn spend(&mut self, bytes: usize) -> bool {
+        if self.spent.saturating_add(bytes.min(MAXIMUM_STDERR_LINE)) > STDERR_BUDGET_BYTES {
+            self.dropped_bytes += bytes as u64;
+            self.dropped_lines += 1;
+            return false;
+        }
+        self.spent += bytes.min(MAXIMUM_STDERR_LINE);
+        true
+    }
+
+    /// Ends the interval: one summary line and the metric for what was
+    /// dropped in it.
+    fn roll(&mut self, server_id: &str, metrics: &dyn Metrics) {
+        if self.dropped_lines > 0 {
+            tracing::warn!(
+                server = %server_id,
+                dropped_lines = self.dropped_lines,
+                dropped_bytes = self.dropped_bytes,
+                "mcp server stderr over its budget; the rest of the interval was dropped"
+            );
+            metrics.add(
+                "mcp_stderr_dropped_bytes_total",
+                vec![("server", server_id.to_owned())],
+                self.dropped_bytes,
+            );
+        }
+        *self = StderrBudget::default();
+    }
+}
+
+/// `text` with every control character written as `\u{…}`.
+pub fn escape_control(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A line cut at the cap may end in the beginning of a secret that the
@@ -246,6 +352,21 @@ mod tests {
             .into(),
             credential: Some(("API_TOKEN".to_owned(), SecretValue::new("tok-123"))),
             state_dir: folder.join("state/probe"),
+            run_as: None,
+        }
+    }
+
+    /// Counts what is added, by name.
+    #[derive(Default)]
+    struct Counted(std::sync::Mutex<BTreeMap<&'static str, u64>>);
+
+    impl Metrics for Counted {
+        fn add(&self, name: &'static str, _: crate::ports::Labels, amount: u64) {
+            *self.0.lock().unwrap().entry(name).or_default() += amount;
+        }
+        fn observe(&self, _: &'static str, _: crate::ports::Labels, _: f64) {}
+        fn render(&self) -> String {
+            String::new()
         }
     }
 
@@ -295,9 +416,50 @@ mod tests {
             "printf 'one\\n' >&2; head -c 5000 /dev/zero | tr '\\0' x >&2; printf '\\ntwo\\n' >&2";
         let mut child = spawn(&spec(folder.path(), "/bin/sh", &["-c", script])).unwrap();
         let stderr = child.stderr.take().unwrap();
-        let lines = tokio::spawn(drain_stderr("probe".into(), stderr, Vec::new()));
+        let metrics = Arc::new(Counted::default());
+        let lines = tokio::spawn(drain_stderr(
+            "probe".into(),
+            stderr,
+            Vec::new(),
+            metrics.clone(),
+        ));
         child.wait().await.unwrap();
         assert_eq!(lines.await.unwrap(), 3);
+        assert!(metrics.0.lock().unwrap().is_empty(), "nothing was dropped");
+    }
+
+    /// 8 MiB of stderr in one call: the budget's worth is logged, the rest
+    /// is counted, and the drain keeps up (the child is never blocked).
+    #[tokio::test]
+    async fn stderr_past_its_budget_is_counted_not_logged() {
+        let folder = tempfile::tempdir().unwrap();
+        let script = "head -c 8388608 /dev/zero | tr '\\0' '\\n' | sed 's/^/fake INFO line/' >&2";
+        let mut child = spawn(&spec(folder.path(), "/bin/sh", &["-c", script])).unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let metrics = Arc::new(Counted::default());
+        let lines = tokio::spawn(drain_stderr(
+            "probe".into(),
+            stderr,
+            Vec::new(),
+            metrics.clone(),
+        ));
+        child.wait().await.unwrap();
+        let logged = lines.await.unwrap();
+        assert!(
+            logged * "fake INFO line".len() <= STDERR_BUDGET_BYTES + MAXIMUM_STDERR_LINE,
+            "{logged} lines logged"
+        );
+        let dropped = metrics.0.lock().unwrap()["mcp_stderr_dropped_bytes_total"];
+        assert!(dropped > 8_000_000, "{dropped} bytes counted as dropped");
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(
+            escape_control("\u{1b}[31mred\r2026 INFO fake\u{7}"),
+            "\\u{1b}[31mred\\u{d}2026 INFO fake\\u{7}"
+        );
+        assert_eq!(escape_control("plain é"), "plain é");
     }
 
     #[test]

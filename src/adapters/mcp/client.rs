@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use super::catalog::RemoteTool;
 use super::child::{self, ChildError, ChildSpec};
 use crate::domain::ReasonCode;
+use crate::ports::Metrics;
 
 /// Most pages of one list a server may return: a server that keeps handing
 /// out cursors is a loop, not a catalog.
@@ -278,7 +279,11 @@ impl Connection {
     /// Spawns the child from `spec` and runs the handshake within
     /// `connect_timeout`. The stderr drain starts before the handshake so a
     /// chatty child cannot block on a full pipe.
-    pub async fn open(spec: &ChildSpec, connect_timeout: Duration) -> Result<Self, ClientError> {
+    pub async fn open(
+        spec: &ChildSpec,
+        connect_timeout: Duration,
+        metrics: Arc<dyn Metrics>,
+    ) -> Result<Self, ClientError> {
         let server_id = spec.server_id.clone();
         let mut child = child::spawn(spec)?;
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
@@ -291,7 +296,12 @@ impl Connection {
                 .iter()
                 .map(|(_, value)| value.clone())
                 .collect();
-            tokio::spawn(child::drain_stderr(server_id.clone(), stderr, secrets));
+            tokio::spawn(child::drain_stderr(
+                server_id.clone(),
+                stderr,
+                secrets,
+                metrics,
+            ));
         }
         let (list_changed, _) = watch::channel(0);
         let signals = Arc::new(Signals {

@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use tracing::Instrument as _;
 
 use super::catalog::{MAXIMUM_DESCRIPTION_BYTES, RemoteTool, catalog_hash, cut, map_catalog};
-use super::child::ChildSpec;
+use super::child::{ChildSpec, RunAs};
 use super::client::{ClientError, Connection, RemoteCall, RemotePrompt, RemoteResource};
 use crate::domain::mcp_server::{AuthScheme, ServerClassification, Transport};
 use crate::domain::names::mcp_registry_name;
@@ -77,6 +77,8 @@ pub struct StdioServerSettings {
     pub enabled: bool,
     /// This server's state folder (its HOME).
     pub state_dir: PathBuf,
+    /// The user it runs as; toolgate's own when `None`.
+    pub run_as: Option<RunAs>,
 }
 
 impl StdioServerSettings {
@@ -174,8 +176,9 @@ impl StdioServer {
             declared: self.settings.env.clone(),
             credential,
             state_dir: self.settings.state_dir.clone(),
+            run_as: self.settings.run_as,
         };
-        Connection::open(&spec, self.settings.connect_timeout)
+        Connection::open(&spec, self.settings.connect_timeout, self.metrics.clone())
             .await
             .map_err(|error| {
                 tracing::warn!(server = %self.settings.server_id, error = %error, "mcp connect failed");

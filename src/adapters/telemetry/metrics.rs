@@ -59,6 +59,10 @@ fn help(name: &str) -> (&'static str, &'static str) {
             "MCP connections that failed, by server and reason code.",
         ),
         "bridge_refusals_total" => ("counter", "Bridge requests refused before any call."),
+        "mcp_stderr_dropped_bytes_total" => (
+            "counter",
+            "Bytes of MCP servers' stderr over the logging budget, dropped.",
+        ),
         _ => ("untyped", ""),
     }
 }
@@ -81,9 +85,8 @@ impl MetricsRegistry {
 }
 
 impl Metrics for MetricsRegistry {
-    /// Adds one to a counter.
-    fn increment(&self, name: &'static str, labels: Labels) {
-        *self.lock().counters.entry((name, labels)).or_default() += 1;
+    fn add(&self, name: &'static str, labels: Labels, amount: u64) {
+        *self.lock().counters.entry((name, labels)).or_default() += amount;
     }
 
     /// Records one observation of a histogram.

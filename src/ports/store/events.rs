@@ -176,11 +176,13 @@ pub trait EventStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
-    /// Events after the cursor, in id order; only ids no running transaction
-    /// can still fill in below, so a reader never skips one.
-    fn events_after(
-        &self,
+    /// Events after the cursor, in id order, of one tenant when `tenant_id`
+    /// is given; only ids no running transaction can still fill in below,
+    /// so a reader never skips one.
+    fn events_after<'a>(
+        &'a self,
         after: i64,
         limit: i64,
-    ) -> BoxFuture<'_, Result<Vec<EventRecord>, StoreError>>;
+        tenant_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<EventRecord>, StoreError>>;
 }

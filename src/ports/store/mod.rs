@@ -97,6 +97,11 @@ pub trait Schema: Send + Sync {
 
     /// Applies pending migrations; returns the versions applied.
     fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>>;
+
+    /// Whether the role the store connects as is exempt from row-level
+    /// security (a superuser, or `BYPASSRLS`): then tenant isolation rests
+    /// on the queries alone. Always false where there is none to bypass.
+    fn row_security_bypassed(&self) -> BoxFuture<'_, Result<bool, StoreError>>;
 }
 
 /// Every aggregate of one database: what an adapter provides and the

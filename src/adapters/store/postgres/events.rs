@@ -20,19 +20,24 @@ impl EventStore for PostgresStore {
         })
     }
 
-    fn events_after(
-        &self,
+    fn events_after<'a>(
+        &'a self,
         after: i64,
         limit: i64,
-    ) -> BoxFuture<'_, Result<Vec<EventRecord>, StoreError>> {
+        tenant_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin(Scope::System).await?;
+            // A tenant's reader is scoped by row-level security as well.
+            let scope = tenant_id.map_or(Scope::System, Scope::Tenant);
+            let mut tx = self.begin(scope).await?;
             let rows = sqlx::query(
                 "SELECT id, tenant_id, event_type, payload, created_at FROM events \
-                 WHERE id > $1 AND txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY id LIMIT $2",
+                 WHERE id > $1 AND ($3::text IS NULL OR tenant_id = $3) \
+                 AND txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY id LIMIT $2",
             )
             .bind(after)
             .bind(limit)
+            .bind(tenant_id)
             .fetch_all(&mut *tx)
             .await
             .map_err(database_error)?;

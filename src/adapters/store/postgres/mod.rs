@@ -156,32 +156,43 @@ impl PostgresStore {
         Ok(PostgresStore { pool, hot })
     }
 
-    /// Opens a transaction scoped for row-level security. The scope is set
-    /// in the same round trip as BEGIN (a simple-protocol batch), since
-    /// every commit of the pipeline pays for it.
+    /// Opens a transaction scoped for row-level security. The scope is a
+    /// bound parameter, never text spliced into SQL.
     async fn begin(&self, scope: Scope<'_>) -> Result<Transaction<'static, Postgres>, StoreError> {
         let (tenant, system) = match scope {
-            Scope::Tenant(tenant) => (literal(tenant)?, "''"),
-            Scope::System => ("''".to_owned(), "'system'"),
+            Scope::Tenant(tenant) => (tenant, ""),
+            Scope::System => ("", "system"),
         };
-        let begin = format!(
-            "BEGIN; SELECT set_config('toolgate.tenant_id', {tenant}, true), set_config('toolgate.scope', {system}, true)"
-        );
-        self.pool
-            .begin_with(sqlx::AssertSqlSafe(begin))
-            .await
-            .map_err(database_error)
+        let mut tx = self.pool.begin().await.map_err(database_error)?;
+        sqlx::query(
+            "SELECT set_config('toolgate.tenant_id', $1, true), set_config('toolgate.scope', $2, true)",
+        )
+        .bind(tenant)
+        .bind(system)
+        .execute(&mut *tx)
+        .await
+        .map_err(database_error)?;
+        Ok(tx)
     }
 
     async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS toolgate_migrations (\
-                version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
-                checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-        )
-        .execute(&self.pool)
-        .await
-        .map_err(database_error)?;
+        // Created only when missing: a role that may only use the tables
+        // (as `serve` should run) can still read what is applied.
+        let exists: bool =
+            sqlx::query_scalar("SELECT to_regclass('toolgate_migrations') IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(database_error)?;
+        if !exists {
+            sqlx::raw_sql(
+                "CREATE TABLE IF NOT EXISTS toolgate_migrations (\
+                    version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+                    checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            )
+            .execute(&self.pool)
+            .await
+            .map_err(database_error)?;
+        }
         let rows =
             sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
                 .fetch_all(&self.pool)
@@ -191,15 +202,6 @@ impl PostgresStore {
             .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
             .collect()
     }
-}
-
-/// A string as a SQL literal. `standard_conforming_strings` (on since
-/// PostgreSQL 9.1) makes doubling quotes the whole escape; NUL cannot be sent.
-fn literal(text: &str) -> Result<String, StoreError> {
-    if text.contains('\0') {
-        return Err(StoreError::Query("a tenant id may not contain NUL".into()));
-    }
-    Ok(format!("'{}'", text.replace('\'', "''")))
 }
 
 fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T, StoreError>
@@ -386,6 +388,17 @@ impl Schema for PostgresStore {
             }
             tx.commit().await.map_err(database_error)?;
             Ok(pending.iter().map(|m| m.version).collect())
+        })
+    }
+
+    fn row_security_bypassed(&self) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            sqlx::query_scalar(
+                "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .map_err(database_error)
         })
     }
 }

@@ -16,18 +16,20 @@ impl EventStore for SqliteStore {
         })
     }
 
-    fn events_after(
-        &self,
+    fn events_after<'a>(
+        &'a self,
         after: i64,
         limit: i64,
-    ) -> BoxFuture<'_, Result<Vec<EventRecord>, StoreError>> {
+        tenant_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<EventRecord>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(
                 "SELECT id, tenant_id, event_type, payload, created_at FROM events \
-                 WHERE id > $1 ORDER BY id LIMIT $2",
+                 WHERE id > $1 AND ($3 IS NULL OR tenant_id = $3) ORDER BY id LIMIT $2",
             )
             .bind(after)
             .bind(limit)
+            .bind(tenant_id)
             .fetch_all(&self.pool)
             .await
             .map_err(database_error)?;

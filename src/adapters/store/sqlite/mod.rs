@@ -315,6 +315,11 @@ impl Schema for SqliteStore {
             Ok(pending.iter().map(|m| m.version).collect())
         })
     }
+
+    fn row_security_bypassed(&self) -> BoxFuture<'_, Result<bool, StoreError>> {
+        // One node, one file: no row-level security to bypass.
+        Box::pin(async { Ok(false) })
+    }
 }
 
 async fn insert_platform_event(
