@@ -138,6 +138,11 @@ impl ApiError {
                 "invalid_request",
                 &failure.to_string(),
             ),
+            SessionError::InvalidIdentity => error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                &failure.to_string(),
+            ),
             SessionError::Unknown => error(
                 StatusCode::NOT_FOUND,
                 "unknown_session",
@@ -212,6 +217,11 @@ impl ApiError {
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "step_number must not be negative",
+            ),
+            ApiError::Admission(failure @ AdmissionError::InvalidCallId) => error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                &failure.to_string(),
             ),
             ApiError::Admission(failure @ AdmissionError::CallLost) => error(
                 StatusCode::INTERNAL_SERVER_ERROR,

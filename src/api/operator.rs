@@ -11,12 +11,14 @@ use super::wire::{
 };
 use super::{ApiError, ControlApi};
 use crate::bridge::http::{Reply, reply};
-use crate::domain::ApprovalStatus;
+use crate::domain::{ApprovalStatus, valid_identifier};
 use crate::pipeline::Completion;
 use crate::ports::ReviewRecord;
 
 /// How many review rows one answer holds.
 const REVIEW_PAGE: i64 = 1000;
+/// The longest note a reviewer may leave.
+const MAXIMUM_NOTE_BYTES: usize = 4096;
 
 impl ControlApi {
     pub(super) async fn approvals(&self, routed: Routed) -> Result<Reply, ApiError> {
@@ -48,6 +50,11 @@ impl ControlApi {
     pub(super) async fn decide(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
         let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let decision: ApprovalDecision = self.body(routed.request).await?;
+        if !valid_identifier(&decision.approver) {
+            return Err(ApiError::Invalid(
+                "approver must be 1 to 256 bytes without control characters".into(),
+            ));
+        }
         let status = match decision.decision.as_str() {
             "approve" => ApprovalStatus::Approved,
             "deny" => ApprovalStatus::Denied,
@@ -131,6 +138,14 @@ impl ControlApi {
     pub(super) async fn resolve(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
         let (tenant, invocation_id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let decision: ReviewDecision = self.body(routed.request).await?;
+        if !valid_identifier(&decision.resolver)
+            || decision.note.as_ref().is_some_and(|note| note.len() > MAXIMUM_NOTE_BYTES)
+        {
+            return Err(ApiError::Invalid(
+                "resolver must be 1 to 256 bytes without control characters, a note at most 4 KiB"
+                    .into(),
+            ));
+        }
         let review = ReviewRecord {
             invocation_id,
             resolution: decision.resolution,

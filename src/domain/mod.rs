@@ -79,7 +79,8 @@ pub use reason_codes::ReasonCode;
 pub use result::{ArtifactRef, ContentPart, ToolFailure, ToolFailureKind, ToolResult};
 pub use secret::SecretValue;
 pub use session::{
-    AgentSpec, PolicyProfile, Principal, RuntimeEnvironment, glob_matches, valid_tenant_id,
+    AgentSpec, MAXIMUM_LIST_ENTRIES, PolicyProfile, Principal, RuntimeEnvironment, glob_matches,
+    valid_call_id, valid_identifier, valid_tenant_id,
 };
 pub use skill::SkillMetadata;
 pub use tool::{

@@ -17,6 +17,27 @@ pub fn valid_tenant_id(tenant_id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// The longest call id accepted: provider call ids are short; the id is
+/// recorded on the row and carried by every event of the call.
+pub const MAXIMUM_CALL_ID_BYTES: usize = 256;
+/// The longest principal id, scope or agent tool pattern accepted.
+pub const MAXIMUM_IDENTIFIER_BYTES: usize = 256;
+/// The most scopes a principal, or tool patterns an agent, may carry.
+pub const MAXIMUM_LIST_ENTRIES: usize = 1024;
+
+/// Whether `call_id` is one toolgate records: 1 to 256 printable ASCII
+/// characters (no space, no control character).
+pub fn valid_call_id(call_id: &str) -> bool {
+    (1..=MAXIMUM_CALL_ID_BYTES).contains(&call_id.len())
+        && call_id.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Whether an identifier a caller supplies (a principal id, a scope, an
+/// agent's tool pattern) is bounded and free of control characters.
+pub fn valid_identifier(text: &str) -> bool {
+    (1..=MAXIMUM_IDENTIFIER_BYTES).contains(&text.len()) && !text.chars().any(char::is_control)
+}
+
 /// The authenticated party a session acts for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

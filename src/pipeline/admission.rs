@@ -12,7 +12,7 @@ use super::call::{CallOutcome, named_tool};
 use super::executor::Pipeline;
 use super::registry::PinnedToolSet;
 use super::sessions::{CallPlace, Session};
-use crate::domain::{IdempotencyClass, SideEffectClass, TrustLevel};
+use crate::domain::{IdempotencyClass, SideEffectClass, TrustLevel, valid_call_id};
 use crate::ports::Clock;
 
 /// Why a batch did not run to its end.
@@ -21,6 +21,9 @@ pub enum AdmissionError {
     /// Steps count from zero.
     #[error("step_number must not be negative")]
     NegativeStep,
+    /// A call id is empty, too long, or not printable ASCII.
+    #[error("call_id must be 1 to 256 printable ASCII characters")]
+    InvalidCallId,
     /// A call of a parallel batch ended its task without an outcome.
     #[error("a call of the batch did not finish")]
     CallLost,
@@ -117,6 +120,9 @@ impl Admission {
     ) -> Result<BatchOutcome, AdmissionError> {
         if batch.step_number < 0 {
             return Err(AdmissionError::NegativeStep);
+        }
+        if !batch.calls.iter().all(|call| valid_call_id(&call.call_id)) {
+            return Err(AdmissionError::InvalidCallId);
         }
         let remaining = batch
             .deadline_at

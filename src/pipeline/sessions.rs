@@ -18,8 +18,8 @@ use super::call::CallRequest;
 use super::preparation::prepare_mcp;
 use super::registry::{PinnedToolSet, ToolRegistry};
 use crate::domain::{
-    AgentSpec, ArgumentTrust, PolicyProfile, Principal, RuntimeEnvironment, TargetKind, TrustLevel,
-    valid_tenant_id,
+    AgentSpec, ArgumentTrust, MAXIMUM_LIST_ENTRIES, PolicyProfile, Principal, RuntimeEnvironment,
+    TargetKind, TrustLevel, valid_identifier, valid_tenant_id,
 };
 use crate::ports::{
     CatalogStore, Clock, McpServers, PlatformEvent, SessionRecord, SessionStore, StoreError,
@@ -36,6 +36,12 @@ pub enum SessionError {
     /// The tenant id breaks the rule where a tenant's records begin.
     #[error("tenant_id must be 1 to 128 letters, digits, '-' or '_'")]
     InvalidTenant,
+    /// A principal id, scope or tool pattern is empty, too long, holds a
+    /// control character, or there are too many.
+    #[error(
+        "principal.id, principal.scopes and agent.tools must be 1 to 256 bytes each, without control characters, at most 1,024 entries"
+    )]
+    InvalidIdentity,
     /// No open session has this id.
     #[error("no open session has this id")]
     Unknown,
@@ -197,6 +203,14 @@ impl Sessions {
     pub async fn open(&self, request: SessionRequest) -> Result<Arc<Session>, SessionError> {
         if !valid_tenant_id(&request.tenant_id) {
             return Err(SessionError::InvalidTenant);
+        }
+        let lists_ok = request.principal.scopes.len() <= MAXIMUM_LIST_ENTRIES
+            && request.agent.tools.len() <= MAXIMUM_LIST_ENTRIES;
+        let entries_ok = valid_identifier(&request.principal.id)
+            && request.principal.scopes.iter().all(|s| valid_identifier(s))
+            && request.agent.tools.iter().all(|t| valid_identifier(t));
+        if !(lists_ok && entries_ok) {
+            return Err(SessionError::InvalidIdentity);
         }
         let (pinned, complete) = self
             .pin(&request.tenant_id, &request.principal, &request.agent)

@@ -323,6 +323,39 @@ fn malformed_requests_are_refused_not_guessed() {
     );
     assert_eq!(rows(&served, run), 0);
 
+    // Unbounded caller text where only identifiers belong.
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": run, "step_number": 1, "origin_trust": "user",
+                "calls": [{"call_id": "c".repeat(10_000), "name": "demo.echo", "arguments": {"text": "hi"}}]}),
+    );
+    assert_eq!(
+        code(status, &body),
+        (400, json!("invalid_request")),
+        "{body}"
+    );
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": run, "step_number": 1, "origin_trust": "user",
+                "calls": [{"call_id": "line\nbreak", "name": "demo.echo", "arguments": {"text": "hi"}}]}),
+    );
+    assert_eq!(
+        code(status, &body),
+        (400, json!("invalid_request")),
+        "{body}"
+    );
+    let (status, body) = served.post(
+        "/v1/sessions",
+        &json!({"session_id": Uuid::new_v4(), "tenant_id": TENANT,
+                "principal": {"id": "p".repeat(1000), "scopes": []}, "agent": {"tools": ["demo.*"]}}),
+    );
+    assert_eq!(
+        code(status, &body),
+        (400, json!("invalid_request")),
+        "{body}"
+    );
+    assert_eq!(rows(&served, run), 0);
+
     // Bad cursors and limits on the event stream.
     for query in [
         "after=abc",
