@@ -328,6 +328,7 @@ fn main() {
             credentials: Arc::new(EnvFileResolver::default()),
             clock,
             observer: Arc::new(toolgate::pipeline::Unobserved),
+            mcp: None,
             worker_id: worker.id(),
             settings: PipelineSettings {
                 inline_maximum_bytes: 4096,

@@ -325,6 +325,8 @@ pub async fn serve(
 
     check_config(path, environment)?;
     let config = Config::load(path, environment)?;
+    // Held until the process ends: one process at a time is this node.
+    let node = NodeIdentity::acquire(&config.node.directory)?;
     let store = store::connect(&config.store.url).await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
@@ -386,7 +388,7 @@ pub async fn serve(
         Worker::register(
             store.clone(),
             clock.clone(),
-            &node_name(environment),
+            &node.id,
             WorkerSettings::default(),
         )
         .await?,
@@ -401,6 +403,7 @@ pub async fn serve(
         credentials,
         clock: clock.clone(),
         observer: Arc::new(Unobserved),
+        mcp: Some(servers.clone()),
         worker_id: worker.id(),
         settings: PipelineSettings {
             inline_maximum_bytes: config.limits.inline_maximum_bytes,
@@ -562,11 +565,57 @@ async fn sweep(bridge: Arc<Bridge>, sessions: Arc<Sessions>, shutdown: Cancellat
     }
 }
 
-fn node_name(environment: &BTreeMap<String, String>) -> String {
-    environment
-        .get("HOSTNAME")
-        .cloned()
-        .unwrap_or_else(|| "toolgate".to_owned())
+/// This node's identity: the id kept in its state folder, and the lock on
+/// that folder, held for as long as the process runs.
+struct NodeIdentity {
+    id: String,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl NodeIdentity {
+    /// Takes the node's lock (refusing when another process holds it) and
+    /// reads its id, making one on first start.
+    fn acquire(directory: &Path) -> Result<NodeIdentity, AppError> {
+        use std::io::Write as _;
+        use std::os::unix::fs::DirBuilderExt as _;
+        let failed = |what: &str, error: &dyn std::fmt::Display| {
+            AppError::Startup(format!("{} ({what}): {error}", directory.display()))
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(directory)
+            .map_err(|error| failed("node folder", &error))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(directory.join("node.lock"))
+            .map_err(|error| failed("node lock", &error))?;
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|_| {
+                AppError::Startup(format!(
+                    "{}: another toolgate runs as this node",
+                    directory.display()
+                ))
+            })?;
+        let path = directory.join("node.id");
+        let id = match std::fs::read_to_string(&path) {
+            Ok(text) if uuid::Uuid::parse_str(text.trim()).is_ok() => text.trim().to_owned(),
+            Ok(_) => return Err(failed("node.id", &"not a node id")),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let id = uuid::Uuid::new_v4().to_string();
+                let mut file =
+                    std::fs::File::create(&path).map_err(|error| failed("node.id", &error))?;
+                file.write_all(id.as_bytes())
+                    .and_then(|()| file.sync_all())
+                    .map_err(|error| failed("node.id", &error))?;
+                id
+            }
+            Err(error) => return Err(failed("node.id", &error)),
+        };
+        Ok(NodeIdentity { id, _lock: lock })
+    }
 }
 
 /// Binds the control socket (0600), replacing a stale one a crashed process

@@ -139,7 +139,10 @@ impl ControlApi {
         let (tenant, invocation_id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let decision: ReviewDecision = self.body(routed.request).await?;
         if !valid_identifier(&decision.resolver)
-            || decision.note.as_ref().is_some_and(|note| note.len() > MAXIMUM_NOTE_BYTES)
+            || decision
+                .note
+                .as_ref()
+                .is_some_and(|note| note.len() > MAXIMUM_NOTE_BYTES)
         {
             return Err(ApiError::Invalid(
                 "resolver must be 1 to 256 bytes without control characters, a note at most 4 KiB"

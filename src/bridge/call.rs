@@ -110,6 +110,17 @@ pub(super) async fn run(
     }
     match outcome {
         CallOutcome::Finished(Finished {
+            invocation_id: None,
+            outcome,
+            ..
+        }) if outcome.reason_code() == Some(ReasonCode::ToolConcurrencyConflict) => {
+            // Nothing was recorded: the call is in flight elsewhere (another
+            // worker, or recovery). Its ordinal is given back, so the
+            // script's retry is the same call and deduplicates.
+            turn.return_ordinal(ordinal);
+            reply_text(StatusCode::OK, outcome_text(&outcome, &[]))
+        }
+        CallOutcome::Finished(Finished {
             outcome, content, ..
         }) => {
             let mut response = reply_text(StatusCode::OK, outcome_text(&outcome, &content));

@@ -189,6 +189,16 @@ impl Turn {
         Ok(state.ordinals)
     }
 
+    /// Gives back the last ordinal: its call recorded nothing (another
+    /// worker held it in flight), so the script's retry must make the same
+    /// call, with the same call id, not a new one.
+    pub fn return_ordinal(&self, ordinal: u32) {
+        let mut state = self.lock();
+        if state.ordinals == ordinal {
+            state.ordinals -= 1;
+        }
+    }
+
     /// Calls made so far.
     pub fn calls(&self) -> u32 {
         self.lock().ordinals

@@ -80,6 +80,34 @@ pub struct Config {
     /// # MCP servers
     #[serde(default)]
     pub mcp: McpConfig,
+    /// # This node
+    #[serde(default)]
+    pub node: NodeConfig,
+}
+
+/// The node's identity.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Holds the node's identity (`node.id`) and the lock (`node.lock`) one
+    /// process at a time holds while it runs; a restarted process is the
+    /// same node, and recovers its predecessor's calls at once.
+    #[serde(default = "NodeConfig::default_directory")]
+    pub directory: PathBuf,
+}
+
+impl NodeConfig {
+    fn default_directory() -> PathBuf {
+        PathBuf::from("var/node")
+    }
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            directory: NodeConfig::default_directory(),
+        }
+    }
 }
 
 /// The control API's listeners.
@@ -525,6 +553,7 @@ impl Config {
         resolve(&mut self.bridge.directory);
         resolve(&mut self.artifacts.directory);
         resolve(&mut self.mcp.state_directory);
+        resolve(&mut self.node.directory);
         if let Some(file) = self.policy.file.as_mut() {
             resolve(file);
         }

@@ -7,6 +7,7 @@
 //! authority is re-checked by steps 1 to 6 and the recovery table is applied
 //! where deduplication meets the row.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -20,6 +21,7 @@ use super::call::{
 };
 use super::guard::{Contained, RecordingResolver, StoreWatermark, contain, system_time};
 use super::output::{self, Attribution, RenderedPart};
+use super::preparation::register_discoveries;
 use super::records::{
     Identity, content_text, denied_event, ended_event, nonce, recorded, render_text, row_event,
     terminal_event_kind, unrecorded,
@@ -37,7 +39,8 @@ use crate::domain::{
 use crate::ports::{
     ApprovalStore, ArtifactStore, BreakerTally, CancellationToken, Claim, Clock,
     CredentialResolver, ExecutionTarget, Fence, InsertOutcome, InvocationRecord, InvocationStore,
-    NewInvocation, PolicyEngine, StoreError, StoredArtifact, TerminalRecord, ToolExecutionContext,
+    McpServers, NewInvocation, PlatformEvent, PolicyEngine, StoreError, StoredArtifact,
+    TerminalRecord, ToolExecutionContext,
 };
 
 /// The version tag of the key a recorded conflict is stored under.
@@ -56,6 +59,7 @@ pub struct Pipeline {
     credentials: Arc<dyn CredentialResolver>,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn StepObserver>,
+    mcp: Option<Arc<dyn McpServers>>,
     worker_id: Uuid,
     settings: PipelineSettings,
 }
@@ -78,10 +82,21 @@ pub struct PipelineParts {
     pub clock: Arc<dyn Clock>,
     /// Watches the steps.
     pub observer: Arc<dyn StepObserver>,
+    /// The MCP servers recovery prepares, to re-run an MCP call whose tool
+    /// no session has registered since the start; `None` without any.
+    pub mcp: Option<Arc<dyn McpServers>>,
     /// This process's worker (registered with a lease).
     pub worker_id: Uuid,
     /// Settings.
     pub settings: PipelineSettings,
+}
+
+/// What step 10 did before its result is settled: whether the tool ran
+/// (with the writer its artifacts go to and how long it took), and whether
+/// the effect watermark is set.
+struct Attempt {
+    executed: Option<(Arc<dyn crate::ports::ArtifactWriter>, i64)>,
+    effect_sent: bool,
 }
 
 /// How step 10 ended.
@@ -103,6 +118,7 @@ impl Pipeline {
             credentials: parts.credentials,
             clock: parts.clock,
             observer: parts.observer,
+            mcp: parts.mcp,
             worker_id: parts.worker_id,
             settings: parts.settings,
         }
@@ -742,18 +758,40 @@ impl Pipeline {
         } else {
             RecoveryDecision::ReExecute
         };
+        let expired = row
+            .deadline_at
+            .is_some_and(|deadline| deadline <= self.clock.now());
+        if let (PolicyDecision::RequireApproval(code), false) = (decision, expired)
+            && table != RecoveryDecision::Uncertain
+            && !self.approved(&row).await?
+        {
+            // Standing authority gone and no approval on record: it falls
+            // back to interactive approval, and nothing runs until a human
+            // decides.
+            let approval_id = Uuid::new_v4();
+            let reopened = self
+                .invocations
+                .reopen_approval(
+                    &row.tenant_id,
+                    row.id,
+                    fence,
+                    approval_id,
+                    code,
+                    self.clock.now(),
+                )
+                .await?;
+            if !reopened {
+                return self.reread(request, row.id).await;
+            }
+            return Ok(CallOutcome::Pending {
+                invocation_id: row.id,
+                approval_id,
+            });
+        }
         let refusal = match (table, decision) {
             (RecoveryDecision::Uncertain, _) => Some(ReasonCode::ToolOutcomeUnknown),
             (_, PolicyDecision::Deny(code)) => Some(code),
-            // Standing authority gone and no approval on record: a human
-            // must decide again, so nothing runs.
-            (_, PolicyDecision::RequireApproval(code)) if !self.approved(&row).await? => Some(code),
-            _ if row
-                .deadline_at
-                .is_some_and(|deadline| deadline <= self.clock.now()) =>
-            {
-                Some(ReasonCode::ToolDeadlineExceeded)
-            }
+            _ if expired => Some(ReasonCode::ToolDeadlineExceeded),
             _ => None,
         };
         if let Some(code) = refusal {
@@ -861,6 +899,9 @@ impl Pipeline {
             .map(|deadline| (deadline - now).to_std().unwrap_or_default().as_secs_f64())
             .unwrap_or(f64::INFINITY);
         let timeout_seconds = f64::from(spec.timeout_seconds).min(remaining);
+        // One absolute deadline for the watermark's commit and the tool.
+        let deadline = tokio::time::Instant::now()
+            + std::time::Duration::from_secs_f64(timeout_seconds.max(0.0));
         let mut effect_sent = row.effect_sent_at.is_some();
         let writer = match self.artifacts.writer(&request.tenant_id, request.run_id) {
             Ok(writer) => writer,
@@ -876,40 +917,62 @@ impl Pipeline {
                         &row,
                         fence,
                         Conclusion::failure(failure, false),
-                        None,
+                        Attempt {
+                            executed: None,
+                            effect_sent,
+                        },
                     )
                     .await;
             }
         };
         if spec.needs_effect_watermark() {
-            // The watermark commits before the tool starts; if it cannot, the
-            // tool never starts.
-            match self
-                .invocations
-                .mark_effect_sent(&request.tenant_id, row.id, fence, now)
-                .await
-            {
-                Ok(true) => effect_sent = true,
-                Ok(false) => return self.reread(request, row.id).await,
-                Err(error) => {
+            // The watermark commits before the tool starts, within the call's
+            // deadline; if it cannot, the tool never starts.
+            let marked = tokio::time::timeout_at(
+                deadline,
+                self.invocations
+                    .mark_effect_sent(&request.tenant_id, row.id, fence, now),
+            )
+            .await;
+            let failure = match marked {
+                Ok(Ok(true)) => {
+                    effect_sent = true;
+                    None
+                }
+                Ok(Ok(false)) => return self.reread(request, row.id).await,
+                Ok(Err(error)) => {
                     tracing::error!(error = %error, call_id = %request.call_id, "effect watermark not committed");
-                    let failure = ToolFailure::new(
+                    Some(ToolFailure::new(
                         ToolFailureKind::Internal,
                         "effect watermark not committed; the tool did not start",
-                    );
-                    return self
-                        .settle(
-                            request,
-                            tool,
-                            &row,
-                            fence,
-                            Conclusion::failure(failure, false),
-                            None,
-                        )
-                        .await;
+                    ))
                 }
+                Err(_) => Some(ToolFailure::new(
+                    ToolFailureKind::Timeout,
+                    "the deadline passed before the effect watermark committed; the tool did not start",
+                )),
+            };
+            if let Some(failure) = failure {
+                return self
+                    .settle(
+                        request,
+                        tool,
+                        &row,
+                        fence,
+                        Conclusion::failure(failure, false),
+                        Attempt {
+                            executed: None,
+                            effect_sent,
+                        },
+                    )
+                    .await;
             }
         }
+        // What is left of the deadline is the tool's.
+        let timeout_seconds = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .as_secs_f64();
+        let now = self.clock.now();
         self.reached(Point::WatermarkCommitted, request);
         let resolver = Arc::new(RecordingResolver {
             inner: self.credentials.clone(),
@@ -954,11 +1017,7 @@ impl Pipeline {
             let arguments = row.arguments.clone();
             let execution = match contain(|| Contained(tool.tool.execute(arguments, context))) {
                 Some(mut running) => {
-                    let ended = tokio::time::timeout(
-                        std::time::Duration::from_secs_f64(timeout_seconds.max(0.0)),
-                        &mut running,
-                    )
-                    .await;
+                    let ended = tokio::time::timeout_at(deadline, &mut running).await;
                     // The tool's own destructor runs contained as well.
                     contain(move || drop(running));
                     match ended {
@@ -975,9 +1034,15 @@ impl Pipeline {
             execution
         };
         let duration_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
-        // Non-idempotent effects that may have escaped cannot be reported
-        // as ordinary failures.
-        let may_have_escaped = effect_sent && spec.idempotency == IdempotencyClass::NonIdempotent;
+        // An effect that may have escaped cannot be reported as an ordinary
+        // failure for any class that is neither read-only nor idempotent
+        // (Decision 26): without the tool's proof it did not apply, it is
+        // uncertain.
+        let may_have_escaped = effect_sent
+            && !matches!(
+                spec.idempotency,
+                IdempotencyClass::ReadOnly | IdempotencyClass::Idempotent
+            );
         let finish = match execution {
             Execution::Returned(result) => {
                 Conclusion::from_result(result, resolver.resolved(), may_have_escaped)
@@ -1011,7 +1076,10 @@ impl Pipeline {
             &row,
             fence,
             finish,
-            Some((writer, duration_ms)),
+            Attempt {
+                executed: Some((writer, duration_ms)),
+                effect_sent,
+            },
         )
         .await
     }
@@ -1024,8 +1092,12 @@ impl Pipeline {
         row: &InvocationRecord,
         fence: Fence,
         finish: Conclusion,
-        executed: Option<(Arc<dyn crate::ports::ArtifactWriter>, i64)>,
+        attempt: Attempt,
     ) -> Result<CallOutcome, StoreError> {
+        let Attempt {
+            executed,
+            effect_sent,
+        } = attempt;
         let spec = &tool.spec;
         let attribution = Attribution {
             source: spec.source,
@@ -1047,6 +1119,15 @@ impl Pipeline {
                     _ => false,
                 };
                 let ceiling = output::hard_ceiling(spec.maximum_output_bytes);
+                // Images, audio and blobs count toward the output as text does.
+                let blob_bytes: u64 = result
+                    .content
+                    .iter()
+                    .filter_map(|part| match part {
+                        ContentPart::Artifact(reference) => Some(reference.bytes),
+                        ContentPart::Text { .. } => None,
+                    })
+                    .sum();
                 if invalid {
                     (
                         Conclusion::failure(
@@ -1058,7 +1139,7 @@ impl Pipeline {
                         ),
                         text,
                     )
-                } else if text.len() as u64 > ceiling {
+                } else if (text.len() as u64).saturating_add(blob_bytes) > ceiling {
                     let kept = output::prefix_at_boundary(
                         &text,
                         usize::try_from(ceiling).unwrap_or(usize::MAX),
@@ -1098,7 +1179,20 @@ impl Pipeline {
             spec.maximum_output_bytes,
             self.settings.inline_maximum_bytes,
         );
+        let blob_bytes: u64 = match &finish {
+            Conclusion::Succeeded { result, .. } => result
+                .content
+                .iter()
+                .filter_map(|part| match part {
+                    ContentPart::Artifact(reference) => Some(reference.bytes),
+                    ContentPart::Text { .. } => None,
+                })
+                .sum(),
+            Conclusion::Failed { .. } => 0,
+        };
         let output_bytes = text.len() as i64;
+        let recorded_bytes =
+            output_bytes.saturating_add(i64::try_from(blob_bytes).unwrap_or(i64::MAX));
         let mut artifact: Option<(Uuid, u64)> = None;
         let mut content: Vec<RenderedPart> = Vec::new();
         let trust = match &finish {
@@ -1221,7 +1315,7 @@ impl Pipeline {
             reason_code,
             result: Some(json!({ "content": content })),
             error,
-            output_bytes: executed.as_ref().map(|_| output_bytes),
+            output_bytes: executed.as_ref().map(|_| recorded_bytes),
             truncated: artifact.is_some(),
             artifact: artifact.map(|(id, bytes)| StoredArtifact {
                 id,
@@ -1233,7 +1327,8 @@ impl Pipeline {
         let mut event = row_event(row, terminal_event_kind(outcome_status));
         event.outcome_status = Some(outcome_status);
         event.reason_code = reason_code;
-        event.effect_sent = row.effect_sent_at.is_some() || tool.spec.needs_effect_watermark();
+        // Whether the watermark is set: from this attempt or an earlier one.
+        event.effect_sent = effect_sent;
         event.duration_ms = executed.as_ref().map(|(_, ms)| *ms);
         event.output_bytes = terminal.output_bytes;
         event.truncated = terminal.truncated;
@@ -1597,6 +1692,10 @@ impl Pipeline {
     /// re-enters the one pipeline function with each.
     pub async fn recover(&self, batch: i64) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
+        // MCP tools are registered when a session prepares its servers; a
+        // row of one is recovered after they are prepared here, once per
+        // sweep, and the servers that did not answer are remembered.
+        let mut unreachable: Option<HashSet<String>> = None;
         loop {
             let claim = Claim {
                 worker_id: self.worker_id,
@@ -1606,20 +1705,76 @@ impl Pipeline {
             if rows.is_empty() {
                 return Ok(report);
             }
-            for row in rows {
-                report.taken += 1;
-                if self.recover_one(row).await?.status() == Some(ToolOutcomeStatus::Uncertain) {
+            let wanting = rows.iter().any(|row| {
+                row.tool_source == ToolSource::Mcp
+                    && !settled_without_the_tool(row)
+                    && self
+                        .registry
+                        .pin_exact(&row.tool_name, &row.tool_version)
+                        .is_none()
+            });
+            if wanting
+                && unreachable.is_none()
+                && let Some(servers) = &self.mcp
+            {
+                let (_, record) = register_discoveries(&self.registry, servers.discover().await);
+                unreachable = Some(
+                    record
+                        .events
+                        .iter()
+                        .filter_map(|event| match event {
+                            PlatformEvent::ServerDisconnected { server_id, .. } => {
+                                Some(server_id.clone())
+                            }
+                            _ => None,
+                        })
+                        .collect(),
+                );
+            }
+            report.taken += rows.len();
+            // The rows are independent; none waits behind another's tool.
+            let outcomes = futures::future::join_all(
+                rows.into_iter()
+                    .map(|row| self.recover_one(row, unreachable.as_ref())),
+            )
+            .await;
+            for outcome in outcomes {
+                if outcome?.status() == Some(ToolOutcomeStatus::Uncertain) {
                     report.uncertain += 1;
                 }
             }
         }
     }
 
-    async fn recover_one(&self, row: InvocationRecord) -> Result<CallOutcome, StoreError> {
+    async fn recover_one(
+        &self,
+        row: InvocationRecord,
+        unreachable: Option<&HashSet<String>>,
+    ) -> Result<CallOutcome, StoreError> {
         let fence = row.fence();
-        let Some(pinned) = self.registry.pin_exact(&row.tool_name, &row.tool_version) else {
-            // The build no longer has the tool: nothing can run it again.
-            let code = ending_code(&row, ReasonCode::ToolWithdrawn);
+        if settled_without_the_tool(&row)
+            && let Some(fence) = fence
+        {
+            // The table's answer does not depend on the tool or on current
+            // authority: it is settled now, without waiting for a server.
+            return self
+                .end_held(&row, fence, ReasonCode::ToolOutcomeUnknown)
+                .await;
+        }
+        let pinned = self.registry.pin_exact(&row.tool_name, &row.tool_version);
+        let Some(pinned) = pinned else {
+            // Nothing can run it again: its server did not answer, or the
+            // build or the server no longer has the tool (at this version).
+            let server_down = row
+                .server_id
+                .as_ref()
+                .is_some_and(|server| unreachable.is_some_and(|down| down.contains(server)));
+            let otherwise = if server_down {
+                ReasonCode::ToolServerUnreachable
+            } else {
+                ReasonCode::ToolWithdrawn
+            };
+            let code = ending_code(&row, otherwise);
             return match fence {
                 Some(fence) => self.end_held(&row, fence, code).await,
                 None => Ok(unrecorded(row.tool_name.clone(), code)),
@@ -1737,6 +1892,15 @@ impl Conclusion {
             }
         }
     }
+}
+
+/// Whether the recovery table settles a taken row as UNCERTAIN whatever the
+/// tool and the current authority: a running call that may have sent its
+/// effect and cannot be repeated.
+fn settled_without_the_tool(row: &InvocationRecord) -> bool {
+    row.status == InvocationStatus::Running
+        && recovery::decide(row.idempotency_class, row.effect_sent_at.is_some())
+            == RecoveryDecision::Uncertain
 }
 
 /// The code a held row ends with when it is not run again: uncertain if its

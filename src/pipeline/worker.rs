@@ -53,7 +53,9 @@ fn chrono(duration: Duration) -> chrono::Duration {
 }
 
 impl Worker {
-    /// Registers a new worker with its first lease.
+    /// Registers a new worker with its first lease, on `node`, and ends the
+    /// leases of that node's earlier workers. The caller must hold the
+    /// node's identity (its state folder's lock).
     pub async fn register(
         store: Arc<dyn WorkerStore>,
         clock: Arc<dyn Clock>,
@@ -70,6 +72,16 @@ impl Worker {
                 lease_expires_at: now + chrono(settings.lease),
             })
             .await?;
+        // The node's identity is held by one process at a time, so its
+        // other workers are earlier incarnations, dead: their rows need not
+        // wait out a lease nobody will renew.
+        let released = store.release_node_workers(node, id, now).await?;
+        if released > 0 {
+            tracing::info!(
+                released,
+                "leases of this node's earlier process released; its calls recover now"
+            );
+        }
         Ok(Worker {
             id,
             store,

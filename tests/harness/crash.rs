@@ -118,6 +118,7 @@ async fn run(job: Job) -> Result<Value, String> {
         credentials: Arc::new(EnvFileResolver::new(BTreeMap::new())),
         clock,
         observer,
+        mcp: None,
         worker_id,
         settings: PipelineSettings {
             inline_maximum_bytes: DEFAULT_INLINE_MAXIMUM_BYTES,

@@ -261,6 +261,7 @@ impl Live {
             "mcp.writes.use",
             "mcp.everything.use",
             "mcp.time.use",
+            "mcp.probe.use",
         ]
         .into_iter()
         .map(str::to_owned)
@@ -1060,4 +1061,51 @@ async fn a_git_commit_killed_after_dispatch_is_uncertain_and_never_retried() {
     assert_eq!(status(&again), ToolOutcomeStatus::Uncertain);
     assert_eq!(git(&["log", "--oneline"]).lines().count(), 1);
     live.servers.shutdown().await;
+}
+
+/// Decision 26 covers every class that is neither read-only nor idempotent:
+/// a conditionally idempotent server's failure after dispatch is UNCERTAIN
+/// unless the server proves `effect_status: not_applied`. And the call's
+/// idempotency key reaches the server verbatim in `_meta`, so a server that
+/// honours keys can deduplicate a recovery's re-send.
+#[tokio::test]
+async fn decision_26_covers_conditionally_idempotent_failures_and_keys_reach_the_server() {
+    let (store, _db) = sqlite().await;
+    let live = live(store.clone(), |folder| {
+        let mut classification = ServerClassification::most_restrictive(10, 65536);
+        classification.idempotency = IdempotencyClass::ConditionallyIdempotent;
+        classification.required_scopes = BTreeSet::from(["mcp.writes.use".to_owned()]);
+        let mut probe = reads("probe");
+        probe.maximum_output_bytes = 65536;
+        vec![
+            scripted("writes", "basic", classification, folder),
+            scripted("probe", "probe", probe, folder),
+        ]
+    })
+    .await;
+    live.prepare().await;
+    let outcome = live.call("mcp.writes.fail", json!({})).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Uncertain,
+        "{outcome:?}"
+    );
+    let outcome = live.call("mcp.writes.fail_not_applied", json!({})).await;
+    assert_eq!(status(&outcome), ToolOutcomeStatus::Failed, "{outcome:?}");
+
+    let request = live.request("mcp.probe.meta", json!({}));
+    let outcome = live.harness.pipeline.call(request).await;
+    let row = store
+        .invocation(TENANT, finished(&outcome).invocation_id.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let meta = text_of(finished(&outcome));
+    assert!(
+        meta.contains(&format!(
+            "\"toolgate/idempotency-key\":\"{}\"",
+            row.idempotency_key
+        )),
+        "{meta}"
+    );
 }

@@ -187,6 +187,7 @@ impl InvocationStore for FaultyWatermark {
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<StoredArtifact>, StoreError>;
+        reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
     }
 
     fn mark_effect_sent<'a>(
@@ -354,6 +355,7 @@ async fn build_harness(
         )),
         clock: Arc::new(SystemClock),
         observer: recorder.clone(),
+        mcp: None,
         worker_id,
         settings: PipelineSettings {
             inline_maximum_bytes: 4096,
@@ -1425,5 +1427,172 @@ async fn a_key_held_by_another_tenant_or_principal_is_a_recorded_conflict() {
             ToolOutcomeStatus::Succeeded,
             "{name}"
         );
+    }
+}
+
+/// Recovery finds a call's standing authority gone (the policy now wants a
+/// human): the call falls back to interactive approval, a new approval is
+/// requested, nothing runs until it is granted, and then the call runs once.
+#[tokio::test]
+async fn recovery_without_standing_authority_asks_a_human_again() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let harness = harness(store.clone(), Arc::new(RuleFilePolicy::built_in())).await;
+        let dead = Uuid::new_v4();
+        let now = Utc::now();
+        store
+            .register_worker(&WorkerLease {
+                worker_id: dead,
+                node: "dead".into(),
+                started_at: now,
+                lease_expires_at: now - Duration::seconds(1),
+            })
+            .await
+            .unwrap();
+        let request = harness.request("demo.external_write", json!({"line": "asked again"}));
+        let row = leave_running(&harness, store.as_ref(), &request, dead).await;
+        let report = harness.pipeline.recover(10).await.unwrap();
+        assert_eq!(report.taken, 1, "{name}");
+        let waiting = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        assert_eq!(
+            waiting.status,
+            InvocationStatus::WaitingForApproval,
+            "{name}"
+        );
+        let approval_id = waiting.approval_id.expect("a new approval");
+        let pending = store.pending_approvals(TENANT).await.unwrap();
+        assert!(pending.iter().any(|a| a.id == approval_id), "{name}");
+        assert!(
+            harness.lines("external.log").is_empty(),
+            "{name}: nothing ran"
+        );
+        // Resubmitted while pending: still waiting on the same approval.
+        let outcome = harness.pipeline.call(request.clone()).await;
+        assert_eq!(
+            outcome,
+            CallOutcome::Pending {
+                invocation_id: row.id,
+                approval_id
+            },
+            "{name}"
+        );
+        store
+            .decide_approval(
+                TENANT,
+                approval_id,
+                ApprovalStatus::Approved,
+                "ops",
+                Utc::now(),
+            )
+            .await
+            .unwrap()
+            .expect("pending");
+        let outcome = harness.pipeline.call(request).await;
+        assert_eq!(
+            finished(&outcome).outcome.status(),
+            ToolOutcomeStatus::Succeeded,
+            "{name}"
+        );
+        assert_eq!(harness.lines("external.log"), vec!["asked again"], "{name}");
+    }
+}
+
+/// A tool event's `effect_sent` says whether the watermark was set: not when
+/// its commit failed and the tool never started.
+#[tokio::test]
+async fn tool_events_say_whether_the_watermark_was_set() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let faulty: Arc<dyn InvocationStore> = Arc::new(FaultyWatermark {
+            inner: store.clone(),
+        });
+        for (invocations, sent) in [
+            (faulty, false),
+            (store.clone() as Arc<dyn InvocationStore>, true),
+        ] {
+            let harness = harness_over(store.clone(), invocations, allow_all()).await;
+            let request = harness.request("demo.external_write", json!({"line": "x"}));
+            let outcome = harness.pipeline.call(request.clone()).await;
+            let id = finished(&outcome).invocation_id.unwrap().to_string();
+            let events = crate::store::events_settled(store.as_ref(), 1).await;
+            let ended: Vec<_> = events
+                .iter()
+                .filter(|event| {
+                    event.payload["invocation_id"] == id.as_str()
+                        && matches!(
+                            event.event_type.as_str(),
+                            "tool.call.completed" | "tool.call.failed"
+                        )
+                })
+                .collect();
+            assert_eq!(ended.len(), 1, "{name}");
+            assert_eq!(
+                ended[0].payload["effect_sent"], sent,
+                "{name}: {:?}",
+                ended[0]
+            );
+        }
+    }
+}
+
+/// A watermark whose commit is slower than the call's deadline: the
+/// watermark sits inside the deadline, so the call ends at the deadline as a
+/// timeout and the tool never starts.
+#[tokio::test]
+async fn the_watermark_commits_within_the_calls_one_deadline() {
+    struct SlowWatermark(Arc<dyn Store>);
+    macro_rules! pass {
+        ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {
+            $(fn $name<'a>(&'a self, $($arg: $ty),*) -> BoxFuture<'a, $ret> { self.0.$name($($arg),*) })*
+        };
+    }
+    impl InvocationStore for SlowWatermark {
+        pass! {
+            insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
+            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+            complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
+            run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+            claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
+            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+            breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
+            record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
+            artifact(tenant: &'a str, id: Uuid) -> Result<Option<StoredArtifact>, StoreError>;
+            reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+        }
+
+        fn mark_effect_sent<'a>(
+            &'a self,
+            tenant: &'a str,
+            id: Uuid,
+            fence: Fence,
+            now: chrono::DateTime<Utc>,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            Box::pin(async move {
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                self.0.mark_effect_sent(tenant, id, fence, now).await
+            })
+        }
+    }
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let slow: Arc<dyn InvocationStore> = Arc::new(SlowWatermark(store.clone()));
+        let harness = harness_over(store.clone(), slow, allow_all()).await;
+        let mut request = harness.request("demo.external_write", json!({"line": "late"}));
+        request.deadline_at = Some(Utc::now() + Duration::seconds(1));
+        let started = std::time::Instant::now();
+        let outcome = harness.pipeline.call(request).await;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{name}: the call outlived its deadline"
+        );
+        assert_eq!(code(&outcome), Some(ReasonCode::ToolTimeout), "{name}");
+        // Give the slow commit time to land: the tool still never starts.
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        assert!(harness.lines("external.log").is_empty(), "{name}");
     }
 }

@@ -482,7 +482,7 @@ fn events_are_filtered_by_tenant_and_carry_no_outside_text() {
 }
 
 /// The probe server's catalog, as another configured stdio server.
-fn probe_server(run_as: Option<&str>) -> String {
+pub fn probe_server(run_as: Option<&str>) -> String {
     let run_as = run_as
         .map(|user| format!("run_as = \"{user}\"\n"))
         .unwrap_or_default();
@@ -528,7 +528,7 @@ fn can_switch_users() -> bool {
 }
 
 /// Calls the probe tool through a session that may use it.
-fn probe(served: &Served, tool: &str, arguments: Value) -> Value {
+pub fn probe(served: &Served, tool: &str, arguments: Value) -> Value {
     let session = Uuid::new_v4();
     let (status, body) = served.post(
         "/v1/sessions",

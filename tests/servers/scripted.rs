@@ -109,6 +109,21 @@ impl Scripted {
                     "Floods stderr.",
                     object_schema(json!({"bytes": {"type": "integer"}}), &["bytes"]),
                 ),
+                tool(
+                    "huge",
+                    "Answers with `bytes` bytes of text on one line.",
+                    object_schema(json!({"bytes": {"type": "integer"}}), &["bytes"]),
+                ),
+                tool(
+                    "image",
+                    "Answers with an image of `bytes` bytes.",
+                    object_schema(json!({"bytes": {"type": "integer"}}), &["bytes"]),
+                ),
+                tool(
+                    "meta",
+                    "Answers with the request's _meta.",
+                    object_schema(json!({}), &[]),
+                ),
             ];
         }
         let text = json!({"text": {"type": "string"}});
@@ -240,6 +255,12 @@ impl Scripted {
                     .to_string(),
                 ))
             }
+            "image" => {
+                let bytes = arguments.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+                // base64 of zero bytes is all 'A's, four per three bytes.
+                let data = "A".repeat(usize::try_from(bytes.div_ceil(3) * 4).unwrap_or(0));
+                Ok(json!({"content": [{"type": "image", "data": data, "mimeType": "image/png"}]}))
+            }
             "stderr" => {
                 let bytes = arguments
                     .get("bytes")
@@ -331,6 +352,36 @@ impl ServerHandler for Scripted {
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = request.arguments.clone().unwrap_or_default();
         let result = match request.name.as_ref() {
+            "huge" => {
+                // Streamed onto stdout as it is made, as a server with a
+                // runaway result would: the reader's bound must act on the
+                // first bytes, not after the whole line exists.
+                let bytes = arguments.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+                let id = serde_json::to_string(&context.id).unwrap_or_default();
+                {
+                    let mut stdout = std::io::stdout().lock();
+                    let _ = write!(
+                        stdout,
+                        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\""
+                    );
+                    let chunk = [b'x'; 65536];
+                    let mut written = 0;
+                    while written < bytes {
+                        if stdout.write_all(&chunk).is_err() {
+                            break;
+                        }
+                        written += chunk.len() as u64;
+                    }
+                    let _ = stdout.write_all(b"\"}]}}\n");
+                    let _ = stdout.flush();
+                }
+                // The answer is on the wire already; the server's own would
+                // be a second one, so it goes quiet instead.
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                json!({"content": []})
+            }
+            "meta" => json!({"content": [{"type": "text",
+                "text": serde_json::to_string(&context.meta).unwrap_or_default()}]}),
             "sleep" => {
                 let seconds = arguments
                     .get("seconds")

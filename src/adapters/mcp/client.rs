@@ -16,8 +16,8 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestMethod,
     ElicitRequestParams, ElicitResult, ElicitationCreateRequestMethod, ErrorData,
-    GetPromptRequestParams, Implementation, ListRootsRequestMethod, PaginatedRequestParams,
-    ReadResourceRequestParams,
+    GetPromptRequestParams, Implementation, ListRootsRequestMethod, MetaObject,
+    PaginatedRequestParams, ReadResourceRequestParams, RequestMetaObject,
 };
 #[allow(deprecated)]
 use rmcp::model::{CreateMessageRequestParams, CreateMessageResult, ListRootsResult};
@@ -31,6 +31,7 @@ use tokio::sync::watch;
 
 use super::catalog::RemoteTool;
 use super::child::{self, ChildError, ChildSpec};
+use super::framing::{self, Ceilings};
 use crate::domain::ReasonCode;
 use crate::ports::Metrics;
 
@@ -39,6 +40,8 @@ use crate::ports::Metrics;
 pub const MAXIMUM_PAGES: usize = 64;
 /// Most entries of one list (tools, resources or prompts) kept from a server.
 pub const MAXIMUM_ENTRIES: usize = 4096;
+/// The `_meta` key a `tools/call` carries its idempotency key under.
+pub const IDEMPOTENCY_KEY_META: &str = "toolgate/idempotency-key";
 
 /// What the server said it offers beyond tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -125,6 +128,12 @@ pub enum ClientError {
         /// The server.
         server_id: String,
     },
+    /// A message crossed its output ceiling; the connection was ended.
+    #[error("{server_id}: a message crossed the output ceiling")]
+    OutputTooLarge {
+        /// The server.
+        server_id: String,
+    },
     /// The connection is gone.
     #[error("{server_id}: connection closed")]
     Closed {
@@ -167,6 +176,7 @@ impl ClientError {
             | ClientError::Handshake { .. }
             | ClientError::Closed { .. } => ReasonCode::ToolServerUnreachable,
             ClientError::CapabilityRequired { .. } => ReasonCode::ToolCapabilityUnsupported,
+            ClientError::OutputTooLarge { .. } => ReasonCode::ToolOutputTooLarge,
             ClientError::RequestTimeout { .. } => ReasonCode::ToolTimeout,
             ClientError::Remote { .. }
             | ClientError::Protocol { .. }
@@ -247,6 +257,8 @@ pub struct Connection {
     child: Child,
     features: ServerFeatures,
     signals: Arc<Signals>,
+    /// How long a line of its output may be, and whether one was longer.
+    ceilings: Arc<Ceilings>,
     /// The child's process group while it may still have members; cleared
     /// once `close` has ended it.
     group: Option<i32>,
@@ -282,6 +294,7 @@ impl Connection {
     pub async fn open(
         spec: &ChildSpec,
         connect_timeout: Duration,
+        hard_ceiling: usize,
         metrics: Arc<dyn Metrics>,
     ) -> Result<Self, ClientError> {
         let server_id = spec.server_id.clone();
@@ -311,7 +324,14 @@ impl Connection {
         let client = Client {
             signals: signals.clone(),
         };
-        let handshake = tokio::time::timeout(connect_timeout, client.serve((stdout, stdin))).await;
+        // toolgate frames the server's output itself, so no line it writes
+        // is read past the ceiling of what is in flight.
+        let ceilings = Ceilings::new(hard_ceiling);
+        let transport = framing::transport(stdout, stdin, ceilings.clone());
+        let handshake = {
+            let _listing = ceilings.listing();
+            tokio::time::timeout(connect_timeout, client.serve(transport)).await
+        };
         let service = match handshake {
             Ok(Ok(service)) => service,
             Ok(Err(_)) => {
@@ -342,6 +362,7 @@ impl Connection {
             child,
             features,
             signals,
+            ceilings,
             group,
         })
     }
@@ -363,6 +384,7 @@ impl Connection {
 
     /// Every page of `tools/list`, within `timeout` per page.
     pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<RemoteTool>, ClientError> {
+        let _listing = self.ceilings.listing();
         let mut tools = Vec::new();
         let mut cursor = None;
         for _ in 0..MAXIMUM_PAGES {
@@ -399,6 +421,7 @@ impl Connection {
         &self,
         timeout: Duration,
     ) -> Result<Vec<RemoteResource>, ClientError> {
+        let _listing = self.ceilings.listing();
         let mut resources = Vec::new();
         let mut cursor = None;
         for _ in 0..MAXIMUM_PAGES {
@@ -448,6 +471,7 @@ impl Connection {
 
     /// Every page of `prompts/list`.
     pub async fn list_prompts(&self, timeout: Duration) -> Result<Vec<RemotePrompt>, ClientError> {
+        let _listing = self.ceilings.listing();
         let mut prompts = Vec::new();
         let mut cursor = None;
         for _ in 0..MAXIMUM_PAGES {
@@ -503,14 +527,23 @@ impl Connection {
             .collect()
     }
 
-    /// `tools/call` within `timeout`.
+    /// `tools/call` within `timeout`, carrying the call's idempotency key
+    /// verbatim in `_meta` under [`IDEMPOTENCY_KEY_META`], so a server that
+    /// honours keys can deduplicate a recovery's re-send.
     pub async fn call_tool(
         &self,
         name: &str,
         arguments: Map<String, Value>,
+        idempotency_key: &str,
         timeout: Duration,
     ) -> Result<RemoteCall, ClientError> {
-        let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        let mut meta = Map::new();
+        meta.insert(
+            IDEMPOTENCY_KEY_META.to_owned(),
+            Value::String(idempotency_key.to_owned()),
+        );
+        let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        params.meta = Some(RequestMetaObject(MetaObject(meta)));
         let result = self
             .request(timeout, self.service.peer().call_tool(params))
             .await?;
@@ -563,6 +596,7 @@ impl Connection {
             _ if self.signals.declined.load(Ordering::Relaxed) => {
                 ClientError::CapabilityRequired { server_id }
             }
+            _ if self.ceilings.oversized() => ClientError::OutputTooLarge { server_id },
             _ => ClientError::Closed { server_id },
         }
     }

@@ -7,4 +7,5 @@
 pub mod catalog;
 pub mod child;
 pub mod client;
+pub mod framing;
 pub mod stdio;

@@ -178,19 +178,31 @@ impl StdioServer {
             state_dir: self.settings.state_dir.clone(),
             run_as: self.settings.run_as,
         };
-        Connection::open(&spec, self.settings.connect_timeout, self.metrics.clone())
-            .await
-            .map_err(|error| {
-                tracing::warn!(server = %self.settings.server_id, error = %error, "mcp connect failed");
-                self.metrics.increment(
-                    "mcp_connect_failures_total",
-                    vec![
-                        ("server", self.settings.server_id.clone()),
-                        ("reason_code", error.reason_code().as_str().to_owned()),
-                    ],
-                );
-                error.reason_code()
-            })
+        let hard_ceiling = usize::try_from(
+            self.settings
+                .classification
+                .maximum_output_bytes
+                .saturating_mul(4),
+        )
+        .unwrap_or(usize::MAX);
+        Connection::open(
+            &spec,
+            self.settings.connect_timeout,
+            hard_ceiling,
+            self.metrics.clone(),
+        )
+        .await
+        .map_err(|error| {
+            tracing::warn!(server = %self.settings.server_id, error = %error, "mcp connect failed");
+            self.metrics.increment(
+                "mcp_connect_failures_total",
+                vec![
+                    ("server", self.settings.server_id.clone()),
+                    ("reason_code", error.reason_code().as_str().to_owned()),
+                ],
+            );
+            error.reason_code()
+        })
     }
 
     /// Connects and lists everything: the live half of discovery.
@@ -479,7 +491,12 @@ impl StdioServer {
             _ => Map::new(),
         };
         let answer = connection
-            .call_tool(remote_name, arguments, self.request_timeout(context))
+            .call_tool(
+                remote_name,
+                arguments,
+                &context.idempotency_key,
+                self.request_timeout(context),
+            )
             .instrument(tracing::info_span!(
                 "mcp.request",
                 mcp.server = %self.settings.server_id,
@@ -574,6 +591,10 @@ impl StdioServer {
             ClientError::RequestTimeout { .. } => ToolFailure::new(
                 ToolFailureKind::Timeout,
                 "the server did not answer in time",
+            ),
+            ClientError::OutputTooLarge { .. } => ToolFailure::new(
+                ToolFailureKind::OutputTooLarge,
+                "the server's answer crossed the hard output ceiling; the connection was closed",
             ),
             other => ToolFailure::new(ToolFailureKind::Transport, other.to_string())
                 .with_reason_code(reason_code),
@@ -729,7 +750,29 @@ async fn render_call(call: RemoteCall, context: &ToolExecutionContext) -> ToolRe
 
 /// Text blocks become text; anything else (images, audio, blobs) becomes an
 /// artifact of the run, never inline bytes.
+///
+/// Every block counts toward the call's output: past the hard ceiling (four
+/// times `maximum_output_bytes`) the call is output too large and nothing is
+/// written.
 async fn render_blocks(blocks: Vec<Value>, context: &ToolExecutionContext) -> ToolResult {
+    let ceiling = context.maximum_output_bytes.saturating_mul(4);
+    let total: u64 = blocks
+        .iter()
+        .map(|block| {
+            let size = block
+                .get("text")
+                .or_else(|| block.pointer("/resource/text"))
+                .and_then(Value::as_str)
+                .map_or_else(|| block.to_string().len(), str::len);
+            u64::try_from(size).unwrap_or(u64::MAX)
+        })
+        .sum();
+    if total > ceiling {
+        return ToolResult::failed(ToolFailure::new(
+            ToolFailureKind::OutputTooLarge,
+            "the server's content crossed the hard output ceiling",
+        ));
+    }
     let mut content = Vec::with_capacity(blocks.len());
     for block in blocks {
         let text = block

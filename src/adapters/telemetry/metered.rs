@@ -7,7 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::domain::ToolEventKind;
+use crate::domain::{ReasonCode, ToolEventKind};
 use crate::ports::metrics::{Labels, Metrics};
 use crate::ports::{
     BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord, InvocationStore,
@@ -89,6 +89,7 @@ impl InvocationStore for MeteredInvocations {
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<StoredArtifact>, StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+        reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: DateTime<Utc>) -> Result<bool, StoreError>;
     }
 
     fn insert_invocation<'a>(

@@ -457,6 +457,20 @@ pub trait InvocationStore: Send + Sync {
         tenant_id: &'a str,
         id: Uuid,
     ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>>;
+
+    /// Recovery found a held row's standing authority gone: the row goes
+    /// back to WAITING_FOR_APPROVAL with a new pending approval, in one
+    /// commit, under the current fence. The lease is released with it (a
+    /// waiting row is no worker's). False under a stale fence.
+    fn reopen_approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        approval_id: Uuid,
+        reason_code: ReasonCode,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 /// The review queue: UNCERTAIN rows and the resolutions recorded beside them.

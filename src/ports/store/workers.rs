@@ -11,7 +11,8 @@ use crate::ports::tool::BoxFuture;
 pub struct WorkerLease {
     /// The worker.
     pub worker_id: Uuid,
-    /// Where it runs (host name), for operators.
+    /// The node it runs on: the identity kept in the node's state folder,
+    /// which one process at a time holds.
     pub node: String,
     /// Start of the process.
     pub started_at: DateTime<Utc>,
@@ -44,4 +45,14 @@ pub trait WorkerStore: Send + Sync {
 
     /// The lease of a worker, if registered.
     fn worker(&self, worker_id: Uuid) -> BoxFuture<'_, Result<Option<WorkerLease>, StoreError>>;
+
+    /// Ends the leases of `node`'s other workers now: earlier incarnations
+    /// of a node that holds its identity's lock, so dead ones. Their
+    /// unfinished rows become recoverable at once. Returns how many.
+    fn release_node_workers<'a>(
+        &'a self,
+        node: &'a str,
+        except: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
 }

@@ -532,6 +532,54 @@ impl InvocationStore for PostgresStore {
             .transpose()
         })
     }
+
+    fn reopen_approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        approval_id: Uuid,
+        reason_code: ReasonCode,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let moved = sqlx::query(
+                "UPDATE tool_invocations SET status = 'waiting_for_approval', approval_id = $1, \
+                 reason_code = $2, worker_id = $3 \
+                 WHERE id = $4 AND tenant_id = $5 AND status IN ('authorized', 'running') \
+                 AND suspended_kind IS NULL AND worker_id = $6 AND lease_epoch = $7",
+            )
+            .bind(approval_id)
+            .bind(reason_code.as_str())
+            .bind(Option::<Uuid>::None)
+            .bind(id)
+            .bind(tenant_id)
+            .bind(fence.worker_id)
+            .bind(fence.lease_epoch)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            if moved.rows_affected() != 1 {
+                return Ok(false);
+            }
+            sqlx::query(
+                "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, status, requested_at) \
+                 SELECT $1, tenant_id, id, tool_name, $2, 'pending', $3 FROM tool_invocations \
+                 WHERE id = $4 AND tenant_id = $5",
+            )
+            .bind(approval_id)
+            .bind(reason_code.as_str())
+            .bind(now)
+            .bind(id)
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(true)
+        })
+    }
 }
 
 /// The terminal columns of an UPDATE, fenced when `fence` is given.

@@ -81,4 +81,25 @@ impl WorkerStore for SqliteStore {
             .transpose()
         })
     }
+
+    fn release_node_workers<'a>(
+        &'a self,
+        node: &'a str,
+        except: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let released = sqlx::query(
+                "UPDATE workers SET released_at = $3, lease_expires_at = $3 \
+                 WHERE node = $1 AND worker_id <> $2 AND released_at IS NULL",
+            )
+            .bind(node)
+            .bind(except.to_string())
+            .bind(micros(now))
+            .execute(&self.pool)
+            .await
+            .map_err(database_error)?;
+            Ok(released.rows_affected())
+        })
+    }
 }

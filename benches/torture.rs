@@ -1,0 +1,70 @@
+//! The crash torture at full size: `serve` killed with SIGKILL 200 times per
+//! backend (`TOOLGATE_TORTURE_KILLS`), with concurrent scripts writing
+//! through a non-idempotent MCP tool whose effects are counted from
+//! outside. Prints, per backend, the duplicates (must be 0), the answers by
+//! class against the effects, and the restart-to-settled times.
+//!
+//! `DATABASE_URL=postgres://… cargo bench --bench torture` (SQLite always;
+//! PostgreSQL when `DATABASE_URL` is set).
+
+#[path = "../tests/torture/driver.rs"]
+mod driver;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use driver::{Torture, run};
+
+/// The scripted server, built beside this benchmark.
+fn scripted_server() -> PathBuf {
+    let exe = std::env::current_exe().expect("bench path");
+    let profile = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("target folder");
+    let path = profile.join("examples/scripted_server");
+    if !path.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--release", "--example", "scripted_server"])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "the scripted server builds");
+    }
+    path
+}
+
+fn main() {
+    let kills: usize = std::env::var("TOOLGATE_TORTURE_KILLS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(200);
+    let torture = |store_url: Option<String>| Torture {
+        toolgate: PathBuf::from(env!("CARGO_BIN_EXE_toolgate")),
+        server: scripted_server(),
+        store_url,
+        kills,
+        scripts: 3,
+        calls: 16,
+        seed: 0x746f_7274,
+    };
+    let sqlite = run(&torture(None));
+    println!("sqlite:   {sqlite}");
+    if let Ok(admin_url) = std::env::var("DATABASE_URL") {
+        let schema = format!("bench_torture_{}", uuid::Uuid::new_v4().simple());
+        let psql = |sql: &str| {
+            let status = Command::new("psql")
+                .args([admin_url.as_str(), "-q", "-c", sql])
+                .status()
+                .expect("psql runs");
+            assert!(status.success(), "{sql}");
+        };
+        psql(&format!("CREATE SCHEMA {schema}"));
+        let separator = if admin_url.contains('?') { '&' } else { '?' };
+        let url = format!("{admin_url}{separator}options=-c%20search_path%3D{schema}");
+        let postgres = run(&torture(Some(url)));
+        psql(&format!("DROP SCHEMA {schema} CASCADE"));
+        println!("postgres: {postgres}");
+        assert!(postgres.sound(), "{postgres}");
+    }
+    assert!(sqlite.sound(), "{sqlite}");
+}

@@ -1,0 +1,213 @@
+//! toolgate's own framing of a stdio server's JSON-RPC lines, under the MCP
+//! library: a line is read only up to the ceiling of what is in flight, so
+//! what a server writes never decides how much memory a call takes or how
+//! long it waits. A line past its ceiling ends the transport at once (the
+//! rest of the line is garbage to the protocol) and is remembered, so the
+//! call in flight ends as output too large rather than as a lost server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use futures::channel::mpsc;
+use futures::{SinkExt as _, StreamExt as _};
+use rmcp::RoleClient;
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
+
+/// Messages buffered in each direction.
+const CHANNEL: usize = 16;
+/// What a listing (tools, prompts, resources) or a handshake may send: a
+/// page of a catalog, whose schemas are capped one by one at mapping.
+pub const DISCOVERY_CEILING: usize = 8 << 20;
+/// JSON-RPC framing, escaping and structure on top of a result's content.
+const ENVELOPE_ALLOWANCE: usize = 64 << 10;
+
+/// The ceilings of one connection, and what crossing one left behind.
+#[derive(Debug)]
+pub struct Ceilings {
+    /// The longest answer to a call: the server's hard output ceiling (four
+    /// times its `maximum_output_bytes`) plus the envelope allowance.
+    call: usize,
+    /// Listings in flight; while there is one, the discovery ceiling holds.
+    listing: AtomicUsize,
+    /// A line crossed its ceiling and the transport was ended.
+    oversized: AtomicBool,
+}
+
+impl Ceilings {
+    /// Ceilings for a server whose calls may produce at most
+    /// `hard_ceiling` bytes.
+    pub fn new(hard_ceiling: usize) -> Arc<Self> {
+        Arc::new(Ceilings {
+            call: hard_ceiling.saturating_add(ENVELOPE_ALLOWANCE),
+            listing: AtomicUsize::new(0),
+            oversized: AtomicBool::new(false),
+        })
+    }
+
+    /// While the guard lives, lines may be as long as a listing's.
+    pub fn listing(self: &Arc<Self>) -> ListingGuard {
+        self.listing.fetch_add(1, Ordering::SeqCst);
+        ListingGuard(self.clone())
+    }
+
+    /// Whether a line crossed its ceiling and ended the transport.
+    pub fn oversized(&self) -> bool {
+        self.oversized.load(Ordering::SeqCst)
+    }
+
+    fn current(&self) -> usize {
+        if self.listing.load(Ordering::SeqCst) > 0 {
+            DISCOVERY_CEILING.max(self.call)
+        } else {
+            self.call
+        }
+    }
+}
+
+/// A listing in flight.
+pub struct ListingGuard(Arc<Ceilings>);
+
+impl Drop for ListingGuard {
+    fn drop(&mut self) {
+        self.0.listing.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The transport the MCP library speaks over: a sink of outgoing messages
+/// written as lines to `writer`, and a stream of incoming ones read from
+/// `reader` under `ceilings`. The stream ends when the server closes its
+/// output or a line crosses its ceiling.
+pub fn transport<R, W>(
+    reader: R,
+    writer: W,
+    ceilings: Arc<Ceilings>,
+) -> (
+    mpsc::Sender<TxJsonRpcMessage<RoleClient>>,
+    mpsc::Receiver<RxJsonRpcMessage<RoleClient>>,
+)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (outgoing, mut to_write) = mpsc::channel::<TxJsonRpcMessage<RoleClient>>(CHANNEL);
+    let (mut read, incoming) = mpsc::channel::<RxJsonRpcMessage<RoleClient>>(CHANNEL);
+    tokio::spawn(async move {
+        let mut writer = writer;
+        while let Some(message) = to_write.next().await {
+            let Ok(mut line) = serde_json::to_vec(&message) else {
+                continue;
+            };
+            line.push(b'\n');
+            if writer.write_all(&line).await.is_err() || writer.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(reader);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match read_line(&mut reader, &mut line, &ceilings).await {
+                Line::Complete => {}
+                Line::Closed => return,
+                Line::Oversized => {
+                    ceilings.oversized.store(true, Ordering::SeqCst);
+                    tracing::warn!(
+                        "an mcp server's message crossed its output ceiling; the connection is closed"
+                    );
+                    return;
+                }
+            }
+            let text = line.trim_ascii();
+            if text.is_empty() {
+                continue;
+            }
+            // A line that is not a JSON-RPC message is the server's noise,
+            // not the protocol: it is skipped, as the library does.
+            let Ok(message) = serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(text) else {
+                continue;
+            };
+            if read.send(message).await.is_err() {
+                return;
+            }
+        }
+    });
+    (outgoing, incoming)
+}
+
+enum Line {
+    Complete,
+    Closed,
+    Oversized,
+}
+
+/// Reads one line into `line`, never holding more than the current ceiling.
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    ceilings: &Ceilings,
+) -> Line {
+    loop {
+        let available = match reader.fill_buf().await {
+            Ok([]) | Err(_) => return Line::Closed,
+            Ok(available) => available,
+        };
+        let (chunk, done) = match available.iter().position(|b| *b == b'\n') {
+            Some(end) => (&available[..end], true),
+            None => (available, false),
+        };
+        if line.len() + chunk.len() > ceilings.current() {
+            return Line::Oversized;
+        }
+        line.extend_from_slice(chunk);
+        let used = chunk.len() + usize::from(done);
+        reader.consume(used);
+        if done {
+            return Line::Complete;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_line_past_its_ceiling_ends_the_stream_without_reading_it() {
+        let ceilings = Ceilings::new(1024);
+        let mut input =
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 10 << 20));
+        input.push(b'\n');
+        let (_, mut incoming) = transport(
+            std::io::Cursor::new(input),
+            tokio::io::sink(),
+            ceilings.clone(),
+        );
+        assert!(incoming.next().await.is_some(), "the small message arrives");
+        assert!(incoming.next().await.is_none(), "the stream ends");
+        assert!(ceilings.oversized());
+    }
+
+    #[tokio::test]
+    async fn a_listing_may_be_longer_than_a_call() {
+        let ceilings = Ceilings::new(1024);
+        let guard = ceilings.listing();
+        let mut reader = BufReader::new(std::io::Cursor::new(vec![b'y'; 200_000]));
+        let mut line = Vec::new();
+        assert!(matches!(
+            read_line(&mut reader, &mut line, &ceilings).await,
+            Line::Closed
+        ));
+        assert_eq!(line.len(), 200_000);
+        drop(guard);
+        let mut reader = BufReader::new(std::io::Cursor::new(vec![b'y'; 200_000]));
+        line.clear();
+        assert!(matches!(
+            read_line(&mut reader, &mut line, &ceilings).await,
+            Line::Oversized
+        ));
+    }
+}
