@@ -19,7 +19,7 @@ use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 use toolgate::adapters::artifacts::FsArtifactStore;
 use toolgate::adapters::credentials::EnvFileResolver;
-use toolgate::adapters::mcp::stdio::{StdioServerSettings, StdioServers};
+use toolgate::adapters::mcp::{McpServerSet, StdioServerSettings};
 use toolgate::adapters::policy::RuleFilePolicy;
 use toolgate::domain::mcp_server::{AuthScheme, ServerClassification};
 use toolgate::domain::{
@@ -141,7 +141,7 @@ fn main() {
             },
         }));
         let node = PathBuf::from("/usr/bin/node");
-        let everything = StdioServers::new(
+        let everything = McpServerSet::new(
             vec![StdioServerSettings {
                 server_id: "everything".into(),
                 program: node.display().to_string(),
@@ -192,6 +192,7 @@ fn main() {
             scopes: BTreeSet::from(["demo.use".to_owned()]),
         };
         let pinned = registry.specs_for_session(
+            "bench",
             &agent,
             &principal,
             &PolicyProfile::default(),

@@ -145,8 +145,13 @@ async fn drive(
     let environment = RuntimeEnvironment {
         targets: [TargetKind::InProcess].into(),
     };
-    let pinned =
-        registry.specs_for_session(&agent, &principal, &PolicyProfile::default(), &environment);
+    let pinned = registry.specs_for_session(
+        "bench",
+        &agent,
+        &principal,
+        &PolicyProfile::default(),
+        &environment,
+    );
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let cpu_before = cpu_seconds();
     let server_before = server_cpu_seconds();

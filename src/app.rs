@@ -12,8 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapters::artifacts::FsArtifactStore;
 use crate::adapters::credentials::EnvFileResolver;
+use crate::adapters::egress::{Dialer, EgressSettings};
 use crate::adapters::mcp::child::RunAs;
-use crate::adapters::mcp::stdio::{StdioServerSettings, StdioServers};
+use crate::adapters::mcp::{AuthSettings, HttpServerSettings, McpServerSet, StdioServerSettings};
 use crate::adapters::policy::RuleFilePolicy;
 use crate::adapters::store;
 use crate::adapters::telemetry::{MeteredInvocations, MetricsRegistry};
@@ -22,6 +23,7 @@ use crate::bridge::{
     Bridge, BridgeParts, BridgeSettings, ConnectionCap, EdgeLimits, InFlight, Turns,
 };
 use crate::config::{Config, ConfigErrors};
+use crate::domain::egress::AllowedCidrs;
 use crate::domain::mcp_server::{AuthScheme, ServerClassification};
 use crate::domain::secret::CredentialRef;
 use crate::pipeline::admission::Admission;
@@ -178,6 +180,102 @@ pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, Confi
     }
 }
 
+/// The operator's HTTP servers as the MCP adapter takes them. The file is
+/// already validated, so a scheme or reference that does not parse cannot
+/// occur; were it to, the server is left without a credential and fails to
+/// connect rather than sending a guessed one.
+pub fn http_settings(config: &Config) -> Vec<HttpServerSettings> {
+    config
+        .mcp
+        .http_servers
+        .iter()
+        .map(|server| HttpServerSettings {
+            server_id: server.server_id.clone(),
+            url: server.url.clone(),
+            auth: AuthSettings {
+                scheme: server.auth.scheme.parse().unwrap_or(AuthScheme::None),
+                name: server.auth.name.clone(),
+                credential_ref: server
+                    .auth
+                    .credential_ref
+                    .as_deref()
+                    .and_then(|text| CredentialRef::parse(text).ok()),
+                token_endpoint: server.auth.token_endpoint.clone(),
+                token_scopes: server.auth.token_scopes.clone(),
+            },
+            classification: ServerClassification {
+                side_effect: server.side_effect,
+                risk: server.risk,
+                idempotency: server.idempotency,
+                required_scopes: server.required_scopes.iter().cloned().collect(),
+                timeout_seconds: server.timeout_seconds,
+                maximum_output_bytes: server.maximum_output_bytes,
+            },
+            connect_timeout: Duration::from_secs(u64::from(server.connect_timeout_seconds)),
+            request_timeout: Duration::from_secs(u64::from(server.request_timeout_seconds)),
+            idle_timeout: Duration::from_secs(u64::from(server.idle_timeout_seconds)),
+            enabled: server.enabled,
+        })
+        .collect()
+}
+
+/// The egress dialer the configuration describes.
+pub fn egress_dialer(config: &Config) -> Result<Dialer, AppError> {
+    let cidrs: Vec<&str> = config
+        .egress
+        .allow_cidrs
+        .iter()
+        .map(String::as_str)
+        .collect();
+    let allowed_cidrs = AllowedCidrs::parse(&cidrs).map_err(AppError::Startup)?;
+    Dialer::new(
+        EgressSettings {
+            allowlist: config.egress_allowlist(),
+            allowed_cidrs,
+            connect_timeout: Duration::from_secs(u64::from(config.egress.connect_timeout_seconds)),
+            tls_timeout: Duration::from_secs(u64::from(config.egress.tls_timeout_seconds)),
+        },
+        config.egress.extra_ca_file.as_deref(),
+    )
+    .map_err(|error| AppError::Startup(error.to_string()))
+}
+
+/// Where credential references resolve: toolgate's environment and files,
+/// and each tenant's own secrets folder when one is configured.
+fn credential_resolver(
+    config: &Config,
+    environment: &BTreeMap<String, String>,
+) -> Arc<EnvFileResolver> {
+    let resolver = EnvFileResolver::new(environment.clone());
+    Arc::new(match &config.credentials.tenant_secrets_directory {
+        Some(directory) => resolver.with_tenant_secrets(directory.clone()),
+        None => resolver,
+    })
+}
+
+/// Every MCP server the configuration names, and each tenant's own through
+/// the store, dialled through egress.
+fn mcp_servers(
+    config: &Config,
+    environment: &BTreeMap<String, String>,
+    store: Arc<dyn crate::ports::Store>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<dyn Metrics>,
+) -> Result<McpServerSet, AppError> {
+    Ok(McpServerSet::new(
+        stdio_settings(config)?,
+        credential_resolver(config, environment),
+        store,
+        clock,
+        metrics,
+    )
+    .with_http(
+        http_settings(config),
+        Arc::new(egress_dialer(config)?),
+        Duration::from_secs(u64::from(config.mcp.discovery_reuse_seconds)),
+    ))
+}
+
 /// A `run_as` value as a user: `uid:gid`, a uid (its passwd group, or the
 /// same number), or a user name from the system's user database.
 fn resolve_run_as(text: &str) -> Result<RunAs, String> {
@@ -255,13 +353,13 @@ pub async fn discover(
 ) -> Result<Vec<ServerReport>, AppError> {
     let config = Config::load(path, environment)?;
     let store = store::connect(&config.store.url).await?;
-    let servers = StdioServers::new(
-        stdio_settings(&config)?,
-        Arc::new(EnvFileResolver::new(environment.clone())),
+    let servers = mcp_servers(
+        &config,
+        environment,
         store,
         Arc::new(SystemClock),
         Arc::new(MetricsRegistry::default()),
-    );
+    )?;
     let registry = ToolRegistry::with_builtins(
         RegistryLimits {
             maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
@@ -269,7 +367,8 @@ pub async fn discover(
         Vec::new(),
     )
     .map_err(|error| AppError::Startup(error.to_string()))?;
-    let (prepared, _) = register_discoveries(&registry, servers.discover().await);
+    // No tenant: the operator's servers only.
+    let (prepared, _) = register_discoveries(&registry, servers.discover("").await);
     servers.shutdown().await;
     Ok(config
         .mcp
@@ -358,21 +457,26 @@ pub async fn serve(
         ),
         None => Arc::new(RuleFilePolicy::built_in()),
     };
-    let credentials = Arc::new(EnvFileResolver::new(environment.clone()));
+    let credentials = credential_resolver(&config, environment);
     let metrics: Arc<dyn Metrics> = Arc::new(MetricsRegistry::default());
-    let stdio = stdio_settings(&config)?;
-    if stdio.iter().any(|server| server.run_as.is_some()) {
+    if config.mcp.run_as.is_some()
+        || config
+            .mcp
+            .servers
+            .iter()
+            .any(|server| server.run_as.is_some())
+    {
         // Servers of other users reach their own 0700 folders through it,
         // and can list nothing in it.
         traversable_folder(&config.mcp.state_directory)?;
     }
-    let servers = Arc::new(StdioServers::new(
-        stdio,
-        credentials.clone(),
+    let servers = Arc::new(mcp_servers(
+        &config,
+        environment,
         store.clone(),
         clock.clone(),
         metrics.clone(),
-    ));
+    )?);
     let mut builtins = crate::builtin::demo::tools(&state.join("demo"));
     builtins.extend(crate::builtin::control::tools(servers.clone()));
     let registry = Arc::new(
@@ -460,12 +564,7 @@ pub async fn serve(
             store.clone(),
             clock.clone(),
             config.egress_allowlist(),
-            config
-                .mcp
-                .servers
-                .iter()
-                .map(|server| server.server_id.clone())
-                .collect(),
+            config.operator_server_ids(),
         ),
         bridge: bridge.clone(),
         invocations: store.clone(),

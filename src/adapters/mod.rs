@@ -3,6 +3,7 @@
 
 pub mod artifacts;
 pub mod credentials;
+pub mod egress;
 pub mod mcp;
 pub mod policy;
 pub mod store;

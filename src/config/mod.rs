@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::domain::egress::{AllowEntry, EgressAllowlist};
+use crate::domain::egress::{AllowEntry, AllowedCidrs, EgressAllowlist};
 use crate::domain::environment::is_tier0;
 use crate::domain::mcp_server::{AuthFields, Transport, validate_auth, validate_classification};
 use crate::domain::secret::CredentialRef;
@@ -29,6 +29,12 @@ pub const MINIMUM_INLINE_MAXIMUM_BYTES: u64 = 1024;
 pub const DEFAULT_BATCH_CONCURRENCY: u32 = 8;
 /// Default bridge approval hold.
 pub const DEFAULT_APPROVAL_HOLD_SECONDS: u32 = 300;
+/// Deadline for an outbound TCP connection.
+pub const DEFAULT_EGRESS_CONNECT_TIMEOUT_SECONDS: u32 = 10;
+/// Deadline for an outbound TLS handshake.
+pub const DEFAULT_EGRESS_TLS_TIMEOUT_SECONDS: u32 = 10;
+/// How long a tenant HTTP server's discovery is reused without connecting.
+pub const DEFAULT_DISCOVERY_REUSE_SECONDS: u32 = 300;
 /// A request head must arrive within this (it also ends idle connections).
 pub const DEFAULT_REQUEST_HEADER_TIMEOUT_SECONDS: u32 = 10;
 /// A request body must arrive within this once its head has.
@@ -83,6 +89,9 @@ pub struct Config {
     /// # This node
     #[serde(default)]
     pub node: NodeConfig,
+    /// # Credentials
+    #[serde(default)]
+    pub credentials: CredentialsConfig,
 }
 
 /// The node's identity.
@@ -270,12 +279,58 @@ pub struct PolicyConfig {
 }
 
 /// Where toolgate may dial.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EgressConfig {
     /// Entries: `host`, `*.domain`, optional `:port`, optional `http://`.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Address ranges dialled even though the address rules refuse them
+    /// (loopback, private, ...): `127.0.0.1/32`, `10.20.0.0/16`. Empty by
+    /// default; the only way such an address is ever dialled.
+    #[serde(default)]
+    pub allow_cidrs: Vec<String>,
+    /// PEM certificates of private CAs trusted beside the public roots.
+    #[serde(default)]
+    pub extra_ca_file: Option<PathBuf>,
+    /// Deadline for a TCP connection.
+    #[serde(default = "EgressConfig::default_connect")]
+    pub connect_timeout_seconds: u32,
+    /// Deadline for a TLS handshake.
+    #[serde(default = "EgressConfig::default_tls")]
+    pub tls_timeout_seconds: u32,
+}
+
+impl EgressConfig {
+    fn default_connect() -> u32 {
+        DEFAULT_EGRESS_CONNECT_TIMEOUT_SECONDS
+    }
+    fn default_tls() -> u32 {
+        DEFAULT_EGRESS_TLS_TIMEOUT_SECONDS
+    }
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            allow: Vec::new(),
+            allow_cidrs: Vec::new(),
+            extra_ca_file: None,
+            connect_timeout_seconds: DEFAULT_EGRESS_CONNECT_TIMEOUT_SECONDS,
+            tls_timeout_seconds: DEFAULT_EGRESS_TLS_TIMEOUT_SECONDS,
+        }
+    }
+}
+
+/// Where credentials are resolved from.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialsConfig {
+    /// One folder per tenant holding that tenant's secrets, one file each:
+    /// what `secret:TENANT/NAME` references resolve to. Unset, they resolve
+    /// to nothing.
+    #[serde(default)]
+    pub tenant_secrets_directory: Option<PathBuf>,
 }
 
 /// Operator-configured MCP servers.
@@ -295,11 +350,22 @@ pub struct McpConfig {
     /// stdio servers, spawned with a constructed environment.
     #[serde(default)]
     pub servers: Vec<StdioServerConfig>,
+    /// HTTP servers the operator configures for every tenant, dialled
+    /// through egress.
+    #[serde(default)]
+    pub http_servers: Vec<HttpServerConfig>,
+    /// How long a tenant HTTP server's discovery is reused before a session
+    /// connects again.
+    #[serde(default = "McpConfig::default_reuse")]
+    pub discovery_reuse_seconds: u32,
 }
 
 impl McpConfig {
     fn default_state_directory() -> PathBuf {
         PathBuf::from("var/mcp")
+    }
+    fn default_reuse() -> u32 {
+        DEFAULT_DISCOVERY_REUSE_SECONDS
     }
 }
 
@@ -309,6 +375,8 @@ impl Default for McpConfig {
             state_directory: McpConfig::default_state_directory(),
             run_as: None,
             servers: Vec::new(),
+            http_servers: Vec::new(),
+            discovery_reuse_seconds: DEFAULT_DISCOVERY_REUSE_SECONDS,
         }
     }
 }
@@ -394,6 +462,50 @@ impl StdioServerConfig {
     fn default_enabled() -> bool {
         true
     }
+}
+
+/// One operator-configured HTTP server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpServerConfig {
+    /// The name in `mcp.{server_id}.` tool names.
+    pub server_id: String,
+    /// The streamable-HTTP endpoint; the egress allowlist must permit it.
+    pub url: String,
+    /// How toolgate authenticates to it: none, bearer, header or
+    /// oauth2_client.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// The operator's classification; the defaults are the most restrictive.
+    #[serde(default = "StdioServerConfig::default_side_effect")]
+    pub side_effect: SideEffectClass,
+    /// See `side_effect`.
+    #[serde(default = "StdioServerConfig::default_risk")]
+    pub risk: RiskLevel,
+    /// See `side_effect`.
+    #[serde(default = "StdioServerConfig::default_idempotency")]
+    pub idempotency: IdempotencyClass,
+    /// Scopes every tool of the server requires, all under `mcp.{server_id}.`.
+    #[serde(default)]
+    pub required_scopes: Vec<String>,
+    /// Handshake deadline.
+    #[serde(default = "StdioServerConfig::default_connect")]
+    pub connect_timeout_seconds: u32,
+    /// Per-request deadline.
+    #[serde(default = "StdioServerConfig::default_request")]
+    pub request_timeout_seconds: u32,
+    /// Idle close.
+    #[serde(default = "StdioServerConfig::default_idle")]
+    pub idle_timeout_seconds: u32,
+    /// Every tool's `timeout_seconds`.
+    #[serde(default = "StdioServerConfig::default_tool_timeout")]
+    pub timeout_seconds: u32,
+    /// Every tool's `maximum_output_bytes`.
+    #[serde(default = "StdioServerConfig::default_output")]
+    pub maximum_output_bytes: u64,
+    /// Dialled at all.
+    #[serde(default = "StdioServerConfig::default_enabled")]
+    pub enabled: bool,
 }
 
 /// A server's authentication, as the row's `auth_*` columns.
@@ -554,6 +666,12 @@ impl Config {
         resolve(&mut self.artifacts.directory);
         resolve(&mut self.mcp.state_directory);
         resolve(&mut self.node.directory);
+        if let Some(file) = self.egress.extra_ca_file.as_mut() {
+            resolve(file);
+        }
+        if let Some(directory) = self.credentials.tenant_secrets_directory.as_mut() {
+            resolve(directory);
+        }
         if let Some(file) = self.policy.file.as_mut() {
             resolve(file);
         }
@@ -563,6 +681,22 @@ impl Config {
         {
             self.store.url = format!("sqlite://{}", base.join(rest).display());
         }
+    }
+
+    /// Every operator server's id, stdio and HTTP: ids a tenant may not
+    /// take.
+    pub fn operator_server_ids(&self) -> Vec<String> {
+        self.mcp
+            .servers
+            .iter()
+            .map(|server| server.server_id.clone())
+            .chain(
+                self.mcp
+                    .http_servers
+                    .iter()
+                    .map(|server| server.server_id.clone()),
+            )
+            .collect()
     }
 
     /// The egress allowlist, with entries that failed validation left out.
@@ -679,6 +813,36 @@ impl Config {
                 push(format!("egress.allow[{index}]"), error.to_string());
             }
         }
+        for (index, entry) in self.egress.allow_cidrs.iter().enumerate() {
+            if AllowedCidrs::parse(&[entry.as_str()]).is_err() {
+                push(
+                    format!("egress.allow_cidrs[{index}]"),
+                    "must be an address or a CIDR range (10.0.0.0/8, ::1/128)".into(),
+                );
+            }
+        }
+        if let Some(file) = &self.egress.extra_ca_file
+            && !file.is_file()
+        {
+            push(
+                "egress.extra_ca_file".into(),
+                "does not name a readable file".into(),
+            );
+        }
+        for (field, value) in [
+            (
+                "egress.connect_timeout_seconds",
+                self.egress.connect_timeout_seconds,
+            ),
+            (
+                "egress.tls_timeout_seconds",
+                self.egress.tls_timeout_seconds,
+            ),
+        ] {
+            if value == 0 {
+                push(field.into(), "must be at least 1".into());
+            }
+        }
 
         if let Some(run_as) = &self.mcp.run_as
             && !valid_run_as(run_as)
@@ -757,6 +921,61 @@ impl Config {
                     "must be between 1 and limits.maximum_output_bytes_ceiling".into(),
                 );
             }
+        }
+        for (index, server) in self.mcp.http_servers.iter().enumerate() {
+            let at = format!("mcp.http_servers[{index}]");
+            if seen.contains_key(&server.server_id) {
+                push(
+                    format!("{at}.server_id"),
+                    "duplicates another server's server_id".into(),
+                );
+            }
+            seen.insert(server.server_id.clone(), index);
+            for violation in validate_classification(&server.server_id, &server.required_scopes) {
+                push(format!("{at}.{}", violation.field()), violation.to_string());
+            }
+            if let Err(error) = allowlist.check(&server.url) {
+                push(format!("{at}.url"), error.to_string());
+            }
+            let auth = AuthFields {
+                transport: Transport::Http,
+                scheme: &server.auth.scheme,
+                auth_name: server.auth.name.as_deref(),
+                credential_ref: server.auth.credential_ref.as_deref(),
+                token_endpoint: server.auth.token_endpoint.as_deref(),
+            };
+            for violation in validate_auth(auth, &allowlist) {
+                let field = match violation.field() {
+                    "auth_scheme" => "scheme",
+                    "auth_name" => "name",
+                    other => other,
+                };
+                push(format!("{at}.auth.{field}"), violation.to_string());
+            }
+            for (field, value) in [
+                ("connect_timeout_seconds", server.connect_timeout_seconds),
+                ("request_timeout_seconds", server.request_timeout_seconds),
+                ("idle_timeout_seconds", server.idle_timeout_seconds),
+                ("timeout_seconds", server.timeout_seconds),
+            ] {
+                if value == 0 {
+                    push(format!("{at}.{field}"), "must be at least 1".into());
+                }
+            }
+            if server.maximum_output_bytes == 0
+                || server.maximum_output_bytes > self.limits.maximum_output_bytes_ceiling
+            {
+                push(
+                    format!("{at}.maximum_output_bytes"),
+                    "must be between 1 and limits.maximum_output_bytes_ceiling".into(),
+                );
+            }
+        }
+        if self.mcp.discovery_reuse_seconds == 0 {
+            push(
+                "mcp.discovery_reuse_seconds".into(),
+                "must be at least 1".into(),
+            );
         }
         if errors.is_empty() {
             Ok(())

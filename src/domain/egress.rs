@@ -1,12 +1,19 @@
 //! The egress allowlist as a pure rule: which URLs toolgate may dial.
 //!
-//! Name matching only. Resolving, classifying addresses and dialing belong to
-//! `adapters::egress`, which calls this same check first, so configuration
-//! validation and the dialer cannot disagree about a URL.
+//! Name matching, and the reading of a host that is an address in any
+//! spelling (so `0x7f.1` is 127.0.0.1 here exactly as it would be to a
+//! resolver). Resolving and dialing belong to `adapters::egress`, which
+//! calls this same check first and classifies every address with
+//! [`classify`], so configuration validation and the dialer cannot disagree
+//! about a URL.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+pub use super::addresses::{
+    AllowedCidrs, HostKind, Refusal, classify, parse_host, parse_ip_literal, permitted,
+};
 
 /// A URL reduced to what egress decides on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +79,14 @@ impl EgressUrl {
         let port = match port {
             Some(port) => port,
             None => scheme.default_port(),
+        };
+        // An address in an odd spelling is that address, here as to any
+        // resolver; its canonical form is what the allowlist and the
+        // address rules see.
+        let host = match parse_host(&host) {
+            HostKind::Ip(address) => address.to_string(),
+            HostKind::Name => host,
+            HostKind::Malformed => return Err(EgressError::Host),
         };
         Ok(EgressUrl { scheme, host, port })
     }

@@ -52,6 +52,7 @@ macro_rules! closed_enum {
     };
 }
 
+pub mod addresses;
 pub mod approval;
 pub mod canonical;
 pub mod egress;
@@ -63,6 +64,7 @@ pub mod names;
 pub mod outcome;
 pub mod policy;
 pub mod reason_codes;
+pub mod recovery;
 pub mod result;
 pub mod secret;
 pub mod session;

@@ -169,6 +169,13 @@ reason_codes! {
     /// The MCP server requires an authorization flow toolgate does not run.
     ToolAuthUnsupported => "tool.auth_unsupported", Unavailable, retryable: false, None,
         "This capability is not available: its server needs an unsupported authorization flow.";
+    /// The server's address is one egress never dials (a private, loopback,
+    /// link-local or other refused address), or its name is not allowed.
+    ToolEgressRefused => "tool.egress_refused", Unavailable, retryable: false, None,
+        "This capability is not available: its server's address is not permitted.";
+    /// The server answered with a redirect, which egress never follows.
+    ToolRedirectRefused => "tool.redirect_refused", Unavailable, retryable: false, None,
+        "This capability is not available: its server redirected the request.";
     /// The server requires a client capability toolgate declines.
     ToolCapabilityUnsupported => "tool.capability_unsupported", Unavailable, retryable: false, None,
         "This capability is not available: its server needs a feature that is turned off.";

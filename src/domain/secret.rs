@@ -39,7 +39,11 @@ impl fmt::Display for SecretValue {
 }
 
 /// Where a credential lives: `env:NAME` (a variable of toolgate's own
-/// environment, read by the resolver only) or `file:/absolute/path`.
+/// environment, read by the resolver only), `file:/absolute/path`, or
+/// `secret:TENANT/NAME` (a secret of one tenant, kept in the folder the
+/// operator sets aside for that tenant's secrets). Tenant servers may name
+/// only their own tenant's `secret:` references; the other two reach
+/// toolgate's own environment and files and are the operator's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum CredentialRef {
@@ -47,6 +51,14 @@ pub enum CredentialRef {
     Env(String),
     /// An absolute path to a file holding the value.
     File(String),
+    /// A tenant's secret: its tenant and its name within the tenant.
+    Secret {
+        /// The tenant whose secret it is.
+        tenant: String,
+        /// The secret's name: 1 to 128 letters, digits, `.`, `-` or `_`,
+        /// not starting with `.`.
+        name: String,
+    },
 }
 
 /// Why a string is not a credential reference. Never echoes the string: an
@@ -54,9 +66,12 @@ pub enum CredentialRef {
 /// printed back into a log.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CredentialRefError {
-    /// Neither `env:` nor `file:`.
-    #[error("credential reference must start with env: or file:")]
+    /// Neither `env:`, `file:` nor `secret:`.
+    #[error("credential reference must start with env:, file: or secret:")]
     Scheme,
+    /// `secret:` not of the form `TENANT/NAME`.
+    #[error("secret: reference must be secret:TENANT/NAME (NAME: letters, digits, '.', '-', '_')")]
+    SecretName,
     /// `env:` with a name outside `^[A-Za-z_][A-Za-z0-9_]*$`.
     #[error("env: reference must name a variable ([A-Za-z_][A-Za-z0-9_]*)")]
     EnvName,
@@ -76,6 +91,24 @@ impl CredentialRef {
                 Ok(CredentialRef::Env(name.to_owned()))
             } else {
                 Err(CredentialRefError::EnvName)
+            };
+        }
+        if let Some(rest) = text.strip_prefix("secret:") {
+            let name_ok = |name: &str| {
+                (1..=128).contains(&name.len())
+                    && !name.starts_with('.')
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+            };
+            return match rest.split_once('/') {
+                Some((tenant, name)) if super::valid_tenant_id(tenant) && name_ok(name) => {
+                    Ok(CredentialRef::Secret {
+                        tenant: tenant.to_owned(),
+                        name: name.to_owned(),
+                    })
+                }
+                _ => Err(CredentialRefError::SecretName),
             };
         }
         if let Some(path) = text.strip_prefix("file:") {
@@ -108,6 +141,7 @@ impl fmt::Display for CredentialRef {
         match self {
             CredentialRef::Env(name) => write!(f, "env:{name}"),
             CredentialRef::File(path) => write!(f, "file:{path}"),
+            CredentialRef::Secret { tenant, name } => write!(f, "secret:{tenant}/{name}"),
         }
     }
 }
@@ -158,5 +192,26 @@ mod tests {
             CredentialRef::parse("env:"),
             Err(CredentialRefError::EnvName)
         );
+        assert_eq!(
+            CredentialRef::parse("secret:acme/crm.token"),
+            Ok(CredentialRef::Secret {
+                tenant: "acme".into(),
+                name: "crm.token".into()
+            })
+        );
+        for bad in [
+            "secret:acme",
+            "secret:acme/",
+            "secret:acme/../etc",
+            "secret:acme/a/b",
+            "secret:../x/y",
+            "secret:/abs",
+        ] {
+            assert_eq!(
+                CredentialRef::parse(bad),
+                Err(CredentialRefError::SecretName),
+                "{bad}"
+            );
+        }
     }
 }

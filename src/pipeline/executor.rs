@@ -7,7 +7,7 @@
 //! authority is re-checked by steps 1 to 6 and the recovery table is applied
 //! where deduplication meets the row.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -26,10 +26,10 @@ use super::records::{
     Identity, content_text, denied_event, ended_event, nonce, recorded, render_text, row_event,
     terminal_event_kind, unrecorded,
 };
-use super::recovery::{self, RecoveryDecision};
 use super::registry::{RegisteredTool, ToolRegistry};
 use crate::domain::names::bounded_name;
 use crate::domain::policy::{PolicyDecision, ProposedAction};
+use crate::domain::recovery::{self, RecoveryDecision};
 use crate::domain::{
     AgentSpec, ApprovalStatus, ArgumentTrust, ContentPart, IdempotencyClass, InvocationStatus,
     ReasonCode, SecretValue, SideEffectClass, ToolEventKind, ToolFailure, ToolFailureKind,
@@ -1693,9 +1693,10 @@ impl Pipeline {
     pub async fn recover(&self, batch: i64) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
         // MCP tools are registered when a session prepares its servers; a
-        // row of one is recovered after they are prepared here, once per
-        // sweep, and the servers that did not answer are remembered.
-        let mut unreachable: Option<HashSet<String>> = None;
+        // row of one is recovered after its tenant's servers are prepared
+        // here, once per sweep, and the servers that did not answer are
+        // remembered.
+        let mut unreachable: HashMap<String, HashSet<String>> = HashMap::new();
         loop {
             let claim = Claim {
                 worker_id: self.worker_id,
@@ -1705,21 +1706,25 @@ impl Pipeline {
             if rows.is_empty() {
                 return Ok(report);
             }
-            let wanting = rows.iter().any(|row| {
-                row.tool_source == ToolSource::Mcp
-                    && !settled_without_the_tool(row)
-                    && self
-                        .registry
-                        .pin_exact(&row.tool_name, &row.tool_version)
-                        .is_none()
-            });
-            if wanting
-                && unreachable.is_none()
-                && let Some(servers) = &self.mcp
-            {
-                let (_, record) = register_discoveries(&self.registry, servers.discover().await);
-                unreachable = Some(
-                    record
+            // The tenants with an MCP row whose tool is not registered yet.
+            let wanting: HashSet<String> = rows
+                .iter()
+                .filter(|row| {
+                    row.tool_source == ToolSource::Mcp
+                        && !settled_without_the_tool(row)
+                        && !unreachable.contains_key(&row.tenant_id)
+                        && self
+                            .registry
+                            .pin_exact(&row.tenant_id, &row.tool_name, &row.tool_version)
+                            .is_none()
+                })
+                .map(|row| row.tenant_id.clone())
+                .collect();
+            if let Some(servers) = &self.mcp {
+                for tenant in wanting {
+                    let discoveries = servers.discover(&tenant).await;
+                    let (_, record) = register_discoveries(&self.registry, discoveries);
+                    let down = record
                         .events
                         .iter()
                         .filter_map(|event| match event {
@@ -1728,15 +1733,16 @@ impl Pipeline {
                             }
                             _ => None,
                         })
-                        .collect(),
-                );
+                        .collect();
+                    unreachable.insert(tenant, down);
+                }
             }
             report.taken += rows.len();
             // The rows are independent; none waits behind another's tool.
-            let outcomes = futures::future::join_all(
-                rows.into_iter()
-                    .map(|row| self.recover_one(row, unreachable.as_ref())),
-            )
+            let outcomes = futures::future::join_all(rows.into_iter().map(|row| {
+                let down = unreachable.get(&row.tenant_id);
+                self.recover_one(row, down)
+            }))
             .await;
             for outcome in outcomes {
                 if outcome?.status() == Some(ToolOutcomeStatus::Uncertain) {
@@ -1761,7 +1767,9 @@ impl Pipeline {
                 .end_held(&row, fence, ReasonCode::ToolOutcomeUnknown)
                 .await;
         }
-        let pinned = self.registry.pin_exact(&row.tool_name, &row.tool_version);
+        let pinned = self
+            .registry
+            .pin_exact(&row.tenant_id, &row.tool_name, &row.tool_version);
         let Some(pinned) = pinned else {
             // Nothing can run it again: its server did not answer, or the
             // build or the server no longer has the tool (at this version).

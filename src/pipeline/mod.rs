@@ -15,7 +15,6 @@ mod guard;
 pub mod output;
 pub mod preparation;
 mod records;
-pub mod recovery;
 pub mod registry;
 pub mod sessions;
 pub mod tenant_servers;

@@ -35,7 +35,7 @@ pub async fn prepare_mcp(
     tenant_id: &str,
     servers: &dyn McpServers,
 ) -> Result<PreparedCatalog, StoreError> {
-    let (prepared, record) = register_discoveries(registry, servers.discover().await);
+    let (prepared, record) = register_discoveries(registry, servers.discover(tenant_id).await);
     store
         .record_preparation(tenant_id, &record, clock.now())
         .await?;
@@ -54,7 +54,11 @@ pub fn register_discoveries(
     for discovery in discoveries {
         let server_id = discovery.server.server_id.clone();
         let transport = discovery.server.transport;
-        record.servers.push(discovery.server);
+        // A tenant's own server row is the tenant's to write; a preparation
+        // records only the operator's, whose configuration is the file's.
+        if discovery.tenant_id.is_none() {
+            record.servers.push(discovery.server);
+        }
         let tools = discovery.tools.len();
         let catalog_hash = match (discovery.outcome, discovery.catalog_hash) {
             (DiscoveryOutcome::Connected { duration_ms }, Some(hash)) => {
@@ -102,14 +106,15 @@ pub fn register_discoveries(
             .iter()
             .map(|found| (found.tool.spec().name.clone(), found.remote_name.clone()))
             .collect();
-        let report = registry.register_dynamic(
-            discovery
-                .tools
-                .iter()
-                .map(|found| found.tool.clone())
-                .collect(),
-            ToolSource::Mcp,
-        );
+        let tools = discovery
+            .tools
+            .iter()
+            .map(|found| found.tool.clone())
+            .collect();
+        let report = match &discovery.tenant_id {
+            Some(tenant) => registry.register_for_tenant(tenant, tools, ToolSource::Mcp),
+            None => registry.register_dynamic(tools, ToolSource::Mcp),
+        };
         for rejection in &report.rejected {
             record.events.push(PlatformEvent::ToolRejected {
                 server_id: server_id.clone(),
@@ -122,7 +127,9 @@ pub fn register_discoveries(
         }
         let mut entries = Vec::with_capacity(report.registered.len());
         for name in &report.registered {
-            if let Ok(registered) = registry.get(name, Some(&catalog_hash)) {
+            if let Ok(registered) =
+                registry.get_for(discovery.tenant_id.as_deref(), name, Some(&catalog_hash))
+            {
                 entries.push(CatalogEntry {
                     remote_name: remote_names.get(name).cloned().unwrap_or_default(),
                     registry_name: name.clone(),

@@ -231,13 +231,22 @@ impl PinnedToolSet {
     }
 }
 
+/// Whose a registration is: everyone's (`None`: builtins and the
+/// operator's MCP servers) or one tenant's (its own HTTP servers, which no
+/// other tenant's session sees).
+type Scope = Option<String>;
+
+/// Every registration of one name, by scope and version.
+type Registrations = BTreeMap<(Scope, String), Arc<RegisteredTool>>;
+
 /// The registry.
 pub struct ToolRegistry {
     limits: RegistryLimits,
-    /// name -> version -> tool; versions of MCP tools are catalog hashes.
-    tools: RwLock<BTreeMap<String, BTreeMap<String, Arc<RegisteredTool>>>>,
-    /// The newest registration of each name, for unversioned `get`.
-    latest: RwLock<HashMap<String, Arc<RegisteredTool>>>,
+    /// name -> (scope, version) -> tool; versions of MCP tools are catalog
+    /// hashes.
+    tools: RwLock<BTreeMap<String, Registrations>>,
+    /// The newest registration of each name in each scope.
+    latest: RwLock<HashMap<(Scope, String), Arc<RegisteredTool>>>,
     pinned: RwLock<HashMap<String, Arc<PinnedToolSet>>>,
     schemas: SchemaCache,
 }
@@ -255,7 +264,7 @@ impl ToolRegistry {
             pinned: RwLock::default(),
             schemas: SchemaCache::default(),
         };
-        let report = registry.register(builtins, None);
+        let report = registry.register(builtins, None, None);
         if report.rejected.is_empty() {
             Ok(registry)
         } else {
@@ -271,22 +280,48 @@ impl ToolRegistry {
         tools: Vec<Arc<dyn Tool>>,
         source: ToolSource,
     ) -> RegistrationReport {
-        self.register(tools, Some(source))
+        self.register(tools, Some(source), None)
     }
 
-    /// The tool under `name`, at `version` or the newest registered.
+    /// Registers tools of one tenant's own servers: only that tenant's
+    /// sessions are offered them.
+    pub fn register_for_tenant(
+        &self,
+        tenant_id: &str,
+        tools: Vec<Arc<dyn Tool>>,
+        source: ToolSource,
+    ) -> RegistrationReport {
+        self.register(tools, Some(source), Some(tenant_id.to_owned()))
+    }
+
+    /// The tool under `name` registered for everyone, at `version` or the
+    /// newest.
     pub fn get(
         &self,
         name: &str,
         version: Option<&str>,
     ) -> Result<Arc<RegisteredTool>, ToolNotFound> {
-        let found = match version {
+        self.get_for(None, name, version)
+    }
+
+    /// The tool under `name` as `tenant_id` sees it: everyone's, else the
+    /// tenant's own; at `version` or the newest.
+    pub fn get_for(
+        &self,
+        tenant_id: Option<&str>,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<RegisteredTool>, ToolNotFound> {
+        let scopes: Vec<Scope> = std::iter::once(None)
+            .chain(tenant_id.map(|tenant| Some(tenant.to_owned())))
+            .collect();
+        let found = scopes.into_iter().find_map(|scope| match version {
             Some(version) => read(&self.tools)
                 .get(name)
-                .and_then(|versions| versions.get(version))
+                .and_then(|versions| versions.get(&(scope, version.to_owned())))
                 .cloned(),
-            None => read(&self.latest).get(name).cloned(),
-        };
+            None => read(&self.latest).get(&(scope, name.to_owned())).cloned(),
+        });
         found.ok_or(ToolNotFound)
     }
 
@@ -294,13 +329,22 @@ impl ToolRegistry {
     /// stays addressable by its hash.
     pub fn specs_for_session(
         &self,
+        tenant_id: &str,
         agent: &AgentSpec,
         principal: &Principal,
         profile: &PolicyProfile,
         environment: &RuntimeEnvironment,
     ) -> Arc<PinnedToolSet> {
-        let candidates: Vec<Arc<RegisteredTool>> = read(&self.latest)
-            .values()
+        let latest = read(&self.latest);
+        // Everyone's tools and the tenant's own; a name both hold (an
+        // operator server given a tenant server's id later) is everyone's.
+        let candidates: Vec<Arc<RegisteredTool>> = latest
+            .iter()
+            .filter(|((scope, name), _)| match scope {
+                None => true,
+                Some(tenant) => tenant == tenant_id && !latest.contains_key(&(None, name.clone())),
+            })
+            .map(|(_, tool)| tool)
             .filter(|tool| {
                 let spec = &tool.spec;
                 agent.enables(&spec.name)
@@ -317,10 +361,16 @@ impl ToolRegistry {
             .clone()
     }
 
-    /// A pin of exactly one registered version: what recovery resolves a
-    /// row's tool against, since the row records the version it ran.
-    pub fn pin_exact(&self, name: &str, version: &str) -> Option<Arc<PinnedToolSet>> {
-        let tool = self.get(name, Some(version)).ok()?;
+    /// A pin of exactly one registered version, as `tenant_id` sees it:
+    /// what recovery resolves a row's tool against, since the row records
+    /// the version it ran.
+    pub fn pin_exact(
+        &self,
+        tenant_id: &str,
+        name: &str,
+        version: &str,
+    ) -> Option<Arc<PinnedToolSet>> {
+        let tool = self.get_for(Some(tenant_id), name, Some(version)).ok()?;
         Some(Arc::new(pin(vec![tool])))
     }
 
@@ -333,12 +383,13 @@ impl ToolRegistry {
         &self,
         tools: Vec<Arc<dyn Tool>>,
         dynamic: Option<ToolSource>,
+        scope: Scope,
     ) -> RegistrationReport {
         let mut report = RegistrationReport::default();
         for tool in tools {
             let declared = tool.spec().clone();
             let name = declared.name.clone();
-            match self.admit(tool, declared, dynamic) {
+            match self.admit(tool, declared, dynamic, &scope) {
                 Ok(()) => report.registered.push(name),
                 Err(cause) => report.rejected.push(Rejection {
                     name,
@@ -355,6 +406,7 @@ impl ToolRegistry {
         tool: Arc<dyn Tool>,
         mut spec: ToolSpec,
         dynamic: Option<ToolSource>,
+        scope: &Scope,
     ) -> Result<(), RejectionReason> {
         match dynamic {
             Some(source @ (ToolSource::Builtin | ToolSource::Sandbox)) => {
@@ -416,7 +468,8 @@ impl ToolRegistry {
         });
         let mut tools = write(&self.tools);
         let versions = tools.entry(registered.spec.name.clone()).or_default();
-        if let Some(existing) = versions.get(&registered.spec.version) {
+        let key = (scope.clone(), registered.spec.version.clone());
+        if let Some(existing) = versions.get(&key) {
             // Re-discovering an identical catalog is not an error; a builtin
             // registered twice, or a changed declaration under one version, is.
             if dynamic.is_some() && existing.spec == registered.spec {
@@ -424,8 +477,8 @@ impl ToolRegistry {
             }
             return Err(RejectionReason::Duplicate);
         }
-        versions.insert(registered.spec.version.clone(), registered.clone());
-        write(&self.latest).insert(registered.spec.name.clone(), registered);
+        versions.insert(key, registered.clone());
+        write(&self.latest).insert((scope.clone(), registered.spec.name.clone()), registered);
         Ok(())
     }
 }
@@ -942,8 +995,13 @@ mod tests {
                 .filter(|t| *t != TargetKind::Sandbox)
                 .collect(),
         };
-        let pinned =
-            registry.specs_for_session(&agent, &principal, &profile, &environment_without_sandbox);
+        let pinned = registry.specs_for_session(
+            "tenant",
+            &agent,
+            &principal,
+            &profile,
+            &environment_without_sandbox,
+        );
         let names: Vec<&str> = pinned
             .tools()
             .iter()
@@ -956,8 +1014,13 @@ mod tests {
             id: "p".into(),
             scopes: ["demo.use".to_owned()].into(),
         };
-        let pinned =
-            registry.specs_for_session(&agent, &principal, &PolicyProfile::default(), &environment);
+        let pinned = registry.specs_for_session(
+            "tenant",
+            &agent,
+            &principal,
+            &PolicyProfile::default(),
+            &environment,
+        );
         let names: Vec<&str> = pinned
             .tools()
             .iter()
@@ -979,7 +1042,8 @@ mod tests {
         let registry = ToolRegistry::with_builtins(LIMITS, Vec::new()).unwrap();
         registry.register_dynamic(tools([mcp("acme", "read")]), ToolSource::Mcp);
         let (agent, principal, profile, environment) = everything();
-        let pinned = registry.specs_for_session(&agent, &principal, &profile, &environment);
+        let pinned =
+            registry.specs_for_session("tenant", &agent, &principal, &profile, &environment);
         let hash = pinned.tool_schema_sha256().to_owned();
         assert_eq!(hash.len(), 64);
 
@@ -1001,11 +1065,12 @@ mod tests {
         );
         assert!(resumed.resolve("mcp.acme.write").is_none());
 
-        let fresh = registry.specs_for_session(&agent, &principal, &profile, &environment);
+        let fresh =
+            registry.specs_for_session("tenant", &agent, &principal, &profile, &environment);
         assert_ne!(fresh.tool_schema_sha256(), hash);
         assert_eq!(
             registry
-                .specs_for_session(&agent, &principal, &profile, &environment)
+                .specs_for_session("tenant", &agent, &principal, &profile, &environment)
                 .tool_schema_sha256(),
             fresh.tool_schema_sha256()
         );
@@ -1018,7 +1083,8 @@ mod tests {
         hidden.model_visible = false;
         registry.register_dynamic(tools([hidden, mcp("gmail", "search")]), ToolSource::Mcp);
         let (agent, principal, profile, environment) = everything();
-        let pinned = registry.specs_for_session(&agent, &principal, &profile, &environment);
+        let pinned =
+            registry.specs_for_session("tenant", &agent, &principal, &profile, &environment);
         assert!(pinned.resolve("mcp.gmail.sync").is_some());
         let advertised: Vec<&str> = pinned
             .advertised()

@@ -331,6 +331,7 @@ impl Sessions {
             targets: [TargetKind::InProcess, TargetKind::McpServer].into(),
         };
         let pinned = self.parts.registry.specs_for_session(
+            tenant_id,
             agent,
             principal,
             &PolicyProfile::default(),

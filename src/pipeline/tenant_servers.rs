@@ -10,6 +10,7 @@ use crate::domain::egress::EgressAllowlist;
 use crate::domain::mcp_server::{
     AuthFields, AuthScheme, Transport, validate_auth, validate_classification,
 };
+use crate::domain::secret::CredentialRef;
 use crate::domain::{IdempotencyClass, RiskLevel, SideEffectClass, valid_tenant_id};
 use crate::ports::{CatalogStore, Clock, McpServerRow, StoreError};
 
@@ -133,6 +134,20 @@ impl TenantServers {
                 .iter()
                 .map(|violation| format!("auth.{}: {violation}", violation.field())),
         );
+        // A tenant's server may be handed only that tenant's own secrets:
+        // never one of toolgate's variables or files, never another
+        // tenant's.
+        if let Some(reference) = auth.credential_ref.as_deref()
+            && !matches!(
+                CredentialRef::parse(reference),
+                Ok(CredentialRef::Secret { tenant, .. }) if tenant == tenant_id
+            )
+        {
+            problems.push(
+                "auth.credential_ref: a tenant server may name only its own tenant's secrets (secret:TENANT/NAME)"
+                    .into(),
+            );
+        }
         if spec.timeout_seconds == 0 || spec.maximum_output_bytes == 0 {
             problems.push("timeout_seconds, maximum_output_bytes: must be positive".into());
         }

@@ -50,6 +50,9 @@ pub enum DiscoveryOutcome {
 pub struct ServerDiscovery {
     /// The server as configured.
     pub server: McpServerRow,
+    /// The tenant whose own server it is; `None` for the operator's, which
+    /// every tenant's sessions may use.
+    pub tenant_id: Option<String>,
     /// Live, remembered or failed.
     pub outcome: DiscoveryOutcome,
     /// The catalog hash (every tool's version), absent when failed.
@@ -73,8 +76,9 @@ pub struct LoadedSkill {
 
 /// The configured MCP servers.
 pub trait McpServers: Send + Sync {
-    /// Discovers every enabled server, in configured order.
-    fn discover(&self) -> BoxFuture<'_, Vec<ServerDiscovery>>;
+    /// Discovers every enabled server a session of `tenant_id` may use, in
+    /// configured order: the operator's, then the tenant's own.
+    fn discover<'a>(&'a self, tenant_id: &'a str) -> BoxFuture<'a, Vec<ServerDiscovery>>;
 
     /// Loads a skill a discovery advertised, with `arguments`, for a
     /// session of `tenant_id`.

@@ -7,6 +7,7 @@
 //! clock. Must not know any adapter.
 
 pub mod clock;
+pub mod egress;
 pub mod mcp;
 pub mod metrics;
 pub mod policy;
@@ -14,6 +15,7 @@ pub mod store;
 pub mod tool;
 
 pub use clock::{Clock, SystemClock};
+pub use egress::{DialError, Dialed, EgressDialer, EgressStream};
 pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerDiscovery};
 pub use metrics::{Labels, Metrics};
 pub use policy::PolicyEngine;

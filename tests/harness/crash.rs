@@ -141,6 +141,7 @@ async fn run(job: Job) -> Result<Value, String> {
                 targets: [TargetKind::InProcess].into(),
             };
             let pinned = registry.specs_for_session(
+                &request.tenant_id,
                 &agent,
                 &principal,
                 &PolicyProfile::default(),

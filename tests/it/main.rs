@@ -5,6 +5,7 @@ mod config;
 mod crash;
 mod fuzz;
 mod gates;
+mod http;
 mod mcp;
 mod pipeline;
 mod recovery;

@@ -98,7 +98,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use toolgate::adapters::mcp::stdio::{StdioServerSettings, StdioServers};
+use toolgate::adapters::mcp::{McpServerSet, StdioServerSettings};
 use toolgate::domain::mcp_server::AuthScheme;
 use toolgate::domain::secret::CredentialRef;
 use toolgate::domain::{
@@ -199,14 +199,14 @@ fn scripted(
 }
 
 /// A pipeline harness with MCP servers prepared into its registry.
-struct Live {
-    harness: Harness,
-    servers: Arc<StdioServers>,
-    store: Arc<dyn Store>,
-    folder: tempfile::TempDir,
+pub struct Live {
+    pub harness: Harness,
+    pub servers: Arc<McpServerSet>,
+    pub store: Arc<dyn Store>,
+    pub folder: tempfile::TempDir,
 }
 
-async fn sqlite() -> (Arc<dyn Store>, tempfile::TempDir) {
+pub async fn sqlite() -> (Arc<dyn Store>, tempfile::TempDir) {
     let folder = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", folder.path().join("toolgate.db").display());
     let store = toolgate::adapters::store::connect(&url).await.unwrap();
@@ -218,17 +218,26 @@ async fn live(
     store: Arc<dyn Store>,
     build: impl FnOnce(&Path) -> Vec<StdioServerSettings>,
 ) -> Live {
+    let resolver = toolgate::adapters::credentials::EnvFileResolver::new(
+        [("DEMO_TOKEN".to_owned(), "tok-SECRET-9876".to_owned())].into(),
+    );
+    live_with(store.clone(), |folder| {
+        McpServerSet::new(
+            build(folder),
+            Arc::new(resolver),
+            store,
+            Arc::new(SystemClock),
+            Arc::new(toolgate::adapters::telemetry::MetricsRegistry::default()),
+        )
+    })
+    .await
+}
+
+/// A harness over whatever set `build` makes in the harness's folder.
+pub async fn live_with(store: Arc<dyn Store>, build: impl FnOnce(&Path) -> McpServerSet) -> Live {
     let folder = tempfile::tempdir().unwrap();
     let harness = harness(store.clone(), allow_all()).await;
-    let servers = Arc::new(StdioServers::new(
-        build(folder.path()),
-        Arc::new(toolgate::adapters::credentials::EnvFileResolver::new(
-            [("DEMO_TOKEN".to_owned(), "tok-SECRET-9876".to_owned())].into(),
-        )),
-        store.clone(),
-        Arc::new(SystemClock),
-        Arc::new(toolgate::adapters::telemetry::MetricsRegistry::default()),
-    ));
+    let servers = Arc::new(build(folder.path()));
     Live {
         harness,
         servers,
@@ -238,7 +247,7 @@ async fn live(
 }
 
 impl Live {
-    async fn prepare(&self) -> toolgate::pipeline::PreparedCatalog {
+    pub async fn prepare(&self) -> toolgate::pipeline::PreparedCatalog {
         prepare_mcp(
             &self.harness.registry,
             self.store.as_ref(),
@@ -250,7 +259,7 @@ impl Live {
         .expect("preparation records")
     }
 
-    fn request(&self, name: &str, arguments: Value) -> CallRequest {
+    pub fn request(&self, name: &str, arguments: Value) -> CallRequest {
         let mut request = self.harness.request("demo.echo", arguments);
         let agent = AgentSpec {
             tools: vec!["demo.*".into(), "mcp.*".into()],
@@ -274,6 +283,7 @@ impl Live {
             targets: [TargetKind::InProcess, TargetKind::McpServer].into(),
         };
         request.pinned = self.harness.registry.specs_for_session(
+            &request.tenant_id,
             &agent,
             &principal,
             &toolgate::domain::PolicyProfile::default(),
@@ -285,7 +295,7 @@ impl Live {
         request
     }
 
-    async fn call(&self, name: &str, arguments: Value) -> CallOutcome {
+    pub async fn call(&self, name: &str, arguments: Value) -> CallOutcome {
         self.harness
             .pipeline
             .call(self.request(name, arguments))
@@ -301,7 +311,7 @@ impl Live {
     }
 }
 
-async fn events(store: &dyn Store) -> Vec<(String, Value)> {
+pub async fn events(store: &dyn Store) -> Vec<(String, Value)> {
     store
         .events_after(0, 10_000, None)
         .await
@@ -312,7 +322,7 @@ async fn events(store: &dyn Store) -> Vec<(String, Value)> {
         .collect()
 }
 
-fn status(outcome: &CallOutcome) -> ToolOutcomeStatus {
+pub fn status(outcome: &CallOutcome) -> ToolOutcomeStatus {
     finished(outcome).outcome.status()
 }
 

@@ -386,6 +386,7 @@ impl Harness {
             targets: [TargetKind::InProcess].into(),
         };
         let pinned = self.registry.specs_for_session(
+            TENANT,
             &agent,
             &principal,
             &PolicyProfile::default(),

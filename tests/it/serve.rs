@@ -766,9 +766,7 @@ fn the_control_api_is_strict() {
         .unwrap();
     assert!(!second.status.success());
     // The node's lock refuses it before its socket would.
-    assert!(
-        String::from_utf8_lossy(&second.stderr).contains("another toolgate runs as this node")
-    );
+    assert!(String::from_utf8_lossy(&second.stderr).contains("another toolgate runs as this node"));
 }
 
 /// The Python client's own unit tests (call-id vectors, stubs).
@@ -1176,7 +1174,7 @@ fn tenant_servers_are_validated_when_written() {
     let (status, body) = put(
         "acme",
         json!({"endpoint": "https://mcp.example.com/mcp",
-               "auth": {"scheme": "oauth2_client", "credential_ref": "env:ACME_CLIENT",
+               "auth": {"scheme": "oauth2_client", "credential_ref": format!("secret:{TENANT}/acme-client"),
                         "token_endpoint": "https://login.auth.example.com/token", "token_scopes": ["read"]},
                "required_scopes": ["mcp.acme.use"]}),
     );
@@ -1187,7 +1185,27 @@ fn tenant_servers_are_validated_when_written() {
     );
     let (status, row) = served.get(&format!("/v1/tenants/{TENANT}/mcp-servers/acme"));
     assert_eq!(status, 200);
-    assert_eq!(json_of(&row)["auth"]["credential_ref"], "env:ACME_CLIENT");
+    assert_eq!(
+        json_of(&row)["auth"]["credential_ref"],
+        format!("secret:{TENANT}/acme-client")
+    );
+    // Toolgate's own variables and files, and another tenant's secrets, are
+    // never a tenant server's.
+    for reference in [
+        "env:TOOLGATE_STORE_URL",
+        "file:/etc/toolgate/control.token",
+        "secret:other-tenant/acme-client",
+    ] {
+        let (status, body) = put(
+            "acme",
+            json!({"endpoint": "https://mcp.example.com/mcp",
+                   "auth": {"scheme": "bearer", "credential_ref": reference}}),
+        );
+        assert_eq!(status, 400, "{reference}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("auth.credential_ref"), "{message}");
+        assert!(!message.contains(reference), "{message}");
+    }
 
     let (status, body) = put(
         "evil",

@@ -1,6 +1,8 @@
 //! The default credential resolver: `env:NAME` from the environment the
-//! composition root hands in (never read here from the process), and
-//! `file:/path` from a file, its trailing newline dropped.
+//! composition root hands in (never read here from the process),
+//! `file:/path` from a file, and `secret:TENANT/NAME` from the file `NAME` in
+//! the tenant's folder under the operator's tenant-secrets directory; a
+//! file's trailing newline is dropped.
 
 use std::collections::BTreeMap;
 
@@ -12,6 +14,9 @@ use crate::ports::{BoxFuture, CredentialError, CredentialResolver};
 #[derive(Clone, Default)]
 pub struct EnvFileResolver {
     environment: BTreeMap<String, String>,
+    /// Where tenants' secrets live, one folder per tenant; without it no
+    /// `secret:` reference resolves.
+    tenant_secrets: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for EnvFileResolver {
@@ -26,7 +31,16 @@ impl std::fmt::Debug for EnvFileResolver {
 impl EnvFileResolver {
     /// A resolver over `environment`.
     pub fn new(environment: BTreeMap<String, String>) -> Self {
-        EnvFileResolver { environment }
+        EnvFileResolver {
+            environment,
+            tenant_secrets: None,
+        }
+    }
+
+    /// Resolves `secret:` references from `directory/TENANT/NAME`.
+    pub fn with_tenant_secrets(mut self, directory: std::path::PathBuf) -> Self {
+        self.tenant_secrets = Some(directory);
+        self
     }
 }
 
@@ -44,6 +58,18 @@ impl CredentialResolver for EnvFileResolver {
                     .ok_or_else(|| CredentialError::Unresolved(reference.clone())),
                 CredentialRef::File(path) => {
                     let text = tokio::fs::read_to_string(path)
+                        .await
+                        .map_err(|_| CredentialError::Unresolved(reference.clone()))?;
+                    Ok(SecretValue::new(text.trim_end_matches(['\n', '\r'])))
+                }
+                CredentialRef::Secret { tenant, name } => {
+                    // Both parts were checked when the reference was parsed:
+                    // neither can leave the tenant's folder.
+                    let directory = self
+                        .tenant_secrets
+                        .as_ref()
+                        .ok_or_else(|| CredentialError::Unresolved(reference.clone()))?;
+                    let text = tokio::fs::read_to_string(directory.join(tenant).join(name))
                         .await
                         .map_err(|_| CredentialError::Unresolved(reference.clone()))?;
                     Ok(SecretValue::new(text.trim_end_matches(['\n', '\r'])))

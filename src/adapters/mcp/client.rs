@@ -1,6 +1,7 @@
-//! The MCP client: the one place an rmcp session is opened, spoken to and
-//! closed. Everything it hands out is protocol-neutral (`RemoteTool`,
-//! `RemoteCall`, JSON values), so no rmcp type leaves `adapters::mcp`.
+//! The MCP client: the one place an rmcp session is opened (over a child's
+//! pipes or over streamable HTTP), spoken to and closed. Everything it hands
+//! out is protocol-neutral (`RemoteTool`, `RemoteCall`, JSON values), so no
+//! rmcp type leaves `adapters::mcp`.
 //!
 //! The client advertises no sampling, no roots and no elicitation. A server
 //! that asks anyway is answered "method not found", and the request is
@@ -17,12 +18,18 @@ use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestMethod,
     ElicitRequestParams, ElicitResult, ElicitationCreateRequestMethod, ErrorData,
     GetPromptRequestParams, Implementation, ListRootsRequestMethod, MetaObject,
-    PaginatedRequestParams, ReadResourceRequestParams, RequestMetaObject,
+    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, RequestMetaObject,
 };
 #[allow(deprecated)]
 use rmcp::model::{CreateMessageRequestParams, CreateMessageResult, ListRootsResult};
 use rmcp::service::{
-    NotificationContext, RequestContext, RoleClient, RunningService, ServiceError,
+    ClientInitializeError, NotificationContext, RequestContext, RoleClient, RunningService,
+    ServiceError,
+};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::common::client_side_sse::ExponentialBackoff;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
 };
 use rmcp::{ClientHandler, ServiceExt as _};
 use serde_json::{Map, Value};
@@ -32,6 +39,7 @@ use tokio::sync::watch;
 use super::catalog::RemoteTool;
 use super::child::{self, ChildError, ChildSpec};
 use super::framing::{self, Ceilings};
+use super::http::{EgressClient, HttpError};
 use crate::domain::ReasonCode;
 use crate::ports::Metrics;
 
@@ -42,6 +50,10 @@ pub const MAXIMUM_PAGES: usize = 64;
 pub const MAXIMUM_ENTRIES: usize = 4096;
 /// The `_meta` key a `tools/call` carries its idempotency key under.
 pub const IDEMPOTENCY_KEY_META: &str = "toolgate/idempotency-key";
+/// Reconnections of one SSE stream before its request fails.
+const SSE_RECONNECTS: usize = 3;
+/// The longest wait between SSE reconnections.
+const SSE_RECONNECT_CEILING: Duration = Duration::from_secs(5);
 
 /// What the server said it offers beyond tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -164,6 +176,38 @@ pub enum ClientError {
         /// Which list.
         what: &'static str,
     },
+    /// The server answered 401. `delegated` when its challenge points to
+    /// OAuth resource metadata: a user-delegated flow toolgate declines.
+    #[error("{server_id}: the server refused our credential")]
+    Unauthorized {
+        /// The server.
+        server_id: String,
+        /// The challenge asked for a user-delegated flow.
+        delegated: bool,
+    },
+    /// No credential could be had (the reference did not resolve, or the
+    /// token endpoint refused or could not be reached); nothing was sent.
+    #[error("{server_id}: no credential: {source}")]
+    Credential {
+        /// The server.
+        server_id: String,
+        /// Why.
+        source: super::auth::AuthError,
+    },
+    /// Egress refused or could not open the connection; nothing was sent.
+    #[error("{server_id}: {source}")]
+    Egress {
+        /// The server.
+        server_id: String,
+        /// Why.
+        source: crate::ports::DialError,
+    },
+    /// The server answered with a redirect, which is never followed.
+    #[error("{server_id}: the server answered with a redirect, which egress does not follow")]
+    Redirected {
+        /// The server.
+        server_id: String,
+    },
 }
 
 impl ClientError {
@@ -181,6 +225,13 @@ impl ClientError {
             ClientError::Remote { .. }
             | ClientError::Protocol { .. }
             | ClientError::TooLong { .. } => ReasonCode::ToolUpstreamError,
+            ClientError::Unauthorized {
+                delegated: true, ..
+            } => ReasonCode::ToolAuthUnsupported,
+            ClientError::Unauthorized { .. } => ReasonCode::ToolAuthFailed,
+            ClientError::Credential { source, .. } => source.reason_code(),
+            ClientError::Egress { source, .. } => source.reason_code(),
+            ClientError::Redirected { .. } => ReasonCode::ToolRedirectRefused,
         }
     }
 
@@ -188,8 +239,62 @@ impl ClientError {
     pub fn is_fatal(&self) -> bool {
         !matches!(
             self,
-            ClientError::Remote { .. } | ClientError::RequestTimeout { .. }
+            ClientError::Remote { .. }
+                | ClientError::RequestTimeout { .. }
+                | ClientError::Unauthorized { .. }
+                | ClientError::Credential { .. }
         )
+    }
+
+    /// Whether the request provably never left: a failure that proves no
+    /// effect.
+    pub fn never_sent(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Credential { .. } | ClientError::Egress { .. }
+        )
+    }
+
+    /// The HTTP failure under a session's error, in protocol-neutral form.
+    fn from_http(server_id: &str, error: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(current) = cause {
+            if let Some(http) = current.downcast_ref::<StreamableHttpError<HttpError>>() {
+                let server_id = server_id.to_owned();
+                return Some(match http {
+                    StreamableHttpError::AuthRequired(challenge) => ClientError::Unauthorized {
+                        server_id,
+                        delegated: challenge
+                            .www_authenticate_header
+                            .to_ascii_lowercase()
+                            .contains("resource_metadata"),
+                    },
+                    StreamableHttpError::Client(HttpError::Redirect) => {
+                        ClientError::Redirected { server_id }
+                    }
+                    StreamableHttpError::Client(HttpError::Dial(source)) => ClientError::Egress {
+                        server_id,
+                        source: source.clone(),
+                    },
+                    StreamableHttpError::Client(HttpError::Auth(source)) => {
+                        ClientError::Credential {
+                            server_id,
+                            source: source.clone(),
+                        }
+                    }
+                    StreamableHttpError::Client(HttpError::TooLarge)
+                    | StreamableHttpError::ResponseBodyTooLarge { .. } => {
+                        ClientError::OutputTooLarge { server_id }
+                    }
+                    StreamableHttpError::Client(HttpError::Timeout) => {
+                        ClientError::RequestTimeout { server_id }
+                    }
+                    _ => ClientError::Closed { server_id },
+                });
+            }
+            cause = current.source();
+        }
+        None
     }
 }
 
@@ -242,29 +347,26 @@ impl ClientHandler for Client {
     }
 
     fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(
+        let mut config = ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("toolgate", env!("CARGO_PKG_VERSION")),
-        )
+        );
+        // The newest version negotiated with `initialize`, on both
+        // transports: later ones replace the handshake toolgate speaks.
+        config.protocol_version = ProtocolVersion::V_2025_11_25;
+        config
     }
 }
 
-/// One live session with one stdio server. It owns the child: dropping it
-/// kills the process group, `close` ends it gracefully first.
-pub struct Connection {
-    server_id: String,
-    service: RunningService<RoleClient, Client>,
+/// A stdio server's process: what a connection over its pipes owns.
+struct Process {
     child: Child,
-    features: ServerFeatures,
-    signals: Arc<Signals>,
-    /// How long a line of its output may be, and whether one was longer.
-    ceilings: Arc<Ceilings>,
     /// The child's process group while it may still have members; cleared
     /// once `close` has ended it.
     group: Option<i32>,
 }
 
-impl Drop for Connection {
+impl Drop for Process {
     fn drop(&mut self) {
         // A connection dropped without `close` (a dead server forgotten, a
         // cancelled preparation) still ends everything its child started.
@@ -276,6 +378,19 @@ impl Drop for Connection {
             );
         }
     }
+}
+
+/// One live session with one server. Over stdio it owns the child:
+/// dropping it kills the process group, `close` ends it gracefully first.
+/// Over HTTP, `close` ends the session (rmcp sends its DELETE).
+pub struct Connection {
+    server_id: String,
+    service: RunningService<RoleClient, Client>,
+    process: Option<Process>,
+    features: ServerFeatures,
+    signals: Arc<Signals>,
+    /// How long a message may be, and whether one was longer.
+    ceilings: Arc<Ceilings>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -359,11 +474,65 @@ impl Connection {
         Ok(Connection {
             server_id,
             service,
-            child,
+            process: Some(Process { child, group }),
             features,
             signals,
             ceilings,
-            group,
+        })
+    }
+
+    /// Opens a streamable-HTTP session to `url` through `client` and runs
+    /// the handshake within `connect_timeout`. A 404 on a session is never
+    /// answered by re-initializing and re-sending: a call is sent once.
+    pub async fn open_http(
+        server_id: &str,
+        client: EgressClient,
+        url: &str,
+        connect_timeout: Duration,
+        ceilings: Arc<Ceilings>,
+    ) -> Result<Self, ClientError> {
+        let mut config = StreamableHttpClientTransportConfig::with_uri(url);
+        config.reinit_on_expired_session = false;
+        let mut backoff = ExponentialBackoff::default();
+        backoff.max_times = Some(SSE_RECONNECTS);
+        backoff.max_delay = Some(SSE_RECONNECT_CEILING);
+        config.retry_config = Arc::new(backoff);
+        let transport = StreamableHttpClientTransport::with_client(client, config);
+        let (list_changed, _) = watch::channel(0);
+        let signals = Arc::new(Signals {
+            declined: AtomicBool::new(false),
+            list_changed,
+        });
+        let handler = Client {
+            signals: signals.clone(),
+        };
+        let handshake = {
+            let _listing = ceilings.listing();
+            tokio::time::timeout(connect_timeout, handler.serve(transport)).await
+        };
+        let server_id = server_id.to_owned();
+        let service = match handshake {
+            Ok(Ok(service)) => service,
+            Ok(Err(error)) => {
+                return Err(initialize_error(server_id, &error, &signals));
+            }
+            Err(_) => return Err(ClientError::ConnectTimeout { server_id }),
+        };
+        let features = service
+            .peer()
+            .peer_info()
+            .map(|info| ServerFeatures {
+                resources: info.capabilities.resources.is_some(),
+                prompts: info.capabilities.prompts.is_some(),
+            })
+            .unwrap_or_default();
+        Ok(Connection {
+            server_id,
+            service,
+            process: None,
+            features,
+            signals,
+            ceilings,
         })
     }
 
@@ -560,11 +729,13 @@ impl Connection {
     }
 
     /// Ends the session: the pipe closes, then the whole process group gets
-    /// SIGTERM and, after `grace`, SIGKILL.
+    /// SIGTERM and, after `grace`, SIGKILL; over HTTP the session is ended.
     pub async fn close(mut self, grace: Duration) {
         let _ = self.service.close_with_timeout(grace).await;
-        child::terminate(&mut self.child, grace).await;
-        self.group = None;
+        if let Some(mut process) = self.process.take() {
+            child::terminate(&mut process.child, grace).await;
+            process.group = None;
+        }
     }
 
     async fn request<T>(
@@ -583,7 +754,21 @@ impl Connection {
 
     fn service_error(&self, error: ServiceError) -> ClientError {
         let server_id = self.server_id.clone();
+        if let ServiceError::TransportSend(transport) = &error
+            && let Some(http) = ClientError::from_http(&server_id, transport)
+        {
+            return http;
+        }
         match error {
+            // rmcp's word that an HTTP response stream ended before its
+            // answer: the connection, not the server, failed.
+            ServiceError::McpError(error) if closed_stream(&error) => {
+                if self.ceilings.oversized() {
+                    ClientError::OutputTooLarge { server_id }
+                } else {
+                    ClientError::Closed { server_id }
+                }
+            }
             ServiceError::McpError(error) => ClientError::Remote {
                 server_id,
                 code: error.code.0,
@@ -612,6 +797,35 @@ impl Connection {
             server_id: self.server_id.clone(),
             what,
         }
+    }
+}
+
+/// rmcp's marker on the error it answers a request with when the HTTP
+/// stream carrying it closed first.
+fn closed_stream(error: &ErrorData) -> bool {
+    error
+        .data
+        .as_ref()
+        .and_then(|data| data.get("io.modelcontextprotocol/transportClosed"))
+        .is_some()
+}
+
+/// A failed HTTP handshake as a protocol-neutral error.
+fn initialize_error(
+    server_id: String,
+    error: &ClientInitializeError,
+    signals: &Signals,
+) -> ClientError {
+    // rmcp keeps the transport's error beside, not under, its own.
+    if let ClientInitializeError::TransportError { error, .. } = error
+        && let Some(http) = ClientError::from_http(&server_id, error)
+    {
+        return http;
+    }
+    if signals.declined.load(Ordering::Relaxed) {
+        ClientError::CapabilityRequired { server_id }
+    } else {
+        ClientError::Handshake { server_id }
     }
 }
 

@@ -56,7 +56,14 @@ impl Ceilings {
         self.oversized.load(Ordering::SeqCst)
     }
 
-    fn current(&self) -> usize {
+    /// Remembers that a message crossed its ceiling.
+    pub fn mark_oversized(&self) {
+        self.oversized.store(true, Ordering::SeqCst);
+    }
+
+    /// The ceiling of the next message: a listing's while one is in flight,
+    /// a call's otherwise.
+    pub fn current(&self) -> usize {
         if self.listing.load(Ordering::SeqCst) > 0 {
             DISCOVERY_CEILING.max(self.call)
         } else {

@@ -1,11 +1,22 @@
-//! MCP servers: the only module that names rmcp (in `client`). `child`
-//! starts and ends a stdio server's process (a built environment, its own
-//! process group, a drained stderr); `catalog` maps a server's declarations
-//! into `ToolSpec`s; `stdio` remembers discoveries, owns the connections and
-//! serves the `Tool`s the pipeline calls.
+//! MCP servers: the only module that names rmcp (in `client` and `http`).
+//! `child` starts and ends a stdio server's process (a built environment,
+//! its own process group, a drained stderr); `http` carries streamable HTTP
+//! through the egress dialer, with `auth` writing the credential at use;
+//! `catalog` maps a server's declarations into `ToolSpec`s; `server` keeps
+//! one server's pin, connection and 401 ladder and serves the `Tool`s the
+//! pipeline calls; `servers` is every server of a runtime, the operator's
+//! and each tenant's own.
 
+pub mod auth;
 pub mod catalog;
 pub mod child;
 pub mod client;
 pub mod framing;
-pub mod stdio;
+pub mod http;
+mod render;
+pub mod server;
+pub mod servers;
+
+pub use auth::AuthSettings;
+pub use server::{HttpServerSettings, StdioServerSettings};
+pub use servers::McpServerSet;

@@ -78,6 +78,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "sessions",
         sql: include_str!("../../../migrations/postgres/0008_sessions.sql"),
     },
+    Migration {
+        version: 9,
+        description: "tenant-configured servers",
+        sql: include_str!("../../../migrations/postgres/0009_tenant_servers.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -121,6 +126,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 8,
         description: "sessions",
         sql: include_str!("../../../migrations/sqlite/0008_sessions.sql"),
+    },
+    Migration {
+        version: 9,
+        description: "tenant-configured servers",
+        sql: include_str!("../../../migrations/sqlite/0009_tenant_servers.sql"),
     },
 ];
 

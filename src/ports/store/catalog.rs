@@ -151,6 +151,13 @@ pub trait CatalogStore: Send + Sync {
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<McpServerRow>, StoreError>>;
 
+    /// The servers the tenant wrote itself (never the operator's rows a
+    /// preparation recorded), by server id.
+    fn tenant_mcp_servers<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<McpServerRow>, StoreError>>;
+
     /// Removes a tenant's server row; false when there was none.
     fn delete_mcp_server<'a>(
         &'a self,

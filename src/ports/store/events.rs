@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::StoreError;
 use crate::domain::ReasonCode;
-use crate::domain::mcp_server::Transport;
+use crate::domain::mcp_server::{AuthScheme, Transport};
 use crate::ports::tool::BoxFuture;
 
 /// A row of the events outbox.
@@ -56,6 +56,16 @@ pub enum PlatformEvent {
         server_id: String,
         /// Why, as a stable code.
         reason_code: ReasonCode,
+    },
+    /// Ladder step 2: a mid-session 401 led to one re-authentication.
+    ServerReauthenticated {
+        /// The server.
+        server_id: String,
+        /// How it authenticates.
+        scheme: AuthScheme,
+        /// `renewed` (a new value, the call may be retried), `identical`
+        /// (the same value again: the ladder stops) or `failed` (no value).
+        outcome: &'static str,
     },
     /// The server's list differs from the pin: recorded, not applied.
     CatalogChanged {
@@ -109,6 +119,7 @@ impl PlatformEvent {
             PlatformEvent::ServerConnected { .. } => "mcp.server.connected",
             PlatformEvent::ServerPinned { .. } => "mcp.server.pinned",
             PlatformEvent::ServerDisconnected { .. } => "mcp.server.disconnected",
+            PlatformEvent::ServerReauthenticated { .. } => "mcp.server.reauthenticated",
             PlatformEvent::CatalogChanged { .. } => "mcp.catalog.changed",
             PlatformEvent::CatalogConflict { .. } => "mcp.catalog.conflict",
             PlatformEvent::ToolRejected { .. } => "mcp.tool.rejected",
@@ -136,6 +147,11 @@ impl PlatformEvent {
                 server_id,
                 reason_code,
             } => json!({"server": server_id, "reason_code": reason_code}),
+            PlatformEvent::ServerReauthenticated {
+                server_id,
+                scheme,
+                outcome,
+            } => json!({"server": server_id, "scheme": scheme, "outcome": outcome}),
             PlatformEvent::CatalogChanged {
                 server_id,
                 old_hash,

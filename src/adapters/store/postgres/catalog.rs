@@ -12,7 +12,7 @@ impl CatalogStore for PostgresStore {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             for server in &record.servers {
-                upsert_server(&mut tx, tenant_id, server, now).await?;
+                upsert_server(&mut tx, tenant_id, server, false, now).await?;
             }
             let mut written = Vec::with_capacity(record.generations.len());
             for generation in &record.generations {
@@ -68,7 +68,7 @@ impl CatalogStore for PostgresStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            upsert_server(&mut tx, tenant_id, server, now).await?;
+            upsert_server(&mut tx, tenant_id, server, true, now).await?;
             tx.commit().await.map_err(database_error)
         })
     }
@@ -83,7 +83,8 @@ impl CatalogStore for PostgresStore {
             let row = sqlx::query(
                 "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
                  token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
-                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2",
+                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 \
+                 AND tenant_configured",
             )
             .bind(tenant_id)
             .bind(server_id)
@@ -95,6 +96,27 @@ impl CatalogStore for PostgresStore {
         })
     }
 
+    fn tenant_mcp_servers<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<McpServerRow>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let rows = sqlx::query(
+                "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
+                 token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
+                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND tenant_configured \
+                 ORDER BY server_id",
+            )
+            .bind(tenant_id)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(server_row).collect()
+        })
+    }
+
     fn delete_mcp_server<'a>(
         &'a self,
         tenant_id: &'a str,
@@ -103,7 +125,7 @@ impl CatalogStore for PostgresStore {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             let deleted =
-                sqlx::query("DELETE FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2")
+                sqlx::query("DELETE FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 AND tenant_configured")
                     .bind(tenant_id)
                     .bind(server_id)
                     .execute(&mut *tx)
@@ -190,20 +212,21 @@ async fn upsert_server(
     tx: &mut Transaction<'static, Postgres>,
     tenant_id: &str,
     server: &McpServerRow,
+    tenant_configured: bool,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO mcp_servers (id, tenant_id, server_id, transport, endpoint, auth_scheme, auth_name, \
          credential_ref, token_endpoint, token_scopes, side_effect, risk, idempotency, required_scopes, \
-         timeout_seconds, maximum_output_bytes, enabled, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+         timeout_seconds, maximum_output_bytes, enabled, created_at, tenant_configured) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
          ON CONFLICT (tenant_id, server_id) DO UPDATE SET transport = EXCLUDED.transport, \
          endpoint = EXCLUDED.endpoint, auth_scheme = EXCLUDED.auth_scheme, auth_name = EXCLUDED.auth_name, \
          credential_ref = EXCLUDED.credential_ref, token_endpoint = EXCLUDED.token_endpoint, \
          token_scopes = EXCLUDED.token_scopes, side_effect = EXCLUDED.side_effect, risk = EXCLUDED.risk, \
          idempotency = EXCLUDED.idempotency, required_scopes = EXCLUDED.required_scopes, \
          timeout_seconds = EXCLUDED.timeout_seconds, maximum_output_bytes = EXCLUDED.maximum_output_bytes, \
-         enabled = EXCLUDED.enabled",
+         enabled = EXCLUDED.enabled, tenant_configured = EXCLUDED.tenant_configured",
     )
     .bind(Uuid::new_v4())
     .bind(tenant_id)
@@ -223,6 +246,7 @@ async fn upsert_server(
     .bind(i64::try_from(server.maximum_output_bytes).unwrap_or(i64::MAX))
     .bind(server.enabled)
     .bind(now)
+    .bind(tenant_configured)
     .execute(&mut **tx)
     .await
     .map_err(database_error)?;

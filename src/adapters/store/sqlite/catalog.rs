@@ -12,7 +12,7 @@ impl CatalogStore for SqliteStore {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             for server in &record.servers {
-                upsert_server(&mut tx, tenant_id, server, now).await?;
+                upsert_server(&mut tx, tenant_id, server, false, now).await?;
             }
             let mut written = Vec::with_capacity(record.generations.len());
             for generation in &record.generations {
@@ -66,7 +66,7 @@ impl CatalogStore for SqliteStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin().await?;
-            upsert_server(&mut tx, tenant_id, server, now).await?;
+            upsert_server(&mut tx, tenant_id, server, true, now).await?;
             tx.commit().await.map_err(database_error)
         })
     }
@@ -81,7 +81,8 @@ impl CatalogStore for SqliteStore {
             let row = sqlx::query(
                 "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
                  token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
-                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2",
+                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 \
+                 AND tenant_configured",
             )
             .bind(tenant_id)
             .bind(server_id)
@@ -93,6 +94,27 @@ impl CatalogStore for SqliteStore {
         })
     }
 
+    fn tenant_mcp_servers<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<McpServerRow>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let rows = sqlx::query(
+                "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
+                 token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
+                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND tenant_configured \
+                 ORDER BY server_id",
+            )
+            .bind(tenant_id)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(server_row).collect()
+        })
+    }
+
     fn delete_mcp_server<'a>(
         &'a self,
         tenant_id: &'a str,
@@ -101,7 +123,7 @@ impl CatalogStore for SqliteStore {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let deleted =
-                sqlx::query("DELETE FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2")
+                sqlx::query("DELETE FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 AND tenant_configured")
                     .bind(tenant_id)
                     .bind(server_id)
                     .execute(&mut *tx)
@@ -186,20 +208,21 @@ async fn upsert_server(
     tx: &mut Transaction<'static, Sqlite>,
     tenant_id: &str,
     server: &McpServerRow,
+    tenant_configured: bool,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO mcp_servers (id, tenant_id, server_id, transport, endpoint, auth_scheme, auth_name, \
          credential_ref, token_endpoint, token_scopes, side_effect, risk, idempotency, required_scopes, \
-         timeout_seconds, maximum_output_bytes, enabled, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+         timeout_seconds, maximum_output_bytes, enabled, created_at, tenant_configured) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
          ON CONFLICT (tenant_id, server_id) DO UPDATE SET transport = excluded.transport, \
          endpoint = excluded.endpoint, auth_scheme = excluded.auth_scheme, auth_name = excluded.auth_name, \
          credential_ref = excluded.credential_ref, token_endpoint = excluded.token_endpoint, \
          token_scopes = excluded.token_scopes, side_effect = excluded.side_effect, risk = excluded.risk, \
          idempotency = excluded.idempotency, required_scopes = excluded.required_scopes, \
          timeout_seconds = excluded.timeout_seconds, maximum_output_bytes = excluded.maximum_output_bytes, \
-         enabled = excluded.enabled",
+         enabled = excluded.enabled, tenant_configured = excluded.tenant_configured",
     )
     .bind(Uuid::new_v4().to_string())
     .bind(tenant_id)
@@ -224,6 +247,7 @@ async fn upsert_server(
     .bind(i64::try_from(server.maximum_output_bytes).unwrap_or(i64::MAX))
     .bind(server.enabled)
     .bind(micros(now))
+    .bind(tenant_configured)
     .execute(&mut **tx)
     .await
     .map_err(database_error)?;

@@ -1,6 +1,7 @@
 //! The recovery table: what a later worker does with a row whose worker
-//! died. A pure function of the row's snapshot class and its watermark, so
-//! the decision reads a fact rather than making an inference.
+//! died, and whether a call refused mid-session (a 401) may be sent again.
+//! A pure function of the row's snapshot class and its watermark, so the
+//! decision reads a fact rather than making an inference.
 
 use crate::domain::IdempotencyClass;
 

@@ -1,12 +1,18 @@
-//! Operator-configured stdio servers: discovery remembered for the life of
-//! the process, connections owned here and nowhere else, and the `Tool`s
-//! the pipeline calls.
+//! One MCP server, over stdio or streamable HTTP: its remembered discovery
+//! (the pin), its one live connection, the `Tool`s the pipeline calls, and
+//! for HTTP the per-session 401 ladder.
 //!
 //! The pin never moves. A `notifications/tools/list_changed` is listed,
 //! recorded as `mcp.catalog.changed` and not applied; a tool whose
 //! declaration has since disappeared or changed answers `tool.withdrawn`
 //! without dialling; a dead server answers `tool.server_unreachable` and is
 //! redialled by the next call, whose discovery is compared with the pin.
+//!
+//! A 401 on a call climbs the design's ladder once per server per session:
+//! the call is held, the credential obtained again, a byte-identical value
+//! (or none) stops the ladder, and the call is retried once only where the
+//! recovery table allows it; after that the session's calls to the server
+//! answer `tool.server_unauthorized` without dialling.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -16,37 +22,38 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 use tracing::Instrument as _;
+use uuid::Uuid;
 
-use super::catalog::{MAXIMUM_DESCRIPTION_BYTES, RemoteTool, catalog_hash, cut, map_catalog};
+use super::auth::{AuthSettings, Authenticator};
+use super::catalog::{RemoteTool, catalog_hash, map_catalog};
 use super::child::{ChildSpec, RunAs};
 use super::client::{ClientError, Connection, RemoteCall, RemotePrompt, RemoteResource};
+use super::framing::Ceilings;
+use super::http::EgressClient;
+use super::render::{
+    READ_RESOURCE, by_name, read_resource_spec, render_blocks, render_call, skill_metadata,
+    unauthorized, unreachable, withdrawn,
+};
 use crate::domain::mcp_server::{AuthScheme, ServerClassification, Transport};
 use crate::domain::names::mcp_registry_name;
+use crate::domain::recovery::{RecoveryDecision, decide};
 use crate::domain::secret::{CredentialRef, scrub};
 use crate::domain::{
-    ContentPart, IdempotencyClass, ReasonCode, RiskLevel, SecretValue, SideEffectClass,
-    SkillMetadata, TargetKind, ToolFailure, ToolFailureKind, ToolKind, ToolResult, ToolSource,
-    ToolSpec, TrustLevel, canonicalize, sha256_hex,
+    ContentPart, ReasonCode, SecretValue, SkillMetadata, ToolFailure, ToolFailureKind, ToolResult,
+    ToolSpec,
 };
 use crate::ports::metrics::Metrics;
 use crate::ports::{
-    BoxFuture, Clock, CredentialResolver, DiscoveredTool, DiscoveryOutcome, LoadedSkill,
-    McpServerRow, McpServers, PlatformEvent, ServerDiscovery, Store, Tool, ToolExecutionContext,
+    BoxFuture, Clock, CredentialResolver, DiscoveredTool, DiscoveryOutcome, EgressDialer,
+    LoadedSkill, McpServerRow, PlatformEvent, ServerDiscovery, Store, Tool, ToolExecutionContext,
 };
 
-/// Preparation slots shared by every server of one runtime.
-pub const GENERAL_SLOTS: usize = 8;
-/// Process-startup slots: simultaneous interpreter start-ups must not eat
-/// each other's handshake deadline.
-pub const STARTUP_SLOTS: usize = 2;
-/// The idle sweep runs at least this often.
-pub const MAXIMUM_SWEEP: Duration = Duration::from_secs(30);
-/// How long a burst of list-changed notifications is gathered into one look.
-pub const LIST_CHANGED_COALESCE: Duration = Duration::from_millis(250);
 /// How long a closing child gets between SIGTERM and SIGKILL.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// The synthetic resource tool's remote name.
-pub const READ_RESOURCE: &str = "read_resource";
+/// How long a burst of list-changed notifications is gathered into one look.
+pub const LIST_CHANGED_COALESCE: Duration = Duration::from_millis(250);
+/// Sessions whose ladder state one server remembers; the oldest go first.
+const LADDER_SESSIONS: usize = 65_536;
 
 /// One stdio server as the operator configured it.
 #[derive(Debug, Clone)]
@@ -113,91 +120,327 @@ impl StdioServerSettings {
     }
 }
 
+/// One streamable-HTTP server, the operator's or a tenant's.
+#[derive(Debug, Clone)]
+pub struct HttpServerSettings {
+    /// The name in `mcp.{server_id}.`.
+    pub server_id: String,
+    /// The endpoint, dialled only through egress.
+    pub url: String,
+    /// How toolgate authenticates to it.
+    pub auth: AuthSettings,
+    /// The classification of every tool.
+    pub classification: ServerClassification,
+    /// Handshake deadline.
+    pub connect_timeout: Duration,
+    /// Per-request deadline (the tool's and the run's cap it further); also
+    /// how long an answer's head may take.
+    pub request_timeout: Duration,
+    /// Close a connection unused this long.
+    pub idle_timeout: Duration,
+    /// Dialled at all.
+    pub enabled: bool,
+}
+
+impl HttpServerSettings {
+    fn row(&self) -> McpServerRow {
+        McpServerRow {
+            server_id: self.server_id.clone(),
+            transport: Transport::Http,
+            endpoint: self.url.clone(),
+            auth_scheme: self.auth.scheme,
+            auth_name: self.auth.name.clone(),
+            credential_ref: self.auth.credential_ref.as_ref().map(ToString::to_string),
+            token_endpoint: self.auth.token_endpoint.clone(),
+            token_scopes: (!self.auth.token_scopes.is_empty())
+                .then(|| self.auth.token_scopes.clone()),
+            side_effect: self.classification.side_effect,
+            risk: self.classification.risk,
+            idempotency: self.classification.idempotency,
+            required_scopes: self
+                .classification
+                .required_scopes
+                .iter()
+                .cloned()
+                .collect(),
+            timeout_seconds: self.classification.timeout_seconds,
+            maximum_output_bytes: self.classification.maximum_output_bytes,
+            enabled: self.enabled,
+        }
+    }
+}
+
+/// How a server is reached.
+enum Endpoint {
+    Stdio(StdioServerSettings),
+    Http {
+        settings: HttpServerSettings,
+        dialer: Arc<dyn EgressDialer>,
+        authenticator: Arc<Authenticator>,
+    },
+}
+
+/// What every server shares with its set.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) credentials: Arc<dyn CredentialResolver>,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) metrics: Arc<dyn Metrics>,
+}
+
 /// A discovery this process remembers: the pin every later session reuses.
 struct Remembered {
     catalog_hash: String,
     resources: Vec<RemoteResource>,
     prompts: Vec<(SkillMetadata, RemotePrompt)>,
     discovery: ServerDiscovery,
+    at: Instant,
 }
 
-/// One server: its settings, its one live connection, its pin.
-pub struct StdioServer {
-    settings: StdioServerSettings,
-    credentials: Arc<dyn CredentialResolver>,
-    store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
+/// Where one session stands on one server's 401 ladder; no entry is the
+/// foot of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ladder {
+    /// The one re-authentication has run.
+    Reauthenticated,
+    /// Step 5: every call answers `tool.server_unauthorized` undialled.
+    Unauthorized,
+}
+
+/// The ladder states of one server's sessions, the oldest forgotten first.
+#[derive(Default)]
+struct Ladders {
+    states: HashMap<Uuid, Ladder>,
+    order: std::collections::VecDeque<Uuid>,
+}
+
+impl Ladders {
+    fn get(&self, session: Uuid) -> Option<Ladder> {
+        self.states.get(&session).copied()
+    }
+
+    fn set(&mut self, session: Uuid, state: Ladder) {
+        if self.states.insert(session, state).is_none() {
+            self.order.push_back(session);
+            while self.order.len() > LADDER_SESSIONS {
+                if let Some(oldest) = self.order.pop_front() {
+                    self.states.remove(&oldest);
+                }
+            }
+        }
+    }
+}
+
+/// One server: how it is reached, its one live connection, its pin.
+pub struct McpServer {
+    endpoint: Endpoint,
+    row: McpServerRow,
+    /// The tenant whose server it is; `None` for the operator's.
+    owner: Option<String>,
+    /// How long a discovery is pinned without connecting; `None` for the
+    /// life of the process.
+    reuse: Option<Duration>,
+    shared: Shared,
     live: tokio::sync::Mutex<Option<Arc<Connection>>>,
     remembered: Mutex<Option<Arc<Remembered>>>,
     /// The newest listing seen after the pin, by remote name.
     current: Mutex<Option<HashMap<String, RemoteTool>>>,
     last_used: Mutex<Instant>,
-    /// The credential the live child was given: scrubbed from everything
+    /// The credential a stdio child was given: scrubbed from everything
     /// the server returns, since a server can echo its own environment.
     credential: Mutex<Option<SecretValue>>,
-    metrics: Arc<dyn Metrics>,
+    ladders: Mutex<Ladders>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic elsewhere leaves plain data behind; it is still usable.
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl StdioServer {
+impl McpServer {
+    fn new(
+        endpoint: Endpoint,
+        owner: Option<String>,
+        reuse: Option<Duration>,
+        shared: Shared,
+    ) -> Self {
+        let row = match &endpoint {
+            Endpoint::Stdio(settings) => settings.row(),
+            Endpoint::Http { settings, .. } => settings.row(),
+        };
+        McpServer {
+            endpoint,
+            row,
+            owner,
+            reuse,
+            shared,
+            live: tokio::sync::Mutex::new(None),
+            remembered: Mutex::new(None),
+            current: Mutex::new(None),
+            last_used: Mutex::new(Instant::now()),
+            credential: Mutex::new(None),
+            ladders: Mutex::new(Ladders::default()),
+        }
+    }
+
+    /// An operator's stdio server; its discovery is pinned for the life of
+    /// the process.
+    pub(super) fn stdio(settings: StdioServerSettings, shared: Shared) -> Self {
+        McpServer::new(Endpoint::Stdio(settings), None, None, shared)
+    }
+
+    /// An HTTP server, the operator's (`owner` `None`) or a tenant's; its
+    /// discovery is pinned for at most `reuse`.
+    pub(super) fn http(
+        settings: HttpServerSettings,
+        owner: Option<String>,
+        reuse: Duration,
+        dialer: Arc<dyn EgressDialer>,
+        shared: Shared,
+    ) -> Self {
+        let authenticator = Arc::new(Authenticator::new(
+            settings.auth.clone(),
+            shared.credentials.clone(),
+            dialer.clone(),
+            shared.clock.clone(),
+        ));
+        McpServer::new(
+            Endpoint::Http {
+                settings,
+                dialer,
+                authenticator,
+            },
+            owner,
+            Some(reuse),
+            shared,
+        )
+    }
+
     /// The server's id.
     pub fn server_id(&self) -> &str {
-        &self.settings.server_id
+        &self.row.server_id
+    }
+
+    /// The server as configured.
+    pub(super) fn row(&self) -> &McpServerRow {
+        &self.row
+    }
+
+    /// Whether it is spawned or dialled at all.
+    pub(super) fn enabled(&self) -> bool {
+        self.row.enabled
+    }
+
+    fn transport(&self) -> Transport {
+        self.row.transport
+    }
+
+    fn classification(&self) -> &ServerClassification {
+        match &self.endpoint {
+            Endpoint::Stdio(settings) => &settings.classification,
+            Endpoint::Http { settings, .. } => &settings.classification,
+        }
+    }
+
+    fn server_request_timeout(&self) -> Duration {
+        match &self.endpoint {
+            Endpoint::Stdio(settings) => settings.request_timeout,
+            Endpoint::Http { settings, .. } => settings.request_timeout,
+        }
+    }
+
+    pub(super) fn idle_timeout(&self) -> Duration {
+        match &self.endpoint {
+            Endpoint::Stdio(settings) => settings.idle_timeout,
+            Endpoint::Http { settings, .. } => settings.idle_timeout,
+        }
+    }
+
+    /// Whether it starts a process (and so takes a process-startup slot).
+    pub(super) fn spawns(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Stdio(_))
+    }
+
+    /// The credential in use: redacted from whatever the server returns.
+    fn secret(&self) -> Option<SecretValue> {
+        match &self.endpoint {
+            Endpoint::Stdio(_) => lock(&self.credential).clone(),
+            Endpoint::Http { authenticator, .. } => authenticator.current(),
+        }
     }
 
     async fn open(&self) -> Result<Connection, ReasonCode> {
-        let credential = match (self.settings.auth_scheme, &self.settings.auth_name) {
-            (AuthScheme::Env, Some(name)) => {
-                let reference = self
-                    .settings
-                    .credential_ref
-                    .as_ref()
-                    .ok_or(ReasonCode::ToolAuthFailed)?;
-                let value = self
-                    .credentials
-                    .resolve(reference)
-                    .await
-                    .map_err(|_| ReasonCode::ToolAuthFailed)?;
-                *lock(&self.credential) = Some(value.clone());
-                Some((name.clone(), value))
+        let hard_ceiling =
+            usize::try_from(self.classification().maximum_output_bytes.saturating_mul(4))
+                .unwrap_or(usize::MAX);
+        let opened = match &self.endpoint {
+            Endpoint::Stdio(settings) => {
+                let credential = match (settings.auth_scheme, &settings.auth_name) {
+                    (AuthScheme::Env, Some(name)) => {
+                        let reference = settings
+                            .credential_ref
+                            .as_ref()
+                            .ok_or(ReasonCode::ToolAuthFailed)?;
+                        let value = self
+                            .shared
+                            .credentials
+                            .resolve(reference)
+                            .await
+                            .map_err(|_| ReasonCode::ToolAuthFailed)?;
+                        *lock(&self.credential) = Some(value.clone());
+                        Some((name.clone(), value))
+                    }
+                    _ => None,
+                };
+                let spec = ChildSpec {
+                    server_id: settings.server_id.clone(),
+                    program: settings.program.clone(),
+                    args: settings.args.clone(),
+                    declared: settings.env.clone(),
+                    credential,
+                    state_dir: settings.state_dir.clone(),
+                    run_as: settings.run_as,
+                };
+                Connection::open(
+                    &spec,
+                    settings.connect_timeout,
+                    hard_ceiling,
+                    self.shared.metrics.clone(),
+                )
+                .await
             }
-            _ => None,
+            Endpoint::Http {
+                settings,
+                dialer,
+                authenticator,
+            } => {
+                let ceilings = Ceilings::new(hard_ceiling);
+                let client = EgressClient::new(
+                    &settings.server_id,
+                    dialer.clone(),
+                    authenticator.clone(),
+                    settings.request_timeout,
+                    ceilings.clone(),
+                );
+                Connection::open_http(
+                    &settings.server_id,
+                    client,
+                    &settings.url,
+                    settings.connect_timeout,
+                    ceilings,
+                )
+                .await
+            }
         };
-        let spec = ChildSpec {
-            server_id: self.settings.server_id.clone(),
-            program: self.settings.program.clone(),
-            args: self.settings.args.clone(),
-            declared: self.settings.env.clone(),
-            credential,
-            state_dir: self.settings.state_dir.clone(),
-            run_as: self.settings.run_as,
-        };
-        let hard_ceiling = usize::try_from(
-            self.settings
-                .classification
-                .maximum_output_bytes
-                .saturating_mul(4),
-        )
-        .unwrap_or(usize::MAX);
-        Connection::open(
-            &spec,
-            self.settings.connect_timeout,
-            hard_ceiling,
-            self.metrics.clone(),
-        )
-        .await
-        .map_err(|error| {
-            tracing::warn!(server = %self.settings.server_id, error = %error, "mcp connect failed");
-            self.metrics.increment(
+        opened.map_err(|error| {
+            tracing::warn!(server = %self.server_id(), error = %error, "mcp connect failed");
+            self.shared.metrics.increment(
                 "mcp_connect_failures_total",
                 vec![
-                    ("server", self.settings.server_id.clone()),
+                    ("server", self.server_id().to_owned()),
                     ("reason_code", error.reason_code().as_str().to_owned()),
                 ],
             );
@@ -218,7 +461,7 @@ impl StdioServer {
         ReasonCode,
     > {
         let connection = self.open().await?;
-        let timeout = self.settings.request_timeout;
+        let timeout = self.server_request_timeout();
         let listed = async {
             let tools = connection.list_tools(timeout).await?;
             let features = connection.features();
@@ -238,7 +481,7 @@ impl StdioServer {
         match listed {
             Ok((tools, resources, prompts)) => Ok((connection, tools, resources, prompts)),
             Err(error) => {
-                tracing::warn!(server = %self.settings.server_id, error = %error, "mcp discovery failed");
+                tracing::warn!(server = %self.server_id(), error = %error, "mcp discovery failed");
                 connection.close(CLOSE_GRACE).await;
                 Err(error.reason_code())
             }
@@ -253,8 +496,8 @@ impl StdioServer {
         prompts: Vec<RemotePrompt>,
         has_resources: bool,
     ) -> Arc<Remembered> {
-        let server_id = &self.settings.server_id;
-        let classification = &self.settings.classification;
+        let server_id = self.server_id();
+        let classification = self.classification();
         let catalog = map_catalog(server_id, classification, &tools);
         let declarations = by_name(tools.clone());
         let resource_name = mcp_registry_name(server_id, READ_RESOURCE);
@@ -296,7 +539,8 @@ impl StdioServer {
             .map(|prompt| (skill_metadata(server_id, &prompt), prompt))
             .collect();
         let discovery = ServerDiscovery {
-            server: self.settings.row(),
+            server: self.row.clone(),
+            tenant_id: self.owner.clone(),
             outcome: DiscoveryOutcome::Pinned,
             catalog_hash: Some(catalog.catalog_hash.clone()),
             tools: found,
@@ -308,32 +552,49 @@ impl StdioServer {
             resources,
             prompts,
             discovery,
+            at: Instant::now(),
         });
         *lock(&self.remembered) = Some(remembered.clone());
         remembered
     }
 
+    /// The remembered discovery while it may still be pinned.
+    fn reusable(&self) -> Option<Arc<Remembered>> {
+        lock(&self.remembered).clone().filter(|remembered| {
+            self.reuse
+                .is_none_or(|reuse| remembered.at.elapsed() < reuse)
+        })
+    }
+
     /// Discovery for one preparation: the remembered pin, or a live one.
-    async fn discover(
+    pub(super) async fn discover(
         self: &Arc<Self>,
         general: &Semaphore,
         startup: &Semaphore,
     ) -> ServerDiscovery {
-        if let Some(remembered) = lock(&self.remembered).clone() {
+        if let Some(remembered) = self.reusable() {
             return remembered.discovery.clone();
         }
         let failed = |reason_code| ServerDiscovery {
-            server: self.settings.row(),
+            server: self.row.clone(),
+            tenant_id: self.owner.clone(),
             outcome: DiscoveryOutcome::Failed { reason_code },
             catalog_hash: None,
             tools: Vec::new(),
             conflicts: Vec::new(),
             skills: Vec::new(),
         };
-        // The process slot first, so queued start-ups do not hold general
-        // slots other discovery could use.
-        let (Ok(_process), Ok(_general)) = (startup.acquire().await, general.acquire().await)
-        else {
+        // A process slot first, so queued start-ups do not hold general
+        // slots HTTP discovery could use.
+        let _process = if self.spawns() {
+            match startup.acquire().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return failed(ReasonCode::ToolServerUnreachable),
+            }
+        } else {
+            None
+        };
+        let Ok(_general) = general.acquire().await else {
             return failed(ReasonCode::ToolServerUnreachable);
         };
         let started = Instant::now();
@@ -348,7 +609,11 @@ impl StdioServer {
                 };
                 discovery
             }
-            Err(reason_code) => failed(reason_code),
+            Err(reason_code) => {
+                // A failed handshake forgets the earlier discovery.
+                lock(&self.remembered).take();
+                failed(reason_code)
+            }
         }
     }
 
@@ -397,7 +662,7 @@ impl StdioServer {
         live.take();
         let started = Instant::now();
         let connection = self.open().await?;
-        let tools = match connection.list_tools(self.settings.request_timeout).await {
+        let tools = match connection.list_tools(self.server_request_timeout()).await {
             Ok(tools) => tools,
             Err(error) => {
                 connection.close(CLOSE_GRACE).await;
@@ -414,34 +679,36 @@ impl StdioServer {
         self.record(
             Some(tenant_id),
             PlatformEvent::ServerConnected {
-                server_id: self.settings.server_id.clone(),
-                transport: Transport::Stdio,
+                server_id: self.server_id().to_owned(),
+                transport: self.transport(),
                 tools: tools.len(),
                 duration_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
             },
         )
         .await;
         // Installed under the same lock that saw the slot empty, so a second
-        // caller cannot start a second child.
+        // caller cannot open a second connection.
         let connection = self.start(connection);
         *live = Some(connection.clone());
         Ok(connection)
     }
 
-    /// Forgets a connection that failed, so the next call redials.
+    /// Forgets a connection that failed, so the next call redials; it
+    /// closes once no call holds it.
     async fn forget(&self, tenant_id: &str, failed: &Arc<Connection>, reason_code: ReasonCode) {
         let mut live = self.live.lock().await;
         if live
             .as_ref()
             .is_some_and(|connection| Arc::ptr_eq(connection, failed))
+            && let Some(connection) = live.take()
         {
-            live.take();
+            close_when_unused(connection);
         }
         drop(live);
         self.record(
             Some(tenant_id),
             PlatformEvent::ServerDisconnected {
-                server_id: self.settings.server_id.clone(),
+                server_id: self.server_id().to_owned(),
                 reason_code,
             },
         )
@@ -449,12 +716,14 @@ impl StdioServer {
     }
 
     async fn record(&self, tenant_id: Option<&str>, event: PlatformEvent) {
+        let tenant_id = tenant_id.or(self.owner.as_deref());
         if let Err(error) = self
+            .shared
             .store
-            .record_event(tenant_id, &event, self.clock.now())
+            .record_event(tenant_id, &event, self.shared.clock.now())
             .await
         {
-            tracing::warn!(server = %self.settings.server_id, error = %error, "mcp event not recorded");
+            tracing::warn!(server = %self.server_id(), error = %error, "mcp event not recorded");
         }
     }
 
@@ -465,11 +734,12 @@ impl StdioServer {
             .deadline_at
             .duration_since(std::time::SystemTime::now())
             .unwrap_or(Duration::ZERO);
-        self.settings.request_timeout.min(call).min(remaining)
+        self.server_request_timeout().min(call).min(remaining)
     }
 
     async fn call(
         self: &Arc<Self>,
+        spec: &ToolSpec,
         remote_name: &str,
         pinned: Option<&RemoteTool>,
         arguments: Value,
@@ -478,9 +748,12 @@ impl StdioServer {
         if self.withdrawn(remote_name, pinned) {
             return withdrawn();
         }
+        if lock(&self.ladders).get(context.session_id) == Some(Ladder::Unauthorized) {
+            return unauthorized(true);
+        }
         let connection = match self.connection(&context.tenant_id).await {
             Ok(connection) => connection,
-            Err(reason_code) => return unreachable(reason_code),
+            Err(reason_code) => return self.unconnected(reason_code, context),
         };
         // A redial may have just shown the declaration gone.
         if self.withdrawn(remote_name, pinned) {
@@ -490,6 +763,48 @@ impl StdioServer {
             Value::Object(map) => map,
             _ => Map::new(),
         };
+        let mut answer = self
+            .send_call(&connection, remote_name, arguments.clone(), context)
+            .await;
+        if matches!(answer, Err(ClientError::Unauthorized { .. })) {
+            // Ladder step 1: the call is held while the ladder runs.
+            if !self.climb(spec, context).await {
+                return self.refused(&connection, context).await;
+            }
+            answer = self
+                .send_call(&connection, remote_name, arguments, context)
+                .await;
+            if matches!(answer, Err(ClientError::Unauthorized { .. })) {
+                lock(&self.ladders).set(context.session_id, Ladder::Unauthorized);
+                return self.refused(&connection, context).await;
+            }
+        }
+        let result = match answer {
+            Ok(call) => render_call(self.scrub_call(call), context).await,
+            Err(error) => self.failed(&connection, error, context).await,
+        };
+        self.scrubbed(result)
+    }
+
+    /// A call whose (re)connection failed. A credential refused at connect
+    /// is terminal for the session: its later calls are not dialled.
+    fn unconnected(&self, reason_code: ReasonCode, context: &ToolExecutionContext) -> ToolResult {
+        if matches!(
+            reason_code,
+            ReasonCode::ToolAuthFailed | ReasonCode::ToolAuthUnsupported
+        ) {
+            lock(&self.ladders).set(context.session_id, Ladder::Unauthorized);
+        }
+        unreachable(reason_code)
+    }
+
+    async fn send_call(
+        &self,
+        connection: &Connection,
+        remote_name: &str,
+        arguments: Map<String, Value>,
+        context: &ToolExecutionContext,
+    ) -> Result<RemoteCall, ClientError> {
         let answer = connection
             .call_tool(
                 remote_name,
@@ -499,7 +814,7 @@ impl StdioServer {
             )
             .instrument(tracing::info_span!(
                 "mcp.request",
-                mcp.server = %self.settings.server_id,
+                mcp.server = %self.server_id(),
                 mcp.method = "tools/call"
             ))
             .await;
@@ -509,26 +824,86 @@ impl StdioServer {
             Ok(_) => "ok",
             Err(error) => error.reason_code().as_str(),
         };
-        self.metrics.increment(
+        self.shared.metrics.increment(
             "mcp_requests_total",
             vec![
-                ("server", self.settings.server_id.clone()),
+                ("server", self.server_id().to_owned()),
                 ("method", "tools/call".to_owned()),
                 ("outcome", outcome.to_owned()),
             ],
         );
-        let result = match answer {
-            Ok(call) => render_call(self.scrub_call(call), context).await,
-            Err(error) => self.failed(&connection, error, context).await,
+        answer
+    }
+
+    /// Ladder steps 2 to 4 for a call that met a 401: whether it may be
+    /// sent once more. One re-authentication per server per session; a
+    /// value identical to the refused one, or none, ends the ladder; the
+    /// retry happens only where the recovery table would re-send the call.
+    async fn climb(&self, spec: &ToolSpec, context: &ToolExecutionContext) -> bool {
+        let Endpoint::Http { authenticator, .. } = &self.endpoint else {
+            return false;
         };
-        self.scrubbed(result)
+        {
+            let mut ladders = lock(&self.ladders);
+            match ladders.get(context.session_id) {
+                // A 401 after the one re-authentication is a failing
+                // server, not an expired credential.
+                Some(_) => {
+                    ladders.set(context.session_id, Ladder::Unauthorized);
+                    return false;
+                }
+                None => ladders.set(context.session_id, Ladder::Reauthenticated),
+            }
+        }
+        let renewed = authenticator.renew().await;
+        let outcome = match &renewed {
+            Ok(true) => "renewed",
+            Ok(false) => "identical",
+            Err(_) => "failed",
+        };
+        self.record(
+            Some(&context.tenant_id),
+            PlatformEvent::ServerReauthenticated {
+                server_id: self.server_id().to_owned(),
+                scheme: authenticator.scheme(),
+                outcome,
+            },
+        )
+        .await;
+        if !matches!(renewed, Ok(true)) {
+            lock(&self.ladders).set(context.session_id, Ladder::Unauthorized);
+            return false;
+        }
+        // The watermark is committed before any call whose spec needs one,
+        // so whether it is set is the spec's to say.
+        decide(spec.idempotency, spec.needs_effect_watermark()) != RecoveryDecision::Uncertain
+    }
+
+    /// A call the ladder ends: `tool.server_unauthorized` (the executor makes
+    /// it UNCERTAIN where the effect may have been sent). A session whose
+    /// ladder is spent also drops the connection, which closes once no
+    /// other call holds it.
+    async fn refused(
+        &self,
+        connection: &Arc<Connection>,
+        context: &ToolExecutionContext,
+    ) -> ToolResult {
+        if lock(&self.ladders).get(context.session_id) == Some(Ladder::Unauthorized) {
+            self.forget(
+                &context.tenant_id,
+                connection,
+                ReasonCode::ToolServerUnauthorized,
+            )
+            .await;
+        }
+        unauthorized(false)
     }
 
     /// A block with the transport's own credential redacted wherever it
     /// appears (a URI, a blob, a field), before any of it is rendered or
     /// stored as an artifact.
     fn scrub_value(&self, value: Value) -> Value {
-        let Some(secret) = lock(&self.credential).clone() else {
+        let Some(secret) = self.secret() else {
             return value;
         };
         let text = value.to_string();
@@ -553,7 +928,7 @@ impl StdioServer {
 
     /// The result with the transport's own credential redacted.
     fn scrubbed(&self, mut result: ToolResult) -> ToolResult {
-        let Some(secret) = lock(&self.credential).clone() else {
+        let Some(secret) = self.secret() else {
             return result;
         };
         let secrets = [secret];
@@ -582,6 +957,7 @@ impl StdioServer {
             self.forget(&context.tenant_id, connection, reason_code)
                 .await;
         }
+        let never_sent = error.never_sent();
         let failure = match error {
             ClientError::Remote { external_text, .. } => ToolFailure::new(
                 ToolFailureKind::UpstreamError,
@@ -599,7 +975,11 @@ impl StdioServer {
             other => ToolFailure::new(ToolFailureKind::Transport, other.to_string())
                 .with_reason_code(reason_code),
         };
-        ToolResult::failed(failure)
+        ToolResult::failed(if never_sent {
+            failure.not_applied()
+        } else {
+            failure
+        })
     }
 
     async fn read_resource(
@@ -630,9 +1010,12 @@ impl StdioServer {
                 .not_applied(),
             );
         }
+        if lock(&self.ladders).get(context.session_id) == Some(Ladder::Unauthorized) {
+            return unauthorized(true);
+        }
         let connection = match self.connection(&context.tenant_id).await {
             Ok(connection) => connection,
-            Err(reason_code) => return unreachable(reason_code),
+            Err(reason_code) => return self.unconnected(reason_code, context),
         };
         let answer = connection
             .read_resource(uri, self.request_timeout(context))
@@ -651,7 +1034,18 @@ impl StdioServer {
         self.scrubbed(result)
     }
 
-    async fn load_prompt(
+    /// The skill behind `name`, when this server's pin advertised it.
+    pub(super) fn prompt(&self, name: &str) -> Option<(SkillMetadata, RemotePrompt)> {
+        lock(&self.remembered).as_ref().and_then(|remembered| {
+            remembered
+                .prompts
+                .iter()
+                .find(|(metadata, _)| metadata.name == name)
+                .cloned()
+        })
+    }
+
+    pub(super) async fn load_prompt(
         self: &Arc<Self>,
         tenant_id: &str,
         prompt: &RemotePrompt,
@@ -663,7 +1057,7 @@ impl StdioServer {
                 .with_reason_code(code)
         })?;
         let messages = connection
-            .get_prompt(&prompt.name, arguments, self.settings.request_timeout)
+            .get_prompt(&prompt.name, arguments, self.server_request_timeout())
             .await
             .map_err(|error| {
                 ToolFailure::new(ToolFailureKind::UpstreamError, error.to_string())
@@ -674,138 +1068,48 @@ impl StdioServer {
             .filter_map(|message| message.pointer("/content/text").and_then(Value::as_str))
             .collect::<Vec<_>>()
             .join("\n\n");
-        let secrets: Vec<SecretValue> = lock(&self.credential).iter().cloned().collect();
+        let secrets: Vec<SecretValue> = self.secret().into_iter().collect();
         Ok(LoadedSkill {
             metadata,
             text: scrub(&text, &secrets),
         })
     }
-}
 
-fn by_name(tools: Vec<RemoteTool>) -> HashMap<String, RemoteTool> {
-    tools
-        .into_iter()
-        .map(|tool| (tool.name.clone(), tool))
-        .collect()
-}
-
-fn withdrawn() -> ToolResult {
-    ToolResult::failed(
-        ToolFailure::new(
-            ToolFailureKind::NotFound,
-            "the pinned declaration was withdrawn",
-        )
-        .with_reason_code(ReasonCode::ToolWithdrawn)
-        .not_applied(),
-    )
-}
-
-/// Nothing was dispatched: the failure is proven not to have had an effect.
-fn unreachable(reason_code: ReasonCode) -> ToolResult {
-    ToolResult::failed(
-        ToolFailure::new(
-            ToolFailureKind::Transport,
-            "the server could not be reached",
-        )
-        .with_reason_code(reason_code)
-        .not_applied(),
-    )
-}
-
-/// Decision 26's proof: a structured result of exactly
-/// `{"effect_status": "not_applied"}` and nothing else.
-fn proves_not_applied(structured: Option<&Value>) -> bool {
-    structured.and_then(Value::as_object).is_some_and(|object| {
-        object.len() == 1 && object.get("effect_status") == Some(&json!("not_applied"))
-    })
-}
-
-async fn render_call(call: RemoteCall, context: &ToolExecutionContext) -> ToolResult {
-    if call.is_error {
-        let text: Vec<&str> = call
-            .content
-            .iter()
-            .filter_map(|block| block.get("text").and_then(Value::as_str))
-            .collect();
-        let mut failure = ToolFailure::new(
-            ToolFailureKind::UpstreamError,
-            "the server reported a failed call",
-        );
-        if !text.is_empty() {
-            failure = failure.with_external_text(text.join("\n"));
+    /// Closes the live connection when it has been unused for the idle
+    /// timeout and no call holds it. Whether it closed one.
+    pub(super) async fn close_if_idle(&self) -> bool {
+        let idle = lock(&self.last_used).elapsed() >= self.idle_timeout();
+        let mut live = self.live.lock().await;
+        let unused = live
+            .as_ref()
+            .is_some_and(|connection| Arc::strong_count(connection) == 1);
+        if idle
+            && unused
+            && let Some(connection) = live.take()
+        {
+            close_when_unused(connection);
+            return true;
         }
-        if proves_not_applied(call.structured.as_ref()) {
-            failure = failure.not_applied();
-        }
-        return ToolResult::failed(failure);
+        false
     }
-    let mut blocks = call.content;
-    if blocks.is_empty()
-        && let Some(structured) = call.structured
-    {
-        blocks.push(json!({"type": "text", "text": structured.to_string()}));
-    }
-    render_blocks(blocks, context).await
-}
 
-/// Text blocks become text; anything else (images, audio, blobs) becomes an
-/// artifact of the run, never inline bytes.
-///
-/// Every block counts toward the call's output: past the hard ceiling (four
-/// times `maximum_output_bytes`) the call is output too large and nothing is
-/// written.
-async fn render_blocks(blocks: Vec<Value>, context: &ToolExecutionContext) -> ToolResult {
-    let ceiling = context.maximum_output_bytes.saturating_mul(4);
-    let total: u64 = blocks
-        .iter()
-        .map(|block| {
-            let size = block
-                .get("text")
-                .or_else(|| block.pointer("/resource/text"))
-                .and_then(Value::as_str)
-                .map_or_else(|| block.to_string().len(), str::len);
-            u64::try_from(size).unwrap_or(u64::MAX)
-        })
-        .sum();
-    if total > ceiling {
-        return ToolResult::failed(ToolFailure::new(
-            ToolFailureKind::OutputTooLarge,
-            "the server's content crossed the hard output ceiling",
-        ));
+    /// Takes the live connection out, for shutdown.
+    pub(super) async fn take_live(&self) -> Option<Arc<Connection>> {
+        self.live.lock().await.take()
     }
-    let mut content = Vec::with_capacity(blocks.len());
-    for block in blocks {
-        let text = block
-            .get("text")
-            .or_else(|| block.pointer("/resource/text"))
-            .and_then(Value::as_str);
-        match text {
-            Some(text) => content.push(ContentPart::Text {
-                text: text.to_owned(),
-            }),
-            None => {
-                let bytes = block.to_string().into_bytes();
-                match context
-                    .artifacts
-                    .write("application/json", TrustLevel::ExternalUntrusted, bytes)
-                    .await
-                {
-                    Ok(reference) => content.push(ContentPart::Artifact(reference)),
-                    Err(error) => {
-                        return ToolResult::failed(ToolFailure::new(
-                            ToolFailureKind::Internal,
-                            error.to_string(),
-                        ));
-                    }
-                }
-            }
-        }
+
+    /// Whether a live connection is open.
+    pub(super) async fn is_connected(&self) -> bool {
+        self.live
+            .lock()
+            .await
+            .as_ref()
+            .is_some_and(|connection| !connection.is_closed())
     }
-    ToolResult::ok(content)
 }
 
 /// Closes a replaced connection once no call holds it.
-fn close_when_unused(connection: Arc<Connection>) {
+pub(super) fn close_when_unused(connection: Arc<Connection>) {
     tokio::spawn(async move {
         let mut connection = connection;
         loop {
@@ -823,7 +1127,7 @@ fn close_when_unused(connection: Arc<Connection>) {
 /// Lists again after a burst of `list_changed` and records a change against
 /// the pin, once per new catalog hash. The pin itself is never touched.
 async fn watch_list_changes(
-    server: Weak<StdioServer>,
+    server: Weak<McpServer>,
     connection: Weak<Connection>,
     mut changes: tokio::sync::watch::Receiver<u64>,
 ) {
@@ -834,7 +1138,7 @@ async fn watch_list_changes(
         let (Some(server), Some(live)) = (server.upgrade(), connection.upgrade()) else {
             return;
         };
-        let listed = live.list_tools(server.settings.request_timeout).await;
+        let listed = live.list_tools(server.server_request_timeout()).await;
         let closed = live.is_closed();
         drop(live);
         let tools = match listed {
@@ -857,7 +1161,7 @@ async fn watch_list_changes(
                 .record(
                     None,
                     PlatformEvent::CatalogChanged {
-                        server_id: server.settings.server_id.clone(),
+                        server_id: server.server_id().to_owned(),
                         old_hash,
                         new_hash: new_hash.clone(),
                     },
@@ -868,76 +1172,13 @@ async fn watch_list_changes(
     }
 }
 
-fn read_resource_spec(
-    server_id: &str,
-    catalog_hash: &str,
-    classification: &ServerClassification,
-) -> ToolSpec {
-    ToolSpec {
-        name: mcp_registry_name(server_id, READ_RESOURCE),
-        version: catalog_hash.to_owned(),
-        description:
-            "Reads one of this server's advertised resources by URI; an empty URI lists them."
-                .to_owned(),
-        input_schema: json!({
-            "type": "object",
-            "properties": {"uri": {"type": "string"}},
-            "required": ["uri"],
-            "additionalProperties": false
-        }),
-        output_schema: None,
-        side_effect: SideEffectClass::ExternalRead,
-        risk: RiskLevel::Low,
-        idempotency: IdempotencyClass::ReadOnly,
-        required_scopes: classification.required_scopes.clone(),
-        timeout_seconds: classification.timeout_seconds,
-        maximum_output_bytes: classification.maximum_output_bytes,
-        allow_parallel: false,
-        kind: ToolKind::Capability,
-        target_kind: TargetKind::McpServer,
-        output_trust: TrustLevel::ExternalUntrusted,
-        source: ToolSource::Mcp,
-        server_id: Some(server_id.to_owned()),
-        device_id: None,
-        deprecated: false,
-        model_visible: true,
-    }
-}
-
-fn skill_metadata(server_id: &str, prompt: &RemotePrompt) -> SkillMetadata {
-    let declaration = json!({
-        "name": prompt.name,
-        "description": prompt.description,
-        "arguments": prompt.arguments.iter().map(|argument| json!({
-            "name": argument.name, "description": argument.description,
-            "required": argument.required})).collect::<Vec<_>>(),
-    });
-    let version = match canonicalize(declaration.clone()) {
-        Ok(canonical) => canonical.sha256,
-        Err(_) => sha256_hex(declaration.to_string().as_bytes()),
-    };
-    SkillMetadata {
-        name: mcp_registry_name(server_id, &prompt.name),
-        version,
-        description: cut(
-            prompt.description.as_deref().unwrap_or_default(),
-            MAXIMUM_DESCRIPTION_BYTES,
-        )
-        .to_owned(),
-        required_tools: Vec::new(),
-        source: ToolSource::Mcp,
-        trust: TrustLevel::ExternalUntrusted,
-        read_only: true,
-    }
-}
-
 /// A remote tool, as the pipeline calls it.
 struct McpTool {
     spec: ToolSpec,
     remote_name: String,
     /// The declaration pinned at discovery.
     declaration: Option<RemoteTool>,
-    server: Weak<StdioServer>,
+    server: Weak<McpServer>,
 }
 
 impl Tool for McpTool {
@@ -955,6 +1196,7 @@ impl Tool for McpTool {
                 Some(server) => {
                     server
                         .call(
+                            &self.spec,
                             &self.remote_name,
                             self.declaration.as_ref(),
                             arguments,
@@ -971,7 +1213,7 @@ impl Tool for McpTool {
 /// `mcp.{server_id}.read_resource`.
 struct ReadResourceTool {
     spec: ToolSpec,
-    server: Weak<StdioServer>,
+    server: Weak<McpServer>,
 }
 
 impl Tool for ReadResourceTool {
@@ -996,199 +1238,4 @@ impl Tool for ReadResourceTool {
             }
         })
     }
-}
-
-/// Every configured stdio server of this process.
-pub struct StdioServers {
-    servers: Vec<Arc<StdioServer>>,
-    general: Semaphore,
-    startup: Semaphore,
-}
-
-impl StdioServers {
-    /// The servers, in configured order. Nothing is spawned until the first
-    /// discovery.
-    pub fn new(
-        settings: Vec<StdioServerSettings>,
-        credentials: Arc<dyn CredentialResolver>,
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-        metrics: Arc<dyn Metrics>,
-    ) -> Self {
-        let servers = settings
-            .into_iter()
-            .map(|settings| {
-                Arc::new(StdioServer {
-                    settings,
-                    credentials: credentials.clone(),
-                    store: store.clone(),
-                    clock: clock.clone(),
-                    live: tokio::sync::Mutex::new(None),
-                    remembered: Mutex::new(None),
-                    current: Mutex::new(None),
-                    last_used: Mutex::new(Instant::now()),
-                    credential: Mutex::new(None),
-                    metrics: metrics.clone(),
-                })
-            })
-            .collect();
-        StdioServers {
-            servers,
-            general: Semaphore::new(GENERAL_SLOTS),
-            startup: Semaphore::new(STARTUP_SLOTS),
-        }
-    }
-
-    /// Closes connections unused for their idle timeout. A connection a call
-    /// holds is not idle. Returns how many it closed.
-    pub async fn close_idle(&self) -> usize {
-        let mut closed = 0;
-        for server in &self.servers {
-            let idle = lock(&server.last_used).elapsed() >= server.settings.idle_timeout;
-            let mut live = server.live.lock().await;
-            let unused = live
-                .as_ref()
-                .is_some_and(|connection| Arc::strong_count(connection) == 1);
-            if idle
-                && unused
-                && let Some(connection) = live.take()
-            {
-                close_when_unused(connection);
-                closed += 1;
-            }
-        }
-        closed
-    }
-
-    /// Runs [`StdioServers::close_idle`] every [`StdioServers::sweep_period`]
-    /// until the servers are dropped.
-    pub fn spawn_idle_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let servers = Arc::downgrade(self);
-        let period = self.sweep_period();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(period).await;
-                let Some(servers) = servers.upgrade() else {
-                    return;
-                };
-                servers.close_idle().await;
-            }
-        })
-    }
-
-    /// How often [`StdioServers::close_idle`] should run: every 30 s, or the
-    /// shortest idle timeout if that is shorter.
-    pub fn sweep_period(&self) -> Duration {
-        self.servers
-            .iter()
-            .map(|server| server.settings.idle_timeout)
-            .fold(MAXIMUM_SWEEP, Duration::min)
-    }
-
-    /// Closes every connection: pipes first, then each process group.
-    pub async fn shutdown(&self) {
-        let mut closing = Vec::new();
-        for server in &self.servers {
-            if let Some(connection) = server.live.lock().await.take() {
-                closing.push(tokio::spawn(async move {
-                    let mut connection = connection;
-                    for _ in 0..50 {
-                        match Arc::try_unwrap(connection) {
-                            Ok(owned) => return owned.close(CLOSE_GRACE).await,
-                            Err(shared) => connection = shared,
-                        }
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    // Still held after five seconds: dropping the last
-                    // reference kills the group.
-                }));
-            }
-        }
-        for task in closing {
-            let _ = task.await;
-        }
-    }
-
-    /// Whether `server_id` has a live connection (for tests and health).
-    pub async fn is_connected(&self, server_id: &str) -> bool {
-        for server in &self.servers {
-            if server.server_id() == server_id {
-                return server
-                    .live
-                    .lock()
-                    .await
-                    .as_ref()
-                    .is_some_and(|connection| !connection.is_closed());
-            }
-        }
-        false
-    }
-}
-
-impl McpServers for StdioServers {
-    fn discover(&self) -> BoxFuture<'_, Vec<ServerDiscovery>> {
-        Box::pin(async move {
-            let enabled: Vec<&Arc<StdioServer>> = self
-                .servers
-                .iter()
-                .filter(|server| server.settings.enabled)
-                .collect();
-            // Concurrent within the slots; joined in configured order.
-            let tasks = enabled
-                .iter()
-                .map(|server| server.discover(&self.general, &self.startup));
-            join_all(tasks).await
-        })
-    }
-
-    fn load_skill<'a>(
-        &'a self,
-        tenant_id: &'a str,
-        name: &'a str,
-        arguments: Map<String, Value>,
-    ) -> BoxFuture<'a, Result<LoadedSkill, ToolFailure>> {
-        Box::pin(async move {
-            for server in &self.servers {
-                let found = lock(&server.remembered).as_ref().and_then(|remembered| {
-                    remembered
-                        .prompts
-                        .iter()
-                        .find(|(metadata, _)| metadata.name == name)
-                        .cloned()
-                });
-                if let Some((metadata, prompt)) = found {
-                    return server
-                        .load_prompt(tenant_id, &prompt, metadata, arguments)
-                        .await;
-                }
-            }
-            Err(ToolFailure::new(ToolFailureKind::NotFound, "no such skill").not_applied())
-        })
-    }
-}
-
-/// Awaits futures concurrently, results in input order.
-async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for future in futures {
-        set.push(Box::pin(future));
-    }
-    let mut results: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
-    let mut pending: Vec<usize> = (0..set.len()).collect();
-    std::future::poll_fn(|cx| {
-        pending.retain(|&index| match set[index].as_mut().poll(cx) {
-            std::task::Poll::Ready(output) => {
-                results[index] = Some(output);
-                false
-            }
-            std::task::Poll::Pending => true,
-        });
-        if pending.is_empty() {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    results.into_iter().flatten().collect()
 }

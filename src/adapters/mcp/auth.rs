@@ -1,0 +1,340 @@
+//! Authentication to an HTTP MCP server, at use: the declared scheme
+//! (`bearer`, `header`, `oauth2_client` or `none`), the reference resolved
+//! through the credential resolver, and for `oauth2_client` a
+//! client-credentials exchange at the token endpoint through egress, its
+//! token kept with its expiry and exchanged again when fewer than sixty
+//! seconds remain. No timer and no refresh token: expiry is checked where
+//! the header is built. The value is revealed in one place, the header.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use chrono::{DateTime, Utc};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+
+use crate::domain::mcp_server::AuthScheme;
+use crate::domain::secret::CredentialRef;
+use crate::domain::{ReasonCode, SecretValue};
+use crate::ports::{Clock, CredentialResolver, EgressDialer};
+
+/// A token within this many seconds of its expiry is exchanged again.
+const EXPIRY_SKEW_SECONDS: i64 = 60;
+/// The largest token endpoint answer read.
+const MAXIMUM_TOKEN_RESPONSE: usize = 64 << 10;
+
+/// Why no credential could be had. Nothing a server said is in a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// The reference did not resolve.
+    #[error("the credential reference did not resolve")]
+    Unresolved,
+    /// The token endpoint could not be reached.
+    #[error("the token endpoint could not be reached")]
+    Unreachable,
+    /// The token endpoint refused the client (invalid_client and the like).
+    #[error("the token endpoint refused the client")]
+    Refused,
+    /// The token endpoint answered something that is not a token.
+    #[error("the token endpoint's answer is not a token")]
+    Malformed,
+}
+
+impl AuthError {
+    /// The code a connection or a call ends with when this is why it had
+    /// no credential.
+    pub fn reason_code(&self) -> ReasonCode {
+        match self {
+            AuthError::Unreachable => ReasonCode::ToolServerUnreachable,
+            AuthError::Unresolved | AuthError::Refused | AuthError::Malformed => {
+                ReasonCode::ToolAuthFailed
+            }
+        }
+    }
+}
+
+/// How one server authenticates us.
+#[derive(Debug, Clone)]
+pub struct AuthSettings {
+    /// The declared scheme.
+    pub scheme: AuthScheme,
+    /// The header, for `header`.
+    pub name: Option<String>,
+    /// Where the token, or the client id and secret, live.
+    pub credential_ref: Option<CredentialRef>,
+    /// `oauth2_client` only.
+    pub token_endpoint: Option<String>,
+    /// `oauth2_client` only.
+    pub token_scopes: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Held {
+    value: SecretValue,
+    expires_at: Option<DateTime<Utc>>,
+}
+
+/// One server's credential, obtained at use.
+pub struct Authenticator {
+    settings: AuthSettings,
+    resolver: Arc<dyn CredentialResolver>,
+    dialer: Arc<dyn EgressDialer>,
+    clock: Arc<dyn Clock>,
+    held: Mutex<Option<Held>>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("scheme", &self.settings.scheme)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Authenticator {
+    /// An authenticator for `settings`.
+    pub fn new(
+        settings: AuthSettings,
+        resolver: Arc<dyn CredentialResolver>,
+        dialer: Arc<dyn EgressDialer>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Authenticator {
+            settings,
+            resolver,
+            dialer,
+            clock,
+            held: Mutex::new(None),
+        }
+    }
+
+    /// The scheme, for events.
+    pub fn scheme(&self) -> AuthScheme {
+        self.settings.scheme
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The value in use, for scrubbing what a server returns.
+    pub fn current(&self) -> Option<SecretValue> {
+        self.held().as_ref().map(|held| held.value.clone())
+    }
+
+    /// The header a request carries: the held value while it is fresh,
+    /// else a new one.
+    pub async fn header(&self) -> Result<Option<(HeaderName, HeaderValue)>, AuthError> {
+        if self.settings.scheme == AuthScheme::None {
+            return Ok(None);
+        }
+        let fresh = self.held().clone().filter(|held| {
+            held.expires_at.is_none_or(|expires_at| {
+                expires_at - chrono::Duration::seconds(EXPIRY_SKEW_SECONDS) > self.clock.now()
+            })
+        });
+        let held = match fresh {
+            Some(held) => held,
+            None => {
+                let held = self.obtain().await?;
+                *self.held() = Some(held.clone());
+                held
+            }
+        };
+        self.render(&held.value).map(Some)
+    }
+
+    /// Ladder step 2: the held value is dropped and a new one obtained (a
+    /// new exchange for `oauth2_client`, the reference resolved again for
+    /// the others). Returns whether it differs from the value that failed:
+    /// a byte-identical one ends the ladder.
+    pub async fn renew(&self) -> Result<bool, AuthError> {
+        let failed = self.held().take().map(|held| held.value);
+        let renewed = self.obtain().await?;
+        let differs = failed.is_none_or(|failed| failed != renewed.value);
+        *self.held() = Some(renewed);
+        Ok(differs)
+    }
+
+    fn render(&self, value: &SecretValue) -> Result<(HeaderName, HeaderValue), AuthError> {
+        let (name, text) = match self.settings.scheme {
+            AuthScheme::Header => (
+                self.settings
+                    .name
+                    .as_deref()
+                    .and_then(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+                    .ok_or(AuthError::Malformed)?,
+                // One of the two places a credential is revealed: the
+                // request's header.
+                value.reveal().to_owned(),
+            ),
+            _ => (AUTHORIZATION, format!("Bearer {}", value.reveal())),
+        };
+        let mut header = HeaderValue::from_str(&text).map_err(|_| AuthError::Malformed)?;
+        header.set_sensitive(true);
+        Ok((name, header))
+    }
+
+    async fn obtain(&self) -> Result<Held, AuthError> {
+        let reference = self
+            .settings
+            .credential_ref
+            .as_ref()
+            .ok_or(AuthError::Unresolved)?;
+        let value = self
+            .resolver
+            .resolve(reference)
+            .await
+            .map_err(|_| AuthError::Unresolved)?;
+        if self.settings.scheme != AuthScheme::Oauth2Client {
+            return Ok(Held {
+                value,
+                expires_at: None,
+            });
+        }
+        self.exchange(&value).await
+    }
+
+    /// The client-credentials grant: the client id and secret (the
+    /// resolved value, `id:secret`) as HTTP Basic authentication.
+    async fn exchange(&self, client: &SecretValue) -> Result<Held, AuthError> {
+        let endpoint = self
+            .settings
+            .token_endpoint
+            .as_deref()
+            .ok_or(AuthError::Unreachable)?;
+        let dialed = self
+            .dialer
+            .dial(endpoint)
+            .await
+            .map_err(|_| AuthError::Unreachable)?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream))
+                .await
+                .map_err(|_| AuthError::Unreachable)?;
+        tokio::spawn(connection);
+        let mut body = "grant_type=client_credentials".to_owned();
+        if !self.settings.token_scopes.is_empty() {
+            body.push_str("&scope=");
+            body.push_str(&form_encode(&self.settings.token_scopes.join(" ")));
+        }
+        let (id, secret) = client
+            .reveal()
+            .split_once(':')
+            .ok_or(AuthError::Unresolved)?;
+        let basic =
+            base64_encode(format!("{}:{}", form_encode(id), form_encode(secret)).as_bytes());
+        let mut authorization =
+            HeaderValue::from_str(&format!("Basic {basic}")).map_err(|_| AuthError::Malformed)?;
+        authorization.set_sensitive(true);
+        let host = match dialed.url.port {
+            443 | 80 => dialed.url.host.clone(),
+            port => format!("{}:{port}", dialed.url.host),
+        };
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(path_of(endpoint))
+            .header(HOST, host)
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(AUTHORIZATION, authorization)
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|_| AuthError::Malformed)?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|_| AuthError::Unreachable)?;
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), MAXIMUM_TOKEN_RESPONSE)
+            .collect()
+            .await
+            .map_err(|_| AuthError::Malformed)?
+            .to_bytes();
+        if status == StatusCode::BAD_REQUEST || status == StatusCode::UNAUTHORIZED {
+            return Err(AuthError::Refused);
+        }
+        if !status.is_success() {
+            return Err(AuthError::Unreachable);
+        }
+        let token: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|_| AuthError::Malformed)?;
+        let access = token
+            .get("access_token")
+            .and_then(serde_json::Value::as_str)
+            .filter(|token| !token.is_empty())
+            .ok_or(AuthError::Malformed)?;
+        let expires_at = token
+            .get("expires_in")
+            .and_then(serde_json::Value::as_i64)
+            .map(|seconds| self.clock.now() + chrono::Duration::seconds(seconds.max(0)));
+        Ok(Held {
+            value: SecretValue::new(access),
+            expires_at,
+        })
+    }
+}
+
+/// The path and query of `url` (the request target of an origin-form
+/// request).
+pub fn path_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    match rest.find('/') {
+        Some(index) => rest[index..].to_owned(),
+        None => "/".to_owned(),
+    }
+}
+
+/// `application/x-www-form-urlencoded` for one value.
+fn form_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(char::from(byte));
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+/// Standard base64 with padding.
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (index, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if index <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_and_form_encoding_follow_their_rfcs() {
+        assert_eq!(base64_encode(b""), "");
+        assert_eq!(base64_encode(b"f"), "Zg==");
+        assert_eq!(base64_encode(b"fo"), "Zm8=");
+        assert_eq!(base64_encode(b"foo"), "Zm9v");
+        assert_eq!(base64_encode(b"client:s3cr3t"), "Y2xpZW50OnMzY3IzdA==");
+        assert_eq!(form_encode("read write:x/y"), "read+write%3Ax%2Fy");
+        assert_eq!(path_of("https://a.example/t?x=1"), "/t?x=1");
+        assert_eq!(path_of("https://a.example"), "/");
+    }
+}

@@ -1,0 +1,609 @@
+//! Streamable HTTP to an MCP server, under rmcp's client worker: every
+//! connection dialled through egress (never a connector of its own), the
+//! credential written into each request from the authenticator at the
+//! moment it is sent, no redirect followed, and every answer bounded (a
+//! JSON body by the ceiling in flight, an SSE event by the same ceiling).
+//!
+//! rmcp decides what to send and when; this file decides how bytes leave
+//! and come back. Keep-alive connections are reused while idle; a request
+//! on a reused connection that the server had already closed is sent again
+//! on a new one only when hyper proves it was never written.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::{StreamExt as _, TryStreamExt as _};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::common::http_header::{
+    EVENT_STREAM_MIME_TYPE, HEADER_SESSION_ID, JSON_MIME_TYPE,
+};
+use rmcp::transport::streamable_http_client::{
+    AuthRequiredError, SseError, StreamableHttpClient, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
+use sse_stream::{Sse, SseStream};
+
+use super::auth::{AuthError, Authenticator, path_of};
+use super::framing::Ceilings;
+use crate::domain::egress::EgressUrl;
+use crate::ports::{DialError, EgressDialer};
+
+/// Idle keep-alive connections kept per server.
+const IDLE_CONNECTIONS: usize = 8;
+/// rmcp's `Last-Event-Id`, in the lowercase a static header name needs.
+const LAST_EVENT_ID: &str = "last-event-id";
+/// rmcp's `Mcp-Session-Id`, likewise.
+const SESSION_ID: &str = "mcp-session-id";
+/// The largest error body read (and then dropped) from a non-success answer.
+const MAXIMUM_ERROR_BODY: usize = 64 << 10;
+
+/// Why a request did not produce an answer. Nothing a server said is in a
+/// message.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// Egress refused the URL or could not connect.
+    #[error(transparent)]
+    Dial(#[from] DialError),
+    /// No credential could be had.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// The server answered with a redirect; egress never follows one.
+    #[error("the server answered with a redirect, which egress does not follow")]
+    Redirect,
+    /// The answer's head did not arrive within the request deadline.
+    #[error("the server did not answer within the request deadline")]
+    Timeout,
+    /// The connection failed mid-request.
+    #[error("the connection failed mid-request")]
+    Connection,
+    /// An answer crossed the ceiling of what was in flight.
+    #[error("an answer crossed the output ceiling")]
+    TooLarge,
+    /// The request could not be built.
+    #[error("the request could not be built")]
+    Request,
+}
+
+type Failure = StreamableHttpError<HttpError>;
+
+/// A keep-alive connection and the `Host` it was dialled for.
+struct Idle {
+    sender: SendRequest<Full<Bytes>>,
+    host: HeaderValue,
+}
+
+struct Inner {
+    server_id: String,
+    dialer: Arc<dyn EgressDialer>,
+    authenticator: Arc<Authenticator>,
+    /// How long an answer's head may take.
+    header_timeout: Duration,
+    ceilings: Arc<Ceilings>,
+    idle: Mutex<Vec<Idle>>,
+}
+
+/// The HTTP client rmcp's streamable-HTTP worker speaks through.
+#[derive(Clone)]
+pub struct EgressClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EgressClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressClient")
+            .field("server_id", &self.inner.server_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A response and, for a body read to its end, the connection to reuse.
+struct Answer {
+    response: Response<Incoming>,
+    reusable: Option<Idle>,
+}
+
+impl EgressClient {
+    /// A client for one server's endpoint.
+    pub fn new(
+        server_id: &str,
+        dialer: Arc<dyn EgressDialer>,
+        authenticator: Arc<Authenticator>,
+        header_timeout: Duration,
+        ceilings: Arc<Ceilings>,
+    ) -> Self {
+        EgressClient {
+            inner: Arc::new(Inner {
+                server_id: server_id.to_owned(),
+                dialer,
+                authenticator,
+                header_timeout,
+                ceilings,
+                idle: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    fn take_idle(&self) -> Option<Idle> {
+        let mut idle = self
+            .inner
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while let Some(connection) = idle.pop() {
+            if connection.sender.is_ready() && !connection.sender.is_closed() {
+                return Some(connection);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, connection: Idle) {
+        let mut idle = self
+            .inner
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < IDLE_CONNECTIONS {
+            idle.push(connection);
+        }
+    }
+
+    async fn dial(&self, url: &str) -> Result<Idle, HttpError> {
+        let dialed = self.inner.dialer.dial(url).await?;
+        let host = host_header(&dialed.url)?;
+        let handshake = hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream));
+        let (sender, connection) = tokio::time::timeout(self.inner.header_timeout, handshake)
+            .await
+            .map_err(|_| HttpError::Timeout)?
+            .map_err(|_| HttpError::Connection)?;
+        tokio::spawn(connection);
+        Ok(Idle { sender, host })
+    }
+
+    /// Sends one request to `url` with the credential of this moment, on a
+    /// kept connection or a new one, and waits for its head within the
+    /// header deadline.
+    async fn send(
+        &self,
+        url: &str,
+        method: Method,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        body: Bytes,
+    ) -> Result<Answer, HttpError> {
+        let credential = self.inner.authenticator.header().await?;
+        let build = |host: &HeaderValue| {
+            let mut request = Request::builder()
+                .method(method.clone())
+                .uri(path_of(url))
+                .header(HOST, host.clone());
+            for (name, value) in &headers {
+                request = request.header(name, value);
+            }
+            if let Some((name, value)) = &credential {
+                request = request.header(name, value);
+            }
+            request
+                .body(Full::new(body.clone()))
+                .map_err(|_| HttpError::Request)
+        };
+        let mut kept = self.take_idle();
+        loop {
+            let reused = kept.is_some();
+            let mut connection = match kept.take() {
+                Some(connection) => connection,
+                None => self.dial(url).await?,
+            };
+            let request = build(&connection.host)?;
+            let sent = tokio::time::timeout(
+                self.inner.header_timeout,
+                connection.sender.send_request(request),
+            )
+            .await
+            .map_err(|_| HttpError::Timeout)?;
+            match sent {
+                Ok(response) => {
+                    return Ok(Answer {
+                        response,
+                        reusable: Some(connection),
+                    });
+                }
+                // A kept connection the server closed while it idled: the
+                // request was never written, so a new connection may carry it.
+                Err(error) if reused && error.is_canceled() => continue,
+                Err(_) => return Err(HttpError::Connection),
+            }
+        }
+    }
+
+    /// A body read whole within the ceiling in flight (and the header
+    /// deadline), its connection kept afterwards.
+    async fn read_body(&self, answer: Answer, limit: usize) -> Result<Bytes, HttpError> {
+        let Answer { response, reusable } = answer;
+        let read = Limited::new(response.into_body(), limit).collect();
+        let bytes = match tokio::time::timeout(self.inner.header_timeout, read).await {
+            Err(_) => return Err(HttpError::Timeout),
+            Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+                self.inner.ceilings.mark_oversized();
+                return Err(HttpError::TooLarge);
+            }
+            Ok(Err(_)) => return Err(HttpError::Connection),
+            Ok(Ok(collected)) => collected.to_bytes(),
+        };
+        if let Some(connection) = reusable {
+            self.put_idle(connection);
+        }
+        Ok(bytes)
+    }
+
+    /// An SSE body, each event bounded by the ceiling in flight.
+    fn events(&self, response: Response<Incoming>) -> BoxStream<'static, Result<Sse, SseError>> {
+        let ceilings = self.inner.ceilings.clone();
+        let bytes = response
+            .into_body()
+            .into_data_stream()
+            .map_err(|_| HttpError::Connection);
+        SseStream::from_bytes_stream(bounded_events(bytes, ceilings)).boxed()
+    }
+
+    /// What every non-success status means, whatever the method.
+    fn refusal(&self, response: &Response<Incoming>) -> Option<Failure> {
+        let status = response.status();
+        if status.is_redirection() {
+            return Some(StreamableHttpError::Client(HttpError::Redirect));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            // The challenge is the server's text: kept only for the
+            // client's look for a resource-metadata (user-delegated) flow.
+            let challenge = response
+                .headers()
+                .get(hyper::header::WWW_AUTHENTICATE)
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or_default()
+                .chars()
+                .take(1024)
+                .collect();
+            return Some(StreamableHttpError::AuthRequired(AuthRequiredError::new(
+                challenge,
+            )));
+        }
+        None
+    }
+}
+
+/// `host[:port]` as a `Host` header (IPv6 bracketed).
+fn host_header(url: &EgressUrl) -> Result<HeaderValue, HttpError> {
+    let host = if url.host.contains(':') {
+        format!("[{}]", url.host)
+    } else {
+        url.host.clone()
+    };
+    let text = match (url.scheme, url.port) {
+        (crate::domain::egress::Scheme::Https, 443) | (crate::domain::egress::Scheme::Http, 80) => {
+            host
+        }
+        (_, port) => format!("{host}:{port}"),
+    };
+    HeaderValue::from_str(&text).map_err(|_| HttpError::Request)
+}
+
+/// Ends an SSE byte stream with [`HttpError::TooLarge`] as soon as one event
+/// (the bytes since the last blank line) passes the ceiling in flight, so a
+/// server cannot make the parser buffer without bound.
+fn bounded_events<S>(
+    bytes: S,
+    ceilings: Arc<Ceilings>,
+) -> impl futures::Stream<Item = Result<Bytes, HttpError>> + Send + 'static
+where
+    S: futures::Stream<Item = Result<Bytes, HttpError>> + Send + 'static,
+{
+    struct Scan {
+        in_event: usize,
+        line_empty: bool,
+        ended: bool,
+    }
+    let state = Scan {
+        in_event: 0,
+        line_empty: true,
+        ended: false,
+    };
+    bytes.scan(state, move |state, chunk| {
+        if state.ended {
+            return futures::future::ready(None);
+        }
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(error) => {
+                state.ended = true;
+                return futures::future::ready(Some(Err(error)));
+            }
+        };
+        let ceiling = ceilings.current();
+        for byte in chunk.iter() {
+            match byte {
+                b'\n' => {
+                    if state.line_empty {
+                        state.in_event = 0;
+                    }
+                    state.line_empty = true;
+                }
+                b'\r' => {}
+                _ => state.line_empty = false,
+            }
+            state.in_event += 1;
+            if state.in_event > ceiling {
+                state.ended = true;
+                ceilings.mark_oversized();
+                return futures::future::ready(Some(Err(HttpError::TooLarge)));
+            }
+        }
+        futures::future::ready(Some(Ok(chunk)))
+    })
+}
+
+fn protocol_headers(
+    session_id: Option<&str>,
+    custom_headers: HashMap<HeaderName, HeaderValue>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, Failure> {
+    let mut headers: Vec<(HeaderName, HeaderValue)> = custom_headers.into_iter().collect();
+    if let Some(session_id) = session_id {
+        headers.push((
+            HeaderName::from_static(SESSION_ID),
+            HeaderValue::from_str(session_id)
+                .map_err(|_| StreamableHttpError::Client(HttpError::Request))?,
+        ));
+    }
+    Ok(headers)
+}
+
+fn content_type(response: &Response<Incoming>) -> String {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+fn session_of(response: &Response<Incoming>) -> Option<String> {
+    response
+        .headers()
+        .get(HEADER_SESSION_ID)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned)
+}
+
+impl StreamableHttpClient for EgressClient {
+    type Error = HttpError;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, Failure> {
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            StreamableHttpResponseLimits::default(),
+        )
+        .await
+    }
+
+    // rmcp's own limits are replaced by the ceiling in flight; its auth
+    // header is never set (the authenticator writes the credential).
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        _limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, Failure> {
+        let body = serde_json::to_vec(&message)?;
+        let mut headers = protocol_headers(session_id.as_deref(), custom_headers)?;
+        headers.push((CONTENT_TYPE, HeaderValue::from_static(JSON_MIME_TYPE)));
+        headers.push((
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        ));
+        let answer = self
+            .send(&uri, Method::POST, headers, Bytes::from(body))
+            .await
+            .map_err(StreamableHttpError::Client)?;
+        if let Some(refusal) = self.refusal(&answer.response) {
+            return Err(refusal);
+        }
+        let status = answer.response.status();
+        let session = session_of(&answer.response);
+        if status == StatusCode::NOT_FOUND && session_id.is_some() {
+            return Err(StreamableHttpError::SessionExpired);
+        }
+        if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT) {
+            self.read_body(answer, MAXIMUM_ERROR_BODY)
+                .await
+                .map_err(StreamableHttpError::Client)?;
+            return Ok(StreamableHttpPostResponse::Accepted);
+        }
+        let kind = content_type(&answer.response);
+        if status.is_success() && kind.starts_with(EVENT_STREAM_MIME_TYPE) {
+            return Ok(StreamableHttpPostResponse::Sse(
+                self.events(answer.response),
+                session,
+            ));
+        }
+        let empty = answer
+            .response
+            .headers()
+            .get(CONTENT_LENGTH)
+            .is_some_and(|length| length == "0");
+        if status.is_success() && empty {
+            self.read_body(answer, MAXIMUM_ERROR_BODY)
+                .await
+                .map_err(StreamableHttpError::Client)?;
+            return Ok(StreamableHttpPostResponse::Accepted);
+        }
+        let json = kind.starts_with(JSON_MIME_TYPE);
+        let limit = if status.is_success() {
+            self.inner.ceilings.current()
+        } else {
+            MAXIMUM_ERROR_BODY
+        };
+        let bytes = self
+            .read_body(answer, limit)
+            .await
+            .map_err(StreamableHttpError::Client)?;
+        if !json {
+            return Err(StreamableHttpError::UnexpectedContentType(None));
+        }
+        match serde_json::from_slice::<ServerJsonRpcMessage>(&bytes) {
+            Ok(message) => Ok(StreamableHttpPostResponse::Json(message, session)),
+            // A failure status whose body is no JSON-RPC message says only
+            // its status; the body is the server's text.
+            Err(_) if !status.is_success() => Err(StreamableHttpError::UnexpectedServerResponse(
+                format!("HTTP {}", status.as_u16()).into(),
+            )),
+            Err(error) => Err(StreamableHttpError::Deserialize(error)),
+        }
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), Failure> {
+        let headers = protocol_headers(Some(&session_id), custom_headers)?;
+        let answer = self
+            .send(&uri, Method::DELETE, headers, Bytes::new())
+            .await
+            .map_err(StreamableHttpError::Client)?;
+        if let Some(refusal) = self.refusal(&answer.response) {
+            return Err(refusal);
+        }
+        let status = answer.response.status();
+        self.read_body(answer, MAXIMUM_ERROR_BODY)
+            .await
+            .map_err(StreamableHttpError::Client)?;
+        if status.is_success() || status == StatusCode::METHOD_NOT_ALLOWED {
+            Ok(())
+        } else {
+            Err(StreamableHttpError::UnexpectedServerResponse(
+                format!("HTTP {}", status.as_u16()).into(),
+            ))
+        }
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, Failure> {
+        let mut headers = protocol_headers(session_id.as_deref(), custom_headers)?;
+        headers.push((ACCEPT, HeaderValue::from_static(EVENT_STREAM_MIME_TYPE)));
+        if let Some(last_event_id) = last_event_id {
+            headers.push((
+                HeaderName::from_static(LAST_EVENT_ID),
+                HeaderValue::from_str(&last_event_id)
+                    .map_err(|_| StreamableHttpError::Client(HttpError::Request))?,
+            ));
+        }
+        let answer = self
+            .send(&uri, Method::GET, headers, Bytes::new())
+            .await
+            .map_err(StreamableHttpError::Client)?;
+        if let Some(refusal) = self.refusal(&answer.response) {
+            return Err(refusal);
+        }
+        let status = answer.response.status();
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            return Err(StreamableHttpError::ServerDoesNotSupportSse);
+        }
+        if status == StatusCode::NOT_FOUND && session_id.is_some() {
+            return Err(StreamableHttpError::SessionExpired);
+        }
+        if !status.is_success()
+            || !content_type(&answer.response).starts_with(EVENT_STREAM_MIME_TYPE)
+        {
+            return Err(StreamableHttpError::UnexpectedServerResponse(
+                format!("HTTP {}", status.as_u16()).into(),
+            ));
+        }
+        Ok(self.events(answer.response))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn collect(chunks: Vec<Bytes>) -> Vec<Result<usize, String>> {
+        // A zero hard ceiling leaves the envelope allowance, 64 KiB.
+        let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, HttpError>));
+        bounded_events(stream, Ceilings::new(0))
+            .map(|item| item.map(|bytes| bytes.len()).map_err(|e| e.to_string()))
+            .collect::<Vec<_>>()
+            .await
+    }
+
+    #[tokio::test]
+    async fn an_sse_event_past_the_ceiling_ends_the_stream_and_a_blank_line_resets_the_count() {
+        let big = Bytes::from(vec![b'x'; (64 << 10) - 16]);
+        let data = || Bytes::from_static(b"data: ");
+        // Two events each under the ceiling, separated by a blank line.
+        let fine = collect(vec![
+            data(),
+            big.clone(),
+            Bytes::from_static(b"\n\n"),
+            data(),
+            big.clone(),
+            Bytes::from_static(b"\r\n\r\n"),
+        ])
+        .await;
+        assert!(fine.iter().all(Result::is_ok), "{fine:?}");
+        // One event whose data continues past the ceiling, across chunks.
+        let over = collect(vec![
+            data(),
+            big.clone(),
+            Bytes::from_static(b"\n"),
+            data(),
+            big,
+            Bytes::from_static(b"\n\n"),
+        ])
+        .await;
+        assert!(over.last().is_some_and(Result::is_err), "{over:?}");
+        assert_eq!(over.iter().filter(|item| item.is_err()).count(), 1);
+    }
+
+    #[test]
+    fn host_headers_bracket_ipv6_and_omit_default_ports() {
+        let header = |url: &str| {
+            host_header(&EgressUrl::parse(url).expect("url"))
+                .expect("header")
+                .to_str()
+                .expect("ascii")
+                .to_owned()
+        };
+        assert_eq!(header("https://mcp.example.com/x"), "mcp.example.com");
+        assert_eq!(header("http://127.0.0.1:8080/mcp"), "127.0.0.1:8080");
+        assert_eq!(header("https://[::1]:9443/"), "[::1]:9443");
+        assert_eq!(header("http://example.com:80/"), "example.com");
+    }
+}

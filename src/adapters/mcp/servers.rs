@@ -1,0 +1,359 @@
+//! Every MCP server a runtime knows: the operator's (stdio and HTTP, from
+//! the configuration file, for every tenant) and each tenant's own HTTP
+//! servers (from the store, for that tenant's sessions only), prepared
+//! under shared slots and closed when idle.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
+
+use super::auth::AuthSettings;
+use super::server::{
+    CLOSE_GRACE, HttpServerSettings, McpServer, Shared, StdioServerSettings, lock,
+};
+use crate::domain::egress::EgressError;
+use crate::domain::mcp_server::{ServerClassification, Transport};
+use crate::domain::secret::CredentialRef;
+use crate::domain::{ToolFailure, ToolFailureKind};
+use crate::ports::metrics::Metrics;
+use crate::ports::{
+    BoxFuture, Clock, CredentialResolver, DialError, Dialed, EgressDialer, LoadedSkill,
+    McpServerRow, McpServers, ServerDiscovery, Store,
+};
+
+/// Preparation slots shared by every server of one runtime.
+pub const GENERAL_SLOTS: usize = 8;
+/// Process-startup slots: simultaneous interpreter start-ups must not eat
+/// each other's handshake deadline.
+pub const STARTUP_SLOTS: usize = 2;
+/// The idle sweep runs at least this often.
+pub const MAXIMUM_SWEEP: Duration = Duration::from_secs(30);
+/// A tenant server's handshake deadline (the design's default).
+pub const TENANT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A tenant server's per-request deadline.
+pub const TENANT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A tenant server's idle close.
+pub const TENANT_IDLE_TIMEOUT: Duration = Duration::from_secs(900);
+/// How long an HTTP server's discovery is pinned without connecting, unless
+/// configured.
+pub const DEFAULT_DISCOVERY_REUSE: Duration = Duration::from_secs(300);
+
+/// The dialer of a runtime with no egress: every URL is refused.
+struct NoEgress;
+
+impl EgressDialer for NoEgress {
+    fn dial<'a>(&'a self, _url: &'a str) -> BoxFuture<'a, Result<Dialed, DialError>> {
+        Box::pin(async { Err(DialError::Url(EgressError::NotAllowed)) })
+    }
+}
+
+/// A tenant's server as the HTTP adapter takes it; `None` for a row that is
+/// not an HTTP server (which the write-time rules never let a tenant write).
+fn tenant_settings(row: &McpServerRow) -> Option<HttpServerSettings> {
+    if row.transport != Transport::Http {
+        return None;
+    }
+    let credential_ref = match row.credential_ref.as_deref() {
+        Some(text) => Some(CredentialRef::parse(text).ok()?),
+        None => None,
+    };
+    Some(HttpServerSettings {
+        server_id: row.server_id.clone(),
+        url: row.endpoint.clone(),
+        auth: AuthSettings {
+            scheme: row.auth_scheme,
+            name: row.auth_name.clone(),
+            credential_ref,
+            token_endpoint: row.token_endpoint.clone(),
+            token_scopes: row.token_scopes.clone().unwrap_or_default(),
+        },
+        classification: ServerClassification {
+            side_effect: row.side_effect,
+            risk: row.risk,
+            idempotency: row.idempotency,
+            required_scopes: row.required_scopes.iter().cloned().collect(),
+            timeout_seconds: row.timeout_seconds,
+            maximum_output_bytes: row.maximum_output_bytes,
+        },
+        connect_timeout: TENANT_CONNECT_TIMEOUT,
+        request_timeout: TENANT_REQUEST_TIMEOUT,
+        idle_timeout: TENANT_IDLE_TIMEOUT,
+        enabled: row.enabled,
+    })
+}
+
+/// Every server of this runtime.
+pub struct McpServerSet {
+    /// The operator's, in configured order.
+    operator: Vec<Arc<McpServer>>,
+    /// Each tenant's own, by tenant, in the store's order.
+    tenants: Mutex<HashMap<String, Vec<Arc<McpServer>>>>,
+    dialer: Arc<dyn EgressDialer>,
+    reuse: Duration,
+    shared: Shared,
+    general: Semaphore,
+    startup: Semaphore,
+}
+
+impl McpServerSet {
+    /// The operator's stdio servers, in configured order, and no egress: no
+    /// HTTP server is dialled. Nothing is spawned until the first discovery.
+    pub fn new(
+        settings: Vec<StdioServerSettings>,
+        credentials: Arc<dyn CredentialResolver>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<dyn Metrics>,
+    ) -> Self {
+        let shared = Shared {
+            credentials,
+            store,
+            clock,
+            metrics,
+        };
+        McpServerSet {
+            operator: settings
+                .into_iter()
+                .map(|settings| Arc::new(McpServer::stdio(settings, shared.clone())))
+                .collect(),
+            tenants: Mutex::new(HashMap::new()),
+            dialer: Arc::new(NoEgress),
+            reuse: DEFAULT_DISCOVERY_REUSE,
+            shared,
+            general: Semaphore::new(GENERAL_SLOTS),
+            startup: Semaphore::new(STARTUP_SLOTS),
+        }
+    }
+
+    /// The same set dialling HTTP servers through `dialer`: the operator's
+    /// `http` (after the stdio ones) and every tenant's own, each discovery
+    /// pinned for at most `reuse`.
+    pub fn with_http(
+        mut self,
+        http: Vec<HttpServerSettings>,
+        dialer: Arc<dyn EgressDialer>,
+        reuse: Duration,
+    ) -> Self {
+        self.dialer = dialer;
+        self.reuse = reuse;
+        for settings in http {
+            self.operator.push(Arc::new(McpServer::http(
+                settings,
+                None,
+                reuse,
+                self.dialer.clone(),
+                self.shared.clone(),
+            )));
+        }
+        self
+    }
+
+    fn operator_has(&self, server_id: &str) -> bool {
+        self.operator
+            .iter()
+            .any(|server| server.server_id() == server_id)
+    }
+
+    /// The tenant's own servers as the store has them now: kept objects
+    /// whose row is unchanged, new ones for new or changed rows; a server
+    /// the tenant removed is dropped (its connection closes once unused).
+    async fn tenant_servers(&self, tenant_id: &str) -> Vec<Arc<McpServer>> {
+        let rows = match self.shared.store.tenant_mcp_servers(tenant_id).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                tracing::warn!(error = %error, "tenant servers not read; the session has the operator's only");
+                return Vec::new();
+            }
+        };
+        let mut tenants = lock(&self.tenants);
+        let kept = tenants.remove(tenant_id).unwrap_or_default();
+        let mut servers = Vec::with_capacity(rows.len());
+        for row in rows {
+            // An operator server of the same id wins: the tenant's was
+            // written before the operator's existed.
+            if self.operator_has(&row.server_id) {
+                continue;
+            }
+            if let Some(server) = kept.iter().find(|server| server.row() == &row) {
+                servers.push(server.clone());
+                continue;
+            }
+            let Some(settings) = tenant_settings(&row) else {
+                continue;
+            };
+            servers.push(Arc::new(McpServer::http(
+                settings,
+                Some(tenant_id.to_owned()),
+                self.reuse,
+                self.dialer.clone(),
+                self.shared.clone(),
+            )));
+        }
+        for server in kept {
+            if !servers.iter().any(|kept| Arc::ptr_eq(kept, &server)) {
+                tokio::spawn(async move {
+                    if let Some(connection) = server.take_live().await {
+                        super::server::close_when_unused(connection);
+                    }
+                });
+            }
+        }
+        if !servers.is_empty() {
+            tenants.insert(tenant_id.to_owned(), servers.clone());
+        }
+        servers
+    }
+
+    fn every_server(&self) -> Vec<Arc<McpServer>> {
+        let mut servers = self.operator.clone();
+        servers.extend(lock(&self.tenants).values().flatten().cloned());
+        servers
+    }
+
+    /// Closes connections unused for their idle timeout. A connection a call
+    /// holds is not idle. Returns how many it closed.
+    pub async fn close_idle(&self) -> usize {
+        let mut closed = 0;
+        for server in self.every_server() {
+            if server.close_if_idle().await {
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    /// Runs [`McpServerSet::close_idle`] every [`McpServerSet::sweep_period`]
+    /// until the set is dropped.
+    pub fn spawn_idle_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let servers = Arc::downgrade(self);
+        let period = self.sweep_period();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(servers) = servers.upgrade() else {
+                    return;
+                };
+                servers.close_idle().await;
+            }
+        })
+    }
+
+    /// How often [`McpServerSet::close_idle`] should run: every 30 s, or the
+    /// shortest idle timeout if that is shorter.
+    pub fn sweep_period(&self) -> Duration {
+        self.operator
+            .iter()
+            .map(|server| server.idle_timeout())
+            .fold(MAXIMUM_SWEEP.min(TENANT_IDLE_TIMEOUT), Duration::min)
+    }
+
+    /// Closes every connection: pipes first, then each process group.
+    pub async fn shutdown(&self) {
+        let mut closing = Vec::new();
+        for server in self.every_server() {
+            if let Some(connection) = server.take_live().await {
+                closing.push(tokio::spawn(async move {
+                    let mut connection = connection;
+                    for _ in 0..50 {
+                        match Arc::try_unwrap(connection) {
+                            Ok(owned) => return owned.close(CLOSE_GRACE).await,
+                            Err(shared) => connection = shared,
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    // Still held after five seconds: dropping the last
+                    // reference ends it (and kills a child's group).
+                }));
+            }
+        }
+        for task in closing {
+            let _ = task.await;
+        }
+    }
+
+    /// Whether an operator server `server_id` has a live connection (for
+    /// tests and health).
+    pub async fn is_connected(&self, server_id: &str) -> bool {
+        for server in &self.operator {
+            if server.server_id() == server_id {
+                return server.is_connected().await;
+            }
+        }
+        false
+    }
+}
+
+impl McpServers for McpServerSet {
+    fn discover<'a>(&'a self, tenant_id: &'a str) -> BoxFuture<'a, Vec<ServerDiscovery>> {
+        Box::pin(async move {
+            let mut servers: Vec<Arc<McpServer>> = self
+                .operator
+                .iter()
+                .filter(|server| server.enabled())
+                .cloned()
+                .collect();
+            servers.extend(
+                self.tenant_servers(tenant_id)
+                    .await
+                    .into_iter()
+                    .filter(|server| server.enabled()),
+            );
+            // Concurrent within the slots; joined in configured order.
+            let tasks = servers
+                .iter()
+                .map(|server| server.discover(&self.general, &self.startup));
+            join_all(tasks).await
+        })
+    }
+
+    fn load_skill<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        name: &'a str,
+        arguments: Map<String, Value>,
+    ) -> BoxFuture<'a, Result<LoadedSkill, ToolFailure>> {
+        Box::pin(async move {
+            let own = lock(&self.tenants)
+                .get(tenant_id)
+                .cloned()
+                .unwrap_or_default();
+            for server in self.operator.iter().chain(own.iter()) {
+                if let Some((metadata, prompt)) = server.prompt(name) {
+                    return server
+                        .load_prompt(tenant_id, &prompt, metadata, arguments)
+                        .await;
+                }
+            }
+            Err(ToolFailure::new(ToolFailureKind::NotFound, "no such skill").not_applied())
+        })
+    }
+}
+
+/// Awaits futures concurrently, results in input order.
+async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut set = Vec::new();
+    for future in futures {
+        set.push(Box::pin(future));
+    }
+    let mut results: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
+    let mut pending: Vec<usize> = (0..set.len()).collect();
+    std::future::poll_fn(|cx| {
+        pending.retain(|&index| match set[index].as_mut().poll(cx) {
+            std::task::Poll::Ready(output) => {
+                results[index] = Some(output);
+                false
+            }
+            std::task::Poll::Pending => true,
+        });
+        if pending.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    results.into_iter().flatten().collect()
+}
