@@ -65,6 +65,8 @@ pub struct ConfigSummary {
     pub store_backend: &'static str,
     /// Operator stdio servers configured (enabled or not).
     pub stdio_servers: usize,
+    /// Operator HTTP servers configured (enabled or not).
+    pub http_servers: usize,
     /// Egress allowlist entries.
     pub egress_entries: usize,
 }
@@ -85,6 +87,13 @@ pub fn check_config(
         }]));
     }
     stdio_settings(&config)?;
+    // The trust roots load as serve would load them.
+    if let Err(error) = egress_dialer(&config) {
+        return Err(ConfigErrors(vec![crate::config::ConfigError {
+            path: "egress".into(),
+            message: error.to_string(),
+        }]));
+    }
     Ok(ConfigSummary {
         store_backend: if config.store.url.starts_with("sqlite:") {
             "sqlite"
@@ -92,6 +101,7 @@ pub fn check_config(
             "postgres"
         },
         stdio_servers: config.mcp.servers.len(),
+        http_servers: config.mcp.http_servers.len(),
         egress_entries: config.egress.allow.len(),
     })
 }
@@ -344,7 +354,7 @@ pub struct ServerReport {
     pub skills: Vec<String>,
 }
 
-/// `toolgate discover`: connects to every configured stdio server, lists and
+/// `toolgate discover`: connects to every configured server (stdio and HTTP), lists and
 /// maps its catalog and registers it into a scratch registry, exactly as a
 /// session's preparation would, and reports per server; records nothing.
 pub async fn discover(
@@ -368,21 +378,30 @@ pub async fn discover(
     )
     .map_err(|error| AppError::Startup(error.to_string()))?;
     // No tenant: the operator's servers only.
-    let (prepared, _) = register_discoveries(&registry, servers.discover("").await);
+    let (prepared, _) = register_discoveries(&registry, "", servers.discover("").await);
     servers.shutdown().await;
-    Ok(config
+    let enabled = config
         .mcp
         .servers
         .iter()
         .filter(|server| server.enabled)
-        .map(|server| {
-            let prefix = format!("mcp.{}.", server.server_id);
+        .map(|server| server.server_id.clone())
+        .chain(
+            config
+                .mcp
+                .http_servers
+                .iter()
+                .filter(|server| server.enabled)
+                .map(|server| server.server_id.clone()),
+        );
+    Ok(enabled
+        .map(|server_id| {
+            let prefix = format!("mcp.{server_id}.");
             ServerReport {
-                server_id: server.server_id.clone(),
                 events: prepared
                     .events
                     .iter()
-                    .filter(|event| event.payload()["server"] == server.server_id.as_str())
+                    .filter(|event| event.payload()["server"] == server_id.as_str())
                     .cloned()
                     .collect(),
                 registered: prepared
@@ -397,6 +416,7 @@ pub async fn discover(
                     .filter(|skill| skill.name.starts_with(&prefix))
                     .map(|skill| skill.name.clone())
                     .collect(),
+                server_id,
             }
         })
         .collect())

@@ -191,10 +191,11 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => match toolgate::app::check_config(&file, &environment) {
             Ok(summary) => {
                 println!(
-                    "{}: ok (store: {}, stdio servers: {}, egress entries: {})",
+                    "{}: ok (store: {}, stdio servers: {}, http servers: {}, egress entries: {})",
                     file.display(),
                     summary.store_backend,
                     summary.stdio_servers,
+                    summary.http_servers,
                     summary.egress_entries
                 );
                 ExitCode::SUCCESS

@@ -1723,7 +1723,7 @@ impl Pipeline {
             if let Some(servers) = &self.mcp {
                 for tenant in wanting {
                     let discoveries = servers.discover(&tenant).await;
-                    let (_, record) = register_discoveries(&self.registry, discoveries);
+                    let (_, record) = register_discoveries(&self.registry, &tenant, discoveries);
                     let down = record
                         .events
                         .iter()

@@ -3,10 +3,10 @@
 //! are written in one transaction, in configured-server order, so a failure
 //! commits none of them and pins and event order stay deterministic.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::domain::names::bounded_name;
-use crate::domain::{ReasonCode, SkillMetadata, ToolSource};
+use crate::domain::{ReasonCode, SkillMetadata, ToolSource, ToolSpec};
 use crate::ports::{
     CatalogEntry, CatalogGeneration, CatalogStore, Clock, DiscoveryOutcome, McpServers,
     PlatformEvent, PreparationRecord, ServerDiscovery, StoreError,
@@ -35,7 +35,8 @@ pub async fn prepare_mcp(
     tenant_id: &str,
     servers: &dyn McpServers,
 ) -> Result<PreparedCatalog, StoreError> {
-    let (prepared, record) = register_discoveries(registry, servers.discover(tenant_id).await);
+    let (prepared, record) =
+        register_discoveries(registry, tenant_id, servers.discover(tenant_id).await);
     store
         .record_preparation(tenant_id, &record, clock.now())
         .await?;
@@ -45,13 +46,27 @@ pub async fn prepare_mcp(
 /// Registers discoveries in order and builds what a preparation records:
 /// the server rows, one catalog generation per discovered server (the tools
 /// that registered) and the events.
+///
+/// A session is offered only the MCP tools of servers that gave a catalog
+/// now: an operator server that failed is withdrawn for everyone until it
+/// answers again, and `tenant_id`'s own servers are exactly those that
+/// answered (one removed or failing since is withdrawn).
 pub fn register_discoveries(
     registry: &ToolRegistry,
+    tenant_id: &str,
     discoveries: Vec<ServerDiscovery>,
 ) -> (PreparedCatalog, PreparationRecord) {
     let mut prepared = PreparedCatalog::default();
     let mut record = PreparationRecord::default();
+    // Per scope and server: the names it registered now, or `None` when it
+    // gave no catalog.
+    let mut offered: HashMap<(Option<String>, String), Option<HashSet<String>>> = HashMap::new();
     for discovery in discoveries {
+        let key = (
+            discovery.tenant_id.clone(),
+            discovery.server.server_id.clone(),
+        );
+        offered.insert(key.clone(), None);
         let server_id = discovery.server.server_id.clone();
         let transport = discovery.server.transport;
         // A tenant's own server row is the tenant's to write; a preparation
@@ -142,8 +157,25 @@ pub fn register_discoveries(
             catalog_hash,
             entries,
         });
+        offered.insert(key, Some(report.registered.iter().cloned().collect()));
         prepared.registered.extend(report.registered);
         prepared.skills.extend(discovery.skills);
+    }
+    let keep = |scope: Option<String>, spec: &ToolSpec| {
+        let server_id = spec.server_id.clone().unwrap_or_default();
+        match offered.get(&(scope.clone(), server_id)) {
+            Some(Some(names)) => names.contains(&spec.name),
+            Some(None) => false,
+            // An operator server this preparation did not name (disabled)
+            // is left as it is; a tenant's server it did not name is gone.
+            None => scope.is_none(),
+        }
+    };
+    registry.withdraw_mcp(None, |spec| keep(None, spec));
+    if !tenant_id.is_empty() {
+        registry.withdraw_mcp(Some(tenant_id), |spec| {
+            keep(Some(tenant_id.to_owned()), spec)
+        });
     }
     prepared.events = record.events.clone();
     (prepared, record)

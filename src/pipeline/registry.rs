@@ -294,6 +294,18 @@ impl ToolRegistry {
         self.register(tools, Some(source), Some(tenant_id.to_owned()))
     }
 
+    /// Stops offering new sessions the MCP tools of `scope` that `keep`
+    /// refuses: those of a server that failed a preparation or is no longer
+    /// configured, and names a server no longer lists. Registered versions
+    /// stay, so a pinned session and recovery still resolve what they
+    /// recorded.
+    pub fn withdraw_mcp(&self, scope: Option<&str>, keep: impl Fn(&ToolSpec) -> bool) {
+        let scope: Scope = scope.map(str::to_owned);
+        write(&self.latest).retain(|(tool_scope, _), tool| {
+            *tool_scope != scope || tool.spec.source != ToolSource::Mcp || keep(&tool.spec)
+        });
+    }
+
     /// The tool under `name` registered for everyone, at `version` or the
     /// newest.
     pub fn get(
@@ -470,12 +482,13 @@ impl ToolRegistry {
         let versions = tools.entry(registered.spec.name.clone()).or_default();
         let key = (scope.clone(), registered.spec.version.clone());
         if let Some(existing) = versions.get(&key) {
-            // Re-discovering an identical catalog is not an error; a builtin
-            // registered twice, or a changed declaration under one version, is.
-            if dynamic.is_some() && existing.spec == registered.spec {
-                return Ok(());
+            // Re-discovering an identical catalog is not an error, and its
+            // tool replaces the earlier one (whose server may since have
+            // been replaced); a builtin registered twice, or a changed
+            // declaration under one version, is an error.
+            if dynamic.is_none() || existing.spec != registered.spec {
+                return Err(RejectionReason::Duplicate);
             }
-            return Err(RejectionReason::Duplicate);
         }
         versions.insert(key, registered.clone());
         write(&self.latest).insert((scope.clone(), registered.spec.name.clone()), registered);

@@ -33,7 +33,12 @@ const DOMAIN_CRATES: &[&str] = &[
 /// Crates owned by exactly one layer.
 const OWNED_CRATES: &[(&str, &[&str])] = &[
     ("rmcp", &["adapters::mcp"]),
+    ("sse_stream", &["adapters::mcp"]),
     ("sqlx", &["adapters::store"]),
+    // TLS to the outside is egress's alone.
+    ("rustls", &["adapters::egress"]),
+    ("tokio_rustls", &["adapters::egress"]),
+    ("webpki_roots", &["adapters::egress"]),
     ("jsonschema", &["pipeline"]),
 ];
 
@@ -857,5 +862,41 @@ fn gate_13_no_rmcp_item_outside_adapters_mcp() {
         rmcp.is_empty(),
         "rmcp named outside adapters::mcp:\n{}",
         rmcp.join("\n")
+    );
+}
+
+/// Every outbound TCP connection is egress's: no other file of the crate
+/// opens one (the listeners of the edges accept, they do not dial).
+#[test]
+fn only_egress_dials_out() {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut pending = vec![source.clone()];
+    let mut dialling = Vec::new();
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let own = path.starts_with(source.join("adapters/egress"));
+            if !own
+                && [
+                    "TcpStream::connect",
+                    "TcpSocket",
+                    "lookup_host",
+                    "ToSocketAddrs",
+                ]
+                .iter()
+                .any(|dial| text.contains(dial))
+            {
+                dialling.push(path.display().to_string());
+            }
+        }
+    }
+    assert!(
+        dialling.is_empty(),
+        "dials outside adapters::egress: {dialling:?}"
     );
 }

@@ -981,3 +981,219 @@ async fn tls_trusts_the_operators_ca_and_checks_the_name() {
     assert!(server.requests().iter().all(|line| !line.is_empty()));
     assert!(mismatched.requests().is_empty(), "nothing was sent");
 }
+
+/// A third-party server over streamable HTTP: the reference server
+/// (`@modelcontextprotocol/server-everything` in its `streamableHttp`
+/// mode) is discovered through egress and called through the pipeline.
+#[tokio::test]
+async fn the_reference_server_is_called_over_streamable_http() {
+    let script = crate::mcp::third_party()
+        .join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let mut child = Command::new("node")
+        .arg(&script)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    let mut line = String::new();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    while !line.contains("listening") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "the reference server exited"
+        );
+    }
+    let (store, _db) = sqlite().await;
+    let live = live_http(
+        store.clone(),
+        vec![http_server(
+            "everything",
+            &format!("http://127.0.0.1:{port}/mcp"),
+            no_auth(),
+            idempotent("everything"),
+        )],
+        Arc::new(loopback_dialer(&[port])),
+    )
+    .await;
+    let prepared = live.prepare().await;
+    assert!(
+        prepared
+            .registered
+            .contains(&"mcp.everything.get_sum".to_owned()),
+        "{prepared:?}"
+    );
+    let outcome = live
+        .call("mcp.everything.get_sum", json!({"a": 2, "b": 40}))
+        .await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    assert!(text_of(finished(&outcome)).contains("42"), "{outcome:?}");
+    live.servers.shutdown().await;
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn offered(live: &Live, tenant: &str) -> Vec<String> {
+    let pinned = live.harness.registry.specs_for_session(
+        tenant,
+        &toolgate::domain::AgentSpec {
+            tools: vec!["mcp.*".into()],
+        },
+        &toolgate::domain::Principal {
+            id: "user-1".into(),
+            scopes: ["mcp.acme.use".to_owned()].into(),
+        },
+        &toolgate::domain::PolicyProfile::default(),
+        &toolgate::domain::RuntimeEnvironment {
+            targets: [toolgate::domain::TargetKind::McpServer].into(),
+        },
+    );
+    pinned
+        .advertised()
+        .map(|tool| tool.tool.spec.name.clone())
+        .collect()
+}
+
+/// A tenant's own server is prepared for that tenant's sessions only, and
+/// offered only while it answers and is configured: one that stops
+/// answering, or that the tenant removes, is withdrawn from new sessions.
+#[tokio::test]
+async fn a_tenant_server_is_offered_to_its_tenant_only_while_it_answers() {
+    use toolgate::pipeline::prepare_mcp;
+    use toolgate::ports::McpServerRow;
+    let mut server = ScriptedHttp::start(&[]);
+    let (store, _db) = sqlite().await;
+    let dialer: Arc<dyn EgressDialer> = Arc::new(loopback_dialer(&[server.port]));
+    let live = live_with(store.clone(), |_| {
+        McpServerSet::new(
+            Vec::new(),
+            Arc::new(EnvFileResolver::new(Default::default())),
+            store.clone(),
+            Arc::new(SystemClock),
+            Arc::new(MetricsRegistry::default()),
+        )
+        // Every preparation connects: no reuse window.
+        .with_http(Vec::new(), dialer, Duration::ZERO)
+    })
+    .await;
+    let row = McpServerRow {
+        server_id: "acme".into(),
+        transport: toolgate::domain::mcp_server::Transport::Http,
+        endpoint: server.url(),
+        auth_scheme: AuthScheme::None,
+        auth_name: None,
+        credential_ref: None,
+        token_endpoint: None,
+        token_scopes: None,
+        side_effect: SideEffectClass::ExternalRead,
+        risk: RiskLevel::Low,
+        idempotency: IdempotencyClass::ReadOnly,
+        required_scopes: vec!["mcp.acme.use".into()],
+        timeout_seconds: 10,
+        maximum_output_bytes: 65536,
+        enabled: true,
+    };
+    store
+        .put_mcp_server(crate::pipeline::TENANT, &row, chrono::Utc::now())
+        .await
+        .unwrap();
+    let prepare = |tenant: &'static str| {
+        let live = &live;
+        async move {
+            prepare_mcp(
+                &live.harness.registry,
+                live.store.as_ref(),
+                &SystemClock,
+                tenant,
+                live.servers.as_ref(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let mine = prepare(crate::pipeline::TENANT).await;
+    assert!(
+        mine.registered.contains(&"mcp.acme.echo".to_owned()),
+        "{mine:?}"
+    );
+    assert!(offered(&live, crate::pipeline::TENANT).contains(&"mcp.acme.echo".to_owned()));
+    let theirs = prepare("tenant-b").await;
+    assert!(theirs.registered.is_empty(), "{theirs:?}");
+    assert!(offered(&live, "tenant-b").is_empty());
+    // The tenant's row is its own: a preparation did not rewrite it as the
+    // operator's, and another tenant does not see it.
+    assert_eq!(store.tenant_mcp_servers("tenant-b").await.unwrap(), []);
+    assert_eq!(
+        store
+            .tenant_mcp_servers(crate::pipeline::TENANT)
+            .await
+            .unwrap(),
+        std::slice::from_ref(&row)
+    );
+
+    // It stops answering: new sessions are not offered its tools.
+    drop(server.child.kill());
+    let _ = server.child.wait();
+    prepare(crate::pipeline::TENANT).await;
+    assert!(offered(&live, crate::pipeline::TENANT).is_empty());
+    // Back again, then removed by the tenant: withdrawn again.
+    server.restart(&[]);
+    let again = prepare(crate::pipeline::TENANT).await;
+    assert!(
+        offered(&live, crate::pipeline::TENANT).contains(&"mcp.acme.echo".to_owned()),
+        "{again:?}"
+    );
+    assert!(
+        store
+            .delete_mcp_server(crate::pipeline::TENANT, "acme")
+            .await
+            .unwrap()
+    );
+    prepare(crate::pipeline::TENANT).await;
+    assert!(offered(&live, crate::pipeline::TENANT).is_empty());
+    live.servers.shutdown().await;
+}
+
+/// An answer past the call's hard output ceiling ends the call as output
+/// too large, whatever the server sends it as; the server stays usable.
+#[tokio::test]
+async fn an_http_answer_past_the_ceiling_is_output_too_large() {
+    let server = ScriptedHttp::start(&[("SCRIPTED_CATALOG", "probe".to_owned())]);
+    let (store, _db) = sqlite().await;
+    let live = live_http(
+        store,
+        vec![http_server(
+            "reads",
+            &server.url(),
+            no_auth(),
+            idempotent("reads"),
+        )],
+        Arc::new(loopback_dialer(&[server.port])),
+    )
+    .await;
+    live.prepare().await;
+    // 65536 bytes allowed, 4 × that plus framing is the hard ceiling.
+    let outcome = live.call("mcp.reads.huge", json!({"bytes": 4 << 20})).await;
+    assert_eq!(
+        code(&outcome),
+        Some(ReasonCode::ToolOutputTooLarge),
+        "{outcome:?}"
+    );
+    let outcome = live.call("mcp.reads.huge", json!({"bytes": 1000})).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    live.servers.shutdown().await;
+}

@@ -2,6 +2,7 @@
 
 mod boundaries;
 mod config;
+mod conformance;
 mod crash;
 mod fuzz;
 mod gates;

@@ -865,7 +865,7 @@ async fn idle_connections_close_and_in_flight_calls_hold_theirs() {
 // mcp-server-git.
 
 /// Where scripts/test installed the third-party servers.
-fn third_party() -> PathBuf {
+pub fn third_party() -> PathBuf {
     let root = PathBuf::from(
         std::env::var("TOOLGATE_MCP_SERVERS")
             .unwrap_or_else(|_| "/var/tmp/toolgate-mcp-servers".into()),

@@ -75,6 +75,8 @@ pub struct Served {
     pub user: Option<(u32, u32)>,
     /// Everything the process logged (JSON lines), drained as it comes.
     pub logs: std::sync::Arc<std::sync::Mutex<String>>,
+    /// Variables added to the process's environment.
+    pub env: Vec<(String, String)>,
 }
 
 impl Served {
@@ -108,12 +110,33 @@ impl Served {
         Served::build(30, None, None, extra, Some(user))
     }
 
+    /// A sidecar whose configuration `edit` rewrites, run with `env` added
+    /// to its environment.
+    pub fn start_edited(
+        edit: impl FnOnce(&Path, String) -> String,
+        env: &[(&str, String)],
+    ) -> Served {
+        Served::build_with(30, None, None, "", None, edit, env)
+    }
+
     fn build(
         hold: u32,
         tcp: Option<(&str, &str)>,
         store_url: Option<&str>,
         extra: &str,
         user: Option<(u32, u32)>,
+    ) -> Served {
+        Served::build_with(hold, tcp, store_url, extra, user, |_, config| config, &[])
+    }
+
+    fn build_with(
+        hold: u32,
+        tcp: Option<(&str, &str)>,
+        store_url: Option<&str>,
+        extra: &str,
+        user: Option<(u32, u32)>,
+        edit: impl FnOnce(&Path, String) -> String,
+        env: &[(&str, String)],
     ) -> Served {
         use std::os::unix::fs::PermissionsExt as _;
         let folder = tempfile::tempdir().unwrap();
@@ -132,7 +155,7 @@ impl Served {
             root.join("policy.toml"),
             r#"
 [[rules]]
-tools = ["demo.echo", "mcp.reads.*", "mcp.writes.*"]
+tools = ["demo.echo", "mcp.reads.*", "mcp.writes.*", "mcp.acme.*"]
 decision = "allow"
 
 [[rules]]
@@ -204,6 +227,7 @@ required_scopes = ["mcp.writes.use"]
             ),
             None => config,
         };
+        let config = edit(root, config);
         std::fs::write(root.join("toolgate.toml"), format!("{config}\n{extra}")).unwrap();
         if let Some((uid, gid)) = user {
             for entry in ["", "toolgate.toml", "policy.toml", "state", "state/mcp"] {
@@ -216,6 +240,10 @@ required_scopes = ["mcp.writes.use"]
             child: None,
             user,
             logs: std::sync::Arc::new(std::sync::Mutex::new(String::new())),
+            env: env
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), value.clone()))
+                .collect(),
         };
         served.spawn(tcp.map(|(_, token)| token).unwrap_or_default());
         served
@@ -233,6 +261,7 @@ required_scopes = ["mcp.writes.use"]
             .env_remove("TOOLGATE_STORE_URL")
             .env_remove("TOOLGATE_CONTROL_SOCKET")
             .env("TOOLGATE_TEST_CONTROL_TOKEN", token)
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if let Some((uid, gid)) = self.user {
@@ -1687,4 +1716,142 @@ fn serve_warns_when_its_role_bypasses_row_level_security() {
     let owner_logs = owner.logs.lock().unwrap().clone();
     assert_eq!(owner_logs.matches(warning).count(), 1, "{owner_logs}");
     assert!(!user.logs.lock().unwrap().contains(warning));
+}
+
+/// A tenant's HTTP server written over the control API is discovered for
+/// that tenant's sessions, pinned and called through the bridge, through
+/// egress only: proxy variables in toolgate's environment are ignored, and
+/// another tenant's session neither lists nor reaches it.
+#[test]
+fn a_tenant_http_server_is_discovered_pinned_and_called_through_the_bridge() {
+    let scripted = crate::http::ScriptedHttp::start_with(|folder| {
+        vec![(
+            "SCRIPTED_TOKEN_FILE",
+            folder.join("token").display().to_string(),
+        )]
+    });
+    std::fs::write(scripted.path("token"), "tenant-token-7731").unwrap();
+    // Anything that dials a proxy would land here.
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let trap_url = format!("http://{}", trap.local_addr().unwrap());
+    trap.set_nonblocking(true).unwrap();
+    let port = scripted.port;
+    let mut served = Served::start_edited(
+        |root, config| {
+            let secrets = root.join("secrets").join(TENANT);
+            std::fs::create_dir_all(&secrets).unwrap();
+            std::fs::write(secrets.join("acme-token"), "tenant-token-7731\n").unwrap();
+            config.replace(
+                "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
+                &format!(
+                    "allow = [\"mcp.example.com\", \"*.auth.example.com\", \"http://127.0.0.1:{port}\"]\n\
+                     allow_cidrs = [\"127.0.0.1/32\"]\n\n[credentials]\ntenant_secrets_directory = \"secrets\""
+                ),
+            )
+        },
+        &[
+            ("HTTP_PROXY", trap_url.clone()),
+            ("HTTPS_PROXY", trap_url.clone()),
+            ("ALL_PROXY", trap_url.clone()),
+            ("http_proxy", trap_url.clone()),
+            ("https_proxy", trap_url.clone()),
+            ("NO_PROXY", String::new()),
+        ],
+    );
+    let text = json!({"endpoint": scripted.url(),
+        "auth": {"scheme": "bearer", "credential_ref": format!("secret:{TENANT}/acme-token")},
+        "side_effect": "external_read", "risk": "low", "idempotency": "read_only",
+        "required_scopes": ["mcp.acme.use"]})
+    .to_string();
+    let (status, _, body) = http(
+        &served.socket,
+        "PUT",
+        &format!("/v1/tenants/{TENANT}/mcp-servers/acme"),
+        &[],
+        Some(text.as_bytes()),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+
+    let open = |tenant: &str| {
+        let (status, body) = served.post(
+            "/v1/sessions",
+            &json!({
+                "session_id": Uuid::new_v4(), "tenant_id": tenant,
+                "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.acme.use"]},
+                "agent": {"tools": ["demo.*", "mcp.*"]},
+            }),
+        );
+        assert_eq!(status, 200, "{body}");
+        let tools: Vec<String> = body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap().to_owned())
+            .collect();
+        (
+            body["session_id"]
+                .as_str()
+                .unwrap()
+                .parse::<Uuid>()
+                .unwrap(),
+            tools,
+        )
+    };
+    let (session, tools) = open(TENANT);
+    assert!(tools.contains(&"mcp.acme.echo".to_owned()), "{tools:?}");
+    let (other_session, other_tools) = open("tenant-b");
+    assert!(
+        !other_tools.iter().any(|name| name.starts_with("mcp.acme.")),
+        "{other_tools:?}"
+    );
+
+    let script = r#"
+import json
+from toolgate_bridge import call, text
+print(json.dumps({"acme": text(call("mcp.acme.echo", text="through http"))}))
+"#;
+    let run = Uuid::new_v4();
+    let (_, socket, token) = served.turn(session, run, script, None);
+    let output = run_script(script, &socket, &token);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(
+        results["acme"].as_str().unwrap().contains("through http"),
+        "{results}"
+    );
+    // The other tenant cannot call it either.
+    let (status, body) = served.echo(other_session, Uuid::new_v4(), 1, "x1", "mcp.acme.echo");
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
+
+    let (_, events) = served.get(&format!("/v1/events?after=0&tenant_id={TENANT}"));
+    let events = String::from_utf8(events).unwrap();
+    assert!(
+        events.contains("mcp.server.connected") && events.contains("\"transport\":\"http\""),
+        "{events}"
+    );
+    assert!(!events.contains("tenant-token-7731"));
+    let requests = scripted.requests();
+    assert!(
+        requests.iter().any(|line| line == "POST /mcp 200"),
+        "{requests:?}"
+    );
+    assert!(
+        !requests.iter().any(|line| line.ends_with(" 401")),
+        "{requests:?}"
+    );
+    assert!(
+        matches!(trap.accept(), Err(error) if error.kind() == std::io::ErrorKind::WouldBlock),
+        "a proxy was dialled"
+    );
+    assert!(served.stop());
+    let logs = served.logs.lock().unwrap().clone();
+    assert!(!logs.contains("tenant-token-7731"), "{logs}");
 }

@@ -367,6 +367,11 @@ impl ServerHandler for Scripted {
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = request.arguments.clone().unwrap_or_default();
         let result = match request.name.as_ref() {
+            "huge" if std::env::var("SCRIPTED_HTTP").is_ok() => {
+                // Over HTTP the answer is one body (JSON or an SSE event).
+                let bytes = arguments.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+                json!({"content": [{"type": "text", "text": "x".repeat(bytes as usize)}]})
+            }
             "huge" => {
                 // Streamed onto stdout as it is made, as a server with a
                 // runaway result would: the reader's bound must act on the

@@ -516,6 +516,13 @@ impl StreamableHttpClient for EgressClient {
         _auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, Failure> {
+        // A stream ended by an event past the ceiling is not resumed: the
+        // server would send the same event again. rmcp stops reconnecting
+        // on this error at once, and the call ends as output too large
+        // instead of waiting out its deadline.
+        if self.inner.ceilings.oversized() {
+            return Err(StreamableHttpError::ServerDoesNotSupportSse);
+        }
         let mut headers = protocol_headers(session_id.as_deref(), custom_headers)?;
         headers.push((ACCEPT, HeaderValue::from_static(EVENT_STREAM_MIME_TYPE)));
         if let Some(last_event_id) = last_event_id {
