@@ -1,10 +1,15 @@
-"""The quickstart's sample script: a builtin and a stdio MCP tool, called
-through the turn's bridge."""
+"""The quickstart's sample script: values from a builtin and from a stdio
+MCP tool's structured result, composed in code, then a refusal."""
 
-from toolgate_bridge import Denied, call, text
+from toolgate_bridge import Denied, call
 
-print(text(call("demo.echo", text="hello from the sandbox")))
-print(text(call("mcp.everything.get_sum", a=2, b=40)))
+print(call("demo.echo", text="hello from the sandbox"))
+temperatures = {
+    city: call("mcp.everything.get_structured_content", location=city)["temperature"]
+    for city in ("New York", "Chicago")
+}
+warmest = max(temperatures, key=lambda city: temperatures[city])
+print("warmest:", warmest, temperatures[warmest])
 try:
     call("demo.external_write", line="not without a human")
 except Denied as denied:

@@ -1,27 +1,38 @@
 """The in-sandbox client for toolgate's orchestration bridge.
 
 Standard library only. Reads the turn's socket path and token from the
-environment (``TOOLGATE_BRIDGE_SOCKET``, ``TOOLGATE_BRIDGE_TOKEN``), and
-makes calls one at a time so the bridge's ordinals, and with them the call
-ids a replayed script deduplicates on, stay deterministic.
+environment (``TOOLGATE_BRIDGE_SOCKET``, ``TOOLGATE_BRIDGE_TOKEN``), keeps one
+connection per turn, and makes calls one at a time so the bridge's ordinals,
+and with them the call ids a replayed script deduplicates on, stay
+deterministic.
 
-    from toolgate_bridge import call, tools
-    print(call("demo.echo", text="hello"))
+    from toolgate_bridge import call
+    weather = call("mcp.weather.now", city="Lisbon")   # a value
+    print(weather["temperature"])
 
-``call`` returns the tool's content when it succeeded and raises one typed
-exception per other status: ``Denied``, ``Failed``, ``Unavailable``,
-``Uncertain``. Each carries the outcome object (``reason_code``,
-``message``, ``retryable``, ``remediation``) and never a remote's text as
-its message.
+``call`` returns a value: the result's ``structured`` value when the tool
+gives one, else its text. ``call_result`` returns the whole ``Result``
+(content blocks, structured value, artifacts, each with its trust label).
+A call that did not succeed raises one typed exception per status:
+``Denied``, ``Failed``, ``Unavailable``, ``Uncertain``; each carries the
+outcome object (``reason_code``, ``message``, ``retryable``, ``remediation``)
+and never a remote's text as its message. ``artifact`` reads an artifact's
+bytes (a large output, an image) in full.
 """
 
+from __future__ import annotations
+
+import builtins
 import hashlib
 import http.client
 import json
 import keyword
 import os
 import socket
+import sys
 import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = [
     "Bridge",
@@ -31,14 +42,25 @@ __all__ = [
     "Failed",
     "Unavailable",
     "Uncertain",
+    "Result",
     "call",
+    "call_result",
+    "artifact",
     "tools",
+    "text",
     "call_id",
+    "generate_stubs",
 ]
 
+#: A kept connection idle longer than this is replaced before a request:
+#: the bridge closes idle connections (after 10 s by default), and a request
+#: on a connection it has closed could not be told from one it received.
+IDLE_REUSE_SECONDS = 2.0
 
-def call_id(script_sha256, ordinal):
-    """The bridge's call id for the ``ordinal``-th call of a script."""
+
+def call_id(script_sha256: str, ordinal: int) -> str:
+    """The bridge's call id for the ``ordinal``-th call of a script
+    (ordinals start at 0)."""
     digest = hashlib.sha256(
         script_sha256.encode("ascii") + b"\x00" + str(ordinal).encode("ascii")
     ).hexdigest()
@@ -46,9 +68,10 @@ def call_id(script_sha256, ordinal):
 
 
 class BridgeError(Exception):
-    """The bridge refused the request itself (token, body, closed turn)."""
+    """The bridge refused the request itself (token, body, closed turn), or
+    the connection failed while a call was in flight."""
 
-    def __init__(self, status, code, message):
+    def __init__(self, status: int, code: Optional[str], message: Optional[str]) -> None:
         super().__init__("%s (%s): %s" % (code, status, message))
         self.status = status
         self.code = code
@@ -57,12 +80,12 @@ class BridgeError(Exception):
 class ToolError(Exception):
     """A call that did not succeed; ``outcome`` is the six-field object."""
 
-    def __init__(self, outcome, content):
+    def __init__(self, outcome: Dict[str, Any], content: List[Dict[str, Any]]) -> None:
         super().__init__("%s: %s" % (outcome.get("reason_code"), outcome.get("message")))
         self.outcome = outcome
         self.content = content
-        self.reason_code = outcome.get("reason_code")
-        self.retryable = outcome.get("retryable")
+        self.reason_code: Optional[str] = outcome.get("reason_code")
+        self.retryable: Optional[bool] = outcome.get("retryable")
 
 
 class Denied(ToolError):
@@ -89,12 +112,42 @@ _RAISES = {
 }
 
 
+class Result:
+    """A succeeded call's result as data."""
+
+    def __init__(self, action: str, result: Dict[str, Any]) -> None:
+        self.action = action
+        #: Blocks in order: ``{"type": "text", "text", "trust"}`` or
+        #: ``{"type": "artifact", "artifact_id", "media_type", "bytes", "trust"}``.
+        self.content: List[Dict[str, Any]] = list(result.get("content") or [])
+        #: The tool's structured result, when it gives one.
+        self.structured: Any = result.get("structured")
+        #: Every artifact the call produced.
+        self.artifacts: List[Dict[str, Any]] = list(result.get("artifacts") or [])
+
+    @property
+    def text(self) -> str:
+        """The text blocks, joined."""
+        return text(self.content)
+
+    def value(self) -> Any:
+        """The structured value when there is one, else the text."""
+        return self.structured if self.structured is not None else self.text
+
+    def __repr__(self) -> str:
+        return "Result(action=%r, structured=%r, content=%r)" % (
+            self.action,
+            self.structured,
+            self.content,
+        )
+
+
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout):
+    def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
 
-    def connect(self):
+    def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         sock.connect(self._path)
@@ -102,147 +155,261 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 class Bridge:
-    """One turn's bridge. Calls are serialized: one at a time, in order."""
+    """One turn's bridge: one kept connection, calls one at a time, in order."""
 
-    def __init__(self, socket_path=None, token=None, timeout=600.0):
+    def __init__(
+        self,
+        socket_path: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 600.0,
+    ) -> None:
         self.socket_path = socket_path or os.environ["TOOLGATE_BRIDGE_SOCKET"]
         self.token = token or os.environ["TOOLGATE_BRIDGE_TOKEN"]
         self.timeout = timeout
         self._lock = threading.Lock()
+        self._connection: Optional[_UnixConnection] = None
+        self._last_used = 0.0
 
-    def _request(self, method, path, body=None):
-        connection = _UnixConnection(self.socket_path, self.timeout)
+    def close(self) -> None:
+        """Closes the kept connection."""
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _exchange(
+        self, method: str, path: str, body: Optional[Dict[str, Any]]
+    ) -> Tuple[int, bytes, Optional[str]]:
+        if self._connection is not None and time.monotonic() - self._last_used > IDLE_REUSE_SECONDS:
+            self._drop()
+        if self._connection is None:
+            self._connection = _UnixConnection(self.socket_path, self.timeout)
+        headers = {"Authorization": "Bearer " + self.token}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
         try:
-            headers = {"Authorization": "Bearer " + self.token}
-            payload = None
-            if body is not None:
-                payload = json.dumps(body).encode("utf-8")
-                headers["Content-Type"] = "application/json"
-            connection.request(method, path, body=payload, headers=headers)
-            response = connection.getresponse()
+            self._connection.request(method, path, body=payload, headers=headers)
+            response = self._connection.getresponse()
             data = response.read()
-            ordinal = response.getheader("Toolgate-Ordinal")
-        finally:
-            connection.close()
+        except (OSError, http.client.HTTPException) as failure:
+            # A call may have reached the bridge: it is never sent again
+            # (a second send would be a second call, with a new ordinal).
+            self._drop()
+            raise BridgeError(0, "connection_lost", str(failure)) from None
+        self._last_used = time.monotonic()
+        if response.will_close:
+            self._drop()
+        return response.status, data, response.getheader("Toolgate-Ordinal")
+
+    def _request(
+        self, method: str, path: str, body: Optional[Dict[str, Any]] = None
+    ) -> Tuple[Any, Optional[str]]:
+        status, data, ordinal = self._exchange(method, path, body)
         parsed = json.loads(data) if data else {}
-        if response.status != 200:
-            error = parsed.get("error", {})
-            raise BridgeError(response.status, error.get("code"), error.get("message"))
+        if status != 200:
+            error = parsed.get("error", {}) if isinstance(parsed, dict) else {}
+            raise BridgeError(status, error.get("code"), error.get("message"))
         return parsed, ordinal
 
-    def call(self, name, /, **arguments):
-        """Calls ``name``; returns its content, or raises per status."""
+    def call_result(self, name: str, /, **arguments: Any) -> Result:
+        """Calls ``name``; returns its ``Result``, or raises per status."""
         with self._lock:
             body, _ = self._request("POST", "/v1/call", {"call": name, "arguments": arguments})
         status = body.get("status")
-        content = body.get("content", [])
         if status == "succeeded":
-            return content
+            return Result(body.get("action", name), body.get("result") or {})
         outcome = {key: value for key, value in body.items() if key != "content"}
-        raise _RAISES.get(status, ToolError)(outcome, content)
+        raise _RAISES.get(status, ToolError)(outcome, body.get("content", []))
 
-    def tools(self):
-        """The turn's pinned tools: name, description, input_schema."""
+    def call(self, name: str, /, **arguments: Any) -> Any:
+        """Calls ``name``; returns its structured value, else its text."""
+        return self.call_result(name, **arguments).value()
+
+    def artifact(self, artifact_id: str) -> bytes:
+        """An artifact's bytes, in full (the turn's tenant's only)."""
+        with self._lock:
+            status, data, _ = self._exchange("GET", "/v1/artifacts/" + artifact_id, None)
+        if status != 200:
+            parsed = json.loads(data) if data else {}
+            error = parsed.get("error", {}) if isinstance(parsed, dict) else {}
+            raise BridgeError(status, error.get("code"), error.get("message"))
+        return data
+
+    def tools(self) -> List[Dict[str, Any]]:
+        """The turn's pinned tools: name, description, input and output schema."""
         with self._lock:
             body, _ = self._request("GET", "/v1/tools")
-        return body["tools"]
+        tools: List[Dict[str, Any]] = body["tools"]
+        return tools
 
 
-_default = None
+_default: Optional[Bridge] = None
 
 
-def _bridge():
+def _bridge() -> Bridge:
     global _default
     if _default is None:
         _default = Bridge()
     return _default
 
 
-def call(name, /, **arguments):
+def call(name: str, /, **arguments: Any) -> Any:
     """Calls ``name`` through the turn's bridge (see ``Bridge.call``)."""
     return _bridge().call(name, **arguments)
 
 
-def tools():
+def call_result(name: str, /, **arguments: Any) -> Result:
+    """Calls ``name``; the whole result (see ``Bridge.call_result``)."""
+    return _bridge().call_result(name, **arguments)
+
+
+def artifact(artifact_id: str) -> bytes:
+    """An artifact's bytes (see ``Bridge.artifact``)."""
+    return _bridge().artifact(artifact_id)
+
+
+def tools() -> List[Dict[str, Any]]:
     """The turn's pinned tools (see ``Bridge.tools``)."""
     return _bridge().tools()
 
 
-def text(content):
-    """The text parts of a call's content, joined."""
-    return "\n".join(part["text"] for part in content if part.get("type") == "text")
+def text(content: Any) -> str:
+    """The text of a value: a string as it is, a ``Result``'s text, or the
+    text blocks of a content list, joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Result):
+        return content.text
+    return "\n".join(
+        part["text"] for part in content if isinstance(part, dict) and part.get("type") == "text"
+    )
 
 
-_PY_TYPES = {
-    "string": "str",
-    "integer": "int",
-    "number": "float",
-    "boolean": "bool",
-    "array": "list",
-    "object": "dict",
-}
+# --- typed stubs ----------------------------------------------------------
+
+_SCALARS = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "null": "None"}
 
 
-def _identifier(name):
-    out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+def _identifier(name: str, taken: set[str]) -> str:
+    """A Python identifier for ``name``, not in ``taken`` (then taken)."""
+    out = "".join(c if (c.isascii() and c.isalnum()) or c == "_" else "_" for c in name)
     if not out or out[0].isdigit():
         out = "t_" + out
-    if keyword.iskeyword(out) or keyword.issoftkeyword(out):
+    if keyword.iskeyword(out) or keyword.issoftkeyword(out) or out in dir(builtins):
         out += "_"
-    return out
+    candidate, suffix = out, 2
+    while candidate in taken:
+        candidate = "%s_%d" % (out, suffix)
+        suffix += 1
+    taken.add(candidate)
+    return candidate
 
 
-def generate_stubs(pinned):
-    """A Python module with one typed function per pinned tool, so a script
-    author sees names and arguments. ``pinned`` is what ``tools()`` returns."""
+def _type_of(schema: Any) -> str:
+    """A Python type for a JSON schema; ``Any`` where it says too little."""
+    if not isinstance(schema, dict):
+        return "Any"
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(
+        isinstance(value, (str, int)) and not isinstance(value, bool) for value in enum
+    ):
+        return "Literal[%s]" % ", ".join(repr(value) for value in enum)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [_type_of(dict(schema, type=one)) for one in kind if isinstance(one, str)]
+        return " | ".join(sorted(set(kinds))) if kinds else "Any"
+    if kind in _SCALARS:
+        return _SCALARS[kind]
+    if kind == "array":
+        return "list[%s]" % _type_of(schema.get("items"))
+    if kind == "object":
+        return "dict[str, Any]"
+    return "Any"
+
+
+def generate_stubs(pinned: List[Dict[str, Any]]) -> str:
+    """A Python module with one typed function per pinned tool: keyword
+    arguments typed from the input schema, the return typed from the output
+    schema (a ``TypedDict``) where the tool declares one. Names and
+    descriptions are the server's text, so they only ever appear as string
+    literals or as sanitized identifiers, never spliced into code."""
     lines = [
         '"""Generated from a turn\'s pinned tools by toolgate_bridge; do not edit."""',
+        "",
+        "from typing import Any, Literal, NotRequired, TypedDict",
         "",
         "from toolgate_bridge import call",
         "",
     ]
-    for tool in sorted(pinned, key=lambda t: t["name"]):
+    taken: set[str] = {"Any", "Literal", "NotRequired", "TypedDict", "call"}
+    for tool in sorted(pinned, key=lambda t: str(t.get("name"))):
+        name = str(tool.get("name"))
+        function = _identifier(name, taken)
+        output = tool.get("output_schema")
+        returns = "Any"
+        if isinstance(output, dict) and output.get("type") == "object":
+            returns = _identifier(function + "_result", taken)
+            required = set(output.get("required") or [])
+            fields = []
+            for key, field in sorted((output.get("properties") or {}).items()):
+                kind = _type_of(field)
+                if key not in required:
+                    kind = "NotRequired[%s]" % kind
+                fields.append("%r: %s" % (str(key), kind))
+            lines.append("")
+            lines.append("%s = TypedDict(%r, {%s})" % (returns, returns, ", ".join(fields)))
         schema = tool.get("input_schema") or {}
         properties = schema.get("properties") or {}
         required = set(schema.get("required") or [])
         parameters = []
         passed = []
-        for name in sorted(properties, key=lambda n: (n not in required, n)):
-            kind = properties[name].get("type") if isinstance(properties[name], dict) else None
-            annotation = _PY_TYPES.get(kind, "object") if isinstance(kind, str) else "object"
-            python_name = _identifier(name)
-            if name in required:
-                parameters.append("%s: %s" % (python_name, annotation))
+        names: set[str] = {"arguments"}
+        for key in sorted(properties, key=lambda n: (n not in required, n)):
+            python_name = _identifier(str(key), names)
+            kind = _type_of(properties[key])
+            if key in required:
+                parameters.append("%s: %s" % (python_name, kind))
             else:
-                parameters.append("%s: %s = None" % (python_name, annotation))
-            passed.append((name, python_name, name in required))
+                parameters.append("%s: %s | None = None" % (python_name, kind))
+            passed.append((str(key), python_name, key in required))
         signature = ", ".join(["*"] + parameters) if parameters else ""
         lines.append("")
-        lines.append("def %s(%s) -> list:" % (_identifier(tool["name"]), signature))
-        # A server's description is untrusted text: written as a repr,
-        # never spliced into source.
-        description = (tool.get("description") or "").strip()
-        lines.append("    %r" % (description.splitlines()[0] if description else tool["name"]))
-        lines.append("    arguments = {}")
-        for name, python_name, is_required in passed:
+        lines.append("")
+        lines.append("def %s(%s) -> %s:" % (function, signature, returns))
+        description = str(tool.get("description") or "").strip()
+        lines.append("    %r" % (description.splitlines()[0] if description else name))
+        lines.append("    arguments: dict[str, Any] = {}")
+        for key, python_name, is_required in passed:
             if is_required:
-                lines.append("    arguments[%r] = %s" % (name, python_name))
+                lines.append("    arguments[%r] = %s" % (key, python_name))
             else:
                 lines.append("    if %s is not None:" % python_name)
-                lines.append("        arguments[%r] = %s" % (name, python_name))
-        lines.append("    return call(%r, **arguments)" % tool["name"])
-        lines.append("")
+                lines.append("        arguments[%r] = %s" % (key, python_name))
+        if returns == "Any":
+            lines.append("    return call(%r, **arguments)" % name)
+        else:
+            lines.append("    value: %s = call(%r, **arguments)" % (returns, name))
+            lines.append("    return value")
+    lines.append("")
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["stubs"]:
+def main(argv: List[str]) -> int:
+    if argv == ["stubs"]:
         sys.stdout.write(generate_stubs(tools()))
-    elif sys.argv[1:] == ["tools"]:
+    elif argv == ["tools"]:
         json.dump(tools(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stderr.write("usage: toolgate_bridge.py stubs|tools\n")
-        sys.exit(2)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

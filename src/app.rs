@@ -28,6 +28,7 @@ use crate::domain::mcp_server::{AuthScheme, ServerClassification};
 use crate::domain::secret::CredentialRef;
 use crate::pipeline::admission::Admission;
 use crate::pipeline::approvals::Approvals;
+use crate::pipeline::artifacts::Artifacts;
 use crate::pipeline::sessions::{SessionParts, Sessions};
 use crate::pipeline::tenant_servers::TenantServers;
 use crate::pipeline::{
@@ -517,13 +518,16 @@ pub async fn serve(
         )
         .await?,
     );
+    let artifact_files: Arc<dyn crate::ports::ArtifactStore> =
+        Arc::new(FsArtifactStore::new(config.artifacts.directory.clone()));
+    let artifacts = Arc::new(Artifacts::new(store.clone(), artifact_files.clone()));
     let pipeline = Arc::new(Pipeline::new(PipelineParts {
         registry: registry.clone(),
         // The pipeline's writes are counted as they commit.
         invocations: Arc::new(MeteredInvocations::new(store.clone(), metrics.clone())),
         approvals: store.clone(),
         policy,
-        artifacts: Arc::new(FsArtifactStore::new(config.artifacts.directory.clone())),
+        artifacts: artifact_files.clone(),
         credentials,
         clock: clock.clone(),
         observer: Arc::new(Unobserved),
@@ -557,6 +561,7 @@ pub async fn serve(
         pipeline: pipeline.clone(),
         sessions: sessions.clone(),
         approvals: approvals.clone(),
+        artifacts: artifacts.clone(),
         events: store.clone(),
         clock: clock.clone(),
         metrics: metrics.clone(),
@@ -580,6 +585,7 @@ pub async fn serve(
         ),
         pipeline: pipeline.clone(),
         approvals,
+        artifacts,
         tenant_servers: TenantServers::new(
             store.clone(),
             clock.clone(),

@@ -66,6 +66,7 @@ fn allowed_keys(method: &Method, segments: &[&str]) -> &'static [&'static str] {
         | (&Method::POST, ["v1", "invocations", _, "complete"])
         | (&Method::GET, ["v1", "runs", _, "invocations"])
         | (&Method::GET, ["v1", "review"])
+        | (&Method::GET, ["v1", "artifacts", _])
         | (&Method::POST, ["v1", "review", _]) => &["tenant_id"],
         _ => &[],
     }
@@ -206,6 +207,7 @@ impl ControlApi {
             }
             (Method::GET, ["v1", "runs", id, "invocations"]) => self.run(id, routed).await,
             (Method::GET, ["v1", "events"]) => self.events(routed).await,
+            (Method::GET, ["v1", "artifacts", id]) => self.artifact(id, routed).await,
             (Method::GET, ["v1", "review"]) => self.review_queue(routed).await,
             (Method::POST, ["v1", "review", id]) => self.resolve(id, routed).await,
             (Method::PUT, ["v1", "tenants", tenant, "mcp-servers", server]) => {

@@ -26,6 +26,7 @@ use crate::bridge::{Bridge, ConnectionCap, EdgeLimits, InFlight, TurnError};
 use crate::pipeline::Pipeline;
 use crate::pipeline::admission::{Admission, AdmissionError};
 use crate::pipeline::approvals::Approvals;
+use crate::pipeline::artifacts::{ArtifactReadError, Artifacts};
 use crate::pipeline::sessions::{SessionError, Sessions};
 use crate::pipeline::tenant_servers::{TenantServerError, TenantServers};
 use crate::ports::{Clock, EventStore, InvocationStore, Metrics, ReviewStore, StoreError};
@@ -49,6 +50,8 @@ pub struct ApiParts {
     pub approvals: Arc<Approvals>,
     /// Tenant HTTP servers.
     pub tenant_servers: TenantServers,
+    /// Artifacts, read by their owner.
+    pub artifacts: Arc<Artifacts>,
     /// Opens and closes turns.
     pub bridge: Arc<Bridge>,
     /// The recorded rows, for reads.
@@ -118,6 +121,9 @@ enum ApiError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An artifact could not be read.
+    #[error(transparent)]
+    Artifact(#[from] ArtifactReadError),
 }
 
 impl ApiError {
@@ -229,6 +235,15 @@ impl ApiError {
                 &failure.to_string(),
             ),
             ApiError::Store(store) => store_failed(store),
+            ApiError::Artifact(ArtifactReadError::Store(store)) => store_failed(store),
+            ApiError::Artifact(ArtifactReadError::Unreadable) => {
+                tracing::error!("a recorded artifact's bytes could not be read");
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "artifact_unavailable",
+                    "the artifact's bytes could not be read",
+                )
+            }
         }
     }
 }

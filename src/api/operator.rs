@@ -86,6 +86,19 @@ impl ControlApi {
         Ok(reply(StatusCode::OK, &invocation_view(&row)))
     }
 
+    /// `GET /v1/artifacts/{id}?tenant_id=`: the bytes, streamed, when the
+    /// artifact is that tenant's.
+    pub(super) async fn artifact(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
+        let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
+        let open = self
+            .parts
+            .artifacts
+            .open(&tenant, id)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+        Ok(crate::bridge::http::artifact_reply(open))
+    }
+
     pub(super) async fn run(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
         let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let rows = self.parts.invocations.run_invocations(&tenant, id).await?;

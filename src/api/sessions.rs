@@ -67,6 +67,7 @@ impl ControlApi {
                 script_sha256: open.script_sha256,
                 sandbox_uid: open.sandbox_uid,
                 origin_trust: open.origin_trust,
+                deadline_at: open.deadline_at,
             })
             .await?;
         Ok(reply(

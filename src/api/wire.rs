@@ -59,6 +59,9 @@ pub struct OpenTurn {
     /// The trust of what produced the script; the lowest when unsaid.
     #[serde(default = "untrusted")]
     pub origin_trust: TrustLevel,
+    /// The run's deadline, carried by every call of the turn.
+    #[serde(default)]
+    pub deadline_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 fn untrusted() -> TrustLevel {

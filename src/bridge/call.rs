@@ -16,7 +16,7 @@ use super::server::refuse;
 use super::turn::{Admission, Turn, call_id};
 use crate::domain::{ReasonCode, ToolOutcome};
 use crate::pipeline::sessions::{CallPlace, Session};
-use crate::pipeline::{CallOutcome, Finished, RenderedPart};
+use crate::pipeline::{CallOutcome, Finished, RenderedPart, ResultData};
 
 /// The bridge's `POST /v1/call`.
 #[derive(Debug, Deserialize)]
@@ -31,9 +31,14 @@ fn empty_object() -> Value {
     json!({})
 }
 
-/// The answer a script reads: the outcome object with `status` as its first
-/// key (as the model reads it), then the content.
-fn outcome_text(outcome: &ToolOutcome, content: &[RenderedPart]) -> String {
+/// The answer a script reads, `status` first: a success's result as data
+/// (`result`: content, structured, artifacts), or the six-field outcome of
+/// the other four statuses with what the model would read beside it.
+fn outcome_text(
+    outcome: &ToolOutcome,
+    content: &[RenderedPart],
+    data: Option<&ResultData>,
+) -> String {
     let mut fields = match serde_json::to_value(outcome) {
         Ok(Value::Object(fields)) => fields,
         _ => serde_json::Map::new(),
@@ -43,8 +48,18 @@ fn outcome_text(outcome: &ToolOutcome, content: &[RenderedPart]) -> String {
     for (name, value) in fields {
         text.push_str(&format!(",{}:{value}", Value::String(name)));
     }
-    let content = serde_json::to_value(content).unwrap_or_else(|_| json!([]));
-    text.push_str(&format!(",\"content\":{content}}}"));
+    if matches!(outcome, ToolOutcome::Succeeded { .. }) {
+        let result = match data {
+            Some(data) => serde_json::to_value(data).unwrap_or_else(|_| json!({})),
+            // A row recorded before results were kept as data: what the
+            // model read, as it read it.
+            None => json!({"content": content, "structured": null, "artifacts": []}),
+        };
+        text.push_str(&format!(",\"result\":{result}}}"));
+    } else {
+        let content = serde_json::to_value(content).unwrap_or_else(|_| json!([]));
+        text.push_str(&format!(",\"content\":{content}}}"));
+    }
     text
 }
 
@@ -70,14 +85,14 @@ pub(super) async fn run(
         }
         Err(Admission::CapReached) => {
             let outcome = ToolOutcome::not_succeeded(script_call.call, ReasonCode::BridgeCallLimit);
-            return reply_text(StatusCode::OK, outcome_text(&outcome, &[]));
+            return reply_text(StatusCode::OK, outcome_text(&outcome, &[], None));
         }
     };
     let place = CallPlace {
         run_id: turn.binding.run_id,
         step_number: turn.binding.step_number,
         origin_trust: turn.binding.origin_trust,
-        deadline_at: None,
+        deadline_at: turn.binding.deadline_at,
         parallel_group: None,
     };
     let request = session.call_request(
@@ -118,12 +133,18 @@ pub(super) async fn run(
             // worker, or recovery). Its ordinal is given back, so the
             // script's retry is the same call and deduplicates.
             turn.return_ordinal(ordinal);
-            reply_text(StatusCode::OK, outcome_text(&outcome, &[]))
+            reply_text(StatusCode::OK, outcome_text(&outcome, &[], None))
         }
         CallOutcome::Finished(Finished {
-            outcome, content, ..
+            outcome,
+            content,
+            data,
+            ..
         }) => {
-            let mut response = reply_text(StatusCode::OK, outcome_text(&outcome, &content));
+            let mut response = reply_text(
+                StatusCode::OK,
+                outcome_text(&outcome, &content, data.as_ref()),
+            );
             if let Ok(value) = HeaderValue::from_str(&ordinal.to_string()) {
                 response.headers_mut().insert("Toolgate-Ordinal", value);
             }

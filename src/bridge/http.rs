@@ -35,6 +35,42 @@ pub fn reply_text(status: StatusCode, body: String) -> Reply {
     response
 }
 
+/// An artifact's bytes as a streamed reply, with its media type, size and
+/// trust label. A read that fails midway ends the body short of its
+/// declared length, which the client sees as an error.
+pub fn artifact_reply(open: crate::pipeline::artifacts::OpenArtifact) -> Reply {
+    use tokio::io::AsyncReadExt as _;
+    let crate::pipeline::artifacts::OpenArtifact { artifact, reader } = open;
+    let chunks = futures::stream::unfold(Some(reader), |reader| async move {
+        let mut reader = reader?;
+        let mut buffer = vec![0u8; 64 << 10];
+        match reader.read(&mut buffer).await {
+            Ok(0) | Err(_) => None,
+            Ok(read) => {
+                buffer.truncate(read);
+                Some((
+                    Ok::<_, Infallible>(hyper::body::Frame::data(Bytes::from(buffer))),
+                    Some(reader),
+                ))
+            }
+        }
+    });
+    let mut response = Response::new(http_body_util::StreamBody::new(chunks).boxed_unsync());
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&artifact.media_type) {
+        headers.insert(CONTENT_TYPE, value);
+    }
+    headers.insert(
+        hyper::header::CONTENT_LENGTH,
+        HeaderValue::from(artifact.bytes),
+    );
+    headers.insert(
+        "Toolgate-Trust",
+        HeaderValue::from_static(artifact.trust.as_str()),
+    );
+    response
+}
+
 /// The one error shape: `{"error": {"code", "message"}}`.
 pub fn error_body(code: &str, message: &str) -> Value {
     json!({"error": {"code": code, "message": message}})

@@ -68,6 +68,8 @@ pub struct BridgeParts {
     pub sessions: Arc<Sessions>,
     /// What a held call waits on.
     pub approvals: Arc<Approvals>,
+    /// Artifacts, read by the turn's tenant.
+    pub artifacts: Arc<crate::pipeline::artifacts::Artifacts>,
     /// Where `bridge.session.*` events go.
     pub events: Arc<dyn EventStore>,
     /// Now.
@@ -99,6 +101,9 @@ pub struct TurnRequest {
     pub sandbox_uid: Option<u32>,
     /// The trust of what produced the script.
     pub origin_trust: TrustLevel,
+    /// The run's deadline: every call of the turn carries it, and the turn
+    /// ends with it.
+    pub deadline_at: Option<DateTime<Utc>>,
 }
 
 /// An opened turn, as its opener hears of it (the token only this once).
@@ -170,7 +175,11 @@ impl Bridge {
         }
         let lifetime = chrono::Duration::from_std(self.parts.settings.turn_lifetime)
             .unwrap_or(chrono::Duration::hours(1));
-        let expires_at = self.parts.clock.now() + lifetime;
+        let expires_at = (self.parts.clock.now() + lifetime).min(
+            request
+                .deadline_at
+                .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC),
+        );
         let binding = TurnBinding {
             session_id: request.session_id,
             tenant_id: session.tenant_id.clone(),
@@ -179,6 +188,7 @@ impl Bridge {
             script_sha256: request.script_sha256,
             sandbox_uid: request.sandbox_uid,
             origin_trust: request.origin_trust,
+            deadline_at: request.deadline_at,
         };
         let (turn, token, listener) = self.parts.turns.open(binding, expires_at)?;
         let stop = CancellationToken::new();

@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use super::http::{ConnectionCap, Reply, bearer_token, error, json_body, reply, serve_connection};
+use super::http::{
+    ConnectionCap, Reply, artifact_reply, bearer_token, error, json_body, reply, serve_connection,
+};
 use super::turn::{AccessDenied, Turn};
 use super::{Bridge, call};
 
@@ -125,10 +127,36 @@ async fn handle(
                         "name": pinned.tool.spec.name,
                         "description": pinned.tool.spec.description,
                         "input_schema": pinned.tool.spec.input_schema,
+                        "output_schema": pinned.tool.spec.output_schema,
                     })
                 })
                 .collect();
             reply(StatusCode::OK, &json!({"tools": tools}))
+        }
+        (Method::GET, path) if path.starts_with("/v1/artifacts/") => {
+            // The turn's tenant's artifacts only; another's id is not found.
+            let found = match path["/v1/artifacts/".len()..].parse::<uuid::Uuid>() {
+                Ok(id) => bridge.parts.artifacts.open(&session.tenant_id, id).await,
+                Err(_) => Ok(None),
+            };
+            match found {
+                Ok(Some(open)) => artifact_reply(open),
+                Ok(None) => refuse(
+                    bridge,
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "no such artifact",
+                ),
+                Err(failure) => {
+                    tracing::error!(error = %failure, "an artifact could not be read");
+                    refuse(
+                        bridge,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "artifact_unavailable",
+                        "the artifact could not be read",
+                    )
+                }
+            }
         }
         (Method::POST, "/v1/call") => {
             if bridge.parts.in_flight.draining() {

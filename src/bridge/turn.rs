@@ -77,6 +77,8 @@ pub struct TurnBinding {
     pub sandbox_uid: Option<u32>,
     /// The trust of what produced the script: every call's origin trust.
     pub origin_trust: TrustLevel,
+    /// The run's deadline, which every call of the turn carries.
+    pub deadline_at: Option<DateTime<Utc>>,
 }
 
 /// Why a request on a turn's socket is refused before it is routed.
@@ -176,7 +178,8 @@ impl Turn {
 
     /// Admits a call whose request has fully arrived: the turn must still be
     /// open and unexpired, and under its cap. Returns the call's ordinal
-    /// (1-based); denied calls count, since it is taken before the call runs.
+    /// (zero-based, as the design numbers them); denied calls count, since
+    /// it is taken before the call runs.
     pub fn admit(&self, cap: u32, now: DateTime<Utc>) -> Result<u32, Admission> {
         let mut state = self.lock();
         if state.closed || now >= self.expires_at {
@@ -185,8 +188,9 @@ impl Turn {
         if state.ordinals >= cap {
             return Err(Admission::CapReached);
         }
+        let ordinal = state.ordinals;
         state.ordinals += 1;
-        Ok(state.ordinals)
+        Ok(ordinal)
     }
 
     /// Gives back the last ordinal: its call recorded nothing (another
@@ -194,8 +198,8 @@ impl Turn {
     /// call, with the same call id, not a new one.
     pub fn return_ordinal(&self, ordinal: u32) {
         let mut state = self.lock();
-        if state.ordinals == ordinal {
-            state.ordinals -= 1;
+        if state.ordinals == ordinal + 1 {
+            state.ordinals = ordinal;
         }
     }
 
@@ -371,6 +375,7 @@ mod tests {
                 script_sha256: "s".repeat(64),
                 sandbox_uid: Some(4242),
                 origin_trust: TrustLevel::User,
+                deadline_at: None,
             };
             let (turn, token, _listener) = turns
                 .open(binding, Utc::now() + chrono::Duration::seconds(60))
@@ -437,6 +442,7 @@ mod tests {
                 script_sha256: String::new(),
                 sandbox_uid: None,
                 origin_trust: TrustLevel::User,
+                deadline_at: None,
             },
             expires_at: Utc::now(),
             folder: PathBuf::new(),
@@ -447,7 +453,7 @@ mod tests {
         let ordinals: Vec<Result<u32, Admission>> = (0..4).map(|_| turn.admit(3, now)).collect();
         assert_eq!(
             ordinals,
-            vec![Ok(1), Ok(2), Ok(3), Err(Admission::CapReached)]
+            vec![Ok(0), Ok(1), Ok(2), Err(Admission::CapReached)]
         );
         assert_eq!(turn.admit(3, turn.expires_at), Err(Admission::Closed));
     }

@@ -155,6 +155,72 @@ pub struct CallRequest {
     pub recovering: Option<Fence>,
 }
 
+/// A succeeded call's result as data, for programmatic callers (a script on
+/// the bridge): text as text, not enveloped, complete up to the tool's
+/// `maximum_output_bytes`; every other block, and text past that, as an
+/// artifact reference; each part with its trust label, so whoever carries
+/// what a script prints back to a model can label it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ResultData {
+    /// The content blocks, in order.
+    pub content: Vec<DataPart>,
+    /// The tool's structured result, when it has one.
+    pub structured: Option<Value>,
+    /// Every artifact the call produced (the whole-result capture among
+    /// them), readable through the owner-scoped artifact routes.
+    pub artifacts: Vec<DataArtifact>,
+}
+
+/// One content block as data.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum DataPart {
+    /// Text, whole.
+    Text {
+        /// The text.
+        text: String,
+        /// Its trust label.
+        trust: TrustLevel,
+    },
+    /// A block held as an artifact (an image, a blob, or text too long to
+    /// carry inline).
+    Artifact {
+        /// The artifact.
+        artifact_id: String,
+        /// Its media type.
+        media_type: String,
+        /// Its size.
+        bytes: u64,
+        /// Its trust label.
+        trust: TrustLevel,
+    },
+}
+
+impl DataPart {
+    /// The block an artifact stands in for.
+    pub fn artifact(artifact: &DataArtifact) -> DataPart {
+        DataPart::Artifact {
+            artifact_id: artifact.artifact_id.clone(),
+            media_type: artifact.media_type.clone(),
+            bytes: artifact.bytes,
+            trust: artifact.trust,
+        }
+    }
+}
+
+/// An artifact a call produced.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DataArtifact {
+    /// The artifact.
+    pub artifact_id: String,
+    /// Its media type.
+    pub media_type: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Its trust label.
+    pub trust: TrustLevel,
+}
+
 /// A call's end, as the model reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finished {
@@ -164,6 +230,9 @@ pub struct Finished {
     pub outcome: ToolOutcome,
     /// What the model reads beside it.
     pub content: Vec<RenderedPart>,
+    /// A success's result as data, for programmatic callers; recorded with
+    /// the row, so a replay returns it too.
+    pub data: Option<ResultData>,
     /// An identical-call count sits one below the loop threshold after this
     /// call: the next model turn must answer from what it has.
     pub synthesis_only: bool,

@@ -16,8 +16,8 @@ use uuid::Uuid;
 
 use super::breaker;
 use super::call::{
-    CallOutcome, CallRequest, Completion, Finished, PipelineSettings, Point, RecoveryReport,
-    SUSPENDING, StepObserver, TOOL_CALL,
+    CallOutcome, CallRequest, Completion, DataArtifact, DataPart, Finished, PipelineSettings,
+    Point, RecoveryReport, ResultData, SUSPENDING, StepObserver, TOOL_CALL,
 };
 use super::guard::{Contained, RecordingResolver, StoreWatermark, contain, system_time};
 use super::output::{self, Attribution, RenderedPart};
@@ -148,12 +148,20 @@ impl Pipeline {
         if row.status != InvocationStatus::Running {
             return Ok(None);
         }
-        let (terminal, outcome, content, event) = match completion {
+        let (terminal, outcome, content, data, event) = match completion {
             Completion::Answered { text } => {
                 let trust = if kind == "user_input" {
                     TrustLevel::User
                 } else {
                     TrustLevel::ExternalUntrusted
+                };
+                let data = ResultData {
+                    content: vec![DataPart::Text {
+                        text: text.clone(),
+                        trust,
+                    }],
+                    structured: None,
+                    artifacts: Vec::new(),
                 };
                 let text = if trust < TrustLevel::InternalTool {
                     let attribution = Attribution {
@@ -170,11 +178,12 @@ impl Pipeline {
                     status: InvocationStatus::Succeeded,
                     outcome_status: ToolOutcomeStatus::Succeeded,
                     reason_code: None,
-                    result: Some(json!({ "content": content })),
+                    result: Some(json!({ "content": content, "data": data })),
                     error: None,
                     output_bytes: Some(output_bytes),
                     truncated: false,
                     artifact: None,
+                    produced: Vec::new(),
                 };
                 let mut event = row_event(&row, ToolEventKind::Completed);
                 event.outcome_status = Some(ToolOutcomeStatus::Succeeded);
@@ -182,7 +191,7 @@ impl Pipeline {
                 let outcome = ToolOutcome::Succeeded {
                     action: row.tool_name.clone(),
                 };
-                (terminal, outcome, content, event)
+                (terminal, outcome, content, Some(data), event)
             }
             Completion::RunCancelled => {
                 let code = ReasonCode::ToolRunCancelled;
@@ -190,6 +199,7 @@ impl Pipeline {
                     TerminalRecord::without_result(code),
                     ToolOutcome::not_succeeded(row.tool_name.clone(), code),
                     Vec::new(),
+                    None,
                     ended_event(&row, code),
                 )
             }
@@ -208,6 +218,7 @@ impl Pipeline {
             invocation_id: Some(invocation_id),
             outcome,
             content,
+            data,
             synthesis_only: false,
         }))
     }
@@ -728,6 +739,7 @@ impl Pipeline {
                     ReasonCode::ToolConcurrencyConflict,
                 ),
                 content: Vec::new(),
+                data: None,
                 synthesis_only: false,
             })),
             None => Ok(unrecorded(
@@ -1307,13 +1319,45 @@ impl Pipeline {
             }
         };
 
+        // The same result as data, for programmatic callers, and the
+        // artifacts the tool made, recorded so their owner can read them.
+        let data = match &finish {
+            Conclusion::Succeeded { result, .. } => Some(output::result_data(
+                result,
+                &secrets,
+                trust,
+                spec.maximum_output_bytes,
+                artifact.map(|(id, bytes)| DataArtifact {
+                    artifact_id: id.to_string(),
+                    media_type: ARTIFACT_MEDIA_TYPE.to_owned(),
+                    bytes,
+                    trust,
+                }),
+            )),
+            Conclusion::Failed { .. } => None,
+        };
+        let whole_id = artifact.map(|(id, _)| id.to_string());
+        let produced = data
+            .iter()
+            .flat_map(|data| data.artifacts.iter())
+            .filter(|made| Some(&made.artifact_id) != whole_id.as_ref())
+            .filter_map(|made| {
+                Some(StoredArtifact {
+                    id: Uuid::parse_str(&made.artifact_id).ok()?,
+                    media_type: made.media_type.clone(),
+                    bytes: i64::try_from(made.bytes).unwrap_or(i64::MAX),
+                    trust: made.trust,
+                })
+            })
+            .collect();
+
         // 13. Persist the result.
         self.reached(Point::PersistResult, request);
         let terminal = TerminalRecord {
             status: outcome_status.invocation_status(),
             outcome_status,
             reason_code,
-            result: Some(json!({ "content": content })),
+            result: Some(json!({ "content": content, "data": data })),
             error,
             output_bytes: executed.as_ref().map(|_| recorded_bytes),
             truncated: artifact.is_some(),
@@ -1323,6 +1367,7 @@ impl Pipeline {
                 bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
                 trust,
             }),
+            produced,
         };
         let mut event = row_event(row, terminal_event_kind(outcome_status));
         event.outcome_status = Some(outcome_status);
@@ -1375,6 +1420,7 @@ impl Pipeline {
             invocation_id: Some(row.id),
             outcome,
             content,
+            data,
             synthesis_only: false,
         }))
     }

@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod approvals;
+pub mod artifacts;
 pub mod breaker;
 mod call;
 pub mod executor;
@@ -22,8 +23,8 @@ pub mod validation;
 pub mod worker;
 
 pub use call::{
-    CallOutcome, CallRequest, Completion, Finished, PipelineSettings, Point, RecoveryReport,
-    SUSPENDING, StepObserver, TOOL_CALL, Unobserved, named_tool,
+    CallOutcome, CallRequest, Completion, DataArtifact, DataPart, Finished, PipelineSettings,
+    Point, RecoveryReport, ResultData, SUSPENDING, StepObserver, TOOL_CALL, Unobserved, named_tool,
 };
 pub use executor::{Pipeline, PipelineParts};
 pub use output::RenderedPart;

@@ -7,8 +7,10 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use serde_json::Value;
 
-use crate::domain::{ToolSource, TrustLevel};
+use super::call::{DataArtifact, DataPart, ResultData};
+use crate::domain::{ArtifactRef, ContentPart, SecretValue, ToolResult, ToolSource, TrustLevel};
 
 /// The hard capture ceiling is this many times `maximum_output_bytes`.
 pub const HARD_CEILING_FACTOR: u64 = 4;
@@ -175,6 +177,74 @@ pub struct Attribution<'a> {
 }
 
 pub use crate::domain::secret::scrub;
+
+/// A succeeded result as data (see [`ResultData`]): each text block whole
+/// and scrubbed while the text fits `maximum_output_bytes`, else the
+/// whole-result capture (`whole`) in the text's place; every other block as
+/// the artifact it already is; the structured result scrubbed likewise.
+pub fn result_data(
+    result: &ToolResult,
+    secrets: &[SecretValue],
+    trust: TrustLevel,
+    maximum_output_bytes: u64,
+    whole: Option<DataArtifact>,
+) -> ResultData {
+    let text_bytes: u64 = result
+        .content
+        .iter()
+        .map(|part| match part {
+            ContentPart::Text { text } => u64::try_from(text.len()).unwrap_or(u64::MAX),
+            ContentPart::Artifact(_) => 0,
+        })
+        .sum();
+    let captured = whole.clone().filter(|_| text_bytes > maximum_output_bytes);
+    let mut content = Vec::with_capacity(result.content.len());
+    let mut artifacts: Vec<DataArtifact> = Vec::new();
+    let mut capture_placed = false;
+    let produced = |reference: &ArtifactRef| DataArtifact {
+        artifact_id: reference.artifact_id.clone(),
+        media_type: reference.media_type.clone(),
+        bytes: reference.bytes,
+        trust,
+    };
+    for part in &result.content {
+        match (part, &captured) {
+            (ContentPart::Text { text }, None) => content.push(DataPart::Text {
+                text: scrub(text, secrets),
+                trust,
+            }),
+            (ContentPart::Text { .. }, Some(capture)) => {
+                if !capture_placed {
+                    content.push(DataPart::artifact(capture));
+                    capture_placed = true;
+                }
+            }
+            (ContentPart::Artifact(reference), _) => {
+                let artifact = produced(reference);
+                content.push(DataPart::artifact(&artifact));
+                artifacts.push(artifact);
+            }
+        }
+    }
+    for reference in &result.artifacts {
+        if !artifacts
+            .iter()
+            .any(|known| known.artifact_id == reference.artifact_id)
+        {
+            artifacts.push(produced(reference));
+        }
+    }
+    artifacts.extend(whole);
+    let structured = result.structured.as_ref().map(|structured| {
+        let text = Value::Object(structured.clone()).to_string();
+        serde_json::from_str(&scrub(&text, secrets)).unwrap_or(Value::Null)
+    });
+    ResultData {
+        content,
+        structured,
+        artifacts,
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 
 use uuid::Uuid;
 
-use super::call::{CallOutcome, CallRequest, Finished};
+use super::call::{CallOutcome, CallRequest, Finished, ResultData};
 use super::output::{self, Attribution, RenderedPart};
 use crate::domain::{
     ContentPart, IdempotencyClass, ReasonCode, ToolEventKind, ToolOutcome, ToolOutcomeStatus,
@@ -107,10 +107,16 @@ pub(super) fn recorded(row: &InvocationRecord) -> CallOutcome {
         .and_then(|content| serde_json::from_value::<Vec<StoredPart>>(content.clone()).ok())
         .map(|parts| parts.into_iter().map(StoredPart::into_rendered).collect())
         .unwrap_or_default();
+    let data = row
+        .result
+        .as_ref()
+        .and_then(|result| result.get("data"))
+        .and_then(|data| serde_json::from_value::<ResultData>(data.clone()).ok());
     CallOutcome::Finished(Finished {
         invocation_id: Some(row.id),
         outcome,
         content,
+        data,
         synthesis_only: false,
     })
 }
@@ -140,6 +146,7 @@ pub(super) fn unrecorded(action: String, code: ReasonCode) -> CallOutcome {
         invocation_id: None,
         outcome: ToolOutcome::not_succeeded(action, code),
         content: Vec::new(),
+        data: None,
         synthesis_only: false,
     })
 }

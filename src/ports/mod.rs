@@ -20,14 +20,14 @@ pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerD
 pub use metrics::{Labels, Metrics};
 pub use policy::PolicyEngine;
 pub use store::{
-    ApprovalRecord, ApprovalStore, BreakerTally, CatalogEntry, CatalogGeneration, CatalogRow,
-    CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome, InvocationRecord,
-    InvocationStore, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, ReviewRecord,
-    ReviewStore, Schema, SessionRecord, SessionStore, Store, StoreError, StoredArtifact,
-    TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
+    ApprovalRecord, ApprovalStore, ArtifactRecord, BreakerTally, CatalogEntry, CatalogGeneration,
+    CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome,
+    InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
+    PreparationRecord, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, Store,
+    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
 };
 pub use tool::{
-    ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken, CredentialError,
-    CredentialResolver, EffectWatermark, ExecutionTarget, Tool, ToolExecutionContext,
-    WatermarkError, WorkspaceHandle,
+    ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken,
+    CredentialError, CredentialResolver, EffectWatermark, ExecutionTarget, Tool,
+    ToolExecutionContext, WatermarkError, WorkspaceHandle,
 };

@@ -75,8 +75,12 @@ pub trait ArtifactWriter: Send + Sync {
     ) -> BoxFuture<'a, Result<ArtifactRef, ArtifactError>>;
 }
 
+/// An artifact's bytes, read as a stream.
+pub type ArtifactReader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+
 /// Hands out writers scoped to one tenant and run; the pipeline holds this,
-/// a tool only ever sees the scoped writer.
+/// a tool only ever sees the scoped writer. Reading is for the owner-scoped
+/// artifact routes, after the store has shown the artifact is the tenant's.
 pub trait ArtifactStore: Send + Sync {
     /// A writer for `tenant_id`'s run `run_id`.
     fn writer(
@@ -84,6 +88,14 @@ pub trait ArtifactStore: Send + Sync {
         tenant_id: &str,
         run_id: Uuid,
     ) -> Result<Arc<dyn ArtifactWriter>, ArtifactError>;
+
+    /// The bytes of `artifact_id`, made in `tenant_id`'s run `run_id`.
+    fn open<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        artifact_id: Uuid,
+    ) -> BoxFuture<'a, Result<ArtifactReader, ArtifactError>>;
 }
 
 /// Why a credential could not be resolved. Never carries the value.

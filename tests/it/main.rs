@@ -1,6 +1,7 @@
 //! The one integration-test binary: every extra binary costs link time.
 
 mod boundaries;
+mod clients;
 mod config;
 mod conformance;
 mod crash;

@@ -19,12 +19,12 @@ use toolgate::domain::{
 };
 use toolgate::pipeline::output::RenderedPart;
 use toolgate::pipeline::{
-    CallOutcome, CallRequest, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
+    CallOutcome, CallRequest, DataPart, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
     RegistryLimits, StepObserver, ToolRegistry,
 };
 use toolgate::ports::{
-    BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord, InvocationStore,
-    NewInvocation, PolicyEngine, Store, StoreError, StoredArtifact, SystemClock, TerminalRecord,
+    ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord,
+    InvocationStore, NewInvocation, PolicyEngine, Store, StoreError, SystemClock, TerminalRecord,
     Tool, ToolEvent, ToolExecutionContext, WorkerLease,
 };
 use uuid::Uuid;
@@ -186,7 +186,7 @@ impl InvocationStore for FaultyWatermark {
         take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
-        artifact(tenant: &'a str, id: Uuid) -> Result<Option<StoredArtifact>, StoreError>;
+        artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
         reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
     }
 
@@ -879,6 +879,37 @@ async fn large_output_is_excerpted_and_artifactized() {
         let row = row_of(store.as_ref(), &outcome).await;
         assert!(row.truncated, "{name}");
         let full: String = (0..3000).map(|i| format!("line {i}\n")).collect();
+        // As data, the text is complete up to the tool's limit; past it, the
+        // whole capture stands in its place.
+        let data = done.data.clone().expect("a success carries its data");
+        let limit = harness
+            .registry
+            .get("demo.large", None)
+            .unwrap()
+            .spec
+            .maximum_output_bytes;
+        match &data.content[..] {
+            [DataPart::Text { text, .. }] => {
+                assert!(full.len() as u64 <= limit, "{name}");
+                assert_eq!(text, &full, "{name}");
+            }
+            [
+                DataPart::Artifact {
+                    artifact_id, bytes, ..
+                },
+            ] => {
+                assert!(full.len() as u64 > limit, "{name}");
+                assert_eq!(
+                    Some(artifact_id.clone()),
+                    row.artifact_id.map(|id| id.to_string())
+                );
+                assert_eq!(*bytes, full.len() as u64, "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        // A replay returns the same data.
+        let replayed = harness.pipeline.call(request.clone()).await;
+        assert_eq!(finished(&replayed).data, Some(data), "{name}");
         assert_eq!(row.output_bytes, Some(full.len() as i64));
         let artifact = row.artifact_id.unwrap();
         let record = store
@@ -886,8 +917,9 @@ async fn large_output_is_excerpted_and_artifactized() {
             .await
             .unwrap()
             .expect("the artifact is recorded");
-        assert_eq!(record.bytes, full.len() as i64, "{name}");
-        assert_eq!(record.trust, TrustLevel::InternalTool);
+        assert_eq!(record.artifact.bytes, full.len() as i64, "{name}");
+        assert_eq!(record.run_id, request.run_id);
+        assert_eq!(record.artifact.trust, TrustLevel::InternalTool);
         assert!(
             store
                 .artifact("tenant-b", artifact)
@@ -1562,7 +1594,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
             breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
             record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
-            artifact(tenant: &'a str, id: Uuid) -> Result<Option<StoredArtifact>, StoreError>;
+            artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
             reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         }
 

@@ -243,6 +243,19 @@ fn output_is_bounded_before_it_is_read() {
         assert_eq!(image["outcome"]["status"], expected, "{bytes}: {image}");
         if expected == "failed" {
             assert_eq!(image["outcome"]["reason_code"], "tool.output_too_large");
+        } else {
+            // The image the tool stored is recorded with the row, and its
+            // owner (only) reads it back in full.
+            let part = image["content"]
+                .as_array()
+                .and_then(|parts| parts.iter().find(|part| part["type"] == "artifact"))
+                .unwrap_or_else(|| panic!("{image}"));
+            let id = part["artifact_id"].as_str().unwrap();
+            let (status, body) = served.get(&format!("/v1/artifacts/{id}?tenant_id={TENANT}"));
+            assert_eq!(status, 200);
+            assert_eq!(body.len() as u64, part["bytes"].as_u64().unwrap());
+            let (status, _) = served.get(&format!("/v1/artifacts/{id}?tenant_id=tenant-other"));
+            assert_eq!(status, 404);
         }
     }
     let recorded = row(&served, run, "image-6").unwrap();

@@ -251,6 +251,7 @@ fn succeeded() -> TerminalRecord {
         output_bytes: Some(2),
         truncated: false,
         artifact: None,
+        produced: Vec::new(),
     }
 }
 
@@ -634,6 +635,7 @@ async fn approvals_wait_resume_and_settle() {
             output_bytes: None,
             truncated: false,
             artifact: None,
+            produced: Vec::new(),
         };
         assert!(
             store

@@ -180,6 +180,22 @@ impl Scripted {
             ),
             tool("ask_sampling", "Asks the client for sampling.", nothing),
         ];
+        let mut weather = tool(
+            "weather",
+            "Reports the weather of a city as structured data.",
+            object_schema(json!({"city": {"type": "string"}}), &["city"]),
+        );
+        weather["outputSchema"] = object_schema(
+            json!({"city": {"type": "string"}, "temperature": {"type": "number"},
+                   "conditions": {"type": "string"}}),
+            &["city", "temperature", "conditions"],
+        );
+        tools.push(weather);
+        tools.push(tool(
+            "lines",
+            "Answers with `count` numbered lines.",
+            object_schema(json!({"count": {"type": "integer"}}), &["count"]),
+        ));
         let mut hidden = tool("sync", "Application only.", object_schema(json!({}), &[]));
         hidden["_meta"] = json!({"veetbot/application-only": true});
         tools.push(hidden);
@@ -209,6 +225,23 @@ impl Scripted {
                     .unwrap_or_default()
                     .to_owned(),
             )),
+            "lines" => {
+                let count = arguments.get("count").and_then(Value::as_u64).unwrap_or(0);
+                Ok(text(
+                    (0..count).map(|line| format!("line {line}\n")).collect(),
+                ))
+            }
+            "weather" => {
+                let city = arguments
+                    .get("city")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let report = json!({"city": city, "temperature": 21.5, "conditions": "clear"});
+                Ok(
+                    json!({"content": [{"type": "text", "text": report.to_string()}],
+                          "structuredContent": report}),
+                )
+            }
             "env" => {
                 let mut lines: Vec<String> = std::env::vars()
                     .map(|(name, value)| format!("{name}={value}"))

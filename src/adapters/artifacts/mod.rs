@@ -10,7 +10,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::domain::{ArtifactRef, TrustLevel, valid_tenant_id};
-use crate::ports::{ArtifactError, ArtifactStore, ArtifactWriter, BoxFuture};
+use crate::ports::{ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture};
 
 /// The filesystem artifact store.
 #[derive(Debug, Clone)]
@@ -48,6 +48,26 @@ impl ArtifactStore for FsArtifactStore {
         Ok(Arc::new(RunWriter {
             folder: self.root.join(tenant_id).join(run_id.to_string()),
         }))
+    }
+
+    fn open<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        artifact_id: Uuid,
+    ) -> BoxFuture<'a, Result<ArtifactReader, ArtifactError>> {
+        Box::pin(async move {
+            if !valid_tenant_id(tenant_id) {
+                return Err(ArtifactError::Store(
+                    "tenant id is not a plain path segment".into(),
+                ));
+            }
+            let path = self.path_of(tenant_id, run_id, &artifact_id.to_string());
+            let file = tokio::fs::File::open(path).await.map_err(|error| {
+                ArtifactError::Store(format!("artifact read failed: {}", error.kind()))
+            })?;
+            Ok(Box::new(file) as ArtifactReader)
+        })
     }
 }
 

@@ -26,6 +26,8 @@ pub struct RemoteTool {
     pub description: Option<String>,
     /// Its input schema, unvalidated.
     pub input_schema: Value,
+    /// Its output schema, unvalidated, when it declares one.
+    pub output_schema: Option<Value>,
     /// Its `_meta`.
     pub meta: Option<Map<String, Value>>,
 }
@@ -58,12 +60,18 @@ pub fn catalog_hash(tools: &[RemoteTool]) -> String {
     let declarations: Vec<Value> = sorted
         .iter()
         .map(|tool| {
-            serde_json::json!({
+            let mut declaration = serde_json::json!({
                 "name": tool.name,
                 "description": tool.description,
                 "input_schema": tool.input_schema,
                 "meta": tool.meta,
-            })
+            });
+            // Absent rather than null, so a catalog without output schemas
+            // hashes as it always has.
+            if let Some(output_schema) = &tool.output_schema {
+                declaration["output_schema"] = output_schema.clone();
+            }
+            declaration
         })
         .collect();
     match canonicalize(Value::Array(declarations.clone())) {
@@ -153,7 +161,7 @@ fn spec(
         )
         .to_owned(),
         input_schema: tool.input_schema.clone(),
-        output_schema: None,
+        output_schema: tool.output_schema.clone(),
         side_effect: classification.side_effect,
         risk: classification.risk,
         idempotency: classification.idempotency,
@@ -183,6 +191,7 @@ mod tests {
             name: name.into(),
             description: Some("Does a thing.".into()),
             input_schema: json!({"type": "object"}),
+            output_schema: None,
             meta: None,
         }
     }

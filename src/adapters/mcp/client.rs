@@ -565,6 +565,9 @@ impl Connection {
                     name: tool.name.into_owned(),
                     description: tool.description.map(|text| text.into_owned()),
                     input_schema: Value::Object((*tool.input_schema).clone()),
+                    output_schema: tool
+                        .output_schema
+                        .map(|schema| Value::Object((*schema).clone())),
                     meta: tool
                         .meta
                         .and_then(|meta| serde_json::to_value(meta).ok())

@@ -79,11 +79,19 @@ pub(super) async fn render_call(call: RemoteCall, context: &ToolExecutionContext
     }
     let mut blocks = call.content;
     if blocks.is_empty()
-        && let Some(structured) = call.structured
+        && let Some(structured) = &call.structured
     {
         blocks.push(json!({"type": "text", "text": structured.to_string()}));
     }
-    render_blocks(blocks, context).await
+    let mut result = render_blocks(blocks, context).await;
+    // The structured result travels as data too (a script reads it as a
+    // value); only an object is one, per the protocol.
+    if result.failure.is_none()
+        && let Some(Value::Object(structured)) = call.structured
+    {
+        result.structured = Some(structured);
+    }
+    result
 }
 
 /// Text blocks become text; anything else (images, audio, blobs) becomes an

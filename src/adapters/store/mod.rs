@@ -83,6 +83,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "tenant-configured servers",
         sql: include_str!("../../../migrations/postgres/0009_tenant_servers.sql"),
     },
+    Migration {
+        version: 10,
+        description: "every artifact a call produced",
+        sql: include_str!("../../../migrations/postgres/0010_produced_artifacts.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -131,6 +136,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 9,
         description: "tenant-configured servers",
         sql: include_str!("../../../migrations/sqlite/0009_tenant_servers.sql"),
+    },
+    Migration {
+        version: 10,
+        description: "every artifact a call produced",
+        sql: include_str!("../../../migrations/sqlite/0010_produced_artifacts.sql"),
     },
 ];
 

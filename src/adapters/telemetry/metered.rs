@@ -10,8 +10,8 @@ use uuid::Uuid;
 use crate::domain::{ReasonCode, ToolEventKind};
 use crate::ports::metrics::{Labels, Metrics};
 use crate::ports::{
-    BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord, InvocationStore,
-    NewInvocation, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
+    ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord,
+    InvocationStore, NewInvocation, StoreError, TerminalRecord, ToolEvent,
 };
 
 /// Wraps the invocation store; every write that commits tool events counts
@@ -87,7 +87,7 @@ impl InvocationStore for MeteredInvocations {
         take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
-        artifact(tenant: &'a str, id: Uuid) -> Result<Option<StoredArtifact>, StoreError>;
+        artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
         reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: DateTime<Utc>) -> Result<bool, StoreError>;
     }

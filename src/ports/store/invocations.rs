@@ -84,6 +84,9 @@ pub struct TerminalRecord {
     pub truncated: bool,
     /// The whole result's artifact, when excerpted: recorded with the row.
     pub artifact: Option<StoredArtifact>,
+    /// The artifacts the tool made (images, blobs), recorded with the row
+    /// so their owner can read them.
+    pub produced: Vec<StoredArtifact>,
 }
 
 impl TerminalRecord {
@@ -100,6 +103,7 @@ impl TerminalRecord {
             output_bytes: None,
             truncated: false,
             artifact: None,
+            produced: Vec::new(),
         }
     }
 }
@@ -115,6 +119,15 @@ pub struct StoredArtifact {
     pub bytes: i64,
     /// The trust label it inherits from the result.
     pub trust: TrustLevel,
+}
+
+/// An `artifacts` row as read back: where the bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactRecord {
+    /// The artifact.
+    pub artifact: StoredArtifact,
+    /// The run whose call produced it.
+    pub run_id: Uuid,
 }
 
 /// A `tool_invocations` row.
@@ -456,7 +469,7 @@ pub trait InvocationStore: Send + Sync {
         &'a self,
         tenant_id: &'a str,
         id: Uuid,
-    ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>>;
+    ) -> BoxFuture<'a, Result<Option<ArtifactRecord>, StoreError>>;
 
     /// Recovery found a held row's standing authority gone: the row goes
     /// back to WAITING_FOR_APPROVAL with a new pending approval, in one

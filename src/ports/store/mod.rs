@@ -30,8 +30,8 @@ pub use catalog::{
 };
 pub use events::{EventRecord, EventStore, PlatformEvent};
 pub use invocations::{
-    BreakerTally, InsertOutcome, InvocationRecord, InvocationStore, NewInvocation, ReviewRecord,
-    ReviewStore, StoredArtifact, TerminalRecord, ToolEvent,
+    ArtifactRecord, BreakerTally, InsertOutcome, InvocationRecord, InvocationStore, NewInvocation,
+    ReviewRecord, ReviewStore, StoredArtifact, TerminalRecord, ToolEvent,
 };
 pub use sessions::{SessionRecord, SessionStore};
 pub use workers::{WorkerLease, WorkerStore};

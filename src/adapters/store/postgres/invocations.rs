@@ -182,9 +182,17 @@ impl InvocationStore for PostgresStore {
             let mut lease = self.hot.lease().await?;
             let (kinds, bodies) = event_arrays(events)?;
             let artifact = terminal.artifact.as_ref();
+            let produced: Vec<serde_json::Value> = terminal
+                .produced
+                .iter()
+                .map(|made| {
+                    serde_json::json!({"id": made.id, "media_type": made.media_type,
+                                       "bytes": made.bytes, "trust": made.trust.as_str()})
+                })
+                .collect();
             let result = sqlx::query_scalar(
                 "SELECT toolgate_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                 $17, $18)",
+                 $17, $18, $19)",
             )
             .bind(tenant_id)
             .bind(id)
@@ -204,6 +212,7 @@ impl InvocationStore for PostgresStore {
             .bind(now)
             .bind(kinds)
             .bind(bodies)
+            .bind(serde_json::Value::Array(produced))
             .fetch_one(lease.connection()?)
                 .await;
             lease.settle(result)
@@ -511,10 +520,10 @@ impl InvocationStore for PostgresStore {
         &'a self,
         tenant_id: &'a str,
         id: Uuid,
-    ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<ArtifactRecord>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let row = sqlx::query("SELECT id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
+            let row = sqlx::query("SELECT id, run_id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
                 .bind(id)
                 .bind(tenant_id)
                 .fetch_optional(&mut *tx)
@@ -522,11 +531,14 @@ impl InvocationStore for PostgresStore {
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             row.map(|row| {
-                Ok(StoredArtifact {
-                    id: get(&row, "id")?,
-                    media_type: get(&row, "media_type")?,
-                    bytes: get(&row, "bytes")?,
-                    trust: parse(&get::<String>(&row, "trust")?, "trust")?,
+                Ok(ArtifactRecord {
+                    artifact: StoredArtifact {
+                        id: get(&row, "id")?,
+                        media_type: get(&row, "media_type")?,
+                        bytes: get(&row, "bytes")?,
+                        trust: parse(&get::<String>(&row, "trust")?, "trust")?,
+                    },
+                    run_id: get(&row, "run_id")?,
                 })
             })
             .transpose()

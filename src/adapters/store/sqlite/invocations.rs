@@ -238,7 +238,7 @@ impl InvocationStore for SqliteStore {
             )
             .await?;
             if result {
-                if let Some(artifact) = &terminal.artifact {
+                for artifact in terminal.artifact.iter().chain(terminal.produced.iter()) {
                     sqlx::query(
                         "INSERT INTO artifacts (id, tenant_id, run_id, invocation_id, media_type, bytes, trust, created_at) \
                          SELECT $1, tenant_id, run_id, id, $3, $4, $5, $6 FROM tool_invocations WHERE id = $2",
@@ -565,20 +565,23 @@ impl InvocationStore for SqliteStore {
         &'a self,
         tenant_id: &'a str,
         id: Uuid,
-    ) -> BoxFuture<'a, Result<Option<StoredArtifact>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<ArtifactRecord>, StoreError>> {
         Box::pin(async move {
-            let row = sqlx::query("SELECT id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
+            let row = sqlx::query("SELECT id, run_id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
                 .bind(id.to_string())
                 .bind(tenant_id)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(database_error)?;
             row.map(|row| {
-                Ok(StoredArtifact {
-                    id: uuid(&row, "id")?,
-                    media_type: get(&row, "media_type")?,
-                    bytes: get(&row, "bytes")?,
-                    trust: parse(&get::<String>(&row, "trust")?, "trust")?,
+                Ok(ArtifactRecord {
+                    artifact: StoredArtifact {
+                        id: uuid(&row, "id")?,
+                        media_type: get(&row, "media_type")?,
+                        bytes: get(&row, "bytes")?,
+                        trust: parse(&get::<String>(&row, "trust")?, "trust")?,
+                    },
+                    run_id: uuid(&row, "run_id")?,
                 })
             })
             .transpose()

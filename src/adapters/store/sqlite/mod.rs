@@ -16,9 +16,9 @@ use uuid::Uuid;
 use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, BoxFuture, BreakerTally, CatalogEntry, CatalogGeneration,
-    CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome,
-    InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
+    ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
+    CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,
+    InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
     PreparationRecord, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, StoreError,
     StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
 };

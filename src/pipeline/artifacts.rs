@@ -1,0 +1,62 @@
+//! Reading an artifact back, for its owner only: the tenant's record first
+//! (another tenant's id is simply not found), then its bytes as a stream.
+//! The edges serve it: a turn's socket for the turn's tenant, the control
+//! API for the tenant a request names.
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use crate::ports::{ArtifactReader, ArtifactStore, InvocationStore, StoreError, StoredArtifact};
+
+/// Why an artifact could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactReadError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The record exists but its bytes could not be opened.
+    #[error("the artifact's bytes could not be read")]
+    Unreadable,
+}
+
+/// An artifact ready to be sent.
+pub struct OpenArtifact {
+    /// What it is.
+    pub artifact: StoredArtifact,
+    /// Its bytes.
+    pub reader: ArtifactReader,
+}
+
+/// The artifacts of every tenant, read by owner.
+pub struct Artifacts {
+    records: Arc<dyn InvocationStore>,
+    files: Arc<dyn ArtifactStore>,
+}
+
+impl Artifacts {
+    /// Artifacts recorded in `records` whose bytes are in `files`.
+    pub fn new(records: Arc<dyn InvocationStore>, files: Arc<dyn ArtifactStore>) -> Self {
+        Artifacts { records, files }
+    }
+
+    /// `id` when it is `tenant_id`'s; `None` otherwise.
+    pub async fn open(
+        &self,
+        tenant_id: &str,
+        id: Uuid,
+    ) -> Result<Option<OpenArtifact>, ArtifactReadError> {
+        let Some(record) = self.records.artifact(tenant_id, id).await? else {
+            return Ok(None);
+        };
+        let reader = self
+            .files
+            .open(tenant_id, record.run_id, id)
+            .await
+            .map_err(|_| ArtifactReadError::Unreadable)?;
+        Ok(Some(OpenArtifact {
+            artifact: record.artifact,
+            reader,
+        }))
+    }
+}
