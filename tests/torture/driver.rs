@@ -207,6 +207,11 @@ impl Drop for Node {
     }
 }
 
+/// Scripts run at once: fewer than the node's connection caps.
+const SCRIPTS_AT_ONCE: usize = 12;
+/// Rounds of the final pass before what is left counts as unsettled.
+const DRAIN_ROUNDS: usize = 200;
+
 /// One script's state across turns: its run, hash, and the answer each
 /// ordinal settled with.
 #[derive(Clone)]
@@ -256,7 +261,12 @@ fn run_script(
     };
     let open = json!({"session_id": session, "run_id": run, "step_number": 1,
                       "script_sha256": hash, "origin_trust": "user"});
-    let (status, turn) = exchange(socket, "POST", "/v1/turns", None, &open.to_string())?;
+    // A turn that could not be opened (the node is away, or its
+    // connections are all taken) leaves the script to a later pass.
+    let Some((status, turn)) = exchange(socket, "POST", "/v1/turns", None, &open.to_string())
+    else {
+        return Some(0);
+    };
     if status != 200 {
         return Some(0);
     }
@@ -434,10 +444,13 @@ required_scopes = ["mcp.writes.use"]
                 ordinals.clear();
             }
         }
+        // At most SCRIPTS_AT_ONCE scripts run at once, the oldest first, so
+        // the driver never outnumbers the node's connection caps.
         let threads: Vec<_> = scripts
             .iter()
             .enumerate()
             .filter(|(_, script)| script.lock().unwrap().settled.len() < torture.calls)
+            .take(SCRIPTS_AT_ONCE)
             .map(|(index, script)| {
                 let (socket, script, times) = (
                     node.socket.clone(),
@@ -474,6 +487,50 @@ required_scopes = ["mcp.writes.use"]
         if !last {
             node.start();
             restarted = Some(Instant::now());
+        }
+    }
+    // No more kills: every script runs to its end, a batch at a time; one
+    // that could not open its turn is tried again in the next round.
+    for _ in 0..DRAIN_ROUNDS {
+        let unfinished: Vec<usize> = scripts
+            .iter()
+            .enumerate()
+            .filter(|(_, script)| script.lock().unwrap().settled.len() < torture.calls)
+            .map(|(index, _)| index)
+            .take(SCRIPTS_AT_ONCE)
+            .collect();
+        if unfinished.is_empty() {
+            break;
+        }
+        let threads: Vec<_> = unfinished
+            .into_iter()
+            .map(|index| {
+                let (socket, script, times) = (
+                    node.socket.clone(),
+                    scripts[index].clone(),
+                    restart_to_settled.clone(),
+                );
+                let calls = torture.calls;
+                std::thread::spawn(move || {
+                    run_script(
+                        &socket,
+                        session,
+                        index,
+                        &script,
+                        calls,
+                        Timing {
+                            restarted: None,
+                            times: &times,
+                            in_flight: &BTreeMap::new(),
+                        },
+                    )
+                })
+            })
+            .collect();
+        for thread in threads {
+            if thread.join().expect("a script thread").is_some() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     }
     node.stop();
