@@ -166,6 +166,7 @@ fn main() {
                     enabled: true,
                     state_dir: folder.path().join("state/everything"),
                     run_as: None,
+                    path: None,
                 }],
                 Arc::new(EnvFileResolver::default()),
                 store.clone(),

@@ -15,7 +15,7 @@ use crate::adapters::credentials::EnvFileResolver;
 use crate::adapters::egress::{Dialer, EgressSettings};
 use crate::adapters::mcp::child::RunAs;
 use crate::adapters::mcp::{AuthSettings, HttpServerSettings, McpServerSet, StdioServerSettings};
-use crate::adapters::policy::RuleFilePolicy;
+use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
 use crate::adapters::store;
 use crate::adapters::telemetry::{MeteredInvocations, MetricsRegistry};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
@@ -40,8 +40,6 @@ use crate::ports::{
     SystemClock,
 };
 
-/// How long a drain waits for in-flight requests.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often expired turns are closed and idle sessions forgotten.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -127,6 +125,28 @@ pub async fn migrate(
     Ok(store.migrate().await?)
 }
 
+/// What `serve` needs before its runtime exists: the log filter and the
+/// runtime's threads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSettings {
+    /// `log.level`.
+    pub log_level: String,
+    /// `runtime.worker_threads`.
+    pub worker_threads: usize,
+}
+
+/// The process settings of the configuration at `path`.
+pub fn process_settings(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<ProcessSettings, ConfigErrors> {
+    let config = Config::load(path, environment)?;
+    Ok(ProcessSettings {
+        log_level: config.log.level,
+        worker_threads: usize::try_from(config.runtime.worker_threads).unwrap_or(2),
+    })
+}
+
 /// The operator's stdio servers as the MCP adapter takes them. The file is
 /// already validated, so a scheme or reference that does not parse here
 /// cannot occur; were it to, the server is left without a credential and
@@ -182,6 +202,7 @@ pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, Confi
             enabled: server.enabled,
             state_dir: config.mcp.state_directory.join(&server.server_id),
             run_as,
+            path: server.path.clone(),
         })
         .collect();
     if problems.is_empty() {
@@ -472,10 +493,14 @@ pub async fn serve(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| config.artifacts.directory.clone());
-    let policy: Arc<dyn PolicyEngine> = match &config.policy.file {
-        Some(file) => Arc::new(
-            RuleFilePolicy::load(file).map_err(|error| AppError::Startup(error.to_string()))?,
-        ),
+    let reloadable = match &config.policy.file {
+        Some(file) => Some(Arc::new(
+            ReloadablePolicy::load(file).map_err(|error| AppError::Startup(error.to_string()))?,
+        )),
+        None => None,
+    };
+    let policy: Arc<dyn PolicyEngine> = match &reloadable {
+        Some(reloadable) => reloadable.clone(),
         None => Arc::new(RuleFilePolicy::built_in()),
     };
     let credentials = credential_resolver(&config, environment);
@@ -572,6 +597,12 @@ pub async fn serve(
             limits: edge_limits,
             turn_connections: usize::try_from(config.limits.turn_connections).unwrap_or(1),
             approval_hold: Duration::from_secs(u64::from(config.bridge.approval_hold_seconds)),
+            tenant_approval_holds: config
+                .bridge
+                .tenant_approval_hold_seconds
+                .iter()
+                .map(|(tenant, seconds)| (tenant.clone(), Duration::from_secs(u64::from(*seconds))))
+                .collect(),
             turn_call_cap: config.bridge.turn_call_cap,
             ..BridgeSettings::default()
         },
@@ -623,7 +654,7 @@ pub async fn serve(
             }
             _ => None,
         };
-        Ok::<_, AppError>((bind_control(&config.control.socket)?, tcp))
+        Ok::<_, AppError>((bind_control(&config.control)?, tcp))
     }
     .await;
     let (listener, tcp) = match listeners {
@@ -647,13 +678,30 @@ pub async fn serve(
         signal(SignalKind::terminate()).map_err(|error| AppError::Startup(error.to_string()))?;
     let mut interrupt =
         signal(SignalKind::interrupt()).map_err(|error| AppError::Startup(error.to_string()))?;
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
+    let mut hangup =
+        signal(SignalKind::hangup()).map_err(|error| AppError::Startup(error.to_string()))?;
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+            _ = hangup.recv() => match &reloadable {
+                // The file is the operator's: its error names a line, never
+                // a secret.
+                Some(reloadable) => match reloadable.reload() {
+                    Ok(()) => tracing::info!("policy reloaded"),
+                    Err(error) => tracing::warn!(error = %error, "policy not reloaded; the rules in force stay"),
+                },
+                None => tracing::info!("no policy file to reload"),
+            },
+        }
     }
     tracing::info!("toolgate draining");
     let drain = async {
-        in_flight.drain(DRAIN_TIMEOUT).await;
+        in_flight
+            .drain(Duration::from_secs(u64::from(
+                config.runtime.drain_timeout_seconds,
+            )))
+            .await;
         bridge.close_all().await;
         shutdown.cancel();
         let _ = sweeping.await;
@@ -745,8 +793,11 @@ impl NodeIdentity {
 
 /// Binds the control socket (0600), replacing a stale one a crashed process
 /// left behind.
-fn bind_control(socket: &Path) -> Result<tokio::net::UnixListener, AppError> {
+fn bind_control(
+    control: &crate::config::ControlConfig,
+) -> Result<tokio::net::UnixListener, AppError> {
     use std::os::unix::fs::PermissionsExt as _;
+    let socket = control.socket.as_path();
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent).map_err(|error| AppError::Startup(error.to_string()))?;
     }
@@ -761,7 +812,18 @@ fn bind_control(socket: &Path) -> Result<tokio::net::UnixListener, AppError> {
     }
     let listener = tokio::net::UnixListener::bind(socket)
         .map_err(|error| AppError::Startup(format!("{}: {error}", socket.display())))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
-        .map_err(|error| AppError::Startup(error.to_string()))?;
+    // The group first, then the mode: never a moment in which the socket
+    // is open to a group it was not meant for.
+    if let Some(group) = control.socket_group.as_deref() {
+        let gid = crate::config::resolve_group(group)
+            .ok_or_else(|| AppError::Startup("control.socket_group names no group".into()))?;
+        std::os::unix::fs::chown(socket, None, Some(gid))
+            .map_err(|error| AppError::Startup(format!("control.socket_group: {error}")))?;
+    }
+    std::fs::set_permissions(
+        socket,
+        std::fs::Permissions::from_mode(control.socket_mode_bits()),
+    )
+    .map_err(|error| AppError::Startup(error.to_string()))?;
     Ok(listener)
 }

@@ -167,9 +167,17 @@ fn main() -> ExitCode {
     // The MCP library logs every notification and a server's self-description
     // at INFO: a server could flood the log or fill it with its own text, so
     // it is heard from at WARN only.
-    let targets = Targets::new()
-        .with_default(tracing::Level::INFO)
-        .with_target("rmcp", tracing::Level::WARN);
+    let environment: BTreeMap<String, String> = std::env::vars().collect();
+    let process = match &cli.command {
+        Command::Serve { config, .. } => toolgate::app::process_settings(config, &environment).ok(),
+        _ => None,
+    };
+    let targets = log_filter(
+        environment
+            .get("RUST_LOG")
+            .map(String::as_str)
+            .or(process.as_ref().map(|process| process.log_level.as_str())),
+    );
     if cli.log_json {
         tracing_subscriber::registry()
             .with(
@@ -186,7 +194,6 @@ fn main() -> ExitCode {
             .with(targets)
             .init();
     }
-    let environment = std::env::vars().collect();
     match cli.command {
         Command::CheckConfig { file } => match toolgate::app::check_config(&file, &environment) {
             Ok(summary) => {
@@ -208,7 +215,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config, migrate } => {
-            let Some(runtime) = runtime() else {
+            let threads = process.map_or(2, |process| process.worker_threads);
+            let Some(runtime) = runtime_with(threads) else {
                 return ExitCode::FAILURE;
             };
             let options = toolgate::app::ServeOptions { migrate };
@@ -390,10 +398,37 @@ fn ask(
     }
 }
 
+/// The log filter: `RUST_LOG` or `log.level` (`info`, or target=level
+/// pairs), INFO when neither says. The MCP library is heard from at WARN
+/// unless the filter names it: it logs every notification and a server's
+/// self-description at INFO, so a server could flood the log with its text.
+fn log_filter(given: Option<&str>) -> Targets {
+    let default = Targets::new()
+        .with_default(tracing::Level::INFO)
+        .with_target("rmcp", tracing::Level::WARN);
+    let Some(given) = given
+        .map(str::trim)
+        .filter(|given| toolgate::config::valid_log_filter(given))
+    else {
+        return default;
+    };
+    let given = if given.contains("rmcp") {
+        given.to_owned()
+    } else {
+        format!("{given},rmcp=warn")
+    };
+    given.parse().unwrap_or(default)
+}
+
 /// A runtime for one command.
 fn runtime() -> Option<tokio::runtime::Runtime> {
+    runtime_with(2)
+}
+
+/// A runtime of `threads` worker threads.
+fn runtime_with(threads: usize) -> Option<tokio::runtime::Runtime> {
     match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(threads.max(1))
         .enable_all()
         .build()
     {

@@ -103,7 +103,12 @@ pub(super) async fn run(
     );
     let pipeline = &bridge.parts.pipeline;
     let mut outcome = pipeline.call(request.clone()).await;
-    let held_until = tokio::time::Instant::now() + settings.approval_hold;
+    let hold = settings
+        .tenant_approval_holds
+        .get(&session.tenant_id)
+        .copied()
+        .unwrap_or(settings.approval_hold);
+    let held_until = tokio::time::Instant::now() + hold;
     while let CallOutcome::Pending { approval_id, .. } = outcome {
         // Held, not failed: the script blocks while a human decides.
         let decided = bridge

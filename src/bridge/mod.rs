@@ -42,6 +42,8 @@ pub struct BridgeSettings {
     pub turn_connections: usize,
     /// How long a script's call waits for an approval.
     pub approval_hold: Duration,
+    /// The hold for particular tenants, over `approval_hold`.
+    pub tenant_approval_holds: std::collections::HashMap<String, Duration>,
     /// Calls per turn, denied calls included.
     pub turn_call_cap: u32,
     /// How long a turn's token lives.
@@ -54,6 +56,7 @@ impl Default for BridgeSettings {
             limits: EdgeLimits::default(),
             turn_connections: 4,
             approval_hold: Duration::from_secs(300),
+            tenant_approval_holds: std::collections::HashMap::new(),
             turn_call_cap: 64,
             turn_lifetime: Duration::from_secs(3600),
         }

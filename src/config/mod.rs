@@ -92,6 +92,12 @@ pub struct Config {
     /// # Credentials
     #[serde(default)]
     pub credentials: CredentialsConfig,
+    /// # The process
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+    /// # Logging
+    #[serde(default)]
+    pub log: LogConfig,
 }
 
 /// The node's identity.
@@ -131,6 +137,78 @@ pub struct ControlConfig {
     /// Credential reference of the bearer token TCP clients present.
     #[serde(default)]
     pub token_ref: Option<String>,
+    /// The socket's mode, in octal: owner read and write at least, never
+    /// anything for others (`0660` lets a runtime in `socket_group` in).
+    #[serde(default = "ControlConfig::default_socket_mode")]
+    pub socket_mode: String,
+    /// The group the socket is given (a name or a gid), with `socket_mode`.
+    #[serde(default)]
+    pub socket_group: Option<String>,
+}
+
+impl ControlConfig {
+    fn default_socket_mode() -> String {
+        "0600".to_owned()
+    }
+
+    /// The socket's mode bits; the file is validated, so this parses.
+    pub fn socket_mode_bits(&self) -> u32 {
+        u32::from_str_radix(&self.socket_mode, 8).unwrap_or(0o600)
+    }
+}
+
+/// The process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Threads of the async runtime.
+    #[serde(default = "RuntimeConfig::default_worker_threads")]
+    pub worker_threads: u32,
+    /// How long a drain (SIGTERM) waits for calls in flight.
+    #[serde(default = "RuntimeConfig::default_drain_timeout")]
+    pub drain_timeout_seconds: u32,
+}
+
+impl RuntimeConfig {
+    fn default_worker_threads() -> u32 {
+        2
+    }
+    fn default_drain_timeout() -> u32 {
+        30
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            worker_threads: RuntimeConfig::default_worker_threads(),
+            drain_timeout_seconds: RuntimeConfig::default_drain_timeout(),
+        }
+    }
+}
+
+/// Logging.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// A level (`info`) or per-target levels (`info,toolgate::pipeline=debug`);
+    /// `RUST_LOG` in the environment wins.
+    #[serde(default = "LogConfig::default_level")]
+    pub level: String,
+}
+
+impl LogConfig {
+    fn default_level() -> String {
+        "info".to_owned()
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: LogConfig::default_level(),
+        }
+    }
 }
 
 /// The orchestration bridge.
@@ -146,6 +224,9 @@ pub struct BridgeConfig {
     /// Underlying calls per turn, denied calls included.
     #[serde(default = "BridgeConfig::default_turn_call_cap")]
     pub turn_call_cap: u32,
+    /// `approval_hold_seconds` for particular tenants, by tenant id.
+    #[serde(default)]
+    pub tenant_approval_hold_seconds: BTreeMap<String, u32>,
 }
 
 impl BridgeConfig {
@@ -166,6 +247,7 @@ impl Default for BridgeConfig {
             directory: BridgeConfig::default_directory(),
             approval_hold_seconds: DEFAULT_APPROVAL_HOLD_SECONDS,
             turn_call_cap: DEFAULT_TURN_CALL_CAP,
+            tenant_approval_hold_seconds: BTreeMap::new(),
         }
     }
 }
@@ -399,6 +481,10 @@ pub struct StdioServerConfig {
     /// `mcp.run_as`.
     #[serde(default)]
     pub run_as: Option<String>,
+    /// The server's `PATH` (absolute folders, `:`-separated); the system's
+    /// program folders when unset.
+    #[serde(default)]
+    pub path: Option<String>,
     /// How the server authenticates us.
     #[serde(default)]
     pub auth: AuthConfig,
@@ -715,6 +801,49 @@ impl Config {
         let mut errors = Vec::new();
         let mut push = |path: String, message: String| errors.push(ConfigError { path, message });
 
+        match u32::from_str_radix(&self.control.socket_mode, 8) {
+            Ok(mode) if mode & !0o770 == 0 && mode & 0o600 == 0o600 => {}
+            _ => push(
+                "control.socket_mode".into(),
+                "must be octal (0600, 0660), owner read and write, nothing for others".into(),
+            ),
+        }
+        if let Some(group) = &self.control.socket_group
+            && resolve_group(group).is_none()
+        {
+            push(
+                "control.socket_group".into(),
+                "names no group of this system".into(),
+            );
+        }
+        if !(1..=64).contains(&self.runtime.worker_threads) {
+            push(
+                "runtime.worker_threads".into(),
+                "must be between 1 and 64".into(),
+            );
+        }
+        if !(1..=3600).contains(&self.runtime.drain_timeout_seconds) {
+            push(
+                "runtime.drain_timeout_seconds".into(),
+                "must be between 1 and 3600".into(),
+            );
+        }
+        if !valid_log_filter(&self.log.level) {
+            push(
+                "log.level".into(),
+                "must be a level (info) or target=level pairs (info,toolgate=debug)".into(),
+            );
+        }
+        for (tenant, seconds) in &self.bridge.tenant_approval_hold_seconds {
+            if !crate::domain::valid_tenant_id(tenant) || *seconds == 0 {
+                push(
+                    "bridge.tenant_approval_hold_seconds".into(),
+                    "keys must be tenant ids and values at least 1".into(),
+                );
+                break;
+            }
+        }
+
         if let Some(tcp) = &self.control.tcp {
             match tcp.parse::<SocketAddr>() {
                 Ok(address) if address.ip().is_loopback() => {}
@@ -852,6 +981,17 @@ impl Config {
         let allowlist = self.egress_allowlist();
         let mut seen = BTreeMap::new();
         for (index, server) in self.mcp.servers.iter().enumerate() {
+            if let Some(path) = &server.path
+                && (path.is_empty()
+                    || path
+                        .split(':')
+                        .any(|folder| !folder.starts_with('/') || folder.contains('\0')))
+            {
+                push(
+                    format!("mcp.servers[{index}].path"),
+                    "must be absolute folders separated by ':'".into(),
+                );
+            }
             let at = format!("mcp.servers[{index}]");
             if let Some(first) = seen.insert(server.server_id.clone(), index) {
                 push(
@@ -1031,6 +1171,34 @@ fn locate(text: &str, span: Option<std::ops::Range<usize>>) -> String {
         }
         None => "(file)".to_owned(),
     }
+}
+
+/// A group by name or number, as the system knows it.
+pub fn resolve_group(text: &str) -> Option<u32> {
+    use nix::unistd::Group;
+    match text.parse::<u32>() {
+        // A number is a gid whether or not this system names it (a
+        // container's groups often have no entry).
+        Ok(gid) => Some(gid),
+        Err(_) => Group::from_name(text)
+            .ok()
+            .flatten()
+            .map(|group| group.gid.as_raw()),
+    }
+}
+
+/// A level (`info`) or comma-separated `target=level` pairs, a level among
+/// them: what `log.level` and `RUST_LOG` take.
+pub fn valid_log_filter(text: &str) -> bool {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = |text: &str| text.trim().parse::<LevelFilter>().is_ok();
+    !text.trim().is_empty()
+        && text
+            .split(',')
+            .all(|directive| match directive.split_once('=') {
+                Some((target, value)) => !target.trim().is_empty() && level(value),
+                None => level(directive),
+            })
 }
 
 #[cfg(test)]

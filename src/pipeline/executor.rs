@@ -249,12 +249,22 @@ impl Pipeline {
             tool.truncated = Empty,
             tool.parallel_group = ?request.parallel_group,
         );
+        let started = std::time::Instant::now();
         let outcome = self.call_steps(&request).instrument(span.clone()).await;
         if let CallOutcome::Finished(finished) = &outcome {
             span.record("tool.outcome_status", finished.outcome.status().as_str());
             if let Some(code) = finished.outcome.reason_code() {
                 span.record("tool.reason_code", code.as_str());
             }
+            // One line per finished call: identity, status and time only.
+            tracing::info!(
+                invocation_id = ?finished.invocation_id,
+                tool = %crate::domain::names::bounded_name(&request.name),
+                status = finished.outcome.status().as_str(),
+                reason_code = finished.outcome.reason_code().map(|code| code.as_str()),
+                duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "tool call finished"
+            );
             let truncated = finished
                 .content
                 .iter()

@@ -9,6 +9,7 @@ mod fuzz;
 mod gates;
 mod http;
 mod mcp;
+mod operations;
 mod pipeline;
 mod recovery;
 mod security;

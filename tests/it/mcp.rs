@@ -171,6 +171,7 @@ fn settings(
         enabled: true,
         state_dir: state.join(server_id),
         run_as: None,
+        path: None,
     }
 }
 
@@ -1119,4 +1120,44 @@ async fn decision_26_covers_conditionally_idempotent_failures_and_keys_reach_the
         )),
         "{meta}"
     );
+}
+
+/// A stdio server's PATH is the operator's to set: a bare program name is
+/// looked up there (and the child sees it); without it, the system's
+/// program folders only, where the scripted server is not.
+#[tokio::test]
+async fn a_stdio_servers_path_finds_a_bare_program() {
+    let folder = scripted_server()
+        .parent()
+        .expect("the examples folder")
+        .display()
+        .to_string();
+    for (path, connects) in [
+        (Some(format!("{folder}:/usr/bin:/bin")), true),
+        (None, false),
+    ] {
+        let (store, _db) = sqlite().await;
+        let live = live(store.clone(), |state| {
+            let mut server = scripted("reads", "basic", reads("reads"), state);
+            server.program = "scripted_server".into();
+            server.path = path.clone();
+            vec![server]
+        })
+        .await;
+        let prepared = live.prepare().await;
+        assert_eq!(
+            prepared.registered.contains(&"mcp.reads.env".to_owned()),
+            connects,
+            "{path:?}: {prepared:?}"
+        );
+        if connects {
+            let outcome = live.call("mcp.reads.env", json!({})).await;
+            let text = text_of(finished(&outcome));
+            assert!(
+                text.contains(&format!("PATH={folder}:/usr/bin:/bin")),
+                "{text}"
+            );
+        }
+        live.servers.shutdown().await;
+    }
 }

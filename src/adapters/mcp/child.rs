@@ -59,6 +59,9 @@ pub struct ChildSpec {
     pub state_dir: PathBuf,
     /// The user it runs as; toolgate's own when `None`.
     pub run_as: Option<RunAs>,
+    /// Its `PATH` (also where a bare program name is looked up);
+    /// [`CHILD_PATH`] when `None`.
+    pub path: Option<String>,
 }
 
 /// Why a child could not be started.
@@ -89,7 +92,10 @@ pub fn environment(spec: &ChildSpec) -> Vec<(String, String)> {
     let home = spec.state_dir.display().to_string();
     let tmp = spec.state_dir.join("tmp").display().to_string();
     let mut environment: BTreeMap<String, String> = [
-        ("PATH", CHILD_PATH.to_owned()),
+        (
+            "PATH",
+            spec.path.clone().unwrap_or_else(|| CHILD_PATH.to_owned()),
+        ),
         ("HOME", home),
         ("LANG", CHILD_LANG.to_owned()),
         ("TMPDIR", tmp),
@@ -353,6 +359,7 @@ mod tests {
             credential: Some(("API_TOKEN".to_owned(), SecretValue::new("tok-123"))),
             state_dir: folder.join("state/probe"),
             run_as: None,
+            path: None,
         }
     }
 

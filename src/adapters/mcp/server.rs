@@ -86,6 +86,8 @@ pub struct StdioServerSettings {
     pub state_dir: PathBuf,
     /// The user it runs as; toolgate's own when `None`.
     pub run_as: Option<RunAs>,
+    /// Its `PATH`; the system's program folders when `None`.
+    pub path: Option<String>,
 }
 
 impl StdioServerSettings {
@@ -403,6 +405,7 @@ impl McpServer {
                     credential,
                     state_dir: settings.state_dir.clone(),
                     run_as: settings.run_as,
+                    path: settings.path.clone(),
                 };
                 Connection::open(
                     &spec,

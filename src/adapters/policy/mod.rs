@@ -190,6 +190,47 @@ impl PolicyEngine for RuleFilePolicy {
     }
 }
 
+/// A rule file that can be read again while toolgate runs (on SIGHUP): the
+/// new file is parsed and validated whole before it replaces the old one,
+/// so a bad file leaves the rules in force as they were.
+pub struct ReloadablePolicy {
+    path: std::path::PathBuf,
+    current: std::sync::RwLock<std::sync::Arc<RuleFilePolicy>>,
+}
+
+impl ReloadablePolicy {
+    /// The rules in `path`, read now.
+    pub fn load(path: &Path) -> Result<Self, PolicyFileError> {
+        Ok(ReloadablePolicy {
+            path: path.to_path_buf(),
+            current: std::sync::RwLock::new(std::sync::Arc::new(RuleFilePolicy::load(path)?)),
+        })
+    }
+
+    /// Reads the file again; on any error the old rules stay in force.
+    pub fn reload(&self) -> Result<(), PolicyFileError> {
+        let fresh = std::sync::Arc::new(RuleFilePolicy::load(&self.path)?);
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+
+    fn rules(&self) -> std::sync::Arc<RuleFilePolicy> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl PolicyEngine for ReloadablePolicy {
+    fn evaluate<'a>(&'a self, action: &'a ProposedAction<'a>) -> BoxFuture<'a, PolicyDecision> {
+        Box::pin(std::future::ready(self.rules().decide(action)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,237 @@
+//! What an operator configures and sees: the control socket's mode and
+//! group, per-tenant approval holds, a stdio server's PATH, the policy
+//! reloaded on SIGHUP, PostgreSQL over TLS, the log filter.
+
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::serve::{Served, TENANT, http, json_of};
+
+#[test]
+fn the_control_socket_takes_the_configured_mode_and_group() {
+    let gid = nix::unistd::getgid().as_raw();
+    let served = Served::start_edited(
+        |_, config| {
+            config.replace(
+                "socket = \"run/control.sock\"\n",
+                &format!(
+                    "socket = \"run/control.sock\"\nsocket_mode = \"0660\"\nsocket_group = \"{gid}\"\n"
+                ),
+            )
+        },
+        &[],
+    );
+    let metadata = std::fs::metadata(&served.socket).unwrap();
+    assert_eq!(metadata.permissions().mode() & 0o777, 0o660);
+    assert_eq!(metadata.gid(), gid);
+}
+
+/// Bad operator settings are refused with their field paths.
+#[test]
+fn operator_settings_are_checked() {
+    let folder = tempfile::tempdir().unwrap();
+    let file = folder.path().join("toolgate.toml");
+    std::fs::write(
+        &file,
+        r#"
+[control]
+socket = "run/control.sock"
+socket_mode = "0666"
+socket_group = "no-such-group-here"
+
+[store]
+url = "sqlite://toolgate.db"
+
+[artifacts]
+directory = "state/artifacts"
+
+[runtime]
+worker_threads = 0
+drain_timeout_seconds = 0
+
+[log]
+level = "loud"
+
+[bridge.tenant_approval_hold_seconds]
+"not a tenant" = 5
+
+[[mcp.servers]]
+server_id = "relative"
+command = "server"
+path = "bin:/usr/bin"
+"#,
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for field in [
+        "control.socket_mode",
+        "control.socket_group",
+        "runtime.worker_threads",
+        "runtime.drain_timeout_seconds",
+        "log.level",
+        "bridge.tenant_approval_hold_seconds",
+        "mcp.servers[0].path",
+    ] {
+        assert!(stderr.contains(field), "{field} missing:\n{stderr}");
+    }
+}
+
+/// A tenant's own approval hold applies to its turns; others keep the
+/// default.
+#[test]
+fn a_tenant_approval_hold_overrides_the_default() {
+    let served = Served::start_edited(
+        |_, config| {
+            config.replace(
+                "turn_call_cap = 64\n",
+                &format!(
+                    "turn_call_cap = 64\n\n[bridge.tenant_approval_hold_seconds]\n{TENANT} = 1\n"
+                ),
+            )
+        },
+        &[],
+    );
+    let session = served.session();
+    let script = "hold";
+    let (_, socket, token) = served.turn(session, Uuid::new_v4(), script, None);
+    let authorization = format!("Bearer {token}");
+    let started = Instant::now();
+    let (status, _, body) = http(
+        &socket,
+        "POST",
+        "/v1/call",
+        &[("Authorization", &authorization)],
+        Some(br#"{"call": "demo.external_write", "arguments": {"line": "held"}}"#),
+    );
+    assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(json_of(&body)["error"]["code"], "turn_suspended");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// SIGHUP reads the policy file again: a valid one takes effect, a broken
+/// one is refused and the rules in force stay.
+#[test]
+fn the_policy_is_reloaded_on_sighup_and_a_bad_file_keeps_the_old() {
+    let served = Served::start();
+    let session = served.session();
+    let policy = served.folder.path().join("policy.toml");
+    let echo = |step: u32| {
+        let (status, body) = served.echo(session, Uuid::new_v4(), step, "c1", "demo.echo");
+        assert_eq!(status, 200, "{body}");
+        body["results"][0]["outcome"]["status"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(echo(1), "succeeded");
+    let hangup = || {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(served.pid().unwrap() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .unwrap();
+    };
+    let logged = |text: &str| {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if served.logs.lock().unwrap().contains(text) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    };
+    std::fs::write(
+        &policy,
+        "[[rules]]\ntools = [\"demo.echo\"]\ndecision = \"deny\"\n",
+    )
+    .unwrap();
+    hangup();
+    assert!(logged("policy reloaded"));
+    assert_eq!(echo(2), "denied");
+    std::fs::write(&policy, "[[rules]]\ntools = 42\n").unwrap();
+    hangup();
+    assert!(logged("policy not reloaded"));
+    assert_eq!(echo(3), "denied", "the rules in force stayed");
+    let (status, _) = served.post("/v1/sessions", &json!({}));
+    assert_eq!(status, 400, "still serving");
+}
+
+/// The store reaches PostgreSQL over TLS when the URL asks for it.
+#[tokio::test]
+async fn postgres_is_reached_over_tls_when_the_url_asks() {
+    use sqlx::Connection as _;
+    let Some(schema) = crate::store::PgSchema::create().await else {
+        return;
+    };
+    let separator = if schema.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{separator}sslmode=require", schema.url);
+    let store = toolgate::adapters::store::connect(&url)
+        .await
+        .expect("the store connects over TLS");
+    assert!(store.pending_migrations().await.unwrap().is_empty());
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    let tls: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert!(tls);
+    // A root certificate that does not sign the server's is refused.
+    let folder = tempfile::tempdir().unwrap();
+    let root = folder.path().join("root.pem");
+    std::fs::write(&root, include_str!("../testdata/unrelated-ca.pem")).unwrap();
+    let strict = format!(
+        "{}{separator}sslmode=verify-full&sslrootcert={}",
+        schema.url,
+        root.display()
+    );
+    assert!(toolgate::adapters::store::connect(&strict).await.is_err());
+}
+
+/// One INFO line per finished call (identity, status, time: nothing of the
+/// arguments); `log.level` filters, `RUST_LOG` wins over it.
+#[test]
+fn finished_calls_are_logged_once_and_the_level_is_configurable() {
+    let mut served = Served::start();
+    let session = served.session();
+    let (status, _) = served.echo(session, Uuid::new_v4(), 1, "c1", "demo.echo");
+    assert_eq!(status, 200);
+    assert!(served.stop());
+    let logs = served.logs.lock().unwrap().clone();
+    let finished: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("tool call finished"))
+        .collect();
+    assert_eq!(finished.len(), 1, "{logs}");
+    let line: serde_json::Value = serde_json::from_str(finished[0]).unwrap();
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["fields"]["tool"], "demo.echo");
+    assert_eq!(line["fields"]["status"], "succeeded");
+    assert!(line["fields"]["duration_ms"].is_u64(), "{line}");
+    assert!(!finished[0].contains("\"hi\""), "no arguments: {line}");
+
+    let quiet = Served::start_edited(
+        |_, config| format!("{config}\n[log]\nlevel = \"warn\"\n"),
+        &[],
+    );
+    let loud = Served::start_edited(
+        |_, config| format!("{config}\n[log]\nlevel = \"warn\"\n"),
+        &[("RUST_LOG", "info".to_owned())],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!quiet.logs.lock().unwrap().contains("toolgate serving"));
+    assert!(loud.logs.lock().unwrap().contains("toolgate serving"));
+}
