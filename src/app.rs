@@ -17,7 +17,8 @@ use crate::adapters::mcp::child::RunAs;
 use crate::adapters::mcp::{AuthSettings, HttpServerSettings, McpServerSet, StdioServerSettings};
 use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
 use crate::adapters::store;
-use crate::adapters::telemetry::{MeteredInvocations, MetricsRegistry};
+use crate::adapters::telemetry::{MeteredInvocations, MetricsRegistry, Sample, Sampler};
+use crate::api::ops::Operations;
 use crate::api::{ApiParts, ApiSettings, ControlApi};
 use crate::bridge::{
     Bridge, BridgeParts, BridgeSettings, ConnectionCap, EdgeLimits, InFlight, Turns,
@@ -504,7 +505,8 @@ pub async fn serve(
         None => Arc::new(RuleFilePolicy::built_in()),
     };
     let credentials = credential_resolver(&config, environment);
-    let metrics: Arc<dyn Metrics> = Arc::new(MetricsRegistry::default());
+    let registry_of_metrics = Arc::new(MetricsRegistry::default());
+    let metrics: Arc<dyn Metrics> = registry_of_metrics.clone();
     if config.mcp.run_as.is_some()
         || config
             .mcp
@@ -627,7 +629,7 @@ pub async fn serve(
         invocations: store.clone(),
         reviews: store.clone(),
         events: store.clone(),
-        metrics,
+        metrics: metrics.clone(),
         in_flight: in_flight.clone(),
         connections: connections(config.limits.control_connections),
         clock: clock.clone(),
@@ -635,8 +637,20 @@ pub async fn serve(
             limits: edge_limits,
         },
     });
-    // Both listeners are bound before anything is served; if either cannot
-    // be, nothing was, and the lease ends with the attempt.
+    registry_of_metrics.add_sampler(Arc::new(ServeSampler {
+        in_flight: in_flight.clone(),
+        bridge: bridge.clone(),
+        servers: servers.clone(),
+        store: store.clone(),
+    }));
+    let operations = Arc::new(Operations {
+        metrics: metrics.clone(),
+        schema: store.clone(),
+        in_flight: in_flight.clone(),
+        connections: ConnectionCap::new(OPS_CONNECTIONS),
+    });
+    // Every listener is bound before anything is served; if one cannot be,
+    // nothing was, and the lease ends with the attempt.
     let listeners = async {
         let tcp = match (&config.control.tcp, &config.control.token_ref) {
             (Some(address), Some(reference)) => {
@@ -654,10 +668,20 @@ pub async fn serve(
             }
             _ => None,
         };
-        Ok::<_, AppError>((bind_control(&config.control)?, tcp))
+        let ops = match &config.ops.listen {
+            Some(address) => {
+                let ops = tokio::net::TcpListener::bind(address.as_str())
+                    .await
+                    .map_err(|error| AppError::Startup(format!("ops.listen: {error}")))?;
+                tracing::info!(address = %address, "operations listener serving");
+                Some(ops)
+            }
+            None => None,
+        };
+        Ok::<_, AppError>((bind_control(&config.control)?, tcp, ops))
     }
     .await;
-    let (listener, tcp) = match listeners {
+    let (listener, tcp, ops) = match listeners {
         Ok(listeners) => listeners,
         Err(error) => {
             worker.release().await?;
@@ -672,6 +696,10 @@ pub async fn serve(
     let serving_tcp = tcp.map(|(tcp, token)| {
         tokio::spawn(api.clone().serve_control_tcp(tcp, token, shutdown.clone()))
     });
+    // The operations listener answers until the process ends: a draining
+    // process is not ready, and says so.
+    let stop_ops = CancellationToken::new();
+    let serving_ops = ops.map(|ops| tokio::spawn(operations.serve(ops, stop_ops.clone())));
     tracing::info!(socket = %config.control.socket.display(), "toolgate serving");
 
     let mut terminate =
@@ -718,10 +746,60 @@ pub async fn serve(
         _ = terminate.recv() => tracing::warn!("toolgate forced to stop"),
         _ = interrupt.recv() => tracing::warn!("toolgate forced to stop"),
     }
+    stop_ops.cancel();
+    if let Some(serving_ops) = serving_ops {
+        let _ = serving_ops.await;
+    }
     let _ = std::fs::remove_file(&config.control.socket);
     worker.release().await?;
     tracing::info!("toolgate stopped");
     Ok(())
+}
+
+/// Connections the operations listener holds at once.
+const OPS_CONNECTIONS: usize = 16;
+
+/// The gauges read when metrics are scraped.
+struct ServeSampler {
+    in_flight: Arc<InFlight>,
+    bridge: Arc<Bridge>,
+    servers: Arc<McpServerSet>,
+    store: Arc<dyn crate::ports::Store>,
+}
+
+impl Sampler for ServeSampler {
+    fn sample(&self) -> crate::ports::BoxFuture<'_, Vec<Sample>> {
+        Box::pin(async move {
+            let count = |value: usize| i64::try_from(value).unwrap_or(i64::MAX);
+            let mut samples: Vec<Sample> = vec![
+                (
+                    "requests_in_flight",
+                    Vec::new(),
+                    count(usize::try_from(self.in_flight.count()).unwrap_or(usize::MAX)),
+                ),
+                ("turns_open", Vec::new(), count(self.bridge.open_turns())),
+            ];
+            for (server, connected) in self.servers.connection_counts().await {
+                samples.push((
+                    "mcp_connections",
+                    vec![("server", server)],
+                    count(connected),
+                ));
+            }
+            match self.store.queue_depths().await {
+                Ok(depths) => {
+                    samples.push((
+                        "review_queue_depth",
+                        Vec::new(),
+                        depths.unresolved_uncertain,
+                    ));
+                    samples.push(("approvals_pending", Vec::new(), depths.pending_approvals));
+                }
+                Err(error) => tracing::warn!(error = %error, "queue depths not read"),
+            }
+            samples
+        })
+    }
 }
 
 /// Closes expired turns and forgets idle sessions, until `shutdown`.

@@ -162,17 +162,13 @@ impl ControlApi {
         Ok((lines, last))
     }
 
-    /// The Prometheus text exposition, with the requests being served.
-    pub(super) fn metrics(&self) -> Reply {
-        let mut text = self.parts.metrics.render();
-        text.push_str(&format!(
-            "# HELP toolgate_requests_in_flight Control and bridge requests being served.\n# TYPE toolgate_requests_in_flight gauge\ntoolgate_requests_in_flight {}\n",
-            self.parts.in_flight.count()
-        ));
+    /// The metrics exposition (also served by the operations listener).
+    pub(super) async fn metrics(&self) -> Reply {
+        let text = self.parts.metrics.render().await;
         let mut response = Response::new(Full::new(Bytes::from(text)).boxed_unsync());
         response.headers_mut().insert(
             CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
+            HeaderValue::from_static(crate::ports::metrics::CONTENT_TYPE),
         );
         response
     }

@@ -194,7 +194,7 @@ impl ControlApi {
             (Method::GET, ["healthz"]) => Ok(reply(StatusCode::OK, &json!({"status": "ok"}))),
             (Method::GET, ["readyz"]) if draining => Err(ApiError::Draining),
             (Method::GET, ["readyz"]) => Ok(reply(StatusCode::OK, &json!({"status": "ready"}))),
-            (Method::GET, ["metrics"]) => Ok(self.metrics()),
+            (Method::GET, ["metrics"]) => Ok(self.metrics().await),
             (Method::POST, ["v1", "sessions"]) => self.open_session(routed).await,
             (Method::POST, ["v1", "calls"]) => self.calls(routed).await,
             (Method::POST, ["v1", "turns"]) => self.open_turn(routed).await,

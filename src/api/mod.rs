@@ -13,6 +13,7 @@ pub mod client;
 mod events;
 mod listen;
 mod operator;
+pub mod ops;
 mod sessions;
 mod tenants;
 mod wire;

@@ -266,6 +266,11 @@ impl Bridge {
         }
     }
 
+    /// Turns open now.
+    pub fn open_turns(&self) -> usize {
+        self.servers().len()
+    }
+
     /// The sessions open turns belong to: they stay in memory while a turn
     /// may still call.
     pub fn sessions_in_use(&self) -> HashSet<Uuid> {

@@ -98,6 +98,19 @@ pub struct Config {
     /// # Logging
     #[serde(default)]
     pub log: LogConfig,
+    /// # Operations listener
+    #[serde(default)]
+    pub ops: OpsConfig,
+}
+
+/// The operations listener: metrics and probes on TCP, nothing else.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpsConfig {
+    /// Where `/metrics`, `/healthz` and `/readyz` answer (`127.0.0.1:9464`,
+    /// or a pod's address); off when unset.
+    #[serde(default)]
+    pub listen: Option<String>,
 }
 
 /// The node's identity.
@@ -801,6 +814,14 @@ impl Config {
         let mut errors = Vec::new();
         let mut push = |path: String, message: String| errors.push(ConfigError { path, message });
 
+        if let Some(listen) = &self.ops.listen
+            && listen.parse::<SocketAddr>().is_err()
+        {
+            push(
+                "ops.listen".into(),
+                "must be an address like 127.0.0.1:9464".into(),
+            );
+        }
         match u32::from_str_radix(&self.control.socket_mode, 8) {
             Ok(mode) if mode & !0o770 == 0 && mode & 0o600 == 0o600 => {}
             _ => push(

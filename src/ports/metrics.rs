@@ -2,6 +2,9 @@
 //! `/metrics` serves. The registry itself is an adapter
 //! (`adapters::telemetry`); this is the narrow surface the others see.
 
+/// The content type of the exposition [`Metrics::render`] writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// A metric's labels, in the order they are rendered. Never a tenant: that
 /// belongs in the row, not in a metric.
 pub type Labels = Vec<(&'static str, String)>;
@@ -19,6 +22,7 @@ pub trait Metrics: Send + Sync {
     /// Records one observation of a histogram.
     fn observe(&self, name: &'static str, labels: Labels, value: f64);
 
-    /// The Prometheus text exposition of everything counted.
-    fn render(&self) -> String;
+    /// The exposition of everything counted (OpenMetrics text), gauges
+    /// read as of now.
+    fn render(&self) -> super::BoxFuture<'_, String>;
 }

@@ -23,8 +23,8 @@ pub use store::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BreakerTally, CatalogEntry, CatalogGeneration,
     CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome,
     InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, Store,
-    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
+    PreparationRecord, QueueDepths, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore,
+    Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
 };
 pub use tool::{
     ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken,

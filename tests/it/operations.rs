@@ -235,3 +235,70 @@ fn finished_calls_are_logged_once_and_the_level_is_configurable() {
     assert!(!quiet.logs.lock().unwrap().contains("toolgate serving"));
     assert!(loud.logs.lock().unwrap().contains("toolgate serving"));
 }
+
+/// A GET over TCP: (status, body).
+fn get_tcp(address: &str, path: &str, method: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: ops\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The operations listener serves metrics and probes, and nothing of the
+/// control API or of any tenant.
+#[test]
+fn the_operations_listener_serves_metrics_and_probes_only() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let served = Served::start_edited(
+        |_, config| format!("{config}\n[ops]\nlisten = \"{address}\"\n"),
+        &[],
+    );
+    let session = served.session();
+    let (status, _) = served.echo(session, Uuid::new_v4(), 1, "c1", "mcp.reads.echo");
+    assert_eq!(status, 200);
+    assert_eq!(get_tcp(&address, "/healthz", "GET").0, 200);
+    assert_eq!(get_tcp(&address, "/readyz", "GET").0, 200);
+    let (status, metrics) = get_tcp(&address, "/metrics", "GET");
+    assert_eq!(status, 200);
+    for expected in [
+        "toolgate_build_info{version=\"",
+        "toolgate_tool_calls_total{name=\"mcp.reads.echo\",source=\"mcp\",outcome_status=\"succeeded\"} 1",
+        "toolgate_mcp_requests_total{server=\"reads\",method=\"tools/call\",outcome=\"ok\"} 1",
+        "toolgate_mcp_connections{server=\"reads\"} 1",
+        "toolgate_store_commit_seconds_count{operation=\"complete\"} 1",
+        "toolgate_turns_open 0\n",
+        "toolgate_requests_in_flight ",
+        "toolgate_review_queue_depth 0",
+        "toolgate_approvals_pending 0",
+        "toolgate_process_resident_memory_bytes ",
+        "toolgate_process_open_fds ",
+        "# EOF",
+    ] {
+        assert!(metrics.contains(expected), "{expected} missing:\n{metrics}");
+    }
+    assert!(!metrics.contains(TENANT), "no tenant in a metric");
+    for path in ["/v1/sessions", "/v1/events?after=0", "/v1/approvals"] {
+        assert_eq!(get_tcp(&address, path, "GET").0, 404, "{path}");
+    }
+    assert_eq!(get_tcp(&address, "/metrics", "POST").0, 405);
+}

@@ -372,8 +372,8 @@ mod tests {
             *self.0.lock().unwrap().entry(name).or_default() += amount;
         }
         fn observe(&self, _: &'static str, _: crate::ports::Labels, _: f64) {}
-        fn render(&self) -> String {
-            String::new()
+        fn render(&self) -> crate::ports::BoxFuture<'_, String> {
+            Box::pin(async { String::new() })
         }
     }
 

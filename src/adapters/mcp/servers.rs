@@ -274,6 +274,26 @@ impl McpServerSet {
         }
     }
 
+    /// Live connections: each operator server's (by id), and the tenants'
+    /// servers' together (never a label per tenant).
+    pub async fn connection_counts(&self) -> Vec<(String, usize)> {
+        let mut counts = Vec::with_capacity(self.operator.len() + 1);
+        for server in &self.operator {
+            counts.push((
+                server.server_id().to_owned(),
+                usize::from(server.is_connected().await),
+            ));
+        }
+        let tenants: Vec<Arc<McpServer>> =
+            lock(&self.tenants).values().flatten().cloned().collect();
+        let mut connected = 0;
+        for server in tenants {
+            connected += usize::from(server.is_connected().await);
+        }
+        counts.push(("tenant_servers".to_owned(), connected));
+        counts
+    }
+
     /// Whether an operator server `server_id` has a live connection (for
     /// tests and health).
     pub async fn is_connected(&self, server_id: &str) -> bool {

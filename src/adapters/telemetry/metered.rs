@@ -28,6 +28,15 @@ impl MeteredInvocations {
     }
 }
 
+/// Records how long one of the hot path's commits took.
+fn commit_time(metrics: &dyn Metrics, operation: &str, started: std::time::Instant) {
+    metrics.observe(
+        "store_commit_seconds",
+        vec![("operation", operation.to_owned())],
+        started.elapsed().as_secs_f64(),
+    );
+}
+
 /// Counts the terminal events among `events`.
 fn count(metrics: &dyn Metrics, events: &[ToolEvent]) {
     for event in events {
@@ -80,7 +89,6 @@ macro_rules! delegate {
 
 impl InvocationStore for MeteredInvocations {
     delegate! {
-        mark_effect_sent(tenant: &'a str, id: Uuid, fence: Fence, now: DateTime<Utc>) -> Result<bool, StoreError>;
         invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
         run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
         claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
@@ -92,6 +100,21 @@ impl InvocationStore for MeteredInvocations {
         reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: DateTime<Utc>) -> Result<bool, StoreError>;
     }
 
+    fn mark_effect_sent<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let marked = self.inner.mark_effect_sent(tenant, id, fence, now).await?;
+            commit_time(self.metrics.as_ref(), "watermark", started);
+            Ok(marked)
+        })
+    }
+
     fn insert_invocation<'a>(
         &'a self,
         new: &'a NewInvocation,
@@ -99,7 +122,9 @@ impl InvocationStore for MeteredInvocations {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
+            let started = std::time::Instant::now();
             let outcome = self.inner.insert_invocation(new, claim, events).await?;
+            commit_time(self.metrics.as_ref(), "insert", started);
             if matches!(outcome, InsertOutcome::Inserted(_)) {
                 count(self.metrics.as_ref(), events);
             }
@@ -155,10 +180,12 @@ impl InvocationStore for MeteredInvocations {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
+            let started = std::time::Instant::now();
             let row = self
                 .inner
                 .claim_invocation(tenant, id, fence, now, events)
                 .await?;
+            commit_time(self.metrics.as_ref(), "claim", started);
             if row.is_some() {
                 count(self.metrics.as_ref(), events);
             }
@@ -196,10 +223,12 @@ impl InvocationStore for MeteredInvocations {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            let started = std::time::Instant::now();
             let written = self
                 .inner
                 .complete_invocation(tenant, id, fence, terminal, events, now)
                 .await?;
+            commit_time(self.metrics.as_ref(), "complete", started);
             if written {
                 count(self.metrics.as_ref(), events);
             }

@@ -1,12 +1,26 @@
-//! The metrics registry: the document's series kept in process and
-//! rendered as Prometheus text. Labels are tool, source, status, code and
-//! server: never a tenant, which belongs in the row rather than in a metric.
+//! The metrics registry on `prometheus-client`: the design's series with a
+//! `toolgate_` prefix, the gauges operators ask for first (sampled when
+//! scraped), the process's own and the build's, in the OpenMetrics text
+//! format. Labels are tool, source, status, code and server: never a tenant,
+//! which belongs in the row rather than in a metric.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
-/// Bucket bounds of `tool_duration_seconds`.
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::ports::BoxFuture;
+use crate::ports::metrics::{Labels, Metrics};
+
+/// The prefix of every series.
+pub const PREFIX: &str = "toolgate";
+
+/// Bucket bounds of durations (seconds).
 const DURATION_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
@@ -14,187 +28,333 @@ const DURATION_BUCKETS: &[f64] = &[
 const BYTES_BUCKETS: &[f64] = &[
     64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
 ];
+/// Bucket bounds of store commits (seconds).
+const COMMIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 
-use crate::ports::metrics::{Labels, Metrics};
+/// The counters: name (with `_total`, as callers count them) and help.
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        "tool_calls_total",
+        "Calls ended, by tool, source and outcome status",
+    ),
+    (
+        "tool_failures_total",
+        "Calls that did not succeed, by tool, source and reason code",
+    ),
+    ("tool_truncations_total", "Results excerpted to an artifact"),
+    (
+        "tool_uncertain_total",
+        "Calls whose effect is unknown: each one is a human review",
+    ),
+    (
+        "mcp_requests_total",
+        "MCP requests, by server, method and outcome",
+    ),
+    (
+        "mcp_connect_failures_total",
+        "MCP connections that failed, by server and reason code",
+    ),
+    (
+        "bridge_refusals_total",
+        "Bridge requests refused before any call",
+    ),
+    (
+        "mcp_stderr_dropped_bytes_total",
+        "Bytes of MCP servers' stderr over the logging budget, dropped",
+    ),
+];
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    buckets: Vec<u64>,
-    count: u64,
-    sum: f64,
+/// The histograms: name, help, buckets.
+const HISTOGRAMS: &[(&str, &str, &[f64])] = &[
+    (
+        "tool_duration_seconds",
+        "Execution time of calls that ran",
+        DURATION_BUCKETS,
+    ),
+    (
+        "tool_output_bytes",
+        "Output size of calls that ran",
+        BYTES_BUCKETS,
+    ),
+    (
+        "store_commit_seconds",
+        "Time of the pipeline's store commits, by operation",
+        COMMIT_BUCKETS,
+    ),
+];
+
+/// The gauges: name, help, and whether they carry labels. (The library
+/// ends every help text with a full stop.)
+const GAUGES: &[(&str, &str, bool)] = &[
+    (
+        "requests_in_flight",
+        "Requests in flight on the control API and the bridge",
+        false,
+    ),
+    ("turns_open", "Orchestration turns open", false),
+    (
+        "mcp_connections",
+        "Live MCP connections: operator servers by id, tenant servers together",
+        true,
+    ),
+    (
+        "review_queue_depth",
+        "UNCERTAIN calls not yet resolved by a human",
+        false,
+    ),
+    (
+        "approvals_pending",
+        "Approvals waiting for a decision",
+        false,
+    ),
+    (
+        "build_info",
+        "The build: always 1, its version and revision as labels",
+        true,
+    ),
+    (
+        "process_cpu_seconds",
+        "CPU time the process has used, user and system",
+        false,
+    ),
+    (
+        "process_resident_memory_bytes",
+        "Resident memory of the process",
+        false,
+    ),
+    (
+        "process_open_fds",
+        "File descriptors the process holds",
+        false,
+    ),
+    (
+        "process_start_time_seconds",
+        "When the process started, in seconds since the epoch",
+        false,
+    ),
+];
+
+/// One gauge reading: name, labels, value.
+pub type Sample = (&'static str, Labels, i64);
+
+/// Reads gauges when the registry is scraped (counts held elsewhere: the
+/// turns, the connections, the store's queues).
+pub trait Sampler: Send + Sync {
+    /// The readings of this moment.
+    fn sample(&self) -> BoxFuture<'_, Vec<Sample>>;
 }
 
-#[derive(Default)]
-struct State {
-    counters: BTreeMap<(&'static str, Labels), u64>,
-    histograms: BTreeMap<(&'static str, Labels), Histogram>,
+type Owned = Vec<(String, String)>;
+type HistogramFamily = Family<Owned, Histogram, Buckets>;
+
+/// Makes a family's histograms with one set of bucket bounds.
+#[derive(Clone)]
+struct Buckets(&'static [f64]);
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
 }
 
-/// The registry: counters and histograms by name and labels.
-#[derive(Default)]
+/// The registry.
 pub struct MetricsRegistry {
-    state: Mutex<State>,
+    registry: Registry,
+    counters: HashMap<&'static str, Family<Owned, Counter>>,
+    histograms: HashMap<&'static str, HistogramFamily>,
+    gauges: HashMap<&'static str, Family<Owned, Gauge>>,
+    plain: HashMap<&'static str, Gauge>,
+    samplers: Mutex<Vec<Arc<dyn Sampler>>>,
 }
 
-fn help(name: &str) -> (&'static str, &'static str) {
-    match name {
-        "tool_calls_total" => (
-            "counter",
-            "Calls ended, by tool, source and outcome status.",
-        ),
-        "tool_failures_total" => (
-            "counter",
-            "Calls that did not succeed, by tool, source and reason code.",
-        ),
-        "tool_duration_seconds" => ("histogram", "Execution time of calls that ran."),
-        "tool_output_bytes" => ("histogram", "Output size of calls that ran."),
-        "tool_truncations_total" => ("counter", "Results excerpted to an artifact."),
-        "tool_uncertain_total" => (
-            "counter",
-            "Calls whose effect is unknown: each one is a human review.",
-        ),
-        "mcp_requests_total" => ("counter", "MCP requests, by server, method and outcome."),
-        "mcp_connect_failures_total" => (
-            "counter",
-            "MCP connections that failed, by server and reason code.",
-        ),
-        "bridge_refusals_total" => ("counter", "Bridge requests refused before any call."),
-        "mcp_stderr_dropped_bytes_total" => (
-            "counter",
-            "Bytes of MCP servers' stderr over the logging budget, dropped.",
-        ),
-        _ => ("untyped", ""),
+fn owned(labels: &Labels) -> Owned {
+    labels
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), value.clone()))
+        .collect()
+}
+
+impl Default for MetricsRegistry {
+    fn default() -> Self {
+        MetricsRegistry::new(
+            env!("CARGO_PKG_VERSION"),
+            option_env!("TOOLGATE_REVISION").unwrap_or("unknown"),
+        )
     }
 }
 
 impl MetricsRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// A registry of every series, with the build's version and revision.
+    pub fn new(version: &str, revision: &str) -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let mut counters = HashMap::new();
+        for (name, help) in COUNTERS {
+            let family = Family::<Owned, Counter>::default();
+            // The library writes the `_total` suffix itself.
+            registry.register(name.trim_end_matches("_total"), *help, family.clone());
+            counters.insert(*name, family);
+        }
+        let mut histograms = HashMap::new();
+        for (name, help, buckets) in HISTOGRAMS {
+            let family: HistogramFamily = Family::new_with_constructor(Buckets(buckets));
+            registry.register(*name, *help, family.clone());
+            histograms.insert(*name, family);
+        }
+        let mut gauges = HashMap::new();
+        let mut plain = HashMap::new();
+        for (name, help, labelled) in GAUGES {
+            if *labelled {
+                let family = Family::<Owned, Gauge>::default();
+                registry.register(*name, *help, family.clone());
+                gauges.insert(*name, family);
+            } else {
+                let gauge = Gauge::default();
+                registry.register(*name, *help, gauge.clone());
+                plain.insert(*name, gauge);
+            }
+        }
+        let metrics = MetricsRegistry {
+            registry,
+            counters,
+            histograms,
+            gauges,
+            plain,
+            samplers: Mutex::new(Vec::new()),
+        };
+        metrics.set(
+            "build_info",
+            vec![
+                ("version", version.to_owned()),
+                ("revision", revision.to_owned()),
+            ],
+            1,
+        );
+        metrics
     }
 
     /// A counter's value (for tests and health).
     pub fn counter(&self, name: &'static str, labels: &Labels) -> u64 {
-        self.lock()
-            .counters
-            .get(&(name, labels.clone()))
-            .copied()
-            .unwrap_or(0)
+        self.counters
+            .get(name)
+            .map_or(0, |family| family.get_or_create(&owned(labels)).get())
+    }
+
+    /// Adds a source of gauge readings, read at every scrape.
+    pub fn add_sampler(&self, sampler: Arc<dyn Sampler>) {
+        self.samplers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(sampler);
+    }
+
+    /// Sets a gauge.
+    pub fn set(&self, name: &'static str, labels: Labels, value: i64) {
+        if let Some(gauge) = self.plain.get(name) {
+            gauge.set(value);
+        } else if let Some(family) = self.gauges.get(name) {
+            family.get_or_create(&owned(&labels)).set(value);
+        }
+    }
+
+    fn sample_process(&self) {
+        let Some(process) = ProcessSample::read() else {
+            return;
+        };
+        self.set("process_cpu_seconds", Vec::new(), process.cpu_seconds);
+        self.set(
+            "process_resident_memory_bytes",
+            Vec::new(),
+            process.resident_bytes,
+        );
+        self.set("process_open_fds", Vec::new(), process.open_fds);
+        self.set(
+            "process_start_time_seconds",
+            Vec::new(),
+            process.start_time_seconds,
+        );
+    }
+}
+
+/// The process's own figures, from `/proc/self`.
+struct ProcessSample {
+    cpu_seconds: i64,
+    resident_bytes: i64,
+    open_fds: i64,
+    start_time_seconds: i64,
+}
+
+impl ProcessSample {
+    fn read() -> Option<Self> {
+        // Clock ticks and pages as Linux counts them (100 Hz, 4 KiB).
+        const TICKS: i64 = 100;
+        const PAGE: i64 = 4096;
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let fields: Vec<i64> = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .map(|field| field.parse().unwrap_or(0))
+            .collect();
+        let cpu = fields.get(11)? + fields.get(12)?;
+        let started_ticks = *fields.get(19)?;
+        let resident_pages = *fields.get(21)?;
+        let boot_time: i64 = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|line| line.strip_prefix("btime ")?.trim().parse().ok())?;
+        let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count();
+        Some(ProcessSample {
+            cpu_seconds: cpu / TICKS,
+            resident_bytes: resident_pages * PAGE,
+            open_fds: i64::try_from(open_fds).unwrap_or(i64::MAX),
+            start_time_seconds: boot_time + started_ticks / TICKS,
+        })
     }
 }
 
 impl Metrics for MetricsRegistry {
     fn add(&self, name: &'static str, labels: Labels, amount: u64) {
-        *self.lock().counters.entry((name, labels)).or_default() += amount;
+        if let Some(family) = self.counters.get(name) {
+            family.get_or_create(&owned(&labels)).inc_by(amount);
+        }
     }
 
-    /// Records one observation of a histogram.
     fn observe(&self, name: &'static str, labels: Labels, value: f64) {
-        let bounds = if name == "tool_output_bytes" {
-            BYTES_BUCKETS
-        } else {
-            DURATION_BUCKETS
-        };
-        let mut state = self.lock();
-        let histogram = state
-            .histograms
-            .entry((name, labels))
-            .or_insert_with(|| Histogram {
-                buckets: vec![0; bounds.len()],
-                ..Histogram::default()
-            });
-        for (bucket, bound) in histogram.buckets.iter_mut().zip(bounds) {
-            if value <= *bound {
-                *bucket += 1;
-            }
+        if let Some(family) = self.histograms.get(name) {
+            family.get_or_create(&owned(&labels)).observe(value);
         }
-        histogram.count += 1;
-        histogram.sum += value;
     }
 
-    /// The Prometheus text exposition.
-    fn render(&self) -> String {
-        let state = self.lock();
-        let mut out = String::new();
-        let mut described = Vec::new();
-        let mut describe = |out: &mut String, name: &'static str| {
-            if !described.contains(&name) {
-                let (kind, text) = help(name);
-                let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
-                described.push(name);
+    fn render(&self) -> BoxFuture<'_, String> {
+        Box::pin(async move {
+            let samplers: Vec<Arc<dyn Sampler>> = self
+                .samplers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            for sampler in samplers {
+                for (name, labels, value) in sampler.sample().await {
+                    self.set(name, labels, value);
+                }
             }
-        };
-        for ((name, labels), value) in &state.counters {
-            describe(&mut out, name);
-            let _ = writeln!(out, "{name}{} {value}", render_labels(labels, None));
-        }
-        for ((name, labels), histogram) in &state.histograms {
-            describe(&mut out, name);
-            let bounds = if *name == "tool_output_bytes" {
-                BYTES_BUCKETS
-            } else {
-                DURATION_BUCKETS
-            };
-            for (bound, count) in bounds.iter().zip(&histogram.buckets) {
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{} {count}",
-                    render_labels(labels, Some(&bound.to_string()))
-                );
-            }
-            let _ = writeln!(
-                out,
-                "{name}_bucket{} {}",
-                render_labels(labels, Some("+Inf")),
-                histogram.count
-            );
-            let _ = writeln!(
-                out,
-                "{name}_sum{} {}",
-                render_labels(labels, None),
-                histogram.sum
-            );
-            let _ = writeln!(
-                out,
-                "{name}_count{} {}",
-                render_labels(labels, None),
-                histogram.count
-            );
-        }
-        out
+            self.sample_process();
+            let mut out = String::new();
+            // Writing to a String cannot fail.
+            let _ = encode(&mut out, &self.registry);
+            out
+        })
     }
-}
-
-fn render_labels(labels: &Labels, le: Option<&str>) -> String {
-    let mut parts: Vec<String> = labels
-        .iter()
-        .map(|(name, value)| format!("{name}=\"{}\"", escape(value)))
-        .collect();
-    if let Some(le) = le {
-        parts.push(format!("le=\"{le}\""));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("{{{}}}", parts.join(","))
-    }
-}
-
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn counters_and_histograms_render_as_prometheus_text() {
-        let metrics = MetricsRegistry::default();
+    #[tokio::test]
+    async fn series_render_as_openmetrics_with_the_prefix() {
+        let metrics = MetricsRegistry::new("0.1.0", "abc123");
         let labels = vec![
             ("name", "demo.echo".to_owned()),
             ("source", "builtin".to_owned()),
@@ -202,32 +362,20 @@ mod tests {
         metrics.increment("tool_truncations_total", labels.clone());
         metrics.increment("tool_truncations_total", labels.clone());
         metrics.observe("tool_duration_seconds", labels.clone(), 0.02);
-        let text = metrics.render();
-        assert!(
-            text.contains("# TYPE tool_truncations_total counter"),
-            "{text}"
-        );
-        assert!(
-            text.contains("tool_truncations_total{name=\"demo.echo\",source=\"builtin\"} 2"),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "tool_duration_seconds_bucket{name=\"demo.echo\",source=\"builtin\",le=\"0.01\"} 0"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "tool_duration_seconds_bucket{name=\"demo.echo\",source=\"builtin\",le=\"0.025\"} 1"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains("tool_duration_seconds_count{name=\"demo.echo\",source=\"builtin\"} 1"),
-            "{text}"
-        );
+        metrics.set("turns_open", Vec::new(), 3);
+        let text = metrics.render().await;
+        for expected in [
+            "# TYPE toolgate_tool_truncations counter",
+            "toolgate_tool_truncations_total{name=\"demo.echo\",source=\"builtin\"} 2",
+            "toolgate_tool_duration_seconds_bucket{le=\"0.01\",name=\"demo.echo\",source=\"builtin\"} 0",
+            "toolgate_tool_duration_seconds_count{name=\"demo.echo\",source=\"builtin\"} 1",
+            "toolgate_turns_open 3",
+            "toolgate_build_info{version=\"0.1.0\",revision=\"abc123\"} 1",
+            "toolgate_process_resident_memory_bytes ",
+            "# EOF",
+        ] {
+            assert!(text.contains(expected), "{expected} missing:\n{text}");
+        }
         assert_eq!(metrics.counter("tool_truncations_total", &labels), 2);
-        assert_eq!(escape("a\"b\n"), "a\\\"b\\n");
     }
 }

@@ -6,4 +6,4 @@ mod metered;
 mod metrics;
 
 pub use metered::MeteredInvocations;
-pub use metrics::MetricsRegistry;
+pub use metrics::{MetricsRegistry, Sample, Sampler};

@@ -486,6 +486,15 @@ pub trait InvocationStore: Send + Sync {
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
+/// What waits on a human, across every tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueDepths {
+    /// UNCERTAIN invocations not yet resolved.
+    pub unresolved_uncertain: i64,
+    /// Approvals pending.
+    pub pending_approvals: i64,
+}
+
 /// The review queue: UNCERTAIN rows and the resolutions recorded beside them.
 pub trait ReviewStore: Send + Sync {
     /// The review queue: the tenant's UNCERTAIN invocations no human has
@@ -495,6 +504,10 @@ pub trait ReviewStore: Send + Sync {
         tenant_id: &'a str,
         limit: i64,
     ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
+
+    /// Across every tenant: UNCERTAIN invocations not yet resolved, and
+    /// approvals waiting for a decision (for the operator's gauges).
+    fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>>;
 
     /// Records a resolution beside an UNCERTAIN invocation; the invocation's
     /// own row is not touched. Returns false when the invocation is not

@@ -31,7 +31,7 @@ pub use catalog::{
 pub use events::{EventRecord, EventStore, PlatformEvent};
 pub use invocations::{
     ArtifactRecord, BreakerTally, InsertOutcome, InvocationRecord, InvocationStore, NewInvocation,
-    ReviewRecord, ReviewStore, StoredArtifact, TerminalRecord, ToolEvent,
+    QueueDepths, ReviewRecord, ReviewStore, StoredArtifact, TerminalRecord, ToolEvent,
 };
 pub use sessions::{SessionRecord, SessionStore};
 pub use workers::{WorkerLease, WorkerStore};

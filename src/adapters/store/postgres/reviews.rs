@@ -28,6 +28,26 @@ impl ReviewStore for PostgresStore {
         })
     }
 
+    fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let row = sqlx::query(
+                "SELECT (SELECT count(*) FROM tool_invocations i WHERE i.outcome_status = 'uncertain' \
+                 AND NOT EXISTS (SELECT 1 FROM review_resolutions r WHERE r.tenant_id = i.tenant_id \
+                 AND r.invocation_id = i.id)) AS uncertain, \
+                 (SELECT count(*) FROM approvals WHERE status = 'pending') AS pending",
+            )
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(QueueDepths {
+                unresolved_uncertain: get(&row, "uncertain")?,
+                pending_approvals: get(&row, "pending")?,
+            })
+        })
+    }
+
     fn resolve_review<'a>(
         &'a self,
         tenant_id: &'a str,

@@ -19,8 +19,8 @@ use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
     CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,
     InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, StoreError,
-    StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
+    PreparationRecord, QueueDepths, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore,
+    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
 };
 
 /// Readers run beside the one writer (WAL).

@@ -1,0 +1,131 @@
+//! The operations listener: `/metrics`, `/healthz` and `/readyz` on TCP for
+//! Prometheus and orchestrator probes, and nothing else: no tenant data, no
+//! control. Ready means the store answers, is migrated, and the process is
+//! not draining.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::{Method, StatusCode};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::bridge::http::{ConnectionCap, InFlight, Reply, error, reply, serve_connection};
+use crate::ports::{Metrics, Schema};
+
+/// A request head must arrive within this.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long readiness waits for the store.
+const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the operations listener reads.
+pub struct Operations {
+    /// What `/metrics` renders.
+    pub metrics: Arc<dyn Metrics>,
+    /// The store, asked whether it is reachable and migrated.
+    pub schema: Arc<dyn Schema>,
+    /// Whether the process is draining.
+    pub in_flight: Arc<InFlight>,
+    /// Connections held at once.
+    pub connections: ConnectionCap,
+}
+
+impl Operations {
+    /// Serves `listener` until `shutdown` fires.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let stream = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(failure) => {
+                        tracing::warn!(error = %failure, "operations accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let Some(permit) = self.connections.admit() else {
+                continue;
+            };
+            let operations = self.clone();
+            tokio::spawn(serve_connection(
+                stream,
+                HEADER_TIMEOUT,
+                vec![permit],
+                move |request| {
+                    let operations = operations.clone();
+                    async move {
+                        operations
+                            .answer(request.method(), request.uri().path())
+                            .await
+                    }
+                },
+            ));
+        }
+    }
+
+    async fn answer(&self, method: &Method, path: &str) -> Reply {
+        if method != Method::GET {
+            return error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "the operations listener only answers GET",
+            );
+        }
+        match path {
+            "/healthz" => reply(StatusCode::OK, &json!({"status": "ok"})),
+            "/readyz" => self.readiness().await,
+            "/metrics" => {
+                use http_body_util::BodyExt as _;
+                let text = self.metrics.render().await;
+                let mut response = hyper::Response::new(
+                    http_body_util::Full::new(hyper::body::Bytes::from(text)).boxed_unsync(),
+                );
+                response.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static(crate::ports::metrics::CONTENT_TYPE),
+                );
+                response
+            }
+            _ => error(StatusCode::NOT_FOUND, "not_found", "no such resource"),
+        }
+    }
+
+    async fn readiness(&self) -> Reply {
+        if self.in_flight.draining() {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "draining",
+                "toolgate is shutting down",
+            );
+        }
+        match tokio::time::timeout(STORE_TIMEOUT, self.schema.pending_migrations()).await {
+            Ok(Ok(pending)) if pending.is_empty() => {
+                reply(StatusCode::OK, &json!({"status": "ready"}))
+            }
+            Ok(Ok(_)) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_not_migrated",
+                "the store has pending migrations",
+            ),
+            Ok(Err(failure)) => {
+                tracing::warn!(error = %failure, "readiness: the store did not answer");
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the store did not answer",
+                )
+            }
+            Err(_) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the store did not answer in time",
+            ),
+        }
+    }
+}
