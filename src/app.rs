@@ -128,12 +128,29 @@ pub async fn migrate(
 
 /// What `serve` needs before its runtime exists: the log filter and the
 /// runtime's threads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ProcessSettings {
     /// `log.level`.
     pub log_level: String,
     /// `runtime.worker_threads`.
     pub worker_threads: usize,
+    /// `[telemetry]`, when traces are exported.
+    pub otlp: Option<crate::adapters::telemetry::otlp::OtlpSettings>,
+}
+
+/// The process settings of the configuration at `path`.
+pub fn process_settings_of(config: &Config) -> ProcessSettings {
+    ProcessSettings {
+        log_level: config.log.level.clone(),
+        worker_threads: usize::try_from(config.runtime.worker_threads).unwrap_or(2),
+        otlp: config.telemetry.otlp_endpoint.as_ref().map(|endpoint| {
+            crate::adapters::telemetry::otlp::OtlpSettings {
+                endpoint: endpoint.clone(),
+                sampling_ratio: config.telemetry.sampling_ratio,
+                service_name: config.telemetry.service_name.clone(),
+            }
+        }),
+    }
 }
 
 /// The process settings of the configuration at `path`.
@@ -141,11 +158,7 @@ pub fn process_settings(
     path: &Path,
     environment: &BTreeMap<String, String>,
 ) -> Result<ProcessSettings, ConfigErrors> {
-    let config = Config::load(path, environment)?;
-    Ok(ProcessSettings {
-        log_level: config.log.level,
-        worker_threads: usize::try_from(config.runtime.worker_threads).unwrap_or(2),
-    })
+    Ok(process_settings_of(&Config::load(path, environment)?))
 }
 
 /// The operator's stdio servers as the MCP adapter takes them. The file is
@@ -619,6 +632,7 @@ pub async fn serve(
         pipeline: pipeline.clone(),
         approvals,
         artifacts,
+        continue_trace: crate::adapters::telemetry::otlp::continue_trace,
         tenant_servers: TenantServers::new(
             store.clone(),
             clock.clone(),

@@ -15,7 +15,11 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// The tool gateway beside agent sandboxes.
 #[derive(Parser)]
-#[command(name = "toolgate", version, about)]
+#[command(
+    name = "toolgate",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TOOLGATE_REVISION"), ")"),
+    about
+)]
 struct Cli {
     /// Log lines as JSON objects instead of text (to standard error).
     #[arg(long, global = true)]
@@ -26,6 +30,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print shell completions for toolgate to standard output.
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print toolgate's manual page (roff) to standard output.
+    Man,
     /// Validate a configuration file as a whole; every problem is printed
     /// with its field path.
     CheckConfig {
@@ -163,10 +174,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     // Logs go to standard error; spans carry identity and classification
-    // only, never arguments or results.
-    // The MCP library logs every notification and a server's self-description
-    // at INFO: a server could flood the log or fill it with its own text, so
-    // it is heard from at WARN only.
+    // only, never arguments or results, and go to the OTLP collector when
+    // one is configured.
     let environment: BTreeMap<String, String> = std::env::vars().collect();
     let process = match &cli.command {
         Command::Serve { config, .. } => toolgate::app::process_settings(config, &environment).ok(),
@@ -178,8 +187,19 @@ fn main() -> ExitCode {
             .map(String::as_str)
             .or(process.as_ref().map(|process| process.log_level.as_str())),
     );
+    let (traces, export) = match process.as_ref().and_then(|process| process.otlp.as_ref()) {
+        Some(settings) => match toolgate::adapters::telemetry::otlp::layer(settings) {
+            Ok((layer, export)) => (Some(layer), Some(export)),
+            Err(error) => {
+                eprintln!("toolgate: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => (None, None),
+    };
     if cli.log_json {
         tracing_subscriber::registry()
+            .with(traces)
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
@@ -190,6 +210,7 @@ fn main() -> ExitCode {
             .init();
     } else {
         tracing_subscriber::registry()
+            .with(traces)
             .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
             .with(targets)
             .init();
@@ -220,7 +241,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             };
             let options = toolgate::app::ServeOptions { migrate };
-            match runtime.block_on(toolgate::app::serve(&config, &environment, options)) {
+            let served = runtime.block_on(toolgate::app::serve(&config, &environment, options));
+            // What spans are buffered go to the collector before the exit.
+            if let Some(export) = &export {
+                export.shutdown();
+            }
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("toolgate: {error}");
@@ -254,6 +280,26 @@ fn main() -> ExitCode {
                         ExitCode::SUCCESS
                     }
                 }
+                Err(error) => {
+                    eprintln!("toolgate: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "toolgate",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("toolgate: {error}");
                     ExitCode::FAILURE

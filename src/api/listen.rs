@@ -163,8 +163,26 @@ impl ControlApi {
         .await;
     }
 
-    /// The route table, and the rescue point.
+    /// One request in its span: a child of the caller's trace when it sent
+    /// a W3C `traceparent`.
     async fn route(self: &Arc<Self>, request: Request<Incoming>) -> Reply {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!(
+            "control.request",
+            http.method = %request.method(),
+        );
+        if let Some(traceparent) = request
+            .headers()
+            .get("traceparent")
+            .and_then(|value| value.to_str().ok())
+        {
+            (self.parts.continue_trace)(&span, traceparent);
+        }
+        self.routed(request).instrument(span).await
+    }
+
+    /// The route table, and the rescue point.
+    async fn routed(self: &Arc<Self>, request: Request<Incoming>) -> Reply {
         let path: Option<Vec<String>> = request
             .uri()
             .path()

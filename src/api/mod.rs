@@ -53,6 +53,8 @@ pub struct ApiParts {
     pub tenant_servers: TenantServers,
     /// Artifacts, read by their owner.
     pub artifacts: Arc<Artifacts>,
+    /// Continues a caller's trace from its `traceparent`.
+    pub continue_trace: crate::ports::metrics::TraceContinuation,
     /// Opens and closes turns.
     pub bridge: Arc<Bridge>,
     /// The recorded rows, for reads.

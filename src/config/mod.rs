@@ -11,7 +11,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::domain::egress::{AllowEntry, AllowedCidrs, EgressAllowlist};
 use crate::domain::environment::is_tier0;
@@ -61,7 +61,7 @@ pub const DEFAULT_TOOL_TIMEOUT_SECONDS: u32 = 30;
 pub const DEFAULT_SERVER_MAXIMUM_OUTPUT_BYTES: u64 = 64 * 1024;
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// # Control API
@@ -101,10 +101,48 @@ pub struct Config {
     /// # Operations listener
     #[serde(default)]
     pub ops: OpsConfig,
+    /// # Traces
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+}
+
+/// Trace export over OTLP.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// An OTLP/HTTP traces endpoint (`http://collector:4318/v1/traces`);
+    /// no export when unset.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// The share of traces kept, 0 to 1 (a caller's sampled flag wins).
+    #[serde(default = "TelemetryConfig::default_ratio")]
+    pub sampling_ratio: f64,
+    /// The `service.name` of the spans.
+    #[serde(default = "TelemetryConfig::default_service")]
+    pub service_name: String,
+}
+
+impl TelemetryConfig {
+    fn default_ratio() -> f64 {
+        1.0
+    }
+    fn default_service() -> String {
+        "toolgate".to_owned()
+    }
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            sampling_ratio: TelemetryConfig::default_ratio(),
+            service_name: TelemetryConfig::default_service(),
+        }
+    }
 }
 
 /// The operations listener: metrics and probes on TCP, nothing else.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpsConfig {
     /// Where `/metrics`, `/healthz` and `/readyz` answer (`127.0.0.1:9464`,
@@ -114,7 +152,7 @@ pub struct OpsConfig {
 }
 
 /// The node's identity.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// Holds the node's identity (`node.id`) and the lock (`node.lock`) one
@@ -139,7 +177,7 @@ impl Default for NodeConfig {
 }
 
 /// The control API's listeners.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControlConfig {
     /// Unix socket (mode 0600); relative paths are under the config's folder.
@@ -171,7 +209,7 @@ impl ControlConfig {
 }
 
 /// The process.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeConfig {
     /// Threads of the async runtime.
@@ -201,7 +239,7 @@ impl Default for RuntimeConfig {
 }
 
 /// Logging.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogConfig {
     /// A level (`info`) or per-target levels (`info,toolgate::pipeline=debug`);
@@ -225,7 +263,7 @@ impl Default for LogConfig {
 }
 
 /// The orchestration bridge.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BridgeConfig {
     /// Folder holding per-turn socket folders.
@@ -266,7 +304,7 @@ impl Default for BridgeConfig {
 }
 
 /// The durable store.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// `sqlite://path` (one node) or `postgres://…` (shared by nodes).
@@ -274,7 +312,7 @@ pub struct StoreConfig {
 }
 
 /// Output and concurrency limits.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     /// No tool may declare a larger `maximum_output_bytes`; one that does is
@@ -357,7 +395,7 @@ impl Default for LimitsConfig {
 }
 
 /// The filesystem artifact store.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ArtifactsConfig {
     /// Root folder; artifacts live under `{tenant}/{run}/`.
@@ -365,7 +403,7 @@ pub struct ArtifactsConfig {
 }
 
 /// The rule-file policy engine.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
     /// The rule file; without one, the built-in default matrix applies.
@@ -374,7 +412,7 @@ pub struct PolicyConfig {
 }
 
 /// Where toolgate may dial.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EgressConfig {
     /// Entries: `host`, `*.domain`, optional `:port`, optional `http://`.
@@ -418,7 +456,7 @@ impl Default for EgressConfig {
 }
 
 /// Where credentials are resolved from.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialsConfig {
     /// One folder per tenant holding that tenant's secrets, one file each:
@@ -429,7 +467,7 @@ pub struct CredentialsConfig {
 }
 
 /// Operator-configured MCP servers.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpConfig {
     /// One 0700 folder per stdio server under here: its HOME and TMPDIR.
@@ -477,7 +515,7 @@ impl Default for McpConfig {
 }
 
 /// One operator-configured stdio server.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StdioServerConfig {
     /// The name in `mcp.{server_id}.` tool names.
@@ -564,7 +602,7 @@ impl StdioServerConfig {
 }
 
 /// One operator-configured HTTP server.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpServerConfig {
     /// The name in `mcp.{server_id}.` tool names.
@@ -608,7 +646,7 @@ pub struct HttpServerConfig {
 }
 
 /// A server's authentication, as the row's `auth_*` columns.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     /// One of none, bearer, header, oauth2_client, env (text here, so an
@@ -814,6 +852,20 @@ impl Config {
         let mut errors = Vec::new();
         let mut push = |path: String, message: String| errors.push(ConfigError { path, message });
 
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && endpoint.strip_prefix("http://").is_none_or(str::is_empty)
+        {
+            push(
+                "telemetry.otlp_endpoint".into(),
+                "must be an http:// URL (a collector beside toolgate)".into(),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.telemetry.sampling_ratio) {
+            push(
+                "telemetry.sampling_ratio".into(),
+                "must be between 0 and 1".into(),
+            );
+        }
         if let Some(listen) = &self.ops.listen
             && listen.parse::<SocketAddr>().is_err()
         {

@@ -26,3 +26,7 @@ pub trait Metrics: Send + Sync {
     /// read as of now.
     fn render(&self) -> super::BoxFuture<'_, String>;
 }
+
+/// Makes a span the child of a caller's W3C `traceparent` (the trace
+/// exporter's; a no-op where traces are not exported).
+pub type TraceContinuation = fn(&tracing::Span, &str);

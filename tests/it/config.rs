@@ -247,3 +247,64 @@ fn discover_reports_each_servers_catalog_from_the_file() {
     assert!(!output.status.success(), "{stdout}");
     assert!(stdout.contains("tool.capability_unsupported"), "{stdout}");
 }
+
+/// Every key of the configuration is in `docs/configuration.md`, and its
+/// example of every key is a valid configuration.
+#[test]
+fn the_configuration_reference_covers_every_key() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
+    )
+    .unwrap();
+    let example = doc
+        .split("## Every key, in one example")
+        .nth(1)
+        .and_then(|rest| rest.split("```toml").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("the example block");
+    let config: toolgate::config::Config =
+        toml::from_str(example).unwrap_or_else(|error| panic!("the example: {error}"));
+    // As JSON every field is present (an unset option as null), so a key
+    // added to the configuration and not to the document fails here.
+    let value = serde_json::to_value(&config).unwrap();
+    fn paths(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+        let Some(object) = value.as_object() else {
+            return;
+        };
+        for (key, field) in object {
+            let path = if prefix.is_empty() {
+                key.clone()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            match field {
+                // Tables of names (env, per-tenant holds) are values.
+                serde_json::Value::Object(_)
+                    if key != "env" && key != "tenant_approval_hold_seconds" =>
+                {
+                    paths(field, &path, out)
+                }
+                serde_json::Value::Array(items)
+                    if items.first().is_some_and(|item| item.is_object()) =>
+                {
+                    paths(&items[0], &format!("{path}[]"), out)
+                }
+                _ => out.push(path),
+            }
+        }
+    }
+    let mut keys = Vec::new();
+    paths(&value, "", &mut keys);
+    assert!(keys.len() > 60, "{keys:?}");
+    let documented = |path: &str| {
+        let last = path.rsplit('.').next().unwrap_or(path);
+        doc.contains(&format!("`{path}`"))
+            || (path.contains(".auth.") && doc.contains(&format!("`…auth.{last}`")))
+            || (path.starts_with("mcp.http_servers[].") && doc.contains(&format!("`{last}`")))
+    };
+    let missing: Vec<&String> = keys.iter().filter(|path| !documented(path)).collect();
+    assert!(
+        missing.is_empty(),
+        "not in docs/configuration.md: {missing:?}"
+    );
+}

@@ -5,6 +5,7 @@ mod clients;
 mod config;
 mod conformance;
 mod crash;
+mod deploy;
 mod fuzz;
 mod gates;
 mod http;

@@ -302,3 +302,172 @@ fn the_operations_listener_serves_metrics_and_probes_only() {
     }
     assert_eq!(get_tcp(&address, "/metrics", "POST").0, 405);
 }
+
+/// A collector stand-in: accepts OTLP/HTTP posts and keeps their bodies.
+fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = bodies.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = std::io::BufReader::new(stream);
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0u8; length];
+            if reader.read_exact(&mut body).is_ok() {
+                kept.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&body).into_owned());
+            }
+            let _ = reader.get_mut().write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+            );
+        }
+    });
+    (address, bodies)
+}
+
+/// Spans reach the collector over OTLP: a control request continues the
+/// caller's trace, `tool.execute` and its children hang under it with the
+/// document's attributes, and no argument value is in any attribute.
+#[test]
+fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
+    let (address, bodies) = collector();
+    let mut served = Served::start_edited(
+        |_, config| {
+            format!(
+                "{config}\n[telemetry]\notlp_endpoint = \"http://{address}/v1/traces\"\nservice_name = \"toolgate-test\"\n"
+            )
+        },
+        &[],
+    );
+    let session = served.session();
+    let (trace_id, parent_id) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let marker = "ARGUMENT-MARKER-7f3a";
+    let body = json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+        "origin_trust": "user",
+        "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": marker}}]})
+    .to_string();
+    let traceparent = format!("00-{trace_id}-{parent_id}-01");
+    let (status, _, answer) = http(
+        &served.socket,
+        "POST",
+        "/v1/calls",
+        &[("traceparent", &traceparent)],
+        Some(body.as_bytes()),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    assert!(served.stop(), "the drain exports what is buffered");
+    let started = Instant::now();
+    while bodies.lock().unwrap().is_empty() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let bodies = bodies.lock().unwrap().clone();
+    let mut spans = Vec::new();
+    for body in &bodies {
+        assert!(!body.contains(marker), "an argument left in a span: {body}");
+        let export: serde_json::Value = serde_json::from_str(body).unwrap();
+        for resource in export["resourceSpans"].as_array().unwrap() {
+            assert!(resource.to_string().contains("toolgate-test"), "{resource}");
+            for scope in resource["scopeSpans"].as_array().unwrap() {
+                spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    let named = |name: &str| {
+        spans
+            .iter()
+            .find(|span| span["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} span in {spans:?}"))
+            .clone()
+    };
+    let request = named("control.request");
+    let execute = named("tool.execute");
+    assert_eq!(
+        request["traceId"].as_str().unwrap().to_lowercase(),
+        trace_id
+    );
+    assert_eq!(
+        request["parentSpanId"].as_str().unwrap().to_lowercase(),
+        parent_id
+    );
+    assert_eq!(execute["traceId"], request["traceId"]);
+    // tool.execute is under the request (through the routing span chain).
+    let by_id: std::collections::HashMap<String, &serde_json::Value> = spans
+        .iter()
+        .map(|span| (span["spanId"].as_str().unwrap().to_owned(), span))
+        .collect();
+    let mut ancestor = execute["parentSpanId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let mut under_request = false;
+    while let Some(span) = by_id.get(&ancestor) {
+        if span["name"] == "control.request" {
+            under_request = true;
+            break;
+        }
+        ancestor = span["parentSpanId"].as_str().unwrap_or_default().to_owned();
+    }
+    assert!(under_request, "{spans:?}");
+    let attribute = |span: &serde_json::Value, key: &str| {
+        span["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|attribute| attribute["key"] == key)
+            .map(|attribute| attribute["value"].clone())
+    };
+    assert_eq!(
+        attribute(&execute, "tool.name").unwrap()["stringValue"],
+        "demo.echo"
+    );
+    assert_eq!(
+        attribute(&execute, "tool.outcome_status").unwrap()["stringValue"],
+        "succeeded"
+    );
+    for child in ["tool.validate", "policy.evaluate"] {
+        assert_eq!(named(child)["parentSpanId"], execute["spanId"], "{child}");
+    }
+}
+
+/// `--version` names the build's revision; completions and the manual page
+/// come from the command line's own definition.
+#[test]
+fn version_completions_and_manual_page() {
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{args:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let version = run(&["--version"]);
+    let revision = version
+        .trim()
+        .strip_prefix(concat!("toolgate ", env!("CARGO_PKG_VERSION"), " ("))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{version}"));
+    assert!(
+        revision == "unknown" || revision.chars().all(|c| c.is_ascii_hexdigit()),
+        "{version}"
+    );
+    assert!(run(&["completions", "bash"]).contains("_toolgate()"));
+    assert!(run(&["completions", "zsh"]).contains("#compdef toolgate"));
+    let manual = run(&["man"]);
+    assert!(
+        manual.contains(".TH toolgate 1") && manual.contains("serve"),
+        "{manual}"
+    );
+}

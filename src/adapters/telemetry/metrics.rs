@@ -178,10 +178,7 @@ fn owned(labels: &Labels) -> Owned {
 
 impl Default for MetricsRegistry {
     fn default() -> Self {
-        MetricsRegistry::new(
-            env!("CARGO_PKG_VERSION"),
-            option_env!("TOOLGATE_REVISION").unwrap_or("unknown"),
-        )
+        MetricsRegistry::new(env!("CARGO_PKG_VERSION"), env!("TOOLGATE_REVISION"))
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod metered;
 mod metrics;
+pub mod otlp;
 
 pub use metered::MeteredInvocations;
 pub use metrics::{MetricsRegistry, Sample, Sampler};
