@@ -271,3 +271,24 @@ fn the_container_image_runs_its_configuration_as_non_root() {
             .unwrap();
     assert!(ignore.lines().any(|line| line == "target/"));
 }
+
+/// Where kubectl is installed, the kustomization renders.
+#[test]
+fn the_kustomization_renders_with_kubectl() {
+    let Ok(output) = Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(deploy().join("kubernetes"))
+        .output()
+    else {
+        eprintln!("kubectl is not installed: the kustomization is not rendered here");
+        return;
+    };
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rendered = String::from_utf8_lossy(&output.stdout);
+    assert!(rendered.contains("kind: DaemonSet") && rendered.contains("kind: ConfigMap"));
+    assert!(rendered.contains("app.kubernetes.io/part-of: toolgate"));
+}
