@@ -45,6 +45,8 @@ impl ControlApi {
                     "invocation_id": finished.invocation_id,
                     "outcome": finished.outcome,
                     "content": rendered_content(&finished.content),
+                    "synthesis_only": finished.synthesis_only,
+                    "fails_run": finished.fails_run(),
                 }),
                 CallOutcome::Pending {
                     invocation_id,
@@ -65,9 +67,21 @@ impl ControlApi {
                 }),
             })
             .collect();
+        // The run-level signals: the next model turn must answer from what
+        // it has (ADR-0136), or the run has failed (a third identical
+        // denial). Either in one call holds for the batch.
+        let finished = || {
+            ran.outcomes.iter().filter_map(|outcome| match outcome {
+                CallOutcome::Finished(finished) => Some(finished),
+                _ => None,
+            })
+        };
+        let synthesis_only = finished().any(|finished| finished.synthesis_only);
+        let fails_run = finished().any(|finished| finished.fails_run());
         Ok(reply(
             StatusCode::OK,
-            &json!({"parallel_group": ran.parallel_group, "results": results}),
+            &json!({"parallel_group": ran.parallel_group, "synthesis_only": synthesis_only,
+                    "fails_run": fails_run, "results": results}),
         ))
     }
 }

@@ -15,6 +15,7 @@ mod pipeline;
 mod recovery;
 mod security;
 mod serve;
+mod signals;
 mod store;
 mod support;
 mod torture;

@@ -324,6 +324,26 @@ pub async fn events(store: &dyn Store) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// The `mcp.catalog.changed` events, once there are at least `count`.
+async fn changes_until(store: &dyn Store, count: usize) -> Vec<(String, Value)> {
+    let started = std::time::Instant::now();
+    loop {
+        let changed: Vec<(String, Value)> = events(store)
+            .await
+            .into_iter()
+            .filter(|(kind, _)| kind == "mcp.catalog.changed")
+            .collect();
+        if changed.len() >= count {
+            return changed;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{count} catalog changes never recorded: {changed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn status(outcome: &CallOutcome) -> ToolOutcomeStatus {
     finished(outcome).outcome.status()
 }
@@ -544,31 +564,31 @@ async fn a_catalog_change_is_recorded_not_applied_and_withdraws_the_gone_tool() 
         .iter()
         .map(|t| t.tool.spec.name.clone())
         .collect();
-    let outcome = live.call("mcp.reads.change", json!({"count": 500})).await;
+    // A flood longer than the coalescing window, so it is listed more
+    // than once.
+    let outcome = live
+        .call("mcp.reads.change", json!({"count": 300, "pause_ms": 2}))
+        .await;
     assert_eq!(
         status(&outcome),
         ToolOutcomeStatus::Succeeded,
         "{outcome:?}"
     );
-    // Wait for the change to be recorded, then a little longer for any
-    // second record the flood might (wrongly) cause.
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let recorded = events(store.as_ref()).await;
-        if recorded
-            .iter()
-            .any(|(kind, _)| kind == "mcp.catalog.changed")
-        {
-            tokio::time::sleep(Duration::from_millis(800)).await;
-            break;
-        }
-    }
-    let changed: Vec<(String, Value)> = events(store.as_ref())
-        .await
-        .into_iter()
-        .filter(|(kind, _)| kind == "mcp.catalog.changed")
-        .collect();
-    assert_eq!(changed.len(), 1, "{changed:?}");
+    // The flood is told once. To know the watcher has finished with it,
+    // a second change follows once the first is recorded: the watcher is
+    // one task, so the second change's record comes after anything the
+    // flood could (wrongly) still record.
+    let changed = changes_until(store.as_ref(), 1).await;
+    let outcome = live.call("mcp.reads.change", json!({"count": 1})).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    let all = changes_until(store.as_ref(), 2).await;
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all[0], changed[0]);
+    assert_ne!(all[1].1["new_hash"], all[0].1["new_hash"], "{all:?}");
     let pinned_hash = pinned
         .resolve("mcp.reads.echo")
         .unwrap()
@@ -820,20 +840,31 @@ async fn resources_read_through_one_tool_and_prompts_load_as_skills() {
 #[tokio::test]
 async fn idle_connections_close_and_in_flight_calls_hold_theirs() {
     let (store, _db) = sqlite().await;
-    let live = live(store, |folder| {
+    let live = live(store.clone(), |folder| {
         let mut server = scripted("reads", "basic", reads("reads"), folder);
         server.idle_timeout = Duration::from_millis(200);
         vec![server]
     })
     .await;
     live.prepare().await;
+    let prepared = std::time::Instant::now();
     assert_eq!(live.servers.sweep_period(), Duration::from_millis(200));
     let slow = {
         let request = live.request("mcp.reads.sleep", json!({"seconds": 1.5}));
         let pipeline = live.harness.pipeline.clone();
         tokio::spawn(async move { pipeline.call(request).await })
     };
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The call is under way (the server says so) and the connection's idle
+    // timeout has run out since it was last used: still held.
+    let sleeping = live.folder.path().join("state/reads/sleeping");
+    while !sleeping.exists() || prepared.elapsed() < Duration::from_millis(300) {
+        assert!(
+            prepared.elapsed() < Duration::from_secs(10),
+            "the sleep never began"
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(live.servers.close_idle().await, 0, "a call holds it");
     let outcome = slow.await.unwrap();
     assert_eq!(
@@ -859,6 +890,17 @@ async fn idle_connections_close_and_in_flight_calls_hold_theirs() {
         "{outcome:?}"
     );
     live.servers.shutdown().await;
+    // Both closings are told, each with its reason.
+    let closed: Vec<Value> = events(store.as_ref())
+        .await
+        .into_iter()
+        .filter(|(kind, _)| kind == "mcp.server.disconnected")
+        .map(|(_, body)| body["reason_code"].clone())
+        .collect();
+    assert_eq!(
+        closed,
+        [json!("mcp.closed.idle"), json!("mcp.closed.shutdown")]
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -175,8 +175,11 @@ impl Scripted {
             tool("inject", "Returns hostile text.", nothing.clone()),
             tool(
                 "change",
-                "Moves to the next catalog generation and says so, `count` times.",
-                object_schema(json!({"count": {"type": "integer"}}), &[]),
+                "Moves to the next catalog generation and says so, `count` times, `pause_ms` apart.",
+                object_schema(
+                    json!({"count": {"type": "integer"}, "pause_ms": {"type": "integer"}}),
+                    &[],
+                ),
             ),
             tool("ask_sampling", "Asks the client for sampling.", nothing),
         ];
@@ -202,9 +205,10 @@ impl Scripted {
         if generation() == 1 {
             tools.push(tool("echo", "Echoes text.", object_schema(text, &["text"])));
         } else {
+            // Each generation's catalog differs, so each change is one.
             tools.push(tool(
                 "echo_v2",
-                "Echoes text.",
+                &format!("Echoes text (generation {}).", generation()),
                 object_schema(text, &["text"]),
             ));
         }
@@ -440,6 +444,9 @@ impl ServerHandler for Scripted {
                     .get("seconds")
                     .and_then(Value::as_f64)
                     .unwrap_or(1.0);
+                // Observable from outside: a sleep is under way.
+                let home = std::env::var("HOME").unwrap_or_default();
+                let _ = std::fs::write(format!("{home}/sleeping"), "");
                 tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
                 json!({"content": [{"type": "text", "text": "slept"}]})
             }
@@ -448,8 +455,13 @@ impl ServerHandler for Scripted {
                 std::fs::write(format!("{home}/generation"), (generation() + 1).to_string())
                     .map_err(|_| ErrorData::internal_error("state", None))?;
                 let count = arguments.get("count").and_then(Value::as_u64).unwrap_or(1);
+                let pause = arguments
+                    .get("pause_ms")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
                 for _ in 0..count {
                     let _ = context.peer.notify_tool_list_changed().await;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
                 }
                 json!({"content": [{"type": "text", "text": "changed"}]})
             }

@@ -1090,14 +1090,35 @@ impl McpServer {
             && unused
             && let Some(connection) = live.take()
         {
+            // Told before the lock is let go: whoever sees it gone sees why.
+            self.record(None, self.closed("mcp.closed.idle")).await;
+            drop(live);
             close_when_unused(connection);
             return true;
         }
         false
     }
 
-    /// Takes the live connection out, for shutdown.
+    fn closed(&self, reason: &'static str) -> PlatformEvent {
+        PlatformEvent::ServerClosed {
+            server_id: self.server_id().to_owned(),
+            reason,
+        }
+    }
+
+    /// Takes the live connection out, for shutdown; the closing is recorded.
     pub(super) async fn take_live(&self) -> Option<Arc<Connection>> {
+        let mut live = self.live.lock().await;
+        let taken = live.take();
+        if taken.is_some() {
+            self.record(None, self.closed("mcp.closed.shutdown")).await;
+        }
+        taken
+    }
+
+    /// Takes the live connection out without an event: the server was
+    /// replaced or removed, and its successor speaks for it.
+    pub(super) async fn take_live_quietly(&self) -> Option<Arc<Connection>> {
         self.live.lock().await.take()
     }
 

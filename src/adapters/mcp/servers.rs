@@ -195,7 +195,7 @@ impl McpServerSet {
         for server in kept {
             if !servers.iter().any(|kept| Arc::ptr_eq(kept, &server)) {
                 tokio::spawn(async move {
-                    if let Some(connection) = server.take_live().await {
+                    if let Some(connection) = server.take_live_quietly().await {
                         super::server::close_when_unused(connection);
                     }
                 });

@@ -57,6 +57,15 @@ pub enum PlatformEvent {
         /// Why, as a stable code.
         reason_code: ReasonCode,
     },
+    /// A connection toolgate closed itself: unused for its idle timeout
+    /// (`mcp.closed.idle`) or at shutdown (`mcp.closed.shutdown`). The same
+    /// event type as a failure, with a reason no failure carries.
+    ServerClosed {
+        /// The server.
+        server_id: String,
+        /// `mcp.closed.idle` or `mcp.closed.shutdown`.
+        reason: &'static str,
+    },
     /// Ladder step 2: a mid-session 401 led to one re-authentication.
     ServerReauthenticated {
         /// The server.
@@ -118,7 +127,9 @@ impl PlatformEvent {
         match self {
             PlatformEvent::ServerConnected { .. } => "mcp.server.connected",
             PlatformEvent::ServerPinned { .. } => "mcp.server.pinned",
-            PlatformEvent::ServerDisconnected { .. } => "mcp.server.disconnected",
+            PlatformEvent::ServerDisconnected { .. } | PlatformEvent::ServerClosed { .. } => {
+                "mcp.server.disconnected"
+            }
             PlatformEvent::ServerReauthenticated { .. } => "mcp.server.reauthenticated",
             PlatformEvent::CatalogChanged { .. } => "mcp.catalog.changed",
             PlatformEvent::CatalogConflict { .. } => "mcp.catalog.conflict",
@@ -147,6 +158,9 @@ impl PlatformEvent {
                 server_id,
                 reason_code,
             } => json!({"server": server_id, "reason_code": reason_code}),
+            PlatformEvent::ServerClosed { server_id, reason } => {
+                json!({"server": server_id, "reason_code": reason})
+            }
             PlatformEvent::ServerReauthenticated {
                 server_id,
                 scheme,
