@@ -1203,3 +1203,67 @@ async fn a_stdio_servers_path_finds_a_bare_program() {
         live.servers.shutdown().await;
     }
 }
+
+/// A server that exits between calls is told when it happens, not at the
+/// next call, and the next call (a write: nothing was sent on the dead
+/// connection) redials instead of failing.
+#[tokio::test]
+async fn a_server_that_exits_while_idle_is_told_and_redialled() {
+    let (store, _db) = sqlite().await;
+    let live = live(store.clone(), |folder| {
+        let mut classification = ServerClassification::most_restrictive(10, 65536);
+        classification.required_scopes = BTreeSet::from(["mcp.writes.use".to_owned()]);
+        vec![scripted("writes", "basic", classification, folder)]
+    })
+    .await;
+    live.prepare().await;
+    let outcome = live.call("mcp.writes.exit_soon", json!({})).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    let started = std::time::Instant::now();
+    let told = loop {
+        let disconnected: Vec<Value> = events(store.as_ref())
+            .await
+            .into_iter()
+            .filter(|(kind, _)| kind == "mcp.server.disconnected")
+            .map(|(_, body)| body["reason_code"].clone())
+            .collect();
+        if !disconnected.is_empty() {
+            break disconnected;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the exit was never told"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(told, [json!("tool.server_unreachable")]);
+    assert!(!live.servers.is_connected("writes").await);
+    let outcome = live
+        .call("mcp.writes.write", json!({"line": "after"}))
+        .await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    assert_eq!(live.effects("writes"), vec!["after"]);
+    let kinds: Vec<String> = events(store.as_ref())
+        .await
+        .into_iter()
+        .map(|(kind, _)| kind)
+        .filter(|kind| kind.starts_with("mcp.server."))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "mcp.server.connected",
+            "mcp.server.disconnected",
+            "mcp.server.connected"
+        ]
+    );
+    live.servers.shutdown().await;
+}

@@ -157,6 +157,11 @@ impl Scripted {
             ),
             tool("die", "Exits mid-call.", nothing.clone()),
             tool(
+                "exit_soon",
+                "Answers, then exits a moment later while idle.",
+                nothing.clone(),
+            ),
+            tool(
                 "sleep",
                 "Sleeps.",
                 object_schema(json!({"seconds": {"type": "number"}}), &["seconds"]),
@@ -274,6 +279,13 @@ impl Scripted {
                 Ok(text("written".into()))
             }
             "die" => std::process::exit(3),
+            "exit_soon" => {
+                std::thread::spawn(|| {
+                    std::thread::sleep(Duration::from_millis(100));
+                    std::process::exit(0)
+                });
+                Ok(text("exiting".into()))
+            }
             "fail" => {
                 Ok(json!({"content": [{"type": "text", "text": INJECTION}], "isError": true}))
             }

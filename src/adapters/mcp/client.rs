@@ -303,6 +303,18 @@ impl ClientError {
 struct Signals {
     declined: AtomicBool,
     list_changed: watch::Sender<u64>,
+    /// The server closed its output (it exited, or broke the pipe).
+    ended: watch::Sender<bool>,
+}
+
+impl Signals {
+    fn new() -> Arc<Self> {
+        Arc::new(Signals {
+            declined: AtomicBool::new(false),
+            list_changed: watch::channel(0).0,
+            ended: watch::channel(false).0,
+        })
+    }
 }
 
 /// The client side of the session: declines, remembers and counts.
@@ -431,18 +443,17 @@ impl Connection {
                 metrics,
             ));
         }
-        let (list_changed, _) = watch::channel(0);
-        let signals = Arc::new(Signals {
-            declined: AtomicBool::new(false),
-            list_changed,
-        });
+        let signals = Signals::new();
         let client = Client {
             signals: signals.clone(),
         };
         // toolgate frames the server's output itself, so no line it writes
         // is read past the ceiling of what is in flight.
         let ceilings = Ceilings::new(hard_ceiling);
-        let transport = framing::transport(stdout, stdin, ceilings.clone());
+        let ended = signals.clone();
+        let transport = framing::transport(stdout, stdin, ceilings.clone(), move || {
+            ended.ended.send_replace(true);
+        });
         let handshake = {
             let _listing = ceilings.listing();
             tokio::time::timeout(connect_timeout, client.serve(transport)).await
@@ -498,11 +509,7 @@ impl Connection {
         backoff.max_delay = Some(SSE_RECONNECT_CEILING);
         config.retry_config = Arc::new(backoff);
         let transport = StreamableHttpClientTransport::with_client(client, config);
-        let (list_changed, _) = watch::channel(0);
-        let signals = Arc::new(Signals {
-            declined: AtomicBool::new(false),
-            list_changed,
-        });
+        let signals = Signals::new();
         let handler = Client {
             signals: signals.clone(),
         };
@@ -544,6 +551,14 @@ impl Connection {
     /// Whether the session has ended (the server exited or the pipe broke).
     pub fn is_closed(&self) -> bool {
         self.service.is_closed()
+            || self.service.peer().is_transport_closed()
+            || *self.signals.ended.borrow()
+    }
+
+    /// Becomes true when the server closes its output; only a stdio
+    /// server's does.
+    pub fn ended(&self) -> watch::Receiver<bool> {
+        self.signals.ended.subscribe()
     }
 
     /// Ticks once per `notifications/tools/list_changed`.

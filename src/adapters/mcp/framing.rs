@@ -84,11 +84,12 @@ impl Drop for ListingGuard {
 /// The transport the MCP library speaks over: a sink of outgoing messages
 /// written as lines to `writer`, and a stream of incoming ones read from
 /// `reader` under `ceilings`. The stream ends when the server closes its
-/// output or a line crosses its ceiling.
+/// output or a line crosses its ceiling; `ended` runs then.
 pub fn transport<R, W>(
     reader: R,
     writer: W,
     ceilings: Arc<Ceilings>,
+    ended: impl FnOnce() + Send + 'static,
 ) -> (
     mpsc::Sender<TxJsonRpcMessage<RoleClient>>,
     mpsc::Receiver<RxJsonRpcMessage<RoleClient>>,
@@ -98,7 +99,7 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (outgoing, mut to_write) = mpsc::channel::<TxJsonRpcMessage<RoleClient>>(CHANNEL);
-    let (mut read, incoming) = mpsc::channel::<RxJsonRpcMessage<RoleClient>>(CHANNEL);
+    let (read, incoming) = mpsc::channel::<RxJsonRpcMessage<RoleClient>>(CHANNEL);
     tokio::spawn(async move {
         let mut writer = writer;
         while let Some(message) = to_write.next().await {
@@ -112,36 +113,47 @@ where
         }
     });
     tokio::spawn(async move {
-        let mut reader = BufReader::new(reader);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match read_line(&mut reader, &mut line, &ceilings).await {
-                Line::Complete => {}
-                Line::Closed => return,
-                Line::Oversized => {
-                    ceilings.oversized.store(true, Ordering::SeqCst);
-                    tracing::warn!(
-                        "an mcp server's message crossed its output ceiling; the connection is closed"
-                    );
-                    return;
-                }
-            }
-            let text = line.trim_ascii();
-            if text.is_empty() {
-                continue;
-            }
-            // A line that is not a JSON-RPC message is the server's noise,
-            // not the protocol: it is skipped, as the library does.
-            let Ok(message) = serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(text) else {
-                continue;
-            };
-            if read.send(message).await.is_err() {
+        read_lines(reader, read, &ceilings).await;
+        ended();
+    });
+    (outgoing, incoming)
+}
+
+/// Reads messages until the server closes its output, a line crosses its
+/// ceiling or nobody listens.
+async fn read_lines<R: AsyncRead + Unpin>(
+    reader: R,
+    mut read: mpsc::Sender<RxJsonRpcMessage<RoleClient>>,
+    ceilings: &Ceilings,
+) {
+    let mut reader = BufReader::new(reader);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match read_line(&mut reader, &mut line, ceilings).await {
+            Line::Complete => {}
+            Line::Closed => return,
+            Line::Oversized => {
+                ceilings.oversized.store(true, Ordering::SeqCst);
+                tracing::warn!(
+                    "an mcp server's message crossed its output ceiling; the connection is closed"
+                );
                 return;
             }
         }
-    });
-    (outgoing, incoming)
+        let text = line.trim_ascii();
+        if text.is_empty() {
+            continue;
+        }
+        // A line that is not a JSON-RPC message is the server's noise,
+        // not the protocol: it is skipped, as the library does.
+        let Ok(message) = serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(text) else {
+            continue;
+        };
+        if read.send(message).await.is_err() {
+            return;
+        }
+    }
 }
 
 enum Line {
@@ -192,6 +204,7 @@ mod tests {
             std::io::Cursor::new(input),
             tokio::io::sink(),
             ceilings.clone(),
+            || {},
         );
         assert!(incoming.next().await.is_some(), "the small message arrives");
         assert!(incoming.next().await.is_none(), "the stream ends");

@@ -640,6 +640,11 @@ impl McpServer {
             Arc::downgrade(&connection),
             changes,
         ));
+        tokio::spawn(watch_end(
+            Arc::downgrade(self),
+            Arc::downgrade(&connection),
+            connection.ended(),
+        ));
         *lock(&self.last_used) = Instant::now();
         connection
     }
@@ -662,7 +667,15 @@ impl McpServer {
         {
             return Ok(connection.clone());
         }
-        live.take();
+        if let Some(ended) = live.take() {
+            // Ended between calls, before its watcher told it.
+            self.record(
+                Some(tenant_id),
+                self.disconnected(ReasonCode::ToolServerUnreachable),
+            )
+            .await;
+            close_when_unused(ended);
+        }
         let started = Instant::now();
         let connection = self.open().await?;
         let tools = match connection.list_tools(self.server_request_timeout()).await {
@@ -697,7 +710,8 @@ impl McpServer {
     }
 
     /// Forgets a connection that failed, so the next call redials; it
-    /// closes once no call holds it.
+    /// closes once no call holds it. Whoever takes a connection out tells
+    /// its end, so one end is one event.
     async fn forget(&self, tenant_id: &str, failed: &Arc<Connection>, reason_code: ReasonCode) {
         let mut live = self.live.lock().await;
         if live
@@ -705,17 +719,34 @@ impl McpServer {
             .is_some_and(|connection| Arc::ptr_eq(connection, failed))
             && let Some(connection) = live.take()
         {
+            self.record(Some(tenant_id), self.disconnected(reason_code))
+                .await;
+            drop(live);
             close_when_unused(connection);
         }
-        drop(live);
-        self.record(
-            Some(tenant_id),
-            PlatformEvent::ServerDisconnected {
-                server_id: self.server_id().to_owned(),
-                reason_code,
-            },
-        )
-        .await;
+    }
+
+    /// Forgets a connection whose server ended it while no call held it;
+    /// a call that holds it tells the failure itself, with its tenant.
+    async fn forget_ended(&self, ended: &Weak<Connection>) {
+        let mut live = self.live.lock().await;
+        let idle = live.as_ref().is_some_and(|connection| {
+            std::ptr::eq(Arc::as_ptr(connection), ended.as_ptr())
+                && Arc::strong_count(connection) == 1
+        });
+        if idle && let Some(connection) = live.take() {
+            self.record(None, self.disconnected(ReasonCode::ToolServerUnreachable))
+                .await;
+            drop(live);
+            close_when_unused(connection);
+        }
+    }
+
+    fn disconnected(&self, reason_code: ReasonCode) -> PlatformEvent {
+        PlatformEvent::ServerDisconnected {
+            server_id: self.server_id().to_owned(),
+            reason_code,
+        }
     }
 
     async fn record(&self, tenant_id: Option<&str>, event: PlatformEvent) {
@@ -1146,6 +1177,21 @@ pub(super) fn close_when_unused(connection: Arc<Connection>) {
             }
         }
     });
+}
+
+/// Waits for the server to end the connection and forgets it when idle,
+/// so its end is told when it happens, not at the next call.
+async fn watch_end(
+    server: Weak<McpServer>,
+    connection: Weak<Connection>,
+    mut ended: tokio::sync::watch::Receiver<bool>,
+) {
+    if ended.wait_for(|ended| *ended).await.is_err() {
+        return;
+    }
+    if let Some(server) = server.upgrade() {
+        server.forget_ended(&connection).await;
+    }
 }
 
 /// Lists again after a burst of `list_changed` and records a change against
