@@ -25,6 +25,7 @@ impl ControlApi {
             step_number: request.step_number,
             deadline_at: request.deadline_at,
             origin_trust: request.origin_trust,
+            remaining_tool_calls: request.remaining_tool_calls,
             calls: request
                 .calls
                 .into_iter()
@@ -80,7 +81,8 @@ impl ControlApi {
         let fails_run = finished().any(|finished| finished.fails_run());
         Ok(reply(
             StatusCode::OK,
-            &json!({"parallel_group": ran.parallel_group, "synthesis_only": synthesis_only,
+            &json!({"parallel_group": ran.parallel_group, "parallel": ran.parallel,
+                    "synthesis_only": synthesis_only,
                     "fails_run": fails_run, "results": results}),
         ))
     }

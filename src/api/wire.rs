@@ -43,6 +43,9 @@ pub struct CallsRequest {
     #[serde(default)]
     pub deadline_at: Option<chrono::DateTime<chrono::Utc>>,
     pub origin_trust: TrustLevel,
+    /// The run's remaining tool-call budget, when the runtime keeps one.
+    #[serde(default)]
+    pub remaining_tool_calls: Option<u64>,
     pub calls: Vec<CallItem>,
 }
 

@@ -5,6 +5,7 @@
 //! | tool | class | effect |
 //! |---|---|---|
 //! | `demo.echo` | read only | none |
+//! | `demo.wait` | read only | none; answers after the milliseconds it is given |
 //! | `demo.set_value` | idempotent | overwrites `values/{key}` |
 //! | `demo.keyed_write` | conditionally idempotent | appends to `keyed.log` unless the idempotency key is already there |
 //! | `demo.external_write` | non-idempotent | appends to `external.log` |
@@ -30,6 +31,7 @@ pub fn tools(directory: &Path) -> Vec<Arc<dyn Tool>> {
             directory: directory.clone(),
             action: Action::Echo,
         }),
+        Arc::new(Wait(wait_spec())),
         Arc::new(Demo {
             spec: set_value_spec(),
             directory: directory.clone(),
@@ -105,6 +107,25 @@ fn echo_spec() -> ToolSpec {
         RiskLevel::Low,
         IdempotencyClass::ReadOnly,
         TrustLevel::ExternalUntrusted,
+    )
+}
+
+/// The longest `demo.wait` waits: half its timeout.
+const MAXIMUM_WAIT_MILLISECONDS: u64 = 5_000;
+
+fn wait_spec() -> ToolSpec {
+    // A slow read, so a batch's parallelism can be seen from outside.
+    spec(
+        "demo.wait",
+        "Answers after the given number of milliseconds.",
+        json!({"type": "object", "required": ["milliseconds"],
+               "properties": {"milliseconds": {"type": "integer", "minimum": 0,
+                                               "maximum": MAXIMUM_WAIT_MILLISECONDS}},
+               "additionalProperties": false}),
+        SideEffectClass::None,
+        RiskLevel::Low,
+        IdempotencyClass::ReadOnly,
+        TrustLevel::Platform,
     )
 }
 
@@ -244,6 +265,38 @@ impl Tool for Demo {
                 Err(_) => ToolResult::failed(ToolFailure::new(
                     ToolFailureKind::Internal,
                     "demo task was interrupted",
+                )),
+            }
+        })
+    }
+}
+
+/// `demo.wait`: touches nothing, answers late (or when cancelled).
+struct Wait(ToolSpec);
+
+impl Tool for Wait {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    fn execute<'a>(
+        &'a self,
+        arguments: Value,
+        context: ToolExecutionContext,
+    ) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async move {
+            let milliseconds = arguments
+                .get("milliseconds")
+                .and_then(Value::as_u64)
+                .unwrap_or_default()
+                .min(MAXIMUM_WAIT_MILLISECONDS);
+            tokio::select! {
+                () = tokio::time::sleep(std::time::Duration::from_millis(milliseconds)) => {
+                    ToolResult::text(format!("waited {milliseconds} ms"))
+                }
+                () = context.cancellation.cancelled() => ToolResult::failed(ToolFailure::new(
+                    ToolFailureKind::Timeout,
+                    "the wait was cancelled",
                 )),
             }
         })

@@ -51,29 +51,39 @@ pub struct Batch {
     pub deadline_at: Option<DateTime<Utc>>,
     /// Minimum trust over the context that proposed the batch.
     pub origin_trust: TrustLevel,
+    /// How many more tool calls the run's budget allows, when the runtime
+    /// keeps one; a batch larger than this does not run in parallel.
+    pub remaining_tool_calls: Option<u64>,
     /// The calls, in the provider's order.
     pub calls: Vec<BatchCall>,
 }
 
-/// What a batch came to: its group when it ran in parallel, and one outcome
-/// per call in the order given.
+/// What a batch came to: its group, whether it ran in parallel, and one
+/// outcome per call in the order given.
 #[derive(Debug, Clone)]
 pub struct BatchOutcome {
-    /// Shared by the calls of a parallel batch.
-    pub parallel_group: Option<Uuid>,
+    /// Shared by every row of the batch, parallel or not, so the batch can
+    /// be rebuilt from the table alone.
+    pub parallel_group: Uuid,
+    /// Whether the admission check let its calls run at once.
+    pub parallel: bool,
     /// One per call, in order.
     pub outcomes: Vec<CallOutcome>,
 }
 
 /// The admission check: a batch runs in parallel only when every call is a
 /// read-only, parallel-safe tool of the pinned set whose timeout fits the
-/// run's remaining time. `tool.call` is judged as the tool it names.
+/// run's remaining time, and the batch fits the run's remaining tool
+/// budget. `tool.call` is judged as the tool it names. No two calls can
+/// share a workspace write path because none of them writes.
 pub fn parallel_ok(
     pinned: &PinnedToolSet,
     calls: &[BatchCall],
     remaining_seconds: Option<f64>,
+    remaining_tool_calls: Option<u64>,
 ) -> bool {
     calls.len() > 1
+        && remaining_tool_calls.is_none_or(|remaining| calls.len() as u64 <= remaining)
         && calls.iter().all(|call| {
             pinned
                 .resolve(named_tool(&call.name, &call.arguments))
@@ -127,21 +137,26 @@ impl Admission {
         let remaining = batch
             .deadline_at
             .map(|deadline| (deadline - self.clock.now()).num_milliseconds() as f64 / 1000.0);
-        let parallel_group =
-            parallel_ok(&session.pinned, &batch.calls, remaining).then(Uuid::new_v4);
+        let parallel = parallel_ok(
+            &session.pinned,
+            &batch.calls,
+            remaining,
+            batch.remaining_tool_calls,
+        );
+        let parallel_group = Uuid::new_v4();
         let place = CallPlace {
             run_id: batch.run_id,
             step_number: batch.step_number,
             origin_trust: batch.origin_trust,
             deadline_at: batch.deadline_at,
-            parallel_group,
+            parallel_group: Some(parallel_group),
         };
         let requests: Vec<_> = batch
             .calls
             .into_iter()
             .map(|call| session.call_request(place, call.call_id, call.name, call.arguments))
             .collect();
-        let outcomes = if parallel_group.is_some() {
+        let outcomes = if parallel {
             let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency));
             let tasks: Vec<_> = requests
                 .into_iter()
@@ -168,6 +183,7 @@ impl Admission {
         };
         Ok(BatchOutcome {
             parallel_group,
+            parallel,
             outcomes,
         })
     }

@@ -86,7 +86,7 @@ pub struct CallPlace {
     pub origin_trust: TrustLevel,
     /// The run's deadline.
     pub deadline_at: Option<DateTime<Utc>>,
-    /// The batch, when it runs in parallel.
+    /// The batch the call was issued in; a bridge call has none.
     pub parallel_group: Option<Uuid>,
 }
 

@@ -143,7 +143,10 @@ fn gate_02_forced_trust_table_holds() {
 }
 
 /// Gate 4: every non-success outcome is exactly six fields, and its message
-/// is the table's for its code.
+/// matches the checked-in table for its code. The table is compared with a
+/// second copy kept by hand (`tests/testdata/outcome-messages.tsv`), and the
+/// outcomes and causes the document spells out with a verbatim copy of them
+/// (`tests/testdata/outcome-examples.json`): not with itself.
 #[test]
 fn gate_04_outcome_is_six_fields_with_the_table_message() {
     let six: BTreeSet<&str> = [
@@ -155,6 +158,27 @@ fn gate_04_outcome_is_six_fields_with_the_table_message() {
         "remediation",
     ]
     .into();
+    let table = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/testdata/outcome-messages.tsv"),
+    )
+    .expect("the second copy of the message table");
+    let mut copied = std::collections::BTreeMap::new();
+    for line in table
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+    {
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [code, status, retryable, remediation, message] = fields[..] else {
+            panic!("a row of five fields: {line:?}");
+        };
+        let row = json!({"status": status, "reason_code": code, "message": message,
+            "retryable": retryable == "true", "remediation": remediation});
+        assert!(
+            copied.insert(code.to_owned(), row).is_none(),
+            "{code} twice"
+        );
+    }
     let mut statuses = BTreeSet::new();
     for code in ReasonCode::ALL {
         let outcome = ToolOutcome::not_succeeded("mcp.acme.create_ticket", *code);
@@ -162,16 +186,21 @@ fn gate_04_outcome_is_six_fields_with_the_table_message() {
         let object = value.as_object().expect("an object");
         let keys: BTreeSet<&str> = object.keys().map(String::as_str).collect();
         assert_eq!(keys, six, "{code}");
-        assert_eq!(object["message"], code.message(), "{code}");
-        assert_eq!(object["reason_code"], code.as_str());
-        assert_eq!(object["status"], code.status().as_str());
-        assert_eq!(object["retryable"], code.retryable());
-        assert_eq!(object["remediation"], code.remediation().as_str());
+        let mut expected = copied
+            .remove(code.as_str())
+            .unwrap_or_else(|| panic!("{code} is missing from the second copy"));
+        expected["action"] = json!("mcp.acme.create_ticket");
+        assert_eq!(value, expected, "{code}");
         // status first, as the bridge contract says.
         let text = serde_json::to_string(&outcome).unwrap();
         assert!(text.starts_with("{\"status\":"), "{text}");
         statuses.insert(code.status());
     }
+    assert!(
+        copied.is_empty(),
+        "codes the copy has and the build does not: {:?}",
+        copied.keys()
+    );
     let expected: BTreeSet<ToolOutcomeStatus> = [
         ToolOutcomeStatus::Failed,
         ToolOutcomeStatus::Denied,
@@ -180,44 +209,35 @@ fn gate_04_outcome_is_six_fields_with_the_table_message() {
     ]
     .into();
     assert_eq!(statuses, expected, "every non-success status has codes");
-    // The document's four examples, verbatim.
-    let examples = [
-        (
-            ReasonCode::PolicyMatrixExternalWrite,
-            "denied",
-            "Not performed. Approval was required and was denied.",
-            false,
-            "none",
-        ),
-        (
-            ReasonCode::ToolUpstreamError,
-            "failed",
-            "The tool reported an error. Details follow as data.",
-            true,
-            "modify_arguments",
-        ),
-        (
-            ReasonCode::ToolServerUnreachable,
-            "unavailable",
-            "This capability is not reachable right now.",
-            true,
-            "none",
-        ),
-        (
-            ReasonCode::ToolOutcomeUnknown,
-            "uncertain",
-            "The outcome of this call is unknown. Do not repeat it.",
-            false,
-            "none",
-        ),
-    ];
-    for (code, status, message, retryable, remediation) in examples {
-        let value =
-            serde_json::to_value(ToolOutcome::not_succeeded("demo.external_write", code)).unwrap();
-        assert_eq!(value["status"], status);
-        assert_eq!(value["message"], message);
-        assert_eq!(value["retryable"], retryable);
-        assert_eq!(value["remediation"], remediation);
+    // What the document spells out, copied from it verbatim.
+    let document: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/testdata/outcome-examples.json"),
+        )
+        .expect("the document's examples"),
+    )
+    .expect("JSON");
+    let by_name = |name: &str| {
+        ReasonCode::ALL
+            .iter()
+            .copied()
+            .find(|code| code.as_str() == name)
+            .unwrap_or_else(|| panic!("the document's {name} is a code"))
+    };
+    let outcomes = document["outcomes"].as_array().expect("outcomes");
+    assert_eq!(outcomes.len(), 4);
+    for example in outcomes {
+        let code = by_name(example["reason_code"].as_str().unwrap());
+        let action = example["action"].as_str().unwrap();
+        let value = serde_json::to_value(ToolOutcome::not_succeeded(action, code)).unwrap();
+        assert_eq!(&value, example);
+    }
+    let causes = document["uncallable"].as_array().expect("causes");
+    assert_eq!(causes.len(), 5);
+    for cause in causes {
+        let code = by_name(cause["reason_code"].as_str().unwrap());
+        assert_eq!(json!(code.status().as_str()), cause["status"], "{cause}");
     }
 }
 

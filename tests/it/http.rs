@@ -162,7 +162,7 @@ pub fn http_server(
     }
 }
 
-fn no_auth() -> AuthSettings {
+pub fn no_auth() -> AuthSettings {
     AuthSettings {
         scheme: AuthScheme::None,
         name: None,

@@ -1,7 +1,7 @@
 //! MCP catalogs meeting the registry: hostile declarations are rejected one
 //! by one and the rest of the server's catalog stands.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use toolgate::adapters::mcp::catalog::{RemoteTool, map_catalog};
 use toolgate::domain::mcp_server::ServerClassification;
 use toolgate::domain::{ToolSource, TrustLevel};
@@ -273,6 +273,8 @@ impl Live {
             "mcp.everything.use",
             "mcp.time.use",
             "mcp.probe.use",
+            "mcp.slow.use",
+            "mcp.remote.use",
         ]
         .into_iter()
         .map(str::to_owned)
@@ -354,8 +356,12 @@ pub fn status(outcome: &CallOutcome) -> ToolOutcomeStatus {
 #[tokio::test]
 async fn gate_16_a_scripted_server_sees_only_its_built_environment() {
     let sentinel = format!("sentinel-{}", Uuid::new_v4().simple());
-    // SAFETY: a name no other code reads; std serializes its own env access.
-    unsafe { std::env::set_var("TOOLGATE_GATE16_SENTINEL", &sentinel) };
+    // SAFETY: names no other code reads; std serializes its own env access.
+    // One is lowercase, as `http_proxy` is.
+    unsafe {
+        std::env::set_var("TOOLGATE_GATE16_SENTINEL", &sentinel);
+        std::env::set_var("toolgate_gate16_lower", &sentinel);
+    }
     let (store, _db) = sqlite().await;
     let live = live(store, |folder| {
         let mut server = scripted("reads", "basic", reads("reads"), folder);
@@ -372,30 +378,24 @@ async fn gate_16_a_scripted_server_sees_only_its_built_environment() {
         ToolOutcomeStatus::Succeeded,
         "{outcome:?}"
     );
+    // The whole environment, names of any case and values, against what the
+    // gate allows: the synthesized tier, the declared variables and the
+    // credential variable.
+    let state = live.folder.path().join("state/reads");
+    let seen: Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("env.json")).unwrap()).unwrap();
+    let expected = json!({
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": state.display().to_string(),
+        "LANG": "C.UTF-8",
+        "TMPDIR": state.join("tmp").display().to_string(),
+        "SCRIPTED_CATALOG": "basic",
+        "SCRIPTED_EFFECTS": live.folder.path().join("reads.effects").display().to_string(),
+        "SCRIPTED_TOKEN": "tok-SECRET-9876",
+    });
+    assert_eq!(seen, expected);
     let text = text_of(finished(&outcome));
-    let names: BTreeSet<&str> = text
-        .lines()
-        .filter_map(|line| line.split_once('=').map(|(name, _)| name))
-        .filter(|name| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
-        .collect();
-    assert_eq!(
-        names,
-        BTreeSet::from([
-            "HOME",
-            "LANG",
-            "PATH",
-            "SCRIPTED_CATALOG",
-            "SCRIPTED_EFFECTS",
-            "SCRIPTED_TOKEN",
-            "TMPDIR"
-        ]),
-        "{text}"
-    );
     assert!(!text.contains(&sentinel), "the sentinel leaked: {text}");
-    assert!(
-        !text.contains("CARGO"),
-        "toolgate's environment leaked: {text}"
-    );
     // The credential reached the child's environment, and was scrubbed from
     // what the model reads.
     assert!(!text.contains("tok-SECRET-9876"), "{text}");
@@ -922,6 +922,15 @@ pub fn third_party() -> PathBuf {
     root
 }
 
+/// A program found on the test's own `PATH`, as a shell would find it.
+pub fn on_path(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|folder| folder.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on PATH"))
+}
+
 fn everything(folder: &Path, timeout_seconds: u32) -> StdioServerSettings {
     let script = third_party()
         .join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
@@ -929,7 +938,7 @@ fn everything(folder: &Path, timeout_seconds: u32) -> StdioServerSettings {
     classification.timeout_seconds = timeout_seconds;
     settings(
         "everything",
-        Path::new("/usr/bin/node"),
+        &on_path("node"),
         &[script.to_str().unwrap(), "stdio"],
         &[("NODE_ENV", "production".to_owned())],
         classification,
@@ -942,8 +951,11 @@ fn everything(folder: &Path, timeout_seconds: u32) -> StdioServerSettings {
 #[tokio::test]
 async fn gate_16_server_everything_sees_only_its_built_environment() {
     let sentinel = format!("sentinel-{}", Uuid::new_v4().simple());
-    // SAFETY: a name no other code reads; std serializes its own env access.
-    unsafe { std::env::set_var("TOOLGATE_GATE16_EVERYTHING", &sentinel) };
+    // SAFETY: names no other code reads; std serializes its own env access.
+    unsafe {
+        std::env::set_var("TOOLGATE_GATE16_EVERYTHING", &sentinel);
+        std::env::set_var("toolgate_gate16_everything", &sentinel);
+    }
     let (store, _db) = sqlite().await;
     let live = live(store, |folder| vec![everything(folder, 3)]).await;
     let prepared = live.prepare().await;
@@ -968,11 +980,18 @@ async fn gate_16_server_everything_sees_only_its_built_environment() {
     );
     let start = text.find('{').expect("get-env returns a JSON object");
     let end = text.rfind('}').unwrap();
-    let environment: Map<String, Value> = serde_json::from_str(&text[start..=end]).unwrap();
-    let names: BTreeSet<&str> = environment.keys().map(String::as_str).collect();
+    let environment: Value = serde_json::from_str(&text[start..=end]).unwrap();
+    // The whole environment, values too.
+    let state = live.folder.path().join("state/everything");
     assert_eq!(
-        names,
-        BTreeSet::from(["HOME", "LANG", "NODE_ENV", "PATH", "TMPDIR"]),
+        environment,
+        json!({
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": state.display().to_string(),
+            "LANG": "C.UTF-8",
+            "TMPDIR": state.join("tmp").display().to_string(),
+            "NODE_ENV": "production",
+        }),
         "{text}"
     );
 
@@ -1194,10 +1213,14 @@ async fn a_stdio_servers_path_finds_a_bare_program() {
         );
         if connects {
             let outcome = live.call("mcp.reads.env", json!({})).await;
-            let text = text_of(finished(&outcome));
-            assert!(
-                text.contains(&format!("PATH={folder}:/usr/bin:/bin")),
-                "{text}"
+            assert_eq!(status(&outcome), ToolOutcomeStatus::Succeeded);
+            let written = live.folder.path().join("state/reads/env.json");
+            let environment: Value =
+                serde_json::from_str(&std::fs::read_to_string(written).unwrap()).unwrap();
+            assert_eq!(
+                environment["PATH"],
+                json!(format!("{folder}:/usr/bin:/bin")),
+                "{environment}"
             );
         }
         live.servers.shutdown().await;
@@ -1266,4 +1289,181 @@ async fn a_server_that_exits_while_idle_is_told_and_redialled() {
         ]
     );
     live.servers.shutdown().await;
+}
+
+/// Gate 5: no external text appears in `message` on any failure path,
+/// against MCP servers that answer every failure with hostile text: a tool
+/// error, a protocol error, a transport failure on each transport (a server
+/// that dies writing it; an HTTP 502 carrying it), a timeout after a
+/// hostile log message, and a write whose failure leaves it uncertain. The
+/// events each call recorded are scanned, and there are some.
+#[tokio::test]
+async fn gate_05_hostile_failure_text_never_reaches_the_message() {
+    use crate::http::{ScriptedHttp, http_server, loopback_dialer, no_auth};
+    let hostile = |text: &str| {
+        let text = text.to_lowercase();
+        text.contains("ignore all previous") || text.contains("now root")
+    };
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let remote = ScriptedHttp::start_with(|folder| {
+            vec![(
+                "SCRIPTED_BROKEN",
+                folder.join("broken").display().to_string(),
+            )]
+        });
+        let dialer = Arc::new(loopback_dialer(&[remote.port]));
+        let url = remote.url();
+        let live = live_with(store.clone(), |folder| {
+            let mut slow = scripted("slow", "basic", reads("slow"), folder);
+            slow.request_timeout = Duration::from_millis(500);
+            let mut unproven = ServerClassification::most_restrictive(10, 65536);
+            unproven.required_scopes = BTreeSet::from(["mcp.writes.use".to_owned()]);
+            McpServerSet::new(
+                vec![
+                    scripted("reads", "basic", reads("reads"), folder),
+                    scripted("writes", "basic", unproven, folder),
+                    slow,
+                ],
+                Arc::new(toolgate::adapters::credentials::EnvFileResolver::new(
+                    Default::default(),
+                )),
+                store.clone(),
+                Arc::new(SystemClock),
+                Arc::new(toolgate::adapters::telemetry::MetricsRegistry::default()),
+            )
+            .with_http(
+                vec![http_server("remote", &url, no_auth(), reads("remote"))],
+                dialer,
+                Duration::from_secs(300),
+            )
+        })
+        .await;
+        live.prepare().await;
+        let paths = [
+            (
+                "mcp.reads.fail",
+                ToolOutcomeStatus::Failed,
+                ReasonCode::ToolUpstreamError,
+            ),
+            (
+                "mcp.reads.rpc_error",
+                ToolOutcomeStatus::Failed,
+                ReasonCode::ToolUpstreamError,
+            ),
+            (
+                "mcp.reads.die_hostile",
+                ToolOutcomeStatus::Unavailable,
+                ReasonCode::ToolServerUnreachable,
+            ),
+            (
+                "mcp.slow.stall_hostile",
+                ToolOutcomeStatus::Failed,
+                ReasonCode::ToolTimeout,
+            ),
+            (
+                "mcp.writes.fail",
+                ToolOutcomeStatus::Uncertain,
+                ReasonCode::ToolOutcomeUnknown,
+            ),
+            (
+                "mcp.remote.fail",
+                ToolOutcomeStatus::Failed,
+                ReasonCode::ToolUpstreamError,
+            ),
+            (
+                "mcp.remote.echo",
+                ToolOutcomeStatus::Unavailable,
+                ReasonCode::ToolServerUnreachable,
+            ),
+            (
+                "mcp.remote.lines",
+                ToolOutcomeStatus::Unavailable,
+                ReasonCode::ToolServerUnreachable,
+            ),
+            (
+                "mcp.remote.weather",
+                ToolOutcomeStatus::Unavailable,
+                ReasonCode::ToolServerUnreachable,
+            ),
+        ];
+        for (tool, expected_status, expected_code) in paths {
+            // The HTTP server breaks: a 502, then a 200 for another request;
+            // neither may wait out the timeout.
+            match tool {
+                "mcp.remote.echo" => std::fs::write(remote.path("broken"), "").unwrap(),
+                "mcp.remote.lines" => {
+                    std::fs::write(remote.path("broken"), "misdirected").unwrap();
+                }
+                "mcp.remote.weather" => {
+                    std::fs::write(remote.path("broken"), "stream").unwrap();
+                }
+                _ => {}
+            }
+            let started = std::time::Instant::now();
+            let mark = store
+                .events_after(0, 100_000, None)
+                .await
+                .unwrap()
+                .last()
+                .map_or(0, |event| event.id);
+            let arguments = match tool.rsplit('.').next() {
+                Some("echo") => json!({"text": "x"}),
+                Some("lines") => json!({"count": 1}),
+                Some("weather") => json!({"city": "Oslo"}),
+                _ => json!({}),
+            };
+            let outcome = live.call(tool, arguments).await;
+            let done = finished(&outcome);
+            if tool.starts_with("mcp.remote.") {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "{name} {tool}: waited out its timeout"
+                );
+            }
+            assert_eq!(done.outcome.status(), expected_status, "{name} {tool}");
+            assert_eq!(
+                done.outcome.reason_code(),
+                Some(expected_code),
+                "{name} {tool}"
+            );
+            let wire = serde_json::to_value(&done.outcome).unwrap();
+            assert_eq!(
+                wire["message"],
+                json!(expected_code.message()),
+                "{name} {tool}"
+            );
+            assert!(!hostile(&wire.to_string()), "{name} {tool}: {wire}");
+            // Whatever remote text reaches the model is data, inside its
+            // envelope.
+            let text = text_of(done);
+            if hostile(&text) {
+                let open = text.find("<<EXTERNAL_UNTRUSTED nonce=").expect("enveloped");
+                let close = text
+                    .find("<<END EXTERNAL_UNTRUSTED nonce=")
+                    .expect("closed");
+                let at = text
+                    .to_lowercase()
+                    .find("ignore all previous")
+                    .unwrap_or(open + 1);
+                assert!(open < at && at < close, "{name} {tool}: {text}");
+            }
+            let recorded = store.events_after(mark, 100_000, None).await.unwrap();
+            assert!(
+                recorded
+                    .iter()
+                    .any(|event| event.event_type.starts_with("tool.call.")),
+                "{name} {tool}: the call recorded no events to scan"
+            );
+            for event in &recorded {
+                assert!(
+                    !hostile(&event.payload.to_string()),
+                    "{name} {tool}: {} {}",
+                    event.event_type,
+                    event.payload
+                );
+            }
+        }
+        live.servers.shutdown().await;
+    }
 }

@@ -994,8 +994,9 @@ fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
             {"call_id": "b", "name": "tool.call", "arguments": {"name": "demo.echo", "arguments": {"text": "twice"}}}
         ]),
     );
-    // Two read-only, parallel-safe tools behind the wrapper: one parallel group.
+    // Two read-only, parallel-safe tools behind the wrapper run at once.
     assert!(body["parallel_group"].is_string(), "{body}");
+    assert_eq!(body["parallel"], true, "{body}");
     // The same pair with a budget shorter than their timeouts runs in order.
     let (status, short) = served.post(
         "/v1/calls",
@@ -1006,7 +1007,8 @@ fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
                     {"call_id": "q", "name": "demo.echo", "arguments": {"text": "2"}}]}),
     );
     assert_eq!(status, 200, "{short}");
-    assert!(short["parallel_group"].is_null(), "{short}");
+    assert_eq!(short["parallel"], false, "{short}");
+    assert!(short["parallel_group"].is_string(), "{short}");
     assert_eq!(
         body["results"][0]["outcome"]["status"], "succeeded",
         "{body}"
@@ -1027,10 +1029,7 @@ fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
             {"call_id": "g", "name": "skill.load", "arguments": {"name": "mcp.reads.summarize", "arguments": {"topic": "tides"}}}
         ]),
     );
-    assert!(
-        body["parallel_group"].is_null(),
-        "a mixed batch runs in order"
-    );
+    assert_eq!(body["parallel"], false, "a mixed batch runs in order");
     let result = |i: usize| &body["results"][i];
     assert_eq!(
         result(0)["outcome"]["reason_code"],
@@ -1069,6 +1068,92 @@ fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
         .map(|row| row["tool_name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["demo.echo"]);
+}
+
+/// A batch of slow reads runs at once; the same reads beside a write, or
+/// beyond the run's remaining tool budget, run one after the other. Seen
+/// in the recorded events (each call starts before or after its sibling
+/// completed) and in the batch's time. Every row of a batch, parallel or
+/// not, carries the batch's `parallel_group`.
+#[test]
+fn a_batch_of_reads_overlaps_and_a_mixed_batch_runs_in_order() {
+    const WAIT: u64 = 1500;
+    let served = Served::start();
+    let session = served.session();
+    // A run per batch, and a different wait per call: identical calls in
+    // one run would meet the loop breaker.
+    let batch = |run: Uuid, budget: Option<u64>, calls: Value| {
+        let started = Instant::now();
+        let (status, body) = served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": run, "step_number": 1,
+                    "origin_trust": "user", "remaining_tool_calls": budget, "calls": calls}),
+        );
+        assert_eq!(status, 200, "{body}");
+        for result in body["results"].as_array().unwrap() {
+            assert_eq!(result["outcome"]["status"], "succeeded", "{body}");
+        }
+        (body, started.elapsed())
+    };
+    let wait = |id: &str, extra: u64| json!({"call_id": id, "name": "demo.wait", "arguments": {"milliseconds": WAIT + extra}});
+    let write =
+        json!({"call_id": "w", "name": "demo.set_value", "arguments": {"key": "k", "value": "v"}});
+
+    let runs = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
+    let (reads, reads_took) = batch(runs[0], None, json!([wait("r1", 0), wait("r2", 1)]));
+    let (mixed, mixed_took) = batch(runs[1], None, json!([wait("m1", 0), wait("m2", 1), write]));
+    let (over, over_took) = batch(runs[2], Some(1), json!([wait("b1", 0), wait("b2", 1)]));
+    assert_eq!(reads["parallel"], true, "{reads}");
+    assert_eq!(mixed["parallel"], false, "{mixed}");
+    assert_eq!(over["parallel"], false, "{over}");
+
+    // When each call started and completed, from the outbox.
+    let (_, events) = served.get(&format!("/v1/events?after=0&tenant_id={TENANT}"));
+    let events: Vec<Value> = String::from_utf8(events)
+        .unwrap()
+        .lines()
+        .map(|line| json_of(line.as_bytes()))
+        .collect();
+    let at = |call_id: &str, event_type: &str| -> chrono::DateTime<chrono::Utc> {
+        let event = events
+            .iter()
+            .find(|event| {
+                event["event_type"] == event_type && event["payload"]["call_id"] == call_id
+            })
+            .unwrap_or_else(|| panic!("no {event_type} for {call_id}"));
+        event["created_at"].as_str().unwrap().parse().unwrap()
+    };
+    let overlapped = |a: &str, b: &str| at(b, "tool.call.started") < at(a, "tool.call.completed");
+    assert!(overlapped("r1", "r2"), "the reads ran one after the other");
+    assert!(!overlapped("m1", "m2"), "a mixed batch's reads overlapped");
+    assert!(
+        !overlapped("b1", "b2"),
+        "a batch over its budget overlapped"
+    );
+    // Two waits at once take about one wait; in order, two at least.
+    let one = Duration::from_millis(WAIT);
+    assert!(reads_took < one * 2, "{reads_took:?}");
+    assert!(mixed_took >= one * 2, "{mixed_took:?}");
+    assert!(over_took >= one * 2, "{over_took:?}");
+
+    // The group is on every row of its batch.
+    for (run, body, ids) in [
+        (runs[0], &reads, &["r1", "r2"][..]),
+        (runs[1], &mixed, &["m1", "m2", "w"][..]),
+        (runs[2], &over, &["b1", "b2"][..]),
+    ] {
+        let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+        let rows = json_of(&rows);
+        let mut grouped: Vec<&str> = rows["invocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|row| row["parallel_group"] == body["parallel_group"])
+            .map(|row| row["call_id"].as_str().unwrap())
+            .collect();
+        grouped.sort_unstable();
+        assert_eq!(grouped, ids, "{rows}");
+    }
 }
 
 /// `conversation.ask_user` and `delegate.run` suspend: the row stays RUNNING

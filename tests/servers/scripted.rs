@@ -30,6 +30,10 @@
 //! - `SCRIPTED_REQUESTS`: a file each request appends `METHOD PATH STATUS`
 //!   to, so a test sees what was dialled.
 //! - `SCRIPTED_TLS_CERT` and `SCRIPTED_TLS_KEY`: PEM files; HTTPS instead.
+//! - `SCRIPTED_BROKEN`: a file; while it exists every POST is answered with
+//!   a hostile JSON-RPC error for a request never sent: with 502; with 200
+//!   when the file says `misdirected`; as the one event of a stream that
+//!   then ends when it says `stream`.
 
 #![allow(deprecated)] // sampling and roots are what a hostile server asks for
 
@@ -168,6 +172,16 @@ impl Scripted {
             ),
             tool("fail", "Fails with hostile text.", nothing.clone()),
             tool(
+                "die_hostile",
+                "Writes hostile text to stdout and stderr, then exits mid-call.",
+                nothing.clone(),
+            ),
+            tool(
+                "stall_hostile",
+                "Logs hostile text, then never answers.",
+                nothing.clone(),
+            ),
+            tool(
                 "fail_not_applied",
                 "Fails and proves nothing happened.",
                 nothing.clone(),
@@ -252,11 +266,21 @@ impl Scripted {
                 )
             }
             "env" => {
-                let mut lines: Vec<String> = std::env::vars()
-                    .map(|(name, value)| format!("{name}={value}"))
+                // Every variable, whatever its name or encoding; kept in
+                // `$HOME/env.json` too, where no scrubbing reaches it.
+                let environment: serde_json::Map<String, Value> = std::env::vars_os()
+                    .map(|(name, value)| {
+                        (
+                            name.to_string_lossy().into_owned(),
+                            Value::String(value.to_string_lossy().into_owned()),
+                        )
+                    })
                     .collect();
-                lines.sort();
-                Ok(text(lines.join("\n")))
+                let body = Value::Object(environment).to_string();
+                if let Ok(home) = std::env::var("HOME") {
+                    let _ = std::fs::write(format!("{home}/env.json"), &body);
+                }
+                Ok(text(body))
             }
             "write" | "write_then_die" => {
                 let path = std::env::var("SCRIPTED_EFFECTS")
@@ -449,6 +473,23 @@ impl ServerHandler for Scripted {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 json!({"content": []})
             }
+            "die_hostile" => {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "{INJECTION}");
+                let _ = writeln!(stdout, r#"{{"jsonrpc":"2.0","error":"{INJECTION}"}}"#);
+                let _ = stdout.flush();
+                eprintln!("{INJECTION}");
+                std::process::exit(3)
+            }
+            "stall_hostile" => {
+                let _ = context
+                    .peer
+                    .notify_logging_message(parse(json!({
+                        "level": "error", "logger": INJECTION, "data": INJECTION})))
+                    .await;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                json!({"content": []})
+            }
             "meta" => json!({"content": [{"type": "text",
                 "text": serde_json::to_string(&context.meta).unwrap_or_default()}]}),
             "sleep" => {
@@ -613,6 +654,34 @@ mod http {
     }
 
     async fn answer(request: Request<Incoming>, service: Service) -> Response<Body> {
+        if let Some(broken) =
+            env("SCRIPTED_BROKEN").and_then(|flag| std::fs::read_to_string(flag).ok())
+            && request.method() == hyper::Method::POST
+        {
+            // An answer to no request this client sent: as a gateway error,
+            // or as a success.
+            let misdirected = serde_json::json!({"jsonrpc": "2.0", "id": 987654,
+                "error": {"code": -32000, "message": super::INJECTION}})
+            .to_string();
+            return match broken.trim() {
+                "misdirected" => plain(
+                    StatusCode::OK,
+                    &[("content-type", "application/json".into())],
+                    &misdirected,
+                ),
+                // A stream that carries the stray answer and ends.
+                "stream" => plain(
+                    StatusCode::OK,
+                    &[("content-type", "text/event-stream".into())],
+                    &format!("data: {misdirected}\n\n"),
+                ),
+                _ => plain(
+                    StatusCode::BAD_GATEWAY,
+                    &[("content-type", "application/json".into())],
+                    &misdirected,
+                ),
+            };
+        }
         if env("SCRIPTED_REDIRECT").is_some() {
             return plain(
                 StatusCode::TEMPORARY_REDIRECT,

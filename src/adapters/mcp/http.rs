@@ -21,7 +21,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::common::http_header::{
     EVENT_STREAM_MIME_TYPE, HEADER_SESSION_ID, JSON_MIME_TYPE,
 };
@@ -380,6 +380,15 @@ fn session_of(response: &Response<Incoming>) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The request a JSON-RPC answer answers, if it is an answer.
+fn answer_id(answer: &ServerJsonRpcMessage) -> Option<&RequestId> {
+    match answer {
+        ServerJsonRpcMessage::Response(response) => Some(&response.id),
+        ServerJsonRpcMessage::Error(error) => error.id.as_ref(),
+        _ => None,
+    }
+}
+
 impl StreamableHttpClient for EgressClient {
     type Error = HttpError;
 
@@ -414,6 +423,10 @@ impl StreamableHttpClient for EgressClient {
         _limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, Failure> {
         let body = serde_json::to_vec(&message)?;
+        let request_id = match &message {
+            ClientJsonRpcMessage::Request(request) => Some(request.id.clone()),
+            _ => None,
+        };
         let mut headers = protocol_headers(session_id.as_deref(), custom_headers)?;
         headers.push((CONTENT_TYPE, HeaderValue::from_static(JSON_MIME_TYPE)));
         headers.push((
@@ -470,6 +483,15 @@ impl StreamableHttpClient for EgressClient {
             return Err(StreamableHttpError::UnexpectedContentType(None));
         }
         match serde_json::from_slice::<ServerJsonRpcMessage>(&bytes) {
+            // A body that answers another request (or none) would leave this
+            // one waiting out its timeout: it fails now, as what it is.
+            Ok(answer) if request_id.is_some() && answer_id(&answer) != request_id.as_ref() => Err(
+                StreamableHttpError::UnexpectedServerResponse(if status.is_success() {
+                    "an answer to another request".into()
+                } else {
+                    format!("HTTP {}", status.as_u16()).into()
+                }),
+            ),
             Ok(message) => Ok(StreamableHttpPostResponse::Json(message, session)),
             // A failure status whose body is no JSON-RPC message says only
             // its status; the body is the server's text.
