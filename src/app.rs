@@ -538,8 +538,12 @@ pub async fn serve(
         clock.clone(),
         metrics.clone(),
     )?);
-    let mut builtins = crate::builtin::demo::tools(&state.join("demo"));
-    builtins.extend(crate::builtin::control::tools(servers.clone()));
+    let builtins = crate::builtin::tools(
+        &state.join("demo"),
+        servers.clone(),
+        store.clone(),
+        clock.clone(),
+    );
     let registry = Arc::new(
         ToolRegistry::with_builtins(
             RegistryLimits {

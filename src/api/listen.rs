@@ -65,6 +65,7 @@ fn allowed_keys(method: &Method, segments: &[&str]) -> &'static [&'static str] {
         | (&Method::GET, ["v1", "invocations", _])
         | (&Method::POST, ["v1", "invocations", _, "complete"])
         | (&Method::GET, ["v1", "runs", _, "invocations"])
+        | (&Method::GET, ["v1", "runs", _, "working_state"])
         | (&Method::GET, ["v1", "review"])
         | (&Method::GET, ["v1", "artifacts", _])
         | (&Method::POST, ["v1", "review", _]) => &["tenant_id"],
@@ -224,6 +225,9 @@ impl ControlApi {
                 self.complete(id, routed).await
             }
             (Method::GET, ["v1", "runs", id, "invocations"]) => self.run(id, routed).await,
+            (Method::GET, ["v1", "runs", id, "working_state"]) => {
+                self.working_state(id, routed).await
+            }
             (Method::GET, ["v1", "events"]) => self.events(routed).await,
             (Method::GET, ["v1", "artifacts", id]) => self.artifact(id, routed).await,
             (Method::GET, ["v1", "review"]) => self.review_queue(routed).await,

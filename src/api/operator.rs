@@ -11,9 +11,12 @@ use super::wire::{
 };
 use super::{ApiError, ControlApi};
 use crate::bridge::http::{Reply, reply};
-use crate::domain::{ApprovalStatus, valid_identifier};
+use crate::domain::{ApprovalStatus, ToolOutcomeStatus, valid_identifier};
 use crate::pipeline::Completion;
 use crate::ports::ReviewRecord;
+
+/// The control tool whose recorded arguments are a run's working state.
+const UPDATE_WORKING_STATE: &str = "context.update_working_state";
 
 /// How many review rows one answer holds.
 const REVIEW_PAGE: i64 = 1000;
@@ -104,6 +107,27 @@ impl ControlApi {
         let rows = self.parts.invocations.run_invocations(&tenant, id).await?;
         let views: Vec<Value> = rows.iter().map(invocation_view).collect();
         Ok(reply(StatusCode::OK, &json!({"invocations": views})))
+    }
+
+    /// `GET /v1/runs/{id}/working_state?tenant_id=`: the state the run's
+    /// latest succeeded `context.update_working_state` recorded, or null.
+    pub(super) async fn working_state(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
+        let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
+        let rows = self.parts.invocations.run_invocations(&tenant, id).await?;
+        let latest = rows.iter().rev().find(|row| {
+            row.tool_name == UPDATE_WORKING_STATE
+                && row.outcome_status == Some(ToolOutcomeStatus::Succeeded)
+        });
+        Ok(reply(
+            StatusCode::OK,
+            &json!({
+                "run_id": id,
+                "working_state": latest.and_then(|row| row.arguments.get("state")),
+                "invocation_id": latest.map(|row| row.id),
+                "step_number": latest.map(|row| row.step_number),
+                "updated_at": latest.and_then(|row| row.completed_at),
+            }),
+        ))
     }
 
     pub(super) async fn complete(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {

@@ -45,12 +45,30 @@ impl ControlApi {
                 })
             })
             .collect();
+        // Metadata only: a skill's content enters a turn through skill.load.
+        let skills: Vec<Value> = session
+            .pinned
+            .skills()
+            .iter()
+            .map(|skill| {
+                let metadata = &skill.metadata;
+                json!({
+                    "name": metadata.name,
+                    "version": metadata.version,
+                    "description": metadata.description,
+                    "required_tools": metadata.required_tools,
+                    "source": metadata.source,
+                    "server_id": metadata.server_id,
+                })
+            })
+            .collect();
         Ok(reply(
             StatusCode::OK,
             &json!({
                 "session_id": session.session_id,
                 "tool_schema_sha256": session.pinned.tool_schema_sha256(),
                 "tools": tools,
+                "skills": skills,
             }),
         ))
     }

@@ -9,10 +9,12 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use crate::domain::{
-    ContentPart, IdempotencyClass, RiskLevel, SideEffectClass, TargetKind, ToolFailure,
+    ContentPart, IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, TargetKind, ToolFailure,
     ToolFailureKind, ToolKind, ToolResult, ToolSource, ToolSpec, TrustLevel,
 };
-use crate::ports::{BoxFuture, McpServers, Tool, ToolExecutionContext};
+use crate::ports::{
+    BoxFuture, Clock, EventStore, McpServers, PlatformEvent, Tool, ToolExecutionContext,
+};
 
 fn spec(name: &str, description: &str, input_schema: Value, output_trust: TrustLevel) -> ToolSpec {
     ToolSpec {
@@ -81,8 +83,14 @@ impl Tool for Suspending {
     }
 }
 
-/// `context.update_working_state`: the run's working state, written as the
-/// call's recorded arguments; the context engine reads it from the row.
+/// The largest working state, measured on its JSON serialization.
+pub const WORKING_STATE_MAXIMUM_BYTES: usize = 64 * 1024;
+
+/// `context.update_working_state`: replaces the run's working state. The
+/// state is the call's recorded arguments, committed with its row; the run's
+/// latest succeeded update is what `GET /v1/runs/{id}/working_state`
+/// returns. A state past [`WORKING_STATE_MAXIMUM_BYTES`] is refused and the
+/// previous one stays.
 struct UpdateWorkingState(ToolSpec);
 
 impl Tool for UpdateWorkingState {
@@ -90,16 +98,41 @@ impl Tool for UpdateWorkingState {
         &self.0
     }
 
-    fn execute<'a>(&'a self, _: Value, _: ToolExecutionContext) -> BoxFuture<'a, ToolResult> {
-        Box::pin(async { ToolResult::text("working state updated") })
+    fn execute<'a>(
+        &'a self,
+        arguments: Value,
+        _: ToolExecutionContext,
+    ) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async move {
+            let bytes = arguments
+                .get("state")
+                .map(|state| state.to_string().len())
+                .unwrap_or_default();
+            if bytes > WORKING_STATE_MAXIMUM_BYTES {
+                return ToolResult::failed(
+                    ToolFailure::new(
+                        ToolFailureKind::InvalidArguments,
+                        format!(
+                            "the working state is {bytes} bytes; at most {WORKING_STATE_MAXIMUM_BYTES}"
+                        ),
+                    )
+                    .not_applied(),
+                );
+            }
+            ToolResult::text(format!("working state recorded ({bytes} bytes)"))
+        })
     }
 }
 
-/// `skill.load`: a skill's content, labelled with the trust its source
-/// carries (an MCP prompt is EXTERNAL_UNTRUSTED).
+/// `skill.load`: a skill its session was shown, labelled with the trust its
+/// source carries (an MCP prompt is EXTERNAL_UNTRUSTED). A skill naming tools
+/// the session did not pin loads anyway: the model is told which, and a
+/// `skill.tool.missing` event is recorded.
 struct SkillLoad {
     spec: ToolSpec,
     skills: Arc<dyn McpServers>,
+    events: Arc<dyn EventStore>,
+    clock: Arc<dyn Clock>,
 }
 
 impl Tool for SkillLoad {
@@ -117,31 +150,80 @@ impl Tool for SkillLoad {
                 .get("name")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
+            let Some(advertised) = context
+                .skills
+                .iter()
+                .find(|skill| skill.metadata.name == name)
+            else {
+                return ToolResult::failed(
+                    ToolFailure::new(
+                        ToolFailureKind::NotFound,
+                        "this session was not shown a skill by that name",
+                    )
+                    .not_applied(),
+                );
+            };
             let parameters: Map<String, Value> = arguments
                 .get("arguments")
                 .and_then(Value::as_object)
                 .cloned()
                 .unwrap_or_default();
-            match self
+            let loaded = match self
                 .skills
                 .load_skill(&context.tenant_id, name, parameters)
                 .await
             {
-                Ok(loaded) => {
-                    let mut result = ToolResult::ok(vec![ContentPart::Text { text: loaded.text }]);
-                    result.output_trust = Some(loaded.metadata.trust);
-                    result
-                }
-                Err(failure) => ToolResult::failed(failure),
+                Ok(loaded) => loaded,
+                Err(failure) => return ToolResult::failed(failure),
+            };
+            // The server's prompt changed since the session was shown it.
+            if loaded.metadata.version != advertised.metadata.version {
+                return ToolResult::failed(
+                    ToolFailure::new(
+                        ToolFailureKind::NotFound,
+                        "the skill changed since this session was shown it",
+                    )
+                    .with_reason_code(ReasonCode::ToolWithdrawn)
+                    .not_applied(),
+                );
             }
+            let mut content = vec![ContentPart::Text { text: loaded.text }];
+            if !advertised.missing_tools.is_empty() {
+                content.push(ContentPart::Text {
+                    text: format!(
+                        "skill.tool.missing: this session does not offer {}",
+                        advertised.missing_tools.join(", ")
+                    ),
+                });
+                let event = PlatformEvent::SkillToolMissing {
+                    session_id: context.session_id,
+                    skill: advertised.metadata.name.clone(),
+                    missing_tools: advertised.missing_tools.clone(),
+                };
+                if let Err(error) = self
+                    .events
+                    .record_event(Some(&context.tenant_id), &event, self.clock.now())
+                    .await
+                {
+                    tracing::warn!(error = %error, "a skill.tool.missing note was not recorded");
+                }
+            }
+            let mut result = ToolResult::ok(content);
+            result.output_trust = Some(loaded.metadata.trust);
+            result
         })
     }
 }
 
-/// The control tools; `skills` serves `skill.load`. Their nested
-/// `arguments` and `state` objects are the caller's own, so those stay open
-/// where every other object schema is closed.
-pub fn tools(skills: Arc<dyn McpServers>) -> Vec<Arc<dyn Tool>> {
+/// The control tools; `skills` serves `skill.load`, which records its notes
+/// in `events`. Their nested `arguments` and `state` objects are the
+/// caller's own, so those stay open where every other object schema is
+/// closed.
+pub fn tools(
+    skills: Arc<dyn McpServers>,
+    events: Arc<dyn EventStore>,
+    clock: Arc<dyn Clock>,
+) -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(ToolCall(spec(
             "tool.call",
@@ -187,6 +269,8 @@ pub fn tools(skills: Arc<dyn McpServers>) -> Vec<Arc<dyn Tool>> {
                 TrustLevel::ExternalUntrusted,
             ),
             skills,
+            events,
+            clock,
         }),
     ]
 }

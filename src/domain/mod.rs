@@ -84,7 +84,7 @@ pub use session::{
     AgentSpec, MAXIMUM_LIST_ENTRIES, PolicyProfile, Principal, RuntimeEnvironment, glob_matches,
     valid_call_id, valid_identifier, valid_tenant_id,
 };
-pub use skill::SkillMetadata;
+pub use skill::{AdvertisedSkill, SkillMetadata};
 pub use tool::{
     IdempotencyClass, RiskLevel, SideEffectClass, TargetKind, ToolKind, ToolSource, ToolSpec,
 };

@@ -1030,6 +1030,7 @@ impl Pipeline {
                 id: row.id,
                 fence,
             }),
+            skills: request.pinned.skills().clone(),
         };
         let started = Instant::now();
         let execution = {

@@ -15,8 +15,9 @@ use crate::domain::names::{
     wire_name,
 };
 use crate::domain::{
-    AgentSpec, IdempotencyClass, PolicyProfile, Principal, RiskLevel, RuntimeEnvironment,
-    SideEffectClass, TargetKind, ToolKind, ToolSource, ToolSpec, TrustLevel, canonicalize,
+    AdvertisedSkill, AgentSpec, IdempotencyClass, PolicyProfile, Principal, RiskLevel,
+    RuntimeEnvironment, SideEffectClass, SkillMetadata, TargetKind, ToolKind, ToolSource, ToolSpec,
+    TrustLevel, canonicalize,
 };
 use crate::ports::Tool;
 
@@ -190,9 +191,55 @@ pub struct PinnedToolSet {
     tool_schema_sha256: String,
     tool_contract_sha256: String,
     wire_collisions: Vec<(String, String)>,
+    skills: Arc<[AdvertisedSkill]>,
 }
 
 impl PinnedToolSet {
+    /// This set with the skills its session is shown, each with the
+    /// required tools the set does not hold. The contract hash then covers
+    /// them too, so a session reloaded elsewhere is served only when its
+    /// skills came out the same.
+    pub fn with_skills(self: &Arc<Self>, skills: Vec<SkillMetadata>) -> Arc<PinnedToolSet> {
+        if skills.is_empty() {
+            return self.clone();
+        }
+        let advertised: Vec<AdvertisedSkill> = skills
+            .into_iter()
+            .map(|metadata| AdvertisedSkill {
+                missing_tools: metadata
+                    .required_tools
+                    .iter()
+                    .filter(|name| !self.by_name.contains_key(name.as_str()))
+                    .cloned()
+                    .collect(),
+                metadata,
+            })
+            .collect();
+        let metadata: Vec<&SkillMetadata> =
+            advertised.iter().map(|skill| &skill.metadata).collect();
+        let tool_contract_sha256 = serde_json::to_value(
+            serde_json::json!({"tools": self.tool_contract_sha256, "skills": metadata}),
+        )
+        .ok()
+        .and_then(|value| canonicalize(value).ok())
+        .map(|canonical| canonical.sha256)
+        .unwrap_or_default();
+        Arc::new(PinnedToolSet {
+            tools: self.tools.clone(),
+            by_name: self.by_name.clone(),
+            by_wire_name: self.by_wire_name.clone(),
+            tool_schema_sha256: self.tool_schema_sha256.clone(),
+            tool_contract_sha256,
+            wire_collisions: self.wire_collisions.clone(),
+            skills: advertised.into(),
+        })
+    }
+
+    /// The skills the session was shown, metadata only.
+    pub fn skills(&self) -> &Arc<[AdvertisedSkill]> {
+        &self.skills
+    }
+
     /// The hash of the pinned declarations.
     pub fn tool_schema_sha256(&self) -> &str {
         &self.tool_schema_sha256
@@ -706,6 +753,7 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
         tool_schema_sha256,
         tool_contract_sha256,
         wire_collisions,
+        skills: Arc::new([]),
     }
 }
 

@@ -25,6 +25,9 @@ use crate::ports::{
     CatalogStore, Clock, McpServers, PlatformEvent, SessionRecord, SessionStore, StoreError,
 };
 
+/// The control tool that loads a skill.
+const SKILL_LOAD: &str = "skill.load";
+
 /// A session unused this long has ended: it leaves memory and the store.
 pub const SESSION_IDLE: Duration = Duration::from_secs(24 * 3600);
 /// How often a session in use refreshes its `last_used_at` in the store.
@@ -337,7 +340,29 @@ impl Sessions {
             &PolicyProfile::default(),
             &environment,
         );
-        Ok((pinned, complete))
+        // Skills are shown only where they can be loaded, only those the
+        // agent's patterns enable, and only from a server the session pinned
+        // a tool of (its principal holds the server's scopes); the first of
+        // a name wins.
+        let mut skills = Vec::new();
+        if pinned.resolve(SKILL_LOAD).is_some() {
+            let servers: HashSet<&str> = pinned
+                .tools()
+                .iter()
+                .filter_map(|tool| tool.tool.spec.server_id.as_deref())
+                .collect();
+            let mut seen = HashSet::new();
+            for skill in prepared.skills {
+                let reachable = skill
+                    .server_id
+                    .as_deref()
+                    .is_none_or(|server| servers.contains(server));
+                if reachable && agent.enables(&skill.name) && seen.insert(skill.name.clone()) {
+                    skills.push(skill);
+                }
+            }
+        }
+        Ok((pinned.with_skills(skills), complete))
     }
 
     /// Ends the sessions unused for [`SESSION_IDLE`]: from the store, and

@@ -15,7 +15,8 @@ use uuid::Uuid;
 
 use crate::domain::secret::CredentialRef;
 use crate::domain::{
-    ArtifactRef, Principal, SecretValue, TargetKind, ToolResult, ToolSpec, TrustLevel,
+    AdvertisedSkill, ArtifactRef, Principal, SecretValue, TargetKind, ToolResult, ToolSpec,
+    TrustLevel,
 };
 
 /// A boxed, sendable future: what a dyn-compatible async port method returns.
@@ -171,6 +172,9 @@ pub struct ToolExecutionContext {
     pub cancellation: CancellationToken,
     /// The effect watermark.
     pub mark_effect_sent: Arc<dyn EffectWatermark>,
+    /// The skills the call's session was shown (`skill.load` loads no
+    /// other); none for a call recovery re-runs.
+    pub skills: Arc<[AdvertisedSkill]>,
 }
 
 impl std::fmt::Debug for ToolExecutionContext {

@@ -18,6 +18,14 @@ use toolgate::domain::{
 use toolgate::pipeline::{RegistryLimits, RejectionReason, ToolRegistry};
 use unicode_normalization::UnicodeNormalization;
 
+use std::sync::Arc;
+
+use toolgate::adapters::credentials::EnvFileResolver;
+use toolgate::adapters::mcp::McpServerSet;
+use toolgate::adapters::telemetry::MetricsRegistry;
+use toolgate::config::DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING;
+use toolgate::ports::SystemClock;
+
 use crate::support::{builtin_spec, mcp_spec, tools};
 
 /// Which rejection a bad spec must get.
@@ -94,6 +102,72 @@ fn gate_01_every_registered_spec_passes_registration_validation() {
         assert_eq!(validate_registry_name(&registered.spec.name), Ok(()));
         assert!(!RESERVED_DOMAINS.contains(&registered.spec.domain()));
         assert!(registered.spec.maximum_output_bytes <= LIMITS.maximum_output_bytes_ceiling);
+    }
+}
+
+/// Gate 1 over the build's own tool set: every builtin and control tool
+/// `serve` registers passes registration validation (a rejection is a
+/// start-up error), as registered, and the set is the one this test names,
+/// so a tool added later is held to it too.
+#[tokio::test]
+async fn gate_01_the_builds_tool_set_passes_registration_validation() {
+    let (store, folder) = crate::mcp::sqlite().await;
+    let servers = Arc::new(McpServerSet::new(
+        Vec::new(),
+        Arc::new(EnvFileResolver::new(Default::default())),
+        store.clone(),
+        Arc::new(SystemClock),
+        Arc::new(MetricsRegistry::default()),
+    ));
+    let limits = RegistryLimits {
+        maximum_output_bytes_ceiling: DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+    };
+    let build = || {
+        toolgate::builtin::tools(
+            &folder.path().join("demo"),
+            servers.clone(),
+            store.clone(),
+            Arc::new(SystemClock),
+        )
+    };
+    let names: BTreeSet<String> = build()
+        .iter()
+        .map(|tool| tool.spec().name.clone())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(
+            [
+                "context.update_working_state",
+                "conversation.ask_user",
+                "delegate.run",
+                "demo.echo",
+                "demo.external_write",
+                "demo.keyed_write",
+                "demo.set_value",
+                "demo.wait",
+                "skill.load",
+                "tool.call",
+            ]
+            .map(str::to_owned)
+        )
+    );
+    let registry = match ToolRegistry::with_builtins(limits, build()) {
+        Ok(registry) => registry,
+        Err(error) => panic!("the build's tools fail registration: {}", error.0),
+    };
+    for tool in build() {
+        // Each alone, too: no tool passes only beside another.
+        let alone = ToolRegistry::with_builtins(limits, vec![tool.clone()]);
+        assert!(alone.is_ok(), "{}", tool.spec().name);
+        let registered = registry.get(&tool.spec().name, None).expect("registered");
+        let spec = &registered.spec;
+        assert_eq!(validate_registry_name(&spec.name), Ok(()));
+        assert!(!RESERVED_DOMAINS.contains(&spec.domain()), "{}", spec.name);
+        assert!(spec.maximum_output_bytes <= limits.maximum_output_bytes_ceiling);
+        assert!(spec.timeout_seconds > 0, "{}", spec.name);
+        assert!(!spec.description.is_empty(), "{}", spec.name);
+        assert_eq!(spec.input_schema["type"], "object", "{}", spec.name);
     }
 }
 

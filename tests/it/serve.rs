@@ -1070,6 +1070,181 @@ fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
     assert_eq!(names, vec!["demo.echo"]);
 }
 
+/// Skills: the session-open answer lists the skills the session may load
+/// (metadata only), `skill.load` loads only those, and a skill naming a
+/// tool the session did not pin loads with a `skill.tool.missing` note the
+/// model reads and the outbox records.
+#[test]
+fn skills_are_advertised_as_metadata_and_loaded_only_as_shown() {
+    let served = Served::start();
+    let open = |tools: Value| {
+        let session_id = Uuid::new_v4();
+        let (status, body) = served.post(
+            "/v1/sessions",
+            &json!({"session_id": session_id, "tenant_id": TENANT,
+                    "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.reads.use"]},
+                    "agent": {"tools": tools}}),
+        );
+        assert_eq!(status, 200, "{body}");
+        (session_id, body)
+    };
+    let (session, opened) = open(json!(["demo.*", "mcp.*", "skill.load"]));
+    let skills = opened["skills"].as_array().unwrap();
+    let names: Vec<&str> = skills.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["mcp.reads.summarize", "mcp.reads.investigate"],
+        "{opened}"
+    );
+    let investigate = &skills[1];
+    assert_eq!(
+        investigate["required_tools"],
+        json!(["mcp.reads.echo", "mcp.reads.no_such_tool"])
+    );
+    assert_eq!(investigate["source"], "mcp");
+    assert_eq!(investigate["server_id"], "reads");
+    assert_eq!(
+        investigate["description"],
+        "Investigates with this server's tools."
+    );
+    assert_eq!(investigate["version"].as_str().unwrap().len(), 64);
+    // Metadata only: no prompt content, in any field.
+    let keys: Vec<&String> = investigate.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "description",
+            "name",
+            "required_tools",
+            "server_id",
+            "source",
+            "version"
+        ]
+    );
+    assert!(!opened.to_string().contains("Summarize "), "{opened}");
+
+    // Neither an agent whose patterns do not reach the skills nor one
+    // without skill.load is shown any.
+    let (narrow, narrow_opened) = open(json!(["demo.*", "skill.load"]));
+    assert_eq!(narrow_opened["skills"], json!([]));
+    let (_, without) = open(json!(["demo.*", "mcp.*"]));
+    assert_eq!(without["skills"], json!([]));
+
+    let run = Uuid::new_v4();
+    let load = |session: Uuid, step: i64, name: &str| {
+        let (status, body) = served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": run, "step_number": step, "origin_trust": "user",
+                    "calls": [{"call_id": format!("load-{step}"), "name": "skill.load",
+                               "arguments": {"name": name, "arguments": {"topic": "tides"}}}]}),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["results"][0].clone()
+    };
+    // A skill the session was not shown, though the server has it.
+    let refused = load(narrow, 1, "mcp.reads.summarize");
+    assert_eq!(
+        refused["outcome"]["reason_code"], "tool.not_found",
+        "{refused}"
+    );
+    let refused = load(session, 2, "mcp.reads.nothing_like_it");
+    assert_eq!(
+        refused["outcome"]["reason_code"], "tool.not_found",
+        "{refused}"
+    );
+
+    let loaded = load(session, 3, "mcp.reads.summarize");
+    assert_eq!(loaded["outcome"]["status"], "succeeded", "{loaded}");
+    assert!(!loaded["content"].to_string().contains("skill.tool.missing"));
+    let loaded = load(session, 4, "mcp.reads.investigate");
+    assert_eq!(loaded["outcome"]["status"], "succeeded", "{loaded}");
+    let content = loaded["content"].to_string();
+    assert!(content.contains("Investigate with echo."), "{content}");
+    assert!(
+        content.contains("skill.tool.missing") && content.contains("mcp.reads.no_such_tool"),
+        "{content}"
+    );
+    assert!(
+        !content.contains("this session does not offer mcp.reads.echo"),
+        "{content}"
+    );
+
+    let (_, events) = served.get(&format!("/v1/events?after=0&tenant_id={TENANT}"));
+    let notes: Vec<Value> = String::from_utf8(events)
+        .unwrap()
+        .lines()
+        .map(|line| json_of(line.as_bytes()))
+        .filter(|event| event["event_type"] == "skill.tool.missing")
+        .map(|event| event["payload"].clone())
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            json!({"session_id": session, "skill": "mcp.reads.investigate",
+                "missing_tools": ["mcp.reads.no_such_tool"]})
+        ]
+    );
+}
+
+/// `context.update_working_state` records the run's working state, which
+/// the control API returns: the latest succeeded update, per run and
+/// tenant; a state past the bound is refused and the previous one stays.
+#[test]
+fn the_working_state_is_recorded_per_run_and_bounded() {
+    let served = Served::start();
+    let session = served.session();
+    let (run, other_run) = (Uuid::new_v4(), Uuid::new_v4());
+    let update = |run: Uuid, step: i64, state: Value| {
+        let (status, body) = served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": run, "step_number": step, "origin_trust": "user",
+                    "calls": [{"call_id": format!("ws-{step}"), "name": "context.update_working_state",
+                               "arguments": {"state": state}}]}),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["results"][0].clone()
+    };
+    let read = |run: Uuid, tenant: &str| {
+        let (status, body) =
+            served.get(&format!("/v1/runs/{run}/working_state?tenant_id={tenant}"));
+        assert_eq!(status, 200);
+        json_of(&body)
+    };
+    assert_eq!(read(run, TENANT)["working_state"], Value::Null);
+
+    let first = update(run, 1, json!({"goal": "book a table", "done": []}));
+    assert_eq!(first["outcome"]["status"], "succeeded", "{first}");
+    let second = update(run, 2, json!({"goal": "book a table", "done": ["search"]}));
+    assert_eq!(second["outcome"]["status"], "succeeded", "{second}");
+    update(other_run, 1, json!({"goal": "another run"}));
+
+    let state = read(run, TENANT);
+    assert_eq!(
+        state["working_state"],
+        json!({"goal": "book a table", "done": ["search"]})
+    );
+    assert_eq!(state["invocation_id"], second["invocation_id"]);
+    assert_eq!(state["step_number"], 2);
+    assert!(state["updated_at"].is_string(), "{state}");
+    assert_eq!(
+        read(other_run, TENANT)["working_state"],
+        json!({"goal": "another run"})
+    );
+    // Another tenant reads nothing of it.
+    assert_eq!(read(run, "tenant-other")["working_state"], Value::Null);
+
+    // Past the bound: refused, and the state before it stays.
+    let large = update(run, 3, json!({"notes": "x".repeat(70 * 1024)}));
+    assert_eq!(
+        large["outcome"]["reason_code"], "tool.arguments_invalid",
+        "{large}"
+    );
+    assert_eq!(
+        read(run, TENANT)["working_state"],
+        json!({"goal": "book a table", "done": ["search"]})
+    );
+}
+
 /// A batch of slow reads runs at once; the same reads beside a write, or
 /// beyond the run's remaining tool budget, run one after the other. Seen
 /// in the recorded events (each call starts before or after its sibling

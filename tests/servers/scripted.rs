@@ -564,6 +564,11 @@ impl ServerHandler for Scripted {
             "name": "summarize",
             "description": "Summarizes a topic.",
             "arguments": [{"name": "topic", "description": "What to summarize.", "required": true}]
+        }, {
+            // Names one tool this server has and one it has not.
+            "name": "investigate",
+            "description": "Investigates with this server's tools.",
+            "_meta": {"toolgate/required_tools": ["echo", "no_such_tool"]}
         }]})))
     }
 
@@ -579,10 +584,13 @@ impl ServerHandler for Scripted {
             .and_then(Value::as_str)
             .unwrap_or("nothing")
             .to_owned();
+        let text = if request.name == "investigate" {
+            "Investigate with echo.".to_owned()
+        } else {
+            format!("Summarize {topic}. {INJECTION}")
+        };
         Ok(GetPromptResponse::Complete(parse(json!({
-            "description": "Summarizes a topic.",
-            "messages": [{"role": "user", "content": {"type": "text",
-                "text": format!("Summarize {topic}. {INJECTION}")}}]
+            "messages": [{"role": "user", "content": {"type": "text", "text": text}}]
         }))))
     }
 }

@@ -95,6 +95,32 @@ pub struct RemotePrompt {
     pub description: Option<String>,
     /// Its arguments.
     pub arguments: Vec<PromptArgument>,
+    /// The server's tools it needs, from `_meta["toolgate/required_tools"]`
+    /// (strings only, each bounded, at most [`MAXIMUM_REQUIRED_TOOLS`]).
+    pub required_tools: Vec<String>,
+}
+
+/// Where a prompt names the tools it needs.
+const REQUIRED_TOOLS_META: &str = "toolgate/required_tools";
+/// The most required tools a prompt may name; the rest are not read.
+const MAXIMUM_REQUIRED_TOOLS: usize = 32;
+/// The longest name of a required tool; a longer one is left out.
+const MAXIMUM_REQUIRED_TOOL_BYTES: usize = 256;
+
+/// The required tools a prompt's `_meta` names, bounded.
+fn required_tools(meta: Option<&rmcp::model::MetaObject>) -> Vec<String> {
+    meta.and_then(|meta| meta.0.get(REQUIRED_TOOLS_META))
+        .and_then(Value::as_array)
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(Value::as_str)
+                .filter(|name| !name.is_empty() && name.len() <= MAXIMUM_REQUIRED_TOOL_BYTES)
+                .take(MAXIMUM_REQUIRED_TOOLS)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A `tools/call` answer, in protocol-neutral form.
@@ -667,6 +693,7 @@ impl Connection {
                 .await?;
             for prompt in page.prompts {
                 prompts.push(RemotePrompt {
+                    required_tools: required_tools(prompt.meta.as_ref()),
                     name: prompt.name,
                     description: prompt.description,
                     arguments: prompt

@@ -196,6 +196,7 @@ pub(super) fn skill_metadata(server_id: &str, prompt: &RemotePrompt) -> SkillMet
         "arguments": prompt.arguments.iter().map(|argument| json!({
             "name": argument.name, "description": argument.description,
             "required": argument.required})).collect::<Vec<_>>(),
+        "required_tools": prompt.required_tools,
     });
     let version = match canonicalize(declaration.clone()) {
         Ok(canonical) => canonical.sha256,
@@ -209,8 +210,14 @@ pub(super) fn skill_metadata(server_id: &str, prompt: &RemotePrompt) -> SkillMet
             MAXIMUM_DESCRIPTION_BYTES,
         )
         .to_owned(),
-        required_tools: Vec::new(),
+        // A prompt names its own server's tools, by the server's names.
+        required_tools: prompt
+            .required_tools
+            .iter()
+            .map(|remote_name| mcp_registry_name(server_id, remote_name))
+            .collect(),
         source: ToolSource::Mcp,
+        server_id: Some(server_id.to_owned()),
         trust: TrustLevel::ExternalUntrusted,
         read_only: true,
     }

@@ -110,6 +110,16 @@ pub enum PlatformEvent {
         /// Calls the turn made, denied ones included.
         calls: u32,
     },
+    /// A skill was loaded naming tools its session did not pin; it loaded
+    /// anyway, and the model was told which.
+    SkillToolMissing {
+        /// The session.
+        session_id: Uuid,
+        /// The skill's registry-style name.
+        skill: String,
+        /// Its required tools the session does not hold (registry names).
+        missing_tools: Vec<String>,
+    },
     /// A declaration failed registration.
     ToolRejected {
         /// The server.
@@ -134,6 +144,7 @@ impl PlatformEvent {
             PlatformEvent::CatalogChanged { .. } => "mcp.catalog.changed",
             PlatformEvent::CatalogConflict { .. } => "mcp.catalog.conflict",
             PlatformEvent::ToolRejected { .. } => "mcp.tool.rejected",
+            PlatformEvent::SkillToolMissing { .. } => "skill.tool.missing",
             PlatformEvent::BridgeSessionOpened { .. } => "bridge.session.opened",
             PlatformEvent::BridgeSessionClosed { .. } => "bridge.session.closed",
         }
@@ -180,6 +191,11 @@ impl PlatformEvent {
                 remote_name,
                 reason,
             } => json!({"server": server_id, "remote_name": remote_name, "reason": reason}),
+            PlatformEvent::SkillToolMissing {
+                session_id,
+                skill,
+                missing_tools,
+            } => json!({"session_id": session_id, "skill": skill, "missing_tools": missing_tools}),
             PlatformEvent::BridgeSessionOpened {
                 run_id,
                 step_number,
