@@ -1,17 +1,27 @@
-//! Load driver for the orchestration bridge: a real `toolgate serve` on
-//! PostgreSQL, and N concurrent scripts (1, 8, 32), each calling `demo.echo`
-//! one call at a time over its turn's socket, as the Python client does (a
-//! connection per call). A script opens a new turn every 64 calls, the
-//! per-turn cap. Prints calls per second, p50 and p99 latency and the serve
-//! process's CPU time per call.
+//! Load driver for the orchestration bridge, against a real `toolgate
+//! serve` (release build).
 //!
-//! `DATABASE_URL=postgres://… cargo bench --bench bridge`
-//! (`TOOLGATE_BENCH_SECONDS` sets each run's length, default 10.)
+//! 1. The floor and the overhead, side by side in one run: the MCP reference
+//!    server's `echo` over stdio called directly by a raw JSON-RPC client,
+//!    beside the same server's `echo` called through a script's turn socket
+//!    (a connection per call, as the Python client makes them), classified
+//!    read-only and non-idempotent, on the embedded SQLite store and (with
+//!    `DATABASE_URL`) on PostgreSQL. Blocks of 50 calls interleave the three
+//!    paths; printed: p50, p99, the added p50 and serve's CPU per call.
+//! 2. With `DATABASE_URL`: N concurrent scripts (1, 8, 32) calling
+//!    `demo.echo`, a new turn every 64 calls; calls per second, p50, p99
+//!    and serve's CPU per call.
+//!
+//! `scripts/test` installs the reference server (`TOOLGATE_MCP_SERVERS`).
+//! `[DATABASE_URL=postgres://…] cargo bench --bench bridge`
+//! (`TOOLGATE_BENCH_CALLS` sets part 1's calls per path, default 1000;
+//! `TOOLGATE_BENCH_SECONDS` part 2's run length, default 10;
+//! `TOOLGATE_BENCH_BINARY` measures another build of `toolgate` instead.)
 
-use std::io::{Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -108,52 +118,171 @@ fn script(control: PathBuf, session: Uuid, stop: Arc<AtomicBool>) -> Vec<Duratio
     latencies
 }
 
-fn main() {
-    let Ok(admin_url) = std::env::var("DATABASE_URL") else {
-        println!("bridge bench: DATABASE_URL is unset; nothing to measure");
-        return;
-    };
-    let seconds: u64 = std::env::var("TOOLGATE_BENCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    let schema = format!("bench_bridge_{}", Uuid::new_v4().simple());
-    let psql = |sql: &str| {
-        let status = Command::new("psql")
-            .args([admin_url.as_str(), "-q", "-c", sql])
-            .status()
-            .expect("psql runs");
-        assert!(status.success(), "{sql}");
-    };
-    psql(&format!("CREATE SCHEMA {schema}"));
-    let folder = tempfile::tempdir().expect("folder");
-    let root = folder.path();
-    let separator = if admin_url.contains('?') { '&' } else { '?' };
-    let store_url = format!("{admin_url}{separator}options=-c%20search_path%3D{schema}");
-    std::fs::write(
-        root.join("policy.toml"),
-        "[[rules]]\ntools = [\"demo.echo\"]\ndecision = \"allow\"\n",
-    )
-    .expect("policy");
-    std::fs::write(
-        root.join("toolgate.toml"),
-        format!(
-            "[control]\nsocket = \"run/control.sock\"\n[bridge]\ndirectory = \"run/turns\"\n\
-             [store]\nurl = \"{store_url}\"\n[artifacts]\ndirectory = \"state/artifacts\"\n\
-             [policy]\nfile = \"policy.toml\"\n"
-        ),
-    )
-    .expect("config");
-    let toolgate = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/toolgate");
-    let toolgate = std::env::var("CARGO_TARGET_DIR")
-        .map(|dir| PathBuf::from(dir).join("release/toolgate"))
-        .unwrap_or(toolgate);
+/// A raw JSON-RPC client on the reference server's stdio: the floor.
+struct Direct {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    next: u64,
+}
+
+impl Direct {
+    fn start(node: &Path, script: &Path) -> Direct {
+        let mut child = Command::new(node)
+            .arg(script)
+            .arg("stdio")
+            .env("NODE_ENV", "production")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the reference server starts");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut direct = Direct {
+            child,
+            stdin,
+            stdout,
+            next: 0,
+        };
+        direct.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "floor", "version": "1"}}),
+        );
+        direct.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        direct
+    }
+
+    fn send(&mut self, message: &Value) {
+        let mut line = message.to_string();
+        line.push('\n');
+        self.stdin.write_all(line.as_bytes()).expect("writes");
+        self.stdin.flush().expect("flushes");
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.stdout.read_line(&mut line).expect("reads") > 0,
+                "server ended"
+            );
+            let message: Value = serde_json::from_str(&line).expect("JSON-RPC");
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+
+    fn echo(&mut self, i: usize) -> Duration {
+        let started = Instant::now();
+        let answer = self.request(
+            "tools/call",
+            json!({"name": "echo", "arguments": {"message": format!("hello {i}")}}),
+        );
+        let elapsed = started.elapsed();
+        assert!(answer["result"].is_object(), "{answer}");
+        elapsed
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A script's turn: calls over its socket, a new turn (and run) every 64.
+struct Turn {
+    control: PathBuf,
+    session: Uuid,
+    open: Option<(String, PathBuf, String, usize)>,
+}
+
+impl Turn {
+    fn call(&mut self, tool: &str, i: usize) -> Duration {
+        if self.open.as_ref().is_none_or(|(_, _, _, used)| *used == 64) {
+            self.close();
+            let run = Uuid::new_v4();
+            let open = json!({"session_id": self.session, "run_id": run, "step_number": 1,
+                              "origin_trust": "user",
+                              "script_sha256": toolgate::domain::sha256_hex(run.as_bytes())});
+            let (status, body) = http(&self.control, "POST", "/v1/turns", None, &open.to_string());
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            let turn: Value = serde_json::from_slice(&body).expect("turn");
+            self.open = Some((
+                turn["turn_id"].as_str().expect("id").to_owned(),
+                PathBuf::from(turn["socket_path"].as_str().expect("socket")),
+                turn["token"].as_str().expect("token").to_owned(),
+                0,
+            ));
+        }
+        let Some((_, socket, token, used)) = self.open.as_mut() else {
+            unreachable!("a turn was just opened")
+        };
+        *used += 1;
+        let call =
+            json!({"call": tool, "arguments": {"message": format!("hello {i}")}}).to_string();
+        let started = Instant::now();
+        let (status, body) = http(socket, "POST", "/v1/call", Some(token), &call);
+        let elapsed = started.elapsed();
+        assert!(
+            status == 200 && body.starts_with(br#"{"status":"succeeded""#),
+            "{status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        elapsed
+    }
+
+    fn close(&mut self) {
+        if let Some((id, ..)) = self.open.take() {
+            http(
+                &self.control,
+                "DELETE",
+                &format!("/v1/turns/{id}"),
+                None,
+                "",
+            );
+        }
+    }
+}
+
+/// The binary under test: `TOOLGATE_BENCH_BINARY` (another build, to
+/// compare in one session), else the release build, built now.
+fn toolgate() -> PathBuf {
+    if let Some(binary) = std::env::var_os("TOOLGATE_BENCH_BINARY") {
+        return PathBuf::from(binary);
+    }
     let status = Command::new("cargo")
         .args(["build", "--release", "--bin", "toolgate"])
         .status()
         .expect("cargo builds");
     assert!(status.success());
-    let child = Command::new(&toolgate)
+    std::env::var("CARGO_TARGET_DIR")
+        .map(|dir| PathBuf::from(dir).join("release/toolgate"))
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/toolgate"))
+}
+
+/// Starts `serve` on `store_url` in `root` with `extra` configuration and
+/// `rules`; waits for its control socket.
+fn serve(toolgate: &Path, root: &Path, store_url: &str, extra: &str, rules: &str) -> Child {
+    std::fs::write(root.join("policy.toml"), rules).expect("policy");
+    std::fs::write(
+        root.join("toolgate.toml"),
+        format!(
+            "[control]\nsocket = \"run/control.sock\"\n[bridge]\ndirectory = \"run/turns\"\n\
+             [store]\nurl = \"{store_url}\"\n[artifacts]\ndirectory = \"state/artifacts\"\n\
+             [policy]\nfile = \"policy.toml\"\n{extra}"
+        ),
+    )
+    .expect("config");
+    let child = Command::new(toolgate)
         .args(["serve", "--migrate", "--config"])
         .arg(root.join("toolgate.toml"))
         .env_remove("TOOLGATE_STORE_URL")
@@ -161,29 +290,207 @@ fn main() {
         .stderr(Stdio::null())
         .spawn()
         .expect("toolgate serve starts");
-    // Stopped, and its schema dropped, however the run ends.
-    let served = Served {
-        child,
-        admin_url: admin_url.clone(),
-        schema: schema.clone(),
-    };
-    let child = &served.child;
     let control = root.join("run/control.sock");
     let started = Instant::now();
     while UnixStream::connect(&control).is_err() {
         assert!(
-            started.elapsed() < Duration::from_secs(30),
+            started.elapsed() < Duration::from_secs(60),
             "serve did not listen"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    child
+}
+
+fn open_session(control: &Path, scopes: &[&str], tools: &[&str]) -> Uuid {
     let session = Uuid::new_v4();
     let open = json!({"session_id": session, "tenant_id": "bench",
-                      "principal": {"id": "bench", "scopes": ["demo.use"]},
-                      "agent": {"tools": ["demo.echo"]}});
-    let (status, body) = http(&control, "POST", "/v1/sessions", None, &open.to_string());
+                      "principal": {"id": "bench", "scopes": scopes},
+                      "agent": {"tools": tools}});
+    let (status, body) = http(control, "POST", "/v1/sessions", None, &open.to_string());
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    session
+}
 
+/// A stdio server block of the configuration: the reference server under
+/// `server_id`, classified as `class`.
+fn reference_server(server_id: &str, node: &Path, script: &Path, class: &str) -> String {
+    let (side_effect, idempotency) = match class {
+        "read_only" => ("none", "read_only"),
+        _ => ("external_write", "non_idempotent"),
+    };
+    format!(
+        "[[mcp.servers]]\nserver_id = \"{server_id}\"\ncommand = \"{}\"\nargs = [\"{}\", \"stdio\"]\n\
+         env = {{ NODE_ENV = \"production\" }}\nside_effect = \"{side_effect}\"\nrisk = \"low\"\n\
+         idempotency = \"{idempotency}\"\nrequired_scopes = [\"mcp.{server_id}.use\"]\n\
+         timeout_seconds = 30\nmaximum_output_bytes = 65536\n\n",
+        node.display(),
+        script.display()
+    )
+}
+
+/// Part 1 on one store: the floor, and the two classifications through
+/// serve, interleaved in blocks; prints one row per path.
+fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path, calls: usize) {
+    let servers = PathBuf::from(
+        std::env::var("TOOLGATE_MCP_SERVERS")
+            .unwrap_or_else(|_| "/var/tmp/toolgate-mcp-servers".into()),
+    );
+    let script =
+        servers.join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        script.exists(),
+        "the reference server is not installed at {}: run scripts/test once",
+        script.display()
+    );
+    let node = std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|folder| folder.join("node"))
+                .find(|candidate| candidate.is_file())
+        })
+        .expect("node is on PATH");
+    let extra = format!(
+        "[mcp]\nstate_directory = \"state/mcp\"\n\n{}{}",
+        reference_server("ro", &node, &script, "read_only"),
+        reference_server("ni", &node, &script, "non_idempotent"),
+    );
+    let child = serve(
+        toolgate,
+        root,
+        store_url,
+        &extra,
+        "[[rules]]\ntools = [\"mcp.ro.echo\", \"mcp.ni.echo\"]\ndecision = \"allow\"\n",
+    );
+    let served = Stopped(child);
+    let control = root.join("run/control.sock");
+    let session = open_session(
+        &control,
+        &["mcp.ro.use", "mcp.ni.use"],
+        &["mcp.ro.echo", "mcp.ni.echo"],
+    );
+    let mut direct = Direct::start(&node, &script);
+    let mut turn = Turn {
+        control: control.clone(),
+        session,
+        open: None,
+    };
+    // Warm both paths first: connections, caches, the servers' JIT.
+    for i in 0..100 {
+        direct.echo(i);
+        turn.call("mcp.ro.echo", i);
+        turn.call("mcp.ni.echo", i);
+    }
+    let pid = served.0.id();
+    let mut floor = Vec::new();
+    let mut paths: [(&str, Vec<Duration>, f64); 2] = [
+        ("mcp.ro.echo", Vec::new(), 0.0),
+        ("mcp.ni.echo", Vec::new(), 0.0),
+    ];
+    const BLOCK: usize = 50;
+    let mut i = 1000;
+    while floor.len() < calls {
+        for _ in 0..BLOCK {
+            i += 1;
+            floor.push(direct.echo(i));
+        }
+        for (tool, latencies, cpu) in paths.iter_mut() {
+            let before = cpu_seconds(pid);
+            for _ in 0..BLOCK {
+                i += 1;
+                latencies.push(turn.call(tool, i));
+            }
+            *cpu += cpu_seconds(pid) - before;
+        }
+    }
+    turn.close();
+    floor.sort();
+    let floor_p50 = percentile(&floor, 0.5);
+    println!(
+        "{label:>8} | {:>16} | {:>9.2?} | {:>9.2?} | {:>10} | {:>14}",
+        "direct (floor)",
+        floor_p50,
+        percentile(&floor, 0.99),
+        "",
+        ""
+    );
+    for (tool, latencies, cpu) in paths.iter_mut() {
+        latencies.sort();
+        let p50 = percentile(latencies, 0.5);
+        let class = if tool.starts_with("mcp.ro") {
+            "read-only"
+        } else {
+            "non-idempotent"
+        };
+        println!(
+            "{label:>8} | {class:>16} | {p50:>9.2?} | {:>9.2?} | {:>10} | {:>14}",
+            percentile(latencies, 0.99),
+            format!("+{:.2?}", p50.saturating_sub(floor_p50)),
+            format!("{:.0}µs", *cpu / latencies.len() as f64 * 1e6),
+        );
+    }
+    drop(served);
+}
+
+/// SIGTERMs serve when dropped.
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+fn main() {
+    let calls: usize = std::env::var("TOOLGATE_BENCH_CALLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    let toolgate = toolgate();
+    let admin_url = std::env::var("DATABASE_URL").ok();
+
+    println!(
+        "{:>8} | {:>16} | {:>9} | {:>9} | {:>10} | {:>14}",
+        "store", "path", "p50", "p99", "added p50", "serve cpu/call"
+    );
+    {
+        let folder = tempfile::tempdir().expect("folder");
+        let url = format!("sqlite://{}", folder.path().join("toolgate.db").display());
+        floor_and_overhead(&toolgate, "sqlite", &url, folder.path(), calls);
+    }
+    let Some(admin_url) = admin_url else {
+        println!("DATABASE_URL is unset: PostgreSQL and the concurrency runs are skipped");
+        return;
+    };
+    {
+        let schema = Schema::create(&admin_url, "bench_floor");
+        let folder = tempfile::tempdir().expect("folder");
+        floor_and_overhead(&toolgate, "postgres", &schema.url, folder.path(), calls);
+    }
+
+    let seconds: u64 = std::env::var("TOOLGATE_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let schema = Schema::create(&admin_url, "bench_bridge");
+    let folder = tempfile::tempdir().expect("folder");
+    let root = folder.path();
+    let served = Stopped(serve(
+        &toolgate,
+        root,
+        &schema.url,
+        "",
+        "[[rules]]\ntools = [\"demo.echo\"]\ndecision = \"allow\"\n",
+    ));
+    let child = &served.0;
+    let control = root.join("run/control.sock");
+    let session = open_session(&control, &["demo.use"], &["demo.echo"]);
+
+    println!();
     println!(
         "{:>7} | {:>9} | {:>9} | {:>9} | {:>13}",
         "scripts", "calls/s", "p50", "p99", "toolgate cpu"
@@ -220,25 +527,38 @@ fn main() {
     drop(served);
 }
 
-struct Served {
-    child: std::process::Child,
+/// A PostgreSQL schema of its own, dropped when the bench ends.
+struct Schema {
     admin_url: String,
-    schema: String,
+    name: String,
+    url: String,
 }
 
-impl Drop for Served {
+impl Schema {
+    fn create(admin_url: &str, prefix: &str) -> Schema {
+        let name = format!("{prefix}_{}", Uuid::new_v4().simple());
+        let status = Command::new("psql")
+            .args([admin_url, "-q", "-c", &format!("CREATE SCHEMA {name}")])
+            .status()
+            .expect("psql runs");
+        assert!(status.success());
+        let separator = if admin_url.contains('?') { '&' } else { '?' };
+        Schema {
+            admin_url: admin_url.to_owned(),
+            url: format!("{admin_url}{separator}options=-c%20search_path%3D{name}"),
+            name,
+        }
+    }
+}
+
+impl Drop for Schema {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
         let _ = Command::new("psql")
             .args([
                 self.admin_url.as_str(),
                 "-q",
                 "-c",
-                &format!("DROP SCHEMA {} CASCADE", self.schema),
+                &format!("DROP SCHEMA {} CASCADE", self.name),
             ])
             .stderr(Stdio::null())
             .status();

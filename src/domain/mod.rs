@@ -55,6 +55,7 @@ macro_rules! closed_enum {
 pub mod addresses;
 pub mod approval;
 pub mod canonical;
+pub mod durability;
 pub mod egress;
 pub mod environment;
 pub mod event;
@@ -74,6 +75,7 @@ pub mod trust;
 
 pub use approval::{ApprovalStatus, ReviewResolution};
 pub use canonical::{CanonicalArguments, CanonicalError, canonicalize, sha256_hex};
+pub use durability::Durability;
 pub use event::ToolEventKind;
 pub use idempotency::idempotency_key;
 pub use outcome::{InvocationStatus, Remediation, ToolOutcome, ToolOutcomeStatus};

@@ -31,10 +31,10 @@ use crate::domain::names::bounded_name;
 use crate::domain::policy::{PolicyDecision, ProposedAction};
 use crate::domain::recovery::{self, RecoveryDecision};
 use crate::domain::{
-    AgentSpec, ApprovalStatus, ArgumentTrust, ContentPart, IdempotencyClass, InvocationStatus,
-    ReasonCode, SecretValue, SideEffectClass, ToolEventKind, ToolFailure, ToolFailureKind,
-    ToolKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSource, ToolSpec, TrustLevel,
-    canonicalize, idempotency_key, sha256_hex,
+    AgentSpec, ApprovalStatus, ArgumentTrust, ContentPart, Durability, IdempotencyClass,
+    InvocationStatus, ReasonCode, SecretValue, SideEffectClass, ToolEventKind, ToolFailure,
+    ToolFailureKind, ToolKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSource, ToolSpec,
+    TrustLevel, canonicalize, idempotency_key, sha256_hex,
 };
 use crate::ports::{
     ApprovalStore, ArtifactStore, BreakerTally, CancellationToken, Claim, Clock,
@@ -184,6 +184,7 @@ impl Pipeline {
                     truncated: false,
                     artifact: None,
                     produced: Vec::new(),
+                    durability: Durability::Flushed,
                 };
                 let mut event = row_event(&row, ToolEventKind::Completed);
                 event.outcome_status = Some(ToolOutcomeStatus::Succeeded);
@@ -878,7 +879,14 @@ impl Pipeline {
         let events = [row_event(&row, ToolEventKind::Started)];
         let Some(running) = self
             .invocations
-            .claim_invocation(&request.tenant_id, row.id, fence, self.clock.now(), &events)
+            .claim_invocation(
+                &request.tenant_id,
+                row.id,
+                fence,
+                self.clock.now(),
+                &events,
+                Durability::of(row.idempotency_class, row.side_effect),
+            )
             .await?
         else {
             return self.reread(request, row.id).await;
@@ -1379,6 +1387,7 @@ impl Pipeline {
                 trust,
             }),
             produced,
+            durability: Durability::of(row.idempotency_class, row.side_effect),
         };
         let mut event = row_event(row, terminal_event_kind(outcome_status));
         event.outcome_status = Some(outcome_status);

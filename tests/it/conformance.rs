@@ -80,16 +80,32 @@ fn the_conformance_client_scenarios_pass_by_their_check_ids() {
     let (node, suite) = installed();
     let client = client();
     for (scenario, required) in SCENARIOS {
-        let output = tempfile::tempdir().unwrap();
-        let run = Command::new(&node)
-            .arg(&suite)
-            .args(["client", "--command"])
-            .arg(&client)
-            .args(["--scenario", scenario, "--timeout", "30000", "-o"])
-            .arg(output.path())
-            .output()
-            .expect("the conformance runner starts");
-        let recorded = checks(output.path());
+        // The suite marks a check WARNING when it could not measure it
+        // (sse-retry's timing, when the client's standing GET stream opens
+        // while the tool's stream is still up on a loaded machine): such a
+        // scenario runs again, up to three times, and must then pass.
+        let mut attempt = 0;
+        let (run, recorded) = loop {
+            attempt += 1;
+            let output = tempfile::tempdir().unwrap();
+            let run = Command::new(&node)
+                .arg(&suite)
+                .args(["client", "--command"])
+                .arg(&client)
+                .args(["--scenario", scenario, "--timeout", "30000", "-o"])
+                .arg(output.path())
+                .output()
+                .expect("the conformance runner starts");
+            let recorded = checks(output.path());
+            let unmeasured = required.iter().any(|id| {
+                recorded
+                    .iter()
+                    .any(|check| check["id"] == *id && check["status"] == "WARNING")
+            });
+            if !unmeasured || attempt == 3 {
+                break (run, recorded);
+            }
+        };
         for id in *required {
             let statuses: Vec<&str> = recorded
                 .iter()

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use serde_json::{Value, json};
 use toolgate::domain::{InvocationStatus, ReasonCode};
 use toolgate::pipeline::Point;
-use toolgate::ports::{Schema, Store};
+use toolgate::ports::{InvocationStore as _, Schema, Store};
 use uuid::Uuid;
 
 use crate::store::PgSchema;
@@ -302,4 +302,123 @@ async fn gate_08_two_processes_on_one_database_execute_once() {
             "round {round}: one execution"
         );
     }
+}
+
+/// Proportional durability: a read's commits are relaxed, so a power loss
+/// may take the newest of them. Simulated on a real SQLite file by putting
+/// the database back as it was before the lost commits (what the disk
+/// holds after such a loss): a read whose result commit was lost, and one
+/// whose every commit was lost, are each executed again when replayed,
+/// never answered from a record that does not exist.
+#[tokio::test]
+async fn a_read_whose_commits_were_lost_runs_again() {
+    let folder = tempfile::tempdir().unwrap();
+    let database = folder.path().join("lost.db");
+    let url = format!("sqlite://{}", database.display());
+    let store = toolgate::adapters::store::SqliteStore::connect(&url)
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    drop(store);
+    let files = |into: &Path| {
+        std::fs::create_dir_all(into).unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let name = format!("lost.db{suffix}");
+            let _ = std::fs::remove_file(into.join(&name));
+            if let Ok(bytes) = std::fs::read(folder.path().join(&name)) {
+                std::fs::write(into.join(&name), bytes).unwrap();
+            }
+        }
+    };
+    let restore = |from: &Path| {
+        for suffix in ["", "-wal", "-shm"] {
+            let name = format!("lost.db{suffix}");
+            let _ = std::fs::remove_file(folder.path().join(&name));
+            if let Ok(bytes) = std::fs::read(from.join(&name)) {
+                std::fs::write(folder.path().join(&name), bytes).unwrap();
+            }
+        }
+    };
+    let arguments = json!({"text": "hello"});
+    let rows = |run_id: Uuid| {
+        let url = url.clone();
+        async move {
+            let store = toolgate::adapters::store::SqliteStore::connect(&url)
+                .await
+                .unwrap();
+            store.run_invocations(TENANT, run_id).await.unwrap()
+        }
+    };
+
+    // 1. Intent and claim kept, the result lost: the row is RUNNING again.
+    let (session, run_id) = (Uuid::new_v4(), Uuid::new_v4());
+    let job = |mode, failpoint| Job {
+        store_url: &url,
+        folder: folder.path(),
+        mode,
+        failpoint,
+        policy: "allow",
+        tool: "demo.echo",
+        arguments: &arguments,
+        ids: (session, run_id, "lost-result"),
+    };
+    let (completed, _) = run(&job("call", Some(Point::Execute)));
+    assert!(!completed, "the harness stops after the claim");
+    let claimed = folder.path().join("claimed");
+    files(&claimed);
+    std::thread::sleep(std::time::Duration::from_millis(LEASE_MS as u64 + 100));
+    let (ok, first) = run(&job("call", None));
+    assert!(ok);
+    assert_eq!(first["outcome"]["status"], "succeeded", "{first}");
+    let kept = rows(run_id).await;
+    assert_eq!(kept[0].status, InvocationStatus::Succeeded);
+    assert_eq!(kept[0].attempt_number, 2);
+    restore(&claimed);
+    let before = rows(run_id).await;
+    assert_eq!(
+        before[0].status,
+        InvocationStatus::Running,
+        "the result is gone"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(LEASE_MS as u64 + 100));
+    let (ok, replay) = run(&job("call", None));
+    assert!(ok);
+    assert_eq!(replay["outcome"]["status"], "succeeded", "{replay}");
+    assert_eq!(replay["invocation_id"], json!(before[0].id));
+    let after = rows(run_id).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].status, InvocationStatus::Succeeded);
+    // Executed again (a second attempt on the restored row), not answered.
+    assert_eq!(after[0].attempt_number, 2, "{after:?}");
+    assert!(after[0].result.is_some());
+
+    // 2. Every commit of the call lost: no row, so the replay runs it anew.
+    let (session, run_id) = (Uuid::new_v4(), Uuid::new_v4());
+    let job = |mode| Job {
+        store_url: &url,
+        folder: folder.path(),
+        mode,
+        failpoint: None,
+        policy: "allow",
+        tool: "demo.echo",
+        arguments: &arguments,
+        ids: (session, run_id, "lost-everything"),
+    };
+    let empty = folder.path().join("empty");
+    files(&empty);
+    let (ok, first) = run(&job("call"));
+    assert!(ok);
+    let first_id = first["invocation_id"].clone();
+    assert_eq!(rows(run_id).await.len(), 1);
+    restore(&empty);
+    assert!(rows(run_id).await.is_empty(), "the row is gone");
+    let (ok, replay) = run(&job("call"));
+    assert!(ok);
+    assert_eq!(replay["outcome"]["status"], "succeeded", "{replay}");
+    let after = rows(run_id).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].status, InvocationStatus::Succeeded);
+    assert_eq!(after[0].attempt_number, 1);
+    assert_eq!(replay["invocation_id"], json!(after[0].id));
+    assert_ne!(replay["invocation_id"], first_id, "a new row, run anew");
 }

@@ -13,9 +13,10 @@ use toolgate::adapters::policy::RuleFilePolicy;
 use toolgate::builtin;
 use toolgate::domain::secret::CredentialRef;
 use toolgate::domain::{
-    AgentSpec, ApprovalStatus, ArgumentTrust, IdempotencyClass, InvocationStatus, PolicyProfile,
-    Principal, ReasonCode, RiskLevel, RuntimeEnvironment, SideEffectClass, TargetKind, ToolFailure,
-    ToolFailureKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSpec, TrustLevel,
+    AgentSpec, ApprovalStatus, ArgumentTrust, Durability, IdempotencyClass, InvocationStatus,
+    PolicyProfile, Principal, ReasonCode, RiskLevel, RuntimeEnvironment, SideEffectClass,
+    TargetKind, ToolFailure, ToolFailureKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSpec,
+    TrustLevel,
 };
 use toolgate::pipeline::output::RenderedPart;
 use toolgate::pipeline::{
@@ -176,7 +177,7 @@ impl InvocationStore for FaultyWatermark {
         insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
         authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
         settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
-        claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+        claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
         complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
         complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
@@ -1325,7 +1326,14 @@ async fn leave_running(
         panic!("a fresh row");
     };
     store
-        .claim_invocation(TENANT, row.id, row.fence().unwrap(), now, &[])
+        .claim_invocation(
+            TENANT,
+            row.id,
+            row.fence().unwrap(),
+            now,
+            &[],
+            Durability::Flushed,
+        )
         .await
         .unwrap()
         .expect("claimed")
@@ -1586,7 +1594,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
-            claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
             complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;

@@ -10,8 +10,8 @@ use serde_json::json;
 use sqlx::Connection;
 use toolgate::adapters::store::{PostgresStore, SqliteStore};
 use toolgate::domain::{
-    ApprovalStatus, IdempotencyClass, InvocationStatus, Principal, ReasonCode, SideEffectClass,
-    ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+    ApprovalStatus, Durability, IdempotencyClass, InvocationStatus, Principal, ReasonCode,
+    SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 use toolgate::ports::{
     Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Schema, SessionRecord, Store,
@@ -252,6 +252,8 @@ fn succeeded() -> TerminalRecord {
         truncated: false,
         artifact: None,
         produced: Vec::new(),
+        // A read's result commit: the relaxed path of both stores.
+        durability: Durability::Relaxed,
     }
 }
 
@@ -377,7 +379,14 @@ async fn claim_watermark_and_completion_are_fenced() {
         let started = [event(ToolEventKind::Started, &new)];
 
         let running = store
-            .claim_invocation("tenant-a", new.id, inserted_fence, now(), &started)
+            .claim_invocation(
+                "tenant-a",
+                new.id,
+                inserted_fence,
+                now(),
+                &started,
+                Durability::Relaxed,
+            )
             .await
             .unwrap()
             .expect("claims");
@@ -388,14 +397,28 @@ async fn claim_watermark_and_completion_are_fenced() {
         // A second claim, or one under the old fence, changes nothing.
         assert!(
             store
-                .claim_invocation("tenant-a", new.id, inserted_fence, now(), &started)
+                .claim_invocation(
+                    "tenant-a",
+                    new.id,
+                    inserted_fence,
+                    now(),
+                    &started,
+                    Durability::Flushed
+                )
                 .await
                 .unwrap()
                 .is_none()
         );
         assert!(
             store
-                .claim_invocation("tenant-a", new.id, fence, now(), &started)
+                .claim_invocation(
+                    "tenant-a",
+                    new.id,
+                    fence,
+                    now(),
+                    &started,
+                    Durability::Flushed
+                )
                 .await
                 .unwrap()
                 .is_none()
@@ -495,7 +518,7 @@ async fn denials_are_terminal_rows() {
         let fence = record.fence().unwrap();
         assert!(
             store
-                .claim_invocation("tenant-a", new.id, fence, now(), &[])
+                .claim_invocation("tenant-a", new.id, fence, now(), &[], Durability::Flushed)
                 .await
                 .unwrap()
                 .is_none()
@@ -636,6 +659,7 @@ async fn approvals_wait_resume_and_settle() {
             truncated: false,
             artifact: None,
             produced: Vec::new(),
+            durability: Durability::Flushed,
         };
         assert!(
             store
@@ -680,7 +704,14 @@ async fn recovery_takes_only_rows_of_dead_workers() {
             let record = insert(store.as_ref(), &new, owner).await;
             if claim {
                 store
-                    .claim_invocation("tenant-a", new.id, record.fence().unwrap(), now(), &[])
+                    .claim_invocation(
+                        "tenant-a",
+                        new.id,
+                        record.fence().unwrap(),
+                        now(),
+                        &[],
+                        Durability::Flushed,
+                    )
                     .await
                     .unwrap()
                     .unwrap();
@@ -1071,7 +1102,7 @@ async fn the_review_queue_records_resolutions_beside_the_row() {
                 .fence()
                 .unwrap();
             let running = store
-                .claim_invocation("tenant-a", new.id, fence, now(), &[])
+                .claim_invocation("tenant-a", new.id, fence, now(), &[], Durability::Flushed)
                 .await
                 .unwrap()
                 .expect("claims");
@@ -1186,7 +1217,7 @@ async fn suspended_invocations_are_not_recovered() {
             .fence()
             .unwrap();
         let running = store
-            .claim_invocation("tenant-a", new.id, fence, now(), &[])
+            .claim_invocation("tenant-a", new.id, fence, now(), &[], Durability::Flushed)
             .await
             .unwrap()
             .expect("claims");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::domain::{ReasonCode, ToolEventKind};
+use crate::domain::{Durability, ReasonCode, ToolEventKind};
 use crate::ports::metrics::{Labels, Metrics};
 use crate::ports::{
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord,
@@ -178,12 +178,13 @@ impl InvocationStore for MeteredInvocations {
         fence: Fence,
         now: DateTime<Utc>,
         events: &'a [ToolEvent],
+        durability: Durability,
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
             let started = std::time::Instant::now();
             let row = self
                 .inner
-                .claim_invocation(tenant, id, fence, now, events)
+                .claim_invocation(tenant, id, fence, now, events, durability)
                 .await?;
             commit_time(self.metrics.as_ref(), "claim", started);
             if row.is_some() {

@@ -9,8 +9,8 @@ use uuid::Uuid;
 
 use super::{Claim, Fence, StoreError};
 use crate::domain::{
-    IdempotencyClass, InvocationStatus, Principal, ReasonCode, ReviewResolution, SideEffectClass,
-    ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+    Durability, IdempotencyClass, InvocationStatus, Principal, ReasonCode, ReviewResolution,
+    SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 use crate::ports::tool::BoxFuture;
 
@@ -87,6 +87,9 @@ pub struct TerminalRecord {
     /// The artifacts the tool made (images, blobs), recorded with the row
     /// so their owner can read them.
     pub produced: Vec<StoredArtifact>,
+    /// How durable step 13's commit must be; every other settlement is
+    /// flushed whatever this says.
+    pub durability: Durability,
 }
 
 impl TerminalRecord {
@@ -104,6 +107,7 @@ impl TerminalRecord {
             truncated: false,
             artifact: None,
             produced: Vec::new(),
+            durability: Durability::Flushed,
         }
     }
 }
@@ -319,7 +323,8 @@ pub struct ReviewRecord {
 pub trait InvocationStore: Send + Sync {
     /// Step 8 (or 7 with its approval, or a denial): inserts the row and its
     /// events in one commit under the inserting worker's fence (epoch 0), or
-    /// returns the row already holding the key and writes nothing.
+    /// returns the row already holding the key and writes nothing. The
+    /// commit is as durable as [`Durability::of_intent`] says for the row.
     fn insert_invocation<'a>(
         &'a self,
         new: &'a NewInvocation,
@@ -348,8 +353,9 @@ pub trait InvocationStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// Step 9: AUTHORIZED to RUNNING under a new fence, with its events.
-    /// `None` when the row is not AUTHORIZED under `fence`.
+    /// Step 9: AUTHORIZED to RUNNING under a new fence, with its events,
+    /// committed as durably as `durability` says. `None` when the row is
+    /// not AUTHORIZED under `fence`.
     fn claim_invocation<'a>(
         &'a self,
         tenant_id: &'a str,
@@ -357,6 +363,7 @@ pub trait InvocationStore: Send + Sync {
         fence: Fence,
         now: DateTime<Utc>,
         events: &'a [ToolEvent],
+        durability: Durability,
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
 
     /// The effect watermark: sets `effect_sent_at` once (later calls keep the
@@ -370,8 +377,9 @@ pub trait InvocationStore: Send + Sync {
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Step 13: the terminal write and its events, only under the current
-    /// fence of an AUTHORIZED or RUNNING row. `false` when the fence is
-    /// stale and nothing changed.
+    /// fence of an AUTHORIZED or RUNNING row, committed as durably as the
+    /// record's `durability` says. `false` when the fence is stale and
+    /// nothing changed.
     fn complete_invocation<'a>(
         &'a self,
         tenant_id: &'a str,

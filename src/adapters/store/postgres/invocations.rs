@@ -16,7 +16,8 @@ impl InvocationStore for PostgresStore {
             let (kinds, bodies) = event_arrays(events)?;
             let result = sqlx::query(
                 "SELECT * FROM toolgate_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
+                 $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28), \
+                 set_config('synchronous_commit', COALESCE($29, current_setting('synchronous_commit')), true)",
             )
             .bind(&new.tenant_id)
             .bind(new.id)
@@ -46,6 +47,11 @@ impl InvocationStore for PostgresStore {
             .bind(new.status.is_terminal().then_some(claim.now))
             .bind(kinds)
             .bind(bodies)
+            .bind(synchronous_commit(Durability::of_intent(
+                new.idempotency_class,
+                new.side_effect,
+                new.status,
+            )))
             .fetch_optional(lease.connection()?)
                 .await;
             let row = lease.settle(result)?;
@@ -129,11 +135,15 @@ impl InvocationStore for PostgresStore {
         fence: Fence,
         now: DateTime<Utc>,
         events: &'a [ToolEvent],
+        durability: Durability,
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
             let mut lease = self.hot.lease().await?;
             let (kinds, bodies) = event_arrays(events)?;
-            let result = sqlx::query("SELECT * FROM toolgate_claim($1, $2, $3, $4, $5, $6, $7)")
+            let result = sqlx::query(
+                "SELECT * FROM toolgate_claim($1, $2, $3, $4, $5, $6, $7), \
+                 set_config('synchronous_commit', COALESCE($8, current_setting('synchronous_commit')), true)",
+            )
                 .bind(tenant_id)
                 .bind(id)
                 .bind(fence.worker_id)
@@ -141,6 +151,7 @@ impl InvocationStore for PostgresStore {
                 .bind(now)
                 .bind(kinds)
                 .bind(bodies)
+                .bind(synchronous_commit(durability))
                 .fetch_optional(lease.connection()?)
                 .await;
             let row = lease.settle(result)?;
@@ -192,7 +203,8 @@ impl InvocationStore for PostgresStore {
                 .collect();
             let result = sqlx::query_scalar(
                 "SELECT toolgate_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                 $17, $18, $19)",
+                 $17, $18, $19), \
+                 set_config('synchronous_commit', COALESCE($20, current_setting('synchronous_commit')), true)",
             )
             .bind(tenant_id)
             .bind(id)
@@ -213,6 +225,7 @@ impl InvocationStore for PostgresStore {
             .bind(kinds)
             .bind(bodies)
             .bind(serde_json::Value::Array(produced))
+            .bind(synchronous_commit(terminal.durability))
             .fetch_one(lease.connection()?)
                 .await;
             lease.settle(result)
@@ -621,4 +634,14 @@ async fn terminal_update(
     }
     let result = query.execute(&mut **tx).await.map_err(database_error)?;
     Ok(result.rows_affected() == 1)
+}
+
+/// The `synchronous_commit` a hot-path commit runs under: off for a relaxed
+/// one (that transaction only), the session's own setting otherwise (never
+/// weaker than the operator's, e.g. `remote_apply` on a replicated primary).
+fn synchronous_commit(durability: Durability) -> Option<&'static str> {
+    match durability {
+        Durability::Flushed => None,
+        Durability::Relaxed => Some("off"),
+    }
 }

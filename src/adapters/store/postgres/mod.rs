@@ -13,7 +13,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
-use crate::domain::{ApprovalStatus, ReasonCode};
+use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
     CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,

@@ -12,7 +12,13 @@ impl InvocationStore for SqliteStore {
         Box::pin(async move {
             let principal = serde_json::to_string(&new.principal)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
-            let mut tx = self.begin().await?;
+            let mut tx = self
+                .begin_as(Durability::of_intent(
+                    new.idempotency_class,
+                    new.side_effect,
+                    new.status,
+                ))
+                .await?;
             let inserted = sqlx::query(concat!(
                 "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
                  tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
@@ -160,9 +166,10 @@ impl InvocationStore for SqliteStore {
         fence: Fence,
         now: DateTime<Utc>,
         events: &'a [ToolEvent],
+        durability: Durability,
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
+            let mut tx = self.begin_as(durability).await?;
             let row = sqlx::query(concat!(
                 "UPDATE tool_invocations SET status = 'running', lease_epoch = lease_epoch + 1, started_at = $4, \
                  attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
@@ -223,7 +230,7 @@ impl InvocationStore for SqliteStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
+            let mut tx = self.begin_as(terminal.durability).await?;
             let result = terminal_update(
                 &mut tx,
                 "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \

@@ -14,7 +14,7 @@ use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 use uuid::Uuid;
 
 use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
-use crate::domain::{ApprovalStatus, ReasonCode};
+use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
     CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,
@@ -48,7 +48,16 @@ macro_rules! approval_columns {
 /// The SQLite store.
 #[derive(Clone)]
 pub struct SqliteStore {
+    /// Readers (WAL lets them run beside the writer), and migrations.
     pool: SqlitePool,
+    /// The one connection flushed writes go through (`synchronous = FULL`).
+    /// Writes are serialized by the database lock anyway; going through one
+    /// connection keeps its page cache, which a write from any other
+    /// connection would throw away.
+    writer: SqlitePool,
+    /// The one connection relaxed writes go through (`synchronous =
+    /// NORMAL`): the commits of reads ([`Durability`]).
+    relaxed: SqlitePool,
 }
 
 impl SqliteStore {
@@ -70,17 +79,53 @@ impl SqliteStore {
         }
         let pool = SqlitePoolOptions::new()
             .max_connections(MAXIMUM_CONNECTIONS)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
             .map_err(database_error)?;
-        Ok(SqliteStore { pool })
+        // An in-memory database is one connection's own: every write goes
+        // through the one pool.
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            return Ok(SqliteStore {
+                writer: pool.clone(),
+                relaxed: pool.clone(),
+                pool,
+            });
+        }
+        let one = |options: SqliteConnectOptions| async move {
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(options)
+                .await
+                .map_err(database_error)
+        };
+        let writer = one(options.clone()).await?;
+        // WAL is the file's mode, set by the first pool: in NORMAL a commit
+        // reaches the log at once and the disk at the next flushed commit
+        // or checkpoint.
+        let relaxed = one(options.synchronous(SqliteSynchronous::Normal)).await?;
+        Ok(SqliteStore {
+            pool,
+            writer,
+            relaxed,
+        })
     }
 
     /// A write transaction holding the database lock from its first statement,
     /// so it never fails halfway on a lock upgrade.
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        self.pool
-            .begin_with("BEGIN IMMEDIATE")
+        self.begin_as(Durability::Flushed).await
+    }
+
+    /// [`Self::begin`], committing as durably as `durability` says.
+    async fn begin_as(
+        &self,
+        durability: Durability,
+    ) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        let pool = match durability {
+            Durability::Flushed => &self.writer,
+            Durability::Relaxed => &self.relaxed,
+        };
+        pool.begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(database_error)
     }

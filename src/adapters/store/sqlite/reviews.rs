@@ -65,7 +65,7 @@ impl ReviewStore for SqliteStore {
             .bind(&review.resolver)
             .bind(&review.note)
             .bind(micros(review.resolved_at))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(database_error)?
             .rows_affected();

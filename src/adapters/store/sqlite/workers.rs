@@ -16,7 +16,7 @@ impl WorkerStore for SqliteStore {
             .bind(&lease.node)
             .bind(micros(lease.started_at))
             .bind(micros(lease.lease_expires_at))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(database_error)?;
             Ok(())
@@ -36,7 +36,7 @@ impl WorkerStore for SqliteStore {
             .bind(worker_id.to_string())
             .bind(micros(lease_expires_at))
             .bind(micros(Utc::now()))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(database_error)?;
             Ok(result.rows_affected() == 1)
@@ -54,7 +54,7 @@ impl WorkerStore for SqliteStore {
             )
             .bind(worker_id.to_string())
             .bind(micros(now))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(database_error)?;
             Ok(())
@@ -96,7 +96,7 @@ impl WorkerStore for SqliteStore {
             .bind(node)
             .bind(except.to_string())
             .bind(micros(now))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(database_error)?;
             Ok(released.rows_affected())
