@@ -877,3 +877,33 @@ fn initialize_error(
 fn page(cursor: Option<String>) -> Option<PaginatedRequestParams> {
     Some(PaginatedRequestParams::default().with_cursor(cursor))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(required: Value) -> rmcp::model::MetaObject {
+        let mut map = serde_json::Map::new();
+        map.insert(REQUIRED_TOOLS_META.to_owned(), required);
+        rmcp::model::MetaObject(map)
+    }
+
+    #[test]
+    fn required_tools_are_strings_bounded_in_length_and_count() {
+        assert!(required_tools(None).is_empty());
+        for hostile in [
+            Value::Null,
+            serde_json::json!("echo"),
+            serde_json::json!({"echo": true}),
+            serde_json::json!(7),
+        ] {
+            assert!(required_tools(Some(&meta(hostile))).is_empty());
+        }
+        let mixed = serde_json::json!(["echo", 5, null, "", "x".repeat(257), {"a": 1}, "search"]);
+        assert_eq!(required_tools(Some(&meta(mixed))), ["echo", "search"]);
+        let many: Vec<String> = (0..1000).map(|i| format!("tool_{i}")).collect();
+        let kept = required_tools(Some(&meta(serde_json::json!(many))));
+        assert_eq!(kept.len(), MAXIMUM_REQUIRED_TOOLS);
+        assert_eq!(kept[0], "tool_0");
+    }
+}
