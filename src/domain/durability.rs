@@ -12,17 +12,16 @@
 //! flushed commit makes every earlier relaxed one durable too: a lost
 //! commit is always the newest, never a hole behind a kept one.
 //!
-//! | class | side effect | intent | claim | watermark | result | a lost commit costs |
-//! |---|---|---|---|---|---|---|
-//! | read only | none, workspace, network or external read | relaxed | relaxed | none | relaxed | one re-execution of a read: the row is gone (resubmission runs it again) or stays AUTHORIZED/RUNNING (recovery runs it again); nothing is answered from a record that does not exist, and no effect exists to duplicate |
-//! | read only, denied or waiting for approval | any | flushed | — | — | — | a denial the breaker counts, or a human's pending decision, would vanish |
-//! | idempotent, conditionally idempotent, non-idempotent | any write | flushed | flushed | flushed | flushed | a lost intent or watermark could hide that an effect was sent, and a lost result could re-send it: every commit waits for the disk |
+//! | tool | intent | claim | watermark | result | a lost commit costs |
+//! |---|---|---|---|---|---|
+//! | a capability of read-only class whose side effect is none or a read | relaxed, and folded with the claim | (folded) | none | relaxed | one re-execution of a read: the row is gone (resubmission runs it again) or stays RUNNING (recovery runs it again); nothing is answered from a record that does not exist, and no effect exists to duplicate |
+//! | a control tool | flushed | flushed | — | flushed | its row is the run's record (the working state, a question asked, a child started) and the runtime does not ask again once answered |
+//! | idempotent, conditionally idempotent, non-idempotent | flushed | flushed | flushed | flushed | a lost intent or watermark could hide that an effect was sent, and a lost result could re-send it |
 //!
-//! Rows settled without the tool (denials, recovery's uncertain rows) and
-//! every write outside the four commits stay flushed.
+//! A denial, a row waiting for approval, recovery's settlements and every
+//! write outside the four commits are flushed whatever the tool.
 
-use super::outcome::InvocationStatus;
-use super::tool::{IdempotencyClass, SideEffectClass};
+use super::tool::{IdempotencyClass, ToolKind, ToolSpec};
 
 /// How durable one commit must be before the call proceeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,24 +33,13 @@ pub enum Durability {
 }
 
 impl Durability {
-    /// The table above, for a call of `class` and `side_effect`.
-    pub fn of(class: IdempotencyClass, side_effect: SideEffectClass) -> Durability {
-        if class == IdempotencyClass::ReadOnly && side_effect.is_read_only() {
+    /// The table above, for the commits of a call of `spec` that runs.
+    pub fn of_tool(spec: &ToolSpec) -> Durability {
+        if spec.kind == ToolKind::Capability
+            && spec.idempotency == IdempotencyClass::ReadOnly
+            && spec.side_effect.is_read_only()
+        {
             Durability::Relaxed
-        } else {
-            Durability::Flushed
-        }
-    }
-
-    /// The intent's durability: only a read inserted AUTHORIZED is
-    /// relaxed; a denial or a row waiting for approval is flushed.
-    pub fn of_intent(
-        class: IdempotencyClass,
-        side_effect: SideEffectClass,
-        status: InvocationStatus,
-    ) -> Durability {
-        if status == InvocationStatus::Authorized {
-            Durability::of(class, side_effect)
         } else {
             Durability::Flushed
         }
@@ -61,42 +49,63 @@ impl Durability {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{RiskLevel, SideEffectClass, TargetKind, ToolSource, TrustLevel};
+
+    fn spec(
+        kind: ToolKind,
+        idempotency: IdempotencyClass,
+        side_effect: SideEffectClass,
+    ) -> ToolSpec {
+        ToolSpec {
+            name: "demo.tool".into(),
+            version: "1".into(),
+            description: "A tool.".into(),
+            input_schema: serde_json::json!({"type": "object"}),
+            output_schema: None,
+            side_effect,
+            risk: RiskLevel::Low,
+            idempotency,
+            required_scopes: Default::default(),
+            timeout_seconds: 10,
+            maximum_output_bytes: 1024,
+            allow_parallel: false,
+            kind,
+            target_kind: TargetKind::InProcess,
+            output_trust: TrustLevel::ExternalUntrusted,
+            source: ToolSource::Builtin,
+            server_id: None,
+            device_id: None,
+            deprecated: false,
+            model_visible: true,
+        }
+    }
 
     #[test]
     fn only_reads_are_relaxed() {
-        for class in [
-            IdempotencyClass::ReadOnly,
-            IdempotencyClass::Idempotent,
-            IdempotencyClass::ConditionallyIdempotent,
-            IdempotencyClass::NonIdempotent,
-        ] {
-            for side_effect in [
-                SideEffectClass::None,
-                SideEffectClass::WorkspaceRead,
-                SideEffectClass::WorkspaceWrite,
-                SideEffectClass::NetworkRead,
-                SideEffectClass::ExternalRead,
-                SideEffectClass::ExternalWrite,
+        for kind in [ToolKind::Capability, ToolKind::Control] {
+            for class in [
+                IdempotencyClass::ReadOnly,
+                IdempotencyClass::Idempotent,
+                IdempotencyClass::ConditionallyIdempotent,
+                IdempotencyClass::NonIdempotent,
             ] {
-                let relaxed = class == IdempotencyClass::ReadOnly && side_effect.is_read_only();
-                assert_eq!(
-                    Durability::of(class, side_effect) == Durability::Relaxed,
-                    relaxed,
-                    "{class:?} {side_effect:?}"
-                );
-                for status in [
-                    InvocationStatus::WaitingForApproval,
-                    InvocationStatus::Denied,
+                for side_effect in [
+                    SideEffectClass::None,
+                    SideEffectClass::WorkspaceRead,
+                    SideEffectClass::WorkspaceWrite,
+                    SideEffectClass::NetworkRead,
+                    SideEffectClass::ExternalRead,
+                    SideEffectClass::ExternalWrite,
                 ] {
+                    let relaxed = kind == ToolKind::Capability
+                        && class == IdempotencyClass::ReadOnly
+                        && side_effect.is_read_only();
                     assert_eq!(
-                        Durability::of_intent(class, side_effect, status),
-                        Durability::Flushed
+                        Durability::of_tool(&spec(kind, class, side_effect)) == Durability::Relaxed,
+                        relaxed,
+                        "{kind:?} {class:?} {side_effect:?}"
                     );
                 }
-                assert_eq!(
-                    Durability::of_intent(class, side_effect, InvocationStatus::Authorized),
-                    Durability::of(class, side_effect)
-                );
             }
         }
     }

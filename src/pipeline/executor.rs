@@ -474,6 +474,13 @@ impl Pipeline {
             status,
             reason_code,
             approval_id,
+            // Only a read's intent is relaxed; a denial or a wait is not.
+            durability: match status {
+                InvocationStatus::Authorized | InvocationStatus::Running => {
+                    Durability::of_tool(spec)
+                }
+                _ => Durability::Flushed,
+            },
         };
         let claim = Claim {
             worker_id: self.worker_id,
@@ -505,6 +512,18 @@ impl Pipeline {
                 );
                 self.invocations
                     .insert_invocation(&waiting, claim, &events)
+                    .await
+            }
+            PolicyDecision::Allow if Durability::of_tool(spec) == Durability::Relaxed => {
+                // 8 and 9 in one commit: a read's intent is its claim.
+                self.reached(Point::PersistIntent, request);
+                let events = [
+                    identity.event(ToolEventKind::Proposed),
+                    identity.event(ToolEventKind::Authorized),
+                    identity.event(ToolEventKind::Started),
+                ];
+                self.invocations
+                    .insert_invocation(&new(InvocationStatus::Running, None, None), claim, &events)
                     .await
             }
             PolicyDecision::Allow => {
@@ -542,6 +561,19 @@ impl Pipeline {
             InsertOutcome::Inserted(row) => match row.status {
                 InvocationStatus::Authorized => {
                     let outcome = self.claim_then_run(request, &tool, row).await?;
+                    self.with_synthesis_flag(request, &spec.name, &canonical.sha256, tally, outcome)
+                        .await
+                }
+                // A read inserted already claimed.
+                InvocationStatus::Running => {
+                    self.reached(Point::Claim, request);
+                    let Some(fence) = row.fence() else {
+                        return Ok(unrecorded(
+                            spec.name.clone(),
+                            ReasonCode::ToolConcurrencyConflict,
+                        ));
+                    };
+                    let outcome = self.run_claimed(request, &tool, row, fence).await?;
                     self.with_synthesis_flag(request, &spec.name, &canonical.sha256, tally, outcome)
                         .await
                 }
@@ -885,7 +917,7 @@ impl Pipeline {
                 fence,
                 self.clock.now(),
                 &events,
-                Durability::of(row.idempotency_class, row.side_effect),
+                Durability::of_tool(&tool.spec),
             )
             .await?
         else {
@@ -1387,7 +1419,7 @@ impl Pipeline {
                 trust,
             }),
             produced,
-            durability: Durability::of(row.idempotency_class, row.side_effect),
+            durability: Durability::of_tool(&tool.spec),
         };
         let mut event = row_event(row, terminal_event_kind(outcome_status));
         event.outcome_status = Some(outcome_status);
@@ -1618,6 +1650,7 @@ impl Pipeline {
             status: status.invocation_status(),
             reason_code: Some(code),
             approval_id: None,
+            durability: Durability::Flushed,
         };
         let mut terminal = identity.event(terminal_event_kind(status));
         terminal.outcome_status = Some(status);
@@ -1730,6 +1763,7 @@ impl Pipeline {
             status: code.status().invocation_status(),
             reason_code: Some(code),
             approval_id: None,
+            durability: Durability::Flushed,
         };
         let mut ended = identity.event(terminal_event_kind(code.status()));
         ended.outcome_status = Some(code.status());

@@ -1310,6 +1310,7 @@ async fn leave_running(
         status: InvocationStatus::Authorized,
         reason_code: None,
         approval_id: None,
+        durability: Durability::Flushed,
     };
     let InsertOutcome::Inserted(row) = store
         .insert_invocation(

@@ -217,6 +217,7 @@ fn new_invocation(
         status,
         reason_code: None,
         approval_id: None,
+        durability: Durability::Flushed,
     }
 }
 
@@ -495,6 +496,56 @@ async fn claim_watermark_and_completion_are_fenced() {
         assert_eq!(row.result, succeeded().result);
         assert_eq!(row.output_bytes, Some(2));
         assert!(row.completed_at.is_some());
+    }
+}
+
+/// A read's intent and claim in one relaxed commit: the row is RUNNING from
+/// its insert, started, under the inserter's epoch-0 fence; it completes
+/// under that fence, and a dead inserter's row is recovered like any
+/// claimed one.
+#[tokio::test]
+async fn a_read_is_inserted_claimed_in_one_commit() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let dead = worker(store.as_ref(), Duration::milliseconds(-1)).await;
+        let live = worker(store.as_ref(), Duration::seconds(60)).await;
+        let run_id = Uuid::new_v4();
+        let read = |call: &str| NewInvocation {
+            tool_name: "demo.echo".into(),
+            idempotency_class: IdempotencyClass::ReadOnly,
+            side_effect: SideEffectClass::None,
+            durability: Durability::Relaxed,
+            ..new_invocation("tenant-a", run_id, call, InvocationStatus::Running)
+        };
+        let new = read("r1");
+        let row = insert(store.as_ref(), &new, live).await;
+        assert_eq!(row.status, InvocationStatus::Running, "{name}");
+        assert!(row.started_at.is_some(), "{name}: started with its insert");
+        assert_eq!((row.attempt_number, row.lease_epoch), (1, 0), "{name}");
+        let fence = row.fence().unwrap();
+        assert!(
+            store
+                .complete_invocation("tenant-a", new.id, fence, &succeeded(), &[], now())
+                .await
+                .unwrap(),
+            "{name}: completes under the insert's fence"
+        );
+        // A dead inserter's read is taken over, its attempt counted again.
+        let orphan = read("r2");
+        insert(store.as_ref(), &orphan, dead).await;
+        let taken = store
+            .claim_expired(
+                Claim {
+                    worker_id: live,
+                    now: now(),
+                },
+                10,
+            )
+            .await
+            .unwrap();
+        let taken: Vec<&InvocationRecord> = taken.iter().filter(|r| r.id == orphan.id).collect();
+        assert_eq!(taken.len(), 1, "{name}");
+        assert_eq!(taken[0].attempt_number, 2, "{name}");
     }
 }
 

@@ -88,6 +88,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "every artifact a call produced",
         sql: include_str!("../../../migrations/postgres/0010_produced_artifacts.sql"),
     },
+    Migration {
+        version: 11,
+        description: "a read's intent and claim in one commit",
+        sql: include_str!("../../../migrations/postgres/0011_folded_intent.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -141,6 +146,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 10,
         description: "every artifact a call produced",
         sql: include_str!("../../../migrations/sqlite/0010_produced_artifacts.sql"),
+    },
+    Migration {
+        version: 11,
+        description: "a read's intent and claim in one commit (nothing to do embedded)",
+        sql: include_str!("../../../migrations/sqlite/0011_folded_intent.sql"),
     },
 ];
 

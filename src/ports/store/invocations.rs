@@ -63,6 +63,8 @@ pub struct NewInvocation {
     pub reason_code: Option<ReasonCode>,
     /// For a WAITING_FOR_APPROVAL row, the approval opened with it.
     pub approval_id: Option<Uuid>,
+    /// How durable the insert's commit must be.
+    pub durability: Durability,
 }
 
 /// How a row ended, written at step 13 (or by recovery).
@@ -323,8 +325,10 @@ pub struct ReviewRecord {
 pub trait InvocationStore: Send + Sync {
     /// Step 8 (or 7 with its approval, or a denial): inserts the row and its
     /// events in one commit under the inserting worker's fence (epoch 0), or
-    /// returns the row already holding the key and writes nothing. The
-    /// commit is as durable as [`Durability::of_intent`] says for the row.
+    /// returns the row already holding the key and writes nothing. A read
+    /// may be inserted RUNNING, its intent and claim one commit (started
+    /// now, under the same epoch-0 fence). The commit is as durable as the
+    /// row's `durability` says.
     fn insert_invocation<'a>(
         &'a self,
         new: &'a NewInvocation,

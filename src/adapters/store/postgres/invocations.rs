@@ -47,11 +47,7 @@ impl InvocationStore for PostgresStore {
             .bind(new.status.is_terminal().then_some(claim.now))
             .bind(kinds)
             .bind(bodies)
-            .bind(synchronous_commit(Durability::of_intent(
-                new.idempotency_class,
-                new.side_effect,
-                new.status,
-            )))
+            .bind(synchronous_commit(new.durability))
             .fetch_optional(lease.connection()?)
                 .await;
             let row = lease.settle(result)?;

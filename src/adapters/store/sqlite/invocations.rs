@@ -12,20 +12,14 @@ impl InvocationStore for SqliteStore {
         Box::pin(async move {
             let principal = serde_json::to_string(&new.principal)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
-            let mut tx = self
-                .begin_as(Durability::of_intent(
-                    new.idempotency_class,
-                    new.side_effect,
-                    new.status,
-                ))
-                .await?;
+            let mut tx = self.begin_as(new.durability).await?;
             let inserted = sqlx::query(concat!(
                 "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
                  tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
                  idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
-                 reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at) \
+                 reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-                 $21, $22, $23, $24, 0, $25, $26) \
+                 $21, $22, $23, $24, 0, $25, $26, $27) \
                  ON CONFLICT (idempotency_key) DO NOTHING RETURNING ",
                 invocation_columns!()
             ))
@@ -55,6 +49,7 @@ impl InvocationStore for SqliteStore {
             .bind(claim.worker_id.to_string())
             .bind(micros(claim.now))
             .bind(new.status.is_terminal().then_some(micros(claim.now)))
+            .bind((new.status == crate::domain::InvocationStatus::Running).then_some(micros(claim.now)))
             .fetch_optional(&mut *tx)
             .await
             .map_err(database_error)?;
