@@ -293,16 +293,31 @@ async fn append_events(
     events: &[ToolEvent],
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    for event in events {
-        sqlx::query("INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(tenant_id)
-            .bind(event.kind.as_str())
-            .bind(text(&event_body(event)?))
-            .bind(micros(now))
-            .execute(&mut **tx)
-            .await
-            .map_err(database_error)?;
+    if events.is_empty() {
+        return Ok(());
     }
+    // One statement for the commit's events, in order: each statement is a
+    // round trip to the connection's thread.
+    let rows = events
+        .iter()
+        .map(|event| {
+            Ok(serde_json::json!([
+                event.kind.as_str(),
+                text(&event_body(event)?)
+            ]))
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    sqlx::query(
+        "INSERT INTO events (tenant_id, event_type, payload, created_at) \
+         SELECT $1, json_extract(value, '$[0]'), json_extract(value, '$[1]'), $3 \
+         FROM json_each($2) ORDER BY CAST(key AS INTEGER)",
+    )
+    .bind(tenant_id)
+    .bind(text(&serde_json::Value::Array(rows)))
+    .bind(micros(now))
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
     Ok(())
 }
 
