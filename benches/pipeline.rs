@@ -1,6 +1,7 @@
 //! Load driver: the persisted pipeline on `demo.echo` against PostgreSQL
-//! with 1 and 8 concurrent callers, side by side with pgbench doing the same
-//! four commits per call on the same database, two ways: as plain SQL
+//! with 1 and 8 concurrent callers, side by side with pgbench doing the four
+//! transactions of a call that may have an effect (toolgate makes three for
+//! a read: its intent is its claim) on the same database, two ways: as plain SQL
 //! statements (each transaction's BEGIN, tenant setting, writes, events and
 //! COMMIT), and as the very statements toolgate sends (one function call per
 //! commit), which leaves only the client between the two.
@@ -28,7 +29,7 @@ use toolgate::pipeline::{
 use toolgate::ports::{Store, SystemClock};
 use uuid::Uuid;
 
-/// The pgbench script: the same four transactions one echo call makes, with
+/// The pgbench script: the four transactions of a call with an effect, with
 /// rows and event bodies of the sizes toolgate writes. (A space follows
 /// every colon in the JSON so pgbench does not read `:name` as a variable.)
 const PGBENCH_SCRIPT: &str = r#"
@@ -55,7 +56,7 @@ INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench',
 COMMIT;
 "#;
 
-/// The same four commits as the statements toolgate's PostgreSQL store sends:
+/// The same four as the statements toolgate's PostgreSQL store sends:
 /// the breaker read and the insert, claim and completion functions, with
 /// arguments and event bodies of toolgate's sizes.
 const PGBENCH_FUNCTIONS_SCRIPT: &str = r#"
