@@ -14,7 +14,7 @@
 //!
 //! | tool | intent | claim | watermark | result | a lost commit costs |
 //! |---|---|---|---|---|---|
-//! | a capability of read-only class whose side effect is none or a read | relaxed, and folded with the claim | (folded) | none | relaxed | one re-execution of a read: the row is gone (resubmission runs it again) or stays RUNNING (recovery runs it again); nothing is answered from a record that does not exist, and no effect exists to duplicate |
+//! | a capability of read-only class whose side effect is none or a read | relaxed, and folded with the claim | (folded) | flushed, for a read of another system only | relaxed | one re-execution of a read: the row is gone (resubmission runs it again) or stays RUNNING (recovery runs it again); nothing is answered from a record that does not exist, and no effect exists to duplicate |
 //! | a control tool | flushed | flushed | — | flushed | its row is the run's record (the working state, a question asked, a child started) and the runtime does not ask again once answered |
 //! | idempotent, conditionally idempotent, non-idempotent | flushed | flushed | flushed | flushed | a lost intent or watermark could hide that an effect was sent, and a lost result could re-send it |
 //!
