@@ -84,37 +84,14 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// One script: turns of 64 sequential calls until `stop`.
 fn script(control: PathBuf, session: Uuid, stop: Arc<AtomicBool>) -> Vec<Duration> {
+    let mut turn = Turn::new(control, session);
     let mut latencies = Vec::new();
-    let step = 1;
+    let mut i = 0;
     while !stop.load(Ordering::Relaxed) {
-        // A run per turn, so the loop breaker never sees a repeated call.
-        let run = Uuid::new_v4();
-        let open = json!({"session_id": session, "run_id": run, "step_number": step,
-                          "origin_trust": "user",
-                          "script_sha256": toolgate::domain::sha256_hex(format!("{run}{step}").as_bytes())});
-        let (status, body) = http(&control, "POST", "/v1/turns", None, &open.to_string());
-        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-        let turn: Value = serde_json::from_slice(&body).expect("turn");
-        let socket = PathBuf::from(turn["socket_path"].as_str().expect("socket"));
-        let token = turn["token"].as_str().expect("token").to_owned();
-        for i in 0..64 {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            let call = json!({"call": "demo.echo", "arguments": {"text": format!("hello {i}")}})
-                .to_string();
-            let started = Instant::now();
-            let (status, body) = http(&socket, "POST", "/v1/call", Some(&token), &call);
-            assert!(
-                status == 200 && body.starts_with(br#"{"status":"succeeded""#),
-                "{status} {}",
-                String::from_utf8_lossy(&body)
-            );
-            latencies.push(started.elapsed());
-        }
-        let id = turn["turn_id"].as_str().expect("id");
-        http(&control, "DELETE", &format!("/v1/turns/{id}"), None, "");
+        i += 1;
+        latencies.push(turn.call("demo.echo", json!({"text": format!("hello {i}")})));
     }
+    turn.close();
     latencies
 }
 
@@ -198,39 +175,59 @@ impl Drop for Direct {
     }
 }
 
-/// A script's turn: calls over its socket, a new turn (and run) every 64.
+/// A script's turn: calls over its socket, a new turn (and run, so the
+/// loop breaker never sees a repeated call) every 64, the per-turn cap.
 struct Turn {
     control: PathBuf,
     session: Uuid,
-    open: Option<(String, PathBuf, String, usize)>,
+    open: Option<OpenTurn>,
+}
+
+struct OpenTurn {
+    id: String,
+    socket: PathBuf,
+    token: String,
+    used: usize,
 }
 
 impl Turn {
-    fn call(&mut self, tool: &str, i: usize) -> Duration {
-        if self.open.as_ref().is_none_or(|(_, _, _, used)| *used == 64) {
-            self.close();
-            let run = Uuid::new_v4();
-            let open = json!({"session_id": self.session, "run_id": run, "step_number": 1,
-                              "origin_trust": "user",
-                              "script_sha256": toolgate::domain::sha256_hex(run.as_bytes())});
-            let (status, body) = http(&self.control, "POST", "/v1/turns", None, &open.to_string());
-            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-            let turn: Value = serde_json::from_slice(&body).expect("turn");
-            self.open = Some((
-                turn["turn_id"].as_str().expect("id").to_owned(),
-                PathBuf::from(turn["socket_path"].as_str().expect("socket")),
-                turn["token"].as_str().expect("token").to_owned(),
-                0,
-            ));
+    fn new(control: PathBuf, session: Uuid) -> Turn {
+        Turn {
+            control,
+            session,
+            open: None,
         }
-        let Some((_, socket, token, used)) = self.open.as_mut() else {
-            unreachable!("a turn was just opened")
-        };
-        *used += 1;
-        let call =
-            json!({"call": tool, "arguments": {"message": format!("hello {i}")}}).to_string();
+    }
+
+    fn open(control: &Path, session: Uuid) -> OpenTurn {
+        let run = Uuid::new_v4();
+        let open = json!({"session_id": session, "run_id": run, "step_number": 1,
+                          "origin_trust": "user",
+                          "script_sha256": toolgate::domain::sha256_hex(run.as_bytes())});
+        let (status, body) = http(control, "POST", "/v1/turns", None, &open.to_string());
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let turn: Value = serde_json::from_slice(&body).expect("turn");
+        OpenTurn {
+            id: turn["turn_id"].as_str().expect("id").to_owned(),
+            socket: PathBuf::from(turn["socket_path"].as_str().expect("socket")),
+            token: turn["token"].as_str().expect("token").to_owned(),
+            used: 0,
+        }
+    }
+
+    /// One call of `tool` with `arguments`; its latency.
+    fn call(&mut self, tool: &str, arguments: Value) -> Duration {
+        if self.open.as_ref().is_some_and(|open| open.used == 64) {
+            self.close();
+        }
+        let (control, session) = (&self.control, self.session);
+        let open = self
+            .open
+            .get_or_insert_with(|| Turn::open(control, session));
+        open.used += 1;
+        let call = json!({"call": tool, "arguments": arguments}).to_string();
         let started = Instant::now();
-        let (status, body) = http(socket, "POST", "/v1/call", Some(token), &call);
+        let (status, body) = http(&open.socket, "POST", "/v1/call", Some(&open.token), &call);
         let elapsed = started.elapsed();
         assert!(
             status == 200 && body.starts_with(br#"{"status":"succeeded""#),
@@ -241,11 +238,11 @@ impl Turn {
     }
 
     fn close(&mut self) {
-        if let Some((id, ..)) = self.open.take() {
+        if let Some(open) = self.open.take() {
             http(
                 &self.control,
                 "DELETE",
-                &format!("/v1/turns/{id}"),
+                &format!("/v1/turns/{}", open.id),
                 None,
                 "",
             );
@@ -370,16 +367,12 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
         &["mcp.ro.echo", "mcp.ni.echo"],
     );
     let mut direct = Direct::start(&node, &script);
-    let mut turn = Turn {
-        control: control.clone(),
-        session,
-        open: None,
-    };
+    let mut turn = Turn::new(control.clone(), session);
     // Warm both paths first: connections, caches, the servers' JIT.
     for i in 0..100 {
         direct.echo(i);
-        turn.call("mcp.ro.echo", i);
-        turn.call("mcp.ni.echo", i);
+        turn.call("mcp.ro.echo", json!({"message": format!("warm {i}")}));
+        turn.call("mcp.ni.echo", json!({"message": format!("warm {i}")}));
     }
     let pid = served.0.id();
     let mut floor = Vec::new();
@@ -398,7 +391,7 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
             let before = cpu_seconds(pid);
             for _ in 0..BLOCK {
                 i += 1;
-                latencies.push(turn.call(tool, i));
+                latencies.push(turn.call(tool, json!({"message": format!("hello {i}")})));
             }
             *cpu += cpu_seconds(pid) - before;
         }

@@ -217,13 +217,8 @@ impl PinnedToolSet {
             .collect();
         let metadata: Vec<&SkillMetadata> =
             advertised.iter().map(|skill| &skill.metadata).collect();
-        let tool_contract_sha256 = serde_json::to_value(
-            serde_json::json!({"tools": self.tool_contract_sha256, "skills": metadata}),
-        )
-        .ok()
-        .and_then(|value| canonicalize(value).ok())
-        .map(|canonical| canonical.sha256)
-        .unwrap_or_default();
+        let tool_contract_sha256 =
+            digest(&serde_json::json!({"tools": self.tool_contract_sha256, "skills": metadata}));
         Arc::new(PinnedToolSet {
             tools: self.tools.clone(),
             by_name: self.by_name.clone(),
@@ -722,20 +717,12 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
         .collect();
     // Specs were validated at registration, so their JSON always has a
     // canonical form; an empty hash input would only mean "no tools".
-    let tool_schema_sha256 = serde_json::to_value(&declarations)
-        .ok()
-        .and_then(|value| canonicalize(value).ok())
-        .map(|canonical| canonical.sha256)
-        .unwrap_or_default();
+    let tool_schema_sha256 = digest(&declarations);
     let contract: Vec<(&str, &ToolSpec)> = tools
         .iter()
         .map(|pinned| (pinned.wire_name.as_str(), &pinned.tool.spec))
         .collect();
-    let tool_contract_sha256 = serde_json::to_value(&contract)
-        .ok()
-        .and_then(|value| canonicalize(value).ok())
-        .map(|canonical| canonical.sha256)
-        .unwrap_or_default();
+    let tool_contract_sha256 = digest(&contract);
     let by_name = tools
         .iter()
         .enumerate()
@@ -755,6 +742,16 @@ fn pin(mut candidates: Vec<Arc<RegisteredTool>>) -> PinnedToolSet {
         wire_collisions,
         skills: Arc::new([]),
     }
+}
+
+/// The sha256 of a value's canonical JSON; empty when it has none (which
+/// matches no recorded hash).
+fn digest(value: &impl Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|value| canonicalize(value).ok())
+        .map(|canonical| canonical.sha256)
+        .unwrap_or_default()
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
