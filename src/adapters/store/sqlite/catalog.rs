@@ -77,7 +77,7 @@ impl CatalogStore for SqliteStore {
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<McpServerRow>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
+            let mut tx = self.read().await?;
             let row = sqlx::query(
                 "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
                  token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
@@ -99,7 +99,7 @@ impl CatalogStore for SqliteStore {
         tenant_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<McpServerRow>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
+            let mut tx = self.read().await?;
             let rows = sqlx::query(
                 "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
                  token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \

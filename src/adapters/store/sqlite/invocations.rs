@@ -431,7 +431,7 @@ impl InvocationStore for SqliteStore {
         arguments_hash: &'a str,
     ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
+            let mut tx = self.read().await?;
             let rows = sqlx::query(
                 "SELECT outcome_status, reason_code, count(*) AS n FROM tool_invocations \
                  WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \

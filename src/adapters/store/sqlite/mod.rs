@@ -116,6 +116,12 @@ impl SqliteStore {
         self.begin_as(Durability::Flushed).await
     }
 
+    /// A read-only transaction on the reader pool: one snapshot (WAL) for
+    /// its statements, without the database lock or the writer connection.
+    async fn read(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        self.pool.begin().await.map_err(database_error)
+    }
+
     /// [`Self::begin`], committing as durably as `durability` says.
     async fn begin_as(
         &self,

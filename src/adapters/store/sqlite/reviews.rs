@@ -28,7 +28,7 @@ impl ReviewStore for SqliteStore {
 
     fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
+            let mut tx = self.read().await?;
             let row = sqlx::query(
                 "SELECT (SELECT count(*) FROM tool_invocations i WHERE i.outcome_status = 'uncertain' \
                  AND NOT EXISTS (SELECT 1 FROM review_resolutions r WHERE r.tenant_id = i.tenant_id \
