@@ -11,12 +11,10 @@ use super::wire::{
 };
 use super::{ApiError, ControlApi};
 use crate::bridge::http::{Reply, reply};
+use crate::domain::names::UPDATE_WORKING_STATE;
 use crate::domain::{ApprovalStatus, ToolOutcomeStatus, valid_identifier};
 use crate::pipeline::Completion;
 use crate::ports::ReviewRecord;
-
-/// The control tool whose recorded arguments are a run's working state.
-const UPDATE_WORKING_STATE: &str = "context.update_working_state";
 
 /// How many review rows one answer holds.
 const REVIEW_PAGE: i64 = 1000;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
+use crate::domain::names::{SKILL_LOAD, UPDATE_WORKING_STATE};
 use crate::domain::{
     ContentPart, IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, TargetKind, ToolFailure,
     ToolFailureKind, ToolKind, ToolResult, ToolSource, ToolSpec, TrustLevel,
@@ -251,7 +252,7 @@ pub fn tools(
             TrustLevel::ExternalUntrusted,
         ))),
         Arc::new(UpdateWorkingState(spec(
-            "context.update_working_state",
+            UPDATE_WORKING_STATE,
             "Replaces the run's working state.",
             json!({"type": "object", "required": ["state"],
                    "properties": {"state": {"type": "object", "additionalProperties": true}},
@@ -260,7 +261,7 @@ pub fn tools(
         ))),
         Arc::new(SkillLoad {
             spec: spec(
-                "skill.load",
+                SKILL_LOAD,
                 "Loads a skill this session advertises into the turn.",
                 json!({"type": "object", "required": ["name"],
                        "properties": {"name": {"type": "string", "maxLength": 256},

@@ -60,12 +60,17 @@ pub const DOMAIN_PARTITION: &[(&str, DomainOwner)] = &[
 /// Domains no builtin may use: registering one there is a startup error.
 pub const RESERVED_DOMAINS: &[&str] = &["mcp", "device"];
 
+/// The control tool that loads a skill a session was shown.
+pub const SKILL_LOAD: &str = "skill.load";
+/// The control tool whose recorded arguments are a run's working state.
+pub const UPDATE_WORKING_STATE: &str = "context.update_working_state";
+
 /// The control tools, closed at build time (Decision 25).
 pub const CONTROL_TOOLS: &[&str] = &[
     "conversation.ask_user",
     "delegate.run",
-    "context.update_working_state",
-    "skill.load",
+    UPDATE_WORKING_STATE,
+    SKILL_LOAD,
     "tool.call",
 ];
 

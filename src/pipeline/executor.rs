@@ -449,6 +449,7 @@ impl Pipeline {
             tool_source: spec.source,
             class: spec.idempotency,
         };
+        let durability = Durability::of_tool(spec);
         let new = |status: InvocationStatus,
                    reason_code: Option<ReasonCode>,
                    approval_id: Option<Uuid>| NewInvocation {
@@ -474,12 +475,11 @@ impl Pipeline {
             status,
             reason_code,
             approval_id,
-            // Only a read's intent is relaxed; a denial or a wait is not.
-            durability: match status {
-                InvocationStatus::Authorized | InvocationStatus::Running => {
-                    Durability::of_tool(spec)
-                }
-                _ => Durability::Flushed,
+            // Only a read's intent (inserted already claimed) is relaxed.
+            durability: if status == InvocationStatus::Running {
+                durability
+            } else {
+                Durability::Flushed
             },
         };
         let claim = Claim {
@@ -514,7 +514,7 @@ impl Pipeline {
                     .insert_invocation(&waiting, claim, &events)
                     .await
             }
-            PolicyDecision::Allow if Durability::of_tool(spec) == Durability::Relaxed => {
+            PolicyDecision::Allow if durability == Durability::Relaxed => {
                 // 8 and 9 in one commit: a read's intent is its claim.
                 self.reached(Point::PersistIntent, request);
                 let events = [

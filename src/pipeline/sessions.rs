@@ -17,6 +17,7 @@ use uuid::Uuid;
 use super::call::CallRequest;
 use super::preparation::prepare_mcp;
 use super::registry::{PinnedToolSet, ToolRegistry};
+use crate::domain::names::SKILL_LOAD;
 use crate::domain::{
     AgentSpec, ArgumentTrust, MAXIMUM_LIST_ENTRIES, PolicyProfile, Principal, RuntimeEnvironment,
     TargetKind, TrustLevel, valid_identifier, valid_tenant_id,
@@ -24,9 +25,6 @@ use crate::domain::{
 use crate::ports::{
     CatalogStore, Clock, McpServers, PlatformEvent, SessionRecord, SessionStore, StoreError,
 };
-
-/// The control tool that loads a skill.
-const SKILL_LOAD: &str = "skill.load";
 
 /// A session unused this long has ended: it leaves memory and the store.
 pub const SESSION_IDLE: Duration = Duration::from_secs(24 * 3600);
