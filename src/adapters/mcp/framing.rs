@@ -134,7 +134,7 @@ async fn read_lines<R: AsyncRead + Unpin>(
             Line::Complete => {}
             Line::Closed => return,
             Line::Oversized => {
-                ceilings.oversized.store(true, Ordering::SeqCst);
+                ceilings.mark_oversized();
                 tracing::warn!(
                     "an mcp server's message crossed its output ceiling; the connection is closed"
                 );

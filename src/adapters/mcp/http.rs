@@ -104,6 +104,13 @@ impl std::fmt::Debug for EgressClient {
     }
 }
 
+/// What a body read whole is: a server's answer (output) or anything else.
+#[derive(Clone, Copy)]
+enum Body {
+    Answer,
+    Other,
+}
+
 /// A response and, for a body read to its end, the connection to reuse.
 struct Answer {
     response: Response<Incoming>,
@@ -223,16 +230,28 @@ impl EgressClient {
         }
     }
 
-    /// A body read whole within the ceiling in flight (and the header
-    /// deadline), its connection kept afterwards.
-    async fn read_body(&self, answer: Answer, limit: usize) -> Result<Bytes, HttpError> {
+    /// A body read whole (within the header deadline), its connection kept
+    /// afterwards. A server's answer is bounded by the ceiling in flight,
+    /// and crossing it is output too large; anything else (an error page,
+    /// a body where none belongs) by [`MAXIMUM_ERROR_BODY`], and crossing
+    /// that is a broken server, not output.
+    async fn read_body(&self, answer: Answer, body: Body) -> Result<Bytes, HttpError> {
         let Answer { response, reusable } = answer;
+        let limit = match body {
+            Body::Answer => self.inner.ceilings.current(),
+            Body::Other => MAXIMUM_ERROR_BODY,
+        };
         let read = Limited::new(response.into_body(), limit).collect();
         let bytes = match tokio::time::timeout(self.inner.header_timeout, read).await {
             Err(_) => return Err(HttpError::Timeout),
             Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
-                self.inner.ceilings.mark_oversized();
-                return Err(HttpError::TooLarge);
+                return Err(match body {
+                    Body::Answer => {
+                        self.inner.ceilings.mark_oversized();
+                        HttpError::TooLarge
+                    }
+                    Body::Other => HttpError::Connection,
+                });
             }
             Ok(Err(_)) => return Err(HttpError::Connection),
             Ok(Ok(collected)) => collected.to_bytes(),
@@ -446,7 +465,7 @@ impl StreamableHttpClient for EgressClient {
             return Err(StreamableHttpError::SessionExpired);
         }
         if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT) {
-            self.read_body(answer, MAXIMUM_ERROR_BODY)
+            self.read_body(answer, Body::Other)
                 .await
                 .map_err(StreamableHttpError::Client)?;
             return Ok(StreamableHttpPostResponse::Accepted);
@@ -464,19 +483,19 @@ impl StreamableHttpClient for EgressClient {
             .get(CONTENT_LENGTH)
             .is_some_and(|length| length == "0");
         if status.is_success() && empty {
-            self.read_body(answer, MAXIMUM_ERROR_BODY)
+            self.read_body(answer, Body::Other)
                 .await
                 .map_err(StreamableHttpError::Client)?;
             return Ok(StreamableHttpPostResponse::Accepted);
         }
         let json = kind.starts_with(JSON_MIME_TYPE);
-        let limit = if status.is_success() {
-            self.inner.ceilings.current()
+        let body = if status.is_success() {
+            Body::Answer
         } else {
-            MAXIMUM_ERROR_BODY
+            Body::Other
         };
         let bytes = self
-            .read_body(answer, limit)
+            .read_body(answer, body)
             .await
             .map_err(StreamableHttpError::Client)?;
         if !json {
@@ -518,7 +537,7 @@ impl StreamableHttpClient for EgressClient {
             return Err(refusal);
         }
         let status = answer.response.status();
-        self.read_body(answer, MAXIMUM_ERROR_BODY)
+        self.read_body(answer, Body::Other)
             .await
             .map_err(StreamableHttpError::Client)?;
         if status.is_success() || status == StatusCode::METHOD_NOT_ALLOWED {
