@@ -570,6 +570,16 @@ async fn a_401_at_connect_fails_the_server_with_a_stable_code() {
         assert_eq!(server.posts_since(0).len(), 1, "{:?}", server.requests());
         let outcome = live.call("demo.echo", json!({"text": "goes on"})).await;
         assert_eq!(status(&outcome), ToolOutcomeStatus::Succeeded);
+        if challenge.is_none() {
+            // The secret is rotated: the next dial reads it again rather
+            // than re-sending the value refused at connect.
+            std::fs::write(&credential, "the-right-one").unwrap();
+            let prepared = live.prepare().await;
+            assert!(
+                prepared.registered.contains(&"mcp.reads.echo".to_owned()),
+                "{prepared:?}"
+            );
+        }
         live.servers.shutdown().await;
     }
 }

@@ -146,6 +146,13 @@ impl Authenticator {
         self.render(&held.value).map(Some)
     }
 
+    /// Drops the held value, so the next request resolves (or exchanges)
+    /// it again: after the server refused it at connect, where no ladder
+    /// runs, a rotated secret is read at the next dial.
+    pub fn forget(&self) {
+        *self.held() = None;
+    }
+
     /// Ladder step 2: the held value is dropped and a new one obtained (a
     /// new exchange for `oauth2_client`, the reference resolved again for
     /// the others). Returns whether it differs from the value that failed:

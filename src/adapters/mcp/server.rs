@@ -428,14 +428,18 @@ impl McpServer {
                     settings.request_timeout,
                     ceilings.clone(),
                 );
-                Connection::open_http(
+                let opened = Connection::open_http(
                     &settings.server_id,
                     client,
                     &settings.url,
                     settings.connect_timeout,
                     ceilings,
                 )
-                .await
+                .await;
+                if matches!(opened, Err(ClientError::Unauthorized { .. })) {
+                    authenticator.forget();
+                }
+                opened
             }
         };
         opened.map_err(|error| {
