@@ -15,6 +15,7 @@ use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
+use crate::domain::egress::{EgressUrl, Scheme};
 use crate::domain::mcp_server::AuthScheme;
 use crate::domain::secret::CredentialRef;
 use crate::domain::{ReasonCode, SecretValue};
@@ -217,11 +218,13 @@ impl Authenticator {
             .dial(endpoint)
             .await
             .map_err(|_| AuthError::Unreachable)?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream))
-                .await
-                .map_err(|_| AuthError::Unreachable)?;
-        tokio::spawn(connection);
+        let (mut sender, connection) = bounded(hyper::client::conn::http1::handshake(
+            TokioIo::new(dialed.stream),
+        ))
+        .await?
+        .map_err(|_| AuthError::Unreachable)?;
+        // Ends with the exchange: the connection is never reused.
+        let connection = tokio::spawn(connection);
         let mut body = "grant_type=client_credentials".to_owned();
         if !self.settings.token_scopes.is_empty() {
             body.push_str("&scope=");
@@ -236,10 +239,7 @@ impl Authenticator {
         let mut authorization =
             HeaderValue::from_str(&format!("Basic {basic}")).map_err(|_| AuthError::Malformed)?;
         authorization.set_sensitive(true);
-        let host = match dialed.url.port {
-            443 | 80 => dialed.url.host.clone(),
-            port => format!("{}:{port}", dialed.url.host),
-        };
+        let host = host_of(&dialed.url);
         let request = Request::builder()
             .method(Method::POST)
             .uri(path_of(endpoint))
@@ -248,16 +248,22 @@ impl Authenticator {
             .header(AUTHORIZATION, authorization)
             .body(Full::new(Bytes::from(body)))
             .map_err(|_| AuthError::Malformed)?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|_| AuthError::Unreachable)?;
-        let status = response.status();
-        let bytes = Limited::new(response.into_body(), MAXIMUM_TOKEN_RESPONSE)
-            .collect()
-            .await
-            .map_err(|_| AuthError::Malformed)?
-            .to_bytes();
+        let answered = bounded(async {
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|_| AuthError::Unreachable)?;
+            let status = response.status();
+            let bytes = Limited::new(response.into_body(), MAXIMUM_TOKEN_RESPONSE)
+                .collect()
+                .await
+                .map_err(|_| AuthError::Malformed)?
+                .to_bytes();
+            Ok::<_, AuthError>((status, bytes))
+        })
+        .await;
+        connection.abort();
+        let (status, bytes) = answered??;
         if status == StatusCode::BAD_REQUEST || status == StatusCode::UNAUTHORIZED {
             return Err(AuthError::Refused);
         }
@@ -282,13 +288,42 @@ impl Authenticator {
     }
 }
 
+/// The longest a token exchange may take once its connection is made (the
+/// dialer bounds connecting and TLS): a token endpoint that accepts and
+/// then stays silent fails the exchange instead of holding the call.
+const TOKEN_EXCHANGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `future` within [`TOKEN_EXCHANGE_TIMEOUT`].
+async fn bounded<T>(future: impl Future<Output = T>) -> Result<T, AuthError> {
+    tokio::time::timeout(TOKEN_EXCHANGE_TIMEOUT, future)
+        .await
+        .map_err(|_| AuthError::Unreachable)
+}
+
 /// The path and query of `url` (the request target of an origin-form
-/// request).
+/// request): the authority ends at the first `/`, `?` or `#`, as
+/// `EgressUrl::parse` reads it; a fragment is never sent.
 pub fn path_of(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    match rest.find('/') {
-        Some(index) => rest[index..].to_owned(),
+    let rest = rest.split_once('#').map_or(rest, |(before, _)| before);
+    match rest.find(['/', '?']) {
+        Some(index) if rest[index..].starts_with('/') => rest[index..].to_owned(),
+        Some(index) => format!("/{}", &rest[index..]),
         None => "/".to_owned(),
+    }
+}
+
+/// `host[:port]` as a `Host` header names it: IPv6 bracketed, the
+/// scheme's default port left out.
+pub fn host_of(url: &EgressUrl) -> String {
+    let host = if url.host.contains(':') {
+        format!("[{}]", url.host)
+    } else {
+        url.host.clone()
+    };
+    match (url.scheme, url.port) {
+        (Scheme::Https, 443) | (Scheme::Http, 80) => host,
+        (_, port) => format!("{host}:{port}"),
     }
 }
 
@@ -343,5 +378,8 @@ mod tests {
         assert_eq!(form_encode("read write:x/y"), "read+write%3Ax%2Fy");
         assert_eq!(path_of("https://a.example/t?x=1"), "/t?x=1");
         assert_eq!(path_of("https://a.example"), "/");
+        assert_eq!(path_of("https://a.example?x=1"), "/?x=1");
+        assert_eq!(path_of("https://a.example/t#frag"), "/t");
+        assert_eq!(path_of("https://a.example#f/g"), "/");
     }
 }

@@ -31,7 +31,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::{Sse, SseStream};
 
-use super::auth::{AuthError, Authenticator, path_of};
+use super::auth::{AuthError, Authenticator, host_of, path_of};
 use super::framing::Ceilings;
 use crate::domain::egress::EgressUrl;
 use crate::ports::{DialError, EgressDialer};
@@ -299,18 +299,7 @@ impl EgressClient {
 
 /// `host[:port]` as a `Host` header (IPv6 bracketed).
 fn host_header(url: &EgressUrl) -> Result<HeaderValue, HttpError> {
-    let host = if url.host.contains(':') {
-        format!("[{}]", url.host)
-    } else {
-        url.host.clone()
-    };
-    let text = match (url.scheme, url.port) {
-        (crate::domain::egress::Scheme::Https, 443) | (crate::domain::egress::Scheme::Http, 80) => {
-            host
-        }
-        (_, port) => format!("{host}:{port}"),
-    };
-    HeaderValue::from_str(&text).map_err(|_| HttpError::Request)
+    HeaderValue::from_str(&host_of(url)).map_err(|_| HttpError::Request)
 }
 
 /// Ends an SSE byte stream with [`HttpError::TooLarge`] as soon as one event
