@@ -17,6 +17,8 @@ use crate::store::PgSchema;
 const TENANT: &str = "tenant-crash";
 /// Short, so a crashed worker's lease runs out quickly.
 const LEASE_MS: i64 = 150;
+/// For harness processes that do not crash.
+const LIVE_LEASE_MS: i64 = 30_000;
 
 struct Job<'a> {
     store_url: &'a str,
@@ -27,6 +29,8 @@ struct Job<'a> {
     tool: &'a str,
     arguments: &'a Value,
     ids: (Uuid, Uuid, &'a str),
+    /// How long a harness worker's lease lasts unrenewed.
+    lease_ms: i64,
 }
 
 /// The harness binary, built by `cargo test` as an example.
@@ -53,7 +57,7 @@ fn run(job: &Job<'_>) -> (bool, Value) {
         "artifacts": job.folder.join("artifacts"),
         "mode": job.mode,
         "failpoint": job.failpoint.map(Point::as_str),
-        "lease_ms": LEASE_MS,
+        "lease_ms": job.lease_ms,
         "policy": job.policy,
         "request": {
             "tenant_id": TENANT,
@@ -173,6 +177,7 @@ async fn crash_matrix(name: &str, store_url: &str, store: &dyn Store) {
                 tool,
                 arguments,
                 ids: (session, run_id, &call),
+                lease_ms: LEASE_MS,
             };
             let case = format!("{name} {tool} crash at {}", point.as_str());
             let (completed, _) = run(&job("call", Some(point), policy));
@@ -278,6 +283,9 @@ async fn gate_08_two_processes_on_one_database_execute_once() {
             tool: "demo.external_write",
             arguments: &arguments,
             ids: (session, run_id, &call),
+            // Nobody crashes here: a lease that outlives a loaded machine's
+            // pauses keeps a live racer from being taken for a dead one.
+            lease_ms: LIVE_LEASE_MS,
         };
         let (a, b) = std::thread::scope(|scope| {
             let a = scope.spawn(|| run(&job));
@@ -361,6 +369,7 @@ async fn a_read_whose_commits_were_lost_runs_again() {
         tool: "demo.echo",
         arguments: &arguments,
         ids: (session, run_id, "lost-result"),
+        lease_ms: LEASE_MS,
     };
     let (completed, _) = run(&job("call", Some(Point::Execute)));
     assert!(!completed, "the harness stops after the claim");
@@ -403,6 +412,7 @@ async fn a_read_whose_commits_were_lost_runs_again() {
         tool: "demo.echo",
         arguments: &arguments,
         ids: (session, run_id, "lost-everything"),
+        lease_ms: LEASE_MS,
     };
     let empty = folder.path().join("empty");
     files(&empty);
