@@ -4,7 +4,7 @@
 //! 1. The floor and the overhead, side by side in one run: the MCP reference
 //!    server's `echo` over stdio called directly by a raw JSON-RPC client,
 //!    beside the same server's `echo` called through a script's turn socket
-//!    (a connection per call, as the Python client makes them), classified
+//!    (one kept-alive connection per turn, as the clients keep it), classified
 //!    read-only and non-idempotent, on the embedded SQLite store and (with
 //!    `DATABASE_URL`) on PostgreSQL. Blocks of 50 calls interleave the three
 //!    paths; printed: p50, p99, the added p50 and serve's CPU per call.
@@ -59,6 +59,55 @@ fn http(
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     (status, response[split + 4..].to_vec())
+}
+
+/// A kept-alive connection to a turn's socket, as the clients keep one per
+/// turn.
+struct Kept {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Kept {
+    fn connect(socket: &Path) -> Kept {
+        let writer = UnixStream::connect(socket).expect("socket connects");
+        let reader = BufReader::new(writer.try_clone().expect("a second handle"));
+        Kept { reader, writer }
+    }
+
+    /// One request on the kept connection; the status and the body.
+    fn request(&mut self, path: &str, token: &str, body: &str) -> (u16, Vec<u8>) {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: toolgate\r\nContent-Type: application/json\r\n\
+             Authorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.writer.write_all(request.as_bytes()).expect("writes");
+        let mut status = 0;
+        let mut length = 0;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.reader.read_line(&mut line).expect("reads") > 0,
+                "closed"
+            );
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some(code) = header.strip_prefix("HTTP/1.1 ") {
+                status = code[..3].parse().unwrap_or(0);
+            } else if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().expect("a length");
+            }
+        }
+        let mut body = vec![0; length];
+        self.reader.read_exact(&mut body).expect("a body");
+        (status, body)
+    }
 }
 
 /// CPU seconds (user + system) of process `pid`.
@@ -185,7 +234,7 @@ struct Turn {
 
 struct OpenTurn {
     id: String,
-    socket: PathBuf,
+    connection: Kept,
     token: String,
     used: usize,
 }
@@ -209,7 +258,7 @@ impl Turn {
         let turn: Value = serde_json::from_slice(&body).expect("turn");
         OpenTurn {
             id: turn["turn_id"].as_str().expect("id").to_owned(),
-            socket: PathBuf::from(turn["socket_path"].as_str().expect("socket")),
+            connection: Kept::connect(Path::new(turn["socket_path"].as_str().expect("socket"))),
             token: turn["token"].as_str().expect("token").to_owned(),
             used: 0,
         }
@@ -227,7 +276,7 @@ impl Turn {
         open.used += 1;
         let call = json!({"call": tool, "arguments": arguments}).to_string();
         let started = Instant::now();
-        let (status, body) = http(&open.socket, "POST", "/v1/call", Some(&open.token), &call);
+        let (status, body) = open.connection.request("/v1/call", &open.token, &call);
         let elapsed = started.elapsed();
         assert!(
             status == 200 && body.starts_with(br#"{"status":"succeeded""#),

@@ -38,7 +38,7 @@ use tokio::sync::watch;
 
 use super::catalog::RemoteTool;
 use super::child::{self, ChildError, ChildSpec};
-use super::framing::{self, Ceilings};
+use super::framing::{Ceilings, Framed};
 use super::http::{EgressClient, HttpError};
 use crate::domain::ReasonCode;
 use crate::ports::Metrics;
@@ -477,7 +477,7 @@ impl Connection {
         // is read past the ceiling of what is in flight.
         let ceilings = Ceilings::new(hard_ceiling);
         let ended = signals.clone();
-        let transport = framing::transport(stdout, stdin, ceilings.clone(), move || {
+        let transport = Framed::new(stdout, stdin, ceilings.clone(), move || {
             ended.ended.send_replace(true);
         });
         let handshake = {

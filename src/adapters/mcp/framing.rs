@@ -8,14 +8,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use futures::channel::mpsc;
-use futures::{SinkExt as _, StreamExt as _};
 use rmcp::RoleClient;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
-
-/// Messages buffered in each direction.
-const CHANNEL: usize = 16;
+use tokio::sync::Mutex;
 /// What a listing (tools, prompts, resources) or a handshake may send: a
 /// page of a catalog, whose schemas are capped one by one at mapping.
 pub const DISCOVERY_CEILING: usize = 8 << 20;
@@ -81,78 +78,96 @@ impl Drop for ListingGuard {
     }
 }
 
-/// The transport the MCP library speaks over: a sink of outgoing messages
-/// written as lines to `writer`, and a stream of incoming ones read from
-/// `reader` under `ceilings`. The stream ends when the server closes its
-/// output or a line crosses its ceiling; `ended` runs then.
-pub fn transport<R, W>(
-    reader: R,
-    writer: W,
+/// The transport the MCP library speaks over: outgoing messages written as
+/// lines to the child's input, incoming ones read from its output under
+/// `ceilings`, both on the library's own task (a task and a channel per
+/// direction would add two wake-ups to every call). The stream ends when the
+/// server closes its output or a line crosses its ceiling; `ended` runs then.
+pub struct Framed<R, W> {
+    reader: BufReader<R>,
+    /// The line being read: kept across a cancelled `receive` (the library
+    /// polls it in a `select!`), cleared once a whole line is taken.
+    line: Vec<u8>,
+    writer: Arc<Mutex<W>>,
     ceilings: Arc<Ceilings>,
-    ended: impl FnOnce() + Send + 'static,
-) -> (
-    mpsc::Sender<TxJsonRpcMessage<RoleClient>>,
-    mpsc::Receiver<RxJsonRpcMessage<RoleClient>>,
-)
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    let (outgoing, mut to_write) = mpsc::channel::<TxJsonRpcMessage<RoleClient>>(CHANNEL);
-    let (read, incoming) = mpsc::channel::<RxJsonRpcMessage<RoleClient>>(CHANNEL);
-    tokio::spawn(async move {
-        let mut writer = writer;
-        while let Some(message) = to_write.next().await {
-            let Ok(mut line) = serde_json::to_vec(&message) else {
-                continue;
-            };
-            line.push(b'\n');
-            if writer.write_all(&line).await.is_err() || writer.flush().await.is_err() {
-                return;
-            }
-        }
-    });
-    tokio::spawn(async move {
-        read_lines(reader, read, &ceilings).await;
-        ended();
-    });
-    (outgoing, incoming)
+    ended: Option<Box<dyn FnOnce() + Send>>,
 }
 
-/// Reads messages until the server closes its output, a line crosses its
-/// ceiling or nobody listens.
-async fn read_lines<R: AsyncRead + Unpin>(
-    reader: R,
-    mut read: mpsc::Sender<RxJsonRpcMessage<RoleClient>>,
-    ceilings: &Ceilings,
-) {
-    let mut reader = BufReader::new(reader);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match read_line(&mut reader, &mut line, ceilings).await {
-            Line::Complete => {}
-            Line::Closed => return,
-            Line::Oversized => {
-                ceilings.mark_oversized();
-                tracing::warn!(
-                    "an mcp server's message crossed its output ceiling; the connection is closed"
-                );
-                return;
+impl<R: AsyncRead, W> Framed<R, W> {
+    /// Frames `reader` and `writer` under `ceilings`.
+    pub fn new(
+        reader: R,
+        writer: W,
+        ceilings: Arc<Ceilings>,
+        ended: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        Framed {
+            reader: BufReader::new(reader),
+            line: Vec::new(),
+            writer: Arc::new(Mutex::new(writer)),
+            ceilings,
+            ended: Some(Box::new(ended)),
+        }
+    }
+
+    fn end(&mut self) {
+        if let Some(ended) = self.ended.take() {
+            ended();
+        }
+    }
+}
+
+impl<R, W> Transport<RoleClient> for Framed<R, W>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let writer = self.writer.clone();
+        async move {
+            let mut line = serde_json::to_vec(&item).map_err(std::io::Error::other)?;
+            line.push(b'\n');
+            let mut writer = writer.lock().await;
+            writer.write_all(&line).await?;
+            writer.flush().await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        loop {
+            match read_line(&mut self.reader, &mut self.line, &self.ceilings).await {
+                Line::Complete => {}
+                Line::Closed => {
+                    self.end();
+                    return None;
+                }
+                Line::Oversized => {
+                    self.ceilings.mark_oversized();
+                    tracing::warn!(
+                        "an mcp server's message crossed its output ceiling; the connection is closed"
+                    );
+                    self.end();
+                    return None;
+                }
+            }
+            // A line that is not a JSON-RPC message is the server's noise,
+            // not the protocol: it is skipped, as the library does.
+            let message =
+                serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(self.line.trim_ascii());
+            self.line.clear();
+            if let Ok(message) = message {
+                return Some(message);
             }
         }
-        let text = line.trim_ascii();
-        if text.is_empty() {
-            continue;
-        }
-        // A line that is not a JSON-RPC message is the server's noise,
-        // not the protocol: it is skipped, as the library does.
-        let Ok(message) = serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(text) else {
-            continue;
-        };
-        if read.send(message).await.is_err() {
-            return;
-        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.writer.lock().await.shutdown().await
     }
 }
 
@@ -162,7 +177,8 @@ enum Line {
     Oversized,
 }
 
-/// Reads one line into `line`, never holding more than the current ceiling.
+/// Reads the rest of one line into `line`, never holding more than the
+/// current ceiling. Cancel-safe: what was consumed is in `line`.
 async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
     reader: &mut R,
     line: &mut Vec<u8>,
@@ -200,15 +216,22 @@ mod tests {
             b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n".to_vec();
         input.extend(std::iter::repeat_n(b'x', 10 << 20));
         input.push(b'\n');
-        let (_, mut incoming) = transport(
+        let ended = Arc::new(AtomicBool::new(false));
+        let told = ended.clone();
+        let mut framed = Framed::new(
             std::io::Cursor::new(input),
             tokio::io::sink(),
             ceilings.clone(),
-            || {},
+            move || told.store(true, Ordering::SeqCst),
         );
-        assert!(incoming.next().await.is_some(), "the small message arrives");
-        assert!(incoming.next().await.is_none(), "the stream ends");
+        assert!(
+            framed.receive().await.is_some(),
+            "the small message arrives"
+        );
+        assert!(!ended.load(Ordering::SeqCst));
+        assert!(framed.receive().await.is_none(), "the stream ends");
         assert!(ceilings.oversized());
+        assert!(ended.load(Ordering::SeqCst), "the end is told");
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ impl ApprovalStore for SqliteStore {
             ))
             .bind(id.to_string())
             .bind(tenant_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
             row.as_ref().map(approval).transpose()
@@ -34,7 +34,7 @@ impl ApprovalStore for SqliteStore {
                 " FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at, id"
             ))
             .bind(tenant_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
             rows.iter().map(approval).collect()

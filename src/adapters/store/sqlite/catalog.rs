@@ -38,7 +38,7 @@ impl CatalogStore for SqliteStore {
             )
             .bind(tenant_id)
             .bind(server_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
             rows.iter()
@@ -140,7 +140,7 @@ impl CatalogStore for SqliteStore {
 /// server; earlier names it lacks get `withdrawn_at`. Nothing is updated in
 /// place otherwise.
 async fn write_generation(
-    tx: &mut Transaction<'static, Sqlite>,
+    tx: &mut Tx,
     tenant_id: &str,
     generation: &CatalogGeneration,
     now: DateTime<Utc>,
@@ -205,7 +205,7 @@ async fn write_generation(
 
 /// Inserts or replaces a server row, by (tenant, server id).
 async fn upsert_server(
-    tx: &mut Transaction<'static, Sqlite>,
+    tx: &mut Tx,
     tenant_id: &str,
     server: &McpServerRow,
     tenant_configured: bool,

@@ -30,7 +30,7 @@ impl EventStore for SqliteStore {
             .bind(after)
             .bind(limit)
             .bind(tenant_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
             rows.iter()

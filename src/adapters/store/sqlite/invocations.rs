@@ -2,6 +2,16 @@
 
 use super::*;
 
+/// A fenced call's terminal UPDATE ([`terminal_binds`] with a fence).
+macro_rules! complete_update {
+    () => {
+        "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
+         error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
+         WHERE id = $1 AND status IN ('authorized', 'running') AND tenant_id = $11 \
+         AND worker_id = $12 AND lease_epoch = $13"
+    };
+}
+
 impl InvocationStore for SqliteStore {
     fn insert_invocation<'a>(
         &'a self,
@@ -12,58 +22,75 @@ impl InvocationStore for SqliteStore {
         Box::pin(async move {
             let principal = serde_json::to_string(&new.principal)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
-            let mut tx = self.begin_as(new.durability).await?;
-            let inserted = sqlx::query(concat!(
-                "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
-                 tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
-                 idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
-                 reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-                 $21, $22, $23, $24, 0, $25, $26, $27) \
-                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING ",
-                invocation_columns!()
-            ))
-            .bind(new.id.to_string())
-            .bind(&new.tenant_id)
-            .bind(new.session_id.to_string())
-            .bind(new.run_id.to_string())
-            .bind(new.step_number)
-            .bind(&new.call_id)
-            .bind(&new.tool_name)
-            .bind(&new.tool_version)
-            .bind(new.tool_source.as_str())
-            .bind(&new.server_id)
-            .bind(text(&new.arguments))
-            .bind(&new.arguments_hash)
-            .bind(&new.idempotency_key)
-            .bind(new.status.as_str())
-            .bind(new.idempotency_class.as_str())
-            .bind(new.side_effect.as_str())
-            .bind(principal)
-            .bind(new.origin_trust.as_str())
-            .bind(new.parallel_group.map(|id| id.to_string()))
-            .bind(new.deadline_at.map(micros))
-            .bind(new.approval_id.map(|id| id.to_string()))
-            .bind(new.reason_code.map(ReasonCode::as_str))
-            .bind(new.status.outcome_status(new.reason_code).map(|s| s.as_str()))
-            .bind(claim.worker_id.to_string())
-            .bind(micros(claim.now))
-            .bind(new.status.is_terminal().then_some(micros(claim.now)))
-            .bind((new.status == crate::domain::InvocationStatus::Running).then_some(micros(claim.now)))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            let Some(row) = inserted else {
+            // One script: the row, its events and its approval when it
+            // waits for one, the last two only where the row went in (a
+            // known key inserts nothing, and the row already there is read).
+            let inserted = self
+                .script_as(
+                    new.durability,
+                    sqlx::query(concat!(
+                        "BEGIN IMMEDIATE; \
+                         INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
+                         tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
+                         idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
+                         reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
+                         $21, $22, $23, $24, 0, $25, $26, $27) \
+                         ON CONFLICT (idempotency_key) DO NOTHING RETURNING ",
+                        invocation_columns!(),
+                        "; ",
+                        // `changes()` is still the row's insert here.
+                        insert_events!("$28", "$2", "$25", "changes() = 1"),
+                        "; INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, status, requested_at) \
+                         SELECT $21, $2, $1, $7, $22, 'pending', $25 \
+                         WHERE $21 IS NOT NULL AND $22 IS NOT NULL \
+                         AND EXISTS (SELECT 1 FROM tool_invocations WHERE id = $1) \
+                         AND NOT EXISTS (SELECT 1 FROM approvals WHERE id = $21)",
+                        "; COMMIT"
+                    ))
+                    .bind(new.id.to_string())
+                    .bind(&new.tenant_id)
+                    .bind(new.session_id.to_string())
+                    .bind(new.run_id.to_string())
+                    .bind(new.step_number)
+                    .bind(&new.call_id)
+                    .bind(&new.tool_name)
+                    .bind(&new.tool_version)
+                    .bind(new.tool_source.as_str())
+                    .bind(&new.server_id)
+                    .bind(text(&new.arguments))
+                    .bind(&new.arguments_hash)
+                    .bind(&new.idempotency_key)
+                    .bind(new.status.as_str())
+                    .bind(new.idempotency_class.as_str())
+                    .bind(new.side_effect.as_str())
+                    .bind(principal)
+                    .bind(new.origin_trust.as_str())
+                    .bind(new.parallel_group.map(|id| id.to_string()))
+                    .bind(new.deadline_at.map(micros))
+                    .bind(new.approval_id.map(|id| id.to_string()))
+                    .bind(new.reason_code.map(ReasonCode::as_str))
+                    .bind(new.status.outcome_status(new.reason_code).map(|s| s.as_str()))
+                    .bind(claim.worker_id.to_string())
+                    .bind(micros(claim.now))
+                    .bind(new.status.is_terminal().then_some(micros(claim.now)))
+                    .bind(
+                        (new.status == crate::domain::InvocationStatus::Running)
+                            .then_some(micros(claim.now)),
+                    )
+                    .bind(events_json(events)?),
+                )
+                .await?;
+            let Some(row) = inserted.first() else {
                 let existing = sqlx::query(concat!(
                     "SELECT ",
                     invocation_columns!(),
                     " FROM tool_invocations WHERE idempotency_key = $1"
                 ))
                 .bind(&new.idempotency_key)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(&mut *self.reader().await?)
                 .await
                 .map_err(database_error)?;
-                tx.commit().await.map_err(database_error)?;
                 let existing = existing.as_ref().map(invocation).transpose()?;
                 return match existing {
                     Some(record) if record.tenant_id == new.tenant_id => {
@@ -73,24 +100,7 @@ impl InvocationStore for SqliteStore {
                     _ => Err(StoreError::KeyConflict),
                 };
             };
-            let record = invocation(&row)?;
-            if let (Some(approval_id), Some(reason_code)) = (new.approval_id, new.reason_code) {
-                sqlx::query(
-                    "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, status, requested_at) \
-                     VALUES ($1, $2, $3, $4, $5, 'pending', $6)",
-                )
-                .bind(approval_id.to_string())
-                .bind(&new.tenant_id)
-                .bind(new.id.to_string())
-                .bind(&new.tool_name)
-                .bind(reason_code.as_str())
-                .bind(micros(claim.now))
-                .execute(&mut *tx)
-                .await
-                .map_err(database_error)?;
-            }
-            append_events(&mut tx, &new.tenant_id, events, claim.now).await?;
-            tx.commit().await.map_err(database_error)?;
+            let record = invocation(row)?;
             Ok(InsertOutcome::Inserted(record))
         })
     }
@@ -164,27 +174,29 @@ impl InvocationStore for SqliteStore {
         durability: Durability,
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin_as(durability).await?;
-            let row = sqlx::query(concat!(
-                "UPDATE tool_invocations SET status = 'running', lease_epoch = lease_epoch + 1, started_at = $4, \
-                 attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
-                 WHERE id = $1 AND status = 'authorized' AND worker_id = $2 AND lease_epoch = $3 \
-                 AND tenant_id = $5 RETURNING ",
-                invocation_columns!()
-            ))
-            .bind(id.to_string())
-            .bind(fence.worker_id.to_string())
-            .bind(fence.lease_epoch)
-            .bind(micros(now))
-            .bind(tenant_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            let record = row.as_ref().map(invocation).transpose()?;
-            if record.is_some() {
-                append_events(&mut tx, tenant_id, events, now).await?;
-            }
-            tx.commit().await.map_err(database_error)?;
+            let rows = self
+                .script_as(
+                    durability,
+                    sqlx::query(concat!(
+                        "BEGIN IMMEDIATE; \
+                         UPDATE tool_invocations SET status = 'running', lease_epoch = lease_epoch + 1, started_at = $4, \
+                         attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
+                         WHERE id = $1 AND status = 'authorized' AND worker_id = $2 AND lease_epoch = $3 \
+                         AND tenant_id = $5 RETURNING ",
+                        invocation_columns!(),
+                        "; ",
+                        insert_events!("$6", "$5", "$4", "changes() = 1"),
+                        "; COMMIT"
+                    ))
+                    .bind(id.to_string())
+                    .bind(fence.worker_id.to_string())
+                    .bind(fence.lease_epoch)
+                    .bind(micros(now))
+                    .bind(tenant_id)
+                    .bind(events_json(events)?),
+                )
+                .await?;
+            let record = rows.first().map(invocation).transpose()?;
             Ok(record)
         })
     }
@@ -197,21 +209,24 @@ impl InvocationStore for SqliteStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            let result = sqlx::query(
-                "UPDATE tool_invocations SET effect_sent_at = COALESCE(effect_sent_at, $4) \
-                 WHERE id = $1 AND status = 'running' AND worker_id = $2 AND lease_epoch = $3 AND tenant_id = $5",
-            )
-            .bind(id.to_string())
-            .bind(fence.worker_id.to_string())
-            .bind(fence.lease_epoch)
-            .bind(micros(now))
-            .bind(tenant_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            Ok(result.rows_affected() == 1)
+            let rows = self
+                .script_as(
+                    Durability::Flushed,
+                    sqlx::query(
+                        "BEGIN IMMEDIATE; \
+                         UPDATE tool_invocations SET effect_sent_at = COALESCE(effect_sent_at, $4) \
+                         WHERE id = $1 AND status = 'running' AND worker_id = $2 AND lease_epoch = $3 \
+                         AND tenant_id = $5 RETURNING id; \
+                         COMMIT",
+                    )
+                    .bind(id.to_string())
+                    .bind(fence.worker_id.to_string())
+                    .bind(fence.lease_epoch)
+                    .bind(micros(now))
+                    .bind(tenant_id),
+                )
+                .await?;
+            Ok(rows.len() == 1)
         })
     }
 
@@ -225,13 +240,35 @@ impl InvocationStore for SqliteStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            if terminal.artifact.is_none() && terminal.produced.is_empty() {
+                // The common case as one script; artifacts take the path
+                // below, a statement each.
+                let rows = self
+                    .script_as(
+                        terminal.durability,
+                        terminal_binds(
+                            sqlx::query(concat!(
+                                "BEGIN IMMEDIATE; ",
+                                complete_update!(),
+                                " RETURNING id; ",
+                                insert_events!("$14", "$11", "$10", "changes() = 1"),
+                                "; COMMIT"
+                            )),
+                            id,
+                            tenant_id,
+                            terminal,
+                            now,
+                            Some(fence),
+                        )
+                        .bind(events_json(events)?),
+                    )
+                    .await?;
+                return Ok(rows.len() == 1);
+            }
             let mut tx = self.begin_as(terminal.durability).await?;
             let result = terminal_update(
                 &mut tx,
-                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
-                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
-                 WHERE id = $1 AND status IN ('authorized', 'running') AND tenant_id = $11 \
-                 AND worker_id = $12 AND lease_epoch = $13",
+                complete_update!(),
                 id,
                 tenant_id,
                 terminal,
@@ -337,7 +374,7 @@ impl InvocationStore for SqliteStore {
             ))
             .bind(id.to_string())
             .bind(tenant_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
             row.as_ref().map(invocation).transpose()
@@ -357,7 +394,7 @@ impl InvocationStore for SqliteStore {
             ))
             .bind(tenant_id)
             .bind(run_id.to_string())
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
             rows.iter().map(invocation).collect()
@@ -431,46 +468,37 @@ impl InvocationStore for SqliteStore {
         arguments_hash: &'a str,
     ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.read().await?;
+            // One statement, so one snapshot and one round trip: the counts,
+            // then the evidence base as a row of its own (`n` NULL).
             let rows = sqlx::query(
-                "SELECT outcome_status, reason_code, count(*) AS n FROM tool_invocations \
+                "SELECT outcome_status, reason_code, count(*) AS n, NULL AS base FROM tool_invocations \
                  WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
                    AND outcome_status IS NOT NULL \
-                 GROUP BY outcome_status, reason_code",
+                 GROUP BY outcome_status, reason_code \
+                 UNION ALL \
+                 SELECT NULL, NULL, NULL, base FROM breaker_evidence \
+                 WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4",
             )
             .bind(tenant_id)
             .bind(run_id.to_string())
             .bind(tool_name)
             .bind(arguments_hash)
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
-            let base: Option<i64> = sqlx::query_scalar(
-                "SELECT base FROM breaker_evidence WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
-                 AND arguments_hash = $4",
-            )
-            .bind(tenant_id)
-            .bind(run_id.to_string())
-            .bind(tool_name)
-            .bind(arguments_hash)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            let counts = rows
-                .iter()
-                .map(|row| {
-                    Ok((
-                        parse(&get::<String>(row, "outcome_status")?, "outcome_status")?,
-                        parse_optional(get(row, "reason_code")?, "reason_code")?,
-                        get::<i64>(row, "n")?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            Ok(BreakerTally {
-                counts,
-                evidence_base: base.unwrap_or(0),
-            })
+            let mut tally = BreakerTally::default();
+            for row in &rows {
+                if let Some(base) = get::<Option<i64>>(row, "base")? {
+                    tally.evidence_base = base;
+                    continue;
+                }
+                tally.counts.push((
+                    parse(&get::<String>(row, "outcome_status")?, "outcome_status")?,
+                    parse_optional(get(row, "reason_code")?, "reason_code")?,
+                    get::<i64>(row, "n")?,
+                ));
+            }
+            Ok(tally)
         })
     }
 
@@ -572,7 +600,7 @@ impl InvocationStore for SqliteStore {
             let row = sqlx::query("SELECT id, run_id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
                 .bind(id.to_string())
                 .bind(tenant_id)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *self.reader().await?)
                 .await
                 .map_err(database_error)?;
             row.map(|row| {
@@ -641,7 +669,7 @@ impl InvocationStore for SqliteStore {
 
 /// The terminal columns of an UPDATE, fenced when `fence` is given.
 async fn terminal_update(
-    tx: &mut Transaction<'static, Sqlite>,
+    tx: &mut Tx,
     sql: &'static str,
     id: Uuid,
     tenant_id: &str,
@@ -649,7 +677,23 @@ async fn terminal_update(
     now: DateTime<Utc>,
     fence: Option<Fence>,
 ) -> Result<bool, StoreError> {
-    let mut query = sqlx::query(sql)
+    let result = terminal_binds(sqlx::query(sql), id, tenant_id, terminal, now, fence)
+        .execute(&mut **tx)
+        .await
+        .map_err(database_error)?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Binds a terminal UPDATE's `$1` to `$11` (`$12` and `$13` with `fence`).
+fn terminal_binds<'q>(
+    query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>,
+    id: Uuid,
+    tenant_id: &str,
+    terminal: &TerminalRecord,
+    now: DateTime<Utc>,
+    fence: Option<Fence>,
+) -> sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments> {
+    let query = query
         .bind(id.to_string())
         .bind(terminal.status.as_str())
         .bind(terminal.outcome_status.as_str())
@@ -666,11 +710,10 @@ async fn terminal_update(
         )
         .bind(micros(now))
         .bind(tenant_id.to_owned());
-    if let Some(fence) = fence {
-        query = query
+    match fence {
+        Some(fence) => query
             .bind(fence.worker_id.to_string())
-            .bind(fence.lease_epoch);
+            .bind(fence.lease_epoch),
+        None => query,
     }
-    let result = query.execute(&mut **tx).await.map_err(database_error)?;
-    Ok(result.rows_affected() == 1)
 }

@@ -7,11 +7,13 @@ use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
-use sqlx::{Row, Sqlite, SqlitePool, Transaction};
+use std::sync::Arc;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous};
+use sqlx::{Row, Sqlite};
 use uuid::Uuid;
+
+use connections::{Connections, Held, Tx};
 
 use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
@@ -24,7 +26,7 @@ use crate::ports::{
 };
 
 /// Readers run beside the one writer (WAL).
-const MAXIMUM_CONNECTIONS: u32 = 8;
+const READERS: usize = 8;
 
 /// How long a writer waits for the lock before the store reports busy.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,15 +51,15 @@ macro_rules! approval_columns {
 #[derive(Clone)]
 pub struct SqliteStore {
     /// Readers (WAL lets them run beside the writer), and migrations.
-    pool: SqlitePool,
+    readers: Arc<Connections>,
     /// The one connection flushed writes go through (`synchronous = FULL`).
     /// Writes are serialized by the database lock anyway; going through one
     /// connection keeps its page cache, which a write from any other
     /// connection would throw away.
-    writer: SqlitePool,
+    writer: Arc<Connections>,
     /// The one connection relaxed writes go through (`synchronous =
     /// NORMAL`): the commits of reads ([`Durability`]).
-    relaxed: SqlitePool,
+    relaxed: Arc<Connections>,
 }
 
 impl SqliteStore {
@@ -77,34 +79,23 @@ impl SqliteStore {
             std::fs::create_dir_all(parent)
                 .map_err(|e| StoreError::Unavailable(format!("database folder: {}", e.kind())))?;
         }
-        let pool = SqlitePoolOptions::new()
-            .max_connections(MAXIMUM_CONNECTIONS)
-            .connect_with(options.clone())
-            .await
-            .map_err(database_error)?;
+        let readers = Connections::open(&options, READERS).await?;
         // An in-memory database is one connection's own: every write goes
-        // through the one pool.
+        // through the one set.
         if url.contains(":memory:") || url.contains("mode=memory") {
             return Ok(SqliteStore {
-                writer: pool.clone(),
-                relaxed: pool.clone(),
-                pool,
+                writer: readers.clone(),
+                relaxed: readers.clone(),
+                readers,
             });
         }
-        let one = |options: SqliteConnectOptions| async move {
-            SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect_with(options)
-                .await
-                .map_err(database_error)
-        };
-        let writer = one(options.clone()).await?;
-        // WAL is the file's mode, set by the first pool: in NORMAL a commit
-        // reaches the log at once and the disk at the next flushed commit
-        // or checkpoint.
-        let relaxed = one(options.synchronous(SqliteSynchronous::Normal)).await?;
+        let writer = Connections::open(&options, 1).await?;
+        // WAL is the file's mode, set by the first connection: in NORMAL a
+        // commit reaches the log at once and the disk at the next flushed
+        // commit or checkpoint.
+        let relaxed = Connections::open(&options.synchronous(SqliteSynchronous::Normal), 1).await?;
         Ok(SqliteStore {
-            pool,
+            readers,
             writer,
             relaxed,
         })
@@ -112,28 +103,41 @@ impl SqliteStore {
 
     /// A write transaction holding the database lock from its first statement,
     /// so it never fails halfway on a lock upgrade.
-    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+    async fn begin(&self) -> Result<Tx, StoreError> {
         self.begin_as(Durability::Flushed).await
     }
 
-    /// A read-only transaction on the reader pool: one snapshot (WAL) for
-    /// its statements, without the database lock or the writer connection.
-    async fn read(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        self.pool.begin().await.map_err(database_error)
+    /// A read-only transaction on a reader: one snapshot (WAL) for its
+    /// statements, without the database lock or the writer connection.
+    async fn read(&self) -> Result<Tx, StoreError> {
+        self.readers.begin("BEGIN").await
+    }
+
+    /// A reader for one statement, which is its own snapshot.
+    async fn reader(&self) -> Result<Held, StoreError> {
+        self.readers.acquire().await
+    }
+
+    /// A script on the writer that `durability` names
+    /// ([`Connections::script`]).
+    async fn script_as(
+        &self,
+        durability: Durability,
+        script: sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> Result<Vec<SqliteRow>, StoreError> {
+        match durability {
+            Durability::Flushed => self.writer.script(script).await,
+            Durability::Relaxed => self.relaxed.script(script).await,
+        }
     }
 
     /// [`Self::begin`], committing as durably as `durability` says.
-    async fn begin_as(
-        &self,
-        durability: Durability,
-    ) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        let pool = match durability {
+    async fn begin_as(&self, durability: Durability) -> Result<Tx, StoreError> {
+        let connections = match durability {
             Durability::Flushed => &self.writer,
             Durability::Relaxed => &self.relaxed,
         };
-        pool.begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(database_error)
+        connections.begin("BEGIN IMMEDIATE").await
     }
 
     async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
@@ -142,12 +146,12 @@ impl SqliteStore {
                 version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
                 checksum TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
         )
-        .execute(&self.pool)
+        .execute(&mut *self.writer.acquire().await?)
         .await
         .map_err(database_error)?;
         let rows =
             sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *self.reader().await?)
                 .await
                 .map_err(database_error)?;
         rows.iter()
@@ -293,17 +297,10 @@ fn approval(row: &SqliteRow) -> Result<ApprovalRecord, StoreError> {
     })
 }
 
-async fn append_events(
-    tx: &mut Transaction<'static, Sqlite>,
-    tenant_id: &str,
-    events: &[ToolEvent],
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    // One statement for the commit's events, in order: each statement is a
-    // round trip to the connection's thread.
+/// A commit's events as one JSON array of `[kind, payload]`, which one
+/// statement inserts in order (each statement is a round trip to the
+/// connection's thread).
+fn events_json(events: &[ToolEvent]) -> Result<String, StoreError> {
     let rows = events
         .iter()
         .map(|event| {
@@ -313,22 +310,49 @@ async fn append_events(
             ]))
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    sqlx::query(
-        "INSERT INTO events (tenant_id, event_type, payload, created_at) \
-         SELECT $1, json_extract(value, '$[0]'), json_extract(value, '$[1]'), $3 \
-         FROM json_each($2) ORDER BY CAST(key AS INTEGER)",
-    )
-    .bind(tenant_id)
-    .bind(text(&serde_json::Value::Array(rows)))
-    .bind(micros(now))
-    .execute(&mut **tx)
-    .await
-    .map_err(database_error)?;
+    Ok(text(&serde_json::Value::Array(rows)))
+}
+
+/// Inserts the events of [`events_json`]'s `$N` parameter, the tenant's
+/// `$T` and the time's `$C`, when `condition` holds.
+macro_rules! insert_events {
+    ($events:literal, $tenant:literal, $created:literal, $condition:literal) => {
+        concat!(
+            "INSERT INTO events (tenant_id, event_type, payload, created_at) SELECT ",
+            $tenant,
+            ", json_extract(value, '$[0]'), json_extract(value, '$[1]'), ",
+            $created,
+            " FROM json_each(",
+            $events,
+            ") WHERE ",
+            $condition,
+            " ORDER BY CAST(key AS INTEGER)"
+        )
+    };
+}
+
+async fn append_events(
+    tx: &mut Tx,
+    tenant_id: &str,
+    events: &[ToolEvent],
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(insert_events!("$2", "$1", "$3", "1"))
+        .bind(tenant_id)
+        .bind(events_json(events)?)
+        .bind(micros(now))
+        .execute(&mut **tx)
+        .await
+        .map_err(database_error)?;
     Ok(())
 }
 
 mod approvals;
 mod catalog;
+mod connections;
 mod events;
 mod invocations;
 mod reviews;
@@ -389,7 +413,7 @@ impl Schema for SqliteStore {
 }
 
 async fn insert_platform_event(
-    tx: &mut Transaction<'static, Sqlite>,
+    tx: &mut Tx,
     tenant_id: Option<&str>,
     event: &PlatformEvent,
     now: DateTime<Utc>,

@@ -19,7 +19,7 @@ impl ReviewStore for SqliteStore {
             ))
             .bind(tenant_id)
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
             rows.iter().map(invocation).collect()
@@ -65,7 +65,7 @@ impl ReviewStore for SqliteStore {
             .bind(&review.resolver)
             .bind(&review.note)
             .bind(micros(review.resolved_at))
-            .execute(&self.writer)
+            .execute(&mut *self.writer.acquire().await?)
             .await
             .map_err(database_error)?
             .rows_affected();

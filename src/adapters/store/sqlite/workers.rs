@@ -16,7 +16,7 @@ impl WorkerStore for SqliteStore {
             .bind(&lease.node)
             .bind(micros(lease.started_at))
             .bind(micros(lease.lease_expires_at))
-            .execute(&self.writer)
+            .execute(&mut *self.writer.acquire().await?)
             .await
             .map_err(database_error)?;
             Ok(())
@@ -36,7 +36,7 @@ impl WorkerStore for SqliteStore {
             .bind(worker_id.to_string())
             .bind(micros(lease_expires_at))
             .bind(micros(Utc::now()))
-            .execute(&self.writer)
+            .execute(&mut *self.writer.acquire().await?)
             .await
             .map_err(database_error)?;
             Ok(result.rows_affected() == 1)
@@ -54,7 +54,7 @@ impl WorkerStore for SqliteStore {
             )
             .bind(worker_id.to_string())
             .bind(micros(now))
-            .execute(&self.writer)
+            .execute(&mut *self.writer.acquire().await?)
             .await
             .map_err(database_error)?;
             Ok(())
@@ -67,7 +67,7 @@ impl WorkerStore for SqliteStore {
                 "SELECT worker_id, node, started_at, lease_expires_at FROM workers WHERE worker_id = $1",
             )
             .bind(worker_id.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.reader().await?)
             .await
             .map_err(database_error)?;
             row.map(|row| {
@@ -96,7 +96,7 @@ impl WorkerStore for SqliteStore {
             .bind(node)
             .bind(except.to_string())
             .bind(micros(now))
-            .execute(&self.writer)
+            .execute(&mut *self.writer.acquire().await?)
             .await
             .map_err(database_error)?;
             Ok(released.rows_affected())
