@@ -14,9 +14,13 @@
 //!
 //! | tool | intent | claim | watermark | result | a lost commit costs |
 //! |---|---|---|---|---|---|
-//! | a capability of read-only class whose side effect is none or a read | relaxed, and folded with the claim | (folded) | flushed, for a read of another system only | relaxed | one re-execution of a read: the row is gone (resubmission runs it again) or stays RUNNING (recovery runs it again); nothing is answered from a record that does not exist, and no effect exists to duplicate |
+//! | a capability of read-only class whose side effect is none or a read | relaxed, and folded with the claim | (folded) | relaxed, for a read of another system only | relaxed | one re-execution of a read: the row is gone (resubmission runs it again) or stays RUNNING (recovery runs it again); nothing is answered from a record that does not exist, and no effect exists to duplicate |
 //! | a control tool | flushed | flushed | — | flushed | its row is the run's record (the working state, a question asked, a child started) and the runtime does not ask again once answered |
-//! | idempotent, conditionally idempotent, non-idempotent | flushed | flushed | flushed | flushed | a lost intent or watermark could hide that an effect was sent, and a lost result could re-send it |
+//! | idempotent | flushed | flushed | relaxed | flushed | a lost intent could hide that an effect was sent, and a lost result could re-send it; the watermark decides nothing for this class (recovery re-executes whether it is set or not), so losing it costs nothing |
+//! | conditionally idempotent, non-idempotent | flushed | flushed | flushed | flushed | a lost intent or watermark could hide that an effect was sent (recovery would re-execute where it must replay or ask a human), and a lost result could re-send it |
+//!
+//! The watermark's column follows the recovery table: it is flushed exactly
+//! for the classes whose recovery decision reads it.
 //!
 //! A denial, a row waiting for approval, recovery's settlements and every
 //! write outside the four commits are flushed whatever the tool.
@@ -42,6 +46,20 @@ impl Durability {
             Durability::Relaxed
         } else {
             Durability::Flushed
+        }
+    }
+}
+
+impl Durability {
+    /// The table above, for the effect watermark of a call of `spec`:
+    /// relaxed where the recovery decision does not read it (read-only and
+    /// idempotent classes re-execute either way).
+    pub fn of_watermark(spec: &ToolSpec) -> Durability {
+        match spec.idempotency {
+            IdempotencyClass::ReadOnly | IdempotencyClass::Idempotent => Durability::Relaxed,
+            IdempotencyClass::ConditionallyIdempotent | IdempotencyClass::NonIdempotent => {
+                Durability::Flushed
+            }
         }
     }
 }
@@ -107,6 +125,25 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_watermark_is_flushed_exactly_where_recovery_reads_it() {
+        use crate::domain::recovery::decide;
+        for class in [
+            IdempotencyClass::ReadOnly,
+            IdempotencyClass::Idempotent,
+            IdempotencyClass::ConditionallyIdempotent,
+            IdempotencyClass::NonIdempotent,
+        ] {
+            let read = decide(class, true) != decide(class, false);
+            let spec = spec(ToolKind::Capability, class, SideEffectClass::ExternalWrite);
+            assert_eq!(
+                Durability::of_watermark(&spec) == Durability::Flushed,
+                read,
+                "{class:?}"
+            );
         }
     }
 }

@@ -992,8 +992,13 @@ impl Pipeline {
             // deadline; if it cannot, the tool never starts.
             let marked = tokio::time::timeout_at(
                 deadline,
-                self.invocations
-                    .mark_effect_sent(&request.tenant_id, row.id, fence, now),
+                self.invocations.mark_effect_sent(
+                    &request.tenant_id,
+                    row.id,
+                    fence,
+                    now,
+                    Durability::of_watermark(spec),
+                ),
             )
             .await;
             let failure = match marked {
@@ -1069,6 +1074,7 @@ impl Pipeline {
                 tenant_id: row.tenant_id.clone(),
                 id: row.id,
                 fence,
+                durability: Durability::of_watermark(spec),
             }),
             skills: request.pinned.skills().clone(),
         };

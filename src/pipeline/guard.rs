@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::domain::secret::CredentialRef;
-use crate::domain::{SecretValue, ToolResult};
+use crate::domain::{Durability, SecretValue, ToolResult};
 use crate::ports::{
     BoxFuture, Clock, CredentialError, CredentialResolver, EffectWatermark, Fence, InvocationStore,
     WatermarkError,
@@ -22,6 +22,8 @@ pub(super) struct StoreWatermark {
     pub(super) tenant_id: String,
     pub(super) id: Uuid,
     pub(super) fence: Fence,
+    /// As [`Durability::of_watermark`] says for the call's tool.
+    pub(super) durability: Durability,
 }
 
 impl EffectWatermark for StoreWatermark {
@@ -29,7 +31,13 @@ impl EffectWatermark for StoreWatermark {
         Box::pin(async move {
             match self
                 .store
-                .mark_effect_sent(&self.tenant_id, self.id, self.fence, self.clock.now())
+                .mark_effect_sent(
+                    &self.tenant_id,
+                    self.id,
+                    self.fence,
+                    self.clock.now(),
+                    self.durability,
+                )
                 .await
             {
                 Ok(true) => Ok(()),

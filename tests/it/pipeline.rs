@@ -197,6 +197,7 @@ impl InvocationStore for FaultyWatermark {
         _: Uuid,
         _: Fence,
         _: chrono::DateTime<Utc>,
+        _: Durability,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async {
             Err(StoreError::Unavailable(
@@ -1029,7 +1030,13 @@ async fn recovery_applies_the_table() {
             let key = running.idempotency_key.clone();
             if watermark {
                 store
-                    .mark_effect_sent(TENANT, running.id, running.fence().unwrap(), now)
+                    .mark_effect_sent(
+                        TENANT,
+                        running.id,
+                        running.fence().unwrap(),
+                        now,
+                        Durability::Flushed,
+                    )
                     .await
                     .unwrap();
             }
@@ -1615,10 +1622,13 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             id: Uuid,
             fence: Fence,
             now: chrono::DateTime<Utc>,
+            durability: Durability,
         ) -> BoxFuture<'a, Result<bool, StoreError>> {
             Box::pin(async move {
                 tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-                self.0.mark_effect_sent(tenant, id, fence, now).await
+                self.0
+                    .mark_effect_sent(tenant, id, fence, now, durability)
+                    .await
             })
         }
     }

@@ -429,14 +429,20 @@ async fn claim_watermark_and_completion_are_fenced() {
         let first = now();
         assert!(
             store
-                .mark_effect_sent("tenant-a", new.id, fence, first)
+                .mark_effect_sent("tenant-a", new.id, fence, first, Durability::Flushed)
                 .await
                 .unwrap(),
             "{name}"
         );
         assert!(
             store
-                .mark_effect_sent("tenant-a", new.id, fence, first + Duration::seconds(5))
+                .mark_effect_sent(
+                    "tenant-a",
+                    new.id,
+                    fence,
+                    first + Duration::seconds(5),
+                    Durability::Relaxed
+                )
                 .await
                 .unwrap()
         );
@@ -445,14 +451,20 @@ async fn claim_watermark_and_completion_are_fenced() {
         // Under a stale fence the watermark is refused: the tool must not start.
         assert!(
             !store
-                .mark_effect_sent("tenant-a", new.id, inserted_fence, now())
+                .mark_effect_sent(
+                    "tenant-a",
+                    new.id,
+                    inserted_fence,
+                    now(),
+                    Durability::Flushed
+                )
                 .await
                 .unwrap()
         );
         // Another tenant cannot touch the row.
         assert!(
             !store
-                .mark_effect_sent("tenant-b", new.id, fence, now())
+                .mark_effect_sent("tenant-b", new.id, fence, now(), Durability::Relaxed)
                 .await
                 .unwrap()
         );

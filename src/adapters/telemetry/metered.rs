@@ -106,10 +106,14 @@ impl InvocationStore for MeteredInvocations {
         id: Uuid,
         fence: Fence,
         now: DateTime<Utc>,
+        durability: Durability,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let started = std::time::Instant::now();
-            let marked = self.inner.mark_effect_sent(tenant, id, fence, now).await?;
+            let marked = self
+                .inner
+                .mark_effect_sent(tenant, id, fence, now, durability)
+                .await?;
             commit_time(self.metrics.as_ref(), "watermark", started);
             Ok(marked)
         })

@@ -371,13 +371,15 @@ pub trait InvocationStore: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
 
     /// The effect watermark: sets `effect_sent_at` once (later calls keep the
-    /// first value). `false` when the fence is stale: the tool must not start.
+    /// first value), committed as durably as `durability` says. `false` when
+    /// the fence is stale: the tool must not start.
     fn mark_effect_sent<'a>(
         &'a self,
         tenant_id: &'a str,
         id: Uuid,
         fence: Fence,
         now: DateTime<Utc>,
+        durability: Durability,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Step 13: the terminal write and its events, only under the current

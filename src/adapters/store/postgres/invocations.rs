@@ -161,15 +161,20 @@ impl InvocationStore for PostgresStore {
         id: Uuid,
         fence: Fence,
         now: DateTime<Utc>,
+        durability: Durability,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let mut lease = self.hot.lease().await?;
-            let result = sqlx::query_scalar("SELECT toolgate_mark_effect_sent($1, $2, $3, $4, $5)")
+            let result = sqlx::query_scalar(
+                "SELECT toolgate_mark_effect_sent($1, $2, $3, $4, $5), \
+                 set_config('synchronous_commit', COALESCE($6, current_setting('synchronous_commit')), true)",
+            )
                 .bind(tenant_id)
                 .bind(id)
                 .bind(fence.worker_id)
                 .bind(fence.lease_epoch)
                 .bind(now)
+                .bind(synchronous_commit(durability))
                 .fetch_one(lease.connection()?)
                 .await;
             lease.settle(result)

@@ -207,11 +207,12 @@ impl InvocationStore for SqliteStore {
         id: Uuid,
         fence: Fence,
         now: DateTime<Utc>,
+        durability: Durability,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let rows = self
                 .script_as(
-                    Durability::Flushed,
+                    durability,
                     sqlx::query(
                         "BEGIN IMMEDIATE; \
                          UPDATE tool_invocations SET effect_sent_at = COALESCE(effect_sent_at, $4) \
