@@ -1,23 +1,27 @@
 //! Durability in proportion to what a lost commit costs.
 //!
 //! A call makes up to four commits: the intent (step 8), the claim (9), the
-//! effect watermark, and the result (13). Each either waits for the disk
-//! (`Flushed`: PostgreSQL `synchronous_commit` on, SQLite `synchronous =
-//! FULL`) or is written to the log and flushed a moment later (`Relaxed`:
-//! `synchronous_commit = off` for that transaction, SQLite `synchronous =
-//! NORMAL` in WAL mode). A relaxed commit survives the process dying; only
-//! the operating system or the database server failing within the flush
-//! window (PostgreSQL's `wal_writer_delay`, SQLite's next checkpoint or
-//! flushed commit) can lose it. Both logs are sequential, so a later
-//! flushed commit makes every earlier relaxed one durable too: a lost
+//! effect watermark, and the result (13). With no approval pending the
+//! intent is inserted already claimed (`RUNNING` under the inserting
+//! worker's fence), so steps 8 and 9 are one commit: losing it loses both,
+//! and the tool starts only once it is committed. A call resumed from an
+//! approval is claimed in a commit of its own. Each commit either waits for
+//! the disk (`Flushed`: PostgreSQL `synchronous_commit` on, SQLite
+//! `synchronous = FULL`) or is written to the log and flushed a moment later
+//! (`Relaxed`: `synchronous_commit = off` for that transaction, SQLite
+//! `synchronous = NORMAL` in WAL mode). A relaxed commit survives the
+//! process dying; only the operating system or the database server failing
+//! within the flush window (PostgreSQL's `wal_writer_delay`, SQLite's next
+//! checkpoint or flushed commit) can lose it. Both logs are sequential, so a
+//! later flushed commit makes every earlier relaxed one durable too: a lost
 //! commit is always the newest, never a hole behind a kept one.
 //!
 //! | tool | intent | claim | watermark | result | a lost commit costs |
 //! |---|---|---|---|---|---|
-//! | a capability of read-only class whose side effect is none or a read | relaxed, and folded with the claim | (folded) | relaxed, for a read of another system only | relaxed | one re-execution of a read: the row is gone (resubmission runs it again) or stays RUNNING (recovery runs it again); nothing is answered from a record that does not exist, and no effect exists to duplicate |
-//! | a control tool | flushed | flushed | — | flushed | its row is the run's record (the working state, a question asked, a child started) and the runtime does not ask again once answered |
-//! | idempotent | flushed | flushed | relaxed | flushed | a lost intent could hide that an effect was sent, and a lost result could re-send it; the watermark decides nothing for this class (recovery re-executes whether it is set or not), so losing it costs nothing |
-//! | conditionally idempotent, non-idempotent | flushed | flushed | flushed | flushed | a lost intent or watermark could hide that an effect was sent (recovery would re-execute where it must replay or ask a human), and a lost result could re-send it |
+//! | a capability of read-only class whose side effect is none or a read | relaxed | (folded) | relaxed, for a read of another system only | relaxed | one re-execution of a read: the row is gone (resubmission runs it again) or stays RUNNING (recovery runs it again); nothing is answered from a record that does not exist, and no effect exists to duplicate |
+//! | a control tool | flushed | (folded) | — | flushed | its row is the run's record (the working state, a question asked, a child started) and the runtime does not ask again once answered |
+//! | idempotent | flushed | (folded) | relaxed | flushed | a lost intent could hide that an effect was sent, and a lost result could re-send it; the watermark decides nothing for this class (recovery re-executes whether it is set or not), so losing it costs nothing |
+//! | conditionally idempotent, non-idempotent | flushed | (folded) | flushed | flushed | a lost intent or watermark could hide that an effect was sent (recovery would re-execute where it must replay or ask a human), and a lost result could re-send it |
 //!
 //! The watermark's column follows the recovery table: it is flushed exactly
 //! for the classes whose recovery decision reads it.

@@ -475,7 +475,8 @@ impl Pipeline {
             status,
             reason_code,
             approval_id,
-            // Only a read's intent (inserted already claimed) is relaxed.
+            // Only a running intent's commit is the tool's; a denial or a
+            // row waiting for approval is flushed.
             durability: if status == InvocationStatus::Running {
                 durability
             } else {
@@ -514,8 +515,11 @@ impl Pipeline {
                     .insert_invocation(&waiting, claim, &events)
                     .await
             }
-            PolicyDecision::Allow if durability == Durability::Relaxed => {
-                // 8 and 9 in one commit: a read's intent is its claim.
+            PolicyDecision::Allow => {
+                // 8 and 9 in one commit: with no approval pending, the
+                // intent is inserted already claimed (RUNNING under this
+                // worker's fence). Losing it loses both or neither, and the
+                // tool starts only once it is committed.
                 self.reached(Point::PersistIntent, request);
                 let events = [
                     identity.event(ToolEventKind::Proposed),
@@ -524,21 +528,6 @@ impl Pipeline {
                 ];
                 self.invocations
                     .insert_invocation(&new(InvocationStatus::Running, None, None), claim, &events)
-                    .await
-            }
-            PolicyDecision::Allow => {
-                // 8. Persist intent.
-                self.reached(Point::PersistIntent, request);
-                let events = [
-                    identity.event(ToolEventKind::Proposed),
-                    identity.event(ToolEventKind::Authorized),
-                ];
-                self.invocations
-                    .insert_invocation(
-                        &new(InvocationStatus::Authorized, None, None),
-                        claim,
-                        &events,
-                    )
                     .await
             }
         };
@@ -559,12 +548,7 @@ impl Pipeline {
         };
         match inserted {
             InsertOutcome::Inserted(row) => match row.status {
-                InvocationStatus::Authorized => {
-                    let outcome = self.claim_then_run(request, &tool, row).await?;
-                    self.with_synthesis_flag(request, &spec.name, &canonical.sha256, tally, outcome)
-                        .await
-                }
-                // A read inserted already claimed.
+                // Inserted already claimed.
                 InvocationStatus::Running => {
                     self.reached(Point::Claim, request);
                     let Some(fence) = row.fence() else {

@@ -1650,3 +1650,154 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
         assert!(harness.lines("external.log").is_empty(), "{name}");
     }
 }
+
+/// Each commit of a call that runs is as durable as `domain::durability`'s
+/// table says, and the intent is its claim: one commit, never a separate
+/// claim, whatever the class. (The demo tools mark the watermark again at
+/// their own effect boundary: the second watermark is the tool's.)
+#[tokio::test]
+async fn each_commit_is_as_durable_as_the_table_says() {
+    type Commits = std::sync::Mutex<Vec<(&'static str, Durability)>>;
+    struct Recording(Arc<dyn Store>, Arc<Commits>);
+    impl Recording {
+        fn note(&self, commit: &'static str, durability: Durability) {
+            self.1.lock().unwrap().push((commit, durability));
+        }
+    }
+    macro_rules! pass {
+        ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {
+            $(fn $name<'a>(&'a self, $($arg: $ty),*) -> BoxFuture<'a, $ret> { self.0.$name($($arg),*) })*
+        };
+    }
+    impl InvocationStore for Recording {
+        pass! {
+            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+            complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
+            run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+            claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
+            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+            breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
+            record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
+            artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
+            reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+        }
+
+        fn insert_invocation<'a>(
+            &'a self,
+            new: &'a NewInvocation,
+            claim: Claim,
+            events: &'a [ToolEvent],
+        ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
+            self.note(
+                if new.status == InvocationStatus::Running {
+                    "intent, claimed"
+                } else {
+                    "intent"
+                },
+                new.durability,
+            );
+            self.0.insert_invocation(new, claim, events)
+        }
+
+        fn claim_invocation<'a>(
+            &'a self,
+            tenant: &'a str,
+            id: Uuid,
+            fence: Fence,
+            now: chrono::DateTime<Utc>,
+            events: &'a [ToolEvent],
+            durability: Durability,
+        ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+            self.note("claim", durability);
+            self.0
+                .claim_invocation(tenant, id, fence, now, events, durability)
+        }
+
+        fn mark_effect_sent<'a>(
+            &'a self,
+            tenant: &'a str,
+            id: Uuid,
+            fence: Fence,
+            now: chrono::DateTime<Utc>,
+            durability: Durability,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.note("watermark", durability);
+            self.0.mark_effect_sent(tenant, id, fence, now, durability)
+        }
+
+        fn complete_invocation<'a>(
+            &'a self,
+            tenant: &'a str,
+            id: Uuid,
+            fence: Fence,
+            terminal: &'a TerminalRecord,
+            events: &'a [ToolEvent],
+            now: chrono::DateTime<Utc>,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.note("result", terminal.durability);
+            self.0
+                .complete_invocation(tenant, id, fence, terminal, events, now)
+        }
+    }
+    use Durability::{Flushed, Relaxed};
+    type Expected = &'static [(&'static str, Durability)];
+    let cases: [(&str, Value, Expected); 4] = [
+        (
+            "demo.echo",
+            json!({"text": "a read"}),
+            &[("intent, claimed", Relaxed), ("result", Relaxed)],
+        ),
+        (
+            "demo.set_value",
+            json!({"key": "k", "value": "v"}),
+            &[
+                ("intent, claimed", Flushed),
+                ("watermark", Relaxed),
+                ("watermark", Relaxed),
+                ("result", Flushed),
+            ],
+        ),
+        (
+            "demo.keyed_write",
+            json!({"line": "keyed"}),
+            &[
+                ("intent, claimed", Flushed),
+                ("watermark", Flushed),
+                ("watermark", Flushed),
+                ("result", Flushed),
+            ],
+        ),
+        (
+            "demo.external_write",
+            json!({"line": "once"}),
+            &[
+                ("intent, claimed", Flushed),
+                ("watermark", Flushed),
+                ("watermark", Flushed),
+                ("result", Flushed),
+            ],
+        ),
+    ];
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        for (tool, arguments, expected) in &cases {
+            let commits = Arc::new(Commits::default());
+            let recording: Arc<dyn InvocationStore> =
+                Arc::new(Recording(store.clone(), commits.clone()));
+            let harness = harness_over(store.clone(), recording, allow_all()).await;
+            let outcome = harness
+                .pipeline
+                .call(harness.request(tool, arguments.clone()))
+                .await;
+            assert_eq!(code(&outcome), None, "{name} {tool}: {outcome:?}");
+            assert_eq!(
+                commits.lock().unwrap().as_slice(),
+                *expected,
+                "{name} {tool}"
+            );
+        }
+    }
+}

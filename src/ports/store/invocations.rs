@@ -325,10 +325,10 @@ pub struct ReviewRecord {
 pub trait InvocationStore: Send + Sync {
     /// Step 8 (or 7 with its approval, or a denial): inserts the row and its
     /// events in one commit under the inserting worker's fence (epoch 0), or
-    /// returns the row already holding the key and writes nothing. A read
-    /// may be inserted RUNNING, its intent and claim one commit (started
-    /// now, under the same epoch-0 fence). The commit is as durable as the
-    /// row's `durability` says.
+    /// returns the row already holding the key and writes nothing. A call
+    /// with no approval pending is inserted RUNNING, its intent and claim
+    /// one commit (started now, under the same epoch-0 fence). The commit is
+    /// as durable as the row's `durability` says.
     fn insert_invocation<'a>(
         &'a self,
         new: &'a NewInvocation,
