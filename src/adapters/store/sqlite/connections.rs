@@ -5,9 +5,10 @@
 //! them on top of their statements. A set here opens its connections once
 //! and hands them out and takes them back with no round trip.
 //!
-//! Transactions are begun and ended by their SQL. One dropped without its
-//! commit (an error on the way) leaves its slot marked, and the next holder
-//! rolls it back before its own statements.
+//! Transactions are begun and ended by their SQL. A slot is marked from
+//! before its BEGIN until its COMMIT has returned, so one left open (an
+//! error on the way, a caller that stopped waiting) is rolled back at once,
+//! before anyone else uses the connection.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -89,11 +90,12 @@ impl Connections {
     /// A transaction begun with `statement` (`BEGIN` or `BEGIN IMMEDIATE`).
     pub(super) async fn begin(&self, statement: &'static str) -> Result<Tx, StoreError> {
         let mut held = self.acquire().await?;
+        held.slot.unfinished = true;
         sqlx::raw_sql(statement)
             .execute(&mut *held)
             .await
             .map_err(database_error)?;
-        Ok(Tx { held, open: true })
+        Ok(Tx { held })
     }
 }
 
@@ -157,17 +159,16 @@ impl Drop for Held {
 }
 
 /// A transaction on a held connection: committed by [`Tx::commit`], rolled
-/// back by the connection's next holder otherwise.
+/// back as soon as it is dropped otherwise.
 pub(super) struct Tx {
     held: Held,
-    open: bool,
 }
 
 impl Tx {
     /// Commits; the connection goes back to its set.
     pub(super) async fn commit(mut self) -> Result<(), sqlx::Error> {
         sqlx::raw_sql("COMMIT").execute(&mut *self.held).await?;
-        self.open = false;
+        self.held.slot.unfinished = false;
         Ok(())
     }
 }
@@ -183,14 +184,6 @@ impl Deref for Tx {
 impl DerefMut for Tx {
     fn deref_mut(&mut self) -> &mut SqliteConnection {
         &mut self.held
-    }
-}
-
-impl Drop for Tx {
-    fn drop(&mut self) {
-        if self.open {
-            self.held.slot.unfinished = true;
-        }
     }
 }
 
