@@ -6,8 +6,11 @@
 //!    beside the same server's `echo` called through a script's turn socket
 //!    (one kept-alive connection per turn, as the clients keep it), classified
 //!    read-only and non-idempotent, on the embedded SQLite store and (with
-//!    `DATABASE_URL`) on PostgreSQL. Blocks of 50 calls interleave the three
-//!    paths; printed: p50, p99, the added p50 and serve's CPU per call.
+//!    `DATABASE_URL`) on PostgreSQL; beside them the builtin `demo.echo`
+//!    through the same socket, which separates the store's and the bridge's
+//!    share from the MCP step's. Blocks of 50 calls interleave the paths;
+//!    printed: p50, p99, the added p50 over the floor (the MCP paths) and
+//!    serve's CPU per call.
 //! 2. With `DATABASE_URL`: N concurrent scripts (1, 8, 32) calling
 //!    `demo.echo`, a new turn every 64 calls; calls per second, p50, p99
 //!    and serve's CPU per call.
@@ -406,14 +409,14 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
         root,
         store_url,
         &extra,
-        "[[rules]]\ntools = [\"mcp.ro.echo\", \"mcp.ni.echo\"]\ndecision = \"allow\"\n",
+        "[[rules]]\ntools = [\"mcp.ro.echo\", \"mcp.ni.echo\", \"demo.echo\"]\ndecision = \"allow\"\n",
     );
     let served = Stopped(child);
     let control = root.join("run/control.sock");
     let session = open_session(
         &control,
-        &["mcp.ro.use", "mcp.ni.use"],
-        &["mcp.ro.echo", "mcp.ni.echo"],
+        &["mcp.ro.use", "mcp.ni.use", "demo.use"],
+        &["mcp.ro.echo", "mcp.ni.echo", "demo.echo"],
     );
     let mut direct = Direct::start(&node, &script);
     let mut turn = Turn::new(control.clone(), session);
@@ -422,12 +425,15 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
         direct.echo(i);
         turn.call("mcp.ro.echo", json!({"message": format!("warm {i}")}));
         turn.call("mcp.ni.echo", json!({"message": format!("warm {i}")}));
+        turn.call("demo.echo", json!({"text": format!("warm {i}")}));
     }
     let pid = served.0.id();
     let mut floor = Vec::new();
-    let mut paths: [(&str, Vec<Duration>, f64); 2] = [
-        ("mcp.ro.echo", Vec::new(), 0.0),
-        ("mcp.ni.echo", Vec::new(), 0.0),
+    // (tool, its argument, latencies, CPU seconds)
+    let mut paths: [(&str, &str, Vec<Duration>, f64); 3] = [
+        ("mcp.ro.echo", "message", Vec::new(), 0.0),
+        ("mcp.ni.echo", "message", Vec::new(), 0.0),
+        ("demo.echo", "text", Vec::new(), 0.0),
     ];
     const BLOCK: usize = 50;
     let mut i = 1000;
@@ -436,11 +442,11 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
             i += 1;
             floor.push(direct.echo(i));
         }
-        for (tool, latencies, cpu) in paths.iter_mut() {
+        for (tool, argument, latencies, cpu) in paths.iter_mut() {
             let before = cpu_seconds(pid);
             for _ in 0..BLOCK {
                 i += 1;
-                latencies.push(turn.call(tool, json!({"message": format!("hello {i}")})));
+                latencies.push(turn.call(tool, json!({*argument: format!("hello {i}")})));
             }
             *cpu += cpu_seconds(pid) - before;
         }
@@ -456,18 +462,24 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
         "",
         ""
     );
-    for (tool, latencies, cpu) in paths.iter_mut() {
+    for (tool, _, latencies, cpu) in paths.iter_mut() {
         latencies.sort();
         let p50 = percentile(latencies, 0.5);
-        let class = if tool.starts_with("mcp.ro") {
-            "read-only"
-        } else {
-            "non-idempotent"
+        let (class, added) = match *tool {
+            "mcp.ro.echo" => (
+                "read-only",
+                format!("+{:.2?}", p50.saturating_sub(floor_p50)),
+            ),
+            "mcp.ni.echo" => (
+                "non-idempotent",
+                format!("+{:.2?}", p50.saturating_sub(floor_p50)),
+            ),
+            _ => ("demo.echo, no MCP", String::new()),
         };
         println!(
             "{label:>8} | {class:>16} | {p50:>9.2?} | {:>9.2?} | {:>10} | {:>14}",
             percentile(latencies, 0.99),
-            format!("+{:.2?}", p50.saturating_sub(floor_p50)),
+            added,
             format!("{:.0}µs", *cpu / latencies.len() as f64 * 1e6),
         );
     }
