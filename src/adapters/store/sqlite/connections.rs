@@ -12,6 +12,7 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteRow};
@@ -20,6 +21,10 @@ use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 use super::database_error;
 use crate::ports::StoreError;
+
+/// How long a caller waits for a connection before the store reports itself
+/// unavailable (sqlx's pool waited as long).
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A fixed set of connections opened with the same options.
 pub(super) struct Connections {
@@ -50,13 +55,14 @@ impl Connections {
         }))
     }
 
-    /// A connection, waiting while all are held.
+    /// A connection, waiting while all are held, for at most
+    /// [`ACQUIRE_TIMEOUT`].
     pub(super) async fn acquire(&self) -> Result<Held, StoreError> {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
+        let permit = tokio::time::timeout(ACQUIRE_TIMEOUT, self.permits.clone().acquire_owned())
             .await
+            .map_err(|_| {
+                StoreError::Unavailable("no database connection came free in time".into())
+            })?
             .map_err(|_| StoreError::Unavailable("the store is closed".into()))?;
         // A permit leaves at least one slot unlocked: a holder gives its
         // slot back before its permit (field order in `Held`).
@@ -65,7 +71,7 @@ impl Connections {
             .iter()
             .find_map(|slot| slot.clone().try_lock_owned().ok())
             .ok_or_else(|| StoreError::Unavailable("no free connection".into()))?;
-        slot.finish().await;
+        slot.finish().await?;
         Ok(Held { slot, permit })
     }
 
@@ -106,15 +112,24 @@ struct Slot {
 }
 
 impl Slot {
-    /// Rolls back a transaction left open. Fails only where SQLite already
-    /// ended it itself.
-    async fn finish(&mut self) {
+    /// Rolls back a transaction left open. A ROLLBACK refused because
+    /// SQLite already ended the transaction itself is done too; any other
+    /// failure leaves the slot marked and is the holder's error, so no
+    /// statement ever runs inside a transaction someone else left.
+    async fn finish(&mut self) -> Result<(), StoreError> {
         if self.unfinished {
-            let _ = sqlx::raw_sql("ROLLBACK")
+            match sqlx::raw_sql("ROLLBACK")
                 .execute(&mut self.connection)
-                .await;
+                .await
+            {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(error))
+                    if error.message().contains("no transaction is active") => {}
+                Err(error) => return Err(database_error(error)),
+            }
             self.unfinished = false;
         }
+        Ok(())
     }
 }
 
@@ -151,7 +166,8 @@ impl Drop for Held {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 if let Ok(_permit) = permits.acquire_owned().await {
-                    slot.lock_owned().await.finish().await;
+                    // A failure stays marked for the next holder to retry.
+                    let _ = slot.lock_owned().await.finish().await;
                 }
             });
         }
@@ -295,5 +311,23 @@ mod tests {
             .expect("the lock is free");
         tx.commit().await.expect("commits");
         assert_eq!(count(&other).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_transaction_sqlite_already_ended_leaves_the_connection_usable() {
+        let folder = tempfile::tempdir().expect("folder");
+        let (one, _) = two_writers(folder.path()).await;
+        {
+            // Ended behind the slot's back: the ROLLBACK the next holder
+            // sends finds no transaction, which is not an error.
+            let mut tx = one.begin("BEGIN IMMEDIATE").await.expect("begins");
+            sqlx::raw_sql("INSERT INTO t (id, v) VALUES (1, 'a'); COMMIT")
+                .execute(&mut *tx)
+                .await
+                .expect("commits");
+        }
+        let tx = one.begin("BEGIN IMMEDIATE").await.expect("usable");
+        tx.commit().await.expect("commits");
+        assert_eq!(count(&one).await, 1);
     }
 }
