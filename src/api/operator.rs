@@ -12,7 +12,7 @@ use super::wire::{
 use super::{ApiError, ControlApi};
 use crate::bridge::http::{Reply, reply};
 use crate::domain::names::UPDATE_WORKING_STATE;
-use crate::domain::{ApprovalStatus, ToolOutcomeStatus, valid_identifier};
+use crate::domain::{ApprovalStatus, valid_identifier};
 use crate::pipeline::Completion;
 use crate::ports::ReviewRecord;
 
@@ -111,11 +111,12 @@ impl ControlApi {
     /// latest succeeded `context.update_working_state` recorded, or null.
     pub(super) async fn working_state(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
         let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
-        let rows = self.parts.invocations.run_invocations(&tenant, id).await?;
-        let latest = rows.iter().rev().find(|row| {
-            row.tool_name == UPDATE_WORKING_STATE
-                && row.outcome_status == Some(ToolOutcomeStatus::Succeeded)
-        });
+        let latest = self
+            .parts
+            .invocations
+            .latest_succeeded(&tenant, id, UPDATE_WORKING_STATE)
+            .await?;
+        let latest = latest.as_ref();
         Ok(reply(
             StatusCode::OK,
             &json!({

@@ -561,6 +561,116 @@ async fn a_read_is_inserted_claimed_in_one_commit() {
     }
 }
 
+/// The run's last succeeded call of one tool, read alone: a later failure,
+/// another tool, another run and another tenant's row are not it.
+#[tokio::test]
+async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let live = worker(store.as_ref(), Duration::seconds(60)).await;
+        let run_id = Uuid::new_v4();
+        let ended = |tenant: &str, run_id: Uuid, call: &str, step: i64, tool: &str| NewInvocation {
+            tool_name: tool.into(),
+            step_number: step,
+            ..new_invocation(tenant, run_id, call, InvocationStatus::Running)
+        };
+        let mut ids = Vec::new();
+        for (tenant, run, call, step, tool, outcome) in [
+            (
+                "tenant-a",
+                run_id,
+                "c1",
+                1,
+                "demo.state",
+                InvocationStatus::Succeeded,
+            ),
+            (
+                "tenant-a",
+                run_id,
+                "c2",
+                2,
+                "demo.state",
+                InvocationStatus::Succeeded,
+            ),
+            (
+                "tenant-a",
+                run_id,
+                "c3",
+                3,
+                "demo.state",
+                InvocationStatus::Failed,
+            ),
+            (
+                "tenant-a",
+                run_id,
+                "c4",
+                4,
+                "demo.other",
+                InvocationStatus::Succeeded,
+            ),
+            (
+                "tenant-a",
+                Uuid::new_v4(),
+                "c5",
+                5,
+                "demo.state",
+                InvocationStatus::Succeeded,
+            ),
+            (
+                "tenant-b",
+                run_id,
+                "c6",
+                6,
+                "demo.state",
+                InvocationStatus::Succeeded,
+            ),
+        ] {
+            let new = ended(tenant, run, call, step, tool);
+            let row = insert(store.as_ref(), &new, live).await;
+            let terminal = match outcome {
+                InvocationStatus::Succeeded => succeeded(),
+                _ => TerminalRecord {
+                    status: InvocationStatus::Failed,
+                    outcome_status: ToolOutcomeStatus::Failed,
+                    reason_code: Some(ReasonCode::ToolUpstreamError),
+                    result: None,
+                    ..succeeded()
+                },
+            };
+            assert!(
+                store
+                    .complete_invocation(
+                        tenant,
+                        new.id,
+                        row.fence().unwrap(),
+                        &terminal,
+                        &[],
+                        now()
+                    )
+                    .await
+                    .unwrap(),
+                "{name}"
+            );
+            ids.push(new.id);
+        }
+        let latest = store
+            .latest_succeeded("tenant-a", run_id, "demo.state")
+            .await
+            .unwrap();
+        assert_eq!(latest.map(|row| row.id), Some(ids[1]), "{name}");
+        let none = store
+            .latest_succeeded("tenant-b", Uuid::new_v4(), "demo.state")
+            .await
+            .unwrap();
+        assert!(none.is_none(), "{name}");
+        let own = store
+            .latest_succeeded("tenant-b", run_id, "demo.state")
+            .await
+            .unwrap();
+        assert_eq!(own.map(|row| row.id), Some(ids[5]), "{name}: only its own");
+    }
+}
+
 #[tokio::test]
 async fn denials_are_terminal_rows() {
     let backends = backends().await;

@@ -434,6 +434,15 @@ pub trait InvocationStore: Send + Sync {
         run_id: Uuid,
     ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
 
+    /// The last of a run's succeeded calls of `tool_name` in that order,
+    /// read without the rest of the run.
+    fn latest_succeeded<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
     /// Recovery: takes over up to `limit` AUTHORIZED or RUNNING rows, not
     /// suspended, whose worker's lease has expired or was released, each
     /// under a new fence. Concurrent sweepers never take the same row.

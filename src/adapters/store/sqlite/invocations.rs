@@ -402,6 +402,30 @@ impl InvocationStore for SqliteStore {
         })
     }
 
+    fn latest_succeeded<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                invocation_columns!(),
+                " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
+                 AND outcome_status = 'succeeded' \
+                 ORDER BY step_number DESC, created_at DESC, id DESC LIMIT 1"
+            ))
+            .bind(tenant_id)
+            .bind(run_id.to_string())
+            .bind(tool_name)
+            .fetch_optional(&mut *self.reader().await?)
+            .await
+            .map_err(database_error)?;
+            row.as_ref().map(invocation).transpose()
+        })
+    }
+
     fn claim_expired(
         &self,
         claim: Claim,
