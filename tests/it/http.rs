@@ -1207,3 +1207,59 @@ async fn an_http_answer_past_the_ceiling_is_output_too_large() {
     );
     live.servers.shutdown().await;
 }
+
+/// Of a name's addresses, one that never answers a connection does not use
+/// up the dial's deadline: each is tried in its share of the time left.
+#[tokio::test]
+async fn an_address_that_never_answers_does_not_starve_the_next() {
+    use tokio::net::{TcpListener, TcpSocket, TcpStream};
+    // A listener whose accept queue is full: the kernel drops further SYNs,
+    // so a connection to it hangs rather than failing.
+    // The same port on two loopback addresses; another port if the second
+    // is taken.
+    let (_stuck, good, port) = loop {
+        let stuck = TcpSocket::new_v4().unwrap();
+        stuck.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let port = stuck.local_addr().unwrap().port();
+        if let Ok(good) = TcpListener::bind(("127.0.0.1", port)).await {
+            break (stuck.listen(0).unwrap(), good, port);
+        }
+    };
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(stream)) = tokio::time::timeout(
+            Duration::from_millis(100),
+            TcpStream::connect(("127.0.0.2", port)),
+        )
+        .await
+        {
+            fillers.push(stream);
+        }
+    }
+    assert!(
+        tokio::time::timeout(
+            Duration::from_millis(300),
+            TcpStream::connect(("127.0.0.2", port))
+        )
+        .await
+        .is_err(),
+        "a connection to the full listener hangs"
+    );
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = good.accept().await {
+            held.push(stream);
+        }
+    });
+    let resolver = Arc::new(Scripted {
+        answers: vec![vec![
+            "127.0.0.2".parse().unwrap(),
+            "127.0.0.1".parse().unwrap(),
+        ]],
+        calls: AtomicUsize::new(0),
+    });
+    // 500 ms for the whole dial: the stuck address gets half of it.
+    let dialer = named_dialer("two.example", port, resolver, &["127.0.0.0/8"]);
+    let dialed = dialer.dial(&format!("http://two.example:{port}/mcp")).await;
+    assert!(dialed.is_ok(), "{:?}", dialed.err());
+}

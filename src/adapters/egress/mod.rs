@@ -20,6 +20,7 @@ use std::time::Duration;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::domain::egress::{
     AllowedCidrs, EgressAllowlist, EgressUrl, Scheme, parse_ip_literal, permitted,
@@ -44,7 +45,7 @@ pub struct EgressSettings {
     pub allowlist: EgressAllowlist,
     /// Address ranges dialled although the address rules refuse them.
     pub allowed_cidrs: AllowedCidrs,
-    /// Deadline for resolving and connecting.
+    /// One deadline for resolving and connecting together.
     pub connect_timeout: Duration,
     /// Deadline for the TLS handshake.
     pub tls_timeout: Duration,
@@ -130,16 +131,18 @@ impl Dialer {
     }
 
     /// The addresses `url` may be dialled at: its literal address, or what
-    /// its name resolves to, once; refused when any of them is refused.
-    async fn addresses(&self, url: &EgressUrl) -> Result<Vec<IpAddr>, DialError> {
+    /// its name resolves to, once, by `deadline`; refused when any of them
+    /// is refused.
+    async fn addresses(
+        &self,
+        url: &EgressUrl,
+        deadline: Instant,
+    ) -> Result<Vec<IpAddr>, DialError> {
         let addresses = match parse_ip_literal(&url.host) {
             Some(address) => vec![address],
-            None => tokio::time::timeout(
-                self.settings.connect_timeout,
-                self.resolver.resolve(&url.host, url.port),
-            )
-            .await
-            .map_err(|_| DialError::Timeout)?,
+            None => tokio::time::timeout_at(deadline, self.resolver.resolve(&url.host, url.port))
+                .await
+                .map_err(|_| DialError::Timeout)?,
         };
         if addresses.is_empty() {
             return Err(DialError::Unresolved);
@@ -153,19 +156,36 @@ impl Dialer {
         Ok(addresses)
     }
 
-    async fn connect(&self, addresses: &[IpAddr], port: u16) -> Result<TcpStream, DialError> {
-        let attempt = async {
-            for address in addresses {
-                if let Ok(stream) = TcpStream::connect(SocketAddr::new(*address, port)).await {
+    /// A connection to the first of `addresses` that accepts one by
+    /// `deadline`. Each attempt gets an equal share of the time left, so an
+    /// address that never answers cannot use up the others' time.
+    async fn connect(
+        &self,
+        addresses: &[IpAddr],
+        port: u16,
+        deadline: Instant,
+    ) -> Result<TcpStream, DialError> {
+        let mut timed_out = false;
+        for (tried, address) in addresses.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let untried = u32::try_from(addresses.len() - tried).unwrap_or(u32::MAX);
+            let share = left / untried.max(1);
+            match tokio::time::timeout(share, TcpStream::connect(SocketAddr::new(*address, port)))
+                .await
+            {
+                Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
                     return Ok(stream);
                 }
+                Ok(Err(_)) => {}
+                Err(_) => timed_out = true,
             }
-            Err(DialError::Connect)
-        };
-        tokio::time::timeout(self.settings.connect_timeout, attempt)
-            .await
-            .map_err(|_| DialError::Timeout)?
+        }
+        Err(if timed_out {
+            DialError::Timeout
+        } else {
+            DialError::Connect
+        })
     }
 }
 
@@ -173,8 +193,10 @@ impl EgressDialer for Dialer {
     fn dial<'a>(&'a self, url: &'a str) -> BoxFuture<'a, Result<Dialed, DialError>> {
         Box::pin(async move {
             let url = self.settings.allowlist.check(url)?;
-            let addresses = self.addresses(&url).await?;
-            let tcp = self.connect(&addresses, url.port).await?;
+            // One deadline for resolving and connecting together.
+            let deadline = Instant::now() + self.settings.connect_timeout;
+            let addresses = self.addresses(&url, deadline).await?;
+            let tcp = self.connect(&addresses, url.port, deadline).await?;
             let stream: Box<dyn EgressStream> = match url.scheme {
                 Scheme::Http => Box::new(tcp),
                 Scheme::Https => {
