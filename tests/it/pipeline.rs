@@ -1592,14 +1592,11 @@ async fn tool_events_say_whether_the_watermark_was_set() {
 /// timeout and the tool never starts.
 #[tokio::test]
 async fn the_watermark_commits_within_the_calls_one_deadline() {
-    struct SlowWatermark(Arc<dyn Store>);
-    macro_rules! pass {
-        ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {
-            $(fn $name<'a>(&'a self, $($arg: $ty),*) -> BoxFuture<'a, $ret> { self.0.$name($($arg),*) })*
-        };
+    struct SlowWatermark {
+        inner: Arc<dyn Store>,
     }
     impl InvocationStore for SlowWatermark {
-        pass! {
+        delegate! {
             insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
@@ -1628,7 +1625,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
         ) -> BoxFuture<'a, Result<bool, StoreError>> {
             Box::pin(async move {
                 tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-                self.0
+                self.inner
                     .mark_effect_sent(tenant, id, fence, now, durability)
                     .await
             })
@@ -1636,7 +1633,9 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
     }
     let backends = backends().await;
     for (name, store) in &backends.stores {
-        let slow: Arc<dyn InvocationStore> = Arc::new(SlowWatermark(store.clone()));
+        let slow: Arc<dyn InvocationStore> = Arc::new(SlowWatermark {
+            inner: store.clone(),
+        });
         let harness = harness_over(store.clone(), slow, allow_all()).await;
         let mut request = harness.request("demo.external_write", json!({"line": "late"}));
         request.deadline_at = Some(Utc::now() + Duration::seconds(1));
@@ -1660,19 +1659,17 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
 #[tokio::test]
 async fn each_commit_is_as_durable_as_the_table_says() {
     type Commits = std::sync::Mutex<Vec<(&'static str, Durability)>>;
-    struct Recording(Arc<dyn Store>, Arc<Commits>);
+    struct Recording {
+        inner: Arc<dyn Store>,
+        commits: Arc<Commits>,
+    }
     impl Recording {
         fn note(&self, commit: &'static str, durability: Durability) {
-            self.1.lock().unwrap().push((commit, durability));
+            self.commits.lock().unwrap().push((commit, durability));
         }
     }
-    macro_rules! pass {
-        ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {
-            $(fn $name<'a>(&'a self, $($arg: $ty),*) -> BoxFuture<'a, $ret> { self.0.$name($($arg),*) })*
-        };
-    }
     impl InvocationStore for Recording {
-        pass! {
+        delegate! {
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
@@ -1702,7 +1699,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
                 },
                 new.durability,
             );
-            self.0.insert_invocation(new, claim, events)
+            self.inner.insert_invocation(new, claim, events)
         }
 
         fn claim_invocation<'a>(
@@ -1715,7 +1712,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             durability: Durability,
         ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
             self.note("claim", durability);
-            self.0
+            self.inner
                 .claim_invocation(tenant, id, fence, now, events, durability)
         }
 
@@ -1728,7 +1725,8 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             durability: Durability,
         ) -> BoxFuture<'a, Result<bool, StoreError>> {
             self.note("watermark", durability);
-            self.0.mark_effect_sent(tenant, id, fence, now, durability)
+            self.inner
+                .mark_effect_sent(tenant, id, fence, now, durability)
         }
 
         fn complete_invocation<'a>(
@@ -1741,7 +1739,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             now: chrono::DateTime<Utc>,
         ) -> BoxFuture<'a, Result<bool, StoreError>> {
             self.note("result", terminal.durability);
-            self.0
+            self.inner
                 .complete_invocation(tenant, id, fence, terminal, events, now)
         }
     }
@@ -1788,8 +1786,10 @@ async fn each_commit_is_as_durable_as_the_table_says() {
     for (name, store) in &backends.stores {
         for (tool, arguments, expected) in &cases {
             let commits = Arc::new(Commits::default());
-            let recording: Arc<dyn InvocationStore> =
-                Arc::new(Recording(store.clone(), commits.clone()));
+            let recording: Arc<dyn InvocationStore> = Arc::new(Recording {
+                inner: store.clone(),
+                commits: commits.clone(),
+            });
             let harness = harness_over(store.clone(), recording, allow_all()).await;
             let outcome = harness
                 .pipeline

@@ -228,6 +228,16 @@ mod tests {
         (one, other)
     }
 
+    /// Begins and commits a write on `connections`: the database lock is
+    /// free well within the busy timeout.
+    async fn takes_the_lock(connections: &Connections) {
+        let tx = connections
+            .begin("BEGIN IMMEDIATE")
+            .await
+            .expect("the lock is free");
+        tx.commit().await.expect("commits");
+    }
+
     async fn count(connections: &Connections) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM t")
             .fetch_one(&mut *connections.acquire().await.expect("held"))
@@ -248,11 +258,7 @@ mod tests {
         }
         // The other writer gets the lock well within its busy timeout: the
         // dropped one did not keep it until its connection's next use.
-        let tx = other
-            .begin("BEGIN IMMEDIATE")
-            .await
-            .expect("the lock is free");
-        tx.commit().await.expect("commits");
+        takes_the_lock(&other).await;
         assert_eq!(count(&other).await, 0);
         let tx = one.begin("BEGIN IMMEDIATE").await.expect("reused cleanly");
         tx.commit().await.expect("commits");
@@ -272,11 +278,7 @@ mod tests {
             failed.is_err(),
             "the NOT NULL column refuses the second row"
         );
-        let tx = other
-            .begin("BEGIN IMMEDIATE")
-            .await
-            .expect("the lock is free");
-        tx.commit().await.expect("commits");
+        takes_the_lock(&other).await;
         assert_eq!(count(&other).await, 0, "the first row went with it");
         let rows = one
             .script(sqlx::query(
@@ -305,11 +307,7 @@ mod tests {
                 .is_err(),
             "abandoned midway"
         );
-        let tx = other
-            .begin("BEGIN IMMEDIATE")
-            .await
-            .expect("the lock is free");
-        tx.commit().await.expect("commits");
+        takes_the_lock(&other).await;
         assert_eq!(count(&other).await, 0);
     }
 

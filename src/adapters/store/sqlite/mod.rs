@@ -118,6 +118,14 @@ impl SqliteStore {
         self.readers.acquire().await
     }
 
+    /// The writer connection that commits as durably as `durability` says.
+    fn writer_for(&self, durability: Durability) -> &Connections {
+        match durability {
+            Durability::Flushed => &self.writer,
+            Durability::Relaxed => &self.relaxed,
+        }
+    }
+
     /// A script on the writer that `durability` names
     /// ([`Connections::script`]).
     async fn script_as(
@@ -125,19 +133,12 @@ impl SqliteStore {
         durability: Durability,
         script: sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments>,
     ) -> Result<Vec<SqliteRow>, StoreError> {
-        match durability {
-            Durability::Flushed => self.writer.script(script).await,
-            Durability::Relaxed => self.relaxed.script(script).await,
-        }
+        self.writer_for(durability).script(script).await
     }
 
     /// [`Self::begin`], committing as durably as `durability` says.
     async fn begin_as(&self, durability: Durability) -> Result<Tx, StoreError> {
-        let connections = match durability {
-            Durability::Flushed => &self.writer,
-            Durability::Relaxed => &self.relaxed,
-        };
-        connections.begin("BEGIN IMMEDIATE").await
+        self.writer_for(durability).begin("BEGIN IMMEDIATE").await
     }
 
     async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
