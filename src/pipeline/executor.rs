@@ -388,33 +388,14 @@ impl Pipeline {
                 .await;
         }
 
-        // 6. Policy: the breaker first, since its counts are the run's own
-        // record; a recovering call was counted when it was first proposed.
+        // 6. Policy: the rules, then the breaker, whose counts are the run's
+        // own record; a recovering call was counted when it was first
+        // proposed. The rules read nothing from the store, so taking them
+        // first changes no decision, and it lets an allowed call the breaker
+        // has nothing to count for (the first with its arguments in the
+        // run, as most calls are) show that and persist its intent in one
+        // commit: the breaker's verdict on an empty tally is to proceed.
         self.reached(Point::Policy, request);
-        let tally = match request.recovering {
-            Some(_) => BreakerTally::default(),
-            None => {
-                self.invocations
-                    .breaker_tally(
-                        &request.tenant_id,
-                        request.run_id,
-                        &spec.name,
-                        &canonical.sha256,
-                    )
-                    .await?
-            }
-        };
-        if let breaker::Verdict::Refuse(code) = breaker::before_dispatch(&tally) {
-            return self
-                .refuse(
-                    request,
-                    &tool,
-                    code,
-                    None,
-                    Some((&canonical.value, &canonical.sha256)),
-                )
-                .await;
-        }
         let argument_names: Vec<&str> = canonical
             .value
             .as_object()
@@ -432,15 +413,11 @@ impl Pipeline {
             origin_trust: request.origin_trust,
             argument_trust: request.argument_trust.minimum(argument_names),
         };
-        let decision = match self
+        let ruled = self
             .policy
             .evaluate(&action)
             .instrument(tracing::info_span!("policy.evaluate"))
-            .await
-        {
-            PolicyDecision::Deny(code) => PolicyDecision::Deny(breaker::denial(&tally, code)),
-            other => other,
-        };
+            .await;
         let identity = Identity {
             request,
             id: Uuid::new_v4(),
@@ -487,6 +464,62 @@ impl Pipeline {
             worker_id: self.worker_id,
             now,
         };
+        // 8 and 9 in one commit: with no approval pending, the intent is
+        // inserted already claimed (RUNNING under this worker's fence).
+        // Losing it loses both or neither, and the tool starts only once it
+        // is committed.
+        let running = [
+            identity.event(ToolEventKind::Proposed),
+            identity.event(ToolEventKind::Authorized),
+            identity.event(ToolEventKind::Started),
+        ];
+        let uncounted = request.recovering.is_none() && ruled == PolicyDecision::Allow;
+        if uncounted {
+            self.reached(Point::PersistIntent, request);
+            if let Some(row) = self
+                .invocations
+                .insert_uncounted(&new(InvocationStatus::Running, None, None), claim, &running)
+                .await?
+            {
+                return self
+                    .start(
+                        request,
+                        &tool,
+                        row,
+                        &canonical.sha256,
+                        BreakerTally::default(),
+                    )
+                    .await;
+            }
+        }
+        let tally = match request.recovering {
+            Some(_) => BreakerTally::default(),
+            None => {
+                self.invocations
+                    .breaker_tally(
+                        &request.tenant_id,
+                        request.run_id,
+                        &spec.name,
+                        &canonical.sha256,
+                    )
+                    .await?
+            }
+        };
+        if let breaker::Verdict::Refuse(code) = breaker::before_dispatch(&tally) {
+            return self
+                .refuse(
+                    request,
+                    &tool,
+                    code,
+                    None,
+                    Some((&canonical.value, &canonical.sha256)),
+                )
+                .await;
+        }
+        let decision = match ruled {
+            PolicyDecision::Deny(code) => PolicyDecision::Deny(breaker::denial(&tally, code)),
+            other => other,
+        };
         let inserted = match decision {
             PolicyDecision::Deny(code) => {
                 let events = [
@@ -516,18 +549,11 @@ impl Pipeline {
                     .await
             }
             PolicyDecision::Allow => {
-                // 8 and 9 in one commit: with no approval pending, the
-                // intent is inserted already claimed (RUNNING under this
-                // worker's fence). Losing it loses both or neither, and the
-                // tool starts only once it is committed.
-                self.reached(Point::PersistIntent, request);
-                let events = [
-                    identity.event(ToolEventKind::Proposed),
-                    identity.event(ToolEventKind::Authorized),
-                    identity.event(ToolEventKind::Started),
-                ];
+                if !uncounted {
+                    self.reached(Point::PersistIntent, request);
+                }
                 self.invocations
-                    .insert_invocation(&new(InvocationStatus::Running, None, None), claim, &events)
+                    .insert_invocation(&new(InvocationStatus::Running, None, None), claim, &running)
                     .await
             }
         };
@@ -550,15 +576,7 @@ impl Pipeline {
             InsertOutcome::Inserted(row) => match row.status {
                 // Inserted already claimed.
                 InvocationStatus::Running => {
-                    self.reached(Point::Claim, request);
-                    let Some(fence) = row.fence() else {
-                        return Ok(unrecorded(
-                            spec.name.clone(),
-                            ReasonCode::ToolConcurrencyConflict,
-                        ));
-                    };
-                    let outcome = self.run_claimed(request, &tool, row, fence).await?;
-                    self.with_synthesis_flag(request, &spec.name, &canonical.sha256, tally, outcome)
+                    self.start(request, &tool, row, &canonical.sha256, tally)
                         .await
                 }
                 InvocationStatus::WaitingForApproval => match row.approval_id {
@@ -575,6 +593,28 @@ impl Pipeline {
                     .await
             }
         }
+    }
+
+    /// Runs a row inserted already claimed, `tally` being the breaker's
+    /// counts from before it.
+    async fn start(
+        &self,
+        request: &CallRequest,
+        tool: &Arc<RegisteredTool>,
+        row: InvocationRecord,
+        arguments_hash: &str,
+        tally: BreakerTally,
+    ) -> Result<CallOutcome, StoreError> {
+        self.reached(Point::Claim, request);
+        let Some(fence) = row.fence() else {
+            return Ok(unrecorded(
+                tool.spec.name.clone(),
+                ReasonCode::ToolConcurrencyConflict,
+            ));
+        };
+        let outcome = self.run_claimed(request, tool, row, fence).await?;
+        self.with_synthesis_flag(request, &tool.spec.name, arguments_hash, tally, outcome)
+            .await
     }
 
     /// Sets `synthesis_only` on a call that just ran. The count after it is

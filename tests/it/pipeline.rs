@@ -175,6 +175,7 @@ macro_rules! delegate {
 impl InvocationStore for FaultyWatermark {
     delegate! {
         insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
+        insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
         authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
         settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
@@ -1099,6 +1100,86 @@ fn with_call(request: &CallRequest, call: usize) -> CallRequest {
     }
 }
 
+/// The breaker's tally is read only where it has something to count: an
+/// allowed call that is the first with its arguments in the run shows there
+/// is nothing in its intent's commit, and reads no tally; an identical call
+/// after one that ended reads it, and the loop rule still refuses the fifth.
+#[tokio::test]
+async fn the_breaker_is_read_only_where_it_has_something_to_count() {
+    struct Tallies {
+        inner: Arc<dyn Store>,
+        read: std::sync::atomic::AtomicUsize,
+    }
+    impl InvocationStore for Tallies {
+        delegate! {
+            insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
+            insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
+            mark_effect_sent(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, durability: Durability) -> Result<bool, StoreError>;
+            complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+            complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
+            run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+            latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
+            claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
+            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+            record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
+            artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
+            reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+        }
+
+        fn breaker_tally<'a>(
+            &'a self,
+            tenant: &'a str,
+            run_id: Uuid,
+            tool: &'a str,
+            hash: &'a str,
+        ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
+            self.read.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.breaker_tally(tenant, run_id, tool, hash)
+        }
+    }
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let tallies = Arc::new(Tallies {
+            inner: store.clone(),
+            read: Default::default(),
+        });
+        let harness = harness_over(store.clone(), tallies.clone(), allow_all()).await;
+        let read = || tallies.read.load(std::sync::atomic::Ordering::SeqCst);
+        let page = harness.request("demo.echo", json!({"text": "a page"}));
+        let other = CallRequest {
+            arguments: json!({"text": "another page"}),
+            ..with_call(&page, 100)
+        };
+        for request in [with_call(&page, 0), other] {
+            let outcome = harness.pipeline.call(request).await;
+            assert_eq!(
+                finished(&outcome).outcome.status(),
+                ToolOutcomeStatus::Succeeded,
+                "{name}"
+            );
+        }
+        assert_eq!(read(), 0, "{name}: two first calls, no tally read");
+        for call in 1..4 {
+            let outcome = harness.pipeline.call(with_call(&page, call)).await;
+            assert_eq!(
+                finished(&outcome).outcome.status(),
+                ToolOutcomeStatus::Succeeded,
+                "{name} call {call}"
+            );
+            if call == 1 {
+                assert_eq!(read(), 1, "{name}: an identical call reads it");
+            }
+        }
+        let fifth = harness.pipeline.call(with_call(&page, 4)).await;
+        assert_eq!(code(&fifth), Some(ReasonCode::ToolLoopDetected), "{name}");
+    }
+}
+
 #[tokio::test]
 async fn the_breaker_counts_identical_calls_across_restarts() {
     let backends = backends().await;
@@ -1598,6 +1679,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
     impl InvocationStore for SlowWatermark {
         delegate! {
             insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
+            insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
@@ -1700,6 +1782,16 @@ async fn each_commit_is_as_durable_as_the_table_says() {
                 new.durability,
             );
             self.inner.insert_invocation(new, claim, events)
+        }
+
+        fn insert_uncounted<'a>(
+            &'a self,
+            new: &'a NewInvocation,
+            claim: Claim,
+            events: &'a [ToolEvent],
+        ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+            self.note("intent, claimed", new.durability);
+            self.inner.insert_uncounted(new, claim, events)
         }
 
         fn claim_invocation<'a>(

@@ -671,6 +671,127 @@ async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
     }
 }
 
+/// An uncounted insert goes in only while the breaker has nothing to count:
+/// no identical call of the run (same tenant, run, tool and arguments hash)
+/// with an outcome. A running identical call is not counted; another run,
+/// another tool, other arguments or another tenant are not identical. When
+/// it does not go in, nothing of it is written (row, events), and a held key
+/// is never answered from.
+#[tokio::test]
+async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let live = worker(store.as_ref(), Duration::seconds(60)).await;
+        let run_id = Uuid::new_v4();
+        let uncounted = |new: NewInvocation| {
+            let store = store.clone();
+            async move {
+                let events = [event(ToolEventKind::Started, &new)];
+                let claim = Claim {
+                    worker_id: live,
+                    now: now(),
+                };
+                let row = store.insert_uncounted(&new, claim, &events).await.unwrap();
+                (new, row)
+            }
+        };
+        let call = |tenant: &str, run_id: Uuid, call: &str| {
+            new_invocation(tenant, run_id, call, InvocationStatus::Running)
+        };
+
+        let (first, row) = uncounted(call("tenant-a", run_id, "c1")).await;
+        let row = row.unwrap_or_else(|| panic!("{name}: the first call goes in"));
+        assert_eq!(row.id, first.id, "{name}");
+        assert_eq!(row.status, InvocationStatus::Running, "{name}");
+        assert_eq!(
+            row.fence(),
+            Some(Fence {
+                worker_id: live,
+                lease_epoch: 0
+            }),
+            "{name}: inserted claimed"
+        );
+        // Still running: nothing the breaker counts.
+        let (_, row) = uncounted(call("tenant-a", run_id, "c2")).await;
+        assert!(
+            row.is_some(),
+            "{name}: a running identical call is not counted"
+        );
+
+        assert!(
+            store
+                .complete_invocation(
+                    "tenant-a",
+                    first.id,
+                    Fence {
+                        worker_id: live,
+                        lease_epoch: 0
+                    },
+                    &succeeded(),
+                    &[],
+                    now()
+                )
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        let before = store.events_after(0, 10_000, None).await.unwrap().len();
+        let (refused, row) = uncounted(call("tenant-a", run_id, "c3")).await;
+        assert!(row.is_none(), "{name}: an identical call has an outcome");
+        assert!(
+            store
+                .invocation("tenant-a", refused.id)
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}: no row written"
+        );
+        // A held key is not answered from: the caller inserts as usual.
+        let (held, row) = uncounted(NewInvocation {
+            id: Uuid::new_v4(),
+            ..first.clone()
+        })
+        .await;
+        assert!(row.is_none(), "{name}: a held key");
+        assert!(
+            store
+                .invocation("tenant-a", held.id)
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}"
+        );
+        let other_arguments = NewInvocation {
+            arguments_hash: "cd".repeat(32),
+            ..call("tenant-a", run_id, "c4")
+        };
+        let other_tool = NewInvocation {
+            tool_name: "demo.other".into(),
+            ..call("tenant-a", run_id, "c5")
+        };
+        for (what, new) in [
+            ("other arguments", other_arguments),
+            ("another tool", other_tool),
+            ("another run", call("tenant-a", Uuid::new_v4(), "c6")),
+            ("another tenant", call("tenant-b", run_id, "c7")),
+        ] {
+            let (new, row) = uncounted(new).await;
+            assert_eq!(row.map(|row| row.id), Some(new.id), "{name}: {what}");
+        }
+        // Four rows went in after the refused two, each with its one event:
+        // none of the refused ones' events.
+        let events = events_settled(store.as_ref(), before + 4).await;
+        assert_eq!(events.len(), before + 4, "{name}");
+        assert!(
+            events.iter().all(|event| {
+                let id = event.payload["invocation_id"].as_str().unwrap_or_default();
+                id != refused.id.to_string() && id != held.id.to_string()
+            }),
+            "{name}: no event of a call that did not go in"
+        );
+    }
+}
+
 #[tokio::test]
 async fn denials_are_terminal_rows() {
     let backends = backends().await;

@@ -93,6 +93,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "a read's intent and claim in one commit",
         sql: include_str!("../../../migrations/postgres/0011_folded_intent.sql"),
     },
+    Migration {
+        version: 12,
+        description: "an allowed call's intent where the breaker has nothing to count",
+        sql: include_str!("../../../migrations/postgres/0012_uncounted_intent.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -151,6 +156,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 11,
         description: "a read's intent and claim in one commit (nothing to do embedded)",
         sql: include_str!("../../../migrations/sqlite/0011_folded_intent.sql"),
+    },
+    Migration {
+        version: 12,
+        description: "an allowed call's intent where the breaker has nothing to count (nothing to do embedded)",
+        sql: include_str!("../../../migrations/sqlite/0012_uncounted_intent.sql"),
     },
 ];
 

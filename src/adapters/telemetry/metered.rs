@@ -137,6 +137,23 @@ impl InvocationStore for MeteredInvocations {
         })
     }
 
+    fn insert_uncounted<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let row = self.inner.insert_uncounted(new, claim, events).await?;
+            commit_time(self.metrics.as_ref(), "insert", started);
+            if row.is_some() {
+                count(self.metrics.as_ref(), events);
+            }
+            Ok(row)
+        })
+    }
+
     fn authorize_waiting<'a>(
         &'a self,
         tenant: &'a str,

@@ -336,6 +336,19 @@ pub trait InvocationStore: Send + Sync {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>>;
 
+    /// As [`insert_invocation`](Self::insert_invocation) for a new row, in
+    /// the same commit that shows the breaker has nothing to count: no
+    /// identical call of the run (same tool, same arguments hash) has an
+    /// outcome. Returns the new row, or `None` with nothing written when
+    /// there is such a call or the key is already held; the caller then
+    /// reads the tally and inserts as usual.
+    fn insert_uncounted<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
     /// An approved call's row moves from WAITING_FOR_APPROVAL to AUTHORIZED
     /// under the resuming worker's new fence. `None` when it is not waiting.
     fn authorize_waiting<'a>(

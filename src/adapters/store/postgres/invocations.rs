@@ -10,48 +10,7 @@ impl InvocationStore for PostgresStore {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
-            let mut lease = self.hot.lease().await?;
-            let principal = serde_json::to_value(&new.principal)
-                .map_err(|e| StoreError::Decode(e.to_string()))?;
-            let (kinds, bodies) = event_arrays(events)?;
-            let result = sqlx::query(
-                "SELECT * FROM toolgate_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                 $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28), \
-                 set_config('synchronous_commit', COALESCE($29, current_setting('synchronous_commit')), true)",
-            )
-            .bind(&new.tenant_id)
-            .bind(new.id)
-            .bind(new.session_id)
-            .bind(new.run_id)
-            .bind(new.step_number)
-            .bind(&new.call_id)
-            .bind(&new.tool_name)
-            .bind(&new.tool_version)
-            .bind(new.tool_source.as_str())
-            .bind(&new.server_id)
-            .bind(&new.arguments)
-            .bind(&new.arguments_hash)
-            .bind(&new.idempotency_key)
-            .bind(new.status.as_str())
-            .bind(new.idempotency_class.as_str())
-            .bind(new.side_effect.as_str())
-            .bind(principal)
-            .bind(new.origin_trust.as_str())
-            .bind(new.parallel_group)
-            .bind(new.deadline_at)
-            .bind(new.approval_id)
-            .bind(new.reason_code.map(ReasonCode::as_str))
-            .bind(new.status.outcome_status(new.reason_code).map(|s| s.as_str()))
-            .bind(claim.worker_id)
-            .bind(claim.now)
-            .bind(new.status.is_terminal().then_some(claim.now))
-            .bind(kinds)
-            .bind(bodies)
-            .bind(synchronous_commit(new.durability))
-            .fetch_optional(lease.connection()?)
-                .await;
-            let row = lease.settle(result)?;
-            let record = row.as_ref().map(invocation).transpose()?;
+            let record = self.intent(INSERT, new, claim, events).await?;
             // The function returns the new row, or the one already holding the
             // key. Another tenant's key (invisible under row-level security, or
             // visible to a role that bypasses it) is neither shown nor told.
@@ -63,6 +22,15 @@ impl InvocationStore for PostgresStore {
                 _ => Err(StoreError::KeyConflict),
             }
         })
+    }
+
+    fn insert_uncounted<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move { self.intent(INSERT_UNCOUNTED, new, claim, events).await })
     }
 
     fn authorize_waiting<'a>(
@@ -635,6 +603,69 @@ impl InvocationStore for PostgresStore {
 }
 
 /// The terminal columns of an UPDATE, fenced when `fence` is given.
+/// The intent's statement: `toolgate_insert` or its uncounted form.
+const INSERT: &str = "SELECT * FROM toolgate_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+     $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28), \
+     set_config('synchronous_commit', COALESCE($29, current_setting('synchronous_commit')), true)";
+const INSERT_UNCOUNTED: &str = "SELECT * FROM toolgate_insert_uncounted($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+     $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28), \
+     set_config('synchronous_commit', COALESCE($29, current_setting('synchronous_commit')), true)";
+
+impl PostgresStore {
+    /// Runs `sql` (one of the two above) for `new` on a hot connection: the
+    /// row it returns, if any.
+    async fn intent(
+        &self,
+        sql: &'static str,
+        new: &NewInvocation,
+        claim: Claim,
+        events: &[ToolEvent],
+    ) -> Result<Option<InvocationRecord>, StoreError> {
+        let mut lease = self.hot.lease().await?;
+        let principal =
+            serde_json::to_value(&new.principal).map_err(|e| StoreError::Decode(e.to_string()))?;
+        let (kinds, bodies) = event_arrays(events)?;
+        let result = sqlx::query(sql)
+            .bind(&new.tenant_id)
+            .bind(new.id)
+            .bind(new.session_id)
+            .bind(new.run_id)
+            .bind(new.step_number)
+            .bind(&new.call_id)
+            .bind(&new.tool_name)
+            .bind(&new.tool_version)
+            .bind(new.tool_source.as_str())
+            .bind(&new.server_id)
+            .bind(&new.arguments)
+            .bind(&new.arguments_hash)
+            .bind(&new.idempotency_key)
+            .bind(new.status.as_str())
+            .bind(new.idempotency_class.as_str())
+            .bind(new.side_effect.as_str())
+            .bind(principal)
+            .bind(new.origin_trust.as_str())
+            .bind(new.parallel_group)
+            .bind(new.deadline_at)
+            .bind(new.approval_id)
+            .bind(new.reason_code.map(ReasonCode::as_str))
+            .bind(
+                new.status
+                    .outcome_status(new.reason_code)
+                    .map(|s| s.as_str()),
+            )
+            .bind(claim.worker_id)
+            .bind(claim.now)
+            .bind(new.status.is_terminal().then_some(claim.now))
+            .bind(kinds)
+            .bind(bodies)
+            .bind(synchronous_commit(new.durability))
+            .fetch_optional(lease.connection()?)
+            .await;
+        let row = lease.settle(result)?;
+        row.as_ref().map(invocation).transpose()
+    }
+}
+
 async fn terminal_update(
     tx: &mut Transaction<'static, Postgres>,
     sql: &'static str,

@@ -20,68 +20,7 @@ impl InvocationStore for SqliteStore {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
-            let principal = serde_json::to_string(&new.principal)
-                .map_err(|e| StoreError::Decode(e.to_string()))?;
-            // One script: the row, its events and its approval when it
-            // waits for one, the last two only where the row went in (a
-            // known key inserts nothing, and the row already there is read).
-            let inserted = self
-                .script_as(
-                    new.durability,
-                    sqlx::query(concat!(
-                        "BEGIN IMMEDIATE; \
-                         INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
-                         tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
-                         idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
-                         reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-                         $21, $22, $23, $24, 0, $25, $26, $27) \
-                         ON CONFLICT (idempotency_key) DO NOTHING RETURNING ",
-                        invocation_columns!(),
-                        "; ",
-                        // `changes()` is still the row's insert here.
-                        insert_events!("$28", "$2", "$25", "changes() = 1"),
-                        "; INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, status, requested_at) \
-                         SELECT $21, $2, $1, $7, $22, 'pending', $25 \
-                         WHERE $21 IS NOT NULL AND $22 IS NOT NULL \
-                         AND EXISTS (SELECT 1 FROM tool_invocations WHERE id = $1) \
-                         AND NOT EXISTS (SELECT 1 FROM approvals WHERE id = $21)",
-                        "; COMMIT"
-                    ))
-                    .bind(new.id.to_string())
-                    .bind(&new.tenant_id)
-                    .bind(new.session_id.to_string())
-                    .bind(new.run_id.to_string())
-                    .bind(new.step_number)
-                    .bind(&new.call_id)
-                    .bind(&new.tool_name)
-                    .bind(&new.tool_version)
-                    .bind(new.tool_source.as_str())
-                    .bind(&new.server_id)
-                    .bind(text(&new.arguments))
-                    .bind(&new.arguments_hash)
-                    .bind(&new.idempotency_key)
-                    .bind(new.status.as_str())
-                    .bind(new.idempotency_class.as_str())
-                    .bind(new.side_effect.as_str())
-                    .bind(principal)
-                    .bind(new.origin_trust.as_str())
-                    .bind(new.parallel_group.map(|id| id.to_string()))
-                    .bind(new.deadline_at.map(micros))
-                    .bind(new.approval_id.map(|id| id.to_string()))
-                    .bind(new.reason_code.map(ReasonCode::as_str))
-                    .bind(new.status.outcome_status(new.reason_code).map(|s| s.as_str()))
-                    .bind(claim.worker_id.to_string())
-                    .bind(micros(claim.now))
-                    .bind(new.status.is_terminal().then_some(micros(claim.now)))
-                    .bind(
-                        (new.status == crate::domain::InvocationStatus::Running)
-                            .then_some(micros(claim.now)),
-                    )
-                    .bind(events_json(events)?),
-                )
-                .await?;
-            let Some(row) = inserted.first() else {
+            let Some(record) = self.intent(new, claim, events, false).await? else {
                 let existing = sqlx::query(concat!(
                     "SELECT ",
                     invocation_columns!(),
@@ -100,9 +39,17 @@ impl InvocationStore for SqliteStore {
                     _ => Err(StoreError::KeyConflict),
                 };
             };
-            let record = invocation(row)?;
             Ok(InsertOutcome::Inserted(record))
         })
+    }
+
+    fn insert_uncounted<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move { self.intent(new, claim, events, true).await })
     }
 
     fn authorize_waiting<'a>(
@@ -740,5 +687,84 @@ fn terminal_binds<'q>(
             .bind(fence.worker_id.to_string())
             .bind(fence.lease_epoch),
         None => query,
+    }
+}
+
+impl SqliteStore {
+    /// The intent's script for `new`: the row it inserted, if any. With
+    /// `uncounted`, only while no identical call of the run has an outcome.
+    async fn intent(
+        &self,
+        new: &NewInvocation,
+        claim: Claim,
+        events: &[ToolEvent],
+        uncounted: bool,
+    ) -> Result<Option<InvocationRecord>, StoreError> {
+        let principal =
+            serde_json::to_string(&new.principal).map_err(|e| StoreError::Decode(e.to_string()))?;
+        // One script: the row, its events and its approval when it waits
+        // for one, the last two only where the row went in (a known key, or
+        // an uncounted insert the breaker has something to count for,
+        // inserts nothing).
+        let inserted = self
+            .script_as(
+                new.durability,
+                sqlx::query(concat!(
+                    "BEGIN IMMEDIATE; \
+                     INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
+                     tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
+                     idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
+                     reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at) \
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
+                     $21, $22, $23, $24, 0, $25, $26, $27 \
+                     WHERE NOT $29 OR NOT EXISTS (SELECT 1 FROM tool_invocations WHERE tenant_id = $2 AND run_id = $4 \
+                     AND tool_name = $7 AND arguments_hash = $12 AND outcome_status IS NOT NULL) \
+                     ON CONFLICT (idempotency_key) DO NOTHING RETURNING ",
+                    invocation_columns!(),
+                    "; ",
+                    // `changes()` is still the row's insert here.
+                    insert_events!("$28", "$2", "$25", "changes() = 1"),
+                    "; INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, status, requested_at) \
+                     SELECT $21, $2, $1, $7, $22, 'pending', $25 \
+                     WHERE $21 IS NOT NULL AND $22 IS NOT NULL \
+                     AND EXISTS (SELECT 1 FROM tool_invocations WHERE id = $1) \
+                     AND NOT EXISTS (SELECT 1 FROM approvals WHERE id = $21)",
+                    "; COMMIT"
+                ))
+                .bind(new.id.to_string())
+                .bind(&new.tenant_id)
+                .bind(new.session_id.to_string())
+                .bind(new.run_id.to_string())
+                .bind(new.step_number)
+                .bind(&new.call_id)
+                .bind(&new.tool_name)
+                .bind(&new.tool_version)
+                .bind(new.tool_source.as_str())
+                .bind(&new.server_id)
+                .bind(text(&new.arguments))
+                .bind(&new.arguments_hash)
+                .bind(&new.idempotency_key)
+                .bind(new.status.as_str())
+                .bind(new.idempotency_class.as_str())
+                .bind(new.side_effect.as_str())
+                .bind(principal)
+                .bind(new.origin_trust.as_str())
+                .bind(new.parallel_group.map(|id| id.to_string()))
+                .bind(new.deadline_at.map(micros))
+                .bind(new.approval_id.map(|id| id.to_string()))
+                .bind(new.reason_code.map(ReasonCode::as_str))
+                .bind(new.status.outcome_status(new.reason_code).map(|s| s.as_str()))
+                .bind(claim.worker_id.to_string())
+                .bind(micros(claim.now))
+                .bind(new.status.is_terminal().then_some(micros(claim.now)))
+                .bind(
+                    (new.status == crate::domain::InvocationStatus::Running)
+                        .then_some(micros(claim.now)),
+                )
+                .bind(events_json(events)?)
+                .bind(uncounted),
+            )
+            .await?;
+        inserted.first().map(invocation).transpose()
     }
 }
