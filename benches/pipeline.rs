@@ -1,10 +1,11 @@
 //! Load driver: the persisted pipeline on `demo.echo` against PostgreSQL
 //! with 1 and 8 concurrent callers, side by side with pgbench doing the four
-//! transactions of a call that may have an effect (toolgate makes three for
-//! a read: its intent is its claim) on the same database, two ways: as plain SQL
+//! transactions of a call that may have an effect (toolgate makes two for
+//! a read the breaker has nothing to count for: its intent is its claim and
+//! shows the tally empty) on the same database, two ways: as plain SQL
 //! statements (each transaction's BEGIN, tenant setting, writes, events and
-//! COMMIT), and as the very statements toolgate sends (one function call per
-//! commit), which leaves only the client between the two.
+//! COMMIT), and as the functions toolgate's store calls, one per commit (the
+//! four kept as they were, so the ratios compare across versions).
 //!
 //! `DATABASE_URL=postgres://… cargo bench --bench pipeline`
 //! (`TOOLGATE_BENCH_SECONDS` sets each run's length, default 10;
@@ -56,8 +57,8 @@ INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ('bench',
 COMMIT;
 "#;
 
-/// The same four as the statements toolgate's PostgreSQL store sends:
-/// the breaker read and the insert, claim and completion functions, with
+/// The same four as calls to the functions toolgate's PostgreSQL store
+/// uses: the breaker read and the insert, claim and completion, with
 /// arguments and event bodies of toolgate's sizes.
 const PGBENCH_FUNCTIONS_SCRIPT: &str = r#"
 SELECT * FROM toolgate_tally('bench', gen_random_uuid(), 'demo.echo', md5(random()::text));

@@ -146,8 +146,10 @@ impl InvocationStore for MeteredInvocations {
         Box::pin(async move {
             let started = std::time::Instant::now();
             let row = self.inner.insert_uncounted(new, claim, events).await?;
-            commit_time(self.metrics.as_ref(), "insert", started);
+            // Only an insert is an insert's commit: an attempt that wrote
+            // nothing is followed by the usual insert, timed there.
             if row.is_some() {
+                commit_time(self.metrics.as_ref(), "insert", started);
                 count(self.metrics.as_ref(), events);
             }
             Ok(row)
