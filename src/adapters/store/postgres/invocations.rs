@@ -602,14 +602,21 @@ impl InvocationStore for PostgresStore {
     }
 }
 
-/// The terminal columns of an UPDATE, fenced when `fence` is given.
-/// The intent's statement: `toolgate_insert` or its uncounted form.
-const INSERT: &str = "SELECT * FROM toolgate_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-     $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28), \
-     set_config('synchronous_commit', COALESCE($29, current_setting('synchronous_commit')), true)";
-const INSERT_UNCOUNTED: &str = "SELECT * FROM toolgate_insert_uncounted($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
-     $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28), \
-     set_config('synchronous_commit', COALESCE($29, current_setting('synchronous_commit')), true)";
+/// The intent's statement: a call of `function` (`toolgate_insert` or its
+/// uncounted form) with the row's parameters, committed as `$29` says.
+macro_rules! intent_statement {
+    ($function:literal) => {
+        concat!(
+            "SELECT * FROM ",
+            $function,
+            "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+             $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28), \
+             set_config('synchronous_commit', COALESCE($29, current_setting('synchronous_commit')), true)"
+        )
+    };
+}
+const INSERT: &str = intent_statement!("toolgate_insert");
+const INSERT_UNCOUNTED: &str = intent_statement!("toolgate_insert_uncounted");
 
 impl PostgresStore {
     /// Runs `sql` (one of the two above) for `new` on a hot connection: the
@@ -666,6 +673,7 @@ impl PostgresStore {
     }
 }
 
+/// The terminal columns of an UPDATE, fenced when `fence` is given.
 async fn terminal_update(
     tx: &mut Transaction<'static, Postgres>,
     sql: &'static str,
