@@ -24,8 +24,8 @@ use toolgate::domain::{
     AgentSpec, ArgumentTrust, PolicyProfile, Principal, RuntimeEnvironment, TargetKind, TrustLevel,
 };
 use toolgate::pipeline::{
-    CallRequest, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Worker,
-    WorkerSettings,
+    CallRequest, NodePlace, Pipeline, PipelineParts, PipelineSettings, RegistryLimits,
+    ToolRegistry, Worker, WorkerSettings,
 };
 use toolgate::ports::{Store, SystemClock};
 use uuid::Uuid;
@@ -318,11 +318,19 @@ fn main() {
             .expect("builtins"),
         );
         let clock = Arc::new(SystemClock);
+        // A lease that outlasts the run: nothing renews it here.
         let worker = Worker::register(
             store.clone(),
             clock.clone(),
-            "bench",
-            WorkerSettings::default(),
+            &NodePlace {
+                node: uuid::Uuid::new_v4().to_string(),
+                host: "bench".into(),
+            },
+            WorkerSettings {
+                lease: std::time::Duration::from_secs(86_400),
+                heartbeat: std::time::Duration::from_secs(3_600),
+                ..WorkerSettings::default()
+            },
         )
         .await
         .expect("worker");
@@ -337,6 +345,7 @@ fn main() {
             observer: Arc::new(toolgate::pipeline::Unobserved),
             mcp: None,
             worker_id: worker.id(),
+            lease: worker.lease(),
             settings: PipelineSettings {
                 inline_maximum_bytes: 4096,
             },

@@ -4,9 +4,15 @@
 //! outside. Prints, per backend, the duplicates (must be 0), the answers by
 //! class against the effects, and the restart-to-settled times.
 //!
+//! With PostgreSQL, then, three nodes on one database: 48 scripts at once,
+//! a node killed every two to three seconds (one fault in ten a pause past
+//! the lease) for `TOOLGATE_TORTURE_SECONDS` (720, about 200 kills).
+//!
 //! `DATABASE_URL=postgres://… cargo bench --bench torture` (SQLite always;
 //! PostgreSQL when `DATABASE_URL` is set).
 
+#[path = "../tests/torture/cluster.rs"]
+mod cluster;
 #[path = "../tests/torture/driver.rs"]
 mod driver;
 
@@ -61,10 +67,32 @@ fn main() {
         psql(&format!("CREATE SCHEMA {schema}"));
         let separator = if admin_url.contains('?') { '&' } else { '?' };
         let url = format!("{admin_url}{separator}options=-c%20search_path%3D{schema}");
-        let postgres = run(&torture(Some(url)));
-        psql(&format!("DROP SCHEMA {schema} CASCADE"));
+        let postgres = run(&torture(Some(url.clone())));
         println!("postgres: {postgres}");
+        let seconds: u64 = std::env::var("TOOLGATE_TORTURE_SECONDS")
+            .ok()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(720);
+        let nodes = cluster::run(&cluster::Cluster {
+            toolgate: PathBuf::from(env!("CARGO_BIN_EXE_toolgate")),
+            server: scripted_server(),
+            store_url: url,
+            admin_url: Some(admin_url.clone()),
+            nodes: 3,
+            scripts: 48,
+            calls: 6,
+            duration: std::time::Duration::from_secs(seconds),
+            kill_every: (
+                std::time::Duration::from_secs(2),
+                std::time::Duration::from_secs(3),
+            ),
+            pause: Some((10, std::time::Duration::from_secs(13))),
+            seed: 0x636c_7573,
+        });
+        psql(&format!("DROP SCHEMA {schema} CASCADE"));
+        println!("three nodes: {nodes}");
         assert!(postgres.sound(), "{postgres}");
+        assert!(nodes.sound(), "{nodes}");
     }
     assert!(sqlite.sound(), "{sqlite}");
 }

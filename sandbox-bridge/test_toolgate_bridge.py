@@ -25,6 +25,20 @@ class CallIds(unittest.TestCase):
             )
 
 
+class Unsettled(unittest.TestCase):
+    def test_only_the_two_unsettled_codes_say_ask_again(self):
+        def error(code, retryable):
+            return toolgate_bridge.Failed(
+                {"status": "failed", "reason_code": code, "retryable": retryable}, []
+            )
+
+        self.assertTrue(error("tool.concurrency_conflict", True).unsettled)
+        self.assertTrue(error("tool.record_unavailable", True).unsettled)
+        # Retryable, but settled: asking again is a second call.
+        self.assertFalse(error("tool.timeout", True).unsettled)
+        self.assertFalse(error("tool.outcome_unknown", False).unsettled)
+
+
 class Results(unittest.TestCase):
     def test_a_value_is_the_structured_result_else_the_text(self):
         structured = toolgate_bridge.Result(

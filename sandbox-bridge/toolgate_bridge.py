@@ -67,6 +67,11 @@ def call_id(script_sha256: str, ordinal: int) -> str:
     return "bridge:" + digest[:32]
 
 
+#: The two reason codes that leave a call without a settled outcome: asked
+#: again in the same turn it is the same call, never a second one.
+UNSETTLED = ("tool.concurrency_conflict", "tool.record_unavailable")
+
+
 class BridgeError(Exception):
     """The bridge refused the request itself (token, body, closed turn), or
     the connection failed while a call was in flight."""
@@ -86,6 +91,9 @@ class ToolError(Exception):
         self.content = content
         self.reason_code: Optional[str] = outcome.get("reason_code")
         self.retryable: Optional[bool] = outcome.get("retryable")
+        # The call has no settled outcome yet; calling it again in the same
+        # turn is the same call (the bridge gave its ordinal back).
+        self.unsettled: bool = self.reason_code in UNSETTLED
 
 
 class Denied(ToolError):

@@ -14,7 +14,9 @@ use crate::adapters::artifacts::FsArtifactStore;
 use crate::adapters::credentials::EnvFileResolver;
 use crate::adapters::egress::{Dialer, EgressSettings};
 use crate::adapters::mcp::child::RunAs;
-use crate::adapters::mcp::{AuthSettings, HttpServerSettings, McpServerSet, StdioServerSettings};
+use crate::adapters::mcp::{
+    AuthSettings, HttpServerSettings, McpServerSet, StdioServerSettings, WarmUp,
+};
 use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
 use crate::adapters::store;
 use crate::adapters::telemetry::{MeteredInvocations, MetricsRegistry, Sample, Sampler};
@@ -33,8 +35,8 @@ use crate::pipeline::artifacts::Artifacts;
 use crate::pipeline::sessions::{SessionParts, Sessions};
 use crate::pipeline::tenant_servers::TenantServers;
 use crate::pipeline::{
-    Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
-    WorkerSettings, register_discoveries,
+    NodePlace, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved,
+    Worker, WorkerSettings, register_discoveries,
 };
 use crate::ports::{
     Clock, CredentialResolver, McpServers, Metrics, PlatformEvent, PolicyEngine, StoreError,
@@ -56,6 +58,13 @@ pub enum AppError {
     /// A part could not be started.
     #[error("{0}")]
     Startup(String),
+    /// The worker could not be registered.
+    #[error("{0}")]
+    Worker(#[from] crate::pipeline::WorkerError),
+    /// The worker's lease was lost while serving: the process drained and
+    /// stopped, so another worker may take its calls; start it again.
+    #[error("the worker lease was lost; toolgate drained and stopped (start it again)")]
+    LeaseLost,
 }
 
 /// What `toolgate check-config` reports about a valid file.
@@ -553,15 +562,23 @@ pub async fn serve(
         )
         .map_err(|error| AppError::Startup(error.to_string()))?,
     );
+    let seconds = |value: u32| Duration::from_secs(u64::from(value));
     let worker = Arc::new(
         Worker::register(
             store.clone(),
             clock.clone(),
-            &node.id,
-            WorkerSettings::default(),
+            &node.place,
+            WorkerSettings {
+                lease: seconds(config.node.lease_seconds),
+                heartbeat: seconds(config.node.heartbeat_seconds),
+                sweep: seconds(config.node.sweep_seconds),
+                maximum_clock_skew: seconds(config.node.maximum_clock_skew_seconds),
+                ..WorkerSettings::default()
+            },
         )
         .await?,
     );
+    let lease = worker.lease();
     let artifact_files: Arc<dyn crate::ports::ArtifactStore> =
         Arc::new(FsArtifactStore::new(config.artifacts.directory.clone()));
     let artifacts = Arc::new(Artifacts::new(store.clone(), artifact_files.clone()));
@@ -577,6 +594,7 @@ pub async fn serve(
         observer: Arc::new(Unobserved),
         mcp: Some(servers.clone()),
         worker_id: worker.id(),
+        lease: lease.clone(),
         settings: PipelineSettings {
             inline_maximum_bytes: config.limits.inline_maximum_bytes,
         },
@@ -626,6 +644,27 @@ pub async fn serve(
             ..BridgeSettings::default()
         },
     });
+    // The operator's servers are discovered in the background: the node
+    // is ready once the first round is done, or its bound has passed.
+    let warmed = CancellationToken::new();
+    let warm_up = WarmUp {
+        connect_timeout: Duration::from_secs(u64::from(config.mcp.warmup_connect_timeout_seconds)),
+        retry: Duration::from_secs(u64::from(config.mcp.warmup_retry_seconds)),
+        attempts: config.mcp.warmup_attempts,
+    };
+    let warming = {
+        let (servers, warmed) = (servers.clone(), warmed.clone());
+        tokio::spawn(async move { servers.warm_up(warm_up, warmed).await })
+    };
+    let operations = Arc::new(Operations {
+        metrics: metrics.clone(),
+        schema: store.clone(),
+        in_flight: in_flight.clone(),
+        lease: lease.clone(),
+        warmed: warmed.clone(),
+        warm_up_bound: tokio::time::Instant::now() + warm_up.connect_timeout,
+        connections: ConnectionCap::new(OPS_CONNECTIONS),
+    });
     let api = ControlApi::new(ApiParts {
         sessions: sessions.clone(),
         admission: Admission::new(
@@ -650,6 +689,7 @@ pub async fn serve(
         metrics: metrics.clone(),
         in_flight: in_flight.clone(),
         connections: connections(config.limits.control_connections),
+        readiness: operations.clone(),
         clock: clock.clone(),
         settings: ApiSettings {
             limits: edge_limits,
@@ -661,12 +701,6 @@ pub async fn serve(
         servers: servers.clone(),
         store: store.clone(),
     }));
-    let operations = Arc::new(Operations {
-        metrics: metrics.clone(),
-        schema: store.clone(),
-        in_flight: in_flight.clone(),
-        connections: ConnectionCap::new(OPS_CONNECTIONS),
-    });
     // Every listener is bound before anything is served; if one cannot be,
     // nothing was, and the lease ends with the attempt.
     let listeners = async {
@@ -708,7 +742,7 @@ pub async fn serve(
     };
     let shutdown = CancellationToken::new();
     // Recovery runs first, then heartbeats and periodic sweeps.
-    let maintenance = worker.clone().spawn(pipeline, shutdown.clone());
+    let maintenance = worker.clone().spawn(pipeline.clone(), shutdown.clone());
     let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
     let sweeping = tokio::spawn(sweep(bridge.clone(), sessions, shutdown.clone()));
     let serving_tcp = tcp.map(|(tcp, token)| {
@@ -726,10 +760,18 @@ pub async fn serve(
         signal(SignalKind::interrupt()).map_err(|error| AppError::Startup(error.to_string()))?;
     let mut hangup =
         signal(SignalKind::hangup()).map_err(|error| AppError::Startup(error.to_string()))?;
+    let lost = lease.lost();
+    let mut lease_lost = false;
     loop {
         tokio::select! {
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
+            // Another worker may take this node's calls now: it serves no
+            // more, drains, and stops for its supervisor to start it again.
+            _ = lost.cancelled() => {
+                lease_lost = true;
+                break;
+            }
             _ = hangup.recv() => match &reloadable {
                 // The file is the operator's: its error names a line, never
                 // a secret.
@@ -743,12 +785,13 @@ pub async fn serve(
     }
     tracing::info!("toolgate draining");
     let drain = async {
-        in_flight
-            .drain(Duration::from_secs(u64::from(
-                config.runtime.drain_timeout_seconds,
-            )))
-            .await;
+        let drain_timeout = Duration::from_secs(u64::from(config.runtime.drain_timeout_seconds));
+        in_flight.drain(drain_timeout).await;
+        // Results the store failed under are written if it answers within
+        // the grace; what is left the table recovers.
+        pipeline.drain_settlements(drain_timeout).await;
         bridge.close_all().await;
+        warming.abort();
         shutdown.cancel();
         let _ = sweeping.await;
         let _ = serving.await;
@@ -771,6 +814,9 @@ pub async fn serve(
     let _ = std::fs::remove_file(&config.control.socket);
     worker.release().await?;
     tracing::info!("toolgate stopped");
+    if lease_lost {
+        return Err(AppError::LeaseLost);
+    }
     Ok(())
 }
 
@@ -834,11 +880,22 @@ async fn sweep(bridge: Arc<Bridge>, sessions: Arc<Sessions>, shutdown: Cancellat
     }
 }
 
-/// This node's identity: the id kept in its state folder, and the lock on
-/// that folder, held for as long as the process runs.
+/// This node's identity: the id kept in its state folder with where that
+/// folder is, and the lock on it, held for as long as the process runs.
 struct NodeIdentity {
-    id: String,
+    place: NodePlace,
     _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// Where a node folder is: the host's boot and the folder's own device and
+/// inode, hashed. A copy of the folder (elsewhere on this host, or on
+/// another) has another; the same folder after a restart has the same.
+fn node_host(directory: &Path) -> Result<String, std::io::Error> {
+    use std::os::unix::fs::MetadataExt as _;
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let metadata = std::fs::metadata(directory)?;
+    let place = format!("{}\0{}\0{}", boot.trim(), metadata.dev(), metadata.ino());
+    Ok(crate::domain::sha256_hex(place.as_bytes())[..32].to_owned())
 }
 
 impl NodeIdentity {
@@ -883,7 +940,11 @@ impl NodeIdentity {
             }
             Err(error) => return Err(failed("node.id", &error)),
         };
-        Ok(NodeIdentity { id, _lock: lock })
+        let host = node_host(directory).map_err(|error| failed("node folder", &error))?;
+        Ok(NodeIdentity {
+            place: NodePlace { node: id, host },
+            _lock: lock,
+        })
     }
 }
 

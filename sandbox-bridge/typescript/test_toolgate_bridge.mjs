@@ -7,7 +7,7 @@ import { readFileSync } from "node:fs";
 import test from "node:test";
 
 import {
-  Bridge, BridgeError, Result, callId, generateDeclarations, generateModule, text,
+  Bridge, BridgeError, Failed, Result, callId, generateDeclarations, generateModule, text,
 } from "./toolgate_bridge.mjs";
 
 const vectors = JSON.parse(readFileSync(new URL("../call_id_vectors.json", import.meta.url), "utf8"));
@@ -15,6 +15,15 @@ const vectors = JSON.parse(readFileSync(new URL("../call_id_vectors.json", impor
 test("call ids follow the shared vectors, from ordinal 0", () => {
   assert.equal(Math.min(...vectors.map((vector) => vector.ordinal)), 0);
   for (const vector of vectors) assert.equal(callId(vector.script_sha256, vector.ordinal), vector.call_id);
+});
+
+test("only the two unsettled codes say ask again", () => {
+  const error = (code, retryable) => new Failed({ status: "failed", reason_code: code, retryable }, []);
+  assert.equal(error("tool.concurrency_conflict", true).unsettled, true);
+  assert.equal(error("tool.record_unavailable", true).unsettled, true);
+  // Retryable, but settled: asking again is a second call.
+  assert.equal(error("tool.timeout", true).unsettled, false);
+  assert.equal(error("tool.outcome_unknown", false).unsettled, false);
 });
 
 test("a value is the structured result, else the text", () => {

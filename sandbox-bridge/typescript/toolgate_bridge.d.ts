@@ -24,6 +24,7 @@ export interface Outcome {
 }
 
 export declare const IDLE_REUSE_MS: number;
+export declare const UNSETTLED: readonly string[];
 export declare function callId(scriptSha256: string, ordinal: number): string;
 
 export declare class BridgeError extends Error {
@@ -35,6 +36,8 @@ export declare class ToolError extends Error {
   readonly content: Part[];
   readonly reasonCode: string;
   readonly retryable: boolean;
+  /** No settled outcome yet: calling it again in the same turn is the same call. */
+  readonly unsettled: boolean;
 }
 export declare class Denied extends ToolError {}
 export declare class Failed extends ToolError {}

@@ -45,6 +45,9 @@ export class BridgeError extends Error {
   }
 }
 
+/** The two reason codes that leave a call without a settled outcome. */
+export const UNSETTLED = ["tool.concurrency_conflict", "tool.record_unavailable"];
+
 /** A call that did not succeed; `outcome` is the six-field object. */
 export class ToolError extends Error {
   constructor(outcome, content) {
@@ -54,6 +57,9 @@ export class ToolError extends Error {
     this.content = content;
     this.reasonCode = outcome.reason_code;
     this.retryable = outcome.retryable;
+    // No settled outcome yet: calling it again in the same turn is the same
+    // call (the bridge gave its ordinal back).
+    this.unsettled = UNSETTLED.includes(outcome.reason_code);
   }
 }
 /** Policy, scope or a breaker refused the call; nothing ran. */

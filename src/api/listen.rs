@@ -211,8 +211,7 @@ impl ControlApi {
         let routed = Routed { query, request };
         let result = match (method, segments.as_slice()) {
             (Method::GET, ["healthz"]) => Ok(reply(StatusCode::OK, &json!({"status": "ok"}))),
-            (Method::GET, ["readyz"]) if draining => Err(ApiError::Draining),
-            (Method::GET, ["readyz"]) => Ok(reply(StatusCode::OK, &json!({"status": "ready"}))),
+            (Method::GET, ["readyz"]) => Ok(self.parts.readiness.readiness().await),
             (Method::GET, ["metrics"]) => Ok(self.metrics().await),
             (Method::POST, ["v1", "sessions"]) => self.open_session(routed).await,
             (Method::POST, ["v1", "calls"]) => self.calls(routed).await,

@@ -69,6 +69,8 @@ pub struct ApiParts {
     pub in_flight: Arc<InFlight>,
     /// Control connections held at once, on both listeners.
     pub connections: ConnectionCap,
+    /// What `/readyz` answers, as the operations listener does.
+    pub readiness: Arc<ops::Operations>,
     /// Now.
     pub clock: Arc<dyn Clock>,
     /// Limits.

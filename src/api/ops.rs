@@ -1,7 +1,8 @@
 //! The operations listener: `/metrics`, `/healthz` and `/readyz` on TCP for
 //! Prometheus and orchestrator probes, and nothing else: no tenant data, no
-//! control. Ready means the store answers, is migrated, and the process is
-//! not draining.
+//! control. Ready means the process is not draining, holds a live worker
+//! lease, has warmed its servers' discovery (or waited its bound for it),
+//! and the store answers and is migrated.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::bridge::http::{ConnectionCap, InFlight, Reply, error, reply, serve_connection};
+use crate::pipeline::Lease;
 use crate::ports::{Metrics, Schema};
 
 /// A request head must arrive within this.
@@ -26,6 +28,12 @@ pub struct Operations {
     pub schema: Arc<dyn Schema>,
     /// Whether the process is draining.
     pub in_flight: Arc<InFlight>,
+    /// The worker's lease: a process that may not claim is not ready.
+    pub lease: Arc<Lease>,
+    /// Fires once the warm-up's first round is done.
+    pub warmed: CancellationToken,
+    /// When readiness stops waiting for the warm-up.
+    pub warm_up_bound: tokio::time::Instant,
     /// Connections held at once.
     pub connections: ConnectionCap,
 }
@@ -96,12 +104,27 @@ impl Operations {
         }
     }
 
-    async fn readiness(&self) -> Reply {
+    /// `/readyz`, as both listeners answer it.
+    pub async fn readiness(&self) -> Reply {
         if self.in_flight.draining() {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "draining",
                 "toolgate is shutting down",
+            );
+        }
+        if !self.lease.is_live() {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lease_not_live",
+                "toolgate holds no live worker lease and takes no calls",
+            );
+        }
+        if !self.warmed.is_cancelled() && tokio::time::Instant::now() < self.warm_up_bound {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "warming_up",
+                "toolgate is discovering its servers",
             );
         }
         match tokio::time::timeout(STORE_TIMEOUT, self.schema.pending_migrations()).await {

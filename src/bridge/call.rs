@@ -129,14 +129,14 @@ pub(super) async fn run(
         outcome = pipeline.call(request.clone()).await;
     }
     match outcome {
-        CallOutcome::Finished(Finished {
-            invocation_id: None,
-            outcome,
-            ..
-        }) if outcome.reason_code() == Some(ReasonCode::ToolConcurrencyConflict) => {
-            // Nothing was recorded: the call is in flight elsewhere (another
-            // worker, or recovery). Its ordinal is given back, so the
-            // script's retry is the same call and deduplicates.
+        CallOutcome::Finished(Finished { outcome, .. })
+            if outcome.reason_code().is_some_and(ReasonCode::is_unsettled) =>
+        {
+            // No settled outcome: the call is in flight elsewhere (another
+            // node, or recovery), or its record could not be written. Its
+            // ordinal is given back, so the script's retry is the same call
+            // id and reads the outcome the call's row ends with; a new
+            // ordinal would make it a second call.
             turn.return_ordinal(ordinal);
             reply_text(StatusCode::OK, outcome_text(&outcome, &[], None))
         }

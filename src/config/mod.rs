@@ -160,11 +160,39 @@ pub struct NodeConfig {
     /// same node, and recovers its predecessor's calls at once.
     #[serde(default = "NodeConfig::default_directory")]
     pub directory: PathBuf,
+    /// How long the worker's lease lasts past each renewal, on the store's
+    /// clock: a node that dies holds its calls this long at most (one that
+    /// restarts releases them at once).
+    #[serde(default = "NodeConfig::default_lease")]
+    pub lease_seconds: u32,
+    /// How often the lease is renewed; the node stops claiming and is not
+    /// ready one heartbeat before an unrenewed lease could end.
+    #[serde(default = "NodeConfig::default_heartbeat")]
+    pub heartbeat_seconds: u32,
+    /// How often the recovery sweep looks for calls dead workers left.
+    #[serde(default = "NodeConfig::default_sweep")]
+    pub sweep_seconds: u32,
+    /// How far this host's clock may be from the store's at start-up;
+    /// beyond it `serve` refuses to start.
+    #[serde(default = "NodeConfig::default_clock_skew")]
+    pub maximum_clock_skew_seconds: u32,
 }
 
 impl NodeConfig {
     fn default_directory() -> PathBuf {
         PathBuf::from("var/node")
+    }
+    fn default_lease() -> u32 {
+        30
+    }
+    fn default_heartbeat() -> u32 {
+        10
+    }
+    fn default_sweep() -> u32 {
+        30
+    }
+    fn default_clock_skew() -> u32 {
+        5
     }
 }
 
@@ -172,6 +200,10 @@ impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
             directory: NodeConfig::default_directory(),
+            lease_seconds: NodeConfig::default_lease(),
+            heartbeat_seconds: NodeConfig::default_heartbeat(),
+            sweep_seconds: NodeConfig::default_sweep(),
+            maximum_clock_skew_seconds: NodeConfig::default_clock_skew(),
         }
     }
 }
@@ -491,6 +523,19 @@ pub struct McpConfig {
     /// connects again.
     #[serde(default = "McpConfig::default_reuse")]
     pub discovery_reuse_seconds: u32,
+    /// At start, the operator's servers are discovered in the background,
+    /// one at a time, so the first session pins them without waiting; each
+    /// handshake may take this long (longer than a session waits: services
+    /// restart together on a small host). The node is ready once this first
+    /// round is done, or this long after it began.
+    #[serde(default = "McpConfig::default_warmup_connect_timeout")]
+    pub warmup_connect_timeout_seconds: u32,
+    /// Servers the warm-up could not reach are tried again this often.
+    #[serde(default = "McpConfig::default_warmup_retry")]
+    pub warmup_retry_seconds: u32,
+    /// Rounds of warm-up at most (the first included); 0 turns it off.
+    #[serde(default = "McpConfig::default_warmup_attempts")]
+    pub warmup_attempts: u32,
 }
 
 impl McpConfig {
@@ -499,6 +544,15 @@ impl McpConfig {
     }
     fn default_reuse() -> u32 {
         DEFAULT_DISCOVERY_REUSE_SECONDS
+    }
+    fn default_warmup_connect_timeout() -> u32 {
+        60
+    }
+    fn default_warmup_retry() -> u32 {
+        30
+    }
+    fn default_warmup_attempts() -> u32 {
+        3
     }
 }
 
@@ -510,6 +564,9 @@ impl Default for McpConfig {
             servers: Vec::new(),
             http_servers: Vec::new(),
             discovery_reuse_seconds: DEFAULT_DISCOVERY_REUSE_SECONDS,
+            warmup_connect_timeout_seconds: McpConfig::default_warmup_connect_timeout(),
+            warmup_retry_seconds: McpConfig::default_warmup_retry(),
+            warmup_attempts: McpConfig::default_warmup_attempts(),
         }
     }
 }
@@ -887,6 +944,48 @@ impl Config {
             push(
                 "control.socket_group".into(),
                 "names no group of this system".into(),
+            );
+        }
+        if !(1..=3600).contains(&self.mcp.warmup_connect_timeout_seconds) {
+            push(
+                "mcp.warmup_connect_timeout_seconds".into(),
+                "must be between 1 and 3600".into(),
+            );
+        }
+        if !(1..=3600).contains(&self.mcp.warmup_retry_seconds) {
+            push(
+                "mcp.warmup_retry_seconds".into(),
+                "must be between 1 and 3600".into(),
+            );
+        }
+        if self.mcp.warmup_attempts > 100 {
+            push("mcp.warmup_attempts".into(), "must be at most 100".into());
+        }
+        if !(1..=600).contains(&self.node.heartbeat_seconds) {
+            push(
+                "node.heartbeat_seconds".into(),
+                "must be between 1 and 600".into(),
+            );
+        }
+        if self.node.lease_seconds < self.node.heartbeat_seconds.saturating_mul(3)
+            || self.node.lease_seconds > 3600
+        {
+            push(
+                "node.lease_seconds".into(),
+                "must be at least three heartbeats (node.heartbeat_seconds) and at most 3600"
+                    .into(),
+            );
+        }
+        if !(1..=3600).contains(&self.node.sweep_seconds) {
+            push(
+                "node.sweep_seconds".into(),
+                "must be between 1 and 3600".into(),
+            );
+        }
+        if !(1..=3600).contains(&self.node.maximum_clock_skew_seconds) {
+            push(
+                "node.maximum_clock_skew_seconds".into(),
+                "must be between 1 and 3600".into(),
             );
         }
         if !(1..=64).contains(&self.runtime.worker_threads) {

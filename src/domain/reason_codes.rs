@@ -149,6 +149,11 @@ reason_codes! {
     /// The same call is already running under a live lease.
     ToolConcurrencyConflict => "tool.concurrency_conflict", Failed, retryable: true, None,
         "This call is already in progress.";
+    /// The call's record could not be written or read (the store failed,
+    /// or this node's worker lease is not live): it has no settled outcome
+    /// here yet, and the same call asked again learns the one it gets.
+    ToolRecordUnavailable => "tool.record_unavailable", Failed, retryable: true, None,
+        "The call could not be recorded. Ask again with the same call to learn its outcome.";
     /// The idempotency key was reused with different canonical arguments.
     ToolIdempotencyConflict => "tool.idempotency_conflict", Failed, retryable: false, None,
         "Not performed. A different call was already recorded under this call's identity.";
@@ -193,6 +198,17 @@ reason_codes! {
 }
 
 impl ReasonCode {
+    /// Whether an answer with this code leaves the call without a settled
+    /// outcome: it is in flight elsewhere, or its record could not be
+    /// written. The same call identity asked again is the same call and
+    /// learns its outcome; every other code is the call's settled answer.
+    pub fn is_unsettled(self) -> bool {
+        matches!(
+            self,
+            ReasonCode::ToolConcurrencyConflict | ReasonCode::ToolRecordUnavailable
+        )
+    }
+
     /// Whether this code is a tool failure kind's default or otherwise a
     /// failure a tool (not the pipeline) may report in `ToolFailure`.
     pub fn is_tool_reportable(self) -> bool {

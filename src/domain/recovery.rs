@@ -31,9 +31,50 @@ pub fn decide(class: IdempotencyClass, effect_sent: bool) -> RecoveryDecision {
     }
 }
 
+/// What a call whose tool ran answers when the store fails under its
+/// terminal write. The answer must be what the row will hold whichever way
+/// it ends: written later by the same worker, or taken by recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnwrittenEnd {
+    /// Recovery would end the row uncertain, so it is recorded uncertain
+    /// either way and the answer says so.
+    Uncertain,
+    /// Recovery would run it again (or replay it with its key), so what the
+    /// row ends with is not known yet: the caller asks again with the same
+    /// call and reads it.
+    AskAgain,
+}
+
+/// The rule for [`UnwrittenEnd`]: the recovery table's answer for the row.
+pub fn unwritten_end(class: IdempotencyClass, effect_sent: bool) -> UnwrittenEnd {
+    match decide(class, effect_sent) {
+        RecoveryDecision::Uncertain => UnwrittenEnd::Uncertain,
+        RecoveryDecision::ReExecute | RecoveryDecision::ReplayWithSameKey => UnwrittenEnd::AskAgain,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unwritten_end_follows_the_table() {
+        use IdempotencyClass::*;
+        use UnwrittenEnd::*;
+        let table = [
+            (ReadOnly, false, AskAgain),
+            (ReadOnly, true, AskAgain),
+            (Idempotent, false, AskAgain),
+            (Idempotent, true, AskAgain),
+            (ConditionallyIdempotent, false, AskAgain),
+            (ConditionallyIdempotent, true, AskAgain),
+            (NonIdempotent, false, AskAgain),
+            (NonIdempotent, true, Uncertain),
+        ];
+        for (class, sent, expected) in table {
+            assert_eq!(unwritten_end(class, sent), expected, "{class} sent={sent}");
+        }
+    }
 
     #[test]
     fn the_table() {

@@ -27,9 +27,11 @@ use super::records::{
     terminal_event_kind, unrecorded,
 };
 use super::registry::{RegisteredTool, ToolRegistry};
+use super::settlement::{Settlement, Settler};
+use super::worker::Lease;
 use crate::domain::names::bounded_name;
 use crate::domain::policy::{PolicyDecision, ProposedAction};
-use crate::domain::recovery::{self, RecoveryDecision};
+use crate::domain::recovery::{self, RecoveryDecision, UnwrittenEnd};
 use crate::domain::{
     AgentSpec, ApprovalStatus, ArgumentTrust, ContentPart, Durability, IdempotencyClass,
     InvocationStatus, ReasonCode, SecretValue, SideEffectClass, ToolEventKind, ToolFailure,
@@ -49,6 +51,10 @@ const CONFLICT_KEY_TAG: &str = "veetbot.tool.v1.conflict";
 /// What an excerpted result's whole is stored as.
 const ARTIFACT_MEDIA_TYPE: &str = "text/plain; charset=utf-8";
 
+/// How long a call whose row another worker took waits for that row's
+/// outcome before it answers "in progress".
+const REREAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The executor and what it stands on.
 pub struct Pipeline {
     registry: Arc<ToolRegistry>,
@@ -61,6 +67,8 @@ pub struct Pipeline {
     observer: Arc<dyn StepObserver>,
     mcp: Option<Arc<dyn McpServers>>,
     worker_id: Uuid,
+    lease: Arc<Lease>,
+    settler: Settler,
     settings: PipelineSettings,
 }
 
@@ -87,6 +95,9 @@ pub struct PipelineParts {
     pub mcp: Option<Arc<dyn McpServers>>,
     /// This process's worker (registered with a lease).
     pub worker_id: Uuid,
+    /// That worker's lease as this process sees it: nothing is claimed
+    /// while it is not live.
+    pub lease: Arc<Lease>,
     /// Settings.
     pub settings: PipelineSettings,
 }
@@ -111,7 +122,7 @@ impl Pipeline {
     pub fn new(parts: PipelineParts) -> Self {
         Pipeline {
             registry: parts.registry,
-            invocations: parts.invocations,
+            invocations: parts.invocations.clone(),
             approvals: parts.approvals,
             policy: parts.policy,
             artifacts: parts.artifacts,
@@ -120,6 +131,8 @@ impl Pipeline {
             observer: parts.observer,
             mcp: parts.mcp,
             worker_id: parts.worker_id,
+            lease: parts.lease,
+            settler: Settler::new(parts.invocations.clone()),
             settings: parts.settings,
         }
     }
@@ -229,6 +242,17 @@ impl Pipeline {
         self.worker_id
     }
 
+    /// Rows whose terminal write waits for the store to answer again.
+    pub fn settlements_pending(&self) -> usize {
+        self.settler.pending()
+    }
+
+    /// Waits up to `within` for the rows whose terminal write waits for the
+    /// store; what is left is recovered by the table once the lease ends.
+    pub async fn drain_settlements(&self, within: std::time::Duration) {
+        self.settler.drain(within).await;
+    }
+
     fn reached(&self, point: Point, request: &CallRequest) {
         self.observer.reached(point, &request.call_id);
     }
@@ -276,13 +300,20 @@ impl Pipeline {
     }
 
     async fn call_steps(&self, request: &CallRequest) -> CallOutcome {
+        // A worker whose lease is not live claims nothing: the call is not
+        // started here, and the same call asked again (here once the lease
+        // is renewed, or on another node) is served.
+        if !self.lease.is_live() {
+            return unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable);
+        }
         match self.steps(request).await {
             Ok(outcome) => outcome,
-            // The store failing is the one thing the pipeline cannot record;
-            // the caller learns the call is not known to have run.
+            // The store failed before the call's tool ran (a failure after
+            // is answered where it happens): whatever it recorded, the same
+            // call asked again reads it, and nothing it may hold runs twice.
             Err(error) => {
                 tracing::error!(error = %error, call_id = %request.call_id, "store failure in the pipeline");
-                unrecorded(request.name.clone(), ReasonCode::ToolInternalError)
+                unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable)
             }
         }
     }
@@ -643,7 +674,9 @@ impl Pipeline {
             None => tally.counts.push((status, code, 1)),
         }
         if breaker::synthesis_only(&tally) {
-            let fresh = self
+            // The call is settled; a tally that cannot be read leaves the
+            // flag unset rather than the answer unsaid.
+            match self
                 .invocations
                 .breaker_tally(
                     &request.tenant_id,
@@ -651,8 +684,13 @@ impl Pipeline {
                     tool_name,
                     arguments_hash,
                 )
-                .await?;
-            finished.synthesis_only = breaker::synthesis_only(&fresh);
+                .await
+            {
+                Ok(fresh) => finished.synthesis_only = breaker::synthesis_only(&fresh),
+                Err(error) => {
+                    tracing::warn!(error = %error, "breaker tally not read after a settled call")
+                }
+            }
         }
         Ok(outcome)
     }
@@ -795,9 +833,21 @@ impl Pipeline {
         }
     }
 
-    /// What the row says now, after another writer may have moved it.
+    /// What the row says, after another writer moved it: its outcome once
+    /// it has one (waited for a little, as its new owner may be settling
+    /// it), else "in progress", which the same call asked again resolves.
     async fn reread(&self, request: &CallRequest, id: Uuid) -> Result<CallOutcome, StoreError> {
-        match self.invocations.invocation(&request.tenant_id, id).await? {
+        let deadline = tokio::time::Instant::now() + REREAD_WAIT;
+        let mut wait = std::time::Duration::from_millis(20);
+        let mut row = self.invocations.invocation(&request.tenant_id, id).await?;
+        while row.as_ref().is_some_and(|row| !row.status.is_terminal())
+            && tokio::time::Instant::now() + wait < deadline
+        {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(std::time::Duration::from_millis(250));
+            row = self.invocations.invocation(&request.tenant_id, id).await?;
+        }
+        match row {
             Some(row) if row.status.is_terminal() => Ok(recorded(&row)),
             Some(row) => Ok(CallOutcome::Finished(Finished {
                 invocation_id: Some(row.id),
@@ -1459,17 +1509,25 @@ impl Pipeline {
         event.duration_ms = executed.as_ref().map(|(_, ms)| *ms);
         event.output_bytes = terminal.output_bytes;
         event.truncated = terminal.truncated;
-        let written = self
+        let now = self.clock.now();
+        let written = match self
             .invocations
             .complete_invocation(
                 &request.tenant_id,
                 row.id,
                 fence,
                 &terminal,
-                &[event],
-                self.clock.now(),
+                &[event.clone()],
+                now,
             )
-            .await?;
+            .await
+        {
+            Ok(written) => written,
+            Err(error) => {
+                tracing::error!(error = %error, call_id = %request.call_id, "the result was not recorded; this worker keeps it");
+                return Ok(self.settle_later(row, fence, terminal, event, effect_sent, now));
+            }
+        };
         if !written {
             // Another worker took the row over while this attempt ran: its
             // record, not this attempt's, is the call's.
@@ -1478,7 +1536,10 @@ impl Pipeline {
         if let (Conclusion::Succeeded { result, .. }, None) = (&finish, reason_code)
             && let Some(evidence_key) = &result.evidence_key
         {
-            self.invocations
+            // The row is settled: evidence lost to a failing store costs a
+            // restart of the loop count, never the answer.
+            if let Err(error) = self
+                .invocations
                 .record_evidence(
                     &request.tenant_id,
                     row.run_id,
@@ -1487,7 +1548,10 @@ impl Pipeline {
                     evidence_key,
                     breaker::MAXIMUM_RESTARTS,
                 )
-                .await?;
+                .await
+            {
+                tracing::warn!(error = %error, "evidence key not recorded");
+            }
         }
 
         // 14. Render.
@@ -1505,6 +1569,59 @@ impl Pipeline {
             data,
             synthesis_only: false,
         }))
+    }
+
+    /// The store failed under a terminal write whose tool ran. The answer
+    /// is what the row will hold whichever way it ends, and this worker
+    /// keeps the record to write when the store answers again: uncertain
+    /// where recovery would end it so (the tool's own conclusion is kept
+    /// beside it for the reviewer); otherwise the record as concluded, and
+    /// "ask again", which the same call resolves.
+    fn settle_later(
+        &self,
+        row: &InvocationRecord,
+        fence: Fence,
+        terminal: TerminalRecord,
+        event: crate::ports::ToolEvent,
+        effect_sent: bool,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> CallOutcome {
+        let (terminal, event, answer) = match recovery::unwritten_end(
+            row.idempotency_class,
+            effect_sent,
+        ) {
+            UnwrittenEnd::Uncertain => {
+                let code = ReasonCode::ToolOutcomeUnknown;
+                let mut uncertain = TerminalRecord::without_result(code);
+                uncertain.error = Some(json!({
+                    "kind": "outcome_unknown",
+                    "detail": "the store failed before this call's result was recorded; the tool concluded as `concluded` says",
+                    "concluded": terminal.outcome_status.as_str(),
+                    "concluded_reason_code": terminal.reason_code.map(ReasonCode::as_str),
+                }));
+                let mut event = event;
+                event.kind = terminal_event_kind(ToolOutcomeStatus::Uncertain);
+                event.outcome_status = Some(ToolOutcomeStatus::Uncertain);
+                event.reason_code = Some(code);
+                (uncertain, event, code)
+            }
+            UnwrittenEnd::AskAgain => (terminal, event, ReasonCode::ToolRecordUnavailable),
+        };
+        self.settler.hand_over(Settlement {
+            tenant_id: row.tenant_id.clone(),
+            id: row.id,
+            fence,
+            terminal,
+            events: vec![event],
+            now,
+        });
+        CallOutcome::Finished(Finished {
+            invocation_id: Some(row.id),
+            outcome: ToolOutcome::not_succeeded(row.tool_name.clone(), answer),
+            content: Vec::new(),
+            data: None,
+            synthesis_only: false,
+        })
     }
 
     /// ADR-0123: a `tool.call` is checked against its own schema, the tool
@@ -1818,31 +1935,41 @@ impl Pipeline {
         )
     }
 
-    /// Recovery: takes over the rows of dead workers, a batch at a time, and
-    /// re-enters the one pipeline function with each.
-    pub async fn recover(&self, batch: i64) -> Result<RecoveryReport, StoreError> {
+    /// Recovery: takes over the rows of dead workers, up to `batch` a round
+    /// and `rounds` rounds (what one sweep takes is bounded; the next takes
+    /// the rest), and re-enters the one pipeline function with each. What
+    /// the table settles without the tool is settled first, before any
+    /// server is prepared; servers are prepared only for the tenants of rows
+    /// that must run again and whose tools no session has registered.
+    pub async fn recover(&self, batch: i64, rounds: usize) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
-        // MCP tools are registered when a session prepares its servers; a
-        // row of one is recovered after its tenant's servers are prepared
-        // here, once per sweep, and the servers that did not answer are
-        // remembered.
-        let mut unreachable: HashMap<String, HashSet<String>> = HashMap::new();
-        loop {
+        // The tenants prepared in this sweep, each with its servers that
+        // did not answer.
+        let mut prepared: HashMap<String, HashSet<String>> = HashMap::new();
+        for _ in 0..rounds.max(1) {
+            if !self.lease.is_live() {
+                break;
+            }
             let claim = Claim {
                 worker_id: self.worker_id,
                 now: self.clock.now(),
             };
             let rows = self.invocations.claim_expired(claim, batch).await?;
             if rows.is_empty() {
-                return Ok(report);
+                break;
             }
-            // The tenants with an MCP row whose tool is not registered yet.
-            let wanting: HashSet<String> = rows
+            report.taken += rows.len();
+            let (settled, rest): (Vec<_>, Vec<_>) =
+                rows.into_iter().partition(settled_without_the_tool);
+            let mut outcomes = futures::future::join_all(
+                settled.into_iter().map(|row| self.recover_one(row, None)),
+            )
+            .await;
+            let wanting: HashSet<String> = rest
                 .iter()
                 .filter(|row| {
                     row.tool_source == ToolSource::Mcp
-                        && !settled_without_the_tool(row)
-                        && !unreachable.contains_key(&row.tenant_id)
+                        && !prepared.contains_key(&row.tenant_id)
                         && self
                             .registry
                             .pin_exact(&row.tenant_id, &row.tool_name, &row.tool_version)
@@ -1850,36 +1977,46 @@ impl Pipeline {
                 })
                 .map(|row| row.tenant_id.clone())
                 .collect();
-            if let Some(servers) = &self.mcp {
-                for tenant in wanting {
-                    let discoveries = servers.discover(&tenant).await;
-                    let (_, record) = register_discoveries(&self.registry, &tenant, discoveries);
-                    let down = record
-                        .events
-                        .iter()
-                        .filter_map(|event| match event {
-                            PlatformEvent::ServerDisconnected { server_id, .. } => {
-                                Some(server_id.clone())
-                            }
-                            _ => None,
-                        })
-                        .collect();
-                    unreachable.insert(tenant, down);
-                }
-            }
-            report.taken += rows.len();
-            // The rows are independent; none waits behind another's tool.
-            let outcomes = futures::future::join_all(rows.into_iter().map(|row| {
-                let down = unreachable.get(&row.tenant_id);
-                self.recover_one(row, down)
-            }))
+            let discovered = futures::future::join_all(
+                wanting
+                    .into_iter()
+                    .map(|tenant| async move { (self.prepare_servers(&tenant).await, tenant) }),
+            )
             .await;
+            prepared.extend(discovered.into_iter().map(|(down, tenant)| (tenant, down)));
+            // The rows are independent; none waits behind another's tool.
+            outcomes.extend(
+                futures::future::join_all(rest.into_iter().map(|row| {
+                    let down = prepared.get(&row.tenant_id);
+                    self.recover_one(row, down)
+                }))
+                .await,
+            );
             for outcome in outcomes {
                 if outcome?.status() == Some(ToolOutcomeStatus::Uncertain) {
                     report.uncertain += 1;
                 }
             }
         }
+        Ok(report)
+    }
+
+    /// Registers a tenant's MCP tools for recovery; returns the servers
+    /// that did not answer.
+    async fn prepare_servers(&self, tenant: &str) -> HashSet<String> {
+        let Some(servers) = &self.mcp else {
+            return HashSet::new();
+        };
+        let discoveries = servers.discover(tenant).await;
+        let (_, record) = register_discoveries(&self.registry, tenant, discoveries);
+        record
+            .events
+            .iter()
+            .filter_map(|event| match event {
+                PlatformEvent::ServerDisconnected { server_id, .. } => Some(server_id.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     async fn recover_one(

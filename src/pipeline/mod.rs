@@ -18,6 +18,7 @@ pub mod preparation;
 mod records;
 pub mod registry;
 pub mod sessions;
+mod settlement;
 pub mod tenant_servers;
 pub mod validation;
 pub mod worker;
@@ -34,4 +35,4 @@ pub use registry::{
     RejectionReason, StartupError, ToolNotFound, ToolRegistry,
 };
 pub use validation::{ArgumentError, CompiledSchema, SchemaCache, SchemaError, SchemaOrigin};
-pub use worker::{Worker, WorkerSettings};
+pub use worker::{Lease, NodePlace, Worker, WorkerError, WorkerSettings};

@@ -23,8 +23,9 @@ pub use store::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BreakerTally, CatalogEntry, CatalogGeneration,
     CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome,
     InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, QueueDepths, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore,
-    Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
+    PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
+    SessionRecord, SessionStore, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use tool::{
     ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken,

@@ -18,10 +18,14 @@ use toolgate::domain::{
     AgentSpec, ArgumentTrust, PolicyProfile, Principal, RuntimeEnvironment, TargetKind, TrustLevel,
 };
 use toolgate::pipeline::{
-    CallOutcome, CallRequest, Pipeline, PipelineParts, PipelineSettings, Point, RegistryLimits,
-    StepObserver, ToolRegistry, Unobserved,
+    CallOutcome, CallRequest, Lease, Pipeline, PipelineParts, PipelineSettings, Point,
+    RegistryLimits, StepObserver, ToolRegistry, Unobserved,
 };
-use toolgate::ports::{Clock, SystemClock, WorkerLease};
+use toolgate::ports::{Clock, SystemClock, WorkerRegistration};
+
+/// A harness worker's lease: long, since it never renews it; a crashed
+/// harness's lease is released by the next process of its node.
+const LEASE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One job, as the crash tests write it.
 #[derive(Debug, serde::Deserialize)]
@@ -38,8 +42,8 @@ struct Job {
     /// A point name at which to abort.
     #[serde(default)]
     failpoint: Option<String>,
-    /// The worker's lease, in milliseconds.
-    lease_ms: i64,
+    /// The node the harness process is (its worker's node id).
+    node: String,
     /// `allow` (every call allowed) or `built_in` (external writes need
     /// approval).
     policy: String,
@@ -100,12 +104,15 @@ async fn run(job: Job) -> Result<Value, String> {
     let clock = Arc::new(SystemClock);
     let worker_id = uuid::Uuid::new_v4();
     let now = clock.now();
+    // A harness is the node its job names: a process of the same node after
+    // a crash is its restart, and releases the crashed one's lease; racing
+    // harnesses of different nodes hold live leases side by side.
     store
-        .register_worker(&WorkerLease {
+        .register_worker(&WorkerRegistration {
             worker_id,
-            node: "harness".into(),
-            started_at: now,
-            lease_expires_at: now + chrono::Duration::milliseconds(job.lease_ms),
+            node: job.node,
+            host: "harness".into(),
+            lease: LEASE,
         })
         .await
         .map_err(|e| e.to_string())?;
@@ -120,13 +127,14 @@ async fn run(job: Job) -> Result<Value, String> {
         observer,
         mcp: None,
         worker_id,
+        lease: Arc::new(Lease::until(tokio::time::Instant::now() + LEASE)),
         settings: PipelineSettings {
             inline_maximum_bytes: DEFAULT_INLINE_MAXIMUM_BYTES,
         },
     });
     let result = match (job.mode.as_str(), job.request) {
         ("recover", _) => {
-            let report = pipeline.recover(100).await.map_err(|e| e.to_string())?;
+            let report = pipeline.recover(100, 10).await.map_err(|e| e.to_string())?;
             json!({"taken": report.taken, "uncertain": report.uncertain})
         }
         ("call", Some(request)) => {
@@ -190,7 +198,7 @@ async fn run(job: Job) -> Result<Value, String> {
         _ => return Err("mode must be call (with a request) or recover".into()),
     };
     store
-        .release_worker(worker_id, SystemClock.now())
+        .release_worker(worker_id)
         .await
         .map_err(|e| e.to_string())?;
     Ok(result)

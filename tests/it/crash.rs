@@ -15,10 +15,6 @@ use uuid::Uuid;
 use crate::store::PgSchema;
 
 const TENANT: &str = "tenant-crash";
-/// Short, so a crashed worker's lease runs out quickly.
-const LEASE_MS: i64 = 150;
-/// For harness processes that do not crash.
-const LIVE_LEASE_MS: i64 = 30_000;
 
 struct Job<'a> {
     store_url: &'a str,
@@ -29,8 +25,9 @@ struct Job<'a> {
     tool: &'a str,
     arguments: &'a Value,
     ids: (Uuid, Uuid, &'a str),
-    /// How long a harness worker's lease lasts unrenewed.
-    lease_ms: i64,
+    /// The node the harness process is: a process after a crash of the
+    /// same node is its restart, which releases the crashed one's lease.
+    node: &'a str,
 }
 
 /// The harness binary, built by `cargo test` as an example.
@@ -57,7 +54,7 @@ fn run(job: &Job<'_>) -> (bool, Value) {
         "artifacts": job.folder.join("artifacts"),
         "mode": job.mode,
         "failpoint": job.failpoint.map(Point::as_str),
-        "lease_ms": job.lease_ms,
+        "node": job.node,
         "policy": job.policy,
         "request": {
             "tenant_id": TENANT,
@@ -162,6 +159,7 @@ async fn crash_matrix(name: &str, store_url: &str, store: &dyn Store) {
                 Uuid::new_v4(),
                 format!("call-{}", point.as_str()),
             );
+            let node = Uuid::new_v4().to_string();
             // The approval point is on the path only where policy asks.
             let policy = if point == Point::Approval {
                 "built_in"
@@ -177,11 +175,10 @@ async fn crash_matrix(name: &str, store_url: &str, store: &dyn Store) {
                 tool,
                 arguments,
                 ids: (session, run_id, &call),
-                lease_ms: LEASE_MS,
+                node: &node,
             };
             let case = format!("{name} {tool} crash at {}", point.as_str());
             let (completed, _) = run(&job("call", Some(point), policy));
-            std::thread::sleep(std::time::Duration::from_millis(LEASE_MS as u64 + 100));
             run(&job("recover", None, "allow"));
 
             let rows = store.run_invocations(TENANT, run_id).await.unwrap();
@@ -274,7 +271,8 @@ async fn gate_08_two_processes_on_one_database_execute_once() {
     let arguments = json!({"line": "raced"});
     for round in 0..5 {
         let (session, run_id, call) = (Uuid::new_v4(), Uuid::new_v4(), format!("call-{round}"));
-        let job = Job {
+        let (node_a, node_b) = (Uuid::new_v4().to_string(), Uuid::new_v4().to_string());
+        let job = |node| Job {
             store_url: &schema.url,
             folder: folder.path(),
             mode: "call",
@@ -283,13 +281,13 @@ async fn gate_08_two_processes_on_one_database_execute_once() {
             tool: "demo.external_write",
             arguments: &arguments,
             ids: (session, run_id, &call),
-            // Nobody crashes here: a lease that outlives a loaded machine's
-            // pauses keeps a live racer from being taken for a dead one.
-            lease_ms: LIVE_LEASE_MS,
+            // Two nodes, each with a live lease: neither is taken for dead.
+            node,
         };
+        let (job_a, job_b) = (job(&node_a), job(&node_b));
         let (a, b) = std::thread::scope(|scope| {
-            let a = scope.spawn(|| run(&job));
-            let b = scope.spawn(|| run(&job));
+            let a = scope.spawn(|| run(&job_a));
+            let b = scope.spawn(|| run(&job_b));
             (a.join().unwrap(), b.join().unwrap())
         });
         let statuses: Vec<&str> = [&a.1, &b.1]
@@ -360,6 +358,7 @@ async fn a_read_whose_commits_were_lost_runs_again() {
 
     // 1. Intent and claim kept, the result lost: the row is RUNNING again.
     let (session, run_id) = (Uuid::new_v4(), Uuid::new_v4());
+    let node = Uuid::new_v4().to_string();
     let job = |mode, failpoint| Job {
         store_url: &url,
         folder: folder.path(),
@@ -369,13 +368,12 @@ async fn a_read_whose_commits_were_lost_runs_again() {
         tool: "demo.echo",
         arguments: &arguments,
         ids: (session, run_id, "lost-result"),
-        lease_ms: LEASE_MS,
+        node: &node,
     };
     let (completed, _) = run(&job("call", Some(Point::Execute)));
     assert!(!completed, "the harness stops after the claim");
     let claimed = folder.path().join("claimed");
     files(&claimed);
-    std::thread::sleep(std::time::Duration::from_millis(LEASE_MS as u64 + 100));
     let (ok, first) = run(&job("call", None));
     assert!(ok);
     assert_eq!(first["outcome"]["status"], "succeeded", "{first}");
@@ -389,7 +387,6 @@ async fn a_read_whose_commits_were_lost_runs_again() {
         InvocationStatus::Running,
         "the result is gone"
     );
-    std::thread::sleep(std::time::Duration::from_millis(LEASE_MS as u64 + 100));
     let (ok, replay) = run(&job("call", None));
     assert!(ok);
     assert_eq!(replay["outcome"]["status"], "succeeded", "{replay}");
@@ -412,7 +409,7 @@ async fn a_read_whose_commits_were_lost_runs_again() {
         tool: "demo.echo",
         arguments: &arguments,
         ids: (session, run_id, "lost-everything"),
-        lease_ms: LEASE_MS,
+        node: &node,
     };
     let empty = folder.path().join("empty");
     files(&empty);

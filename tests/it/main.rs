@@ -10,6 +10,7 @@ mod fuzz;
 mod gates;
 mod http;
 mod mcp;
+mod nodes;
 mod operations;
 mod pipeline;
 mod recovery;

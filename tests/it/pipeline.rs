@@ -20,13 +20,13 @@ use toolgate::domain::{
 };
 use toolgate::pipeline::output::RenderedPart;
 use toolgate::pipeline::{
-    CallOutcome, CallRequest, DataPart, Finished, Pipeline, PipelineParts, PipelineSettings, Point,
-    RegistryLimits, StepObserver, ToolRegistry,
+    CallOutcome, CallRequest, DataPart, Finished, Lease, Pipeline, PipelineParts, PipelineSettings,
+    Point, RegistryLimits, StepObserver, ToolRegistry,
 };
 use toolgate::ports::{
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord,
     InvocationStore, NewInvocation, PolicyEngine, Store, StoreError, SystemClock, TerminalRecord,
-    Tool, ToolEvent, ToolExecutionContext, WorkerLease,
+    Tool, ToolEvent, ToolExecutionContext, WorkerRegistration,
 };
 use uuid::Uuid;
 
@@ -180,6 +180,7 @@ impl InvocationStore for FaultyWatermark {
         settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
         complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+        release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
         complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
@@ -237,6 +238,21 @@ pub async fn harness_over(
 
 /// A harness whose pipeline claims under `worker` (registered by the
 /// caller), or under a worker of its own.
+/// Registers a worker on a node of its own, its lease `lease` long.
+pub async fn register_worker(store: &dyn Store, lease: std::time::Duration) -> Uuid {
+    let worker_id = Uuid::new_v4();
+    store
+        .register_worker(&WorkerRegistration {
+            worker_id,
+            node: worker_id.to_string(),
+            host: "test".into(),
+            lease,
+        })
+        .await
+        .unwrap();
+    worker_id
+}
+
 pub async fn harness_for(
     store: Arc<dyn Store>,
     policy: Arc<dyn PolicyEngine>,
@@ -331,20 +347,7 @@ async fn build_harness(
     );
     let worker_id = match worker {
         Some(worker_id) => worker_id,
-        None => {
-            let worker_id = Uuid::new_v4();
-            let now = Utc::now();
-            store
-                .register_worker(&WorkerLease {
-                    worker_id,
-                    node: "test".into(),
-                    started_at: now,
-                    lease_expires_at: now + Duration::seconds(60),
-                })
-                .await
-                .unwrap();
-            worker_id
-        }
+        None => register_worker(store.as_ref(), std::time::Duration::from_secs(3600)).await,
     };
     let recorder = Arc::new(Recorder::default());
     let artifacts = FsArtifactStore::new(folder.path().join("artifacts"));
@@ -361,6 +364,9 @@ async fn build_harness(
         observer: recorder.clone(),
         mcp: None,
         worker_id,
+        lease: Arc::new(Lease::until(
+            tokio::time::Instant::now() + std::time::Duration::from_secs(3600),
+        )),
         settings: PipelineSettings {
             inline_maximum_bytes: 4096,
         },
@@ -1002,17 +1008,10 @@ async fn recovery_applies_the_table() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let harness = harness(store.clone(), allow_all()).await;
-        let dead = Uuid::new_v4();
+        // A worker that leaves rows behind, then dies (released, as its
+        // node's restart releases it).
+        let dead = register_worker(store.as_ref(), std::time::Duration::from_secs(60)).await;
         let now = Utc::now();
-        store
-            .register_worker(&WorkerLease {
-                worker_id: dead,
-                node: "dead".into(),
-                started_at: now,
-                lease_expires_at: now - Duration::seconds(1),
-            })
-            .await
-            .unwrap();
         // Leave rows as a crashed worker would: intent persisted and claimed,
         // with or without the watermark.
         let cases = [
@@ -1050,7 +1049,8 @@ async fn recovery_applies_the_table() {
             }
             ids.push(running.id);
         }
-        let report = harness.pipeline.recover(10).await.unwrap();
+        store.release_worker(dead).await.unwrap();
+        let report = harness.pipeline.recover(10, 10).await.unwrap();
         assert!(report.taken >= 4, "{name}: {report:?}");
         let statuses: Vec<(InvocationStatus, Option<ReasonCode>)> = {
             let mut out = Vec::new();
@@ -1088,7 +1088,7 @@ async fn recovery_applies_the_table() {
             "v"
         );
         // An uncertain call is never re-run by a later sweep.
-        let again = harness.pipeline.recover(10).await.unwrap();
+        let again = harness.pipeline.recover(10, 10).await.unwrap();
         assert_eq!(again.taken, 0, "{name}");
     }
 }
@@ -1119,6 +1119,7 @@ async fn the_breaker_is_read_only_where_it_has_something_to_count() {
             claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
             mark_effect_sent(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, durability: Durability) -> Result<bool, StoreError>;
             complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
             suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
@@ -1281,7 +1282,11 @@ async fn evidence_restarts_are_capped_at_32() {
 /// worker's periodic sweep recovers them.
 #[tokio::test]
 async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
-    use toolgate::pipeline::{Worker, WorkerSettings};
+    use toolgate::pipeline::{NodePlace, Worker, WorkerSettings};
+    let place = |name: &str| NodePlace {
+        node: format!("{name}-{}", Uuid::new_v4()),
+        host: "test".into(),
+    };
     let backends = backends().await;
     for (name, store) in &backends.stores {
         // A lease ten heartbeats long, so a busy test machine cannot starve
@@ -1291,15 +1296,16 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
             heartbeat: std::time::Duration::from_millis(100),
             sweep: std::time::Duration::from_millis(100),
             sweep_batch: 10,
+            ..WorkerSettings::default()
         };
         let clock: Arc<dyn toolgate::ports::Clock> = Arc::new(SystemClock);
         let a = Arc::new(
-            Worker::register(store.clone(), clock.clone(), "a", fast)
+            Worker::register(store.clone(), clock.clone(), &place("a"), fast)
                 .await
                 .unwrap(),
         );
         let b = Arc::new(
-            Worker::register(store.clone(), clock.clone(), "b", fast)
+            Worker::register(store.clone(), clock.clone(), &place("b"), fast)
                 .await
                 .unwrap(),
         );
@@ -1436,19 +1442,12 @@ async fn recovery_refused_by_authority_settles_the_row() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let harness = harness(store.clone(), allow_all()).await;
-        let dead = Uuid::new_v4();
-        let now = Utc::now();
-        store
-            .register_worker(&WorkerLease {
-                worker_id: dead,
-                node: "dead".into(),
-                started_at: now,
-                lease_expires_at: now - Duration::seconds(1),
-            })
-            .await
-            .unwrap();
+        // A worker that leaves rows behind, then dies (released, as its
+        // node's restart releases it).
+        let dead = register_worker(store.as_ref(), std::time::Duration::from_secs(60)).await;
         let mut request = harness.request("demo.external_write", json!({"line": "not again"}));
         let row = leave_running(&harness, store.as_ref(), &request, dead).await;
+        store.release_worker(dead).await.unwrap();
         let taken = store
             .take_over(
                 TENANT,
@@ -1571,20 +1570,13 @@ async fn recovery_without_standing_authority_asks_a_human_again() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let harness = harness(store.clone(), Arc::new(RuleFilePolicy::built_in())).await;
-        let dead = Uuid::new_v4();
-        let now = Utc::now();
-        store
-            .register_worker(&WorkerLease {
-                worker_id: dead,
-                node: "dead".into(),
-                started_at: now,
-                lease_expires_at: now - Duration::seconds(1),
-            })
-            .await
-            .unwrap();
+        // A worker that leaves rows behind, then dies (released, as its
+        // node's restart releases it).
+        let dead = register_worker(store.as_ref(), std::time::Duration::from_secs(60)).await;
         let request = harness.request("demo.external_write", json!({"line": "asked again"}));
         let row = leave_running(&harness, store.as_ref(), &request, dead).await;
-        let report = harness.pipeline.recover(10).await.unwrap();
+        store.release_worker(dead).await.unwrap();
+        let report = harness.pipeline.recover(10, 10).await.unwrap();
         assert_eq!(report.taken, 1, "{name}");
         let waiting = store.invocation(TENANT, row.id).await.unwrap().unwrap();
         assert_eq!(
@@ -1684,6 +1676,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
             complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
             suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
@@ -1754,6 +1747,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
         delegate! {
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
+            release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
             suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;

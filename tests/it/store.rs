@@ -14,8 +14,8 @@ use toolgate::domain::{
     SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 use toolgate::ports::{
-    Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Schema, SessionRecord, Store,
-    StoreError, TerminalRecord, ToolEvent, WorkerLease,
+    Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Renewal, Schema, SessionRecord,
+    Store, StoreError, TerminalRecord, ToolEvent, WorkerRegistration,
 };
 use uuid::Uuid;
 
@@ -170,15 +170,16 @@ fn now() -> DateTime<Utc> {
     DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("in range")
 }
 
+/// A worker of a node of its own, with a lease `lease` long on the store's
+/// clock (a negative one is over already).
 async fn worker(store: &dyn Store, lease: Duration) -> Uuid {
     let worker_id = Uuid::new_v4();
-    let now = now();
     store
-        .register_worker(&WorkerLease {
+        .register_worker(&WorkerRegistration {
             worker_id,
-            node: "test".into(),
-            started_at: now,
-            lease_expires_at: now + lease,
+            node: worker_id.to_string(),
+            host: "test".into(),
+            lease: lease.to_std().unwrap_or_default(),
         })
         .await
         .expect("registers");
@@ -1018,19 +1019,21 @@ async fn recovery_takes_only_rows_of_dead_workers() {
                 running_dead = Some(new.id);
             }
         }
-        store.release_worker(released, now()).await.unwrap();
-        assert!(
-            !store
-                .heartbeat(released, now() + Duration::seconds(60))
-                .await
-                .unwrap(),
+        store.release_worker(released).await.unwrap();
+        let minute = std::time::Duration::from_secs(60);
+        assert_eq!(
+            store.heartbeat(released, minute).await.unwrap(),
+            Renewal::Lost,
             "{name}: released stays released"
         );
-        assert!(
-            store
-                .heartbeat(live, now() + Duration::seconds(60))
-                .await
-                .unwrap()
+        assert!(matches!(
+            store.heartbeat(live, minute).await.unwrap(),
+            Renewal::Renewed { .. }
+        ));
+        assert_eq!(
+            store.heartbeat(dead, minute).await.unwrap(),
+            Renewal::Lost,
+            "{name}: a lease that ran out is not revived"
         );
 
         let sweeper = worker(store.as_ref(), Duration::seconds(60)).await;

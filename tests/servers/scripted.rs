@@ -11,7 +11,8 @@
 //!   environment, its control socket, its database; `stderr` floods its
 //!   stderr with terminal sequences and fake log lines).
 //! - `SCRIPTED_EFFECTS`: a file each `write` appends one line to, so a test
-//!   counts effects from outside both processes.
+//!   counts effects from outside both processes; `SCRIPTED_WRITE_DELAY_MS`
+//!   makes each `write` wait up to that long first.
 //!
 //! State that must outlive one process (the catalog generation after
 //! `change`) lives in `$HOME`, the per-server state folder.
@@ -294,13 +295,16 @@ impl Scripted {
                     .append(true)
                     .open(path)
                     .map_err(|_| ErrorData::internal_error("effects file", None))?;
-                writeln!(file, "{line}").map_err(|_| ErrorData::internal_error("write", None))?;
+                // One write(2) per line: appends from several servers (one
+                // per node) never interleave inside a line.
+                file.write_all(format!("{line}\n").as_bytes())
+                    .map_err(|_| ErrorData::internal_error("write", None))?;
                 file.sync_all()
                     .map_err(|_| ErrorData::internal_error("sync", None))?;
                 if name == "write_then_die" {
                     std::process::exit(3);
                 }
-                Ok(text("written".into()))
+                Ok(text(format!("written {line}")))
             }
             "die" => std::process::exit(3),
             "exit_soon" => {
@@ -527,6 +531,22 @@ impl ServerHandler for Scripted {
                 json!({"content": [{"type": "text",
                     "text": if answer.is_ok() { "sampled" } else { "declined" }}],
                     "isError": answer.is_err()})
+            }
+            "write" => {
+                // A write that takes a while, so a kill can land between the
+                // effect watermark, the effect and its result.
+                if let Some(most) = std::env::var("SCRIPTED_WRITE_DELAY_MS")
+                    .ok()
+                    .and_then(|value| value.parse::<u64>().ok())
+                    .filter(|most| *most > 0)
+                {
+                    let nanos = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|since| u64::from(since.subsec_nanos()))
+                        .unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(nanos % most)).await;
+                }
+                self.call("write", &arguments)?
             }
             name => self.call(name, &arguments)?,
         };

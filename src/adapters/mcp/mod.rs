@@ -19,4 +19,4 @@ pub mod servers;
 
 pub use auth::AuthSettings;
 pub use server::{HttpServerSettings, StdioServerSettings};
-pub use servers::McpServerSet;
+pub use servers::{McpServerSet, WarmUp};

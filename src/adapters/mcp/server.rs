@@ -245,6 +245,10 @@ pub struct McpServer {
     reuse: Option<Duration>,
     shared: Shared,
     live: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    /// Held across a live discovery: a preparation arriving while the
+    /// warm-up (or another preparation) discovers waits for its pin rather
+    /// than making a second handshake.
+    discovering: tokio::sync::Mutex<()>,
     remembered: Mutex<Option<Arc<Remembered>>>,
     /// The newest listing seen after the pin, by remote name.
     current: Mutex<Option<HashMap<String, RemoteTool>>>,
@@ -280,6 +284,7 @@ impl McpServer {
             reuse,
             shared,
             live: tokio::sync::Mutex::new(None),
+            discovering: tokio::sync::Mutex::new(()),
             remembered: Mutex::new(None),
             current: Mutex::new(None),
             last_used: Mutex::new(Instant::now()),
@@ -374,7 +379,19 @@ impl McpServer {
         }
     }
 
+    fn connect_timeout(&self) -> Duration {
+        match &self.endpoint {
+            Endpoint::Stdio(settings) => settings.connect_timeout,
+            Endpoint::Http { settings, .. } => settings.connect_timeout,
+        }
+    }
+
     async fn open(&self) -> Result<Connection, ReasonCode> {
+        self.open_within(self.connect_timeout()).await
+    }
+
+    /// Connects, the handshake bounded by `connect_timeout`.
+    async fn open_within(&self, connect_timeout: Duration) -> Result<Connection, ReasonCode> {
         let hard_ceiling =
             usize::try_from(self.classification().maximum_output_bytes.saturating_mul(4))
                 .unwrap_or(usize::MAX);
@@ -409,7 +426,7 @@ impl McpServer {
                 };
                 Connection::open(
                     &spec,
-                    settings.connect_timeout,
+                    connect_timeout,
                     hard_ceiling,
                     self.shared.metrics.clone(),
                 )
@@ -432,7 +449,7 @@ impl McpServer {
                     &settings.server_id,
                     client,
                     &settings.url,
-                    settings.connect_timeout,
+                    connect_timeout,
                     ceilings,
                 )
                 .await;
@@ -467,7 +484,23 @@ impl McpServer {
         ),
         ReasonCode,
     > {
-        let connection = self.open().await?;
+        self.discover_live_within(self.connect_timeout()).await
+    }
+
+    /// [`Self::discover_live`] with the handshake bounded by `connect_timeout`.
+    async fn discover_live_within(
+        self: &Arc<Self>,
+        connect_timeout: Duration,
+    ) -> Result<
+        (
+            Connection,
+            Vec<RemoteTool>,
+            Vec<RemoteResource>,
+            Vec<RemotePrompt>,
+        ),
+        ReasonCode,
+    > {
+        let connection = self.open_within(connect_timeout).await?;
         let timeout = self.server_request_timeout();
         let listed = async {
             let tools = connection.list_tools(timeout).await?;
@@ -582,6 +615,14 @@ impl McpServer {
         if let Some(remembered) = self.reusable() {
             return remembered.discovery.clone();
         }
+        // Waiting for a discovery under way is bounded as a handshake is:
+        // a warm-up given longer than a session waits is not waited out.
+        let _one = tokio::time::timeout(self.connect_timeout(), self.discovering.lock())
+            .await
+            .ok();
+        if let Some(remembered) = self.reusable() {
+            return remembered.discovery.clone();
+        }
         let failed = |reason_code| ServerDiscovery {
             server: self.row.clone(),
             tenant_id: self.owner.clone(),
@@ -621,6 +662,43 @@ impl McpServer {
                 lock(&self.remembered).take();
                 failed(reason_code)
             }
+        }
+    }
+
+    /// The warm-up's discovery: remembers the catalog (and keeps the
+    /// connection for the first call) so a session pins it without
+    /// connecting; records nothing. Waits for the same slots a preparation
+    /// does, and up to `connect_timeout` for the handshake. Whether the
+    /// server's discovery is remembered now.
+    pub(super) async fn warm_up(
+        self: &Arc<Self>,
+        general: &Semaphore,
+        startup: &Semaphore,
+        connect_timeout: Duration,
+    ) -> bool {
+        let _one = self.discovering.lock().await;
+        if self.reusable().is_some() {
+            return true;
+        }
+        let _process = if self.spawns() {
+            match startup.acquire().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return false,
+            }
+        } else {
+            None
+        };
+        let Ok(_general) = general.acquire().await else {
+            return false;
+        };
+        match self.discover_live_within(connect_timeout).await {
+            Ok((connection, tools, resources, prompts)) => {
+                let has_resources = connection.features().resources;
+                self.remember(tools, resources, prompts, has_resources);
+                self.install(connection).await;
+                true
+            }
+            Err(_) => false,
         }
     }
 

@@ -41,6 +41,17 @@ pub const TENANT_IDLE_TIMEOUT: Duration = Duration::from_secs(900);
 /// configured.
 pub const DEFAULT_DISCOVERY_REUSE: Duration = Duration::from_secs(300);
 
+/// How the warm-up is paced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarmUp {
+    /// Each handshake's bound.
+    pub connect_timeout: Duration,
+    /// How often servers not reached are tried again.
+    pub retry: Duration,
+    /// Rounds in all, the first included.
+    pub attempts: u32,
+}
+
 /// The dialer of a runtime with no egress: every URL is refused.
 struct NoEgress;
 
@@ -211,6 +222,50 @@ impl McpServerSet {
         let mut servers = self.operator.clone();
         servers.extend(lock(&self.tenants).values().flatten().cloned());
         servers
+    }
+
+    /// The warm-up: discovers each enabled operator server, one at a
+    /// time, each handshake bounded by `settings.connect_timeout`, and
+    /// remembers what it finds, recording nothing; servers that did not
+    /// answer are tried again every `settings.retry`, for at most
+    /// `settings.attempts` rounds in all. `first_round` fires once the first
+    /// round is done.
+    pub async fn warm_up(
+        &self,
+        settings: WarmUp,
+        first_round: tokio_util::sync::CancellationToken,
+    ) {
+        let mut waiting: Vec<Arc<McpServer>> = self
+            .operator
+            .iter()
+            .filter(|server| server.enabled())
+            .cloned()
+            .collect();
+        for round in 0..settings.attempts {
+            if round > 0 {
+                tokio::time::sleep(settings.retry).await;
+            }
+            let mut failed = Vec::new();
+            for server in waiting {
+                if !server
+                    .warm_up(&self.general, &self.startup, settings.connect_timeout)
+                    .await
+                {
+                    failed.push(server);
+                }
+            }
+            first_round.cancel();
+            if failed.is_empty() {
+                return;
+            }
+            tracing::info!(
+                servers = failed.len(),
+                round = round + 1,
+                "warm-up: servers not reached yet"
+            );
+            waiting = failed;
+        }
+        first_round.cancel();
     }
 
     /// Closes connections unused for their idle timeout. A connection a call

@@ -98,6 +98,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "an allowed call's intent where the breaker has nothing to count",
         sql: include_str!("../../../migrations/postgres/0012_uncounted_intent.sql"),
     },
+    Migration {
+        version: 13,
+        description: "leases on the database's clock; a node folder's place",
+        sql: include_str!("../../../migrations/postgres/0013_store_clock_leases.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -161,6 +166,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 12,
         description: "an allowed call's intent where the breaker has nothing to count (nothing to do embedded)",
         sql: include_str!("../../../migrations/sqlite/0012_uncounted_intent.sql"),
+    },
+    Migration {
+        version: 13,
+        description: "a node folder's place",
+        sql: include_str!("../../../migrations/sqlite/0013_store_clock_leases.sql"),
     },
 ];
 

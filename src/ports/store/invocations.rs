@@ -385,7 +385,8 @@ pub trait InvocationStore: Send + Sync {
 
     /// The effect watermark: sets `effect_sent_at` once (later calls keep the
     /// first value), committed as durably as `durability` says. `false` when
-    /// the fence is stale: the tool must not start.
+    /// the fence is stale, or the fence's worker no longer holds a live
+    /// lease on the store's clock: the tool must not start.
     fn mark_effect_sent<'a>(
         &'a self,
         tenant_id: &'a str,
@@ -407,6 +408,17 @@ pub trait InvocationStore: Send + Sync {
         terminal: &'a TerminalRecord,
         events: &'a [ToolEvent],
         now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Lets go of a claimed AUTHORIZED or RUNNING row (not suspended) under
+    /// its current fence without ending it, so recovery takes it at once:
+    /// what a worker does with a row it could not settle. `false` when the
+    /// fence is stale.
+    fn release_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Suspends a claimed invocation (a control tool waiting on a user or a
@@ -457,8 +469,9 @@ pub trait InvocationStore: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
 
     /// Recovery: takes over up to `limit` AUTHORIZED or RUNNING rows, not
-    /// suspended, whose worker's lease has expired or was released, each
-    /// under a new fence. Concurrent sweepers never take the same row.
+    /// suspended, whose worker's lease has expired (on the store's clock)
+    /// or was released, or that their worker let go, each under a new
+    /// fence. Concurrent sweepers never take the same row.
     fn claim_expired(
         &self,
         claim: Claim,
@@ -466,9 +479,9 @@ pub trait InvocationStore: Send + Sync {
     ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>>;
 
     /// Deduplication's case 4 for one row: takes over an AUTHORIZED or
-    /// RUNNING row, not suspended, whose worker's lease has expired or was
-    /// released, under a new fence. `None` when its owner is alive (or it
-    /// has moved on).
+    /// RUNNING row, not suspended, whose worker's lease has expired (on the
+    /// store's clock) or was released, or that its worker let go, under a
+    /// new fence. `None` when its owner is alive (or it has moved on).
     fn take_over<'a>(
         &'a self,
         tenant_id: &'a str,

@@ -34,7 +34,7 @@ pub use invocations::{
     QueueDepths, ReviewRecord, ReviewStore, StoredArtifact, TerminalRecord, ToolEvent,
 };
 pub use sessions::{SessionRecord, SessionStore};
-pub use workers::{WorkerLease, WorkerStore};
+pub use workers::{Registration, Renewal, WorkerLease, WorkerRegistration, WorkerStore};
 
 /// Why the store failed. Messages carry no argument, result or secret.
 #[derive(Debug, thiserror::Error)]

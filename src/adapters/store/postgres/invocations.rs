@@ -201,6 +201,31 @@ impl InvocationStore for PostgresStore {
         })
     }
 
+    fn release_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let result = sqlx::query(
+                "UPDATE tool_invocations SET worker_id = NULL, lease_epoch = lease_epoch + 1 \
+                 WHERE id = $1 AND tenant_id = $2 AND status IN ('authorized', 'running') \
+                 AND suspended_kind IS NULL AND worker_id = $3 AND lease_epoch = $4",
+            )
+            .bind(id)
+            .bind(tenant_id)
+            .bind(fence.worker_id)
+            .bind(fence.lease_epoch)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(result.rows_affected() == 1)
+        })
+    }
+
     fn suspend_invocation<'a>(
         &'a self,
         tenant_id: &'a str,
@@ -347,12 +372,15 @@ impl InvocationStore for PostgresStore {
                 // is rechecked against its new version, its new owner is not
                 // among them. (A NOT EXISTS over live workers would pass that
                 // recheck vacuously and steal the row.)
+                // Leases are judged by the database's clock, never the
+                // claimer's. A row its worker let go has no worker.
                 "WITH candidates AS MATERIALIZED (\
                     SELECT i.id AS candidate_id FROM tool_invocations i \
                     WHERE i.status IN ('authorized', 'running') AND i.suspended_kind IS NULL \
-                      AND i.worker_id IN (SELECT w.worker_id FROM workers w \
-                                          WHERE w.released_at IS NOT NULL OR w.lease_expires_at < $2) \
-                    ORDER BY i.created_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                      AND (i.worker_id IS NULL \
+                           OR i.worker_id IN (SELECT w.worker_id FROM workers w \
+                                              WHERE w.released_at IS NOT NULL OR w.lease_expires_at < now())) \
+                    ORDER BY i.created_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  UPDATE tool_invocations t SET worker_id = $1, lease_epoch = t.lease_epoch + 1, \
                  attempt_number = CASE WHEN t.started_at IS NULL THEN t.attempt_number ELSE t.attempt_number + 1 END \
                  FROM candidates c WHERE t.id = c.candidate_id \
@@ -360,7 +388,6 @@ impl InvocationStore for PostgresStore {
                 invocation_columns!()
             ))
             .bind(claim.worker_id)
-            .bind(claim.now)
             .bind(limit)
             .fetch_all(&mut *tx)
             .await
@@ -383,15 +410,15 @@ impl InvocationStore for PostgresStore {
                  attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
                  WHERE id = $1 AND tenant_id = $2 AND status IN ('authorized', 'running') \
                    AND suspended_kind IS NULL \
-                   AND worker_id IN (SELECT w.worker_id FROM workers w \
-                                     WHERE w.released_at IS NOT NULL OR w.lease_expires_at < $4) \
+                   AND (worker_id IS NULL \
+                        OR worker_id IN (SELECT w.worker_id FROM workers w \
+                                         WHERE w.released_at IS NOT NULL OR w.lease_expires_at < now())) \
                  RETURNING ",
                 invocation_columns!()
             ))
             .bind(id)
             .bind(tenant_id)
             .bind(claim.worker_id)
-            .bind(claim.now)
             .fetch_optional(&mut *tx)
             .await
             .map_err(database_error)?;

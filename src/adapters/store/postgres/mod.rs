@@ -18,8 +18,9 @@ use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
     CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,
     InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, QueueDepths, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore,
-    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
+    PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
+    SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Hot-path connections per node: the pipeline's commits are one short
@@ -28,6 +29,9 @@ const MAXIMUM_CONNECTIONS: u32 = 16;
 /// Pooled connections per node for everything else (migrations, reads,
 /// approvals, recovery sweeps).
 const MAXIMUM_POOLED_CONNECTIONS: u32 = 8;
+/// The heartbeat's own connection: a lease is never renewed behind calls,
+/// reads or a sweep waiting for a connection.
+const LEASE_CONNECTIONS: usize = 1;
 
 /// Serializes concurrent `toolgate migrate` runs across nodes.
 const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
@@ -53,6 +57,19 @@ macro_rules! session_columns {
         "session_id, tenant_id, principal, agent, tool_schema_sha256, tool_contract_sha256, opened_at, \
          last_used_at"
     };
+}
+
+/// Whether an error says the connection failed rather than the statement:
+/// what a server restart does to every connection it had.
+fn connection_lost(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        // Class 08 (connection exception) and 57P01-57P03 (shut down).
+        sqlx::Error::Database(database) => database.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
 }
 
 /// Whose rows a transaction may see.
@@ -114,7 +131,16 @@ impl Lease<'_> {
     /// Marks the connection reusable when the statement ended in a known
     /// protocol state, and passes the result on.
     fn settle<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, StoreError> {
-        self.reusable = matches!(&result, Ok(_) | Err(sqlx::Error::Database(_)));
+        self.reusable = result.is_ok()
+            || matches!(&result, Err(error @ sqlx::Error::Database(_)) if !connection_lost(error));
+        if let Err(error) = &result
+            && connection_lost(error)
+            && let Ok(mut idle) = self.set.idle.lock()
+        {
+            // The server went away: the idle connections went with it, and
+            // the next statements open fresh ones rather than each find one.
+            idle.clear();
+        }
         result.map_err(database_error)
     }
 }
@@ -134,6 +160,7 @@ impl Drop for Lease<'_> {
 pub struct PostgresStore {
     pool: PgPool,
     hot: Arc<HotConnections>,
+    lease: Arc<HotConnections>,
 }
 
 impl PostgresStore {
@@ -148,31 +175,51 @@ impl PostgresStore {
             .await
             .map_err(database_error)?;
         let options = PgConnectOptions::from_str(url).map_err(database_error)?;
-        let hot = Arc::new(HotConnections {
-            options,
-            idle: std::sync::Mutex::new(Vec::new()),
-            permits: tokio::sync::Semaphore::new(MAXIMUM_CONNECTIONS as usize),
-        });
-        Ok(PostgresStore { pool, hot })
+        let set = |options: PgConnectOptions, permits: usize| {
+            Arc::new(HotConnections {
+                options,
+                idle: std::sync::Mutex::new(Vec::new()),
+                permits: tokio::sync::Semaphore::new(permits),
+            })
+        };
+        Ok(PostgresStore {
+            pool,
+            hot: set(options.clone(), MAXIMUM_CONNECTIONS as usize),
+            lease: set(options, LEASE_CONNECTIONS),
+        })
     }
 
     /// Opens a transaction scoped for row-level security. The scope is a
-    /// bound parameter, never text spliced into SQL.
+    /// bound parameter, never text spliced into SQL. A pooled connection the
+    /// server ended (a restart ends them all) fails here, before anything
+    /// of the caller's ran, and is dropped; another is tried.
     async fn begin(&self, scope: Scope<'_>) -> Result<Transaction<'static, Postgres>, StoreError> {
         let (tenant, system) = match scope {
             Scope::Tenant(tenant) => (tenant, ""),
             Scope::System => ("", "system"),
         };
-        let mut tx = self.pool.begin().await.map_err(database_error)?;
-        sqlx::query(
-            "SELECT set_config('toolgate.tenant_id', $1, true), set_config('toolgate.scope', $2, true)",
-        )
-        .bind(tenant)
-        .bind(system)
-        .execute(&mut *tx)
-        .await
-        .map_err(database_error)?;
-        Ok(tx)
+        let mut attempt = 0;
+        loop {
+            let begun = async {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(
+                    "SELECT set_config('toolgate.tenant_id', $1, true), set_config('toolgate.scope', $2, true)",
+                )
+                .bind(tenant)
+                .bind(system)
+                .execute(&mut *tx)
+                .await?;
+                Ok::<_, sqlx::Error>(tx)
+            }
+            .await;
+            match begun {
+                Ok(tx) => return Ok(tx),
+                Err(error) if connection_lost(&error) && attempt < MAXIMUM_POOLED_CONNECTIONS => {
+                    attempt += 1;
+                }
+                Err(error) => return Err(database_error(error)),
+            }
+        }
     }
 
     async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {

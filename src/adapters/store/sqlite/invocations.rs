@@ -164,14 +164,20 @@ impl InvocationStore for SqliteStore {
                         "BEGIN IMMEDIATE; \
                          UPDATE tool_invocations SET effect_sent_at = COALESCE(effect_sent_at, $4) \
                          WHERE id = $1 AND status = 'running' AND worker_id = $2 AND lease_epoch = $3 \
-                         AND tenant_id = $5 RETURNING id; \
+                         AND tenant_id = $5 \
+                         AND EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = $2 \
+                                     AND w.released_at IS NULL AND w.lease_expires_at > $6) \
+                         RETURNING id; \
                          COMMIT",
                     )
                     .bind(id.to_string())
                     .bind(fence.worker_id.to_string())
                     .bind(fence.lease_epoch)
                     .bind(micros(now))
-                    .bind(tenant_id),
+                    .bind(tenant_id)
+                    // The lease is judged by the store's clock, as workers
+                    // are renewed by it.
+                    .bind(micros(Utc::now())),
                 )
                 .await?;
             Ok(rows.len() == 1)
@@ -244,6 +250,31 @@ impl InvocationStore for SqliteStore {
             }
             tx.commit().await.map_err(database_error)?;
             Ok(result)
+        })
+    }
+
+    fn release_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let result = sqlx::query(
+                "UPDATE tool_invocations SET worker_id = NULL, lease_epoch = lease_epoch + 1 \
+                 WHERE id = $1 AND tenant_id = $2 AND status IN ('authorized', 'running') \
+                 AND suspended_kind IS NULL AND worker_id = $3 AND lease_epoch = $4",
+            )
+            .bind(id.to_string())
+            .bind(tenant_id)
+            .bind(fence.worker_id.to_string())
+            .bind(fence.lease_epoch)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(result.rows_affected() == 1)
         })
     }
 

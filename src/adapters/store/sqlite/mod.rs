@@ -21,8 +21,9 @@ use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
     CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,
     InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, QueueDepths, ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore,
-    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerStore,
+    PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
+    SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Readers run beside the one writer (WAL).

@@ -1,0 +1,901 @@
+//! Nodes sharing one PostgreSQL store, each a real `toolgate serve`: a lease
+//! that outlives a start-up sweep, clocks that disagree, a copied node
+//! folder, a paused node, the database dying under a call, and readiness
+//! that means it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sqlx::Connection as _;
+use toolgate::adapters::store::PostgresStore;
+use toolgate::domain::InvocationStatus;
+use toolgate::ports::{InvocationRecord, InvocationStore as _, Schema as _};
+use uuid::Uuid;
+
+use crate::serve::{Served, TENANT, http, json_of, sha256};
+use crate::store::PgSchema;
+
+/// A lease of three seconds renewed every second, swept every second: what
+/// happens at thirty seconds in production happens here in three.
+const FAST_NODE: &str = "\n[node]\nlease_seconds = 3\nheartbeat_seconds = 1\nsweep_seconds = 1\n";
+
+/// Whether a test that needs a tool (faketime) must fail rather than skip
+/// without it.
+fn required() -> bool {
+    std::env::var("CI").is_ok_and(|value| value == "true")
+        || std::env::var("TOOLGATE_REQUIRE_POSTGRES").is_ok_and(|value| value == "1")
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free port")
+}
+
+/// A GET over TCP: (status, body).
+fn get_tcp(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: ops\r\nConnection: close\r\n\r\n"
+    );
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A node on `store_url`: the quickstart's test configuration with `extra`
+/// appended, every `write` waiting `write_delay_ms` first and appending to
+/// `effects`, and `env` added to its environment.
+fn node(
+    store_url: &str,
+    effects: &Path,
+    write_delay_ms: u64,
+    extra: &str,
+    env: &[(&str, String)],
+) -> Served {
+    node_with(store_url, effects, write_delay_ms, "", extra, env)
+}
+
+/// [`node`], with `mcp` added to its `[mcp]` table.
+fn node_with(
+    store_url: &str,
+    effects: &Path,
+    write_delay_ms: u64,
+    mcp: &str,
+    extra: &str,
+    env: &[(&str, String)],
+) -> Served {
+    let (url, effects, mcp, extra) = (
+        store_url.to_owned(),
+        effects.display().to_string(),
+        mcp.to_owned(),
+        extra.to_owned(),
+    );
+    Served::start_edited(
+        move |root, config| {
+            let config = config
+                .replace(
+                    "state_directory = \"state/mcp\"",
+                    &format!("state_directory = \"state/mcp\"\n{mcp}"),
+                )
+                .replace(
+                    "url = \"sqlite://toolgate.db\"",
+                    &format!("url = \"{url}\""),
+                )
+                .replace(
+                    &format!(
+                        "SCRIPTED_EFFECTS = \"{}\"",
+                        root.join("writes.effects").display()
+                    ),
+                    &format!(
+                        "SCRIPTED_EFFECTS = \"{effects}\", SCRIPTED_WRITE_DELAY_MS = \"{write_delay_ms}\""
+                    ),
+                );
+            format!("{config}\n{extra}")
+        },
+        env,
+    )
+}
+
+/// Runs `toolgate serve` once on `served`'s folder (which must not be
+/// serving) with `env` added, expecting it to refuse to start: its exit
+/// status and what it logged.
+fn refused_start(folder: &Path, env: &[(&str, String)]) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--config"])
+        .arg(folder.join("toolgate.toml"))
+        .env_remove("TOOLGATE_STORE_URL")
+        .env_remove("TOOLGATE_CONTROL_SOCKET")
+        .envs(env.iter().map(|(name, value)| (*name, value)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let started = Instant::now();
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("serve did not refuse to start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("serve ends");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The store as its owner sees it, for reading rows.
+async fn owner_store(schema: &PgSchema) -> PostgresStore {
+    PostgresStore::connect(&schema.owner_url)
+        .await
+        .expect("the owner connects")
+}
+
+/// Polls `check` every 100 ms until it returns something, for up to
+/// `within`.
+async fn eventually<T, F, Fut>(within: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if let Some(found) = check().await {
+            return Some(found);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// A run's only row, once it satisfies `check`.
+async fn row_where(
+    store: &PostgresStore,
+    run_id: Uuid,
+    within: Duration,
+    check: impl Fn(&InvocationRecord) -> bool,
+) -> Option<InvocationRecord> {
+    eventually(within, || async {
+        store
+            .run_invocations(TENANT, run_id)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|row| check(row))
+    })
+    .await
+}
+
+/// A node's newest worker: (worker id, last heartbeat, released).
+async fn newest_worker(
+    schema: &PgSchema,
+    node_folder: &Path,
+) -> Option<(Uuid, chrono::DateTime<chrono::Utc>, bool)> {
+    let node = std::fs::read_to_string(node_folder.join("var/node/node.id")).ok()?;
+    let mut connection = sqlx::PgConnection::connect(&schema.owner_url).await.ok()?;
+    sqlx::query_as::<_, (Uuid, chrono::DateTime<chrono::Utc>, bool)>(
+        "SELECT worker_id, heartbeat_at, released_at IS NOT NULL FROM workers \
+         WHERE node = $1 ORDER BY started_at DESC LIMIT 1",
+    )
+    .bind(node.trim())
+    .fetch_optional(&mut connection)
+    .await
+    .ok()?
+}
+
+/// One step of `/v1/calls` on `served`, on a thread of its own: the answer
+/// when it comes.
+fn call_in_background(
+    served: &Served,
+    session: Uuid,
+    run_id: Uuid,
+    name: &str,
+    arguments: Value,
+) -> std::thread::JoinHandle<(u16, Value)> {
+    let socket = served.socket.clone();
+    let body = json!({"session_id": session, "run_id": run_id, "step_number": 1,
+        "origin_trust": "user",
+        "calls": [{"call_id": "c1", "name": name, "arguments": arguments}]})
+    .to_string();
+    std::thread::spawn(move || {
+        let (status, _, answer) = http(
+            &socket,
+            "POST",
+            "/v1/calls",
+            &[("Content-Type", "application/json")],
+            Some(body.as_bytes()),
+        );
+        (status, json_of(&answer))
+    })
+}
+
+/// A node whose start-up sweep re-runs a call longer than its lease keeps
+/// renewing the lease meanwhile (on a task of its own), stays ready, and no
+/// other node takes the call it is re-running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_up_sweep_never_starves_the_lease() {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
+        return;
+    };
+    let store = owner_store(&schema).await;
+    let folder = tempfile::tempdir().unwrap();
+    let effects = folder.path().join("effects");
+    let ops = free_port();
+    let mut a = node(
+        &schema.url,
+        &effects,
+        0,
+        &format!("{FAST_NODE}\n[ops]\nlisten = \"127.0.0.1:{ops}\"\n"),
+        &[],
+    );
+    let b = node(&schema.url, &effects, 0, FAST_NODE, &[]);
+    let session = a.session();
+    let run_id = Uuid::new_v4();
+    let answer = call_in_background(
+        &a,
+        session,
+        run_id,
+        "mcp.reads.sleep",
+        json!({"seconds": 8}),
+    );
+    row_where(&store, run_id, Duration::from_secs(20), |row| {
+        row.status == InvocationStatus::Running
+    })
+    .await
+    .expect("the call is running");
+    a.kill();
+    let _ = answer.join();
+    a.start_again();
+    // The restarted node's sweep takes the call and runs it again: eight
+    // seconds, more than two leases.
+    let (worker, first_beat, _) = newest_worker(&schema, a.folder.path())
+        .await
+        .expect("a's new worker");
+    let rerun = row_where(&store, run_id, Duration::from_secs(10), |row| {
+        row.worker_id == Some(worker) && row.status == InvocationStatus::Running
+    })
+    .await
+    .expect("a's start-up sweep re-runs the call");
+    assert_eq!(rerun.attempt_number, 2);
+    let mut beats = std::collections::BTreeSet::new();
+    let mut ready = 0;
+    for _ in 0..16 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let (_, beat, released) = newest_worker(&schema, a.folder.path()).await.unwrap();
+        assert!(!released);
+        beats.insert(beat);
+        if get_tcp(ops, "/readyz").0 == 200 {
+            ready += 1;
+        }
+    }
+    assert!(
+        beats.iter().filter(|beat| **beat > first_beat).count() >= 2,
+        "the lease was renewed during the sweep: {beats:?}"
+    );
+    assert!(ready >= 12, "ready while the sweep runs: {ready} of 16");
+    let done = row_where(&store, run_id, Duration::from_secs(20), |row| {
+        row.status.is_terminal()
+    })
+    .await
+    .expect("the re-run ends");
+    assert_eq!(done.status, InvocationStatus::Succeeded);
+    assert_eq!(done.worker_id, Some(worker), "b never took a live call");
+    assert_eq!(done.attempt_number, 2);
+    drop(b);
+}
+
+/// The library faketime preloads, when installed.
+fn faketime() -> Option<PathBuf> {
+    let library = PathBuf::from("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1");
+    if library.exists() {
+        return Some(library);
+    }
+    assert!(
+        !required(),
+        "faketime is not installed (apt-get install faketime) and this run requires it"
+    );
+    None
+}
+
+/// Leases are judged by the database's clock: a node whose clock is two
+/// minutes off refuses to start (either way), and one within the bound
+/// never takes another node's live call however its own clock reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clocks_that_disagree_never_take_a_live_call() {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
+        return;
+    };
+    let Some(library) = faketime() else {
+        eprintln!("faketime is not installed: the clock-skew test is skipped");
+        return;
+    };
+    let skewed = |offset: &str| {
+        vec![
+            ("LD_PRELOAD", library.display().to_string()),
+            ("FAKETIME", offset.to_owned()),
+            ("FAKETIME_DONT_RESET", "1".to_owned()),
+        ]
+    };
+    let store = owner_store(&schema).await;
+    let folder = tempfile::tempdir().unwrap();
+    let effects = folder.path().join("effects");
+    let a = node(&schema.url, &effects, 0, FAST_NODE, &[]);
+    let session = a.session();
+    let run_id = Uuid::new_v4();
+    let answer = call_in_background(
+        &a,
+        session,
+        run_id,
+        "mcp.reads.sleep",
+        json!({"seconds": 6}),
+    );
+    row_where(&store, run_id, Duration::from_secs(20), |row| {
+        row.status == InvocationStatus::Running
+    })
+    .await
+    .expect("the call is running");
+    // Two minutes ahead, and two behind: refused, naming the clock.
+    let mut b = node(&schema.url, &effects, 0, FAST_NODE, &[]);
+    assert!(b.stop());
+    for offset in ["+120s", "-120s"] {
+        let (status, logged) = refused_start(b.folder.path(), &skewed(offset));
+        assert!(!status.success(), "{offset}: {logged}");
+        assert!(logged.contains("clock"), "{offset}: {logged}");
+    }
+    // Two seconds ahead: within the bound, serving, sweeping every second.
+    b.env = skewed("+2s")
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+    b.start_again();
+    let (status, answer) = answer.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["results"][0]["outcome"]["status"], "succeeded",
+        "{answer}"
+    );
+    let row = store.run_invocations(TENANT, run_id).await.unwrap();
+    assert_eq!(row.len(), 1);
+    assert_eq!(row[0].attempt_number, 1, "nobody took the live call");
+}
+
+/// A node folder copied elsewhere is another place with the same identity:
+/// while the original lives the copy is refused (and the original keeps
+/// its lease and serves); once it is gone the copy may start, saying it was
+/// moved; and then the original is refused in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_node_folder_is_refused_while_its_original_lives() {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
+        return;
+    };
+    let folder = tempfile::tempdir().unwrap();
+    let effects = folder.path().join("effects");
+    let mut a = node(&schema.url, &effects, 0, FAST_NODE, &[]);
+    let mut copy = node(&schema.url, &effects, 0, FAST_NODE, &[]);
+    assert!(copy.stop());
+    std::fs::copy(
+        a.folder.path().join("var/node/node.id"),
+        copy.folder.path().join("var/node/node.id"),
+    )
+    .unwrap();
+    let (status, logged) = refused_start(copy.folder.path(), &[]);
+    assert!(!status.success(), "{logged}");
+    assert!(logged.contains("held by a live worker"), "{logged}");
+    // The original kept its lease through the refusal, and serves.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, _, released) = newest_worker(&schema, a.folder.path()).await.unwrap();
+    assert!(!released, "the original keeps its lease");
+    let session = a.session();
+    let (status, answer) = a.echo(session, Uuid::new_v4(), 1, "c1", "mcp.reads.echo");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["results"][0]["outcome"]["status"], "succeeded");
+    // The original gone, the copy starts and says the folder moved; the
+    // original is then the one refused.
+    assert!(a.stop());
+    copy.start_again();
+    assert!(
+        copy.logs.lock().unwrap().contains("copied or moved"),
+        "{}",
+        copy.logs.lock().unwrap()
+    );
+    let (status, logged) = refused_start(a.folder.path(), &[]);
+    assert!(!status.success(), "{logged}");
+    assert!(logged.contains("held by a live worker"), "{logged}");
+}
+
+/// A node paused past its lease: another node takes its call (uncertain,
+/// since its effect may have been sent), the paused node's answer is the
+/// row's truth, and once it runs again it serves nothing more: its lease is
+/// lost, and it drains and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_answers_truly_and_stops_serving() {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
+        return;
+    };
+    let store = owner_store(&schema).await;
+    let folder = tempfile::tempdir().unwrap();
+    let effects = folder.path().join("effects");
+    let mut a = node(&schema.url, &effects, 2500, FAST_NODE, &[]);
+    let b = node(&schema.url, &effects, 0, FAST_NODE, &[]);
+    let session = a.session();
+    let run_id = Uuid::new_v4();
+    let script = "paused node script";
+    let (status, turn) = a.post(
+        "/v1/turns",
+        &json!({"session_id": session, "run_id": run_id, "step_number": 1,
+                "script_sha256": sha256(script), "origin_trust": "user"}),
+    );
+    assert_eq!(status, 200, "{turn}");
+    let (socket, token) = (
+        PathBuf::from(turn["socket_path"].as_str().unwrap()),
+        turn["token"].as_str().unwrap().to_owned(),
+    );
+    let script_call = {
+        let (socket, token) = (socket.clone(), token.clone());
+        std::thread::spawn(move || {
+            let body = json!({"call": "mcp.writes.write", "arguments": {"line": "paused"}});
+            let (status, _, answer) = http(
+                &socket,
+                "POST",
+                "/v1/call",
+                &[("Authorization", &format!("Bearer {token}"))],
+                Some(body.to_string().as_bytes()),
+            );
+            (status, json_of(&answer))
+        })
+    };
+    row_where(&store, run_id, Duration::from_secs(20), |row| {
+        row.effect_sent_at.is_some()
+    })
+    .await
+    .expect("the write is under way");
+    let pid = nix::unistd::Pid::from_raw(a.pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let taken = row_where(&store, run_id, Duration::from_secs(20), |row| {
+        row.status.is_terminal()
+    })
+    .await
+    .expect("b takes the paused node's call");
+    assert_eq!(taken.status, InvocationStatus::Uncertain);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let (status, answer) = script_call.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["status"], "uncertain", "the row's truth: {answer}");
+    let written = std::fs::read_to_string(&effects).unwrap_or_default();
+    assert_eq!(written.lines().count(), 1, "the effect once: {written}");
+    // The paused node stops by itself, with a failing status.
+    let child = a.child.as_mut().unwrap();
+    let started = Instant::now();
+    let exited = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let exited = exited.expect("the node that lost its lease stops");
+    assert!(!exited.success());
+    a.child = None;
+    assert!(a.logs.lock().unwrap().contains("lease lost"));
+    drop(b);
+}
+
+/// One script call over a turn's socket: (status, the `Toolgate-Ordinal`
+/// header if any, the answer).
+fn script_call(socket: &Path, token: &str, body: &Value) -> (u16, Option<u32>, Value) {
+    // A node that stopped has no socket: as a turn closed under it.
+    let Ok(stream) = std::os::unix::net::UnixStream::connect(socket) else {
+        return (410, None, json!({"error": {"code": "turn_closed"}}));
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut stream = stream;
+    use std::io::{Read as _, Write as _};
+    let body = body.to_string();
+    let request = format!(
+        "POST /v1/call HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut response = Vec::new();
+    if stream.write_all(request.as_bytes()).is_err() || stream.read_to_end(&mut response).is_err() {
+        return (410, None, json!({"error": {"code": "turn_closed"}}));
+    }
+    let text = String::from_utf8_lossy(&response).into_owned();
+    // A node that stopped mid-answer: as a turn closed under it.
+    let Some((head, answer)) = text.split_once("\r\n\r\n") else {
+        return (410, None, json!({"error": {"code": "turn_closed"}}));
+    };
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let ordinal = head.lines().find_map(|line| {
+        line.to_ascii_lowercase()
+            .strip_prefix("toolgate-ordinal:")
+            .and_then(|value| value.trim().parse().ok())
+    });
+    (status, ordinal, json_of(answer.as_bytes()))
+}
+
+/// Opens a turn for `script` on `served`: (socket, token).
+fn open_turn(served: &Served, session: Uuid, run_id: Uuid, script: &str) -> (PathBuf, String) {
+    let (status, turn) = served.post(
+        "/v1/turns",
+        &json!({"session_id": session, "run_id": run_id, "step_number": 1,
+                "script_sha256": sha256(script), "origin_trust": "user"}),
+    );
+    assert_eq!(status, 200, "{turn}");
+    (
+        PathBuf::from(turn["socket_path"].as_str().unwrap()),
+        turn["token"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// A call whose row another node took while its own node was paused: the
+/// answer is the row's outcome, or "in progress" with the ordinal given
+/// back, so the script's retry is the same call (same call id, one row);
+/// replayed on the other node it reads that one row's outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_for_a_call_another_node_took_keeps_its_call_id() {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
+        return;
+    };
+    let store = owner_store(&schema).await;
+    let folder = tempfile::tempdir().unwrap();
+    let effects = folder.path().join("effects");
+    let a = node(&schema.url, &effects, 0, FAST_NODE, &[]);
+    let b = node(&schema.url, &effects, 0, FAST_NODE, &[]);
+    let session = a.session();
+    let run_id = Uuid::new_v4();
+    let script = "taken over script";
+    let (socket, token) = open_turn(&a, session, run_id, script);
+    let body = json!({"call": "mcp.reads.sleep", "arguments": {"seconds": 4}});
+    let first = {
+        let (socket, token, body) = (socket.clone(), token.clone(), body.clone());
+        std::thread::spawn(move || script_call(&socket, &token, &body))
+    };
+    let running = row_where(&store, run_id, Duration::from_secs(20), |row| {
+        row.status == InvocationStatus::Running
+    })
+    .await
+    .expect("the call is running on a");
+    let pid = nix::unistd::Pid::from_raw(a.pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    row_where(&store, run_id, Duration::from_secs(20), |row| {
+        row.worker_id != running.worker_id
+    })
+    .await
+    .expect("b takes the call over");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let (status, ordinal, answer) = first.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let unsettled = matches!(
+        answer["reason_code"].as_str(),
+        Some("tool.concurrency_conflict" | "tool.record_unavailable")
+    );
+    if unsettled {
+        assert_eq!(
+            ordinal, None,
+            "an unsettled answer gives its ordinal back: {answer}"
+        );
+    } else {
+        assert_eq!(ordinal, Some(0), "{answer}");
+        assert_eq!(answer["status"], "succeeded", "{answer}");
+    }
+    // Asked again on a while it is still up: never a second call.
+    let (status, ordinal, again) = script_call(&socket, &token, &body);
+    let unsettled = matches!(
+        again["reason_code"].as_str(),
+        Some("tool.concurrency_conflict" | "tool.record_unavailable")
+    );
+    if status == 200 && !unsettled {
+        assert_eq!(ordinal, Some(0), "the same call: {again}");
+    }
+    // Replayed on b: the one row's outcome.
+    let (socket, token) = open_turn(&b, session, run_id, script);
+    let settled = eventually(Duration::from_secs(30), || async {
+        let (status, ordinal, answer) = script_call(&socket, &token, &body);
+        (status == 200 && answer["status"] == "succeeded").then_some((ordinal, answer))
+    })
+    .await
+    .expect("the replay reads the call's outcome");
+    assert_eq!(settled.0, Some(0), "{}", settled.1);
+    let rows = store.run_invocations(TENANT, run_id).await.unwrap();
+    assert_eq!(rows.len(), 1, "one call, one row: {rows:?}");
+    assert_eq!(rows[0].status, InvocationStatus::Succeeded);
+}
+
+/// A PostgreSQL server of the test's own, which it may kill.
+struct OwnPostgres {
+    folder: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+}
+
+impl OwnPostgres {
+    fn as_postgres(&self, program: &str, args: &[&str]) -> std::process::Output {
+        Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join(program))
+            .args(args)
+            .output()
+            .expect("runuser runs")
+    }
+
+    fn start() -> Option<OwnPostgres> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .flatten()
+            .map(|entry| entry.path().join("bin"))
+            .find(|bin| bin.join("initdb").exists());
+        let Some(bin) = bin else {
+            assert!(
+                !required(),
+                "PostgreSQL's server binaries are not installed"
+            );
+            return None;
+        };
+        let folder = tempfile::tempdir().unwrap();
+        let (uid, gid) = postgres_user();
+        std::os::unix::fs::chown(folder.path(), Some(uid), Some(gid)).unwrap();
+        let own = OwnPostgres {
+            folder,
+            bin,
+            port: free_port(),
+        };
+        let data = own.data();
+        let initdb = own.as_postgres(
+            "initdb",
+            &["-D", &data, "-A", "trust", "-U", "postgres", "--no-sync"],
+        );
+        assert!(initdb.status.success(), "{initdb:?}");
+        own.up();
+        Some(own)
+    }
+
+    fn data(&self) -> String {
+        self.folder.path().join("data").display().to_string()
+    }
+
+    fn up(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            self.port,
+            self.folder.path().display()
+        );
+        let started = self.as_postgres(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data(),
+                "-o",
+                &options,
+                "-l",
+                &self.folder.path().join("log").display().to_string(),
+                "-w",
+                "start",
+            ],
+        );
+        assert!(started.status.success(), "{started:?}");
+    }
+
+    /// Kills the server outright, as a crash would.
+    fn kill(&self) {
+        let stopped = self.as_postgres("pg_ctl", &["-D", &self.data(), "-m", "immediate", "stop"]);
+        assert!(stopped.status.success(), "{stopped:?}");
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let _ = self.as_postgres("pg_ctl", &["-D", &self.data(), "-m", "immediate", "stop"]);
+    }
+}
+
+fn postgres_user() -> (u32, u32) {
+    let user = nix::unistd::User::from_name("postgres")
+        .ok()
+        .flatten()
+        .expect("the postgres user exists");
+    (user.uid.as_raw(), user.gid.as_raw())
+}
+
+/// The database dies while a call runs and comes back: a non-idempotent
+/// call whose effect was applied answers `uncertain` (what its row will
+/// hold), never `failed`, and the row is settled so (in the review queue)
+/// without a restart; a read answers "ask again" and the same call, asked
+/// again once the database is back, gets the result the node kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_dying_mid_call_never_makes_an_answer_false() {
+    let Some(postgres) = OwnPostgres::start() else {
+        eprintln!("no PostgreSQL server binaries: the database-failure test is skipped");
+        return;
+    };
+    let setup = PostgresStore::connect(&postgres.url()).await.unwrap();
+    setup.migrate().await.unwrap();
+    let folder = tempfile::tempdir().unwrap();
+    let effects = folder.path().join("effects");
+    // A long lease: the outage is shorter, so the node keeps it.
+    let a = node(
+        &postgres.url(),
+        &effects,
+        3000,
+        "\n[node]\nlease_seconds = 60\nheartbeat_seconds = 2\nsweep_seconds = 2\n",
+        &[],
+    );
+    let session = a.session();
+
+    // A non-idempotent write: its effect lands while the database is down.
+    let run_id = Uuid::new_v4();
+    let write = call_in_background(
+        &a,
+        session,
+        run_id,
+        "mcp.writes.write",
+        json!({"line": "while the database is down"}),
+    );
+    row_where(&setup, run_id, Duration::from_secs(20), |row| {
+        row.effect_sent_at.is_some()
+    })
+    .await
+    .expect("the write is under way");
+    postgres.kill();
+    let (status, answer) = write.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["results"][0]["outcome"]["status"], "uncertain",
+        "{answer}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&effects)
+            .unwrap_or_default()
+            .lines()
+            .count(),
+        1
+    );
+    postgres.up();
+    let settled = row_where(&setup, run_id, Duration::from_secs(60), |row| {
+        row.status.is_terminal()
+    })
+    .await
+    .expect("the node settles the row once the database is back");
+    assert_eq!(settled.status, InvocationStatus::Uncertain);
+    let (status, queue) = a.get(&format!("/v1/review?tenant_id={TENANT}"));
+    assert_eq!(status, 200);
+    assert!(
+        String::from_utf8_lossy(&queue).contains(&settled.id.to_string()),
+        "the review queue shows it without a restart"
+    );
+
+    // A read: "ask again", and asked again it is the result the node kept.
+    let run_id = Uuid::new_v4();
+    let read = call_in_background(
+        &a,
+        session,
+        run_id,
+        "mcp.reads.sleep",
+        json!({"seconds": 3}),
+    );
+    row_where(&setup, run_id, Duration::from_secs(20), |row| {
+        row.status == InvocationStatus::Running
+    })
+    .await
+    .expect("the read is under way");
+    postgres.kill();
+    let (status, answer) = read.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let outcome = &answer["results"][0]["outcome"];
+    assert_eq!(
+        outcome["reason_code"], "tool.record_unavailable",
+        "{answer}"
+    );
+    assert_eq!(outcome["retryable"], true);
+    postgres.up();
+    let again = eventually(Duration::from_secs(60), || async {
+        let (status, answer) = a.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": run_id, "step_number": 1,
+                "origin_trust": "user",
+                "calls": [{"call_id": "c1", "name": "mcp.reads.sleep", "arguments": {"seconds": 3}}]}),
+        );
+        (status == 200 && answer["results"][0]["outcome"]["status"] == "succeeded")
+            .then_some(answer)
+    })
+    .await
+    .expect("asked again, the same call has its result");
+    let rows = setup.run_invocations(TENANT, run_id).await.unwrap();
+    assert_eq!(rows.len(), 1, "{again}");
+    assert_eq!(rows[0].attempt_number, 1, "the kept result, not a re-run");
+}
+
+/// Ready means ready: not before the warm-up's first round (or its bound),
+/// then ready, with sessions pinning the warmed servers without connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_warm_up_within_its_bound() {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
+        return;
+    };
+    let folder = tempfile::tempdir().unwrap();
+    let effects = folder.path().join("effects");
+    let ops = free_port();
+    // A server that never answers its handshake, warmed for at most four
+    // seconds.
+    let silent = format!(
+        "{FAST_NODE}\n[ops]\nlisten = \"127.0.0.1:{ops}\"\n\n[[mcp.servers]]\nserver_id = \"silent\"\n\
+         command = \"/bin/sleep\"\nargs = [\"3600\"]\nconnect_timeout_seconds = 1\n"
+    );
+    let started = Instant::now();
+    let a = node_with(
+        &schema.url,
+        &effects,
+        0,
+        "warmup_connect_timeout_seconds = 4",
+        &silent,
+        &[],
+    );
+    let (status, body) = get_tcp(ops, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("warming_up"), "{body}");
+    let ready = eventually(Duration::from_secs(15), || async {
+        (get_tcp(ops, "/readyz").0 == 200).then(Instant::now)
+    })
+    .await
+    .expect("ready once the warm-up's bound passed");
+    assert!(
+        ready - started >= Duration::from_secs(3),
+        "not before its bound"
+    );
+    // The servers the warm-up reached are pinned without a handshake.
+    a.session();
+    let (_, events) = a.get("/v1/events?after=0");
+    let events = String::from_utf8_lossy(&events);
+    let pinned: Vec<Value> = events
+        .lines()
+        .map(|line| json_of(line.as_bytes()))
+        .filter(|event| event["event_type"] == "mcp.server.pinned")
+        .collect();
+    assert!(
+        ["reads", "writes"].iter().all(|server| pinned
+            .iter()
+            .any(|event| event["payload"]["server"] == *server)),
+        "{events}"
+    );
+    assert!(!events.contains("mcp.server.connected"), "{events}");
+}
