@@ -19,8 +19,10 @@ use crate::adapters::mcp::{
 };
 use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
 use crate::adapters::store;
-use crate::adapters::telemetry::{MeteredInvocations, MetricsRegistry, Sample, Sampler};
-use crate::api::ops::Operations;
+use crate::adapters::telemetry::{
+    LabelBounds, MeteredInvocations, MetricsRegistry, Sample, Sampler,
+};
+use crate::api::ops::{Operations, OpsConnections};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
 use crate::bridge::{
     Bridge, BridgeParts, BridgeSettings, ConnectionCap, EdgeLimits, InFlight, Turns,
@@ -33,7 +35,7 @@ use crate::pipeline::admission::Admission;
 use crate::pipeline::approvals::Approvals;
 use crate::pipeline::artifacts::Artifacts;
 use crate::pipeline::sessions::{SessionParts, Sessions};
-use crate::pipeline::tenant_servers::TenantServers;
+use crate::pipeline::tenant_servers::{TenantCeilings, TenantServers};
 use crate::pipeline::{
     NodePlace, Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved,
     Worker, WorkerSettings, register_discoveries,
@@ -176,6 +178,9 @@ pub fn process_settings(
 /// fails to connect rather than starting with a guessed one.
 pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, ConfigErrors> {
     let mut problems = Vec::new();
+    // Root is never a child's default: toolgate run as root starts a server
+    // that names no user as `nobody`.
+    let as_root = nix::unistd::geteuid().is_root();
     let settings = config
         .mcp
         .servers
@@ -187,16 +192,27 @@ pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, Confi
                 (None, Some(default)) => ("mcp.run_as".to_owned(), Some(default)),
                 (None, None) => (String::new(), None),
             };
-            let run_as = run_as.and_then(|text| match resolve_run_as(text) {
-                Ok(run_as) => Some(run_as),
-                Err(message) => {
-                    problems.push(crate::config::ConfigError {
-                        path: field,
-                        message,
-                    });
-                    None
-                }
-            });
+            let run_as = match run_as {
+                Some(text) => match resolve_run_as(text) {
+                    Ok(run_as) => Some(run_as),
+                    Err(message) => {
+                        problems.push(crate::config::ConfigError {
+                            path: field.clone(),
+                            message,
+                        });
+                        None
+                    }
+                },
+                None if as_root => Some(unprivileged_user()),
+                None => None,
+            };
+            if as_root && run_as.is_some_and(|user| user.uid == 0) {
+                tracing::warn!(
+                    server = %server.server_id,
+                    field = %field,
+                    "a stdio server runs as root, as its run_as says; it holds no capability"
+                );
+            }
             (server, run_as)
         })
         .map(|(server, run_as)| StdioServerSettings {
@@ -331,6 +347,15 @@ fn mcp_servers(
     ))
 }
 
+/// The user a stdio server runs as when toolgate is root and nothing names
+/// one: `nobody`, or its customary ids where the system has no such user.
+fn unprivileged_user() -> RunAs {
+    resolve_run_as("nobody").unwrap_or(RunAs {
+        uid: 65534,
+        gid: 65534,
+    })
+}
+
 /// A `run_as` value as a user: `uid:gid`, a uid (its passwd group, or the
 /// same number), or a user name from the system's user database.
 fn resolve_run_as(text: &str) -> Result<RunAs, String> {
@@ -363,12 +388,49 @@ fn resolve_run_as(text: &str) -> Result<RunAs, String> {
 }
 
 /// Creates `folder` if missing and makes it traversable but not listable
-/// by others (0711).
+/// by others (0711), and so each folder above it that toolgate's user owns
+/// and others cannot traverse (made under toolgate's umask, 077): a stdio
+/// server run as another user reaches its own state folder below, and
+/// lists nothing on the way.
 fn traversable_folder(folder: &Path) -> Result<(), AppError> {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::create_dir_all(folder)
-        .and_then(|()| std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o711)))
-        .map_err(|error| AppError::Startup(format!("{}: {error}", folder.display())))
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let failed = |path: &Path, error: std::io::Error| {
+        AppError::Startup(format!("{}: {error}", path.display()))
+    };
+    std::fs::create_dir_all(folder).map_err(|error| failed(folder, error))?;
+    std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o711))
+        .map_err(|error| failed(folder, error))?;
+    let folder = folder
+        .canonicalize()
+        .map_err(|error| failed(folder, error))?;
+    let me = nix::unistd::geteuid().as_raw();
+    for above in folder.ancestors().skip(1) {
+        let metadata = std::fs::metadata(above).map_err(|error| failed(above, error))?;
+        let mode = metadata.permissions().mode();
+        if metadata.uid() != me || mode & 0o001 != 0 {
+            break;
+        }
+        std::fs::set_permissions(above, std::fs::Permissions::from_mode(mode | 0o011))
+            .map_err(|error| failed(above, error))?;
+    }
+    Ok(())
+}
+
+/// Makes `mcp.state_directory` reachable by the users stdio servers run as
+/// when any runs as another user than toolgate's: one named by `run_as`,
+/// or `nobody` under a toolgate run as root.
+fn children_reach_state(config: &Config) -> Result<(), AppError> {
+    if config.mcp.run_as.is_some()
+        || nix::unistd::geteuid().is_root()
+        || config
+            .mcp
+            .servers
+            .iter()
+            .any(|server| server.run_as.is_some())
+    {
+        traversable_folder(&config.mcp.state_directory)?;
+    }
+    Ok(())
 }
 
 /// Hardens the process before it opens anything: files and folders it
@@ -408,6 +470,7 @@ pub async fn discover(
 ) -> Result<Vec<ServerReport>, AppError> {
     let config = Config::load(path, environment)?;
     let store = store::connect(&config.store.url).await?;
+    children_reach_state(&config)?;
     let servers = mcp_servers(
         &config,
         environment,
@@ -527,19 +590,17 @@ pub async fn serve(
         None => Arc::new(RuleFilePolicy::built_in()),
     };
     let credentials = credential_resolver(&config, environment);
-    let registry_of_metrics = Arc::new(MetricsRegistry::default());
+    let registry_of_metrics = Arc::new(
+        MetricsRegistry::default().with_bounds(LabelBounds {
+            named_servers: config
+                .operator_server_ids()
+                .into_iter()
+                .chain(config.ops.metrics_tenant_servers.iter().cloned())
+                .collect(),
+        }),
+    );
     let metrics: Arc<dyn Metrics> = registry_of_metrics.clone();
-    if config.mcp.run_as.is_some()
-        || config
-            .mcp
-            .servers
-            .iter()
-            .any(|server| server.run_as.is_some())
-    {
-        // Servers of other users reach their own 0700 folders through it,
-        // and can list nothing in it.
-        traversable_folder(&config.mcp.state_directory)?;
-    }
+    children_reach_state(&config)?;
     let servers = Arc::new(mcp_servers(
         &config,
         environment,
@@ -663,7 +724,7 @@ pub async fn serve(
         lease: lease.clone(),
         warmed: warmed.clone(),
         warm_up_bound: tokio::time::Instant::now() + warm_up.connect_timeout,
-        connections: ConnectionCap::new(OPS_CONNECTIONS),
+        connections: OpsConnections::new(OPS_CONNECTIONS),
     });
     let api = ControlApi::new(ApiParts {
         sessions: sessions.clone(),
@@ -681,6 +742,10 @@ pub async fn serve(
             clock.clone(),
             config.egress_allowlist(),
             config.operator_server_ids(),
+            TenantCeilings {
+                maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
+                timeout_seconds: config.limits.maximum_timeout_seconds,
+            },
         ),
         bridge: bridge.clone(),
         invocations: store.clone(),
@@ -820,8 +885,9 @@ pub async fn serve(
     Ok(())
 }
 
-/// Connections the operations listener holds at once.
-const OPS_CONNECTIONS: usize = 16;
+/// Connections the operations listener holds at once; past it, a new one
+/// replaces the oldest that sent no request.
+const OPS_CONNECTIONS: usize = 64;
 
 /// The gauges read when metrics are scraped.
 struct ServeSampler {
@@ -907,11 +973,16 @@ impl NodeIdentity {
         let failed = |what: &str, error: &dyn std::fmt::Display| {
             AppError::Startup(format!("{} ({what}): {error}", directory.display()))
         };
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(directory)
-            .map_err(|error| failed("node folder", &error))?;
+        // The folder is toolgate's alone; the folders above it, made as any
+        // would be, stay reachable by the users its children run as.
+        if let Some(parent) = directory.parent() {
+            std::fs::create_dir_all(parent).map_err(|error| failed("node folder", &error))?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(directory) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(failed("node folder", &error)),
+        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)

@@ -79,7 +79,7 @@ impl ControlApi {
                     ))
                 })?,
         };
-        let tenant = query.get("tenant_id").map(str::to_owned);
+        let tenant = query.optional_tenant()?;
         let media = if sse {
             "text/event-stream"
         } else {

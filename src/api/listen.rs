@@ -32,14 +32,21 @@ impl Query {
         self.0.get(key).map(String::as_str)
     }
 
-    /// The tenant a read or decision names. Only where a tenant's records
-    /// begin (a session, a tenant server) is its id held to the rule; here
-    /// it is only a bound parameter, and records made before the rule must
-    /// stay reachable.
+    /// The tenant a read or decision names, held to the one rule every
+    /// tenant id follows (where its records begin, a session or a tenant
+    /// server, and wherever it is named after).
     pub(super) fn tenant(&self) -> Result<String, ApiError> {
-        self.get("tenant_id")
-            .map(str::to_owned)
+        self.optional_tenant()?
             .ok_or_else(|| ApiError::Invalid("tenant_id is required".into()))
+    }
+
+    /// The tenant a read may be narrowed to, if named, held to the rule.
+    pub(super) fn optional_tenant(&self) -> Result<Option<String>, ApiError> {
+        match self.get("tenant_id") {
+            Some(tenant) if crate::domain::valid_tenant_id(tenant) => Ok(Some(tenant.to_owned())),
+            Some(_) => Err(ApiError::Invalid(TENANT_RULE.into())),
+            None => Ok(None),
+        }
     }
 
     /// The tenant, and the id in a tenant-scoped route's path; `None` when
@@ -49,6 +56,9 @@ impl Query {
         Ok(id.parse::<uuid::Uuid>().ok().map(|id| (tenant, id)))
     }
 }
+
+/// What every tenant id is, in the words an error names it with.
+pub(super) const TENANT_RULE: &str = "tenant_id must be 1 to 128 letters, digits, '-' or '_'";
 
 /// A request as the handlers see it: its query and the request.
 pub(super) struct Routed {

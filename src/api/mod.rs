@@ -211,7 +211,7 @@ impl ApiError {
             ApiError::TenantServer(TenantServerError::InvalidTenant) => error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
-                "tenant_id must be 1 to 128 letters, digits, '-' or '_'",
+                listen::TENANT_RULE,
             ),
             ApiError::TenantServer(TenantServerError::Taken) => error(
                 StatusCode::CONFLICT,

@@ -11,7 +11,7 @@ use hyper::{Method, StatusCode};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::bridge::http::{ConnectionCap, InFlight, Reply, error, reply, serve_connection};
+use crate::bridge::http::{InFlight, Reply, error, reply, serve_connection};
 use crate::pipeline::Lease;
 use crate::ports::{Metrics, Schema};
 
@@ -34,8 +34,81 @@ pub struct Operations {
     pub warmed: CancellationToken,
     /// When readiness stops waiting for the warm-up.
     pub warm_up_bound: tokio::time::Instant,
-    /// Connections held at once.
-    pub connections: ConnectionCap,
+    /// The connections held now.
+    pub connections: OpsConnections,
+}
+
+/// The operations listener's connections, at most `maximum` at once. When
+/// full, a new one takes the place of the oldest that has not sent a
+/// request (half-open, or idle between requests): whoever opens connections
+/// and sends nothing cannot keep a probe out.
+pub struct OpsConnections {
+    maximum: usize,
+    held: std::sync::Mutex<std::collections::VecDeque<Held>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// One connection the listener holds.
+struct Held {
+    id: u64,
+    /// Set while a request is being answered.
+    busy: Arc<std::sync::atomic::AtomicBool>,
+    /// Ends the connection when it is evicted.
+    evict: CancellationToken,
+}
+
+/// A place among the held connections.
+struct Place {
+    id: u64,
+    busy: Arc<std::sync::atomic::AtomicBool>,
+    evict: CancellationToken,
+}
+
+impl OpsConnections {
+    /// At most `maximum` at once.
+    pub fn new(maximum: usize) -> Self {
+        OpsConnections {
+            maximum: maximum.max(1),
+            held: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Held>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A place for a new connection, evicting the oldest idle one when
+    /// full; `None` when every held one is answering a request.
+    fn admit(&self) -> Option<Place> {
+        use std::sync::atomic::Ordering;
+        let mut held = self.held();
+        if held.len() >= self.maximum {
+            let idle = held
+                .iter()
+                .position(|connection| !connection.busy.load(Ordering::SeqCst))?;
+            if let Some(evicted) = held.remove(idle) {
+                evicted.evict.cancel();
+            }
+        }
+        let place = Place {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            busy: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            evict: CancellationToken::new(),
+        };
+        held.push_back(Held {
+            id: place.id,
+            busy: place.busy.clone(),
+            evict: place.evict.clone(),
+        });
+        Some(place)
+    }
+
+    fn leave(&self, id: u64) {
+        self.held().retain(|connection| connection.id != id);
+    }
 }
 
 impl Operations {
@@ -57,23 +130,32 @@ impl Operations {
                     }
                 },
             };
-            let Some(permit) = self.connections.admit() else {
+            let Some(place) = self.connections.admit() else {
                 continue;
             };
             let operations = self.clone();
-            tokio::spawn(serve_connection(
-                stream,
-                HEADER_TIMEOUT,
-                vec![permit],
-                move |request| {
+            tokio::spawn(async move {
+                let (busy, evict, id) = (place.busy.clone(), place.evict.clone(), place.id);
+                let handler = {
                     let operations = operations.clone();
-                    async move {
-                        operations
-                            .answer(request.method(), request.uri().path())
-                            .await
+                    move |request: hyper::Request<hyper::body::Incoming>| {
+                        let (operations, busy) = (operations.clone(), busy.clone());
+                        async move {
+                            busy.store(true, std::sync::atomic::Ordering::SeqCst);
+                            let reply = operations
+                                .answer(request.method(), request.uri().path())
+                                .await;
+                            busy.store(false, std::sync::atomic::Ordering::SeqCst);
+                            reply
+                        }
                     }
-                },
-            ));
+                };
+                tokio::select! {
+                    () = serve_connection(stream, HEADER_TIMEOUT, Vec::new(), handler) => {}
+                    () = evict.cancelled() => {}
+                }
+                operations.connections.leave(id);
+            });
         }
     }
 

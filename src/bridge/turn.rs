@@ -230,11 +230,16 @@ impl Turns {
     /// Turns under `directory`. Sockets a previous process left there are
     /// removed: their tokens died with it.
     pub fn new(directory: &Path) -> Result<Self, BridgeError> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(directory)
-            .map_err(|error| BridgeError::Folder(error.kind()))?;
+        // The folder is toolgate's alone; the folders above it, made as any
+        // would be, stay reachable by the users its children run as.
+        if let Some(parent) = directory.parent() {
+            std::fs::create_dir_all(parent).map_err(|error| BridgeError::Folder(error.kind()))?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(directory) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(BridgeError::Folder(error.kind())),
+        }
         if let Ok(entries) = std::fs::read_dir(directory) {
             for entry in entries.flatten() {
                 let path = entry.path();

@@ -19,6 +19,8 @@ use crate::domain::mcp_server::{AuthFields, Transport, validate_auth, validate_c
 use crate::domain::secret::CredentialRef;
 use crate::domain::{IdempotencyClass, RiskLevel, SideEffectClass};
 
+/// Default ceiling on an MCP server's tools' `timeout_seconds` (ten minutes).
+pub const DEFAULT_MAXIMUM_TIMEOUT_SECONDS: u32 = 600;
 /// Default global ceiling on any tool's `maximum_output_bytes` (1 MiB).
 pub const DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING: u64 = 1024 * 1024;
 /// Shipped inline admission ceiling.
@@ -149,6 +151,12 @@ pub struct OpsConfig {
     /// or a pod's address); off when unset.
     #[serde(default)]
     pub listen: Option<String>,
+    /// Tenant servers (by server id) whose tools get series of their own;
+    /// every other tenant server's tools are counted together, and their
+    /// ids are one `server` label value, so tenants never decide how many
+    /// series there are.
+    #[serde(default)]
+    pub metrics_tenant_servers: Vec<String>,
 }
 
 /// The node's identity.
@@ -351,6 +359,10 @@ pub struct LimitsConfig {
     /// refused at registration rather than silently clamped.
     #[serde(default = "LimitsConfig::default_ceiling")]
     pub maximum_output_bytes_ceiling: u64,
+    /// No MCP server's tools (the operator's, or a tenant's row) may take
+    /// longer than this per call.
+    #[serde(default = "LimitsConfig::default_timeout_ceiling")]
+    pub maximum_timeout_seconds: u32,
     /// The model-visible admission ceiling (at least 1,024).
     #[serde(default = "LimitsConfig::default_inline")]
     pub inline_maximum_bytes: u64,
@@ -384,6 +396,9 @@ impl LimitsConfig {
     fn default_ceiling() -> u64 {
         DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING
     }
+    fn default_timeout_ceiling() -> u32 {
+        DEFAULT_MAXIMUM_TIMEOUT_SECONDS
+    }
     fn default_inline() -> u64 {
         DEFAULT_INLINE_MAXIMUM_BYTES
     }
@@ -414,6 +429,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
             maximum_output_bytes_ceiling: DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+            maximum_timeout_seconds: DEFAULT_MAXIMUM_TIMEOUT_SECONDS,
             inline_maximum_bytes: DEFAULT_INLINE_MAXIMUM_BYTES,
             batch_concurrency: DEFAULT_BATCH_CONCURRENCY,
             request_header_timeout_seconds: DEFAULT_REQUEST_HEADER_TIMEOUT_SECONDS,
@@ -1225,6 +1241,12 @@ impl Config {
                     push(format!("{at}.{field}"), "must be at least 1".into());
                 }
             }
+            if server.timeout_seconds > self.limits.maximum_timeout_seconds {
+                push(
+                    format!("{at}.timeout_seconds"),
+                    "must not exceed limits.maximum_timeout_seconds".into(),
+                );
+            }
             if server.maximum_output_bytes == 0
                 || server.maximum_output_bytes > self.limits.maximum_output_bytes_ceiling
             {
@@ -1273,6 +1295,12 @@ impl Config {
                 if value == 0 {
                     push(format!("{at}.{field}"), "must be at least 1".into());
                 }
+            }
+            if server.timeout_seconds > self.limits.maximum_timeout_seconds {
+                push(
+                    format!("{at}.timeout_seconds"),
+                    "must not exceed limits.maximum_timeout_seconds".into(),
+                );
             }
             if server.maximum_output_bytes == 0
                 || server.maximum_output_bytes > self.limits.maximum_output_bytes_ceiling

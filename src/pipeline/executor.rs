@@ -588,22 +588,7 @@ impl Pipeline {
                     .await
             }
         };
-        let inserted = match inserted {
-            Ok(inserted) => inserted,
-            // Another tenant holds the key: never its row, a conflict.
-            Err(StoreError::KeyConflict) => {
-                return self
-                    .record_conflict(
-                        request,
-                        RecordedAs::of(spec),
-                        &canonical.value,
-                        &canonical.sha256,
-                    )
-                    .await;
-            }
-            Err(failure) => return Err(failure),
-        };
-        match inserted {
+        match inserted? {
             InsertOutcome::Inserted(row) => match row.status {
                 // Inserted already claimed.
                 InvocationStatus::Running => {
@@ -1821,11 +1806,6 @@ impl Pipeline {
                     .await;
             }
             Ok(InsertOutcome::Existing(row)) => row,
-            Err(StoreError::KeyConflict) => {
-                return self
-                    .record_conflict(request, call, &new.arguments, &new.arguments_hash)
-                    .await;
-            }
             Err(failure) => return Err(failure),
         };
         if !row.status.is_terminal() {
@@ -1851,8 +1831,9 @@ impl Pipeline {
         Ok(outcome)
     }
 
-    /// A call whose idempotency key another tenant's or another
-    /// principal's row holds: that row is never this call's answer. The
+    /// A call whose idempotency key another principal's row of the tenant
+    /// holds (keys are unique per tenant, so another tenant's never does):
+    /// that row is never this call's answer. The
     /// conflict is recorded as a terminal row of its own, under a key derived
     /// from the call's key and who submitted it (so a repeated submission
     /// finds the same conflict), and its outcome is returned.
@@ -1927,9 +1908,6 @@ impl Pipeline {
                 .await
             {
                 Ok(InsertOutcome::Inserted(row) | InsertOutcome::Existing(row)) => recorded(&row),
-                // The derived key cannot collide in practice; were it to, the
-                // answer is still the conflict, unrecorded.
-                Err(StoreError::KeyConflict) => unrecorded(call.tool_name.to_owned(), code),
                 Err(failure) => return Err(failure),
             },
         )

@@ -6,6 +6,7 @@
 //! itself after registration is believed.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Weak;
 use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
@@ -289,7 +290,9 @@ pub struct ToolRegistry {
     tools: RwLock<BTreeMap<String, Registrations>>,
     /// The newest registration of each name in each scope.
     latest: RwLock<HashMap<(Scope, String), Arc<RegisteredTool>>>,
-    pinned: RwLock<HashMap<String, Arc<PinnedToolSet>>>,
+    /// Pinned sets by hash while a session holds them, so identical pins
+    /// share one set; a set no session holds is gone.
+    pinned: RwLock<HashMap<String, Weak<PinnedToolSet>>>,
     schemas: SchemaCache,
 }
 
@@ -409,10 +412,39 @@ impl ToolRegistry {
             .cloned()
             .collect();
         let pinned = Arc::new(pin(candidates));
-        write(&self.pinned)
-            .entry(pinned.tool_schema_sha256.clone())
-            .or_insert(pinned)
-            .clone()
+        let mut sets = write(&self.pinned);
+        if let Some(held) = sets.get(&pinned.tool_schema_sha256).and_then(Weak::upgrade) {
+            return held;
+        }
+        sets.retain(|_, set| set.strong_count() > 0);
+        sets.insert(pinned.tool_schema_sha256.clone(), Arc::downgrade(&pinned));
+        pinned
+    }
+
+    /// Drops what no session and no new session can use: registered
+    /// versions that are not the newest of their name and that no pinned
+    /// set holds, and the schemas only they were compiled for. A catalog
+    /// that churns thus costs what its live sessions hold, not its history.
+    /// Returns how many versions were dropped.
+    pub fn collect(&self) -> usize {
+        let mut dropped = 0;
+        // Held by the map alone (no pinned set, not the newest): unused.
+        write(&self.tools).retain(|_, versions| {
+            versions.retain(|_, tool| {
+                let used = Arc::strong_count(tool) > 1;
+                dropped += usize::from(!used);
+                used
+            });
+            !versions.is_empty()
+        });
+        write(&self.pinned).retain(|_, set| set.strong_count() > 0);
+        self.schemas.collect();
+        dropped
+    }
+
+    /// Registered versions, of every name and scope.
+    pub fn versions(&self) -> usize {
+        read(&self.tools).values().map(BTreeMap::len).sum()
     }
 
     /// A pin of exactly one registered version, as `tenant_id` sees it:
@@ -428,9 +460,11 @@ impl ToolRegistry {
         Some(Arc::new(pin(vec![tool])))
     }
 
-    /// The pinned set a session advertised, by its hash.
+    /// The pinned set a session advertised, by its hash, while one holds it.
     pub fn pinned(&self, tool_schema_sha256: &str) -> Option<Arc<PinnedToolSet>> {
-        read(&self.pinned).get(tool_schema_sha256).cloned()
+        read(&self.pinned)
+            .get(tool_schema_sha256)
+            .and_then(Weak::upgrade)
     }
 
     fn register(
@@ -1132,6 +1166,60 @@ mod tests {
                 .tool_schema_sha256(),
             fresh.tool_schema_sha256()
         );
+    }
+
+    /// A catalog that changes ten times, each generation's sessions ended
+    /// before the next: the registry holds the newest generation and what
+    /// a live session pins, never the history.
+    #[test]
+    fn a_churning_catalog_costs_what_live_sessions_hold() {
+        let registry = ToolRegistry::with_builtins(LIMITS, Vec::new()).unwrap();
+        let (agent, principal, profile, environment) = everything();
+        let generation = |version: usize| {
+            let specs: Vec<ToolSpec> = (0..50)
+                .map(|index| {
+                    let mut spec = mcp("acme", &format!("tool{index}"));
+                    spec.version = version.to_string();
+                    spec.input_schema = json!({"type": "object", "properties": {
+                        format!("field{version}"): {"type": "string"}}});
+                    spec
+                })
+                .collect();
+            registry.register_dynamic(tools(specs), ToolSource::Mcp);
+        };
+        generation(0);
+        let kept = registry.specs_for_session("tenant", &agent, &principal, &profile, &environment);
+        let mut current = None;
+        for version in 1..=10 {
+            generation(version);
+            // The previous generation's session ends; the first stays open.
+            current = Some(registry.specs_for_session(
+                "tenant",
+                &agent,
+                &principal,
+                &profile,
+                &environment,
+            ));
+            registry.collect();
+            assert_eq!(
+                registry.versions(),
+                100,
+                "generation {version}: the newest and the one the open session pins"
+            );
+        }
+        assert_eq!(
+            kept.resolve("mcp.acme.tool0").unwrap().tool.spec.version,
+            "0"
+        );
+        drop(kept);
+        drop(current);
+        registry.collect();
+        assert_eq!(
+            registry.versions(),
+            50,
+            "the newest alone, for new sessions"
+        );
+        assert!(registry.schemas.len() <= 50);
     }
 
     #[test]

@@ -372,5 +372,11 @@ impl Sessions {
         }
         lock(&self.open)
             .retain(|id, session| in_use.contains(id) || session.idle_for() < SESSION_IDLE);
+        // What those sessions alone held (their pins' versions of a catalog
+        // that has changed since) goes with them.
+        let dropped = self.parts.registry.collect();
+        if dropped > 0 {
+            tracing::debug!(dropped, "tool versions no session uses were dropped");
+        }
     }
 }

@@ -69,6 +69,16 @@ pub struct TenantServerSpec {
     pub enabled: bool,
 }
 
+/// The operator's ceilings a tenant's row is held to, as the operator's
+/// own servers are at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantCeilings {
+    /// `limits.maximum_output_bytes_ceiling`.
+    pub maximum_output_bytes: u64,
+    /// `limits.maximum_timeout_seconds`.
+    pub timeout_seconds: u32,
+}
+
 /// The tenant servers of every tenant.
 pub struct TenantServers {
     store: Arc<dyn CatalogStore>,
@@ -76,6 +86,7 @@ pub struct TenantServers {
     egress: EgressAllowlist,
     /// Operator servers' ids, which a tenant server may not take.
     operator_servers: Vec<String>,
+    ceilings: TenantCeilings,
 }
 
 impl TenantServers {
@@ -85,12 +96,14 @@ impl TenantServers {
         clock: Arc<dyn Clock>,
         egress: EgressAllowlist,
         operator_servers: Vec<String>,
+        ceilings: TenantCeilings,
     ) -> Self {
         TenantServers {
             store,
             clock,
             egress,
             operator_servers,
+            ceilings,
         }
     }
 
@@ -148,8 +161,21 @@ impl TenantServers {
                     .into(),
             );
         }
-        if spec.timeout_seconds == 0 || spec.maximum_output_bytes == 0 {
-            problems.push("timeout_seconds, maximum_output_bytes: must be positive".into());
+        // Within the operator's ceilings, as its own servers are: a row
+        // never decides what a call or a discovery may hold.
+        if spec.timeout_seconds == 0 || spec.timeout_seconds > self.ceilings.timeout_seconds {
+            problems.push(format!(
+                "timeout_seconds: must be between 1 and {}",
+                self.ceilings.timeout_seconds
+            ));
+        }
+        if spec.maximum_output_bytes == 0
+            || spec.maximum_output_bytes > self.ceilings.maximum_output_bytes
+        {
+            problems.push(format!(
+                "maximum_output_bytes: must be between 1 and {}",
+                self.ceilings.maximum_output_bytes
+            ));
         }
         let auth_scheme = match auth.scheme.parse::<AuthScheme>() {
             Ok(scheme) if problems.is_empty() => scheme,
@@ -184,6 +210,9 @@ impl TenantServers {
         tenant_id: &str,
         server_id: &str,
     ) -> Result<Option<McpServerRow>, TenantServerError> {
+        if !valid_tenant_id(tenant_id) {
+            return Err(TenantServerError::InvalidTenant);
+        }
         Ok(self.store.mcp_server(tenant_id, server_id).await?)
     }
 
@@ -193,6 +222,9 @@ impl TenantServers {
         tenant_id: &str,
         server_id: &str,
     ) -> Result<bool, TenantServerError> {
+        if !valid_tenant_id(tenant_id) {
+            return Err(TenantServerError::InvalidTenant);
+        }
         if self.taken(server_id) {
             return Err(TenantServerError::Taken);
         }

@@ -249,6 +249,12 @@ impl SchemaCache {
         Ok(compiled)
     }
 
+    /// Drops the schemas no registered tool holds any more.
+    pub fn collect(&self) {
+        self.lock()
+            .retain(|_, compiled| Arc::strong_count(compiled) > 1);
+    }
+
     /// How many versions are compiled.
     pub fn len(&self) -> usize {
         self.lock().len()

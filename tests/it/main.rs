@@ -19,4 +19,5 @@ mod serve;
 mod signals;
 mod store;
 mod support;
+mod tenants;
 mod torture;

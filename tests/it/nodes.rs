@@ -28,6 +28,18 @@ fn required() -> bool {
         || std::env::var("TOOLGATE_REQUIRE_POSTGRES").is_ok_and(|value| value == "1")
 }
 
+/// A file the writes servers of several nodes append their effects to,
+/// reachable by the unprivileged user stdio servers run as under root.
+fn effects_file() -> (tempfile::TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(folder.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let effects = folder.path().join("effects");
+    std::fs::write(&effects, "").unwrap();
+    std::fs::set_permissions(&effects, std::fs::Permissions::from_mode(0o666)).unwrap();
+    (folder, effects)
+}
+
 /// A free loopback port.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -241,8 +253,7 @@ async fn a_start_up_sweep_never_starves_the_lease() {
         return;
     };
     let store = owner_store(&schema).await;
-    let folder = tempfile::tempdir().unwrap();
-    let effects = folder.path().join("effects");
+    let (_folder, effects) = effects_file();
     let ops = free_port();
     let mut a = node(
         &schema.url,
@@ -341,8 +352,7 @@ async fn clocks_that_disagree_never_take_a_live_call() {
         ]
     };
     let store = owner_store(&schema).await;
-    let folder = tempfile::tempdir().unwrap();
-    let effects = folder.path().join("effects");
+    let (_folder, effects) = effects_file();
     let a = node(&schema.url, &effects, 0, FAST_NODE, &[]);
     let session = a.session();
     let run_id = Uuid::new_v4();
@@ -393,8 +403,7 @@ async fn a_copied_node_folder_is_refused_while_its_original_lives() {
         eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
         return;
     };
-    let folder = tempfile::tempdir().unwrap();
-    let effects = folder.path().join("effects");
+    let (_folder, effects) = effects_file();
     let mut a = node(&schema.url, &effects, 0, FAST_NODE, &[]);
     let mut copy = node(&schema.url, &effects, 0, FAST_NODE, &[]);
     assert!(copy.stop());
@@ -439,8 +448,7 @@ async fn a_paused_node_answers_truly_and_stops_serving() {
         return;
     };
     let store = owner_store(&schema).await;
-    let folder = tempfile::tempdir().unwrap();
-    let effects = folder.path().join("effects");
+    let (_folder, effects) = effects_file();
     let mut a = node(&schema.url, &effects, 2500, FAST_NODE, &[]);
     let b = node(&schema.url, &effects, 0, FAST_NODE, &[]);
     let session = a.session();
@@ -573,8 +581,7 @@ async fn an_answer_for_a_call_another_node_took_keeps_its_call_id() {
         return;
     };
     let store = owner_store(&schema).await;
-    let folder = tempfile::tempdir().unwrap();
-    let effects = folder.path().join("effects");
+    let (_folder, effects) = effects_file();
     let a = node(&schema.url, &effects, 0, FAST_NODE, &[]);
     let b = node(&schema.url, &effects, 0, FAST_NODE, &[]);
     let session = a.session();
@@ -749,8 +756,7 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
     };
     let setup = PostgresStore::connect(&postgres.url()).await.unwrap();
     setup.migrate().await.unwrap();
-    let folder = tempfile::tempdir().unwrap();
-    let effects = folder.path().join("effects");
+    let (_folder, effects) = effects_file();
     // A long lease: the outage is shorter, so the node keeps it.
     let a = node(
         &postgres.url(),
@@ -852,8 +858,7 @@ async fn readiness_waits_for_the_warm_up_within_its_bound() {
         eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
         return;
     };
-    let folder = tempfile::tempdir().unwrap();
-    let effects = folder.path().join("effects");
+    let (_folder, effects) = effects_file();
     let ops = free_port();
     // A server that never answers its handshake, warmed for at most four
     // seconds.

@@ -575,10 +575,61 @@ fn a_server_run_as_another_user_cannot_reach_toolgate() {
         "mcp.probe.probe",
         json!({"socket": served.socket, "database": database}),
     ));
+    for (key, expected) in [
+        ("environ", json!("refused")),
+        ("socket", json!("refused")),
+        ("database", json!("refused")),
+        ("uid", json!(nobody().unwrap().0)),
+    ] {
+        assert_eq!(reached[key], expected, "{key}: {reached}");
+    }
+}
+
+/// What the kernel says of a child: no capability in any set, and no
+/// program it runs may gain one.
+fn unprivileged(reached: &Value) {
+    let privileges = &reached["privileges"];
+    for set in ["CapEff", "CapPrm", "CapAmb", "CapInh"] {
+        assert_eq!(privileges[set], "0000000000000000", "{set}: {reached}");
+    }
+    assert_eq!(privileges["NoNewPrivs"], "1", "{reached}");
+}
+
+/// Run as root, toolgate never makes root a child's default: a stdio server
+/// that names no user runs as `nobody`, with no capability, and cannot read
+/// toolgate's environment (its database URL, its secrets). Only an explicit
+/// `run_as = "root"` runs one as root, with a warning, and even then it
+/// holds no capability (its bounding set empty) and cannot read toolgate's
+/// environment.
+#[test]
+fn children_never_hold_toolgates_privileges() {
+    if !can_switch_users() {
+        eprintln!("not root: the children's privileges test is skipped");
+        return;
+    }
+    let served = Served::start_configured(&probe_server(None));
+    let database = served.folder.path().join("toolgate.db");
+    let arguments = json!({"socket": served.socket, "database": database});
+    let reached = probed(&probe(&served, "mcp.probe.probe", arguments.clone()));
+    assert_eq!(reached["uid"], nobody().unwrap().0, "{reached}");
+    assert_eq!(reached["environ"], "refused", "{reached}");
+    unprivileged(&reached);
+    drop(served);
+
+    let served = Served::start_configured(&probe_server(Some("root")));
+    let database = served.folder.path().join("toolgate.db");
+    let arguments = json!({"socket": served.socket, "database": database});
+    let reached = probed(&probe(&served, "mcp.probe.probe", arguments));
+    assert_eq!(reached["uid"], 0, "{reached}");
+    assert_eq!(reached["environ"], "refused", "{reached}");
+    unprivileged(&reached);
     assert_eq!(
-        reached,
-        json!({"environ": "refused", "socket": "refused", "database": "refused",
-               "uid": nobody().unwrap().0}),
+        reached["privileges"]["CapBnd"], "0000000000000000",
+        "{reached}"
+    );
+    assert!(
+        served.logs.lock().unwrap().contains("runs as root"),
+        "the operator is warned"
     );
 }
 

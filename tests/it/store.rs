@@ -15,7 +15,7 @@ use toolgate::domain::{
 };
 use toolgate::ports::{
     Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Renewal, Schema, SessionRecord,
-    Store, StoreError, TerminalRecord, ToolEvent, WorkerRegistration,
+    Store, TerminalRecord, ToolEvent, WorkerRegistration,
 };
 use uuid::Uuid;
 
@@ -333,11 +333,12 @@ async fn insert_deduplicates_on_the_key() {
             .unwrap();
         assert_eq!(outcome, InsertOutcome::Existing(record.clone()), "{name}");
 
-        // The same key from another tenant is refused without revealing the row.
+        // The same key in another tenant is that tenant's own call: a row of
+        // its own, and the first tenant's row is neither shown nor touched.
         let mut foreign = new.clone();
         foreign.id = Uuid::new_v4();
         foreign.tenant_id = "tenant-b".into();
-        let error = store
+        let outcome = store
             .insert_invocation(
                 &foreign,
                 Claim {
@@ -347,11 +348,20 @@ async fn insert_deduplicates_on_the_key() {
                 &events,
             )
             .await
-            .unwrap_err();
-        assert!(matches!(error, StoreError::KeyConflict), "{name}: {error}");
+            .unwrap();
+        let InsertOutcome::Inserted(theirs) = outcome else {
+            panic!("{name}: another tenant's key is its own: {outcome:?}");
+        };
+        assert_eq!(theirs.id, foreign.id, "{name}");
+        assert_eq!(theirs.tenant_id, "tenant-b", "{name}");
+        assert_eq!(
+            store.invocation("tenant-a", new.id).await.unwrap(),
+            Some(record.clone()),
+            "{name}"
+        );
 
-        // Exactly one authorized event was written, and it carries no arguments.
-        let events = events_settled(store.as_ref(), 1).await;
+        // One authorized event per tenant's row, neither with the arguments.
+        let events = events_settled(store.as_ref(), 2).await;
         let mine: Vec<_> = events
             .iter()
             .filter(|e| e.payload["invocation_id"] == json!(new.id))

@@ -335,6 +335,24 @@ impl Scripted {
                 };
                 let parent = std::os::unix::process::parent_id();
                 let environ = std::fs::read(format!("/proc/{parent}/environ"));
+                // What the kernel says this process may do.
+                let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+                let privileges: serde_json::Map<String, Value> = status
+                    .lines()
+                    .filter_map(|line| line.split_once(':'))
+                    .filter(|(name, _)| {
+                        [
+                            "CapEff",
+                            "CapPrm",
+                            "CapBnd",
+                            "CapAmb",
+                            "CapInh",
+                            "NoNewPrivs",
+                        ]
+                        .contains(name)
+                    })
+                    .map(|(name, value)| (name.to_owned(), Value::String(value.trim().to_owned())))
+                    .collect();
                 let socket = std::os::unix::net::UnixStream::connect(path("socket"));
                 let database = std::fs::File::open(path("database"));
                 Ok(text(
@@ -343,6 +361,7 @@ impl Scripted {
                         "socket": reached(socket.is_ok()),
                         "database": reached(database.is_ok()),
                         "uid": nix_free_uid(),
+                        "privileges": privileges,
                     })
                     .to_string(),
                 ))

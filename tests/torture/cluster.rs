@@ -525,11 +525,21 @@ fn connections(admin_url: &str, nodes: usize) -> Vec<i64> {
     counts
 }
 
+/// Makes `root` traversable and `effects` writable by the unprivileged user
+/// stdio servers run as when toolgate runs as root.
+pub fn reachable_by_children(root: &Path, effects: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::write(effects, "").unwrap();
+    std::fs::set_permissions(effects, std::fs::Permissions::from_mode(0o666)).unwrap();
+}
+
 /// Runs the cluster torture and judges it.
 pub fn run(cluster: &Cluster) -> ClusterFigures {
     let folder = tempfile::tempdir().expect("a folder");
     let root = folder.path();
     let effects = root.join("writes.effects");
+    reachable_by_children(root, &effects);
     let policy = root.join("policy.toml");
     std::fs::write(
         &policy,

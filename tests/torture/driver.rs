@@ -319,6 +319,14 @@ pub fn run(torture: &Torture) -> Figures {
     let folder = tempfile::tempdir().expect("a folder");
     let root = folder.path();
     let effects = root.join("writes.effects");
+    {
+        // Traversable, and the effects writable, by the unprivileged user
+        // stdio servers run as when toolgate runs as root.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::write(&effects, "").unwrap();
+        std::fs::set_permissions(&effects, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
     std::fs::write(
         root.join("policy.toml"),
         "[[rules]]\ntools = [\"mcp.writes.*\"]\ndecision = \"allow\"\n",

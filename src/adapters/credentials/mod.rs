@@ -63,20 +63,62 @@ impl CredentialResolver for EnvFileResolver {
                     Ok(SecretValue::new(text.trim_end_matches(['\n', '\r'])))
                 }
                 CredentialRef::Secret { tenant, name } => {
-                    // Both parts were checked when the reference was parsed:
-                    // neither can leave the tenant's folder.
                     let directory = self
                         .tenant_secrets
-                        .as_ref()
+                        .clone()
                         .ok_or_else(|| CredentialError::Unresolved(reference.clone()))?;
-                    let text = tokio::fs::read_to_string(directory.join(tenant).join(name))
-                        .await
-                        .map_err(|_| CredentialError::Unresolved(reference.clone()))?;
+                    let (tenant, name) = (tenant.clone(), name.clone());
+                    let text = tokio::task::spawn_blocking(move || {
+                        tenant_secret(&directory, &tenant, &name)
+                    })
+                    .await
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| CredentialError::Unresolved(reference.clone()))?;
                     Ok(SecretValue::new(text.trim_end_matches(['\n', '\r'])))
                 }
             }
         })
     }
+}
+
+/// The largest tenant secret read.
+pub const MAXIMUM_TENANT_SECRET: u64 = 64 << 10;
+
+/// A tenant's secret: the file `name` in the folder `tenant` under
+/// `directory`, read only if that folder is a folder (not a link to another
+/// tenant's, or anywhere else), the file is a regular file (not a link, a
+/// FIFO or a device) and it is at most [`MAXIMUM_TENANT_SECRET`] bytes.
+/// Both names were checked when the reference was parsed: neither holds a
+/// `/` or is `..`.
+fn tenant_secret(directory: &std::path::Path, tenant: &str, name: &str) -> Option<String> {
+    use nix::fcntl::{OFlag, open, openat};
+    use nix::sys::stat::Mode;
+    use std::io::Read as _;
+    let folder = open(
+        &directory.join(tenant),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    // Non-blocking, so a FIFO put in its place is refused, not waited on.
+    let file = openat(
+        &folder,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let file = std::fs::File::from(file);
+    let metadata = file.metadata().ok()?;
+    if !metadata.is_file() || metadata.len() > MAXIMUM_TENANT_SECRET {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(MAXIMUM_TENANT_SECRET + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    (text.len() as u64 <= MAXIMUM_TENANT_SECRET).then_some(text)
 }
 
 #[cfg(test)]
@@ -103,5 +145,52 @@ mod tests {
             "credential reference env:MISSING does not resolve"
         );
         assert!(!format!("{resolver:?}").contains("from-env"));
+    }
+
+    /// A tenant's secret is a regular file in its own folder: a link out of
+    /// it, or into another tenant's, is not followed; a folder that is a
+    /// link is not entered; FIFOs, devices and oversized files are refused.
+    #[tokio::test]
+    async fn a_tenant_secret_is_a_regular_file_of_its_own_folder() {
+        use std::os::unix::fs::symlink;
+        let root = tempfile::tempdir().unwrap();
+        let (mine, theirs) = (root.path().join("mine"), root.path().join("theirs"));
+        std::fs::create_dir_all(&mine).unwrap();
+        std::fs::create_dir_all(&theirs).unwrap();
+        std::fs::write(mine.join("token"), "mine-123\n").unwrap();
+        std::fs::write(theirs.join("token"), "theirs-456").unwrap();
+        let outside = root.path().join("outside");
+        std::fs::write(&outside, "outside-789").unwrap();
+        symlink(theirs.join("token"), mine.join("borrowed")).unwrap();
+        symlink(&outside, mine.join("escaped")).unwrap();
+        symlink(&theirs, root.path().join("alias")).unwrap();
+        nix::unistd::mkfifo(&mine.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::fs::write(
+            mine.join("huge"),
+            vec![b'x'; usize::try_from(MAXIMUM_TENANT_SECRET).unwrap() + 1],
+        )
+        .unwrap();
+        let resolver = EnvFileResolver::default().with_tenant_secrets(root.path().to_path_buf());
+        let resolve = |text: &str| {
+            let reference = CredentialRef::parse(text).unwrap();
+            let resolver = resolver.clone();
+            async move {
+                resolver
+                    .resolve(&reference)
+                    .await
+                    .map(|value| value.reveal().to_owned())
+            }
+        };
+        assert_eq!(resolve("secret:mine/token").await.unwrap(), "mine-123");
+        for refused in [
+            "secret:mine/borrowed",
+            "secret:mine/escaped",
+            "secret:alias/token",
+            "secret:mine/fifo",
+            "secret:mine/huge",
+            "secret:mine/missing",
+        ] {
+            assert!(resolve(refused).await.is_err(), "{refused}");
+        }
     }
 }

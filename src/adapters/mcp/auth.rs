@@ -71,7 +71,7 @@ pub struct AuthSettings {
     pub token_scopes: Vec<String>,
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Held {
     value: SecretValue,
     expires_at: Option<DateTime<Utc>>,
@@ -133,7 +133,9 @@ impl Authenticator {
         }
         let fresh = self.held().clone().filter(|held| {
             held.expires_at.is_none_or(|expires_at| {
-                expires_at - chrono::Duration::seconds(EXPIRY_SKEW_SECONDS) > self.clock.now()
+                expires_at
+                    .checked_sub_signed(chrono::Duration::seconds(EXPIRY_SKEW_SECONDS))
+                    .is_some_and(|renew_at| renew_at > self.clock.now())
             })
         });
         let held = match fresh {
@@ -270,22 +272,40 @@ impl Authenticator {
         if !status.is_success() {
             return Err(AuthError::Unreachable);
         }
-        let token: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|_| AuthError::Malformed)?;
-        let access = token
-            .get("access_token")
-            .and_then(serde_json::Value::as_str)
-            .filter(|token| !token.is_empty())
-            .ok_or(AuthError::Malformed)?;
-        let expires_at = token
-            .get("expires_in")
-            .and_then(serde_json::Value::as_i64)
-            .map(|seconds| self.clock.now() + chrono::Duration::seconds(seconds.max(0)));
-        Ok(Held {
-            value: SecretValue::new(access),
-            expires_at,
-        })
+        token_answer(&bytes, self.clock.now())
     }
+}
+
+/// The longest a token is held before it is asked for again, whatever its
+/// endpoint says: every number from outside is clamped.
+const MAXIMUM_TOKEN_LIFETIME_SECONDS: i64 = 24 * 60 * 60;
+
+/// A token endpoint's answer, read at `now`: its access token, held until
+/// `expires_in` (clamped to zero and [`MAXIMUM_TOKEN_LIFETIME_SECONDS`]; a
+/// fractional or out-of-range number is clamped too, any other is refused).
+fn token_answer(bytes: &[u8], now: DateTime<Utc>) -> Result<Held, AuthError> {
+    let token: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|_| AuthError::Malformed)?;
+    let access = token
+        .get("access_token")
+        .and_then(serde_json::Value::as_str)
+        .filter(|token| !token.is_empty())
+        .ok_or(AuthError::Malformed)?;
+    let expires_in = match token.get("expires_in") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Number(number)) => {
+            let seconds = number.as_f64().ok_or(AuthError::Malformed)?;
+            // NaN cannot come from JSON; a float past i64 saturates in the
+            // cast, and the clamp bounds it either way.
+            Some((seconds as i64).clamp(0, MAXIMUM_TOKEN_LIFETIME_SECONDS))
+        }
+        Some(_) => return Err(AuthError::Malformed),
+    };
+    Ok(Held {
+        value: SecretValue::new(access),
+        expires_at: expires_in
+            .and_then(|seconds| now.checked_add_signed(chrono::Duration::seconds(seconds))),
+    })
 }
 
 /// The longest a token exchange may take once its connection is made (the
@@ -367,6 +387,67 @@ fn base64_encode(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn at() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000, 0).unwrap()
+    }
+
+    #[test]
+    fn an_expiry_from_outside_is_clamped() {
+        let held = |body: &str| token_answer(body.as_bytes(), at());
+        let expiry = |body: &str| held(body).unwrap().expires_at;
+        let day = at() + chrono::Duration::seconds(MAXIMUM_TOKEN_LIFETIME_SECONDS);
+        assert_eq!(
+            expiry(r#"{"access_token":"t","expires_in":9223372036854775807}"#),
+            Some(day)
+        );
+        assert_eq!(
+            expiry(r#"{"access_token":"t","expires_in":1e300}"#),
+            Some(day)
+        );
+        assert_eq!(
+            expiry(r#"{"access_token":"t","expires_in":-5}"#),
+            Some(at())
+        );
+        assert_eq!(
+            expiry(r#"{"access_token":"t","expires_in":3600}"#),
+            Some(at() + chrono::Duration::seconds(3600))
+        );
+        assert_eq!(expiry(r#"{"access_token":"t"}"#), None);
+        assert_eq!(
+            held(r#"{"access_token":"t","expires_in":"3600"}"#).unwrap_err(),
+            AuthError::Malformed
+        );
+        assert_eq!(
+            held(r#"{"access_token":""}"#).unwrap_err(),
+            AuthError::Malformed
+        );
+    }
+
+    proptest! {
+        /// Whatever a token endpoint answers, reading it never panics, and
+        /// a token it gives is held at most a day.
+        #[test]
+        fn any_token_answer_is_read_without_panicking(
+            expires in proptest::num::f64::ANY,
+            integer in any::<i64>(),
+            text in ".{0,40}",
+            shape in 0u8..5,
+        ) {
+            let body = match shape {
+                0 => format!(r#"{{"access_token":"t","expires_in":{integer}}}"#),
+                1 if expires.is_finite() => format!(r#"{{"access_token":"t","expires_in":{expires}}}"#),
+                2 => format!(r#"{{"access_token":{},"expires_in":{integer}}}"#, serde_json::Value::String(text.clone())),
+                3 => text.clone(),
+                _ => format!(r#"{{"access_token":"t","expires_in":{}}}"#, serde_json::Value::String(text.clone())),
+            };
+            if let Ok(held) = token_answer(body.as_bytes(), at()) {
+                let latest = at() + chrono::Duration::seconds(MAXIMUM_TOKEN_LIFETIME_SECONDS);
+                prop_assert!(held.expires_at.is_none_or(|expires| expires >= at() && expires <= latest));
+            }
+        }
+    }
 
     #[test]
     fn base64_and_form_encoding_follow_their_rfcs() {

@@ -147,7 +147,47 @@ pub fn command(spec: &ChildSpec) -> Result<Command, ChildError> {
         // supplementary groups when it changes the user.
         command.gid(run_as.gid).uid(run_as.uid);
     }
+    without_privileges(&mut command);
     Ok(command)
+}
+
+/// A child holds none of toolgate's privileges: after its user is set, and
+/// before it runs its program, its ambient capabilities are cleared, every
+/// capability is dropped from its bounding set (possible only while it is
+/// still root; a child of another user has none to drop), and no program
+/// it runs can gain any (no new privileges: set-uid bits and file
+/// capabilities are not honoured). Even run as root by an operator's
+/// explicit choice, it has no capability.
+#[allow(unsafe_code)]
+fn without_privileges(command: &mut Command) {
+    use nix::libc::{
+        PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, c_ulong,
+        prctl,
+    };
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe work is allowed: it makes prctl(2) system calls on
+    // integers alone, allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            let zero: c_ulong = 0;
+            prctl(
+                PR_CAP_AMBIENT,
+                PR_CAP_AMBIENT_CLEAR_ALL as c_ulong,
+                zero,
+                zero,
+                zero,
+            );
+            // Past the kernel's last capability this fails (EINVAL), and
+            // without CAP_SETPCAP it fails (EPERM) with nothing to drop.
+            for capability in 0..64 as c_ulong {
+                prctl(PR_CAPBSET_DROP, capability, zero, zero, zero);
+            }
+            if prctl(PR_SET_NO_NEW_PRIVS, 1 as c_ulong, zero, zero, zero) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 fn prepare_state_dir(state_dir: &Path, run_as: Option<RunAs>) -> std::io::Result<()> {

@@ -667,6 +667,7 @@ impl Connection {
         uri: &str,
         timeout: Duration,
     ) -> Result<Vec<Value>, ClientError> {
+        let _calling = self.ceilings.calling();
         let result = self
             .request(
                 timeout,
@@ -726,6 +727,7 @@ impl Connection {
         arguments: Map<String, Value>,
         timeout: Duration,
     ) -> Result<Vec<Value>, ClientError> {
+        let _calling = self.ceilings.calling();
         let result = self
             .request(
                 timeout,
@@ -758,6 +760,7 @@ impl Connection {
         );
         let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
         params.meta = Some(RequestMetaObject(MetaObject(meta)));
+        let _calling = self.ceilings.calling();
         let result = self
             .request(timeout, self.service.peer().call_tool(params))
             .await?;

@@ -27,6 +27,10 @@ pub struct Ceilings {
     call: usize,
     /// Listings in flight; while there is one, the discovery ceiling holds.
     listing: AtomicUsize,
+    /// Calls (and reads) in flight: only while there is one may a line be
+    /// as long as a call's answer, so a row's large output limit never
+    /// lifts what a listing may send.
+    calling: AtomicUsize,
     /// A line crossed its ceiling and the transport was ended.
     oversized: AtomicBool,
 }
@@ -38,14 +42,21 @@ impl Ceilings {
         Arc::new(Ceilings {
             call: hard_ceiling.saturating_add(ENVELOPE_ALLOWANCE),
             listing: AtomicUsize::new(0),
+            calling: AtomicUsize::new(0),
             oversized: AtomicBool::new(false),
         })
     }
 
     /// While the guard lives, lines may be as long as a listing's.
-    pub fn listing(self: &Arc<Self>) -> ListingGuard {
+    pub fn listing(self: &Arc<Self>) -> InFlight {
         self.listing.fetch_add(1, Ordering::SeqCst);
-        ListingGuard(self.clone())
+        InFlight(self.clone(), Kind::Listing)
+    }
+
+    /// While the guard lives, lines may be as long as a call's answer.
+    pub fn calling(self: &Arc<Self>) -> InFlight {
+        self.calling.fetch_add(1, Ordering::SeqCst);
+        InFlight(self.clone(), Kind::Calling)
     }
 
     /// Whether a line crossed its ceiling and ended the transport.
@@ -58,23 +69,35 @@ impl Ceilings {
         self.oversized.store(true, Ordering::SeqCst);
     }
 
-    /// The ceiling of the next message: a listing's while one is in flight,
-    /// a call's otherwise.
+    /// The ceiling of the next message: a listing's while one is in flight
+    /// (the larger of it and a call's while a call is too), a call's
+    /// otherwise.
     pub fn current(&self) -> usize {
-        if self.listing.load(Ordering::SeqCst) > 0 {
-            DISCOVERY_CEILING.max(self.call)
-        } else {
-            self.call
+        match (
+            self.listing.load(Ordering::SeqCst) > 0,
+            self.calling.load(Ordering::SeqCst) > 0,
+        ) {
+            (true, false) => DISCOVERY_CEILING,
+            (true, true) => DISCOVERY_CEILING.max(self.call),
+            (false, _) => self.call,
         }
     }
 }
 
-/// A listing in flight.
-pub struct ListingGuard(Arc<Ceilings>);
+enum Kind {
+    Listing,
+    Calling,
+}
 
-impl Drop for ListingGuard {
+/// A listing or a call in flight, counted until dropped.
+pub struct InFlight(Arc<Ceilings>, Kind);
+
+impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.listing.fetch_sub(1, Ordering::SeqCst);
+        match self.1 {
+            Kind::Listing => self.0.listing.fetch_sub(1, Ordering::SeqCst),
+            Kind::Calling => self.0.calling.fetch_sub(1, Ordering::SeqCst),
+        };
     }
 }
 
@@ -232,6 +255,22 @@ mod tests {
         assert!(framed.receive().await.is_none(), "the stream ends");
         assert!(ceilings.oversized());
         assert!(ended.load(Ordering::SeqCst), "the end is told");
+    }
+
+    #[test]
+    fn a_large_call_ceiling_never_lifts_a_listing() {
+        let ceilings = Ceilings::new(1 << 40);
+        let listing = ceilings.listing();
+        assert_eq!(ceilings.current(), DISCOVERY_CEILING);
+        let calling = ceilings.calling();
+        assert!(
+            ceilings.current() > DISCOVERY_CEILING,
+            "a call's answer may come"
+        );
+        drop(calling);
+        assert_eq!(ceilings.current(), DISCOVERY_CEILING);
+        drop(listing);
+        assert!(ceilings.current() > DISCOVERY_CEILING);
     }
 
     #[tokio::test]

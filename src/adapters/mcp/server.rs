@@ -611,6 +611,7 @@ impl McpServer {
         self: &Arc<Self>,
         general: &Semaphore,
         startup: &Semaphore,
+        share: Option<&Semaphore>,
     ) -> ServerDiscovery {
         if let Some(remembered) = self.reusable() {
             return remembered.discovery.clone();
@@ -641,6 +642,16 @@ impl McpServer {
             }
         } else {
             None
+        };
+        // A tenant's own servers take a general slot only within the
+        // tenant's share of them, so one tenant's silent servers cannot hold
+        // every slot another tenant's session waits for.
+        let _share = match share {
+            Some(share) => match share.acquire().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return failed(ReasonCode::ToolServerUnreachable),
+            },
+            None => None,
         };
         let Ok(_general) = general.acquire().await else {
             return failed(ReasonCode::ToolServerUnreachable);

@@ -29,6 +29,9 @@ pub const GENERAL_SLOTS: usize = 8;
 /// Process-startup slots: simultaneous interpreter start-ups must not eat
 /// each other's handshake deadline.
 pub const STARTUP_SLOTS: usize = 2;
+/// The general slots one tenant's own servers may hold at once: the rest
+/// stay for every other tenant's sessions.
+pub const TENANT_SHARE: usize = 2;
 /// The idle sweep runs at least this often.
 pub const MAXIMUM_SWEEP: Duration = Duration::from_secs(30);
 /// A tenant server's handshake deadline (the design's default).
@@ -102,11 +105,15 @@ pub struct McpServerSet {
     operator: Vec<Arc<McpServer>>,
     /// Each tenant's own, by tenant, in the store's order.
     tenants: Mutex<HashMap<String, Vec<Arc<McpServer>>>>,
+    /// Tenant servers found with an operator server's id, told once each.
+    shadowed: Mutex<std::collections::HashSet<(String, String)>>,
     dialer: Arc<dyn EgressDialer>,
     reuse: Duration,
     shared: Shared,
     general: Semaphore,
     startup: Semaphore,
+    /// Each tenant's share of the general slots, by tenant.
+    shares: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl McpServerSet {
@@ -131,11 +138,13 @@ impl McpServerSet {
                 .map(|settings| Arc::new(McpServer::stdio(settings, shared.clone())))
                 .collect(),
             tenants: Mutex::new(HashMap::new()),
+            shadowed: Mutex::new(std::collections::HashSet::new()),
             dialer: Arc::new(NoEgress),
             reuse: DEFAULT_DISCOVERY_REUSE,
             shared,
             general: Semaphore::new(GENERAL_SLOTS),
             startup: Semaphore::new(STARTUP_SLOTS),
+            shares: Mutex::new(HashMap::new()),
         }
     }
 
@@ -162,6 +171,19 @@ impl McpServerSet {
         self
     }
 
+    /// The tenant's share of the general slots.
+    fn share(&self, tenant_id: &str) -> Arc<Semaphore> {
+        let mut shares = lock(&self.shares);
+        // A share nobody waits on or holds is forgotten.
+        shares.retain(|_, share| {
+            Arc::strong_count(share) > 1 || share.available_permits() < TENANT_SHARE
+        });
+        shares
+            .entry(tenant_id.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(TENANT_SHARE)))
+            .clone()
+    }
+
     fn operator_has(&self, server_id: &str) -> bool {
         self.operator
             .iter()
@@ -184,8 +206,18 @@ impl McpServerSet {
         let mut servers = Vec::with_capacity(rows.len());
         for row in rows {
             // An operator server of the same id wins: the tenant's was
-            // written before the operator's existed.
+            // written before the operator's existed. Its row is kept as the
+            // tenant wrote it, and the operator is told once.
             if self.operator_has(&row.server_id) {
+                let first =
+                    lock(&self.shadowed).insert((tenant_id.to_owned(), row.server_id.clone()));
+                if first {
+                    tracing::warn!(
+                        tenant = %tenant_id,
+                        server = %row.server_id,
+                        "a tenant server has an operator server's id: sessions use the operator's,                          the tenant's row is kept unchanged; rename one of them"
+                    );
+                }
                 continue;
             }
             if let Some(server) = kept.iter().find(|server| server.row() == &row) {
@@ -364,22 +396,15 @@ impl McpServerSet {
 impl McpServers for McpServerSet {
     fn discover<'a>(&'a self, tenant_id: &'a str) -> BoxFuture<'a, Vec<ServerDiscovery>> {
         Box::pin(async move {
-            let mut servers: Vec<Arc<McpServer>> = self
-                .operator
-                .iter()
-                .filter(|server| server.enabled())
-                .cloned()
-                .collect();
-            servers.extend(
-                self.tenant_servers(tenant_id)
-                    .await
-                    .into_iter()
-                    .filter(|server| server.enabled()),
-            );
+            let operator = self.operator.iter().filter(|server| server.enabled());
+            let own = self.tenant_servers(tenant_id).await;
+            let share = self.share(tenant_id);
+            let own = own.iter().filter(|server| server.enabled());
             // Concurrent within the slots; joined in configured order.
-            let tasks = servers
-                .iter()
-                .map(|server| server.discover(&self.general, &self.startup));
+            let tasks = operator
+                .map(|server| (server, None))
+                .chain(own.map(|server| (server, Some(share.as_ref()))))
+                .map(|(server, share)| server.discover(&self.general, &self.startup, share));
             join_all(tasks).await
         })
     }

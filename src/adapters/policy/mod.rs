@@ -91,6 +91,11 @@ pub struct RuleFile {
     /// Matrix rows, first match wins, before the built-in matrix.
     #[serde(default)]
     pub matrix: Vec<MatrixRow>,
+    /// Says the file means to have no rules (the built-in matrix alone):
+    /// without it, a file with none is refused, so an emptied or truncated
+    /// file never replaces the rules in force with fewer.
+    #[serde(default)]
+    pub no_rules: bool,
 }
 
 /// The rule-file policy engine.
@@ -125,7 +130,19 @@ impl RuleFilePolicy {
                 message: error.inner().message().to_owned(),
             }
         })?;
-        Ok(RuleFilePolicy { file })
+        let empty = file.rules.is_empty() && file.matrix.is_empty();
+        match (empty, file.no_rules) {
+            (true, false) => Err(PolicyFileError::Schema {
+                path: "(file)".into(),
+                message: "the file has no rules; write `no_rules = true` if it means the                           built-in matrix alone"
+                    .into(),
+            }),
+            (false, true) => Err(PolicyFileError::Schema {
+                path: "no_rules".into(),
+                message: "the file says it has no rules, and has some".into(),
+            }),
+            _ => Ok(RuleFilePolicy { file }),
+        }
     }
 
     /// The decision for an action; synchronous, microseconds.
@@ -385,6 +402,63 @@ mod tests {
                 TrustLevel::User
             )),
             PolicyDecision::Deny(ReasonCode::PolicyMatrixDenied)
+        );
+    }
+
+    /// An emptied file (nothing, comments, whitespace) is refused, at load
+    /// and on reload, so a reload never fails open; a file that says it has
+    /// no rules is the built-in matrix alone.
+    #[test]
+    fn a_file_with_no_rules_must_say_so() {
+        for empty in [
+            "",
+            "\n\n",
+            "# all rules removed\n# (on purpose?)\n",
+            "  \t\n",
+        ] {
+            let error = RuleFilePolicy::parse(empty).unwrap_err();
+            assert!(error.to_string().contains("no_rules = true"), "{error}");
+        }
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("policy.toml");
+        std::fs::write(
+            &path,
+            "[[rules]]\ntools = [\"demo.read\"]\ndecision = \"deny\"\n",
+        )
+        .unwrap();
+        let reloadable = ReloadablePolicy::load(&path).unwrap();
+        let principal = Principal {
+            id: "p".into(),
+            scopes: Default::default(),
+        };
+        let read = |policy: &ReloadablePolicy| {
+            policy.rules().decide(&action(
+                &principal,
+                "demo.read",
+                SideEffectClass::ExternalRead,
+                RiskLevel::Low,
+                TrustLevel::User,
+            ))
+        };
+        assert_eq!(
+            read(&reloadable),
+            PolicyDecision::Deny(ReasonCode::PolicyRuleDenied)
+        );
+        std::fs::write(&path, "# emptied\n").unwrap();
+        assert!(reloadable.reload().is_err());
+        assert_eq!(
+            read(&reloadable),
+            PolicyDecision::Deny(ReasonCode::PolicyRuleDenied),
+            "the rules in force stay"
+        );
+        std::fs::write(&path, "no_rules = true\n").unwrap();
+        reloadable.reload().unwrap();
+        assert_eq!(read(&reloadable), PolicyDecision::Allow);
+        assert!(
+            RuleFilePolicy::parse(
+                "no_rules = true\n[[rules]]\ntools = [\"x\"]\ndecision = \"deny\"\n"
+            )
+            .is_err()
         );
     }
 

@@ -103,6 +103,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "leases on the database's clock; a node folder's place",
         sql: include_str!("../../../migrations/postgres/0013_store_clock_leases.sql"),
     },
+    Migration {
+        version: 14,
+        description: "idempotency keys and the breaker's tables keyed by tenant",
+        sql: include_str!("../../../migrations/postgres/0014_tenant_keys.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -171,6 +176,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 13,
         description: "a node folder's place",
         sql: include_str!("../../../migrations/sqlite/0013_store_clock_leases.sql"),
+    },
+    Migration {
+        version: 14,
+        description: "idempotency keys and the breaker's tables keyed by tenant",
+        sql: include_str!("../../../migrations/sqlite/0014_tenant_keys.sql"),
     },
 ];
 

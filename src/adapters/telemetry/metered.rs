@@ -28,6 +28,9 @@ impl MeteredInvocations {
     }
 }
 
+/// The `name` every call of a name no tool has is counted under.
+pub const UNKNOWN_TOOL: &str = "unknown";
+
 /// Records how long one of the hot path's commits took.
 fn commit_time(metrics: &dyn Metrics, operation: &str, started: std::time::Instant) {
     metrics.observe(
@@ -50,8 +53,14 @@ fn count(metrics: &dyn Metrics, events: &[ToolEvent]) {
         let Some(status) = event.outcome_status.filter(|_| terminal) else {
             continue;
         };
+        // A name no tool has is a caller's text: it never becomes a label.
+        let name = if event.reason_code == Some(ReasonCode::PolicyMatrixUnknownTool) {
+            UNKNOWN_TOOL.to_owned()
+        } else {
+            event.tool_name.clone()
+        };
         let tool: Labels = vec![
-            ("name", event.tool_name.clone()),
+            ("name", name),
             ("source", event.tool_source.as_str().to_owned()),
         ];
         let mut labels = tool.clone();

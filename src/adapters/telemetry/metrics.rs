@@ -159,6 +159,32 @@ impl MetricConstructor<Histogram> for Buckets {
     }
 }
 
+/// Distinct MCP tool names that become `name` label values; past it, a
+/// new one is counted under [`OTHER_TOOLS`].
+pub const MAXIMUM_TOOL_NAMES: usize = 1_000;
+/// Where tool names past [`MAXIMUM_TOOL_NAMES`] are counted.
+pub const OTHER_TOOLS: &str = "other";
+/// Where the tools of tenants' servers are counted, unless the operator
+/// names the server.
+pub const TENANT_SERVER_TOOLS: &str = "mcp.tenant_servers";
+/// Where tenants' servers are counted, unless the operator names them (the
+/// `server` label).
+pub const TENANT_SERVERS: &str = "tenant_servers";
+
+/// What may become a label value: series are bounded by configuration,
+/// whatever tenants and scripts send. Unknown tool names are folded by the
+/// caller ([`super::metered::UNKNOWN_TOOL`]); tenant servers and their
+/// tools aggregate unless the operator names them; and at most
+/// [`MAXIMUM_TOOL_NAMES`] MCP tool names are ever labels (the builtins'
+/// are the build's).
+#[derive(Debug, Clone, Default)]
+pub struct LabelBounds {
+    /// Servers whose ids (and tools' names) are labels of their own: the
+    /// operator's, and the tenant servers `ops.metrics_tenant_servers`
+    /// names.
+    pub named_servers: std::collections::BTreeSet<String>,
+}
+
 /// The registry.
 pub struct MetricsRegistry {
     registry: Registry,
@@ -167,13 +193,9 @@ pub struct MetricsRegistry {
     gauges: HashMap<&'static str, Family<Owned, Gauge>>,
     plain: HashMap<&'static str, Gauge>,
     samplers: Mutex<Vec<Arc<dyn Sampler>>>,
-}
-
-fn owned(labels: &Labels) -> Owned {
-    labels
-        .iter()
-        .map(|(name, value)| ((*name).to_owned(), value.clone()))
-        .collect()
+    bounds: LabelBounds,
+    /// The tool names admitted as labels so far.
+    tool_names: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Default for MetricsRegistry {
@@ -219,6 +241,8 @@ impl MetricsRegistry {
             gauges,
             plain,
             samplers: Mutex::new(Vec::new()),
+            bounds: LabelBounds::default(),
+            tool_names: Mutex::new(std::collections::HashSet::new()),
         };
         metrics.set(
             "build_info",
@@ -231,11 +255,60 @@ impl MetricsRegistry {
         metrics
     }
 
+    /// The same registry, its labels held to `bounds`.
+    pub fn with_bounds(mut self, bounds: LabelBounds) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
     /// A counter's value (for tests and health).
     pub fn counter(&self, name: &'static str, labels: &Labels) -> u64 {
-        self.counters
-            .get(name)
-            .map_or(0, |family| family.get_or_create(&owned(labels)).get())
+        self.counters.get(name).map_or(0, |family| {
+            family.get_or_create(&self.bounded(labels)).get()
+        })
+    }
+
+    /// `labels` with every value that is not the operator's to choose
+    /// folded as [`LabelBounds`] says.
+    fn bounded(&self, labels: &Labels) -> Owned {
+        labels
+            .iter()
+            .map(|(key, value)| {
+                let value = match *key {
+                    "name" => self.tool_label(value),
+                    "server" if self.bounds.named_servers.contains(value) => value.clone(),
+                    "server" => TENANT_SERVERS.to_owned(),
+                    _ => value.clone(),
+                };
+                ((*key).to_owned(), value)
+            })
+            .collect()
+    }
+
+    fn tool_label(&self, name: &str) -> String {
+        // A name outside `mcp.` is the build's (a builtin, or the fold of
+        // every unknown name): the build bounds them.
+        let Some(server) = name
+            .strip_prefix("mcp.")
+            .and_then(|rest| rest.split('.').next())
+        else {
+            return name.to_owned();
+        };
+        if !self.bounds.named_servers.contains(server) {
+            return TENANT_SERVER_TOOLS.to_owned();
+        }
+        let mut admitted = self
+            .tool_names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if admitted.contains(name) {
+            return name.to_owned();
+        }
+        if admitted.len() < MAXIMUM_TOOL_NAMES {
+            admitted.insert(name.to_owned());
+            return name.to_owned();
+        }
+        OTHER_TOOLS.to_owned()
     }
 
     /// Adds a source of gauge readings, read at every scrape.
@@ -251,7 +324,7 @@ impl MetricsRegistry {
         if let Some(gauge) = self.plain.get(name) {
             gauge.set(value);
         } else if let Some(family) = self.gauges.get(name) {
-            family.get_or_create(&owned(&labels)).set(value);
+            family.get_or_create(&self.bounded(&labels)).set(value);
         }
     }
 
@@ -314,13 +387,13 @@ impl ProcessSample {
 impl Metrics for MetricsRegistry {
     fn add(&self, name: &'static str, labels: Labels, amount: u64) {
         if let Some(family) = self.counters.get(name) {
-            family.get_or_create(&owned(&labels)).inc_by(amount);
+            family.get_or_create(&self.bounded(&labels)).inc_by(amount);
         }
     }
 
     fn observe(&self, name: &'static str, labels: Labels, value: f64) {
         if let Some(family) = self.histograms.get(name) {
-            family.get_or_create(&owned(&labels)).observe(value);
+            family.get_or_create(&self.bounded(&labels)).observe(value);
         }
     }
 
@@ -348,6 +421,47 @@ impl Metrics for MetricsRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Thousands of names from outside (scripts' unknown tools, tenants'
+    /// servers and their tools) add a bounded number of series: the
+    /// operator's names and the fold values, never one per name.
+    #[tokio::test]
+    async fn series_are_bounded_whatever_names_arrive() {
+        let metrics = MetricsRegistry::new("0.1.0", "abc").with_bounds(LabelBounds {
+            named_servers: ["reads".to_owned()].into(),
+        });
+        let count = |name: &str, source: &str| {
+            metrics.increment(
+                "tool_calls_total",
+                vec![
+                    ("name", name.to_owned()),
+                    ("source", source.to_owned()),
+                    ("outcome_status", "failed".to_owned()),
+                ],
+            );
+        };
+        for index in 0..5_000 {
+            count(&format!("mcp.tenant{index}.tool{index}"), "mcp");
+            count(&format!("mcp.reads.tool{index}"), "mcp");
+            metrics.increment(
+                "mcp_connect_failures_total",
+                vec![
+                    ("server", format!("tenant-server-{index}")),
+                    ("reason_code", "tool.server_unreachable".to_owned()),
+                ],
+            );
+        }
+        count("demo.echo", "builtin");
+        let text = metrics.render().await;
+        let series = |family: &str| text.lines().filter(|line| line.starts_with(family)).count();
+        // The operator's server's tools up to the bound, the rest folded
+        // into one series; tenants' tools into one; the builtin its own.
+        assert_eq!(series("toolgate_tool_calls_total{"), MAXIMUM_TOOL_NAMES + 3);
+        assert!(text.contains(&format!("name=\"{TENANT_SERVER_TOOLS}\"")));
+        assert!(text.contains(&format!("name=\"{OTHER_TOOLS}\"")));
+        assert_eq!(series("toolgate_mcp_connect_failures_total{"), 1);
+        assert!(text.contains(&format!("server=\"{TENANT_SERVERS}\"")));
+    }
 
     #[tokio::test]
     async fn series_render_as_openmetrics_with_the_prefix() {

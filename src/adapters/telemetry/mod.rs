@@ -7,4 +7,4 @@ mod metrics;
 pub mod otlp;
 
 pub use metered::MeteredInvocations;
-pub use metrics::{MetricsRegistry, Sample, Sampler};
+pub use metrics::{LabelBounds, MetricsRegistry, Sample, Sampler};

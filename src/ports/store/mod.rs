@@ -59,9 +59,6 @@ pub enum StoreError {
         /// What went wrong.
         reason: String,
     },
-    /// The idempotency key is held by another tenant's row.
-    #[error("idempotency key conflict")]
-    KeyConflict,
 }
 
 impl StoreError {

@@ -204,10 +204,42 @@ async fn write_generation(
             .map_err(database_error)?;
         }
     }
+    prune_history(tx, tenant_id, &generation.server_id).await?;
     Ok(true)
 }
 
-/// Inserts or replaces a server row, by (tenant, server id).
+/// The generations of a server's history kept: the newest ones, and any
+/// an UNCERTAIN call (whose review needs the tool as it was) ran.
+pub const KEPT_GENERATIONS: i64 = 32;
+
+/// Drops the generations of a server older than the newest
+/// [`KEPT_GENERATIONS`] that no UNCERTAIN call ran: a catalog that churns
+/// keeps a bounded history.
+async fn prune_history(
+    tx: &mut Transaction<'static, Postgres>,
+    tenant_id: &str,
+    server_id: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "DELETE FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 \
+         AND catalog_hash NOT IN (SELECT catalog_hash FROM mcp_tool_catalog \
+             WHERE tenant_id = $1 AND server_id = $2 GROUP BY catalog_hash \
+             ORDER BY max(discovered_at) DESC LIMIT $3) \
+         AND catalog_hash NOT IN (SELECT tool_version FROM tool_invocations \
+             WHERE tenant_id = $1 AND outcome_status = 'uncertain' AND server_id = $2)",
+    )
+    .bind(tenant_id)
+    .bind(server_id)
+    .bind(KEPT_GENERATIONS)
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    Ok(())
+}
+
+/// Inserts or replaces a server row, by (tenant, server id). A row the
+/// tenant wrote is never replaced by an operator server's (one the operator
+/// later gave the same id): the tenant's stays as it wrote it.
 async fn upsert_server(
     tx: &mut Transaction<'static, Postgres>,
     tenant_id: &str,
@@ -226,7 +258,8 @@ async fn upsert_server(
          token_scopes = EXCLUDED.token_scopes, side_effect = EXCLUDED.side_effect, risk = EXCLUDED.risk, \
          idempotency = EXCLUDED.idempotency, required_scopes = EXCLUDED.required_scopes, \
          timeout_seconds = EXCLUDED.timeout_seconds, maximum_output_bytes = EXCLUDED.maximum_output_bytes, \
-         enabled = EXCLUDED.enabled, tenant_configured = EXCLUDED.tenant_configured",
+         enabled = EXCLUDED.enabled, tenant_configured = EXCLUDED.tenant_configured \
+         WHERE NOT mcp_servers.tenant_configured OR EXCLUDED.tenant_configured",
     )
     .bind(Uuid::new_v4())
     .bind(tenant_id)

@@ -10,16 +10,12 @@ impl InvocationStore for PostgresStore {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
-            let record = self.intent(INSERT, new, claim, events).await?;
-            // The function returns the new row, or the one already holding the
-            // key. Another tenant's key (invisible under row-level security, or
-            // visible to a role that bypasses it) is neither shown nor told.
-            match record {
+            // The function returns the new row, or the one of the tenant
+            // already holding the key.
+            match self.intent(INSERT, new, claim, events).await? {
                 Some(record) if record.id == new.id => Ok(InsertOutcome::Inserted(record)),
-                Some(record) if record.tenant_id == new.tenant_id => {
-                    Ok(InsertOutcome::Existing(record))
-                }
-                _ => Err(StoreError::KeyConflict),
+                Some(record) => Ok(InsertOutcome::Existing(record)),
+                None => Err(StoreError::Query("the row holding the key is gone".into())),
             }
         })
     }
@@ -518,7 +514,7 @@ impl InvocationStore for PostgresStore {
                     let granted = lowers
                         && sqlx::query(
                             "INSERT INTO breaker_runs (tenant_id, run_id, restarts) VALUES ($1, $2, 1) \
-                             ON CONFLICT (run_id) DO UPDATE SET restarts = breaker_runs.restarts + 1 \
+                             ON CONFLICT (run_id, tenant_id) DO UPDATE SET restarts = breaker_runs.restarts + 1 \
                              WHERE breaker_runs.restarts < $3",
                         )
                         .bind(tenant_id)

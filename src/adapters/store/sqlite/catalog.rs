@@ -200,10 +200,38 @@ async fn write_generation(
                 .map_err(database_error)?;
         }
     }
+    prune_history(tx, tenant_id, &generation.server_id).await?;
     Ok(true)
 }
 
-/// Inserts or replaces a server row, by (tenant, server id).
+/// The generations of a server's history kept: the newest ones, and any
+/// an UNCERTAIN call (whose review needs the tool as it was) ran.
+pub const KEPT_GENERATIONS: i64 = 32;
+
+/// Drops the generations of a server older than the newest
+/// [`KEPT_GENERATIONS`] that no UNCERTAIN call ran: a catalog that churns
+/// keeps a bounded history.
+async fn prune_history(tx: &mut Tx, tenant_id: &str, server_id: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "DELETE FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 \
+         AND catalog_hash NOT IN (SELECT catalog_hash FROM mcp_tool_catalog \
+             WHERE tenant_id = $1 AND server_id = $2 GROUP BY catalog_hash \
+             ORDER BY max(discovered_at) DESC LIMIT $3) \
+         AND catalog_hash NOT IN (SELECT tool_version FROM tool_invocations \
+             WHERE tenant_id = $1 AND outcome_status = 'uncertain' AND server_id = $2)",
+    )
+    .bind(tenant_id)
+    .bind(server_id)
+    .bind(KEPT_GENERATIONS)
+    .execute(&mut **tx)
+    .await
+    .map_err(database_error)?;
+    Ok(())
+}
+
+/// Inserts or replaces a server row, by (tenant, server id). A row the
+/// tenant wrote is never replaced by an operator server's (one the operator
+/// later gave the same id): the tenant's stays as it wrote it.
 async fn upsert_server(
     tx: &mut Tx,
     tenant_id: &str,
@@ -222,7 +250,8 @@ async fn upsert_server(
          token_scopes = excluded.token_scopes, side_effect = excluded.side_effect, risk = excluded.risk, \
          idempotency = excluded.idempotency, required_scopes = excluded.required_scopes, \
          timeout_seconds = excluded.timeout_seconds, maximum_output_bytes = excluded.maximum_output_bytes, \
-         enabled = excluded.enabled, tenant_configured = excluded.tenant_configured",
+         enabled = excluded.enabled, tenant_configured = excluded.tenant_configured \
+         WHERE NOT mcp_servers.tenant_configured OR excluded.tenant_configured",
     )
     .bind(Uuid::new_v4().to_string())
     .bind(tenant_id)

@@ -95,13 +95,7 @@ impl Connections {
 
     /// A transaction begun with `statement` (`BEGIN` or `BEGIN IMMEDIATE`).
     pub(super) async fn begin(&self, statement: &'static str) -> Result<Tx, StoreError> {
-        let mut held = self.acquire().await?;
-        held.slot.unfinished = true;
-        sqlx::raw_sql(statement)
-            .execute(&mut *held)
-            .await
-            .map_err(database_error)?;
-        Ok(Tx { held })
+        self.acquire().await?.begin(statement).await
     }
 }
 
@@ -137,6 +131,18 @@ impl Slot {
 pub(super) struct Held {
     slot: OwnedMutexGuard<Slot>,
     permit: OwnedSemaphorePermit,
+}
+
+impl Held {
+    /// A transaction on this connection, begun with `statement`.
+    pub(super) async fn begin(mut self, statement: &'static str) -> Result<Tx, StoreError> {
+        self.slot.unfinished = true;
+        sqlx::raw_sql(statement)
+            .execute(&mut *self)
+            .await
+            .map_err(database_error)?;
+        Ok(Tx { held: self })
+    }
 }
 
 impl Deref for Held {

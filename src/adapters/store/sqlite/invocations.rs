@@ -21,22 +21,20 @@ impl InvocationStore for SqliteStore {
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
             let Some(record) = self.intent(new, claim, events, false).await? else {
+                // The key is held within the tenant: that row is the call's.
                 let existing = sqlx::query(concat!(
                     "SELECT ",
                     invocation_columns!(),
-                    " FROM tool_invocations WHERE idempotency_key = $1"
+                    " FROM tool_invocations WHERE idempotency_key = $1 AND tenant_id = $2"
                 ))
                 .bind(&new.idempotency_key)
+                .bind(&new.tenant_id)
                 .fetch_optional(&mut *self.reader().await?)
                 .await
                 .map_err(database_error)?;
-                let existing = existing.as_ref().map(invocation).transpose()?;
-                return match existing {
-                    Some(record) if record.tenant_id == new.tenant_id => {
-                        Ok(InsertOutcome::Existing(record))
-                    }
-                    // Another tenant's key: neither its row nor its existence is told.
-                    _ => Err(StoreError::KeyConflict),
+                return match existing.as_ref().map(invocation).transpose()? {
+                    Some(record) => Ok(InsertOutcome::Existing(record)),
+                    None => Err(StoreError::Query("the row holding the key is gone".into())),
                 };
             };
             Ok(InsertOutcome::Inserted(record))
@@ -561,7 +559,7 @@ impl InvocationStore for SqliteStore {
                     let granted = lowers
                         && sqlx::query(
                             "INSERT INTO breaker_runs (tenant_id, run_id, restarts) VALUES ($1, $2, 1) \
-                             ON CONFLICT (run_id) DO UPDATE SET restarts = breaker_runs.restarts + 1 \
+                             ON CONFLICT (run_id, tenant_id) DO UPDATE SET restarts = breaker_runs.restarts + 1 \
                              WHERE breaker_runs.restarts < $3",
                         )
                         .bind(tenant_id)
@@ -750,7 +748,7 @@ impl SqliteStore {
                      $21, $22, $23, $24, 0, $25, $26, $27 \
                      WHERE NOT $29 OR NOT EXISTS (SELECT 1 FROM tool_invocations WHERE tenant_id = $2 AND run_id = $4 \
                      AND tool_name = $7 AND arguments_hash = $12 AND outcome_status IS NOT NULL) \
-                     ON CONFLICT (idempotency_key) DO NOTHING RETURNING ",
+                     ON CONFLICT (idempotency_key, tenant_id) DO NOTHING RETURNING ",
                     invocation_columns!(),
                     "; ",
                     // `changes()` is still the row's insert here.

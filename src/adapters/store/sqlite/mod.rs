@@ -142,6 +142,53 @@ impl SqliteStore {
         self.writer_for(durability).begin("BEGIN IMMEDIATE").await
     }
 
+    /// Applies the pending migrations in one transaction on `held`, whose
+    /// foreign keys are off, checking them before the commit.
+    async fn migrate_on(&self, held: Held) -> Result<Vec<i64>, StoreError> {
+        let mut tx = held.begin("BEGIN IMMEDIATE").await?;
+        // Read again under the lock: another process may have just migrated.
+        let rows =
+            sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(database_error)?;
+        let applied = rows
+            .iter()
+            .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
+            .collect::<Result<Vec<(i64, String)>, StoreError>>()?;
+        let pending = plan(SQLITE_MIGRATIONS, &applied)?;
+        for migration in &pending {
+            sqlx::raw_sql(migration.sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(|error| StoreError::Migration {
+                    version: migration.version,
+                    reason: database_error(error).to_string(),
+                })?;
+            sqlx::query(
+                "INSERT INTO toolgate_migrations (version, description, checksum) VALUES ($1, $2, $3)",
+            )
+            .bind(migration.version)
+            .bind(migration.description)
+            .bind(migration.checksum())
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+        }
+        let broken = sqlx::query("PRAGMA foreign_key_check")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+        if !broken.is_empty() {
+            return Err(StoreError::Migration {
+                version: pending.last().map_or(0, |m| m.version),
+                reason: format!("{} row(s) would break a foreign key", broken.len()),
+            });
+        }
+        tx.commit().await.map_err(database_error)?;
+        Ok(pending.iter().map(|m| m.version).collect())
+    }
+
     async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
         sqlx::raw_sql(
             "CREATE TABLE IF NOT EXISTS toolgate_migrations (\
@@ -375,36 +422,22 @@ impl Schema for SqliteStore {
     fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
         Box::pin(async move {
             self.applied().await?;
-            let mut tx = self.begin().await?;
-            // Read again under the lock: another process may have just migrated.
-            let rows =
-                sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(database_error)?;
-            let applied = rows
-                .iter()
-                .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
-                .collect::<Result<Vec<(i64, String)>, StoreError>>()?;
-            let pending = plan(SQLITE_MIGRATIONS, &applied)?;
-            for migration in &pending {
-                sqlx::raw_sql(migration.sql)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|error| StoreError::Migration {
-                        version: migration.version,
-                        reason: database_error(error).to_string(),
-                    })?;
-                sqlx::query("INSERT INTO toolgate_migrations (version, description, checksum) VALUES ($1, $2, $3)")
-                    .bind(migration.version)
-                    .bind(migration.description)
-                    .bind(migration.checksum())
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(database_error)?;
-            }
-            tx.commit().await.map_err(database_error)?;
-            Ok(pending.iter().map(|m| m.version).collect())
+            // A migration may rebuild a table others reference, which SQLite
+            // does with its foreign keys off (they cannot be turned off
+            // inside a transaction); they are checked before the commit and
+            // on again after it, on the same connection.
+            let mut held = self.writer.acquire().await?;
+            sqlx::raw_sql("PRAGMA foreign_keys = OFF")
+                .execute(&mut *held)
+                .await
+                .map_err(database_error)?;
+            let migrated = self.migrate_on(held).await;
+            // On again whatever happened: the writer's next user expects it.
+            sqlx::raw_sql("PRAGMA foreign_keys = ON")
+                .execute(&mut *self.writer.acquire().await?)
+                .await
+                .map_err(database_error)?;
+            migrated
         })
     }
 
