@@ -21,3 +21,4 @@ mod store;
 mod support;
 mod tenants;
 mod torture;
+mod wire;

@@ -166,6 +166,42 @@ fn the_policy_is_reloaded_on_sighup_and_a_bad_file_keeps_the_old() {
     hangup();
     assert!(logged("policy not reloaded"));
     assert_eq!(echo(3), "denied", "the rules in force stayed");
+    // An emptied file (comments only) never fails open: refused like a
+    // broken one, unless it says it has no rules.
+    let before = served
+        .logs
+        .lock()
+        .unwrap()
+        .matches("policy not reloaded")
+        .count();
+    std::fs::write(&policy, "# every rule removed\n").unwrap();
+    hangup();
+    let started = Instant::now();
+    while served
+        .logs
+        .lock()
+        .unwrap()
+        .matches("policy not reloaded")
+        .count()
+        == before
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the empty file is refused"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(echo(4), "denied", "the rules in force stayed");
+    std::fs::write(&policy, "no_rules = true\n").unwrap();
+    hangup();
+    let started = Instant::now();
+    while echo(5) != "succeeded" {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no rules, as it says"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (status, _) = served.post("/v1/sessions", &json!({}));
     assert_eq!(status, 400, "still serving");
 }
@@ -475,5 +511,86 @@ fn version_completions_and_manual_page() {
     assert!(
         manual.contains(".TH toolgate 1") && manual.contains("serve"),
         "{manual}"
+    );
+}
+
+/// Connections that are opened and never send a request (half-open, or
+/// slow on purpose) never keep a probe out: a hundred of them held, the
+/// probes are still answered, at once.
+#[test]
+fn probes_are_answered_while_others_hold_connections() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let listen = address.clone();
+    let served = Served::start_edited(
+        move |_, config| format!("{config}\n[ops]\nlisten = \"{listen}\"\n"),
+        &[],
+    );
+    served.wait_ready();
+    let held: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(&address).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let started = Instant::now();
+        assert_eq!(get_tcp(&address, path, "GET").0, 200, "{path}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{path} took {:?}",
+            started.elapsed()
+        );
+    }
+    drop(held);
+}
+
+/// Names no tool has (a script's, a caller's) never become series: a
+/// thousand of them are counted under one `name="unknown"`.
+#[test]
+fn unknown_tool_names_never_become_series() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let listen = address.clone();
+    let served = Served::start_edited(
+        move |_, config| format!("{config}\n[ops]\nlisten = \"{listen}\"\n"),
+        &[],
+    );
+    let session = served.session();
+    let series = |text: &str| text.lines().filter(|line| !line.starts_with('#')).count();
+    let mut after_first = 0;
+    for batch in 0..10 {
+        let calls: Vec<serde_json::Value> = (0..100)
+            .map(|index| {
+                json!({"call_id": format!("c{batch}-{index}"),
+                       "name": format!("made.up{batch}x{index}"), "arguments": {}})
+            })
+            .collect();
+        let (status, body) = served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                    "origin_trust": "user", "calls": calls}),
+        );
+        assert_eq!(status, 200, "{body}");
+        if batch == 0 {
+            after_first = series(&get_tcp(&address, "/metrics", "GET").1);
+        }
+    }
+    let (_, after) = get_tcp(&address, "/metrics", "GET");
+    assert!(!after.contains("made.up"), "a caller's name became a label");
+    assert!(
+        after.contains("toolgate_tool_calls_total{name=\"unknown\",source=\"builtin\",outcome_status=\"denied\"} 1000"),
+        "{after}"
+    );
+    assert_eq!(
+        series(&after),
+        after_first,
+        "the series after 1,000 names are those after 100"
     );
 }

@@ -1297,6 +1297,72 @@ pub async fn events_settled(
     events
 }
 
+/// A server whose catalog churns keeps a bounded history: its newest
+/// generations, and one an UNCERTAIN call ran (its review needs the tool as
+/// it was), however many generations came and went.
+#[tokio::test]
+async fn a_churning_catalog_keeps_a_bounded_history() {
+    use toolgate::ports::CatalogEntry;
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let mut reviewed =
+            new_invocation("tenant-a", Uuid::new_v4(), "r", InvocationStatus::Uncertain);
+        reviewed.tool_source = ToolSource::Mcp;
+        reviewed.server_id = Some("churn".into());
+        reviewed.tool_name = "mcp.churn.tool".into();
+        reviewed.tool_version = "gen-0".into();
+        reviewed.reason_code = Some(ReasonCode::ToolOutcomeUnknown);
+        store
+            .insert_invocation(
+                &reviewed,
+                Claim {
+                    worker_id,
+                    now: now(),
+                },
+                &[],
+            )
+            .await
+            .unwrap();
+        let first = now();
+        for generation in 0..60 {
+            let entry = CatalogEntry {
+                remote_name: format!("tool{generation}"),
+                registry_name: format!("mcp.churn.tool{generation}"),
+                input_schema: json!({"type": "object"}),
+            };
+            assert!(
+                store
+                    .record_catalog(
+                        "tenant-a",
+                        "churn",
+                        &format!("gen-{generation}"),
+                        &[entry],
+                        first + Duration::seconds(generation),
+                    )
+                    .await
+                    .unwrap(),
+                "{name}"
+            );
+        }
+        let history = store.catalog_history("tenant-a", "churn").await.unwrap();
+        let generations: std::collections::BTreeSet<&str> = history
+            .iter()
+            .map(|row| row.catalog_hash.as_str())
+            .collect();
+        assert_eq!(generations.len(), 33, "{name}: {generations:?}");
+        assert!(
+            generations.contains("gen-0"),
+            "{name}: the reviewed one stays"
+        );
+        assert!(
+            generations.contains("gen-59") && generations.contains("gen-28"),
+            "{name}"
+        );
+        assert!(!generations.contains("gen-27"), "{name}");
+    }
+}
+
 /// The catalog is a history: a generation per hash, written once;
 /// withdrawn names stamped; nothing else changed.
 #[tokio::test]

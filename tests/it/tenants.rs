@@ -57,3 +57,227 @@ async fn the_same_call_identity_in_two_tenants_runs_in_both() {
         assert_eq!(harness.lines("external.log").len(), 2, "{name}: no rerun");
     }
 }
+
+/// A PUT of a tenant server, answered: (status, body).
+fn put_server(
+    served: &crate::serve::Served,
+    tenant: &str,
+    server: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let text = body.to_string();
+    let (status, _, answer) = crate::serve::http(
+        &served.socket,
+        "PUT",
+        &format!("/v1/tenants/{tenant}/mcp-servers/{server}"),
+        &[],
+        Some(text.as_bytes()),
+    );
+    (status, crate::serve::json_of(&answer))
+}
+
+/// A tenant's server row is held to the operator's ceilings when written,
+/// as the operator's own servers are at load: an output limit or a timeout
+/// past them is refused, naming the field (and not echoing the value).
+#[test]
+fn a_tenant_row_is_held_to_the_operators_ceilings() {
+    let served = crate::serve::Served::start();
+    let row = |output: u64, timeout: u32| {
+        json!({"endpoint": "https://mcp.example.com/mcp", "required_scopes": ["mcp.big.use"],
+               "maximum_output_bytes": output, "timeout_seconds": timeout})
+    };
+    let (status, body) = put_server(&served, "tenant-e2e", "big", &row(1_000_000_000_000, 30));
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("maximum_output_bytes:"), "{message}");
+    assert!(!message.contains("1000000000000"), "{message}");
+    let (status, body) = put_server(&served, "tenant-e2e", "big", &row(65_536, 1_000_000));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("timeout_seconds:"),
+        "{body}"
+    );
+    let (status, body) = put_server(&served, "tenant-e2e", "big", &row(65_536, 30));
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Every route takes a tenant id by one rule: NUL, empty, over-long and
+/// other characters are a 400 naming `tenant_id`, never a store error or an
+/// empty answer.
+#[test]
+fn every_route_holds_a_tenant_id_to_one_rule() {
+    let served = crate::serve::Served::start();
+    let long = "t".repeat(129);
+    for tenant in ["%00", "", long.as_str(), "a%20b", "a%2Fb", "..", "%C3%A9"] {
+        for path in [
+            format!("/v1/approvals?status=pending&tenant_id={tenant}"),
+            format!("/v1/review?tenant_id={tenant}"),
+            format!("/v1/events?after=0&tenant_id={tenant}"),
+            format!(
+                "/v1/invocations/{}?tenant_id={tenant}",
+                uuid::Uuid::new_v4()
+            ),
+            format!(
+                "/v1/runs/{}/invocations?tenant_id={tenant}",
+                uuid::Uuid::new_v4()
+            ),
+            format!("/v1/artifacts/{}?tenant_id={tenant}", uuid::Uuid::new_v4()),
+        ] {
+            let (status, body) = served.get(&path);
+            let body = crate::serve::json_of(&body);
+            assert_eq!(status, 400, "{path}: {body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|message| message.contains("tenant_id")),
+                "{path}: {body}"
+            );
+        }
+    }
+    for tenant in ["%00", "a%20b"] {
+        let (status, body) = put_server(
+            &served,
+            tenant,
+            "acme",
+            &json!({"endpoint": "https://mcp.example.com/mcp"}),
+        );
+        assert_eq!(status, 400, "{tenant}: {body}");
+        let (status, _) = served.get(&format!("/v1/tenants/{tenant}/mcp-servers/acme"));
+        assert_eq!(status, 400, "{tenant}");
+    }
+}
+
+/// A tenant server the operator later gives the same id is kept as the
+/// tenant wrote it (its GET still answers it) and the operator is told;
+/// sessions use the operator's. A new tenant write of an operator's id is
+/// refused.
+#[test]
+fn an_operator_server_of_a_tenants_id_leaves_the_tenants_row_alone() {
+    let mut served = crate::serve::Served::start();
+    let (status, body) = put_server(
+        &served,
+        "tenant-e2e",
+        "later",
+        &json!({"endpoint": "https://mcp.example.com/mcp", "required_scopes": ["mcp.later.use"]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(served.stop());
+    // The operator adds a stdio server of that id.
+    let config = served.folder.path().join("toolgate.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "{text}\n[[mcp.servers]]\nserver_id = \"later\"\ncommand = \"{}\"\n\
+             env = {{ SCRIPTED_CATALOG = \"basic\" }}\nrequired_scopes = [\"mcp.later.use\"]\n",
+            crate::mcp::scripted_server().display()
+        ),
+    )
+    .unwrap();
+    served.start_again();
+    let session = uuid::Uuid::new_v4();
+    let (status, body) = served.post(
+        "/v1/sessions",
+        &json!({"session_id": session, "tenant_id": "tenant-e2e",
+                "principal": {"id": "u", "scopes": ["mcp.later.use"]},
+                "agent": {"tools": ["mcp.later.*"]}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|tool| tool["name"] == "mcp.later.echo"),
+        "the operator's tools: {body}"
+    );
+    let (status, row) = served.get("/v1/tenants/tenant-e2e/mcp-servers/later");
+    assert_eq!(status, 200, "the tenant's row is kept");
+    assert_eq!(
+        crate::serve::json_of(&row)["endpoint"],
+        "https://mcp.example.com/mcp"
+    );
+    assert!(
+        served
+            .logs
+            .lock()
+            .unwrap()
+            .contains("a tenant server has an operator server's id"),
+        "the operator is told"
+    );
+    let (status, body) = put_server(
+        &served,
+        "tenant-e2e",
+        "later",
+        &json!({"endpoint": "https://mcp.example.com/mcp"}),
+    );
+    assert_eq!(status, 409, "{body}");
+}
+
+/// One tenant's silent servers never hold the preparation slots another
+/// tenant's session waits for: its session opens in the time its own
+/// servers take.
+#[test]
+fn one_tenants_silent_servers_never_stall_anothers_session() {
+    // Accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let served = crate::serve::Served::start_edited(
+        move |_, config| {
+            config.replace(
+                "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
+                &format!(
+                    "allow = [\"mcp.example.com\", \"*.auth.example.com\", \"http://127.0.0.1:{port}\"]\n\
+                     allow_cidrs = [\"127.0.0.1/32\"]"
+                ),
+            )
+        },
+        &[],
+    );
+    served.wait_ready();
+    for index in 0..24 {
+        let (status, body) = put_server(
+            &served,
+            "tenant-noisy",
+            &format!("silent{index}"),
+            &json!({"endpoint": format!("http://127.0.0.1:{port}/mcp")}),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    let open = |tenant: &str| {
+        let socket = served.socket.clone();
+        let body = json!({"session_id": uuid::Uuid::new_v4(), "tenant_id": tenant,
+                          "principal": {"id": "u", "scopes": ["mcp.reads.use"]},
+                          "agent": {"tools": ["mcp.reads.*"]}})
+        .to_string();
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let (status, _, _) = crate::serve::http(
+                &socket,
+                "POST",
+                "/v1/sessions",
+                &[("Content-Type", "application/json")],
+                Some(body.as_bytes()),
+            );
+            (status, started.elapsed())
+        })
+    };
+    let noisy = open("tenant-noisy");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (status, took) = open("tenant-quiet").join().unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "the quiet tenant waited {took:?} behind the noisy one's servers"
+    );
+    let _ = noisy.join();
+}

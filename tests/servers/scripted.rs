@@ -183,6 +183,16 @@ impl Scripted {
                 nothing.clone(),
             ),
             tool(
+                "progress_flood",
+                "Sends `count` progress notifications, then answers.",
+                object_schema(json!({"count": {"type": "integer"}}), &["count"]),
+            ),
+            tool(
+                "malformed",
+                "Answers with a malformed message (`kind`: garbage, null, array), then never again.",
+                object_schema(json!({"kind": {"type": "string"}}), &["kind"]),
+            ),
+            tool(
                 "fail_not_applied",
                 "Fails and proves nothing happened.",
                 nothing.clone(),
@@ -510,6 +520,45 @@ impl ServerHandler for Scripted {
                     .notify_logging_message(parse(json!({
                         "level": "error", "logger": INJECTION, "data": INJECTION})))
                     .await;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                json!({"content": []})
+            }
+            "progress_flood" => {
+                // Written straight to the wire, as fast as the pipe takes
+                // them, so what is measured is the reader; the answer
+                // follows them through the library.
+                let count = arguments.get("count").and_then(Value::as_u64).unwrap_or(0);
+                {
+                    let mut stdout = std::io::stdout().lock();
+                    for step in 0..count {
+                        let _ = writeln!(
+                            stdout,
+                            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"flood-{}","progress":{step},"total":{count},"message":"flooding"}}}}"#,
+                            step % 7
+                        );
+                    }
+                    let _ = stdout.flush();
+                }
+                json!({"content": [{"type": "text", "text": "flooded"}]})
+            }
+            "malformed" => {
+                let kind = arguments
+                    .get("kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let id = serde_json::to_string(&context.id).unwrap_or_default();
+                let line = match kind {
+                    "null" => format!(r#"{{"jsonrpc":"2.0","id":{id},"result":null}}"#),
+                    "array" => format!(r#"{{"jsonrpc":"2.0","id":{id},"result":[1,2,3]}}"#),
+                    _ => "}{ not json at all \u{0} ]]".to_owned(),
+                };
+                {
+                    let mut stdout = std::io::stdout().lock();
+                    let _ = writeln!(stdout, "{line}");
+                    let _ = stdout.flush();
+                }
+                // The answer was that line; the server's own would be a
+                // second, so it goes quiet.
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 json!({"content": []})
             }

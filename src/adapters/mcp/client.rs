@@ -261,7 +261,10 @@ impl ClientError {
         }
     }
 
-    /// Whether the connection is unusable after this error.
+    /// Whether the connection is unusable after this error. One malformed
+    /// answer (a result of the wrong shape, a listing too long) is that
+    /// request's failure: the stream is still framed, and the next call is
+    /// served on it rather than paying a reconnection.
     pub fn is_fatal(&self) -> bool {
         !matches!(
             self,
@@ -269,6 +272,8 @@ impl ClientError {
                 | ClientError::RequestTimeout { .. }
                 | ClientError::Unauthorized { .. }
                 | ClientError::Credential { .. }
+                | ClientError::Protocol { .. }
+                | ClientError::TooLong { .. }
         )
     }
 

@@ -179,11 +179,14 @@ where
                 }
             }
             // A line that is not a JSON-RPC message is the server's noise,
-            // not the protocol: it is skipped, as the library does.
-            let message =
-                serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(self.line.trim_ascii());
+            // not the protocol: it is skipped, as the library does; so is a
+            // notification toolgate does not act on, after one shallow read.
+            let line = self.line.trim_ascii();
+            let message = heeded(line)
+                .then(|| serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(line).ok())
+                .flatten();
             self.line.clear();
-            if let Ok(message) = message {
+            if let Some(message) = message {
                 return Some(message);
             }
         }
@@ -191,6 +194,40 @@ where
 
     async fn close(&mut self) -> Result<(), Self::Error> {
         self.writer.lock().await.shutdown().await
+    }
+}
+
+/// The notifications toolgate acts on (a server's catalog changing, a
+/// request it cancels). Every other one a server sends (progress, logging,
+/// resource updates) is dropped as it is read, before the library parses
+/// it: a flood of them costs one shallow read each, and none reaches a
+/// call's answer late.
+const HEEDED_NOTIFICATIONS: &[&str] = &[
+    "notifications/tools/list_changed",
+    "notifications/prompts/list_changed",
+    "notifications/resources/list_changed",
+    "notifications/cancelled",
+];
+
+/// What a line is at a glance: its method, and whether it has an id.
+#[derive(serde::Deserialize)]
+struct Shape<'a> {
+    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    id: Option<serde::de::IgnoredAny>,
+}
+
+/// Whether a line is worth the library's parse: a response, a request, or a
+/// notification toolgate acts on. Not JSON at all is noise.
+fn heeded(line: &[u8]) -> bool {
+    match serde_json::from_slice::<Shape<'_>>(line) {
+        Ok(Shape {
+            method: Some(method),
+            id: None,
+        }) => HEEDED_NOTIFICATIONS.contains(&method.as_ref()),
+        Ok(_) => true,
+        Err(_) => false,
     }
 }
 
@@ -255,6 +292,29 @@ mod tests {
         assert!(framed.receive().await.is_none(), "the stream ends");
         assert!(ceilings.oversized());
         assert!(ended.load(Ordering::SeqCst), "the end is told");
+    }
+
+    #[test]
+    fn only_notifications_toolgate_acts_on_are_parsed() {
+        assert!(heeded(
+            br#"{"jsonrpc":"2.0","id":3,"result":{"content":[]}}"#
+        ));
+        assert!(heeded(
+            br#"{"jsonrpc":"2.0","id":"a","method":"roots/list"}"#
+        ));
+        assert!(heeded(
+            br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#
+        ));
+        assert!(heeded(
+            br#"{"jsonrpc":"2.0","method":"notifications\/tools\/list_changed"}"#
+        ));
+        assert!(!heeded(
+            br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":2}}"#
+        ));
+        assert!(!heeded(
+            br#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#
+        ));
+        assert!(!heeded(b"}{ not json"));
     }
 
     #[test]

@@ -234,6 +234,9 @@ impl Ladders {
     }
 }
 
+/// The least time between two background restarts of one stdio server.
+const RESTART_SPACING: Duration = Duration::from_secs(5);
+
 /// One server: how it is reached, its one live connection, its pin.
 pub struct McpServer {
     endpoint: Endpoint,
@@ -256,6 +259,8 @@ pub struct McpServer {
     /// The credential a stdio child was given: scrubbed from everything
     /// the server returns, since a server can echo its own environment.
     credential: Mutex<Option<SecretValue>>,
+    /// When the server was last started again after a failure.
+    last_restart: Mutex<Option<Instant>>,
     ladders: Mutex<Ladders>,
 }
 
@@ -289,6 +294,7 @@ impl McpServer {
             current: Mutex::new(None),
             last_used: Mutex::new(Instant::now()),
             credential: Mutex::new(None),
+            last_restart: Mutex::new(None),
             ladders: Mutex::new(Ladders::default()),
         }
     }
@@ -754,6 +760,15 @@ impl McpServer {
     /// The live connection, redialled when dead. A redial's listing is
     /// compared with the pin and recorded as the newest listing.
     async fn connection(self: &Arc<Self>, tenant_id: &str) -> Result<Arc<Connection>, ReasonCode> {
+        self.connection_for(Some(tenant_id)).await
+    }
+
+    /// [`Self::connection`], its events recorded for `tenant_id` (the
+    /// server's owner when `None`).
+    async fn connection_for(
+        self: &Arc<Self>,
+        tenant_id: Option<&str>,
+    ) -> Result<Arc<Connection>, ReasonCode> {
         let mut live = self.live.lock().await;
         if let Some(connection) = live.as_ref()
             && !connection.is_closed()
@@ -763,7 +778,7 @@ impl McpServer {
         if let Some(ended) = live.take() {
             // Ended between calls, before its watcher told it.
             self.record(
-                Some(tenant_id),
+                tenant_id,
                 self.disconnected(ReasonCode::ToolServerUnreachable),
             )
             .await;
@@ -786,7 +801,7 @@ impl McpServer {
             *lock(&self.current) = Some(by_name(tools.clone()));
         }
         self.record(
-            Some(tenant_id),
+            tenant_id,
             PlatformEvent::ServerConnected {
                 server_id: self.server_id().to_owned(),
                 transport: self.transport(),
@@ -805,7 +820,12 @@ impl McpServer {
     /// Forgets a connection that failed, so the next call redials; it
     /// closes once no call holds it. Whoever takes a connection out tells
     /// its end, so one end is one event.
-    async fn forget(&self, tenant_id: &str, failed: &Arc<Connection>, reason_code: ReasonCode) {
+    async fn forget(
+        &self,
+        tenant_id: &str,
+        failed: &Arc<Connection>,
+        reason_code: ReasonCode,
+    ) -> bool {
         let mut live = self.live.lock().await;
         if live
             .as_ref()
@@ -816,12 +836,15 @@ impl McpServer {
                 .await;
             drop(live);
             close_when_unused(connection);
+            return true;
         }
+        false
     }
 
     /// Forgets a connection whose server ended it while no call held it;
     /// a call that holds it tells the failure itself, with its tenant.
-    async fn forget_ended(&self, ended: &Weak<Connection>) {
+    /// Whether it was the live one.
+    async fn forget_ended(&self, ended: &Weak<Connection>) -> bool {
         let mut live = self.live.lock().await;
         let idle = live.as_ref().is_some_and(|connection| {
             std::ptr::eq(Arc::as_ptr(connection), ended.as_ptr())
@@ -832,7 +855,33 @@ impl McpServer {
                 .await;
             drop(live);
             close_when_unused(connection);
+            return true;
         }
+        false
+    }
+
+    /// Starts a stdio server whose live connection failed (it crashed, or
+    /// broke its stream) again, in the background: the next call finds it
+    /// ready instead of paying its start-up out of its own timeout, however
+    /// slowly the machine starts it. At most once per [`RESTART_SPACING`],
+    /// so a server that dies as it starts is not started in a loop.
+    fn restart_soon(self: &Arc<Self>) {
+        if !self.spawns() || !self.enabled() {
+            return;
+        }
+        {
+            let mut last = lock(&self.last_restart);
+            if last.is_some_and(|at| at.elapsed() < RESTART_SPACING) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let server = Arc::downgrade(self);
+        tokio::spawn(async move {
+            if let Some(server) = server.upgrade() {
+                let _ = server.connection_for(None).await;
+            }
+        });
     }
 
     fn disconnected(&self, reason_code: ReasonCode) -> PlatformEvent {
@@ -1074,15 +1123,18 @@ impl McpServer {
     }
 
     async fn failed(
-        &self,
+        self: &Arc<Self>,
         connection: &Arc<Connection>,
         error: ClientError,
         context: &ToolExecutionContext,
     ) -> ToolResult {
         let reason_code = error.reason_code();
-        if error.is_fatal() {
-            self.forget(&context.tenant_id, connection, reason_code)
-                .await;
+        if error.is_fatal()
+            && self
+                .forget(&context.tenant_id, connection, reason_code)
+                .await
+        {
+            self.restart_soon();
         }
         let never_sent = error.never_sent();
         let failure = match error {
@@ -1282,8 +1334,11 @@ async fn watch_end(
     if ended.wait_for(|ended| *ended).await.is_err() {
         return;
     }
-    if let Some(server) = server.upgrade() {
-        server.forget_ended(&connection).await;
+    let Some(server) = server.upgrade() else {
+        return;
+    };
+    if server.forget_ended(&connection).await {
+        server.restart_soon();
     }
 }
 
