@@ -218,13 +218,15 @@ fn an_operator_server_of_a_tenants_id_leaves_the_tenants_row_alone() {
 }
 
 /// One tenant's silent servers never hold the preparation slots another
-/// tenant's session waits for: its session opens in the time its own
-/// servers take.
+/// tenant's session waits for: the other's session, discovering a server
+/// of its own, opens in the time that server takes.
 #[test]
 fn one_tenants_silent_servers_never_stall_anothers_session() {
     // Accepts connections and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
+    let answering = crate::http::ScriptedHttp::start(&[]);
+    let answering_port = answering.port;
     std::thread::spawn(move || {
         let mut held = Vec::new();
         for stream in silent.incoming().flatten() {
@@ -236,8 +238,8 @@ fn one_tenants_silent_servers_never_stall_anothers_session() {
             config.replace(
                 "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
                 &format!(
-                    "allow = [\"mcp.example.com\", \"*.auth.example.com\", \"http://127.0.0.1:{port}\"]\n\
-                     allow_cidrs = [\"127.0.0.1/32\"]"
+                    "allow = [\"mcp.example.com\", \"*.auth.example.com\", \"http://127.0.0.1:{port}\", \
+                     \"http://127.0.0.1:{answering_port}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"
                 ),
             )
         },
@@ -253,11 +255,19 @@ fn one_tenants_silent_servers_never_stall_anothers_session() {
         );
         assert_eq!(status, 200, "{body}");
     }
+    let (status, body) = put_server(
+        &served,
+        "tenant-quiet",
+        "own",
+        &json!({"endpoint": answering.url(), "side_effect": "none", "risk": "low",
+                "idempotency": "read_only", "required_scopes": ["mcp.own.use"]}),
+    );
+    assert_eq!(status, 200, "{body}");
     let open = |tenant: &str| {
         let socket = served.socket.clone();
         let body = json!({"session_id": uuid::Uuid::new_v4(), "tenant_id": tenant,
-                          "principal": {"id": "u", "scopes": ["mcp.reads.use"]},
-                          "agent": {"tools": ["mcp.reads.*"]}})
+                          "principal": {"id": "u", "scopes": ["mcp.reads.use", "mcp.own.use"]},
+                          "agent": {"tools": ["mcp.reads.*", "mcp.own.*"]}})
         .to_string();
         std::thread::spawn(move || {
             let started = std::time::Instant::now();
@@ -275,9 +285,18 @@ fn one_tenants_silent_servers_never_stall_anothers_session() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let (status, took) = open("tenant-quiet").join().unwrap();
     assert_eq!(status, 200);
+    let (_, events) = served.get("/v1/events?after=0&tenant_id=tenant-quiet");
+    assert!(
+        String::from_utf8_lossy(&events).contains("\"server\":\"own\""),
+        "the quiet tenant's own server was discovered"
+    );
     assert!(
         took < std::time::Duration::from_secs(3),
         "the quiet tenant waited {took:?} behind the noisy one's servers"
     );
-    let _ = noisy.join();
+    // The noisy tenant's session is still waiting on its silent servers,
+    // two at a time: it is not waited for.
+    drop(noisy);
+    let mut served = served;
+    served.kill();
 }
