@@ -251,6 +251,7 @@ fn main() {
                     deadline_at: Some(chrono::Utc::now() + chrono::Duration::seconds(60)),
                     parallel_group: None,
                     recovering: None,
+                    caller: Default::default(),
                 };
                 let pipeline = pipeline.clone();
                 async move {
@@ -523,6 +524,7 @@ async fn http_phase(
             deadline_at: Some(chrono::Utc::now() + chrono::Duration::seconds(60)),
             parallel_group: None,
             recovering: None,
+            caller: Default::default(),
         };
         let pipeline = pipeline.clone();
         async move {

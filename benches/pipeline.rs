@@ -187,6 +187,7 @@ async fn drive(
                     deadline_at: Some(chrono::Utc::now() + chrono::Duration::seconds(30)),
                     parallel_group: None,
                     recovering: None,
+                    caller: Default::default(),
                 };
                 let begun = Instant::now();
                 let outcome = pipeline.call(request).await;

@@ -24,13 +24,15 @@ use crate::adapters::telemetry::{
 };
 use crate::api::ops::{Operations, OpsConnections};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
-use crate::bridge::{
-    Bridge, BridgeParts, BridgeSettings, ConnectionCap, EdgeLimits, InFlight, Turns,
-};
+use crate::bridge::{Bridge, BridgeParts, BridgeSettings, Turns};
 use crate::config::{Config, ConfigErrors};
 use crate::domain::egress::AllowedCidrs;
 use crate::domain::mcp_server::{AuthScheme, ServerClassification};
 use crate::domain::secret::CredentialRef;
+use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
+use crate::front::{
+    ApiKey, Credentials, Front, FrontParts, FrontSettings, JwtSettings, KeySource, TenantSource,
+};
 use crate::pipeline::admission::Admission;
 use crate::pipeline::approvals::Approvals;
 use crate::pipeline::artifacts::Artifacts;
@@ -102,6 +104,15 @@ pub fn check_config(
     if let Err(error) = egress_dialer(&config) {
         return Err(ConfigErrors(vec![crate::config::ConfigError {
             path: "egress".into(),
+            message: error.to_string(),
+        }]));
+    }
+    // So does the front door's key set.
+    if config.front.enabled()
+        && let Err(error) = front_credentials(&config)
+    {
+        return Err(ConfigErrors(vec![crate::config::ConfigError {
+            path: "front".into(),
             message: error.to_string(),
         }]));
     }
@@ -734,7 +745,7 @@ pub async fn serve(
             usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
         ),
         pipeline: pipeline.clone(),
-        approvals,
+        approvals: approvals.clone(),
         artifacts,
         continue_trace: crate::adapters::telemetry::otlp::continue_trace,
         tenant_servers: TenantServers::new(
@@ -760,6 +771,33 @@ pub async fn serve(
             limits: edge_limits,
         },
     });
+    let front = if config.front.enabled() {
+        let credentials = front_credentials(&config)?;
+        let settings = &config.front;
+        Some(Front::new(FrontParts {
+            sessions: sessions.clone(),
+            pipeline: pipeline.clone(),
+            approvals: approvals.clone(),
+            credentials,
+            in_flight: in_flight.clone(),
+            connections: connections(settings.connections),
+            settings: FrontSettings {
+                limits: edge_limits,
+                allowed_hosts: settings.hosts(),
+                allowed_origins: settings.allowed_origins.clone(),
+                resource: settings.resource.clone(),
+                authorization_servers: settings.authorization_servers.clone(),
+                scopes_supported: settings.scopes_supported.clone(),
+                approval_hold: seconds(settings.approval_hold_seconds),
+                session_in_flight: usize::try_from(settings.session_in_flight).unwrap_or(1),
+                sessions_per_credential: usize::try_from(settings.sessions_per_credential)
+                    .unwrap_or(1),
+                keep_alive: seconds(settings.keep_alive_seconds),
+            },
+        }))
+    } else {
+        None
+    };
     registry_of_metrics.add_sampler(Arc::new(ServeSampler {
         in_flight: in_flight.clone(),
         bridge: bridge.clone(),
@@ -795,10 +833,33 @@ pub async fn serve(
             }
             None => None,
         };
-        Ok::<_, AppError>((bind_control(&config.control)?, tcp, ops))
+        let front_tcp = match (&front, &config.front.listen) {
+            (Some(_), Some(address)) => {
+                let bound = tokio::net::TcpListener::bind(address.as_str())
+                    .await
+                    .map_err(|error| AppError::Startup(format!("front.listen: {error}")))?;
+                tracing::info!(address = %address, "MCP front door serving on TCP");
+                Some(bound)
+            }
+            _ => None,
+        };
+        let front_unix = match (&front, &config.front.socket) {
+            (Some(_), Some(socket)) => {
+                let bound = bind_socket(
+                    socket,
+                    config.front.socket_mode_bits(),
+                    config.front.socket_group.as_deref(),
+                    "front",
+                )?;
+                tracing::info!(socket = %socket.display(), "MCP front door serving on a unix socket");
+                Some(bound)
+            }
+            _ => None,
+        };
+        Ok::<_, AppError>((bind_control(&config.control)?, tcp, ops, front_tcp, front_unix))
     }
     .await;
-    let (listener, tcp, ops) = match listeners {
+    let (listener, tcp, ops, front_tcp, front_unix) = match listeners {
         Ok(listeners) => listeners,
         Err(error) => {
             worker.release().await?;
@@ -813,6 +874,20 @@ pub async fn serve(
     let serving_tcp = tcp.map(|(tcp, token)| {
         tokio::spawn(api.clone().serve_control_tcp(tcp, token, shutdown.clone()))
     });
+    let mut serving_front = Vec::new();
+    if let Some(front) = &front {
+        serving_front.push(tokio::spawn(
+            front.credentials().clone().refresh(shutdown.clone()),
+        ));
+        if let Some(tcp) = front_tcp {
+            serving_front.push(tokio::spawn(front.clone().serve_tcp(tcp, shutdown.clone())));
+        }
+        if let Some(unix) = front_unix {
+            serving_front.push(tokio::spawn(
+                front.clone().serve_unix(unix, shutdown.clone()),
+            ));
+        }
+    }
     // The operations listener answers until the process ends: a draining
     // process is not ready, and says so.
     let stop_ops = CancellationToken::new();
@@ -837,15 +912,20 @@ pub async fn serve(
                 lease_lost = true;
                 break;
             }
-            _ = hangup.recv() => match &reloadable {
-                // The file is the operator's: its error names a line, never
-                // a secret.
-                Some(reloadable) => match reloadable.reload() {
-                    Ok(()) => tracing::info!("policy reloaded"),
-                    Err(error) => tracing::warn!(error = %error, "policy not reloaded; the rules in force stay"),
-                },
-                None => tracing::info!("no policy file to reload"),
-            },
+            _ = hangup.recv() => {
+                match &reloadable {
+                    // The file is the operator's: its error names a line,
+                    // never a secret.
+                    Some(reloadable) => match reloadable.reload() {
+                        Ok(()) => tracing::info!("policy reloaded"),
+                        Err(error) => tracing::warn!(error = %error, "policy not reloaded; the rules in force stay"),
+                    },
+                    None => tracing::info!("no policy file to reload"),
+                }
+                if let Some(front) = &front {
+                    reload_front_credentials(front, &config.front);
+                }
+            }
         }
     }
     tracing::info!("toolgate draining");
@@ -863,6 +943,9 @@ pub async fn serve(
         if let Some(serving_tcp) = serving_tcp {
             let _ = serving_tcp.await;
         }
+        for serving in serving_front {
+            let _ = serving.await;
+        }
         let _ = maintenance.await;
         sweeper.abort();
         servers.shutdown().await;
@@ -877,12 +960,35 @@ pub async fn serve(
         let _ = serving_ops.await;
     }
     let _ = std::fs::remove_file(&config.control.socket);
+    if let (Some(_), Some(socket)) = (&front, &config.front.socket) {
+        let _ = std::fs::remove_file(socket);
+    }
     worker.release().await?;
     tracing::info!("toolgate stopped");
     if lease_lost {
         return Err(AppError::LeaseLost);
     }
     Ok(())
+}
+
+/// SIGHUP: the front door's API keys file and JWK set file are read again;
+/// what does not validate leaves the credentials in force as they were.
+fn reload_front_credentials(front: &Front, config: &crate::config::FrontConfig) {
+    if config.api_keys_file.is_some() {
+        match all_front_keys(config) {
+            Ok(keys) => {
+                let count = keys.len();
+                front.credentials().replace_keys(keys);
+                tracing::info!(keys = count, "front door API keys reloaded");
+            }
+            Err(errors) => {
+                tracing::warn!(error = %errors, "front door API keys not reloaded; the keys in force stay")
+            }
+        }
+    }
+    if let Err(error) = front.credentials().reload_key_file() {
+        tracing::warn!(error = %error, "front door key set not reloaded; the set in force stays");
+    }
 }
 
 /// Connections the operations listener holds at once; past it, a new one
@@ -1024,8 +1130,23 @@ impl NodeIdentity {
 fn bind_control(
     control: &crate::config::ControlConfig,
 ) -> Result<tokio::net::UnixListener, AppError> {
+    bind_socket(
+        &control.socket,
+        control.socket_mode_bits(),
+        control.socket_group.as_deref(),
+        "control",
+    )
+}
+
+/// Binds a unix socket with its mode and group, replacing a stale one a
+/// crashed process left behind; `field` names its section in errors.
+fn bind_socket(
+    socket: &Path,
+    mode: u32,
+    group: Option<&str>,
+    field: &str,
+) -> Result<tokio::net::UnixListener, AppError> {
     use std::os::unix::fs::PermissionsExt as _;
-    let socket = control.socket.as_path();
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent).map_err(|error| AppError::Startup(error.to_string()))?;
     }
@@ -1042,16 +1163,76 @@ fn bind_control(
         .map_err(|error| AppError::Startup(format!("{}: {error}", socket.display())))?;
     // The group first, then the mode: never a moment in which the socket
     // is open to a group it was not meant for.
-    if let Some(group) = control.socket_group.as_deref() {
+    if let Some(group) = group {
         let gid = crate::config::resolve_group(group)
-            .ok_or_else(|| AppError::Startup("control.socket_group names no group".into()))?;
+            .ok_or_else(|| AppError::Startup(format!("{field}.socket_group names no group")))?;
         std::os::unix::fs::chown(socket, None, Some(gid))
-            .map_err(|error| AppError::Startup(format!("control.socket_group: {error}")))?;
+            .map_err(|error| AppError::Startup(format!("{field}.socket_group: {error}")))?;
     }
-    std::fs::set_permissions(
-        socket,
-        std::fs::Permissions::from_mode(control.socket_mode_bits()),
-    )
-    .map_err(|error| AppError::Startup(error.to_string()))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode))
+        .map_err(|error| AppError::Startup(error.to_string()))?;
     Ok(listener)
+}
+
+/// The front door's API keys as the front door holds them.
+fn front_keys(keys: &[crate::config::ApiKeyConfig]) -> Vec<ApiKey> {
+    keys.iter()
+        .map(|key| ApiKey {
+            id: key.id.clone(),
+            sha256: key.sha256.clone(),
+            tenant_id: key.tenant_id.clone(),
+            principal: key.principal.clone(),
+            tools: key.tools.clone(),
+            origin_trust: key.origin_trust,
+        })
+        .collect()
+}
+
+/// Every API key the configuration names: its own and its file's.
+fn all_front_keys(front: &crate::config::FrontConfig) -> Result<Vec<ApiKey>, ConfigErrors> {
+    let mut keys = front_keys(&front.api_keys);
+    if let Some(file) = &front.api_keys_file {
+        keys.extend(front_keys(&crate::config::read_api_keys_file(file)?));
+    }
+    Ok(keys)
+}
+
+/// The front door's credentials, from `[front]`.
+fn front_credentials(config: &Config) -> Result<Arc<Credentials>, AppError> {
+    let front = &config.front;
+    let keys = all_front_keys(front).map_err(AppError::Config)?;
+    let jwt = match &front.jwt {
+        Some(jwt) => Some(JwtSettings {
+            issuer: jwt.issuer.clone(),
+            audiences: jwt.audiences.clone(),
+            algorithms: jwt
+                .algorithms
+                .iter()
+                .filter_map(|alg| alg.parse().ok())
+                .collect(),
+            leeway: Duration::from_secs(u64::from(jwt.leeway_seconds)),
+            tenant: match &jwt.tenant_id {
+                Some(tenant) => TenantSource::Fixed(tenant.clone()),
+                None => TenantSource::Claim(jwt.tenant_claim.clone()),
+            },
+            principal_claim: jwt.principal_claim.clone(),
+            scopes_claim: jwt.scopes_claim.clone(),
+            tools: jwt.tools.clone(),
+            origin_trust: jwt.origin_trust,
+            keys: match (&jwt.jwks_file, &jwt.jwks_url) {
+                (Some(file), _) => KeySource::File(file.clone()),
+                (None, Some(url)) => KeySource::Url {
+                    url: url.clone(),
+                    refresh: Duration::from_secs(u64::from(jwt.jwks_refresh_seconds)),
+                },
+                (None, None) => return Err(AppError::Startup("front.jwt names no key set".into())),
+            },
+        }),
+        None => None,
+    };
+    let dialer: Arc<dyn crate::ports::EgressDialer> = Arc::new(egress_dialer(config)?);
+    Ok(Arc::new(
+        Credentials::new(keys, jwt, dialer)
+            .map_err(|error| AppError::Startup(error.to_string()))?,
+    ))
 }

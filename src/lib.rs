@@ -14,5 +14,7 @@ pub mod bridge;
 pub mod builtin;
 pub mod config;
 pub mod domain;
+pub mod edge;
+pub mod front;
 pub mod pipeline;
 pub mod ports;

@@ -60,6 +60,20 @@ enum Command {
         #[arg(long, default_value = "config/toolgate.toml")]
         config: PathBuf,
     },
+    /// Relay an MCP client that only spawns stdio servers to a running
+    /// toolgate's front door: JSON-RPC lines on standard input and output.
+    Stdio {
+        /// The front door: http://host:port/mcp or unix:/path/to/front.sock.
+        #[arg(long)]
+        url: String,
+        /// A file holding the bearer credential (an API key or a token);
+        /// never given on the command line.
+        #[arg(long)]
+        token_file: PathBuf,
+    },
+    /// Make a new front door API key: prints the key (for the client) and
+    /// its sha256 (for `front.api_keys`).
+    Key,
     /// Apply the store's pending migrations.
     Migrate {
         /// The TOML file naming the store.
@@ -286,6 +300,33 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Stdio { url, token_file } => {
+            let relayed = toolgate::front::relay::Endpoint::parse(&url).and_then(|endpoint| {
+                let token = toolgate::front::relay::read_token(&token_file)?;
+                let runtime = runtime().ok_or(toolgate::front::relay::RelayError::Io(
+                    std::io::ErrorKind::Other,
+                ))?;
+                runtime.block_on(toolgate::front::relay::run(endpoint, token))
+            });
+            match relayed {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("toolgate stdio: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Key => match toolgate::front::auth::new_api_key() {
+            Ok((key, sha256)) => {
+                println!("key: {key}");
+                println!("sha256: {sha256}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("toolgate: {error}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::listen::Routed;
 use super::wire::{CallsRequest, rendered_content};
 use super::{ApiError, ControlApi};
-use crate::bridge::http::{Reply, reply};
+use crate::edge::{Reply, reply};
 use crate::pipeline::CallOutcome;
 use crate::pipeline::admission::{Batch, BatchCall};
 
@@ -66,6 +66,8 @@ impl ControlApi {
                     "invocation_id": invocation_id,
                     "suspended": {"kind": kind, "reference": reference},
                 }),
+                // The control API gives no way to take a call back.
+                CallOutcome::Withdrawn => json!({"call_id": call_id, "withdrawn": true}),
             })
             .collect();
         // The run-level signals: the next model turn must answer from what

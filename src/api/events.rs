@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::listen::Routed;
 use super::{ApiError, ControlApi};
-use crate::bridge::http::Reply;
+use crate::edge::Reply;
 
 /// Events one answer holds unless `limit` says otherwise.
 const DEFAULT_EVENTS: i64 = 1000;

@@ -15,9 +15,9 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{ApiError, ControlApi, wire};
-use crate::bridge::constant_time_eq;
-use crate::bridge::http::{Reply, bearer_token, error, reply, serve_connection};
 use crate::domain::{SecretValue, sha256_hex};
+use crate::edge::constant_time_eq;
+use crate::edge::{Reply, bearer_token, error, reply, serve_connection};
 
 /// The pause after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -260,6 +260,6 @@ impl ControlApi {
         &self,
         request: Request<Incoming>,
     ) -> Result<T, ApiError> {
-        Ok(crate::bridge::http::json_body(request, &self.parts.settings.limits).await?)
+        Ok(crate::edge::json_body(request, &self.parts.settings.limits).await?)
     }
 }

@@ -22,8 +22,9 @@ use std::sync::Arc;
 
 use hyper::StatusCode;
 
-use crate::bridge::http::{BodyError, Reply, error};
-use crate::bridge::{Bridge, ConnectionCap, EdgeLimits, InFlight, TurnError};
+use crate::bridge::{Bridge, TurnError};
+use crate::edge::{BodyError, Reply, error};
+use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
 use crate::pipeline::Pipeline;
 use crate::pipeline::admission::{Admission, AdmissionError};
 use crate::pipeline::approvals::Approvals;

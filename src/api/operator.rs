@@ -10,9 +10,9 @@ use super::wire::{
     ApprovalDecision, CompleteSuspended, ReviewDecision, invocation_view, rendered_content,
 };
 use super::{ApiError, ControlApi};
-use crate::bridge::http::{Reply, reply};
 use crate::domain::names::UPDATE_WORKING_STATE;
 use crate::domain::{ApprovalStatus, valid_identifier};
+use crate::edge::{Reply, reply};
 use crate::pipeline::Completion;
 use crate::ports::ReviewRecord;
 
@@ -97,7 +97,7 @@ impl ControlApi {
             .open(&tenant, id)
             .await?
             .ok_or(ApiError::NotFound)?;
-        Ok(crate::bridge::http::artifact_reply(open))
+        Ok(crate::edge::artifact_reply(open))
     }
 
     pub(super) async fn run(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {

@@ -11,7 +11,7 @@ use hyper::{Method, StatusCode};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::bridge::http::{InFlight, Reply, error, reply, serve_connection};
+use crate::edge::{InFlight, Reply, error, reply, serve_connection};
 use crate::pipeline::Lease;
 use crate::ports::{Metrics, Schema};
 

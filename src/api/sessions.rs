@@ -12,7 +12,7 @@ use super::listen::Routed;
 use super::wire::{OpenSession, OpenTurn};
 use super::{ApiError, ControlApi};
 use crate::bridge::TurnRequest;
-use crate::bridge::http::{Reply, reply};
+use crate::edge::{Reply, reply};
 use crate::pipeline::sessions::SessionRequest;
 
 impl ControlApi {

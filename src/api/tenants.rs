@@ -7,7 +7,7 @@ use serde_json::json;
 use super::listen::Routed;
 use super::wire::{PutMcpServer, server_view};
 use super::{ApiError, ControlApi};
-use crate::bridge::http::{Reply, reply};
+use crate::edge::{Reply, reply};
 use crate::pipeline::tenant_servers::{ServerAuthSpec, TenantServerSpec};
 
 impl ControlApi {

@@ -11,10 +11,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Bridge;
-use super::http::{Reply, error, reply_text};
 use super::server::refuse;
 use super::turn::{Admission, Turn, call_id};
 use crate::domain::{ReasonCode, ToolOutcome};
+use crate::edge::{Reply, error, reply_text};
 use crate::pipeline::sessions::{CallPlace, Session};
 use crate::pipeline::{CallOutcome, Finished, RenderedPart, ResultData};
 
@@ -155,7 +155,8 @@ pub(super) async fn run(
             }
             response
         }
-        CallOutcome::Pending { .. } => error(
+        // A script cannot take a call back, so neither ends it here.
+        CallOutcome::Pending { .. } | CallOutcome::Withdrawn => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "the call is still pending",

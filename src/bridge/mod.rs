@@ -8,7 +8,6 @@
 //! never uses the API.
 
 mod call;
-pub mod http;
 mod server;
 mod turn;
 
@@ -22,15 +21,15 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::domain::TrustLevel;
+use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
 use crate::pipeline::Pipeline;
 use crate::pipeline::approvals::Approvals;
 use crate::pipeline::sessions::{SessionError, Sessions};
 use crate::ports::{Clock, EventStore, Metrics, PlatformEvent};
 
-pub use http::{ConnectionCap, EdgeLimits, InFlight};
 pub use turn::{
     AccessDenied, Admission, BridgeError, CallInFlight, SOCKET_NAME, TOKEN_BYTES, Turn,
-    TurnBinding, Turns, call_id, constant_time_eq,
+    TurnBinding, Turns, call_id,
 };
 
 /// How turns behave.

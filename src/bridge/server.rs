@@ -12,11 +12,11 @@ use serde_json::{Value, json};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use super::http::{
-    ConnectionCap, Reply, artifact_reply, bearer_token, error, json_body, reply, serve_connection,
-};
 use super::turn::{AccessDenied, Turn};
 use super::{Bridge, call};
+use crate::edge::{
+    ConnectionCap, Reply, artifact_reply, bearer_token, error, json_body, reply, serve_connection,
+};
 
 /// The pause after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);

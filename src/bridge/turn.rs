@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::domain::{TrustLevel, sha256_hex};
+use crate::edge::constant_time_eq;
 
 /// How many bytes of randomness a token carries.
 pub const TOKEN_BYTES: usize = 32;
@@ -42,14 +43,6 @@ pub fn call_id(script_sha256: &str, ordinal: u32) -> String {
     input.extend_from_slice(ordinal.to_string().as_bytes());
     let digest = sha256_hex(&input);
     format!("bridge:{}", &digest[..32])
-}
-
-/// Compares two byte strings in time that depends only on their lengths.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn random_token() -> Result<String, BridgeError> {

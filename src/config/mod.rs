@@ -13,6 +13,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod front;
+pub use front::{
+    ApiKeyConfig, DEFAULT_FRONT_APPROVAL_HOLD_SECONDS, FrontConfig, JwtConfig, read_api_keys_file,
+};
+
 use crate::domain::egress::{AllowEntry, AllowedCidrs, EgressAllowlist};
 use crate::domain::environment::is_tier0;
 use crate::domain::mcp_server::{AuthFields, Transport, validate_auth, validate_classification};
@@ -106,6 +111,9 @@ pub struct Config {
     /// # Traces
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// The MCP front door.
+    #[serde(default)]
+    pub front: FrontConfig,
 }
 
 /// Trace export over OTLP.
@@ -885,6 +893,7 @@ impl Config {
         if let Some(file) = self.policy.file.as_mut() {
             resolve(file);
         }
+        self.front.resolve_paths(&resolve);
         if let Some(rest) = self.store.url.strip_prefix("sqlite://")
             && !rest.starts_with('/')
             && !rest.starts_with(":memory:")
@@ -939,6 +948,7 @@ impl Config {
                 "must be between 0 and 1".into(),
             );
         }
+        self.front.validate(&mut push);
         if let Some(listen) = &self.ops.listen
             && listen.parse::<SocketAddr>().is_err()
         {

@@ -153,6 +153,38 @@ pub struct CallRequest {
     pub parallel_group: Option<Uuid>,
     /// Set only by recovery: the fence under which it took the row over.
     pub recovering: Option<Fence>,
+    /// What the entry point lets its caller do with the call.
+    pub caller: CallerTerms,
+}
+
+/// What an entry point lets its caller do with a call beyond asking.
+#[derive(Debug, Clone, Default)]
+pub struct CallerTerms {
+    /// Fired when the caller takes the call back (an MCP client's
+    /// `notifications/cancelled`): until its intent or a refusal is
+    /// recorded the call then records nothing and ends
+    /// [`CallOutcome::Withdrawn`]; after that the pipeline's rules hold.
+    pub withdrawn: Option<tokio_util::sync::CancellationToken>,
+    /// The caller cannot name its calls (an MCP client without
+    /// `toolgate/call_id`): a call that needs an approval while a call of
+    /// the run with the same tool and canonical arguments already waits for
+    /// one is that call, so asking again never makes a second approval.
+    pub resumes_waiting: bool,
+}
+
+impl CallerTerms {
+    fn withdrawn(&self) -> bool {
+        self.withdrawn
+            .as_ref()
+            .is_some_and(tokio_util::sync::CancellationToken::is_cancelled)
+    }
+}
+
+impl CallRequest {
+    /// Whether the caller has taken the call back.
+    pub(super) fn withdrawn(&self) -> bool {
+        self.caller.withdrawn()
+    }
 }
 
 /// A succeeded call's result as data, for programmatic callers (a script on
@@ -269,6 +301,8 @@ pub enum CallOutcome {
         /// The approval to decide.
         approval_id: Uuid,
     },
+    /// The caller took the call back before anything of it was recorded.
+    Withdrawn,
 }
 
 impl CallOutcome {
@@ -276,7 +310,9 @@ impl CallOutcome {
     pub fn finished(&self) -> Option<&Finished> {
         match self {
             CallOutcome::Finished(finished) => Some(finished),
-            CallOutcome::Pending { .. } | CallOutcome::Suspended { .. } => None,
+            CallOutcome::Pending { .. }
+            | CallOutcome::Suspended { .. }
+            | CallOutcome::Withdrawn => None,
         }
     }
 

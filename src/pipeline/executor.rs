@@ -16,8 +16,8 @@ use uuid::Uuid;
 
 use super::breaker;
 use super::call::{
-    CallOutcome, CallRequest, Completion, DataArtifact, DataPart, Finished, PipelineSettings,
-    Point, RecoveryReport, ResultData, SUSPENDING, StepObserver, TOOL_CALL,
+    CallOutcome, CallRequest, CallerTerms, Completion, DataArtifact, DataPart, Finished,
+    PipelineSettings, Point, RecoveryReport, ResultData, SUSPENDING, StepObserver, TOOL_CALL,
 };
 use super::guard::{Contained, RecordingResolver, StoreWatermark, contain, system_time};
 use super::output::{self, Attribution, RenderedPart};
@@ -328,6 +328,9 @@ impl Pipeline {
             Unwrap::Refused(outcome) => return Ok(outcome),
         };
         let request: &CallRequest = unwrapped.as_deref().unwrap_or(request);
+        if request.withdrawn() {
+            return Ok(CallOutcome::Withdrawn);
+        }
         // 1. Resolve against the pinned set: unknown is denied before policy.
         self.reached(Point::Resolve, request);
         let Some(pinned) = request.pinned.resolve(&request.name) else {
@@ -504,6 +507,10 @@ impl Pipeline {
             identity.event(ToolEventKind::Authorized),
             identity.event(ToolEventKind::Started),
         ];
+        // Taken back before anything was written: nothing is.
+        if request.withdrawn() {
+            return Ok(CallOutcome::Withdrawn);
+        }
         let uncounted = request.recovering.is_none() && ruled == PolicyDecision::Allow;
         if uncounted {
             self.reached(Point::PersistIntent, request);
@@ -566,6 +573,29 @@ impl Pipeline {
                     .await
             }
             PolicyDecision::RequireApproval(code) => {
+                // A caller that cannot name its calls asking again is the
+                // call that already waits: one approval, one execution.
+                if request.caller.resumes_waiting
+                    && request.recovering.is_none()
+                    && let Some(row) = self
+                        .invocations
+                        .waiting_call(
+                            &request.tenant_id,
+                            request.run_id,
+                            &spec.name,
+                            &canonical.sha256,
+                        )
+                        .await?
+                {
+                    let same = CallRequest {
+                        step_number: row.step_number,
+                        call_id: row.call_id.clone(),
+                        ..request.clone()
+                    };
+                    return self
+                        .deduplicate(&same, &tool, row, &canonical.sha256, decision)
+                        .await;
+                }
                 // 7. Approval: persisted with a waiting row in one commit.
                 self.reached(Point::Approval, request);
                 let approval_id = Uuid::new_v4();
@@ -1713,6 +1743,9 @@ impl Pipeline {
         detail: Option<Vec<RenderedPart>>,
         validated: Option<(&Value, &str)>,
     ) -> Result<CallOutcome, StoreError> {
+        if request.withdrawn() {
+            return Ok(CallOutcome::Withdrawn);
+        }
         // A call refused after validation is identified as the validated
         // call is (defaults applied); one refused before may have no
         // canonical form, and its raw hash still identifies it.
@@ -1844,6 +1877,9 @@ impl Pipeline {
         arguments: &Value,
         arguments_hash: &str,
     ) -> Result<CallOutcome, StoreError> {
+        if request.withdrawn() {
+            return Ok(CallOutcome::Withdrawn);
+        }
         let code = ReasonCode::ToolIdempotencyConflict;
         let key = idempotency_key(
             &request.run_id.to_string(),
@@ -2051,6 +2087,7 @@ impl Pipeline {
             deadline_at: row.deadline_at,
             parallel_group: row.parallel_group,
             recovering: fence,
+            caller: CallerTerms::default(),
         };
         Ok(self.call(request).await)
     }

@@ -134,6 +134,7 @@ impl Session {
             deadline_at: place.deadline_at,
             parallel_group: place.parallel_group,
             recovering: None,
+            caller: Default::default(),
         }
     }
 
@@ -361,6 +362,40 @@ impl Sessions {
             }
         }
         Ok((pinned.with_skills(skills), complete))
+    }
+
+    /// Ends a session, on every node, if the tenant, principal and agent
+    /// given are the ones that opened it: its record goes, so no node
+    /// reloads it, and this node forgets it. Whether it ended one.
+    pub async fn end(
+        &self,
+        id: Uuid,
+        tenant_id: &str,
+        principal: &Principal,
+        agent: &AgentSpec,
+    ) -> Result<bool, SessionError> {
+        let cached = lock(&self.open).get(&id).cloned();
+        let owned = match cached {
+            Some(session) => {
+                (&session.tenant_id, &session.principal, &session.agent)
+                    == (&tenant_id.to_owned(), principal, agent)
+            }
+            None => self
+                .parts
+                .sessions
+                .session(id)
+                .await?
+                .is_some_and(|record| {
+                    (&record.tenant_id, &record.principal, &record.agent)
+                        == (&tenant_id.to_owned(), principal, agent)
+                }),
+        };
+        if !owned {
+            return Ok(false);
+        }
+        lock(&self.open).remove(&id);
+        self.parts.sessions.end_session(tenant_id, id).await?;
+        Ok(true)
     }
 
     /// Ends the sessions unused for [`SESSION_IDLE`]: from the store, and

@@ -172,6 +172,7 @@ async fn run(job: Job) -> Result<Value, String> {
                     deadline_at: Some(now + chrono::Duration::seconds(60)),
                     parallel_group: None,
                     recovering: None,
+                    caller: Default::default(),
                 })
                 .await;
             match outcome {
@@ -192,6 +193,8 @@ async fn run(job: Job) -> Result<Value, String> {
                 } => json!({
                     "invocation_id": invocation_id,
                     "suspended": {"kind": kind, "reference": reference},
+                }),
+                CallOutcome::Withdrawn => json!({"withdrawn": true,
                 }),
             }
         }

@@ -32,7 +32,8 @@ const DOMAIN_CRATES: &[&str] = &[
 
 /// Crates owned by exactly one layer.
 const OWNED_CRATES: &[(&str, &[&str])] = &[
-    ("rmcp", &["adapters::mcp"]),
+    // The client side in adapters::mcp, the server side in front.
+    ("rmcp", &["adapters::mcp", "front"]),
     ("sse_stream", &["adapters::mcp"]),
     ("sqlx", &["adapters::store"]),
     // TLS to the outside is egress's alone.
@@ -610,10 +611,11 @@ fn module_edge_allowed(from: &str, to: &str) -> bool {
         "pipeline" | "builtin" | "config" => {
             matches!(to, "ports" | "domain") && !(from == "config" && to == "ports")
         }
-        // The API opens and closes turns through the bridge (and shares its
-        // HTTP plumbing); the bridge never uses the API.
-        "api" => matches!(to, "pipeline" | "ports" | "domain" | "bridge"),
-        "bridge" => matches!(to, "pipeline" | "ports" | "domain"),
+        // The API opens and closes turns through the bridge; the bridge never
+        // uses the API. Every listener shares the edge's HTTP plumbing.
+        "api" => matches!(to, "pipeline" | "ports" | "domain" | "bridge" | "edge"),
+        "bridge" | "front" => matches!(to, "pipeline" | "ports" | "domain" | "edge"),
+        "edge" => matches!(to, "pipeline" | "ports" | "domain"),
         "adapters" => false,
         _ if adapter => matches!(to, "ports" | "domain"),
         // A module outside the table may use nothing until it has a row.
@@ -881,9 +883,12 @@ fn only_egress_dials_out() {
             }
             let text = std::fs::read_to_string(&path).unwrap_or_default();
             // Egress dials for tenants and servers; the trace exporter
-            // dials the operator's own collector, named in the file.
+            // dials the operator's own collector, named in the file; the
+            // stdio relay, a client command run apart from `serve`, dials
+            // the front door its user names.
             let own = path.starts_with(source.join("adapters/egress"))
-                || path == source.join("adapters/telemetry/otlp.rs");
+                || path == source.join("adapters/telemetry/otlp.rs")
+                || path == source.join("front/relay.rs");
             if !own
                 && [
                     "TcpStream::connect",

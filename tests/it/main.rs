@@ -6,6 +6,7 @@ mod config;
 mod conformance;
 mod crash;
 mod deploy;
+mod front;
 mod fuzz;
 mod gates;
 mod http;

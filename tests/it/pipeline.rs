@@ -186,6 +186,7 @@ impl InvocationStore for FaultyWatermark {
         invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
         run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
+            waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
         claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
         take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
@@ -418,6 +419,7 @@ impl Harness {
             deadline_at: Some(Utc::now() + Duration::seconds(60)),
             parallel_group: None,
             recovering: None,
+            caller: Default::default(),
         }
     }
 
@@ -1125,6 +1127,7 @@ async fn the_breaker_is_read_only_where_it_has_something_to_count() {
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
+            waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
             take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
             record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
@@ -1679,6 +1682,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
+            waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
             take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
             breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
@@ -1750,6 +1754,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
+            waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
             take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
             breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;

@@ -459,6 +459,17 @@ pub trait InvocationStore: Send + Sync {
         run_id: Uuid,
     ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
 
+    /// The oldest of a run's calls of `tool_name` with these canonical
+    /// arguments that waits for an approval: the call a caller that cannot
+    /// name its calls (an MCP client without `toolgate/call_id`) asks again.
+    fn waiting_call<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+
     /// The last of a run's succeeded calls of `tool_name` in that order,
     /// read without the rest of the run.
     fn latest_succeeded<'a>(

@@ -46,6 +46,14 @@ pub trait SessionStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> BoxFuture<'_, Result<(), StoreError>>;
 
+    /// Ends one session of `tenant_id`: its row is deleted (its calls'
+    /// records stay). Whether there was one.
+    fn end_session<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        session_id: Uuid,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
     /// Deletes the sessions last used before `before`; how many.
     fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>>;
 }

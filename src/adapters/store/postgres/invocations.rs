@@ -328,6 +328,34 @@ impl InvocationStore for PostgresStore {
         })
     }
 
+    fn waiting_call<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                invocation_columns!(),
+                " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
+                 AND arguments_hash = $4 AND status = 'waiting_for_approval' \
+                 ORDER BY created_at, id LIMIT 1"
+            ))
+            .bind(tenant_id)
+            .bind(run_id)
+            .bind(tool_name)
+            .bind(arguments_hash)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.as_ref().map(invocation).transpose()
+        })
+    }
+
     fn latest_succeeded<'a>(
         &'a self,
         tenant_id: &'a str,

@@ -84,6 +84,25 @@ impl SessionStore for PostgresStore {
         })
     }
 
+    fn end_session<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        session_id: Uuid,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let deleted =
+                sqlx::query("DELETE FROM sessions WHERE session_id = $1 AND tenant_id = $2")
+                    .bind(session_id)
+                    .bind(tenant_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(deleted.rows_affected() == 1)
+        })
+    }
+
     fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::System).await?;

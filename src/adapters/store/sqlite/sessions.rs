@@ -74,6 +74,25 @@ impl SessionStore for SqliteStore {
         })
     }
 
+    fn end_session<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        session_id: Uuid,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let deleted =
+                sqlx::query("DELETE FROM sessions WHERE session_id = $1 AND tenant_id = $2")
+                    .bind(session_id.to_string())
+                    .bind(tenant_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(deleted.rows_affected() == 1)
+        })
+    }
+
     fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin().await?;

@@ -1,7 +1,8 @@
-//! The HTTP plumbing of toolgate's two edges (the turns' sockets here, and
-//! the control API, which shares it): replies in the one error shape,
-//! strictly parsed bodies of bounded size, and the tracker that lets a drain
-//! wait for every request in flight on either edge.
+//! The HTTP plumbing every listener shares (the turns' sockets, the control
+//! API, the MCP front door, the operations listener): replies in the one
+//! error shape, strictly parsed bodies of bounded size, connection caps and
+//! deadlines, bearer tokens compared in constant time, and the tracker that
+//! lets a drain wait for every request in flight on any edge.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// A response of either edge.
+/// A response of any edge.
 pub type Reply = Response<UnsyncBoxBody<Bytes, Infallible>>;
 
 /// A JSON reply.
@@ -145,6 +146,14 @@ pub async fn serve_connection<S, F, R>(
     drop(permits);
 }
 
+/// Compares two byte strings in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// The bearer token of a request: the scheme matched case-insensitively
 /// (RFC 6750), the token after it.
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
@@ -203,7 +212,13 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
     request: Request<Incoming>,
     limits: &EdgeLimits,
 ) -> Result<T, BodyError> {
-    let collecting = Limited::new(request.into_body(), limits.body_limit).collect();
+    let bytes = body_bytes(request.into_body(), limits).await?;
+    parse(&bytes).map_err(BodyError::Invalid)
+}
+
+/// Reads a body within the edge's size limit and body deadline.
+pub async fn body_bytes(body: Incoming, limits: &EdgeLimits) -> Result<Bytes, BodyError> {
+    let collecting = Limited::new(body, limits.body_limit).collect();
     let collected = tokio::time::timeout(limits.body_timeout, collecting)
         .await
         .map_err(|_| BodyError::TimedOut)?
@@ -214,7 +229,7 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
                 BodyError::Broken
             }
         })?;
-    parse(&collected.to_bytes()).map_err(BodyError::Invalid)
+    Ok(collected.to_bytes())
 }
 
 /// Finds an integer literal outside what JSON numbers carry exactly here
@@ -304,7 +319,7 @@ pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> 
     Ok(value)
 }
 
-/// The requests in flight on both edges, and whether toolgate is draining.
+/// The requests in flight on every edge, and whether toolgate is draining.
 #[derive(Default)]
 pub struct InFlight {
     count: AtomicU64,
@@ -331,16 +346,7 @@ impl InFlight {
         self: &Arc<Self>,
         work: impl Future<Output = Reply> + Send + 'static,
     ) -> Reply {
-        struct Guard(Arc<InFlight>);
-        impl Drop for Guard {
-            fn drop(&mut self) {
-                if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    self.0.idle.notify_waiters();
-                }
-            }
-        }
-        self.count.fetch_add(1, Ordering::SeqCst);
-        let guard = Guard(self.clone());
+        let guard = self.enter();
         let task = tokio::spawn(async move {
             let reply = work.await;
             drop(guard);
@@ -353,6 +359,12 @@ impl InFlight {
                 "the request did not complete",
             )
         })
+    }
+
+    /// Counts one piece of work in flight until the guard drops.
+    pub fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard(self.clone())
     }
 
     /// Stops taking new work and waits, up to `timeout`, for the requests
@@ -372,6 +384,17 @@ impl InFlight {
             if tokio::time::timeout_at(deadline, idle).await.is_err() {
                 return;
             }
+        }
+    }
+}
+
+/// One piece of work in flight; dropping it ends it.
+pub struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
         }
     }
 }

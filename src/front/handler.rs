@@ -1,0 +1,426 @@
+//! The MCP methods: `initialize` opens a toolgate session, `tools/list` is
+//! its pinned set, `tools/call` is a pipeline call (held while it waits for
+//! an approval), `prompts/*` are its skills loaded through `skill.load`.
+//! Sampling, roots and elicitation are never asked of the client; nothing
+//! is sent but answers and progress.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, InitializeRequestParams, InitializeResult,
+    ListPromptsResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, ServerConfig,
+};
+use rmcp::service::{Peer, RequestContext};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::render::{self, CallIdentity};
+use super::{Busy, Front, FrontRequest, request_key};
+use crate::domain::names::SKILL_LOAD;
+use crate::pipeline::sessions::{CallPlace, Session, SessionError, SessionRequest};
+use crate::pipeline::{CallOutcome, CallRequest, CallerTerms};
+
+/// How often a call held for approval tells a client that asked for
+/// progress that it still waits.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Stable JSON-RPC codes of the front door's own refusals.
+const TOO_MANY_SESSIONS: i32 = -32003;
+const TOO_MANY_CALLS: i32 = -32004;
+const SERVERS_UNAVAILABLE: i32 = -32002;
+const REQUEST_CANCELLED: i32 = -32800;
+
+/// One request's handler (rmcp makes one per request).
+pub(crate) struct FrontHandler {
+    front: Arc<Front>,
+}
+
+impl FrontHandler {
+    pub(super) fn new(front: Arc<Front>) -> Self {
+        FrontHandler { front }
+    }
+}
+
+/// What the listener resolved for the request.
+fn front_request(context: &RequestContext<RoleServer>) -> Result<FrontRequest, McpError> {
+    context
+        .extensions
+        .get::<hyper::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<FrontRequest>())
+        .cloned()
+        .ok_or_else(|| McpError::internal_error("the request was not authenticated", None))
+}
+
+fn session_of(request: &FrontRequest) -> Result<Arc<Session>, McpError> {
+    request
+        .session
+        .clone()
+        .ok_or_else(|| McpError::invalid_request("initialize a session first", None))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, McpError> {
+    serde_json::from_value(value)
+        .map_err(|_| McpError::internal_error("the answer could not be written", None))
+}
+
+/// One call as the client asked it.
+struct Asked {
+    identity: CallIdentity,
+    request_id: Value,
+    origin_trust: crate::domain::TrustLevel,
+    name: String,
+    arguments: Value,
+}
+
+/// What a held call ends as.
+enum Answer {
+    Result(Value),
+    Withdrawn,
+}
+
+impl Front {
+    /// One call: the pipeline, and while it waits for an approval, the hold
+    /// (with progress when the client asked for it).
+    async fn run_call(
+        &self,
+        call: CallRequest,
+        progress: Option<ProgressToken>,
+        peer: Peer<RoleServer>,
+    ) -> Answer {
+        let pipeline = &self.parts.pipeline;
+        let withdrawn = call.caller.withdrawn.clone().unwrap_or_default();
+        let mut outcome = pipeline.call(call.clone()).await;
+        let started = tokio::time::Instant::now();
+        let held_until = started + self.parts.settings.approval_hold;
+        while let CallOutcome::Pending {
+            invocation_id,
+            approval_id,
+        } = outcome
+        {
+            let decided = loop {
+                if let Some(token) = &progress {
+                    let note = ProgressNotificationParam::new(
+                        token.clone(),
+                        started.elapsed().as_secs_f64(),
+                    )
+                    .with_message(format!("waiting for approval {approval_id}"));
+                    let _ = peer.notify_progress(note).await;
+                }
+                let until = held_until.min(tokio::time::Instant::now() + PROGRESS_EVERY);
+                tokio::select! {
+                    decided = self.parts.approvals.wait_decided(&call.tenant_id, approval_id, until) => {
+                        if decided {
+                            break true;
+                        }
+                        if tokio::time::Instant::now() >= held_until {
+                            break false;
+                        }
+                    }
+                    // The hold ends; the approval and its row stay, and the
+                    // same call asked again resumes them.
+                    _ = withdrawn.cancelled() => return Answer::Withdrawn,
+                }
+            };
+            if !decided {
+                return Answer::Result(render::pending(invocation_id, approval_id));
+            }
+            outcome = pipeline.call(call.clone()).await;
+        }
+        match outcome {
+            CallOutcome::Finished(finished) => Answer::Result(render::finished(&finished)),
+            CallOutcome::Suspended {
+                invocation_id,
+                kind,
+                reference,
+            } => Answer::Result(render::suspended(invocation_id, &kind, &reference)),
+            CallOutcome::Withdrawn => Answer::Withdrawn,
+            CallOutcome::Pending {
+                invocation_id,
+                approval_id,
+            } => Answer::Result(render::pending(invocation_id, approval_id)),
+        }
+    }
+
+    /// Admits a call of `session` and runs it on a task of its own: a
+    /// client that goes away mid-call never leaves it half-recorded, and
+    /// the same request asked again meanwhile waits for it.
+    async fn admitted_call(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        asked: Asked,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Answer, McpError> {
+        let Asked {
+            identity,
+            request_id,
+            origin_trust,
+            name,
+            arguments,
+        } = asked;
+        let key = request_key(&request_id);
+        let slot = loop {
+            match self.calls.admit(
+                session.session_id,
+                key.clone(),
+                self.parts.settings.session_in_flight,
+            ) {
+                Ok(slot) => break slot,
+                Err(Busy::Full) => {
+                    return Err(McpError::new(
+                        ErrorCode(TOO_MANY_CALLS),
+                        "this session has its most calls in flight; wait for one to end",
+                        None,
+                    ));
+                }
+                Err(Busy::Running(mut done)) => {
+                    let _ = done.wait_for(|done| *done).await;
+                }
+            }
+        };
+        let place = CallPlace {
+            run_id: identity.run_id,
+            step_number: identity.step_number,
+            origin_trust,
+            deadline_at: None,
+            parallel_group: None,
+        };
+        let mut call = session.call_request(place, identity.call_id, name, arguments);
+        call.caller = CallerTerms {
+            withdrawn: Some(slot.withdrawn.clone()),
+            resumes_waiting: !identity.named,
+        };
+        let progress = context.meta.get_progress_token();
+        let peer = context.peer.clone();
+        let front = self.clone();
+        let counted = self.parts.in_flight.enter();
+        tokio::spawn(async move {
+            let answer = front.run_call(call, progress, peer).await;
+            drop(slot);
+            drop(counted);
+            answer
+        })
+        .await
+        .map_err(|_| McpError::internal_error("the call did not complete", None))
+    }
+}
+
+fn identity_of(
+    context: &RequestContext<RoleServer>,
+    session: &Session,
+) -> Result<(CallIdentity, Value), McpError> {
+    let meta = serde_json::to_value(&context.meta).unwrap_or(Value::Null);
+    let request_id = serde_json::to_value(&context.id).unwrap_or(Value::Null);
+    let identity = render::identity(&meta, &request_id, session.session_id)
+        .map_err(|message| McpError::invalid_params(message, None))?;
+    Ok((identity, request_id))
+}
+
+impl ServerHandler for FrontHandler {
+    fn get_info(&self) -> ServerConfig {
+        serde_json::from_value(json!({
+            "protocolVersion": ProtocolVersion::V_2025_11_25,
+            "capabilities": {"tools": {"listChanged": false}, "prompts": {"listChanged": false}},
+            "serverInfo": {"name": "toolgate", "version": env!("CARGO_PKG_VERSION")},
+            "instructions": "Every call through toolgate is recorded before it runs. A result marked uncertain means the effect may have happened: do not repeat that call.",
+        }))
+        .unwrap_or_else(|_| InitializeResult::new(Default::default()))
+    }
+
+    // Every revision with sessions; a 2026-07-28 client is offered
+    // 2025-11-25 at `initialize`.
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        let front_request = front_request(&context)?;
+        let caller = &front_request.caller;
+        let Some(opening) = self.front.open.admit(
+            &caller.credential,
+            self.front.parts.settings.sessions_per_credential,
+        ) else {
+            return Err(McpError::new(
+                ErrorCode(TOO_MANY_SESSIONS),
+                "this credential holds its most open sessions on this node; end one (DELETE) or let one idle out",
+                None,
+            ));
+        };
+        let session_id = Uuid::new_v4();
+        self.front
+            .parts
+            .sessions
+            .open(SessionRequest {
+                session_id,
+                tenant_id: caller.tenant_id.clone(),
+                principal: caller.principal.clone(),
+                agent: caller.agent.clone(),
+            })
+            .await
+            .map_err(|error| match error {
+                SessionError::ServersUnavailable => McpError::new(
+                    ErrorCode(SERVERS_UNAVAILABLE),
+                    "a tool server did not answer; initialize again",
+                    None,
+                ),
+                other => {
+                    tracing::warn!(error = %other, "a front door session could not be opened");
+                    McpError::internal_error(
+                        "the session could not be opened; initialize again",
+                        None,
+                    )
+                }
+            })?;
+        opening.fill(session_id);
+        let _ = front_request.opened.set(session_id);
+        tracing::info!(%session_id, credential = %caller.credential, "front door session opened");
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let session = session_of(&front_request(&context)?)?;
+        let tools: Vec<Value> = session.pinned.advertised().map(render::tool).collect();
+        from_json(json!({"tools": tools}))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let front_request = front_request(&context)?;
+        let session = session_of(&front_request)?;
+        let (identity, request_id) = identity_of(&context, &session)?;
+        let caller = &front_request.caller;
+        let origin_trust = identity.origin_trust.map_or(caller.origin_trust, |stated| {
+            stated.min(caller.origin_trust)
+        });
+        let arguments = request
+            .arguments
+            .map(Value::Object)
+            .unwrap_or_else(|| json!({}));
+        let answer = self
+            .front
+            .admitted_call(
+                &session,
+                Asked {
+                    identity,
+                    request_id,
+                    origin_trust,
+                    name: request.name.into_owned(),
+                    arguments,
+                },
+                &context,
+            )
+            .await?;
+        match answer {
+            Answer::Result(result) => Ok(from_json::<CallToolResult>(result)?.into()),
+            Answer::Withdrawn => Err(McpError::new(
+                ErrorCode(REQUEST_CANCELLED),
+                "the request was cancelled",
+                None,
+            )),
+        }
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let session = session_of(&front_request(&context)?)?;
+        let prompts: Vec<Value> = session
+            .pinned
+            .skills()
+            .iter()
+            .map(|skill| {
+                json!({
+                    "name": skill.metadata.name,
+                    "description": skill.metadata.description,
+                    "_meta": {"toolgate/version": skill.metadata.version,
+                              "toolgate/server_id": skill.metadata.server_id},
+                })
+            })
+            .collect();
+        from_json(json!({"prompts": prompts}))
+    }
+
+    /// A skill's content, loaded through `skill.load` like any call: the
+    /// load is recorded and its text reaches the client as the pipeline
+    /// renders it.
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        let front_request = front_request(&context)?;
+        let session = session_of(&front_request)?;
+        let Some(skill) = session
+            .pinned
+            .skills()
+            .iter()
+            .find(|skill| skill.metadata.name == request.name)
+        else {
+            return Err(McpError::invalid_params("no prompt has this name", None));
+        };
+        let description = skill.metadata.description.clone();
+        let (identity, request_id) = identity_of(&context, &session)?;
+        let mut arguments = json!({"name": request.name});
+        if let Some(given) = request.arguments {
+            arguments["arguments"] = Value::Object(given);
+        }
+        let answer = self
+            .front
+            .admitted_call(
+                &session,
+                Asked {
+                    identity,
+                    request_id,
+                    origin_trust: front_request.caller.origin_trust,
+                    name: SKILL_LOAD.to_owned(),
+                    arguments,
+                },
+                &context,
+            )
+            .await?;
+        let Answer::Result(result) = answer else {
+            return Err(McpError::new(
+                ErrorCode(REQUEST_CANCELLED),
+                "the request was cancelled",
+                None,
+            ));
+        };
+        if result["isError"] == true {
+            let message = result
+                .pointer("/content/0/text")
+                .and_then(Value::as_str)
+                .unwrap_or("the skill could not be loaded")
+                .to_owned();
+            return Err(McpError::invalid_params(message, None));
+        }
+        let text: Vec<&str> = result["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|block| block["text"].as_str())
+            .collect();
+        let prompt: GetPromptResult = from_json(json!({
+            "description": description,
+            "messages": [{"role": "user", "content": {"type": "text", "text": text.join("\n")}}],
+        }))?;
+        Ok(GetPromptResponse::Complete(prompt))
+    }
+}

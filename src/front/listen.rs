@@ -1,0 +1,287 @@
+//! The front door's listeners: connections under the edge's caps and
+//! deadlines, `Host` and `Origin` checked on TCP (DNS rebinding) before
+//! anything else, the protected-resource metadata (RFC 9728) served to
+//! anyone, and every request to the endpoint authenticated.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::{Method, Request, StatusCode};
+use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::Refusal;
+use super::handler::FrontHandler;
+use super::{Front, MCP_PATH, RESOURCE_METADATA_PATH};
+use crate::edge::{Reply, error, reply, serve_connection};
+
+/// After a failed accept (out of descriptors, most likely).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// One listener's protocol side.
+pub(super) struct Protocol {
+    /// rmcp's server, stateless: the sessions are toolgate's.
+    pub(super) service: StreamableHttpService<FrontHandler, NeverSessionManager>,
+    /// TCP, where `Host` and `Origin` are checked.
+    tcp: bool,
+}
+
+impl Front {
+    fn protocol(self: &Arc<Self>, tcp: bool, shutdown: &CancellationToken) -> Arc<Protocol> {
+        let settings = &self.parts.settings;
+        let config = StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(false)
+            .with_json_response(true)
+            .with_sse_keep_alive(Some(settings.keep_alive))
+            .with_sse_retry(None)
+            .with_max_request_body_bytes(settings.limits.body_limit)
+            .with_cancellation_token(shutdown.child_token())
+            // Checked here before authentication, for every path.
+            .disable_allowed_hosts()
+            .disable_allowed_origins();
+        let front = self.clone();
+        Arc::new(Protocol {
+            service: StreamableHttpService::new(
+                move || Ok(FrontHandler::new(front.clone())),
+                Arc::new(NeverSessionManager::default()),
+                config,
+            ),
+            tcp,
+        })
+    }
+
+    /// Serves the front door on TCP until `shutdown` fires.
+    pub async fn serve_tcp(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) {
+        let protocol = self.protocol(true, &shutdown);
+        loop {
+            let stream = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(failure) => {
+                        tracing::warn!(error = %failure, "front door accept failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = stream.set_nodelay(true);
+            self.clone().connection(stream, protocol.clone());
+        }
+    }
+
+    /// Serves the front door on a unix socket until `shutdown` fires.
+    pub async fn serve_unix(
+        self: Arc<Self>,
+        listener: tokio::net::UnixListener,
+        shutdown: CancellationToken,
+    ) {
+        let protocol = self.protocol(false, &shutdown);
+        loop {
+            let stream = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(failure) => {
+                        tracing::warn!(error = %failure, "front door accept failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                },
+            };
+            self.clone().connection(stream, protocol.clone());
+        }
+    }
+
+    fn connection<S>(self: Arc<Self>, stream: S, protocol: Arc<Protocol>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        // Past the cap the connection is closed as soon as accepted.
+        let Some(permit) = self.parts.connections.admit() else {
+            return;
+        };
+        let header_timeout = self.parts.settings.limits.header_timeout;
+        tokio::spawn(serve_connection(
+            stream,
+            header_timeout,
+            vec![permit],
+            move |request| {
+                let (front, protocol) = (self.clone(), protocol.clone());
+                async move { front.request(request, &protocol).await }
+            },
+        ));
+    }
+
+    async fn request(self: &Arc<Self>, request: Request<Incoming>, protocol: &Protocol) -> Reply {
+        if protocol.tcp
+            && let Some(refused) = self.rebinding_refusal(&request)
+        {
+            return refused;
+        }
+        let path = request.uri().path();
+        if path == RESOURCE_METADATA_PATH || path == format!("{RESOURCE_METADATA_PATH}{MCP_PATH}") {
+            return if request.method() == Method::GET {
+                reply(StatusCode::OK, &self.resource_metadata(&request))
+            } else {
+                error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                    "GET only",
+                )
+            };
+        }
+        if path != MCP_PATH {
+            return error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "the MCP endpoint is /mcp",
+            );
+        }
+        if self.parts.in_flight.draining() {
+            let mut refused = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "draining",
+                "toolgate is shutting down; retry on another node",
+            );
+            refused
+                .headers_mut()
+                .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return refused;
+        }
+        let caller = match self.parts.credentials.authenticate(request.headers()).await {
+            Ok(caller) => caller,
+            Err(refusal) => return self.unauthorized(&request, refusal),
+        };
+        self.mcp(request, caller, protocol).await
+    }
+
+    /// The refusal of a TCP request whose `Host` is not one the operator allows,
+    /// or whose `Origin` is not one allowed: a page a browser loaded from
+    /// elsewhere cannot reach the endpoint through a name it rebinds.
+    fn rebinding_refusal(&self, request: &Request<Incoming>) -> Option<Reply> {
+        let settings = &self.parts.settings;
+        let host = request
+            .headers()
+            .get(hyper::header::HOST)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<hyper::http::uri::Authority>().ok());
+        let allowed = host.is_some_and(|authority| {
+            let name = authority
+                .host()
+                .trim_matches(['[', ']'])
+                .to_ascii_lowercase();
+            settings.allowed_hosts.iter().any(|entry| {
+                match entry.parse::<hyper::http::uri::Authority>() {
+                    Ok(allowed) => {
+                        allowed
+                            .host()
+                            .trim_matches(['[', ']'])
+                            .eq_ignore_ascii_case(&name)
+                            && allowed
+                                .port_u16()
+                                .is_none_or(|port| authority.port_u16() == Some(port))
+                    }
+                    Err(_) => entry.trim_matches(['[', ']']).eq_ignore_ascii_case(&name),
+                }
+            })
+        });
+        if !allowed {
+            return Some(error(
+                StatusCode::FORBIDDEN,
+                "host_not_allowed",
+                "the Host header is not one this endpoint answers to",
+            ));
+        }
+        if let Some(origin) = request.headers().get(hyper::header::ORIGIN) {
+            let origin = origin.to_str().unwrap_or_default().trim_end_matches('/');
+            let listed = settings
+                .allowed_origins
+                .iter()
+                .any(|allowed| allowed.trim_end_matches('/').eq_ignore_ascii_case(origin));
+            if !listed {
+                return Some(error(
+                    StatusCode::FORBIDDEN,
+                    "origin_not_allowed",
+                    "requests from this origin are not allowed",
+                ));
+            }
+        }
+        None
+    }
+
+    /// The endpoint's URL: as configured, else as this request reached it.
+    fn resource(&self, request: &Request<Incoming>) -> String {
+        if let Some(resource) = &self.parts.settings.resource {
+            return resource.clone();
+        }
+        let host = request
+            .headers()
+            .get(hyper::header::HOST)
+            .and_then(|value| value.to_str().ok())
+            .filter(|host| !host.is_empty() && host.bytes().all(|b| b.is_ascii_graphic()))
+            .unwrap_or("localhost");
+        format!("http://{host}{MCP_PATH}")
+    }
+
+    /// RFC 9728 §3.1: the metadata URL is the resource's with the
+    /// well-known path inserted after its authority.
+    fn resource_metadata_url(&self, request: &Request<Incoming>) -> String {
+        let resource = self.resource(request);
+        match resource.split_once("://") {
+            Some((scheme, rest)) => {
+                let (authority, path) = rest.find('/').map_or((rest, ""), |at| rest.split_at(at));
+                format!("{scheme}://{authority}{RESOURCE_METADATA_PATH}{path}")
+            }
+            None => resource,
+        }
+    }
+
+    fn resource_metadata(&self, request: &Request<Incoming>) -> serde_json::Value {
+        let settings = &self.parts.settings;
+        let mut metadata = json!({
+            "resource": self.resource(request),
+            "authorization_servers": settings.authorization_servers,
+            "bearer_methods_supported": ["header"],
+            "resource_name": "toolgate",
+        });
+        if !settings.scopes_supported.is_empty() {
+            metadata["scopes_supported"] = json!(settings.scopes_supported);
+        }
+        metadata
+    }
+
+    /// 401 with the challenge MCP clients follow to the metadata.
+    fn unauthorized(&self, request: &Request<Incoming>, refusal: Refusal) -> Reply {
+        let metadata = self.resource_metadata_url(request);
+        let challenge = match refusal {
+            Refusal::Missing => format!("Bearer resource_metadata=\"{metadata}\""),
+            Refusal::Invalid => format!(
+                "Bearer resource_metadata=\"{metadata}\", error=\"invalid_token\", error_description=\"the credential is not valid\""
+            ),
+        };
+        let mut refused = error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            match refusal {
+                Refusal::Missing => "a bearer credential is required",
+                Refusal::Invalid => "the credential is not valid",
+            },
+        );
+        if let Ok(value) = HeaderValue::from_str(&challenge) {
+            refused
+                .headers_mut()
+                .insert(hyper::header::WWW_AUTHENTICATE, value);
+        }
+        refused
+    }
+}

@@ -1,0 +1,534 @@
+//! The MCP front door: toolgate as an MCP server any MCP client connects
+//! to over streamable HTTP, every `tools/call` a pipeline call.
+//!
+//! rmcp's server side parses and answers the protocol, run statelessly per
+//! request; the sessions are toolgate's own. `initialize` opens a toolgate
+//! session (discovery, the pinned set, the recorded row) whose id is the
+//! `Mcp-Session-Id`, so a session continues on any node sharing the store.
+//! Before rmcp sees a request this module has authenticated it, read its
+//! body within the edge's limits, refused batches, resolved its session for
+//! its credential and handled what rmcp's stateless mode would drop
+//! (`DELETE`, `notifications/cancelled`).
+
+pub mod auth;
+mod handler;
+mod listen;
+
+pub mod relay;
+mod render;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use hyper::StatusCode;
+use hyper::body::Bytes;
+use hyper::header::HeaderValue;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+pub use auth::{ApiKey, AuthError, Caller, Credentials, JwtSettings, KeySource, TenantSource};
+pub use render::{META_CALL_ID, META_ORIGIN_TRUST, META_RUN_ID, META_STEP};
+
+use crate::edge::{ConnectionCap, EdgeLimits, InFlight, Reply};
+use crate::pipeline::Pipeline;
+use crate::pipeline::approvals::Approvals;
+use crate::pipeline::sessions::{SESSION_IDLE, Session, SessionError, Sessions};
+
+/// The path the MCP endpoint answers on.
+pub const MCP_PATH: &str = "/mcp";
+/// RFC 9728's metadata document, at the root and for the endpoint's path.
+pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+/// The session header.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// The front door's limits and advertised metadata.
+#[derive(Debug, Clone)]
+pub struct FrontSettings {
+    /// Body size and deadlines, as every edge's.
+    pub limits: EdgeLimits,
+    /// `Host` values TCP requests may carry.
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins allowed to send requests.
+    pub allowed_origins: Vec<String>,
+    /// The endpoint's public URL, when the operator states it.
+    pub resource: Option<String>,
+    /// Where clients get tokens.
+    pub authorization_servers: Vec<String>,
+    /// Scopes advertised.
+    pub scopes_supported: Vec<String>,
+    /// How long a call waiting for approval holds its request.
+    pub approval_hold: Duration,
+    /// Calls one session may have in flight.
+    pub session_in_flight: usize,
+    /// Sessions one credential may hold open on this node.
+    pub sessions_per_credential: usize,
+    /// SSE keep-alive interval.
+    pub keep_alive: Duration,
+}
+
+/// What the front door drives.
+pub struct FrontParts {
+    /// Sessions: opening, reloading, ending.
+    pub sessions: Arc<Sessions>,
+    /// The one pipeline.
+    pub pipeline: Arc<Pipeline>,
+    /// Approval waits.
+    pub approvals: Arc<Approvals>,
+    /// Who may call.
+    pub credentials: Arc<Credentials>,
+    /// Calls in flight on every edge (the drain waits for them).
+    pub in_flight: Arc<InFlight>,
+    /// Connections held at once.
+    pub connections: ConnectionCap,
+    /// Its limits.
+    pub settings: FrontSettings,
+}
+
+/// The front door.
+pub struct Front {
+    parts: FrontParts,
+    open: OpenSessions,
+    calls: Arc<CallsInFlight>,
+}
+
+/// What a request carries from this module to the rmcp handler, in the
+/// HTTP request's extensions.
+#[derive(Clone)]
+struct FrontRequest {
+    caller: Arc<Caller>,
+    /// The request's session, resolved for its caller.
+    session: Option<Arc<Session>>,
+    /// Filled by `initialize` with the session it opened.
+    opened: Arc<OnceLock<Uuid>>,
+}
+
+impl Front {
+    /// The front door over its parts.
+    pub fn new(parts: FrontParts) -> Arc<Self> {
+        Arc::new(Front {
+            parts,
+            open: OpenSessions::default(),
+            calls: Arc::new(CallsInFlight::default()),
+        })
+    }
+
+    /// Who may call.
+    pub fn credentials(&self) -> &Arc<Credentials> {
+        &self.parts.credentials
+    }
+
+    /// One request to the MCP endpoint, authenticated as `caller`; `rmcp`
+    /// answers it once its session is resolved.
+    async fn mcp(
+        self: &Arc<Self>,
+        request: hyper::Request<hyper::body::Incoming>,
+        caller: Caller,
+        protocol: &listen::Protocol,
+    ) -> Reply {
+        let method = request.method().clone();
+        let session_header = session_header(request.headers()).map(str::to_owned);
+        let session_header = session_header.as_deref();
+        if method == hyper::Method::DELETE {
+            return self.end_session(&caller, session_header).await;
+        }
+        if method != hyper::Method::POST {
+            // Nothing is ever sent but answers: there is no stream to open.
+            let mut reply = crate::edge::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "POST requests and DELETE of a session only",
+            );
+            reply.headers_mut().insert(
+                hyper::header::ALLOW,
+                HeaderValue::from_static("POST, DELETE"),
+            );
+            return reply;
+        }
+        let (mut parts, body) = request.into_parts();
+        let bytes = match crate::edge::body_bytes(body, &self.parts.settings.limits).await {
+            Ok(bytes) => bytes,
+            Err(error) => return error.reply(),
+        };
+        let message: Value = match serde_json::from_slice(&bytes) {
+            Ok(message) => message,
+            Err(_) => {
+                return rpc_error(
+                    StatusCode::BAD_REQUEST,
+                    Value::Null,
+                    -32700,
+                    "Parse error: the body is not JSON",
+                );
+            }
+        };
+        let Value::Object(fields) = &message else {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Value::Null,
+                -32600,
+                "Invalid Request: one JSON-RPC message per request (batches are not accepted)",
+            );
+        };
+        let id = fields.get("id").cloned().unwrap_or(Value::Null);
+        let rpc_method = fields.get("method").and_then(Value::as_str);
+        let is_request = fields.contains_key("id") && rpc_method.is_some();
+        let caller = Arc::new(caller);
+        let session = match (rpc_method, is_request) {
+            (Some("initialize"), true) => None,
+            (Some(notification), false) => {
+                if notification == "notifications/cancelled"
+                    && let Some(session) = session_header.and_then(|id| id.parse::<Uuid>().ok())
+                {
+                    let request_id = message
+                        .pointer("/params/requestId")
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                    self.calls.withdraw(session, &request_key(&request_id));
+                }
+                // Nothing else a client notifies changes what toolgate does.
+                return accepted();
+            }
+            (Some("ping") | Some("server/discover"), true) if session_header.is_none() => None,
+            // A client's answer to a request toolgate never sends: rmcp
+            // refuses it without a session.
+            (None, _) => None,
+            _ => match self.session_for(&caller, session_header).await {
+                Ok(session) => Some(session),
+                Err(unserved) => return unserved.reply(id),
+            },
+        };
+        let opened = Arc::new(OnceLock::new());
+        parts.extensions.insert(FrontRequest {
+            caller,
+            session,
+            opened: opened.clone(),
+        });
+        let request = hyper::Request::from_parts(parts, http_body_util::Full::new(bytes));
+        let response = protocol.service.handle(request).await;
+        let mut reply = response.map(http_body_util::BodyExt::boxed_unsync);
+        if let Some(session_id) = opened.get()
+            && let Ok(value) = HeaderValue::from_str(&session_id.to_string())
+        {
+            reply.headers_mut().insert(SESSION_HEADER, value);
+        }
+        reply
+    }
+
+    /// The request's session, if `caller` opened it.
+    async fn session_for(
+        &self,
+        caller: &Caller,
+        header: Option<&str>,
+    ) -> Result<Arc<Session>, Unserved> {
+        let header = header.ok_or(Unserved::SessionRequired)?;
+        let session_id = header.parse::<Uuid>().map_err(|_| Unserved::NotFound)?;
+        let session = match self.parts.sessions.get(session_id).await {
+            Ok(session) => session,
+            Err(SessionError::Unknown | SessionError::ToolsChanged) => {
+                return Err(Unserved::NotFound);
+            }
+            Err(SessionError::ServersUnavailable) => return Err(Unserved::ServersUnavailable),
+            Err(error) => {
+                tracing::warn!(error = %error, "a front door session could not be read");
+                return Err(Unserved::StoreUnavailable);
+            }
+        };
+        if !owns(caller, &session) {
+            return Err(Unserved::NotFound);
+        }
+        self.open.touch(&caller.credential, session_id);
+        Ok(session)
+    }
+
+    /// `DELETE`: ends the caller's session everywhere.
+    async fn end_session(&self, caller: &Caller, header: Option<&str>) -> Reply {
+        let Some(session_id) = header.and_then(|id| id.parse::<Uuid>().ok()) else {
+            return crate::edge::error(
+                StatusCode::BAD_REQUEST,
+                "session_required",
+                "the Mcp-Session-Id header names the session to end",
+            );
+        };
+        match self
+            .parts
+            .sessions
+            .end(
+                session_id,
+                &caller.tenant_id,
+                &caller.principal,
+                &caller.agent,
+            )
+            .await
+        {
+            Ok(true) => {
+                self.open.forget(&caller.credential, session_id);
+                let mut reply = hyper::Response::new(http_body_util::BodyExt::boxed_unsync(
+                    http_body_util::Empty::<Bytes>::new(),
+                ));
+                *reply.status_mut() = StatusCode::NO_CONTENT;
+                reply
+            }
+            Ok(false) => crate::edge::error(StatusCode::NOT_FOUND, "not_found", "no such session"),
+            Err(error) => {
+                tracing::warn!(error = %error, "a front door session could not be ended");
+                crate::edge::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the session could not be ended; retry",
+                )
+            }
+        }
+    }
+}
+
+/// Why a request's session cannot serve it.
+#[derive(Debug, Clone, Copy)]
+enum Unserved {
+    /// No `Mcp-Session-Id` after `initialize`.
+    SessionRequired,
+    /// Unknown, ended, malformed or someone else's: one answer, since a
+    /// session id says nothing about a session its caller did not open.
+    NotFound,
+    /// A server the session pinned did not answer on reload.
+    ServersUnavailable,
+    /// The store did not answer.
+    StoreUnavailable,
+}
+
+impl Unserved {
+    fn reply(self, id: Value) -> Reply {
+        let (status, code, message) = match self {
+            Unserved::SessionRequired => (
+                StatusCode::BAD_REQUEST,
+                -32600,
+                "Bad Request: the Mcp-Session-Id header is required after initialize",
+            ),
+            Unserved::NotFound => (
+                StatusCode::NOT_FOUND,
+                -32001,
+                "Session not found: initialize a new session",
+            ),
+            Unserved::ServersUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                -32002,
+                "a tool server this session pinned did not answer; retry",
+            ),
+            Unserved::StoreUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                -32603,
+                "the session could not be read; retry",
+            ),
+        };
+        rpc_error(status, id, code, message)
+    }
+}
+
+/// Whether `caller` is who opened `session`.
+fn owns(caller: &Caller, session: &Session) -> bool {
+    caller.tenant_id == session.tenant_id
+        && caller.principal == session.principal
+        && caller.agent == session.agent
+}
+
+fn session_header(headers: &hyper::HeaderMap) -> Option<&str> {
+    headers
+        .get(SESSION_HEADER)
+        .and_then(|value| value.to_str().ok())
+}
+
+/// A JSON-RPC error as the whole reply.
+fn rpc_error(status: StatusCode, id: Value, code: i64, message: &str) -> Reply {
+    let mut reply = crate::edge::reply(
+        status,
+        &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+    );
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        reply
+            .headers_mut()
+            .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    reply
+}
+
+fn accepted() -> Reply {
+    let mut reply = hyper::Response::new(http_body_util::BodyExt::boxed_unsync(
+        http_body_util::Empty::<Bytes>::new(),
+    ));
+    *reply.status_mut() = StatusCode::ACCEPTED;
+    reply
+}
+
+/// The key a JSON-RPC request id has among its session's calls.
+fn request_key(id: &Value) -> String {
+    id.to_string()
+}
+
+/// The sessions each credential holds open on this node, so no credential
+/// can make the node hold sessions without bound.
+#[derive(Default)]
+struct OpenSessions(Mutex<HashMap<String, CredentialSessions>>);
+
+#[derive(Default)]
+struct CredentialSessions {
+    sessions: HashMap<Uuid, Instant>,
+    opening: usize,
+}
+
+/// A place for one more session of a credential, held while it opens.
+struct Opening<'a> {
+    open: &'a OpenSessions,
+    credential: String,
+    filled: bool,
+}
+
+impl OpenSessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CredentialSessions>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place for a session of `credential`, unless it holds `maximum`.
+    fn admit(&self, credential: &str, maximum: usize) -> Option<Opening<'_>> {
+        let mut all = self.lock();
+        let held = all.entry(credential.to_owned()).or_default();
+        held.sessions
+            .retain(|_, used| used.elapsed() < SESSION_IDLE);
+        if held.sessions.len() + held.opening >= maximum {
+            return None;
+        }
+        held.opening += 1;
+        Some(Opening {
+            open: self,
+            credential: credential.to_owned(),
+            filled: false,
+        })
+    }
+
+    fn touch(&self, credential: &str, session: Uuid) {
+        if let Some(held) = self.lock().get_mut(credential)
+            && let Some(used) = held.sessions.get_mut(&session)
+        {
+            *used = Instant::now();
+        }
+    }
+
+    fn forget(&self, credential: &str, session: Uuid) {
+        let mut all = self.lock();
+        if let Some(held) = all.get_mut(credential) {
+            held.sessions.remove(&session);
+            if held.sessions.is_empty() && held.opening == 0 {
+                all.remove(credential);
+            }
+        }
+    }
+}
+
+impl Opening<'_> {
+    fn fill(mut self, session: Uuid) {
+        let mut all = self.open.lock();
+        let held = all.entry(self.credential.clone()).or_default();
+        held.opening = held.opening.saturating_sub(1);
+        held.sessions.insert(session, Instant::now());
+        self.filled = true;
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if self.filled {
+            return;
+        }
+        let mut all = self.open.lock();
+        if let Some(held) = all.get_mut(&self.credential) {
+            held.opening = held.opening.saturating_sub(1);
+            if held.sessions.is_empty() && held.opening == 0 {
+                all.remove(&self.credential);
+            }
+        }
+    }
+}
+
+/// Each session's calls in flight, by JSON-RPC request id: the
+/// per-session cap, `notifications/cancelled`, and a retry of a request
+/// still running waiting for it rather than racing it.
+#[derive(Default)]
+struct CallsInFlight(Mutex<HashMap<Uuid, HashMap<String, InFlightCall>>>);
+
+struct InFlightCall {
+    withdrawn: CancellationToken,
+    done: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Why a call was not admitted.
+enum Busy {
+    /// The session has its cap of calls in flight.
+    Full,
+    /// The same request is in flight; this resolves when it ends.
+    Running(tokio::sync::watch::Receiver<bool>),
+}
+
+/// One admitted call; its end frees its place.
+struct CallSlot {
+    calls: Arc<CallsInFlight>,
+    session: Uuid,
+    key: String,
+    withdrawn: CancellationToken,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl CallsInFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, HashMap<String, InFlightCall>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn admit(
+        self: &Arc<Self>,
+        session: Uuid,
+        key: String,
+        maximum: usize,
+    ) -> Result<CallSlot, Busy> {
+        let mut all = self.lock();
+        let calls = all.entry(session).or_default();
+        if let Some(running) = calls.get(&key) {
+            return Err(Busy::Running(running.done.clone()));
+        }
+        if calls.len() >= maximum {
+            return Err(Busy::Full);
+        }
+        let withdrawn = CancellationToken::new();
+        let (done, watching) = tokio::sync::watch::channel(false);
+        calls.insert(
+            key.clone(),
+            InFlightCall {
+                withdrawn: withdrawn.clone(),
+                done: watching,
+            },
+        );
+        Ok(CallSlot {
+            calls: self.clone(),
+            session,
+            key,
+            withdrawn,
+            done,
+        })
+    }
+
+    fn withdraw(&self, session: Uuid, key: &str) {
+        if let Some(call) = self.lock().get(&session).and_then(|calls| calls.get(key)) {
+            call.withdrawn.cancel();
+        }
+    }
+}
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        let mut all = self.calls.lock();
+        if let Some(calls) = all.get_mut(&self.session) {
+            calls.remove(&self.key);
+            if calls.is_empty() {
+                all.remove(&self.session);
+            }
+        }
+        let _ = self.done.send(true);
+    }
+}

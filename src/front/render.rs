@@ -1,0 +1,374 @@
+//! What MCP clients read: a pinned tool as an MCP `Tool` (the wire name,
+//! the description marked when it is a server's, annotations from the
+//! operator's classification), a call's end as a `CallToolResult`, and a
+//! call's identity from its `_meta` or, failing that, its session and
+//! JSON-RPC id. Pure functions over JSON, so the shapes are tested here.
+
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use crate::domain::{
+    IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, ToolOutcome, ToolSource, ToolSpec,
+    TrustLevel, sha256_hex, valid_identifier,
+};
+use crate::pipeline::{Finished, PinnedTool, RenderedPart};
+
+/// `_meta` keys a client names its call with.
+pub const META_RUN_ID: &str = "toolgate/run_id";
+/// The step, with [`META_RUN_ID`].
+pub const META_STEP: &str = "toolgate/step";
+/// The call's id within the step, with [`META_RUN_ID`].
+pub const META_CALL_ID: &str = "toolgate/call_id";
+/// A trust below the credential's for what proposed the call.
+pub const META_ORIGIN_TRUST: &str = "toolgate/origin_trust";
+/// The row a result or a pending answer is about.
+pub const META_INVOCATION_ID: &str = "toolgate/invocation_id";
+
+/// The MCP annotations toolgate states for a tool: the operator's
+/// classification, never the remote server's claims.
+pub fn annotations(spec: &ToolSpec) -> Value {
+    let read_only = matches!(
+        spec.side_effect,
+        SideEffectClass::None
+            | SideEffectClass::WorkspaceRead
+            | SideEffectClass::NetworkRead
+            | SideEffectClass::ExternalRead
+    );
+    json!({
+        "readOnlyHint": read_only,
+        "destructiveHint": !read_only && spec.risk != RiskLevel::Low,
+        "idempotentHint": matches!(
+            spec.idempotency,
+            IdempotencyClass::ReadOnly | IdempotencyClass::Idempotent
+        ),
+        "openWorldHint": matches!(
+            spec.side_effect,
+            SideEffectClass::NetworkRead | SideEffectClass::ExternalRead | SideEffectClass::ExternalWrite
+        ),
+    })
+}
+
+/// One pinned tool as `tools/list` shows it.
+pub fn tool(pinned: &PinnedTool) -> Value {
+    let spec = &pinned.tool.spec;
+    let description = match (spec.source, spec.server_id.as_deref()) {
+        // A server's words are its own: the client is told whose they are.
+        (ToolSource::Mcp, Some(server)) => format!(
+            "[Tool of MCP server \"{server}\"; the description below is the server's, not toolgate's.]\n{}",
+            spec.description
+        ),
+        _ => spec.description.clone(),
+    };
+    let mut tool = json!({
+        "name": pinned.wire_name,
+        "title": spec.name,
+        "description": description,
+        "inputSchema": object_schema(&spec.input_schema),
+        "annotations": annotations(spec),
+        "_meta": {"toolgate/name": spec.name, "toolgate/version": spec.version},
+    });
+    if let Some(output) = &spec.output_schema
+        && output.is_object()
+    {
+        tool["outputSchema"] = output.clone();
+    }
+    tool
+}
+
+/// MCP requires an object schema at the top; a tool declaring anything else
+/// is shown as taking an object, and its own schema still validates.
+fn object_schema(schema: &Value) -> Value {
+    match schema {
+        Value::Object(fields) if fields.get("type").is_none_or(|t| t == "object") => {
+            let mut fields = fields.clone();
+            fields.insert("type".into(), json!("object"));
+            Value::Object(fields)
+        }
+        _ => json!({"type": "object"}),
+    }
+}
+
+fn text_block(text: String, trust: Option<TrustLevel>) -> Value {
+    match trust {
+        Some(trust) => json!({"type": "text", "text": text, "_meta": {"toolgate/trust": trust}}),
+        None => json!({"type": "text", "text": text}),
+    }
+}
+
+fn rendered(content: &[RenderedPart]) -> Vec<Value> {
+    content
+        .iter()
+        .map(|part| match part {
+            RenderedPart::Text { text, trust } => text_block(text.clone(), Some(*trust)),
+            RenderedPart::Artifact { artifact_id, bytes } => text_block(
+                format!(
+                    "The whole result ({bytes} bytes) is kept as artifact {artifact_id}; the part above is an excerpt."
+                ),
+                Some(TrustLevel::Platform),
+            ),
+        })
+        .collect()
+}
+
+/// A finished call as a `CallToolResult`: on success the model-ready
+/// content and the structured result; otherwise `isError` with the
+/// outcome's fixed message as text and the six-field outcome as structured
+/// content.
+pub fn finished(finished: &Finished) -> Value {
+    let mut meta = Map::new();
+    if let Some(id) = finished.invocation_id {
+        meta.insert(META_INVOCATION_ID.into(), json!(id));
+    }
+    meta.insert("toolgate/status".into(), json!(finished.outcome.status()));
+    match &finished.outcome {
+        ToolOutcome::Succeeded { .. } => {
+            let mut content = rendered(&finished.content);
+            if content.is_empty() {
+                content.push(text_block(String::new(), None));
+            }
+            let mut result = json!({"content": content, "isError": false, "_meta": meta});
+            if let Some(structured) = finished
+                .data
+                .as_ref()
+                .and_then(|data| data.structured.as_ref())
+            {
+                result["structuredContent"] = structured.clone();
+            }
+            result
+        }
+        ToolOutcome::NotSucceeded { reason_code, .. } => {
+            let mut content = vec![text_block(message(*reason_code), None)];
+            // What the model would have read beside the outcome (a denial's
+            // or a failure's detail), rendered as on success.
+            content.extend(rendered(&finished.content));
+            json!({
+                "content": content,
+                "structuredContent": serde_json::to_value(&finished.outcome).unwrap_or(Value::Null),
+                "isError": true,
+                "_meta": meta,
+            })
+        }
+    }
+}
+
+fn message(code: ReasonCode) -> String {
+    format!("{} ({})", code.message(), code.as_str())
+}
+
+/// A call still waiting for its approval past the hold.
+pub fn pending(invocation_id: Uuid, approval_id: Uuid) -> Value {
+    json!({
+        "content": [text_block(format!(
+            "This call waits for a human's approval ({approval_id}). Nothing has run. Ask for the same call again once it is decided: it resumes this one, it does not start another."
+        ), None)],
+        "structuredContent": {
+            "status": "pending",
+            "approval_id": approval_id,
+            "invocation_id": invocation_id,
+            "message": "waiting for approval; ask for the same call again once it is decided",
+        },
+        "isError": true,
+        "_meta": {META_INVOCATION_ID: invocation_id, "toolgate/status": "pending"},
+    })
+}
+
+/// A control tool that suspended the run: it completes through the control
+/// API, not through this client.
+pub fn suspended(invocation_id: Uuid, kind: &str, reference: &str) -> Value {
+    json!({
+        "content": [text_block(format!(
+            "This call suspended the run ({kind}); it completes through toolgate's control API."
+        ), None)],
+        "structuredContent": {"status": "suspended", "kind": kind, "reference": reference,
+                              "invocation_id": invocation_id},
+        "isError": true,
+        "_meta": {META_INVOCATION_ID: invocation_id, "toolgate/status": "suspended"},
+    })
+}
+
+/// Who a call is, as the pipeline identifies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallIdentity {
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step_number: i64,
+    /// The call within the step.
+    pub call_id: String,
+    /// Whether the client named it (`_meta`) or the session and JSON-RPC id
+    /// stand for it.
+    pub named: bool,
+    /// A lower trust the client stated for what proposed the call.
+    pub origin_trust: Option<TrustLevel>,
+}
+
+/// A call's identity: `_meta`'s `toolgate/run_id`, `toolgate/step` and
+/// `toolgate/call_id` together, or else the session as the run, step 0,
+/// and the JSON-RPC request id, so a retry of the same request in the same
+/// session is the same call.
+pub fn identity(
+    meta: &Value,
+    request_id: &Value,
+    session_id: Uuid,
+) -> Result<CallIdentity, String> {
+    let origin_trust = match meta.get(META_ORIGIN_TRUST) {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(
+            serde_json::from_value::<TrustLevel>(value.clone())
+                .map_err(|_| format!("_meta {META_ORIGIN_TRUST} must be a trust level"))?,
+        ),
+    };
+    let named =
+        [META_RUN_ID, META_STEP, META_CALL_ID].map(|key| meta.get(key).filter(|v| !v.is_null()));
+    match named {
+        [None, None, None] => Ok(CallIdentity {
+            run_id: session_id,
+            step_number: 0,
+            call_id: request_call_id(request_id),
+            named: false,
+            origin_trust,
+        }),
+        [Some(run), Some(step), Some(call)] => {
+            let run_id = run
+                .as_str()
+                .and_then(|text| text.parse::<Uuid>().ok())
+                .ok_or_else(|| format!("_meta {META_RUN_ID} must be a UUID"))?;
+            let step_number = step
+                .as_i64()
+                .filter(|step| *step >= 0)
+                .ok_or_else(|| format!("_meta {META_STEP} must be a non-negative integer"))?;
+            let call_id = call
+                .as_str()
+                .filter(|id| valid_identifier(id))
+                .ok_or_else(|| {
+                    format!(
+                        "_meta {META_CALL_ID} must be 1 to 256 bytes without control characters"
+                    )
+                })?
+                .to_owned();
+            Ok(CallIdentity {
+                run_id,
+                step_number,
+                call_id,
+                named: true,
+                origin_trust,
+            })
+        }
+        _ => Err(format!(
+            "_meta {META_RUN_ID}, {META_STEP} and {META_CALL_ID} go together: all three or none"
+        )),
+    }
+}
+
+/// The call id a JSON-RPC request id stands for: `mcp:` and the number, or
+/// `mcp:s:` and the string when short and plain, else its digest, so `1`
+/// and `"1"` are different calls.
+fn request_call_id(request_id: &Value) -> String {
+    match request_id {
+        Value::Number(number) => format!("mcp:{number}"),
+        Value::String(text)
+            if text.len() <= 128
+                && text.bytes().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':')
+                }) =>
+        {
+            format!("mcp:s:{text}")
+        }
+        other => format!("mcp:h:{}", &sha256_hex(other.to_string().as_bytes())[..32]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_is_named_by_all_three_or_by_its_request() {
+        let session = Uuid::new_v4();
+        let run = Uuid::new_v4();
+        let unnamed = identity(&json!({"progressToken": 3}), &json!(7), session).unwrap();
+        assert_eq!(
+            (
+                unnamed.run_id,
+                unnamed.step_number,
+                unnamed.call_id.as_str(),
+                unnamed.named
+            ),
+            (session, 0, "mcp:7", false)
+        );
+        assert_ne!(
+            identity(&json!({}), &json!("7"), session).unwrap().call_id,
+            identity(&json!({}), &json!(7), session).unwrap().call_id
+        );
+        let long = "x".repeat(500);
+        let hashed = identity(&json!({}), &json!(long), session).unwrap().call_id;
+        assert!(hashed.starts_with("mcp:h:") && hashed.len() < 64);
+        let named = identity(
+            &json!({META_RUN_ID: run.to_string(), META_STEP: 4, META_CALL_ID: "call_1",
+                    META_ORIGIN_TRUST: "external_untrusted"}),
+            &json!(7),
+            session,
+        )
+        .unwrap();
+        assert_eq!(
+            named,
+            CallIdentity {
+                run_id: run,
+                step_number: 4,
+                call_id: "call_1".into(),
+                named: true,
+                origin_trust: Some(TrustLevel::ExternalUntrusted),
+            }
+        );
+        for bad in [
+            json!({META_RUN_ID: run.to_string()}),
+            json!({META_RUN_ID: "x", META_STEP: 1, META_CALL_ID: "c"}),
+            json!({META_RUN_ID: run.to_string(), META_STEP: -1, META_CALL_ID: "c"}),
+            json!({META_RUN_ID: run.to_string(), META_STEP: 1, META_CALL_ID: ""}),
+            json!({META_ORIGIN_TRUST: "root"}),
+        ] {
+            assert!(identity(&bad, &json!(1), session).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn schemas_shown_are_objects() {
+        assert_eq!(object_schema(&json!(true)), json!({"type": "object"}));
+        assert_eq!(
+            object_schema(&json!({"properties": {"a": {}}})),
+            json!({"type": "object", "properties": {"a": {}}})
+        );
+        assert_eq!(
+            object_schema(&json!({"type": "string"})),
+            json!({"type": "object"})
+        );
+    }
+
+    #[test]
+    fn an_uncertain_end_says_do_not_repeat_in_both_parts() {
+        let end = Finished {
+            invocation_id: Some(Uuid::new_v4()),
+            outcome: ToolOutcome::not_succeeded("mcp.mail.send", ReasonCode::ToolOutcomeUnknown),
+            content: Vec::new(),
+            data: None,
+            synthesis_only: false,
+        };
+        let result = finished(&end);
+        assert_eq!(result["isError"], true);
+        assert!(
+            result["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("Do not repeat")
+        );
+        assert!(
+            result["structuredContent"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Do not repeat")
+        );
+        assert_eq!(result["structuredContent"]["status"], "uncertain");
+        let parsed: rmcp::model::CallToolResult = serde_json::from_value(result).unwrap();
+        assert_eq!(parsed.is_error, Some(true));
+    }
+}

@@ -1,0 +1,1498 @@
+//! The MCP front door on a real `toolgate serve`: JSON-RPC over HTTP as a
+//! client sends it (sessions, listing, calls and their identity, approvals
+//! held and resumed, cancellation), every credential path (API keys and
+//! their rotation, JWTs from a key set file and through egress), and what a
+//! hostile client sends (wrong credentials, other tenants' sessions, bad
+//! hosts, malformed and oversized bodies, floods of sessions).
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::serve::{Served, TENANT, json_of};
+
+/// Tenant A's key: the e2e tenant's user-1, every tool.
+pub const KEY_A: &str = "tgk_front_alpha_0000000000000000000000000000000000000000000000000001";
+/// Tenant A's other principal.
+pub const KEY_A2: &str = "tgk_front_alpha_0000000000000000000000000000000000000000000000000002";
+/// Another tenant's key.
+pub const KEY_B: &str = "tgk_front_bravo_0000000000000000000000000000000000000000000000000003";
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `[front]` table: TCP on `port`, the three keys, and `extra` lines.
+pub fn front_table(port: u16, extra: &str) -> String {
+    let hash = |key: &str| toolgate::domain::sha256_hex(key.as_bytes());
+    format!(
+        r#"
+[front]
+listen = "127.0.0.1:{port}"
+{hold}
+{extra}
+
+[[front.api_keys]]
+id = "alpha"
+sha256 = "{a}"
+tenant_id = "{TENANT}"
+principal = {{ id = "user-1", scopes = ["demo.use", "mcp.reads.use", "mcp.writes.use"] }}
+tools = ["demo.*", "mcp.*", "skill.load"]
+
+[[front.api_keys]]
+id = "alpha-2"
+sha256 = "{a2}"
+tenant_id = "{TENANT}"
+principal = {{ id = "user-2", scopes = ["demo.use"] }}
+tools = ["demo.*"]
+
+[[front.api_keys]]
+id = "bravo"
+sha256 = "{b}"
+tenant_id = "tenant-other"
+principal = {{ id = "user-1", scopes = ["demo.use", "mcp.reads.use", "mcp.writes.use"] }}
+tools = ["demo.*", "mcp.*"]
+"#,
+        hold = if extra.contains("approval_hold_seconds") {
+            ""
+        } else {
+            "approval_hold_seconds = 2"
+        },
+        a = hash(KEY_A),
+        a2 = hash(KEY_A2),
+        b = hash(KEY_B),
+    )
+}
+
+/// One answer of the front door.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub head: String,
+    /// The JSON-RPC messages: a JSON body's one, or an SSE body's events.
+    pub messages: Vec<Value>,
+}
+
+impl Answer {
+    /// The session id the answer carries.
+    pub fn session(&self) -> Option<String> {
+        header(&self.head, "mcp-session-id")
+    }
+
+    /// The last message: the response.
+    pub fn last(&self) -> &Value {
+        self.messages.last().unwrap_or(&Value::Null)
+    }
+}
+
+pub fn header(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| value.trim().to_owned())
+    })
+}
+
+fn messages_of(head: &str, body: &[u8]) -> Vec<Value> {
+    let sse =
+        header(head, "content-type").is_some_and(|kind| kind.starts_with("text/event-stream"));
+    if sse {
+        String::from_utf8_lossy(body)
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter_map(|data| serde_json::from_str(data).ok())
+            .collect()
+    } else {
+        serde_json::from_slice(body).ok().into_iter().collect()
+    }
+}
+
+/// A sidecar with its front door on TCP.
+pub struct Door {
+    pub served: Served,
+    pub port: u16,
+    client: Client,
+}
+
+/// A client of a front door on a port.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    pub port: u16,
+}
+
+impl std::ops::Deref for Door {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Door {
+    /// `serve` with the front door and `front_extra` in `[front]`, plus
+    /// `extra` whole tables.
+    pub fn start(front_extra: &str, extra: &str) -> Door {
+        let port = free_port();
+        let served =
+            Served::start_configured(&format!("{}\n{extra}", front_table(port, front_extra)));
+        Door::wait(served, port)
+    }
+
+    pub fn wait(served: Served, port: u16) -> Door {
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the front door did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Door {
+            served,
+            port,
+            client: Client { port },
+        }
+    }
+
+    /// The effects the writes server applied, counted from outside.
+    pub fn writes(&self) -> usize {
+        std::fs::read_to_string(self.served.folder.path().join("writes.effects"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+}
+
+impl Client {
+    /// One raw exchange; `Connection: close`, so the whole answer is read.
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, String)],
+        body: &[u8],
+    ) -> (u16, String, Vec<u8>) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+        if !headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+        {
+            request.push_str(&format!("Host: 127.0.0.1:{}\r\n", self.port));
+        }
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        stream.write_all(request.as_bytes()).unwrap();
+        let _ = stream.write_all(body);
+        let mut response = Vec::new();
+        let _ = stream.read_to_end(&mut response);
+        let split = response
+            .windows(4)
+            .position(|window| window == b"\r\n\r\n")
+            .unwrap_or_else(|| {
+                panic!(
+                    "no complete response: {}",
+                    String::from_utf8_lossy(&response)
+                )
+            });
+        let head = String::from_utf8_lossy(&response[..split]).into_owned();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap();
+        let mut body = response[split + 4..].to_vec();
+        if header(&head, "transfer-encoding")
+            .is_some_and(|coding| coding.eq_ignore_ascii_case("chunked"))
+        {
+            body = unchunk(&body);
+        }
+        (status, head, body)
+    }
+
+    pub fn headers(key: Option<&str>, session: Option<&str>) -> Vec<(&'static str, String)> {
+        let mut headers = vec![
+            ("Content-Type", "application/json".to_owned()),
+            ("Accept", "application/json, text/event-stream".to_owned()),
+        ];
+        if let Some(key) = key {
+            headers.push(("Authorization", format!("Bearer {key}")));
+        }
+        if let Some(session) = session {
+            headers.push(("Mcp-Session-Id", session.to_owned()));
+            headers.push(("MCP-Protocol-Version", "2025-06-18".to_owned()));
+        }
+        headers
+    }
+
+    /// One JSON-RPC message to `/mcp`.
+    pub fn rpc(&self, key: Option<&str>, session: Option<&str>, message: &Value) -> Answer {
+        let (status, head, body) = self.raw(
+            "POST",
+            "/mcp",
+            &Client::headers(key, session),
+            message.to_string().as_bytes(),
+        );
+        Answer {
+            status,
+            messages: messages_of(&head, &body),
+            head,
+        }
+    }
+
+    /// `initialize` and `notifications/initialized`: the session id.
+    pub fn open(&self, key: &str) -> String {
+        let answer = self.rpc(
+            Some(key),
+            None,
+            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                    "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                               "clientInfo": {"name": "front-test", "version": "1"}}}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let session = answer
+            .session()
+            .unwrap_or_else(|| panic!("no session: {answer:?}"));
+        let initialized = self.rpc(
+            Some(key),
+            Some(&session),
+            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        );
+        assert_eq!(initialized.status, 202);
+        session
+    }
+
+    /// `tools/call`: the result (or the JSON-RPC error object).
+    pub fn call(
+        &self,
+        key: &str,
+        session: &str,
+        id: Value,
+        name: &str,
+        arguments: Value,
+        meta: Option<Value>,
+    ) -> Value {
+        let mut params = json!({"name": name, "arguments": arguments});
+        if let Some(meta) = meta {
+            params["_meta"] = meta;
+        }
+        let answer = self.rpc(
+            Some(key),
+            Some(session),
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let last = answer.last();
+        last.get("result")
+            .or_else(|| last.get("error"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    pub fn list(&self, key: &str, session: &str) -> Vec<Value> {
+        let answer = self.rpc(
+            Some(key),
+            Some(session),
+            &json!({"jsonrpc": "2.0", "id": "list", "method": "tools/list"}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+        answer.last()["result"]["tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn unchunk(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(end) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&rest[..end]).trim(), 16).unwrap_or(0);
+        rest = &rest[end + 2..];
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.extend_from_slice(&rest[..size]);
+        rest = &rest[(size + 2).min(rest.len())..];
+    }
+    out
+}
+
+/// The event types recorded for one invocation, in order.
+fn recorded_steps(served: &Served, invocation_id: &str) -> Vec<String> {
+    let (_, events) = served.get(&format!("/v1/events?after=0&tenant_id={TENANT}"));
+    String::from_utf8_lossy(&events)
+        .lines()
+        .map(|line| json_of(line.as_bytes()))
+        .filter(|event| event["payload"]["invocation_id"] == invocation_id)
+        .map(|event| event["event_type"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn invocation(served: &Served, id: &str) -> Value {
+    let (status, body) = served.get(&format!("/v1/invocations/{id}?tenant_id={TENANT}"));
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    json_of(&body)
+}
+
+#[test]
+fn the_front_door_opens_sessions_lists_the_pinned_set_and_calls_through_the_pipeline() {
+    let door = Door::start("", "");
+    // The revision the client asks for, when it is one toolgate speaks; a
+    // later one is answered with the latest toolgate speaks.
+    for (asked, agreed) in [
+        ("2025-06-18", "2025-06-18"),
+        ("2025-03-26", "2025-03-26"),
+        ("2026-07-28", "2025-11-25"),
+    ] {
+        let answer = door.rpc(
+            Some(KEY_A),
+            None,
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                    "params": {"protocolVersion": asked, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(
+            answer.last()["result"]["protocolVersion"],
+            agreed,
+            "{answer:?}"
+        );
+        assert!(answer.session().unwrap().parse::<Uuid>().is_ok());
+    }
+    let session = door.open(KEY_A);
+
+    // The pinned set: names every client accepts, the operator's
+    // classification as annotations, a server's description marked.
+    let tools = door.list(KEY_A, &session);
+    let named = |name: &str| {
+        tools
+            .iter()
+            .find(|tool| tool["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} not listed: {tools:?}"))
+    };
+    for tool in &tools {
+        let name = tool["name"].as_str().unwrap();
+        assert!(
+            (1..=64).contains(&name.len())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+            "{name}"
+        );
+        assert_eq!(tool["inputSchema"]["type"], "object", "{tool}");
+    }
+    let echo = named("demo-echo");
+    assert_eq!(
+        echo["annotations"],
+        json!({"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false})
+    );
+    let reads = named("mcp-reads-echo");
+    assert_eq!(reads["annotations"]["readOnlyHint"], true);
+    assert_eq!(reads["annotations"]["openWorldHint"], true);
+    assert!(
+        reads["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("[Tool of MCP server \"reads\""),
+        "{reads}"
+    );
+    let write = named("mcp-writes-write");
+    assert_eq!(write["annotations"]["readOnlyHint"], false, "{write}");
+    assert_eq!(write["annotations"]["idempotentHint"], false, "{write}");
+    assert_eq!(
+        door.list(KEY_A, &session),
+        tools,
+        "the list never changes within a session"
+    );
+
+    // A call is a pipeline call, recorded in the session's run.
+    let result = door.call(
+        KEY_A,
+        &session,
+        json!(3),
+        "demo-echo",
+        json!({"text": "hi"}),
+        None,
+    );
+    assert_eq!(result["isError"], false, "{result}");
+    let text = result["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("hi") && text.contains("EXTERNAL_UNTRUSTED"),
+        "{text}"
+    );
+    let id = result["_meta"]["toolgate/invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let row = invocation(&door.served, &id);
+    assert_eq!(
+        (
+            row["session_id"].as_str(),
+            row["run_id"].as_str(),
+            row["step_number"].as_i64(),
+            row["call_id"].as_str()
+        ),
+        (
+            Some(session.as_str()),
+            Some(session.as_str()),
+            Some(0),
+            Some("mcp:3")
+        ),
+        "{row}"
+    );
+
+    // The same steps as the same call through the control API.
+    let (status, body) = door.served.echo(
+        session.parse().unwrap(),
+        Uuid::new_v4(),
+        1,
+        "c1",
+        "demo.echo",
+    );
+    assert_eq!(status, 200, "{body}");
+    let control = body["results"][0]["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (front_steps, control_steps) = (
+        recorded_steps(&door.served, &id),
+        recorded_steps(&door.served, &control),
+    );
+    assert!(front_steps.len() >= 3, "{front_steps:?}");
+    assert_eq!(front_steps, control_steps);
+
+    // An MCP server's tool, through the same door.
+    let result = door.call(
+        KEY_A,
+        &session,
+        json!(4),
+        "mcp-reads-echo",
+        json!({"text": "remote"}),
+        None,
+    );
+    assert_eq!(result["isError"], false, "{result}");
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("remote")
+    );
+}
+
+#[test]
+fn a_call_is_named_by_its_meta_or_its_request_and_asked_again_it_runs_once() {
+    let door = Door::start("", "");
+    let session = door.open(KEY_A);
+    let line = |text: &str| json!({"line": text});
+
+    // Without _meta: the session is the run and the request id the call.
+    let first = door.call(
+        KEY_A,
+        &session,
+        json!(10),
+        "mcp-writes-write",
+        line("a"),
+        None,
+    );
+    assert_eq!(first["isError"], false, "{first}");
+    let again = door.call(
+        KEY_A,
+        &session,
+        json!(10),
+        "mcp-writes-write",
+        line("a"),
+        None,
+    );
+    assert_eq!(
+        again["_meta"]["toolgate/invocation_id"],
+        first["_meta"]["toolgate/invocation_id"]
+    );
+    assert_eq!(door.writes(), 1, "the same request asked again ran once");
+    let string_id = door.call(
+        KEY_A,
+        &session,
+        json!("10"),
+        "mcp-writes-write",
+        line("a"),
+        None,
+    );
+    assert_ne!(
+        string_id["_meta"]["toolgate/invocation_id"],
+        first["_meta"]["toolgate/invocation_id"]
+    );
+    assert_eq!(door.writes(), 2, "a new request is a new call");
+
+    // With _meta: exactly /v1/calls's deduplication.
+    let run = Uuid::new_v4();
+    let meta =
+        json!({"toolgate/run_id": run.to_string(), "toolgate/step": 1, "toolgate/call_id": "c1"});
+    let named = door.call(
+        KEY_A,
+        &session,
+        json!(11),
+        "mcp-writes-write",
+        line("b"),
+        Some(meta.clone()),
+    );
+    assert_eq!(named["isError"], false, "{named}");
+    let renamed = door.call(
+        KEY_A,
+        &session,
+        json!(12),
+        "mcp-writes-write",
+        line("b"),
+        Some(meta.clone()),
+    );
+    assert_eq!(
+        renamed["_meta"]["toolgate/invocation_id"],
+        named["_meta"]["toolgate/invocation_id"]
+    );
+    let (status, body) = door.served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": run, "step_number": 1, "origin_trust": "user",
+                "calls": [{"call_id": "c1", "name": "mcp.writes.write", "arguments": {"line": "b"}}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["invocation_id"],
+        named["_meta"]["toolgate/invocation_id"]
+    );
+    assert_eq!(door.writes(), 3, "one call, whichever door asks");
+    let row = invocation(
+        &door.served,
+        named["_meta"]["toolgate/invocation_id"].as_str().unwrap(),
+    );
+    assert_eq!(
+        (
+            row["run_id"].as_str(),
+            row["step_number"].as_i64(),
+            row["call_id"].as_str()
+        ),
+        (Some(run.to_string().as_str()), Some(1), Some("c1"))
+    );
+
+    // _meta that names a call half, or badly, is refused before anything.
+    for bad in [
+        json!({"toolgate/run_id": run.to_string()}),
+        json!({"toolgate/run_id": "not-a-uuid", "toolgate/step": 1, "toolgate/call_id": "c"}),
+        json!({"toolgate/run_id": run.to_string(), "toolgate/step": -1, "toolgate/call_id": "c"}),
+        json!({"toolgate/origin_trust": "platform-root"}),
+    ] {
+        let refused = door.call(
+            KEY_A,
+            &session,
+            json!(13),
+            "mcp-writes-write",
+            line("c"),
+            Some(bad.clone()),
+        );
+        assert_eq!(refused["code"], -32602, "{bad} → {refused}");
+    }
+    assert_eq!(door.writes(), 3);
+}
+
+#[test]
+fn a_client_that_drops_mid_call_and_asks_again_gets_the_one_execution() {
+    let port = free_port();
+    let served = Served::start_edited(
+        |_, config| {
+            config.replace("SCRIPTED_CATALOG = \"basic\", SCRIPTED_EFFECTS", "SCRIPTED_CATALOG = \"basic\", SCRIPTED_WRITE_DELAY_MS = \"1500\", SCRIPTED_EFFECTS") + &front_table(port, "")
+        },
+        &[],
+    );
+    let door = Door::wait(served, port);
+    let session = door.open(KEY_A);
+    let message = json!({"jsonrpc": "2.0", "id": 21, "method": "tools/call",
+                         "params": {"name": "mcp-writes-write", "arguments": {"line": "once"}}});
+    for _ in 0..3 {
+        // The request is sent and the connection dropped before the answer.
+        let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+        let body = message.to_string();
+        let mut request = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n", door.port);
+        for (name, value) in Client::headers(Some(KEY_A), Some(&session)) {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+        stream.write_all(request.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(stream);
+    }
+    let answer = door.rpc(Some(KEY_A), Some(&session), &message);
+    let result = &answer.last()["result"];
+    assert_eq!(result["isError"], false, "{answer:?}");
+    assert_eq!(
+        result["content"][0]["text"]
+            .as_str()
+            .map(|t| t.contains("written once")),
+        Some(true),
+        "{result}"
+    );
+    // Every request that reached the door is settled by now; one effect.
+    std::thread::sleep(Duration::from_millis(1600));
+    assert_eq!(door.writes(), 1);
+    let (_, runs) = door.served.get(&format!(
+        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+    ));
+    let rows = json_of(&runs);
+    assert_eq!(
+        rows["invocations"].as_array().map(Vec::len),
+        Some(1),
+        "{rows}"
+    );
+}
+
+#[test]
+fn an_approval_holds_the_call_then_pends_and_the_same_call_asked_again_resumes_it_once() {
+    let door = Door::start("", "");
+    let session = door.open(KEY_A);
+    let ask = |id: i64, progress: bool| {
+        let mut params = json!({"name": "demo-external_write", "arguments": {"line": "held"}});
+        if progress {
+            params["_meta"] = json!({"progressToken": format!("p{id}")});
+        }
+        door.rpc(
+            Some(KEY_A),
+            Some(&session),
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}),
+        )
+    };
+    let started = Instant::now();
+    let held = ask(1, true);
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "held for the hold"
+    );
+    let progress: Vec<&Value> = held
+        .messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    assert!(!progress.is_empty(), "{held:?}");
+    assert_eq!(progress[0]["params"]["progressToken"], "p1");
+    let pending = &held.last()["result"];
+    assert_eq!(
+        (
+            pending["isError"].as_bool(),
+            pending["structuredContent"]["status"].as_str()
+        ),
+        (Some(true), Some("pending")),
+        "{pending}"
+    );
+    let approval = pending["structuredContent"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(door.served.external_writes(), 0);
+
+    // Asked again by a client that cannot name its calls: the same call,
+    // the same approval.
+    let again = ask(2, false);
+    assert_eq!(
+        again.last()["result"]["structuredContent"]["approval_id"],
+        approval,
+        "{again:?}"
+    );
+    let (_, body) = door
+        .served
+        .get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+    assert_eq!(
+        json_of(&body)["approvals"].as_array().map(Vec::len),
+        Some(1),
+        "never a second approval"
+    );
+
+    let (status, _) = door.served.post(
+        &format!("/v1/approvals/{approval}?tenant_id={TENANT}"),
+        &json!({"decision": "approve", "approver": "ops"}),
+    );
+    assert_eq!(status, 200);
+    let resumed = ask(3, false);
+    assert_eq!(resumed.last()["result"]["isError"], false, "{resumed:?}");
+    assert_eq!(
+        resumed.last()["result"]["_meta"]["toolgate/invocation_id"],
+        pending["structuredContent"]["invocation_id"]
+    );
+    assert_eq!(door.served.external_writes(), 1);
+
+    // A decision made while the call is held answers that very request.
+    let asker = {
+        let (port, session) = (door.port, session.clone());
+        std::thread::spawn(move || {
+            Client { port }.rpc(
+                Some(KEY_A),
+                Some(&session),
+                &json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                "params": {"name": "demo-external_write", "arguments": {"line": "second"}}}),
+            )
+        })
+    };
+    let approval = loop {
+        let (_, body) = door
+            .served
+            .get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+        if let Some(id) = json_of(&body)["approvals"][0]["approval_id"].as_str() {
+            break id.to_owned();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    door.served.post(
+        &format!("/v1/approvals/{approval}?tenant_id={TENANT}"),
+        &json!({"decision": "approve", "approver": "ops"}),
+    );
+    let answer = asker.join().unwrap();
+    assert_eq!(answer.last()["result"]["isError"], false, "{answer:?}");
+    assert_eq!(door.served.external_writes(), 2);
+}
+
+#[test]
+fn denials_and_uncertain_outcomes_are_errors_with_the_six_field_outcome() {
+    let door = Door::start("", "");
+    let session = door.open(KEY_A);
+    let denied = door.call(
+        KEY_A,
+        &session,
+        json!(1),
+        "demo-keyed_write",
+        json!({"line": "k"}),
+        None,
+    );
+    assert_eq!(denied["isError"], true, "{denied}");
+    let outcome = &denied["structuredContent"];
+    assert_eq!(
+        (outcome["status"].as_str(), outcome["reason_code"].as_str()),
+        (Some("denied"), Some("policy.rule.denied")),
+        "{denied}"
+    );
+    for field in ["action", "message", "retryable", "remediation"] {
+        assert!(outcome.get(field).is_some(), "{field}: {outcome}");
+    }
+    assert!(
+        denied["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains(outcome["message"].as_str().unwrap())
+    );
+
+    let uncertain = door.call(
+        KEY_A,
+        &session,
+        json!(2),
+        "mcp-writes-write_then_die",
+        json!({"line": "x"}),
+        None,
+    );
+    assert_eq!(uncertain["isError"], true, "{uncertain}");
+    assert_eq!(uncertain["structuredContent"]["status"], "uncertain");
+    for said in [
+        &uncertain["content"][0]["text"],
+        &uncertain["structuredContent"]["message"],
+    ] {
+        assert!(
+            said.as_str().unwrap().contains("Do not repeat"),
+            "{uncertain}"
+        );
+    }
+    let unknown = door.call(KEY_A, &session, json!(3), "no-such-tool", json!({}), None);
+    assert_eq!(unknown["isError"], true, "{unknown}");
+}
+
+#[test]
+fn a_cancelled_held_call_ends_and_its_approval_waits_for_the_call_asked_again() {
+    let door = Door::start("approval_hold_seconds = 60", "");
+    let session = door.open(KEY_A);
+    let asker = {
+        let (port, session) = (door.port, session.clone());
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let answer = Client { port }.rpc(
+                Some(KEY_A),
+                Some(&session),
+                &json!({"jsonrpc": "2.0", "id": "held", "method": "tools/call",
+                "params": {"name": "demo-external_write", "arguments": {"line": "cancelled"}}}),
+            );
+            (answer, started.elapsed())
+        })
+    };
+    let approval = loop {
+        let (_, body) = door
+            .served
+            .get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+        if let Some(id) = json_of(&body)["approvals"][0]["approval_id"].as_str() {
+            break id.to_owned();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let cancelled = door.rpc(
+        Some(KEY_A),
+        Some(&session),
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": "held", "reason": "the user moved on"}}),
+    );
+    assert_eq!(cancelled.status, 202);
+    let (answer, took) = asker.join().unwrap();
+    assert!(
+        took < Duration::from_secs(30),
+        "the hold ended at the cancellation: {took:?}"
+    );
+    assert!(answer.last().get("error").is_some(), "{answer:?}");
+    // Nothing ran; the one row and its approval wait for the call asked
+    // again, which resumes them once decided.
+    assert_eq!(door.served.external_writes(), 0);
+    let (_, runs) = door.served.get(&format!(
+        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+    ));
+    let rows = json_of(&runs)["invocations"].clone();
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    assert_eq!(rows[0]["status"], "waiting_for_approval");
+    door.served.post(
+        &format!("/v1/approvals/{approval}?tenant_id={TENANT}"),
+        &json!({"decision": "deny", "approver": "ops"}),
+    );
+    let denied = door.call(
+        KEY_A,
+        &session,
+        json!("again"),
+        "demo-external_write",
+        json!({"line": "cancelled"}),
+        None,
+    );
+    assert_eq!(
+        denied["structuredContent"]["reason_code"], "policy.approval.denied",
+        "{denied}"
+    );
+    assert_eq!(door.served.external_writes(), 0);
+}
+
+#[test]
+fn hostile_requests_at_the_door_get_clear_errors_record_nothing_and_leave_it_up() {
+    let door = Door::start(
+        "sessions_per_credential = 3\nsession_in_flight = 1",
+        "[limits]\nrequest_body_timeout_seconds = 1\nrequest_body_bytes = 65536\n",
+    );
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+
+    // No credential, or a wrong one: 401 and where to log in.
+    let missing = door.rpc(None, None, &initialize);
+    assert_eq!(missing.status, 401);
+    let challenge = header(&missing.head, "www-authenticate").unwrap();
+    assert!(
+        challenge.starts_with("Bearer resource_metadata=\"http://127.0.0.1:"),
+        "{challenge}"
+    );
+    assert!(
+        challenge.ends_with("/.well-known/oauth-protected-resource/mcp\""),
+        "{challenge}"
+    );
+    let wrong = door.rpc(Some("tgk_not_a_key"), None, &initialize);
+    assert_eq!(wrong.status, 401);
+    assert!(
+        header(&wrong.head, "www-authenticate")
+            .unwrap()
+            .contains("error=\"invalid_token\"")
+    );
+    let (status, _, metadata) =
+        door.raw("GET", "/.well-known/oauth-protected-resource/mcp", &[], b"");
+    assert_eq!(status, 200);
+    let metadata = json_of(&metadata);
+    assert_eq!(
+        metadata["resource"],
+        format!("http://127.0.0.1:{}/mcp", door.port)
+    );
+    assert_eq!(metadata["bearer_methods_supported"], json!(["header"]));
+
+    // DNS rebinding: a Host or an Origin toolgate does not answer to.
+    let (status, _, _) = door.raw(
+        "POST",
+        "/mcp",
+        &[
+            ("Host", "evil.example.com".into()),
+            ("Authorization", format!("Bearer {KEY_A}")),
+        ],
+        initialize.to_string().as_bytes(),
+    );
+    assert_eq!(status, 403);
+    let (status, _, _) = door.raw(
+        "POST",
+        "/mcp",
+        &[
+            ("Origin", "http://evil.example.com".into()),
+            ("Authorization", format!("Bearer {KEY_A}")),
+        ],
+        initialize.to_string().as_bytes(),
+    );
+    assert_eq!(status, 403);
+
+    // Another tenant's session, and another principal's, do not exist for
+    // them; nor can they end it.
+    let session = door.open(KEY_A);
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    for key in [KEY_B, KEY_A2] {
+        let answer = door.rpc(Some(key), Some(&session), &list);
+        assert_eq!(answer.status, 404, "{answer:?}");
+        let (status, _, _) = door.raw(
+            "DELETE",
+            "/mcp",
+            &Client::headers(Some(key), Some(&session)),
+            b"",
+        );
+        assert_eq!(status, 404);
+    }
+    assert_eq!(
+        door.rpc(Some(KEY_A), Some(&session), &list).status,
+        200,
+        "the session is still its owner's"
+    );
+    assert_eq!(
+        door.rpc(Some(KEY_A), None, &list).status,
+        400,
+        "a session is required after initialize"
+    );
+    assert_eq!(
+        door.rpc(Some(KEY_A), Some("not-a-session"), &list).status,
+        404
+    );
+    assert_eq!(
+        door.rpc(Some(KEY_A), Some(&Uuid::new_v4().to_string()), &list)
+            .status,
+        404
+    );
+
+    // Malformed, batched, oversized, slow, wrong method.
+    let (status, _, body) = door.raw(
+        "POST",
+        "/mcp",
+        &Client::headers(Some(KEY_A), Some(&session)),
+        b"{not json",
+    );
+    assert_eq!(
+        (status, json_of(&body)["error"]["code"].as_i64()),
+        (400, Some(-32700))
+    );
+    let batch = json!([list, list]);
+    let (status, _, body) = door.raw(
+        "POST",
+        "/mcp",
+        &Client::headers(Some(KEY_A), Some(&session)),
+        batch.to_string().as_bytes(),
+    );
+    assert_eq!(
+        (status, json_of(&body)["error"]["code"].as_i64()),
+        (400, Some(-32600))
+    );
+    let huge = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "demo-echo", "arguments": {"text": "x".repeat(100_000)}}});
+    let (status, _, _) = door.raw(
+        "POST",
+        "/mcp",
+        &Client::headers(Some(KEY_A), Some(&session)),
+        huge.to_string().as_bytes(),
+    );
+    assert_eq!(status, 413);
+    {
+        let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {KEY_A}\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{{\"jsonrpc\"",
+            door.port
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+    let (status, head, _) = door.raw(
+        "GET",
+        "/mcp",
+        &Client::headers(Some(KEY_A), Some(&session)),
+        b"",
+    );
+    assert_eq!(status, 405);
+    assert!(header(&head, "allow").is_some());
+    let unknown = door.rpc(
+        Some(KEY_A),
+        Some(&session),
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {}}),
+    );
+    assert!(unknown.last().get("error").is_some(), "{unknown:?}");
+    let (status, _, _) = door.raw("GET", "/elsewhere", &[], b"");
+    assert_eq!(status, 404);
+
+    // A flood of sessions stops at the credential's bound.
+    let _second = door.open(KEY_A);
+    let _third = door.open(KEY_A);
+    let started = Instant::now();
+    for _ in 0..2000 {
+        let refused = door.rpc(Some(KEY_A), None, &initialize);
+        assert_eq!(refused.last()["error"]["code"], -32003, "{refused:?}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let (status, _, _) = door.raw(
+        "DELETE",
+        "/mcp",
+        &Client::headers(Some(KEY_A), Some(&session)),
+        b"",
+    );
+    assert_eq!(status, 204);
+    let _fourth = door.open(KEY_A);
+    // Another credential is not held back by this one.
+    let other = door.open(KEY_B);
+
+    // One call in flight per session here: a second is refused, not queued.
+    let holder = {
+        let (port, other) = (door.port, other.clone());
+        std::thread::spawn(move || {
+            Client { port }.rpc(
+                Some(KEY_B),
+                Some(&other),
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "demo-external_write", "arguments": {"line": "hold"}}}),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let busy = door.call(
+        KEY_B,
+        &other,
+        json!(2),
+        "demo-echo",
+        json!({"text": "x"}),
+        None,
+    );
+    assert_eq!(busy["code"], -32004, "{busy}");
+    let held = holder.join().unwrap();
+    assert_eq!(
+        held.last()["result"]["structuredContent"]["status"],
+        "pending",
+        "{held:?}"
+    );
+
+    // Up, and nothing recorded but what the calls above were.
+    assert_eq!(door.served.get("/healthz").0, 200);
+    let (_, runs) = door.served.get(&format!(
+        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+    ));
+    assert_eq!(json_of(&runs)["invocations"], json!([]));
+}
+
+#[test]
+fn api_keys_from_their_file_rotate_on_sighup() {
+    let port = free_port();
+    let first = "tgk_rotation_first_000000000000000000000000000000000000000000000001";
+    let second = "tgk_rotation_second_00000000000000000000000000000000000000000000002";
+    let entry = |key: &str| {
+        format!(
+            "[[api_keys]]\nid = \"rotating\"\nsha256 = \"{}\"\ntenant_id = \"{TENANT}\"\nprincipal = {{ id = \"user-1\", scopes = [\"demo.use\"] }}\ntools = [\"demo.*\"]\n",
+            toolgate::domain::sha256_hex(key.as_bytes())
+        )
+    };
+    let served = Served::start_edited(
+        |root, config| {
+            std::fs::write(root.join("keys.toml"), entry(first)).unwrap();
+            format!(
+                "{config}\n[front]\nlisten = \"127.0.0.1:{port}\"\napi_keys_file = \"keys.toml\"\n"
+            )
+        },
+        &[],
+    );
+    let door = Door::wait(served, port);
+    let session = door.open(first);
+    let hangup = || {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(door.served.pid().unwrap() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    std::fs::write(door.served.folder.path().join("keys.toml"), entry(second)).unwrap();
+    hangup();
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    assert_eq!(
+        door.rpc(Some(first), None, &initialize).status,
+        401,
+        "the old key is dead"
+    );
+    assert_eq!(
+        door.rpc(
+            Some(first),
+            Some(&session),
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        )
+        .status,
+        401
+    );
+    let renewed = door.open(second);
+    // A file that does not validate leaves the keys in force.
+    std::fs::write(
+        door.served.folder.path().join("keys.toml"),
+        "[[api_keys]]\nid = \"broken\"\n",
+    )
+    .unwrap();
+    hangup();
+    assert_eq!(
+        door.rpc(
+            Some(second),
+            Some(&renewed),
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        )
+        .status,
+        200
+    );
+    let logs = door.served.logs.lock().unwrap().clone();
+    assert!(logs.contains("front door API keys not reloaded"), "{logs}");
+    assert!(
+        !logs.contains(first) && !logs.contains(second),
+        "no key in a log line"
+    );
+}
+
+/// ES256 tokens signed here, verified by toolgate.
+pub mod jwt {
+    use ring::rand::SystemRandom;
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair as _};
+    use serde_json::{Value, json};
+
+    pub fn base64url(bytes: &[u8]) -> String {
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk.iter().fold(0u32, |acc, b| (acc << 8) | u32::from(*b))
+                << (8 * (3 - chunk.len()));
+            for i in 0..=chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            }
+        }
+        out
+    }
+
+    pub struct Signer {
+        pub kid: String,
+        pair: EcdsaKeyPair,
+    }
+
+    impl Signer {
+        pub fn new(kid: &str) -> Signer {
+            let rng = SystemRandom::new();
+            let pkcs8 =
+                EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+            let pair =
+                EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+                    .unwrap();
+            Signer {
+                kid: kid.to_owned(),
+                pair,
+            }
+        }
+
+        /// The public key as a JWK.
+        pub fn jwk(&self) -> Value {
+            let point = self.pair.public_key().as_ref();
+            json!({"kty": "EC", "crv": "P-256", "alg": "ES256", "use": "sig", "kid": self.kid,
+                   "x": base64url(&point[1..33]), "y": base64url(&point[33..65])})
+        }
+
+        pub fn token(&self, claims: &Value) -> String {
+            let header = json!({"alg": "ES256", "typ": "JWT", "kid": self.kid});
+            let signing_input = format!(
+                "{}.{}",
+                base64url(header.to_string().as_bytes()),
+                base64url(claims.to_string().as_bytes())
+            );
+            let signature = self
+                .pair
+                .sign(&SystemRandom::new(), signing_input.as_bytes())
+                .unwrap();
+            format!("{signing_input}.{}", base64url(signature.as_ref()))
+        }
+    }
+
+    pub fn now() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    }
+}
+
+#[test]
+fn jwt_bearer_tokens_are_verified_against_the_key_set_and_map_to_their_tenant() {
+    let signer = jwt::Signer::new("k1");
+    let stranger = jwt::Signer::new("k1");
+    let port = free_port();
+    let jwks = json!({"keys": [signer.jwk()]});
+    let served = Served::start_edited(
+        |root, config| {
+            std::fs::write(root.join("jwks.json"), jwks.to_string()).unwrap();
+            format!(
+                r#"{config}
+[front]
+listen = "127.0.0.1:{port}"
+authorization_servers = ["https://login.example.com"]
+
+[front.jwt]
+issuer = "https://login.example.com"
+audiences = ["toolgate"]
+jwks_file = "jwks.json"
+algorithms = ["ES256"]
+leeway_seconds = 5
+tools = ["demo.*"]
+"#
+            )
+        },
+        &[],
+    );
+    let door = Door::wait(served, port);
+    let claims = |changes: Value| {
+        let mut claims = json!({"iss": "https://login.example.com", "aud": "toolgate", "sub": "user-7",
+                                "tenant_id": TENANT, "scope": "demo.use other.scope",
+                                "exp": jwt::now() + 300, "iat": jwt::now()});
+        for (key, value) in changes.as_object().unwrap() {
+            if value.is_null() {
+                claims.as_object_mut().unwrap().remove(key);
+            } else {
+                claims[key] = value.clone();
+            }
+        }
+        claims
+    };
+    let good = signer.token(&claims(json!({})));
+    let session = door.open(&good);
+    let result = door.call(
+        &good,
+        &session,
+        json!(1),
+        "demo-echo",
+        json!({"text": "jwt"}),
+        None,
+    );
+    assert_eq!(result["isError"], false, "{result}");
+    let row = invocation(
+        &door.served,
+        result["_meta"]["toolgate/invocation_id"].as_str().unwrap(),
+    );
+    assert_eq!(row["tenant_id"], TENANT);
+
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let forged_none = format!(
+        "{}.{}.",
+        jwt::base64url(br#"{"alg":"none","typ":"JWT"}"#),
+        jwt::base64url(claims(json!({})).to_string().as_bytes())
+    );
+    for (what, token) in [
+        (
+            "expired",
+            signer.token(&claims(json!({"exp": jwt::now() - 60}))),
+        ),
+        (
+            "not yet valid",
+            signer.token(&claims(json!({"nbf": jwt::now() + 600}))),
+        ),
+        (
+            "another audience",
+            signer.token(&claims(json!({"aud": "someone-else"}))),
+        ),
+        (
+            "another issuer",
+            signer.token(&claims(json!({"iss": "https://evil.example.com"}))),
+        ),
+        ("no expiry", signer.token(&claims(json!({"exp": null})))),
+        (
+            "no tenant",
+            signer.token(&claims(json!({"tenant_id": null}))),
+        ),
+        (
+            "a bad tenant",
+            signer.token(&claims(json!({"tenant_id": "a/b"}))),
+        ),
+        ("signed by another key", stranger.token(&claims(json!({})))),
+        ("alg none", forged_none),
+        ("tampered", format!("{}x", &good[..good.len() - 1])),
+    ] {
+        let answer = door.rpc(Some(&token), None, &initialize);
+        assert_eq!(answer.status, 401, "{what}: {answer:?}");
+    }
+    // The tenant comes from the token, never the request: another tenant's
+    // token cannot reach this session.
+    let other = signer.token(&claims(json!({"tenant_id": "tenant-other"})));
+    let answer = door.rpc(
+        Some(&other),
+        Some(&session),
+        &json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+    );
+    assert_eq!(answer.status, 404);
+    let (_, _, metadata) = door.raw("GET", "/.well-known/oauth-protected-resource", &[], b"");
+    assert_eq!(
+        json_of(&metadata)["authorization_servers"],
+        json!(["https://login.example.com"])
+    );
+}
+
+/// A JWK set served over HTTP on loopback, which egress is told to allow.
+fn serve_jwks(body: std::sync::Arc<std::sync::Mutex<String>>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let mut buffer = [0u8; 4096];
+            let _ = stream.read(&mut buffer);
+            let text = body.lock().unwrap().clone();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                text.len()
+            );
+        }
+    });
+    port
+}
+
+#[test]
+fn a_key_set_fetched_through_egress_is_refreshed_for_rotated_keys() {
+    let old = jwt::Signer::new("old");
+    let new = jwt::Signer::new("new");
+    let body = std::sync::Arc::new(std::sync::Mutex::new(
+        json!({"keys": [old.jwk()]}).to_string(),
+    ));
+    let jwks_port = serve_jwks(body.clone());
+    let port = free_port();
+    let served = Served::start_edited(
+        |_, config| {
+            let config = config.replace(
+                "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
+                &format!("allow = [\"mcp.example.com\", \"http://127.0.0.1:{jwks_port}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"),
+            );
+            format!(
+                "{config}\n[front]\nlisten = \"127.0.0.1:{port}\"\n\n[front.jwt]\nissuer = \"https://login.example.com\"\naudiences = [\"toolgate\"]\njwks_url = \"http://127.0.0.1:{jwks_port}/jwks.json\"\njwks_refresh_seconds = 10\ntenant_id = \"{TENANT}\"\ntools = [\"demo.*\"]\nalgorithms = [\"ES256\"]\n"
+            )
+        },
+        &[],
+    );
+    let door = Door::wait(served, port);
+    let claims = json!({"iss": "https://login.example.com", "aud": ["toolgate"], "sub": "user-9",
+                        "scope": ["demo.use"], "exp": jwt::now() + 600});
+    let started = Instant::now();
+    loop {
+        let answer = door.rpc(Some(&old.token(&claims)), None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+        if answer.status == 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the key set was not fetched: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The provider rotates: the new key is used once the set is fetched
+    // again, the old one stops working.
+    *body.lock().unwrap() = json!({"keys": [new.jwk()]}).to_string();
+    let started = Instant::now();
+    loop {
+        let answer = door.rpc(Some(&new.token(&claims)), None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+        if answer.status == 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "the rotated key was not fetched: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let answer = door.rpc(Some(&old.token(&claims)), None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+    assert_eq!(answer.status, 401);
+}
+
+#[test]
+fn a_session_opened_on_one_node_continues_on_another_and_ends_on_both() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(schema) = runtime.block_on(crate::store::PgSchema::create()) else {
+        eprintln!("DATABASE_URL unset: the two-node front door test runs on PostgreSQL only");
+        return;
+    };
+    let (first_port, second_port) = (free_port(), free_port());
+    let node = |port: u16| {
+        let url = schema.url.clone();
+        Door::wait(
+            Served::start_edited(
+                move |_, config| {
+                    config.replace(
+                        "url = \"sqlite://toolgate.db\"",
+                        &format!("url = \"{url}\""),
+                    ) + &front_table(port, "")
+                },
+                &[],
+            ),
+            port,
+        )
+    };
+    let first = node(first_port);
+    let second = node(second_port);
+    let session = first.open(KEY_A);
+    let on_first = first.call(
+        KEY_A,
+        &session,
+        json!(1),
+        "demo-echo",
+        json!({"text": "one"}),
+        None,
+    );
+    let on_second = second.call(
+        KEY_A,
+        &session,
+        json!(1),
+        "demo-echo",
+        json!({"text": "one"}),
+        None,
+    );
+    assert_eq!(on_second["isError"], false, "{on_second}");
+    assert_eq!(
+        on_second["_meta"]["toolgate/invocation_id"], on_first["_meta"]["toolgate/invocation_id"],
+        "one call, whichever node"
+    );
+    assert_eq!(second.list(KEY_A, &session), first.list(KEY_A, &session));
+    assert_eq!(
+        second
+            .rpc(
+                Some(KEY_B),
+                Some(&session),
+                &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            )
+            .status,
+        404
+    );
+    let (status, _, _) = second.raw(
+        "DELETE",
+        "/mcp",
+        &Client::headers(Some(KEY_A), Some(&session)),
+        b"",
+    );
+    assert_eq!(status, 204);
+    let answer = first.rpc(
+        Some(KEY_A),
+        Some(&session),
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
+    );
+    assert_eq!(answer.status, 404, "ended on every node: {answer:?}");
+}
