@@ -54,9 +54,9 @@ pub struct FrontConfig {
     /// names when unset, and required when `listen` is not loopback.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
-    /// Browser origins allowed to send requests (`https://app.example:443`);
-    /// a request naming any other origin is refused. Empty: requests that
-    /// carry an `Origin` are refused on TCP.
+    /// Browser origins allowed to send requests (`https://app.example:443`)
+    /// besides the endpoint's own hosts; a TCP request naming any other
+    /// origin is refused.
     #[serde(default)]
     pub allowed_origins: Vec<String>,
     /// The endpoint's public URL, as clients reach it

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
+use hyper::http::uri::Authority;
 use hyper::{Method, Request, StatusCode};
 use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -165,37 +166,18 @@ impl Front {
         self.mcp(request, caller, protocol).await
     }
 
-    /// The refusal of a TCP request whose `Host` is not one the operator allows,
-    /// or whose `Origin` is not one allowed: a page a browser loaded from
-    /// elsewhere cannot reach the endpoint through a name it rebinds.
+    /// The refusal of a TCP request whose `Host` is not one the operator
+    /// allows, or whose `Origin` is neither one of those hosts nor an origin
+    /// the operator lists: a page a browser loaded from elsewhere cannot
+    /// reach the endpoint through a name it rebinds.
     fn rebinding_refusal(&self, request: &Request<Incoming>) -> Option<Reply> {
         let settings = &self.parts.settings;
         let host = request
             .headers()
             .get(hyper::header::HOST)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse::<hyper::http::uri::Authority>().ok());
-        let allowed = host.is_some_and(|authority| {
-            let name = authority
-                .host()
-                .trim_matches(['[', ']'])
-                .to_ascii_lowercase();
-            settings.allowed_hosts.iter().any(|entry| {
-                match entry.parse::<hyper::http::uri::Authority>() {
-                    Ok(allowed) => {
-                        allowed
-                            .host()
-                            .trim_matches(['[', ']'])
-                            .eq_ignore_ascii_case(&name)
-                            && allowed
-                                .port_u16()
-                                .is_none_or(|port| authority.port_u16() == Some(port))
-                    }
-                    Err(_) => entry.trim_matches(['[', ']']).eq_ignore_ascii_case(&name),
-                }
-            })
-        });
-        if !allowed {
+            .and_then(|value| value.parse::<Authority>().ok());
+        if !host.is_some_and(|authority| self.host_allowed(&authority)) {
             return Some(error(
                 StatusCode::FORBIDDEN,
                 "host_not_allowed",
@@ -208,7 +190,12 @@ impl Front {
                 .allowed_origins
                 .iter()
                 .any(|allowed| allowed.trim_end_matches('/').eq_ignore_ascii_case(origin));
-            if !listed {
+            let own = origin
+                .split_once("://")
+                .filter(|(scheme, _)| matches!(*scheme, "http" | "https"))
+                .and_then(|(_, authority)| authority.parse::<Authority>().ok())
+                .is_some_and(|authority| self.host_allowed(&authority));
+            if !(listed || own) {
                 return Some(error(
                     StatusCode::FORBIDDEN,
                     "origin_not_allowed",
@@ -217,6 +204,28 @@ impl Front {
             }
         }
         None
+    }
+
+    /// Whether `authority` names a host the endpoint answers to: an entry
+    /// with a port matches that port only.
+    fn host_allowed(&self, authority: &Authority) -> bool {
+        let name = authority.host().trim_matches(['[', ']']);
+        self.parts
+            .settings
+            .allowed_hosts
+            .iter()
+            .any(|entry| match entry.parse::<Authority>() {
+                Ok(allowed) => {
+                    allowed
+                        .host()
+                        .trim_matches(['[', ']'])
+                        .eq_ignore_ascii_case(name)
+                        && allowed
+                            .port_u16()
+                            .is_none_or(|port| authority.port_u16() == Some(port))
+                }
+                Err(_) => entry.trim_matches(['[', ']']).eq_ignore_ascii_case(name),
+            })
     }
 
     /// The endpoint's URL: as configured, else as this request reached it.

@@ -125,3 +125,114 @@ fn the_conformance_client_scenarios_pass_by_their_check_ids() {
         );
     }
 }
+
+/// A forwarder that adds the front door's credential to every request, as
+/// a configured client would; the suite itself sends none. Everything else
+/// (the `Host` and `Origin` the suite sends, the bodies, the streams) passes
+/// through unchanged.
+fn credential_forwarder(runtime: &tokio::runtime::Runtime, target: u16, key: &'static str) -> u16 {
+    use http_body_util::BodyExt as _;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    runtime.spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |mut request: hyper::Request<hyper::body::Incoming>| async move {
+                        request.headers_mut().insert(
+                            hyper::header::AUTHORIZATION,
+                            hyper::header::HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+                        );
+                        let upstream =
+                            tokio::net::TcpStream::connect(("127.0.0.1", target)).await?;
+                        let (mut sender, connection) = hyper::client::conn::http1::handshake(
+                            hyper_util::rt::TokioIo::new(upstream),
+                        )
+                        .await
+                        .map_err(std::io::Error::other)?;
+                        tokio::spawn(connection);
+                        let response = sender
+                            .send_request(request)
+                            .await
+                            .map_err(std::io::Error::other)?;
+                        Ok::<_, std::io::Error>(response.map(|body| body.boxed()))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+/// The server scenarios that apply to a gateway, and the checks each must
+/// pass. The others need a reference server's own tools, prompts and
+/// resources under fixed names (`test_simple_text`, `json_schema_2020_12_tool`,
+/// `test_simple_prompt`), which a gateway's tools are not, or features
+/// toolgate never offers a client (logging, completion, resources,
+/// sampling, elicitation). `tools-call-error` is here because toolgate
+/// answers every call that does not succeed as an `isError` result, never a
+/// protocol error; the suite's tool not being one of toolgate's is such a
+/// call.
+const SERVER_SCENARIOS: &[(&str, &[&str])] = &[
+    ("server-initialize", &["server-initialize"]),
+    ("ping", &["ping"]),
+    ("tools-list", &["tools-list"]),
+    ("prompts-list", &["prompts-list"]),
+    ("tools-call-error", &["tools-call-error"]),
+    (
+        "server-sse-multiple-streams",
+        &["server-accepts-multiple-post-streams"],
+    ),
+    (
+        "dns-rebinding-protection",
+        &[
+            "localhost-host-rebinding-rejected",
+            "localhost-host-valid-accepted",
+        ],
+    ),
+];
+
+#[test]
+fn the_conformance_server_scenarios_pass_against_the_front_door_by_their_check_ids() {
+    let (node, suite) = installed();
+    let door = crate::front::Door::start("", "");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let forwarder = credential_forwarder(&runtime, door.port, crate::front::KEY_A);
+    let url = format!("http://localhost:{forwarder}/mcp");
+    for (scenario, required) in SERVER_SCENARIOS {
+        let output = tempfile::tempdir().unwrap();
+        let run = Command::new(&node)
+            .arg(&suite)
+            .args(["server", "--url", &url, "--scenario", scenario, "-o"])
+            .arg(output.path())
+            .output()
+            .expect("the conformance runner starts");
+        let recorded = checks(output.path());
+        for id in *required {
+            let statuses: Vec<&str> = recorded
+                .iter()
+                .filter(|check| check["id"] == *id)
+                .map(|check| check["status"].as_str().unwrap_or_default())
+                .collect();
+            assert!(
+                !statuses.is_empty() && statuses.iter().all(|status| *status == "SUCCESS"),
+                "{scenario}: {id} is {statuses:?}\n{recorded:?}\n{}",
+                String::from_utf8_lossy(&run.stdout)
+            );
+        }
+        assert!(
+            !recorded.iter().any(|check| check["status"] == "FAILURE"),
+            "{scenario}: {recorded:?}"
+        );
+    }
+    // Toolgate stayed up and well through all of it.
+    assert_eq!(door.served.get("/healthz").0, 200);
+}

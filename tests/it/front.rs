@@ -936,10 +936,20 @@ fn hostile_requests_at_the_door_get_clear_errors_record_nothing_and_leave_it_up(
         initialize.to_string().as_bytes(),
     );
     assert_eq!(status, 403);
+    // A page of the endpoint's own host may; it opens the session used
+    // below.
+    let own = [
+        ("Origin", format!("http://localhost:{}", door.port)),
+        ("Authorization", format!("Bearer {KEY_A}")),
+        ("Content-Type", "application/json".into()),
+        ("Accept", "application/json, text/event-stream".into()),
+    ];
+    let (status, head, _) = door.raw("POST", "/mcp", &own, initialize.to_string().as_bytes());
+    assert_eq!(status, 200);
+    let session = header(&head, "mcp-session-id").unwrap();
 
     // Another tenant's session, and another principal's, do not exist for
     // them; nor can they end it.
-    let session = door.open(KEY_A);
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
     for key in [KEY_B, KEY_A2] {
         let answer = door.rpc(Some(key), Some(&session), &list);

@@ -7,6 +7,7 @@ mod conformance;
 mod crash;
 mod deploy;
 mod front;
+mod front_clients;
 mod fuzz;
 mod gates;
 mod http;

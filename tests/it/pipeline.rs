@@ -714,6 +714,105 @@ async fn approvals_hold_resume_and_deny() {
     }
 }
 
+/// A call its caller took back before its intent (or a refusal) was
+/// recorded records nothing: not a row, not an event, not an effect.
+#[tokio::test]
+async fn a_withdrawn_call_records_nothing() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let harness = harness(store.clone(), allow_all()).await;
+        for (tool, arguments) in [
+            ("demo.external_write", json!({"line": "withdrawn"})),
+            ("demo.nonesuch", json!({})),
+            ("demo.echo", json!({"text": 5})),
+        ] {
+            let mut request = harness.request(tool, arguments);
+            let withdrawn = tokio_util::sync::CancellationToken::new();
+            withdrawn.cancel();
+            request.caller.withdrawn = Some(withdrawn);
+            assert_eq!(
+                harness.pipeline.call(request.clone()).await,
+                CallOutcome::Withdrawn,
+                "{name}: {tool}"
+            );
+            assert!(
+                store
+                    .run_invocations(TENANT, request.run_id)
+                    .await
+                    .unwrap()
+                    .is_empty(),
+                "{name}: {tool} recorded nothing"
+            );
+        }
+        assert!(harness.lines("external.log").is_empty(), "{name}");
+    }
+}
+
+/// A caller that cannot name its calls asks again with the same arguments:
+/// while a call of the run waits for its approval, that is the call, so
+/// there is one approval and, once it is given, one execution.
+#[tokio::test]
+async fn a_waiting_call_asked_again_under_another_id_is_the_same_call() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let harness = harness(store.clone(), Arc::new(RuleFilePolicy::built_in())).await;
+        let mut first = harness.request("demo.external_write", json!({"line": "once"}));
+        first.caller.resumes_waiting = true;
+        let CallOutcome::Pending {
+            approval_id,
+            invocation_id,
+        } = harness.pipeline.call(first.clone()).await
+        else {
+            panic!("{name}: expected a pending approval");
+        };
+        let asked_again = |call_id: &str| {
+            let mut again = first.clone();
+            again.call_id = call_id.into();
+            again
+        };
+        assert_eq!(
+            harness.pipeline.call(asked_again("another-id")).await,
+            CallOutcome::Pending {
+                approval_id,
+                invocation_id
+            },
+            "{name}"
+        );
+        // A caller that names its calls gets a call of its own.
+        let mut named = asked_again("named");
+        named.caller.resumes_waiting = false;
+        let CallOutcome::Pending {
+            approval_id: second_approval,
+            ..
+        } = harness.pipeline.call(named).await
+        else {
+            panic!("{name}: expected a pending approval");
+        };
+        assert_ne!(second_approval, approval_id, "{name}");
+        store
+            .decide_approval(
+                TENANT,
+                approval_id,
+                ApprovalStatus::Approved,
+                "ops",
+                Utc::now(),
+            )
+            .await
+            .unwrap();
+        let done = harness.pipeline.call(asked_again("third-id")).await;
+        assert_eq!(finished(&done).invocation_id, Some(invocation_id), "{name}");
+        assert_eq!(harness.lines("external.log"), vec!["once"], "{name}");
+        // Once it has run, the same arguments asked again are a new call.
+        let mut later = asked_again("fourth-id");
+        later.caller.resumes_waiting = true;
+        assert!(
+            matches!(harness.pipeline.call(later).await, CallOutcome::Pending { approval_id: fresh, .. } if fresh != approval_id),
+            "{name}"
+        );
+        assert_eq!(harness.lines("external.log"), vec!["once"], "{name}");
+    }
+}
+
 #[tokio::test]
 async fn timeouts_panics_and_the_watermark() {
     let backends = backends().await;

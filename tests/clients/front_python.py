@@ -1,0 +1,92 @@
+"""The official Python MCP SDK (`mcp` on PyPI) against toolgate's front door,
+as an application uses it. Prints one JSON report; the Rust test judges it.
+
+    front_python.py PHASE URL
+    TOOLGATE_FRONT_KEY: the bearer credential; TOOLGATE_RUN_ID: the run
+    the named calls are in; TOOLGATE_BIN, TOOLGATE_KEY_FILE: for the relay.
+"""
+
+import asyncio
+import json
+import os
+import sys
+
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+PHASE, URL = sys.argv[1], sys.argv[2]
+KEY = os.environ["TOOLGATE_FRONT_KEY"]
+RUN = os.environ["TOOLGATE_RUN_ID"]
+
+
+def named(step, call_id):
+    return {"toolgate/run_id": RUN, "toolgate/step": step, "toolgate/call_id": call_id}
+
+
+def summary(result):
+    return {
+        "is_error": bool(result.is_error),
+        "text": " ".join(getattr(block, "text", "") for block in result.content),
+        "structured": result.structured_content,
+        "invocation_id": (result.meta or {}).get("toolgate/invocation_id"),
+    }
+
+
+def client():
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {KEY}"})
+    return Client(streamable_http_client(URL, http_client=http))
+
+
+async def first(report):
+    async with client() as session:
+        report["protocol_version"] = session.protocol_version
+        tools = await session.list_tools()
+        report["tools"] = sorted(tool.name for tool in tools.tools)
+        report["annotations"] = {
+            tool.name: tool.annotations.model_dump(by_alias=True, exclude_none=True)
+            for tool in tools.tools
+            if tool.annotations is not None
+        }
+        report["echo"] = summary(await session.call_tool("demo-echo", {"text": "from python"}))
+        report["denied"] = summary(await session.call_tool("demo-keyed_write", {"line": "no"}))
+        report["uncertain"] = summary(await session.call_tool("mcp-writes-write_then_die", {"line": "maybe"}))
+        progress = []
+
+        async def on_progress(value, total, message):
+            progress.append(message)
+
+        report["pending"] = summary(
+            await session.call_tool(
+                "demo-external_write", {"line": "python"}, progress_callback=on_progress, meta=named(1, "approve-me")
+            )
+        )
+        report["progress"] = progress
+        report["write"] = summary(await session.call_tool("mcp-writes-write", {"line": "python"}, meta=named(1, "write")))
+
+
+async def second(report):
+    # A client that reconnects (a new session) and asks its calls again:
+    # the write is not repeated, the approved call runs once.
+    async with client() as session:
+        report["write_again"] = summary(await session.call_tool("mcp-writes-write", {"line": "python"}, meta=named(1, "write")))
+        report["resumed"] = summary(await session.call_tool("demo-external_write", {"line": "python"}, meta=named(1, "approve-me")))
+        report["resumed_again"] = summary(await session.call_tool("demo-external_write", {"line": "python"}, meta=named(1, "approve-me")))
+    # A desktop client that only spawns stdio servers, through the relay.
+    relay = StdioServerParameters(
+        command=os.environ["TOOLGATE_BIN"],
+        args=["stdio", "--url", URL, "--token-file", os.environ["TOOLGATE_KEY_FILE"]],
+    )
+    async with Client(relay) as session:
+        tools = await session.list_tools()
+        report["relay_tools"] = len(tools.tools)
+        report["relay_echo"] = summary(await session.call_tool("demo-echo", {"text": "through the relay"}))
+
+
+async def main():
+    report = {}
+    await (first if PHASE == "first" else second)(report)
+    print(json.dumps(report))
+
+
+asyncio.run(main())

@@ -1,0 +1,260 @@
+//! MCP clients people use, against the front door: the official Python SDK
+//! (`mcp`, also through the `toolgate stdio` relay), the official
+//! TypeScript SDK (`@modelcontextprotocol/sdk`), and two agent frameworks'
+//! MCP adapters (the OpenAI Agents SDK's, LangChain's) loading the tools as
+//! an application does. `scripts/test` installs them; a test whose client
+//! is missing fails, it never passes by skipping.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::front::{Door, KEY_A};
+use crate::serve::{TENANT, json_of};
+
+fn installed() -> PathBuf {
+    PathBuf::from(
+        std::env::var("TOOLGATE_MCP_SERVERS")
+            .unwrap_or_else(|_| "/var/tmp/toolgate-mcp-servers".into()),
+    )
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(name)
+}
+
+/// Runs a client program and parses the JSON report it prints.
+fn report(mut command: Command) -> Value {
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("{command:?}: {error}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("no report: {stdout}"))
+}
+
+fn python(venv: &str) -> PathBuf {
+    let python = installed().join(venv).join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run the tests with scripts/test",
+        python.display()
+    );
+    python
+}
+
+fn url(door: &Door) -> String {
+    format!("http://127.0.0.1:{}/mcp", door.port)
+}
+
+fn approve_pending(door: &Door) {
+    let (_, body) = door
+        .served
+        .get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+    let pending = json_of(&body);
+    let approvals = pending["approvals"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        approvals.len(),
+        1,
+        "one approval, however often the call was asked: {pending}"
+    );
+    let id = approvals[0]["approval_id"].as_str().unwrap();
+    let (status, _) = door.served.post(
+        &format!("/v1/approvals/{id}?tenant_id={TENANT}"),
+        &json!({"decision": "approve", "approver": "ops"}),
+    );
+    assert_eq!(status, 200);
+}
+
+/// What every client must see on its first run: the tools, a success, a
+/// denial, an uncertain outcome, a pending approval with progress, a write.
+fn judge_first(door: &Door, first: &Value) {
+    let tools = first["tools"].as_array().unwrap();
+    for name in ["demo-echo", "mcp-reads-echo", "mcp-writes-write"] {
+        assert!(tools.contains(&json!(name)), "{name}: {first}");
+    }
+    assert_eq!(
+        first["annotations"]["demo-echo"]["readOnlyHint"], true,
+        "{first}"
+    );
+    assert_eq!(first["echo"]["is_error"], false, "{first}");
+    assert!(
+        first["echo"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("EXTERNAL_UNTRUSTED"),
+        "{first}"
+    );
+    assert_eq!(first["denied"]["is_error"], true);
+    assert_eq!(
+        first["denied"]["structured"]["reason_code"], "policy.rule.denied",
+        "{first}"
+    );
+    assert_eq!(
+        first["uncertain"]["structured"]["status"], "uncertain",
+        "{first}"
+    );
+    assert!(
+        first["uncertain"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Do not repeat"),
+        "{first}"
+    );
+    assert_eq!(
+        first["pending"]["structured"]["status"], "pending",
+        "{first}"
+    );
+    assert!(
+        !first["progress"].as_array().unwrap().is_empty(),
+        "progress while held: {first}"
+    );
+    assert_eq!(first["write"]["is_error"], false, "{first}");
+    assert_eq!(door.writes(), 2, "the uncertain write and the write");
+    assert_eq!(door.served.external_writes(), 0);
+}
+
+fn judge_second(door: &Door, first: &Value, second: &Value) {
+    assert_eq!(
+        second["write_again"]["invocation_id"], first["write"]["invocation_id"],
+        "{second}"
+    );
+    assert_eq!(second["resumed"]["is_error"], false, "{second}");
+    assert_eq!(
+        second["resumed"]["invocation_id"], first["pending"]["structured"]["invocation_id"],
+        "{second}"
+    );
+    assert_eq!(
+        second["resumed_again"]["invocation_id"],
+        second["resumed"]["invocation_id"]
+    );
+    assert_eq!(
+        door.writes(),
+        2,
+        "a reconnected client's write is not repeated"
+    );
+    assert_eq!(
+        door.served.external_writes(),
+        1,
+        "the approved call ran once"
+    );
+}
+
+#[test]
+fn the_python_sdk_lists_calls_waits_for_approval_and_reconnects() {
+    let door = Door::start("", "");
+    let python = python("clients");
+    let run = Uuid::new_v4().to_string();
+    let key_file = door.served.folder.path().join("front.key");
+    std::fs::write(&key_file, KEY_A).unwrap();
+    let phase = |phase: &str| {
+        let mut command = Command::new(&python);
+        command
+            .arg(script("front_python.py"))
+            .args([phase, &url(&door)])
+            .env("TOOLGATE_FRONT_KEY", KEY_A)
+            .env("TOOLGATE_RUN_ID", &run)
+            .env("TOOLGATE_BIN", env!("CARGO_BIN_EXE_toolgate"))
+            .env("TOOLGATE_KEY_FILE", &key_file);
+        report(command)
+    };
+    let first = phase("first");
+    judge_first(&door, &first);
+    approve_pending(&door);
+    let second = phase("second");
+    judge_second(&door, &first, &second);
+    assert!(second["relay_tools"].as_u64().unwrap() >= 3, "{second}");
+    assert_eq!(second["relay_echo"]["is_error"], false, "{second}");
+    assert!(
+        second["relay_echo"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("through the relay")
+    );
+}
+
+#[test]
+fn the_typescript_sdk_lists_calls_waits_for_approval_and_reconnects() {
+    let door = Door::start("", "");
+    let modules = installed().join("clients-node/node_modules");
+    assert!(
+        modules.join("@modelcontextprotocol/sdk").exists(),
+        "{} is missing: run the tests with scripts/test",
+        modules.display()
+    );
+    let run = Uuid::new_v4().to_string();
+    let phase = |phase: &str| {
+        let mut command = Command::new("node");
+        command
+            .arg(script("front_typescript.cjs"))
+            .args([phase, &url(&door)])
+            .env("NODE_PATH", &modules)
+            .env("TOOLGATE_FRONT_KEY", KEY_A)
+            .env("TOOLGATE_RUN_ID", &run);
+        report(command)
+    };
+    let first = phase("first");
+    judge_first(&door, &first);
+    // The client ended its session as it closed.
+    let session = first["session"].as_str().unwrap();
+    let answer = door.rpc(
+        Some(KEY_A),
+        Some(session),
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+    );
+    assert_eq!(answer.status, 404, "{answer:?}");
+    approve_pending(&door);
+    let second = phase("second");
+    judge_second(&door, &first, &second);
+}
+
+/// What an agent framework must show: the tools loaded under the names the
+/// door gives, a call's model-ready result, and a denial said as such.
+fn judge_framework(report: &Value) {
+    let tools = report["tools"].as_array().unwrap();
+    for name in ["demo-echo", "mcp-reads-echo", "mcp-writes-write"] {
+        assert!(tools.contains(&json!(name)), "{name}: {report}");
+    }
+    let echo = report["echo"].as_str().unwrap();
+    assert!(
+        echo.contains("from ") && echo.contains("EXTERNAL_UNTRUSTED"),
+        "{report}"
+    );
+    let denied = report["denied"].as_str().unwrap();
+    assert!(
+        denied.contains("policy.rule.denied") || denied.contains("The policy"),
+        "{report}"
+    );
+}
+
+#[test]
+fn the_openai_agents_sdk_loads_the_tools_as_an_application_does() {
+    let door = Door::start("", "");
+    let mut command = Command::new(python("clients"));
+    command
+        .arg(script("front_agents.py"))
+        .arg(url(&door))
+        .env("TOOLGATE_FRONT_KEY", KEY_A)
+        .env("OPENAI_AGENTS_DISABLE_TRACING", "1");
+    judge_framework(&report(command));
+}
+
+#[test]
+fn langchains_mcp_adapters_load_the_tools_as_an_application_does() {
+    let door = Door::start("", "");
+    let mut command = Command::new(python("langchain"));
+    command
+        .arg(script("front_langchain.py"))
+        .arg(url(&door))
+        .env("TOOLGATE_FRONT_KEY", KEY_A);
+    judge_framework(&report(command));
+}
