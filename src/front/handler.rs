@@ -244,16 +244,28 @@ impl ServerHandler for FrontHandler {
     ) -> Result<InitializeResult, McpError> {
         let front_request = front_request(&context)?;
         let caller = &front_request.caller;
-        let Some(opening) = self.front.open.admit(
+        let Some((opening, abandoned)) = self.front.open.admit(
             &caller.credential,
             self.front.parts.settings.sessions_per_credential,
         ) else {
             return Err(McpError::new(
                 ErrorCode(TOO_MANY_SESSIONS),
-                "this credential holds its most open sessions on this node; end one (DELETE) or let one idle out",
+                "this credential holds its most open sessions on this node, all in recent use; end one (DELETE) first",
                 None,
             ));
         };
+        if let Some(abandoned) = abandoned {
+            let ended = self
+                .front
+                .parts
+                .sessions
+                .end(abandoned, &caller.tenant_id, &caller.principal, &caller.agent)
+                .await;
+            if let Err(error) = ended {
+                tracing::warn!(error = %error, "an abandoned front door session was not ended in the store");
+            }
+            tracing::info!(session_id = %abandoned, credential = %caller.credential, "an abandoned front door session made room");
+        }
         let session_id = Uuid::new_v4();
         self.front
             .parts

@@ -364,6 +364,10 @@ fn request_key(id: &Value) -> String {
     id.to_string()
 }
 
+/// A session unused this long is taken as abandoned (a client that never
+/// sent `DELETE`) when its credential needs room for a new one.
+const ABANDONED: Duration = Duration::from_secs(600);
+
 /// The sessions each credential holds open on this node, so no credential
 /// can make the node hold sessions without bound.
 #[derive(Default)]
@@ -387,21 +391,36 @@ impl OpenSessions {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place for a session of `credential`, unless it holds `maximum`.
-    fn admit(&self, credential: &str, maximum: usize) -> Option<Opening<'_>> {
+    /// A place for a session of `credential`, unless it holds `maximum`
+    /// and none of them has been left unused for [`ABANDONED`]; when one
+    /// has, the least recently used makes room and is named, to be ended.
+    fn admit(&self, credential: &str, maximum: usize) -> Option<(Opening<'_>, Option<Uuid>)> {
         let mut all = self.lock();
         let held = all.entry(credential.to_owned()).or_default();
         held.sessions
             .retain(|_, used| used.elapsed() < SESSION_IDLE);
+        let mut evicted = None;
         if held.sessions.len() + held.opening >= maximum {
-            return None;
+            let (oldest, used) = held
+                .sessions
+                .iter()
+                .min_by_key(|(_, used)| **used)
+                .map(|(id, used)| (*id, *used))?;
+            if used.elapsed() < ABANDONED {
+                return None;
+            }
+            held.sessions.remove(&oldest);
+            evicted = Some(oldest);
         }
         held.opening += 1;
-        Some(Opening {
-            open: self,
-            credential: credential.to_owned(),
-            filled: false,
-        })
+        Some((
+            Opening {
+                open: self,
+                credential: credential.to_owned(),
+                filled: false,
+            },
+            evicted,
+        ))
     }
 
     fn touch(&self, credential: &str, session: Uuid) {
@@ -530,5 +549,56 @@ impl Drop for CallSlot {
             }
         }
         let _ = self.done.send(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_credential_holds_its_bound_of_sessions_and_abandoned_ones_make_room() {
+        let open = OpenSessions::default();
+        for _ in 0..2 {
+            let (opening, evicted) = open.admit("key:a", 2).unwrap();
+            assert_eq!(evicted, None);
+            opening.fill(Uuid::new_v4());
+        }
+        assert!(open.admit("key:a", 2).is_none(), "both in recent use");
+        assert!(open.admit("key:b", 2).is_some(), "another credential is not held back");
+        // A place being opened counts until it is filled or given up.
+        let held = open.admit("key:c", 1).unwrap();
+        assert!(open.admit("key:c", 1).is_none());
+        drop(held);
+        assert!(open.admit("key:c", 1).is_some());
+        let abandoned = {
+            let mut all = open.lock();
+            let sessions = &mut all.get_mut("key:a").unwrap().sessions;
+            let id = *sessions.keys().next().unwrap();
+            sessions.insert(id, Instant::now() - ABANDONED - Duration::from_secs(1));
+            id
+        };
+        let (opening, evicted) = open.admit("key:a", 2).unwrap();
+        assert_eq!(evicted, Some(abandoned));
+        opening.fill(Uuid::new_v4());
+        assert!(open.admit("key:a", 2).is_none());
+    }
+
+    #[test]
+    fn a_sessions_calls_are_capped_withdrawn_and_freed() {
+        let calls = Arc::new(CallsInFlight::default());
+        let session = Uuid::new_v4();
+        let first = calls.admit(session, "1".into(), 2).ok().unwrap();
+        let Err(Busy::Running(mut done)) = calls.admit(session, "1".into(), 2) else {
+            panic!("the same request is running");
+        };
+        let _second = calls.admit(session, "2".into(), 2).ok().unwrap();
+        assert!(matches!(calls.admit(session, "3".into(), 2), Err(Busy::Full)));
+        assert!(calls.admit(Uuid::new_v4(), "3".into(), 2).is_ok(), "per session");
+        calls.withdraw(session, "1");
+        assert!(first.withdrawn.is_cancelled());
+        drop(first);
+        assert!(*done.borrow_and_update());
+        assert!(calls.admit(session, "1".into(), 2).is_ok());
     }
 }
