@@ -259,7 +259,12 @@ impl ServerHandler for FrontHandler {
                 .front
                 .parts
                 .sessions
-                .end(abandoned, &caller.tenant_id, &caller.principal, &caller.agent)
+                .end(
+                    abandoned,
+                    &caller.tenant_id,
+                    &caller.principal,
+                    &caller.agent,
+                )
                 .await;
             if let Err(error) = ended {
                 tracing::warn!(error = %error, "an abandoned front door session was not ended in the store");

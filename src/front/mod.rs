@@ -565,7 +565,10 @@ mod tests {
             opening.fill(Uuid::new_v4());
         }
         assert!(open.admit("key:a", 2).is_none(), "both in recent use");
-        assert!(open.admit("key:b", 2).is_some(), "another credential is not held back");
+        assert!(
+            open.admit("key:b", 2).is_some(),
+            "another credential is not held back"
+        );
         // A place being opened counts until it is filled or given up.
         let held = open.admit("key:c", 1).unwrap();
         assert!(open.admit("key:c", 1).is_none());
@@ -593,8 +596,14 @@ mod tests {
             panic!("the same request is running");
         };
         let _second = calls.admit(session, "2".into(), 2).ok().unwrap();
-        assert!(matches!(calls.admit(session, "3".into(), 2), Err(Busy::Full)));
-        assert!(calls.admit(Uuid::new_v4(), "3".into(), 2).is_ok(), "per session");
+        assert!(matches!(
+            calls.admit(session, "3".into(), 2),
+            Err(Busy::Full)
+        ));
+        assert!(
+            calls.admit(Uuid::new_v4(), "3".into(), 2).is_ok(),
+            "per session"
+        );
         calls.withdraw(session, "1");
         assert!(first.withdrawn.is_cancelled());
         drop(first);

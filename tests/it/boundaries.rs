@@ -862,7 +862,7 @@ fn gate_13_no_rmcp_item_outside_adapters_mcp() {
         .collect();
     assert!(
         rmcp.is_empty(),
-        "rmcp named outside adapters::mcp:\n{}",
+        "rmcp named outside adapters::mcp and front:\n{}",
         rmcp.join("\n")
     );
 }
