@@ -30,6 +30,9 @@ use crate::ports::{
 pub const SESSION_IDLE: Duration = Duration::from_secs(24 * 3600);
 /// How often a session in use refreshes its `last_used_at` in the store.
 const SESSION_TOUCH: Duration = Duration::from_secs(3600);
+/// How often a session this node holds is checked against the store, so
+/// one ended on another node ends here within this.
+pub const SESSION_RECHECK: Duration = Duration::from_secs(5);
 
 /// Why a session could not be opened or used.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +110,8 @@ pub struct Session {
     last_used: Mutex<Instant>,
     /// When this node last refreshed the store's `last_used_at`.
     touched: Mutex<Instant>,
+    /// When this node last saw the session's record in the store.
+    checked: Mutex<Instant>,
 }
 
 impl Session {
@@ -245,16 +250,36 @@ impl Sessions {
             pinned,
             last_used: Mutex::new(Instant::now()),
             touched: Mutex::new(Instant::now()),
+            checked: Mutex::new(Instant::now()),
         });
         lock(&self.open).insert(session.session_id, session.clone());
         Ok(session)
     }
 
-    /// A session, from memory or else from the store, marked used.
+    /// A session, from memory or else from the store, marked used. One
+    /// held in memory is checked against the store every
+    /// [`SESSION_RECHECK`]: ended on another node, it ends here too.
     pub async fn get(&self, id: Uuid) -> Result<Arc<Session>, SessionError> {
         let cached = lock(&self.open).get(&id).cloned();
         let session = match cached {
-            Some(session) => session,
+            Some(session) => {
+                let due = lock(&session.checked).elapsed() >= SESSION_RECHECK;
+                if due {
+                    match self.parts.sessions.session(id).await {
+                        Ok(Some(_)) => *lock(&session.checked) = Instant::now(),
+                        Ok(None) => {
+                            lock(&self.open).remove(&id);
+                            return Err(SessionError::Unknown);
+                        }
+                        // The store not answering is no reason to stop a
+                        // session; the next use looks again.
+                        Err(failure) => {
+                            tracing::warn!(error = %failure, "a session's record could not be read");
+                        }
+                    }
+                }
+                session
+            }
             None => self.reload(id).await?,
         };
         *lock(&session.last_used) = Instant::now();
@@ -304,6 +329,7 @@ impl Sessions {
             pinned,
             last_used: Mutex::new(Instant::now()),
             touched: Mutex::new(Instant::now()),
+            checked: Mutex::new(Instant::now()),
         });
         // Two requests may reload at once: the first one kept is everyone's.
         Ok(lock(&self.open).entry(id).or_insert(session).clone())
