@@ -1517,3 +1517,112 @@ fn a_session_opened_on_one_node_continues_on_another_and_ends_on_both() {
         std::thread::sleep(Duration::from_millis(250));
     }
 }
+
+#[test]
+fn skills_are_prompts_loaded_through_skill_load_and_recorded() {
+    let door = Door::start("", "");
+    let session = door.open(KEY_A);
+    let listed = door.rpc(
+        Some(KEY_A),
+        Some(&session),
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "prompts/list"}),
+    );
+    let names: Vec<&str> = listed.last()["result"]["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|prompt| prompt["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "mcp.reads.summarize",
+            "mcp.reads.investigate",
+            "mcp.writes.summarize",
+            "mcp.writes.investigate"
+        ],
+        "{listed:?}"
+    );
+    let got = door.rpc(
+        Some(KEY_A),
+        Some(&session),
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "prompts/get",
+                "params": {"name": "mcp.reads.investigate", "arguments": {"topic": "tides"}}}),
+    );
+    let message = &got.last()["result"]["messages"][0];
+    assert_eq!(message["role"], "user", "{got:?}");
+    let text = message["content"]["text"].as_str().unwrap();
+    assert!(text.contains("Investigate with echo."), "{text}");
+    // The load is a recorded call of the session's run, like any other.
+    let (_, runs) = door.served.get(&format!(
+        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+    ));
+    let rows = json_of(&runs)["invocations"].clone();
+    assert_eq!(rows[0]["tool_name"], "skill.load", "{rows}");
+    assert_eq!(rows[0]["outcome_status"], "succeeded", "{rows}");
+    // A prompt the session was not shown is an error, and loads nothing.
+    let unknown = door.rpc(
+        Some(KEY_A),
+        Some(&session),
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "prompts/get",
+                "params": {"name": "mcp.reads.nothing_like_it"}}),
+    );
+    assert!(unknown.last().get("error").is_some(), "{unknown:?}");
+    let (_, runs) = door.served.get(&format!(
+        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+    ));
+    assert_eq!(
+        json_of(&runs)["invocations"].as_array().map(Vec::len),
+        Some(1)
+    );
+}
+
+#[test]
+fn connections_past_the_cap_are_closed_and_streams_keep_alive() {
+    let door = Door::start(
+        "connections = 4\nkeep_alive_seconds = 1\napproval_hold_seconds = 3",
+        "",
+    );
+    // Four idle connections hold every place; a fifth is closed at once.
+    let held: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(("127.0.0.1", door.port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+    fifth
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buffer = [0u8; 16];
+    let read = fifth.read(&mut buffer);
+    assert!(
+        matches!(read, Ok(0))
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "closed past the cap: {read:?}"
+    );
+    drop(held);
+    std::thread::sleep(Duration::from_millis(200));
+    let session = door.open(KEY_A);
+    // A held call that reports progress keeps its stream alive in between.
+    let (_, head, body) = door.raw(
+        "POST",
+        "/mcp",
+        &Client::headers(Some(KEY_A), Some(&session)),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "demo-external_write", "arguments": {"line": "kept"},
+                          "_meta": {"progressToken": 1}}})
+        .to_string()
+        .as_bytes(),
+    );
+    assert!(
+        header(&head, "content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.lines().any(|line| line.starts_with(':')),
+        "keep-alive comments: {text}"
+    );
+}
