@@ -1,0 +1,194 @@
+//! Deduplication on insert and the resumption of a waiting approval.
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use super::Pipeline;
+use super::decide::{Deduplication, deduplication};
+use super::intent::RecordedAs;
+use crate::domain::policy::PolicyDecision;
+use crate::domain::{ApprovalStatus, ReasonCode, ToolEventKind, ToolOutcome};
+use crate::pipeline::call::{CallOutcome, CallRequest, Finished};
+use crate::pipeline::records::{ended_event, recorded, row_event, unrecorded};
+use crate::pipeline::registry::RegisteredTool;
+use crate::ports::{Claim, InvocationRecord, StoreError, TerminalRecord};
+
+/// How long a call whose row another worker took waits for that row's
+/// outcome before it answers "in progress".
+const REREAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Pipeline {
+    /// Deduplication on insert: the design document's five cases, as
+    /// [`deduplication`] decides them.
+    pub(super) async fn deduplicate(
+        &self,
+        request: &CallRequest,
+        tool: &Arc<RegisteredTool>,
+        row: InvocationRecord,
+        arguments_hash: &str,
+        decision: PolicyDecision,
+    ) -> Result<CallOutcome, StoreError> {
+        let case = deduplication(
+            &row,
+            &request.principal.id,
+            arguments_hash,
+            request.recovering,
+        );
+        match case {
+            Deduplication::Conflict => {
+                self.record_conflict(
+                    request,
+                    RecordedAs::of(&tool.spec),
+                    &row.arguments,
+                    arguments_hash,
+                )
+                .await
+            }
+            Deduplication::Suspended => Ok(CallOutcome::Suspended {
+                invocation_id: row.id,
+                kind: row.suspended_kind.clone().unwrap_or_default(),
+                reference: row.suspended_ref.clone().unwrap_or_default(),
+            }),
+            Deduplication::Recorded => Ok(recorded(&row)),
+            Deduplication::ResumeApproval => {
+                self.resume_approval(request, tool, row, decision).await
+            }
+            Deduplication::Recover => self.recover_row(request, tool, row, decision).await,
+            Deduplication::TakeOver => {
+                let claim = Claim {
+                    worker_id: self.worker_id,
+                    now: self.clock.now(),
+                };
+                match self
+                    .invocations
+                    .take_over(&request.tenant_id, row.id, claim)
+                    .await?
+                {
+                    Some(taken) => self.recover_row(request, tool, taken, decision).await,
+                    None => Ok(unrecorded(
+                        tool.spec.name.clone(),
+                        ReasonCode::ToolConcurrencyConflict,
+                    )),
+                }
+            }
+            Deduplication::InProgress => Ok(unrecorded(
+                tool.spec.name.clone(),
+                ReasonCode::ToolConcurrencyConflict,
+            )),
+        }
+    }
+
+    pub(super) async fn resume_approval(
+        &self,
+        request: &CallRequest,
+        tool: &Arc<RegisteredTool>,
+        row: InvocationRecord,
+        decision: PolicyDecision,
+    ) -> Result<CallOutcome, StoreError> {
+        let Some(approval_id) = row.approval_id else {
+            return Ok(recorded(&row));
+        };
+        let approval = self
+            .approvals
+            .approval(&request.tenant_id, approval_id)
+            .await?;
+        let status = approval
+            .map(|a| a.status)
+            .unwrap_or(ApprovalStatus::Expired);
+        let now = self.clock.now();
+        let end = |code: ReasonCode| {
+            (
+                TerminalRecord::without_result(code),
+                [ended_event(&row, code)],
+            )
+        };
+        match (status, decision) {
+            (ApprovalStatus::Pending, _) => Ok(CallOutcome::Pending {
+                invocation_id: row.id,
+                approval_id,
+            }),
+            // Resumed at step 6: the decision just made stands unless it
+            // only asked for the approval that was given.
+            (ApprovalStatus::Approved, PolicyDecision::Deny(code)) => {
+                let (terminal, events) = end(code);
+                self.invocations
+                    .settle_waiting(&request.tenant_id, row.id, &terminal, &events, now)
+                    .await?;
+                self.reread(request, row.id).await
+            }
+            (ApprovalStatus::Approved, _) => {
+                let claim = Claim {
+                    worker_id: self.worker_id,
+                    now,
+                };
+                let events = [row_event(&row, ToolEventKind::Authorized)];
+                match self
+                    .invocations
+                    .authorize_waiting(&request.tenant_id, row.id, claim, &events)
+                    .await?
+                {
+                    Some(authorized) => self.claim_then_run(request, tool, authorized).await,
+                    None => self.reread(request, row.id).await,
+                }
+            }
+            (ApprovalStatus::Denied | ApprovalStatus::Expired, _) => {
+                let code = if status == ApprovalStatus::Denied {
+                    ReasonCode::PolicyApprovalDenied
+                } else {
+                    ReasonCode::PolicyApprovalExpired
+                };
+                let (terminal, events) = end(code);
+                self.invocations
+                    .settle_waiting(&request.tenant_id, row.id, &terminal, &events, now)
+                    .await?;
+                self.reread(request, row.id).await
+            }
+        }
+    }
+
+    /// What the row says, after another writer moved it: its outcome once
+    /// it has one (waited for a little, as its new owner may be settling
+    /// it), else "in progress", which the same call asked again resolves.
+    pub(super) async fn reread(
+        &self,
+        request: &CallRequest,
+        id: Uuid,
+    ) -> Result<CallOutcome, StoreError> {
+        let deadline = tokio::time::Instant::now() + REREAD_WAIT;
+        let mut wait = std::time::Duration::from_millis(20);
+        let mut row = self.invocations.invocation(&request.tenant_id, id).await?;
+        while row.as_ref().is_some_and(|row| !row.status.is_terminal())
+            && tokio::time::Instant::now() + wait < deadline
+        {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(std::time::Duration::from_millis(250));
+            row = self.invocations.invocation(&request.tenant_id, id).await?;
+        }
+        match row {
+            Some(row) if row.status.is_terminal() => Ok(recorded(&row)),
+            Some(row) => Ok(CallOutcome::Finished(Finished {
+                invocation_id: Some(row.id),
+                outcome: ToolOutcome::not_succeeded(
+                    row.tool_name.clone(),
+                    ReasonCode::ToolConcurrencyConflict,
+                ),
+                content: Vec::new(),
+                data: None,
+                synthesis_only: false,
+            })),
+            None => Ok(unrecorded(
+                request.name.clone(),
+                ReasonCode::ToolInternalError,
+            )),
+        }
+    }
+
+    pub(super) async fn approved(&self, row: &InvocationRecord) -> Result<bool, StoreError> {
+        let Some(approval_id) = row.approval_id else {
+            return Ok(false);
+        };
+        let approval = self.approvals.approval(&row.tenant_id, approval_id).await?;
+        Ok(approval.is_some_and(|a| a.status == ApprovalStatus::Approved))
+    }
+}

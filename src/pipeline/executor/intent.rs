@@ -1,0 +1,143 @@
+//! Step 8's row: what one call's intent records. Built here once for every
+//! row a call can leave (running, waiting, denied, refused, a recorded
+//! conflict), so each carries the same identity.
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::super::call::CallRequest;
+use super::super::records::Identity;
+use crate::domain::{
+    Durability, IdempotencyClass, InvocationStatus, ReasonCode, SideEffectClass, ToolEventKind,
+    ToolSource, ToolSpec, idempotency_key,
+};
+use crate::ports::{NewInvocation, ToolEvent};
+
+/// The classification a call is recorded under.
+#[derive(Clone)]
+pub(super) struct RecordedAs<'a> {
+    pub(super) tool_name: &'a str,
+    pub(super) tool_version: &'a str,
+    pub(super) tool_source: ToolSource,
+    pub(super) server_id: Option<String>,
+    pub(super) class: IdempotencyClass,
+    pub(super) side_effect: SideEffectClass,
+}
+
+impl<'a> RecordedAs<'a> {
+    /// A resolved tool's classification.
+    pub(super) fn of(spec: &'a ToolSpec) -> Self {
+        RecordedAs {
+            tool_name: &spec.name,
+            tool_version: &spec.version,
+            tool_source: spec.source,
+            server_id: spec.server_id.clone(),
+            class: spec.idempotency,
+            side_effect: spec.side_effect,
+        }
+    }
+
+    /// A name that resolved to nothing: the most restrictive classification
+    /// stands in.
+    pub(super) fn unresolved(name: &'a str) -> Self {
+        RecordedAs {
+            tool_name: name,
+            tool_version: "",
+            tool_source: ToolSource::Builtin,
+            server_id: None,
+            class: IdempotencyClass::NonIdempotent,
+            side_effect: SideEffectClass::ExternalWrite,
+        }
+    }
+}
+
+/// One call's intent: who asked, what it is recorded as, and its arguments
+/// in the form step 5 keyed them by.
+pub(super) struct Intent<'a> {
+    pub(super) request: &'a CallRequest,
+    pub(super) call: RecordedAs<'a>,
+    /// The row's id, should this intent insert one.
+    pub(super) id: Uuid,
+    pub(super) arguments: Value,
+    pub(super) arguments_hash: String,
+    pub(super) idempotency_key: String,
+}
+
+impl<'a> Intent<'a> {
+    /// The intent of `request` as `call`, keyed by the run, step, call id,
+    /// tool, version and arguments hash.
+    pub(super) fn new(
+        request: &'a CallRequest,
+        call: RecordedAs<'a>,
+        arguments: Value,
+        arguments_hash: String,
+    ) -> Self {
+        let idempotency_key = idempotency_key(
+            &request.run_id.to_string(),
+            u64::try_from(request.step_number).unwrap_or_default(),
+            &request.call_id,
+            call.tool_name,
+            call.tool_version,
+            &arguments_hash,
+        );
+        Intent {
+            request,
+            call,
+            id: Uuid::new_v4(),
+            arguments,
+            arguments_hash,
+            idempotency_key,
+        }
+    }
+
+    pub(super) fn identity(&self) -> Identity<'_> {
+        Identity {
+            request: self.request,
+            id: self.id,
+            tool_name: self.call.tool_name,
+            tool_version: self.call.tool_version,
+            tool_source: self.call.tool_source,
+            class: self.call.class,
+        }
+    }
+
+    pub(super) fn event(&self, kind: ToolEventKind) -> ToolEvent {
+        self.identity().event(kind)
+    }
+
+    /// The row this intent inserts in `status`.
+    pub(super) fn row(
+        &self,
+        status: InvocationStatus,
+        reason_code: Option<ReasonCode>,
+        approval_id: Option<Uuid>,
+        durability: Durability,
+    ) -> NewInvocation {
+        let request = self.request;
+        NewInvocation {
+            id: self.id,
+            tenant_id: request.tenant_id.clone(),
+            session_id: request.session_id,
+            run_id: request.run_id,
+            step_number: request.step_number,
+            call_id: request.call_id.clone(),
+            tool_name: self.call.tool_name.to_owned(),
+            tool_version: self.call.tool_version.to_owned(),
+            tool_source: self.call.tool_source,
+            server_id: self.call.server_id.clone(),
+            arguments: self.arguments.clone(),
+            arguments_hash: self.arguments_hash.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            idempotency_class: self.call.class,
+            side_effect: self.call.side_effect,
+            origin_trust: request.origin_trust,
+            principal: request.principal.clone(),
+            parallel_group: request.parallel_group,
+            deadline_at: request.deadline_at,
+            status,
+            reason_code,
+            approval_id,
+            durability,
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The one pipeline function: every call, from every entry point, runs
+//! through [`Pipeline::call`]. Fourteen steps in the design document's order,
+//! with its four commits (intent, claim, result, and the watermark between),
+//! and no transaction open across tool I/O.
+//!
+//! Recovery re-enters the same function with the row it took over, so
+//! authority is re-checked by steps 1 to 6 and the recovery table is applied
+//! where deduplication meets the row.
+
+mod authorize;
+mod decide;
+mod dedup;
+mod execute;
+mod intent;
+mod recovery;
+mod refusals;
+mod settle;
+mod suspended;
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use super::call::{CallOutcome, CallRequest, PipelineSettings, Point, StepObserver};
+use super::output::RenderedPart;
+use super::records::unrecorded;
+use super::registry::ToolRegistry;
+use super::settlement::Settler;
+use super::worker::Lease;
+use crate::domain::ReasonCode;
+use crate::ports::{
+    ApprovalStore, ArtifactStore, Clock, CredentialResolver, InvocationStore, McpServers,
+    PolicyEngine,
+};
+
+/// The executor and what it stands on.
+pub struct Pipeline {
+    registry: Arc<ToolRegistry>,
+    invocations: Arc<dyn InvocationStore>,
+    approvals: Arc<dyn ApprovalStore>,
+    policy: Arc<dyn PolicyEngine>,
+    artifacts: Arc<dyn ArtifactStore>,
+    credentials: Arc<dyn CredentialResolver>,
+    clock: Arc<dyn Clock>,
+    observer: Arc<dyn StepObserver>,
+    mcp: Option<Arc<dyn McpServers>>,
+    worker_id: Uuid,
+    lease: Arc<Lease>,
+    settler: Settler,
+    settings: PipelineSettings,
+}
+
+/// The parts of a pipeline, as the composition root wires them.
+pub struct PipelineParts {
+    /// Resolution and specs.
+    pub registry: Arc<ToolRegistry>,
+    /// The invocation rows the four commits write.
+    pub invocations: Arc<dyn InvocationStore>,
+    /// Approvals, read when a waiting call resumes.
+    pub approvals: Arc<dyn ApprovalStore>,
+    /// Step 6.
+    pub policy: Arc<dyn PolicyEngine>,
+    /// Step 12's writer factory.
+    pub artifacts: Arc<dyn ArtifactStore>,
+    /// What tools resolve references with.
+    pub credentials: Arc<dyn CredentialResolver>,
+    /// Now.
+    pub clock: Arc<dyn Clock>,
+    /// Watches the steps.
+    pub observer: Arc<dyn StepObserver>,
+    /// The MCP servers recovery prepares, to re-run an MCP call whose tool
+    /// no session has registered since the start; `None` without any.
+    pub mcp: Option<Arc<dyn McpServers>>,
+    /// This process's worker (registered with a lease).
+    pub worker_id: Uuid,
+    /// That worker's lease as this process sees it: nothing is claimed
+    /// while it is not live.
+    pub lease: Arc<Lease>,
+    /// Settings.
+    pub settings: PipelineSettings,
+}
+
+impl Pipeline {
+    /// A pipeline over its parts.
+    pub fn new(parts: PipelineParts) -> Self {
+        Pipeline {
+            registry: parts.registry,
+            invocations: parts.invocations.clone(),
+            approvals: parts.approvals,
+            policy: parts.policy,
+            artifacts: parts.artifacts,
+            credentials: parts.credentials,
+            clock: parts.clock,
+            observer: parts.observer,
+            mcp: parts.mcp,
+            worker_id: parts.worker_id,
+            lease: parts.lease,
+            settler: Settler::new(parts.invocations.clone()),
+            settings: parts.settings,
+        }
+    }
+
+    /// This pipeline's worker.
+    pub fn worker_id(&self) -> Uuid {
+        self.worker_id
+    }
+
+    /// Rows whose terminal write waits for the store to answer again.
+    pub fn settlements_pending(&self) -> usize {
+        self.settler.pending()
+    }
+
+    /// Waits up to `within` for the rows whose terminal write waits for the
+    /// store; what is left is recovered by the table once the lease ends.
+    pub async fn drain_settlements(&self, within: std::time::Duration) {
+        self.settler.drain(within).await;
+    }
+
+    fn reached(&self, point: Point, request: &CallRequest) {
+        self.observer.reached(point, &request.call_id);
+    }
+
+    /// The one pipeline function.
+    pub async fn call(&self, request: CallRequest) -> CallOutcome {
+        use tracing::Instrument as _;
+        use tracing::field::Empty;
+        // The document's span: identity and classification, never arguments
+        // or results.
+        let span = tracing::info_span!(
+            "tool.execute",
+            tool.name = %request.name,
+            tool.source = Empty,
+            tool.version = Empty,
+            tool.idempotency_class = Empty,
+            tool.outcome_status = Empty,
+            tool.reason_code = Empty,
+            tool.truncated = Empty,
+            tool.parallel_group = ?request.parallel_group,
+        );
+        let started = std::time::Instant::now();
+        let outcome = self.call_steps(&request).instrument(span.clone()).await;
+        if let CallOutcome::Finished(finished) = &outcome {
+            span.record("tool.outcome_status", finished.outcome.status().as_str());
+            if let Some(code) = finished.outcome.reason_code() {
+                span.record("tool.reason_code", code.as_str());
+            }
+            // One line per finished call: identity, status and time only.
+            tracing::info!(
+                invocation_id = ?finished.invocation_id,
+                tool = %crate::domain::names::bounded_name(&request.name),
+                status = finished.outcome.status().as_str(),
+                reason_code = finished.outcome.reason_code().map(|code| code.as_str()),
+                duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "tool call finished"
+            );
+            let truncated = finished
+                .content
+                .iter()
+                .any(|part| matches!(part, RenderedPart::Artifact { .. }));
+            span.record("tool.truncated", truncated);
+        }
+        outcome
+    }
+
+    async fn call_steps(&self, request: &CallRequest) -> CallOutcome {
+        // A worker whose lease is not live claims nothing: the call is not
+        // started here, and the same call asked again (here once the lease
+        // is renewed, or on another node) is served.
+        if !self.lease.is_live() {
+            return unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable);
+        }
+        match self.steps(request).await {
+            Ok(outcome) => outcome,
+            // The store failed before the call's tool ran (a failure after
+            // is answered where it happens): whatever it recorded, the same
+            // call asked again reads it, and nothing it may hold runs twice.
+            Err(error) => {
+                tracing::error!(error = %error, call_id = %request.call_id, "store failure in the pipeline");
+                unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable)
+            }
+        }
+    }
+}
