@@ -19,12 +19,13 @@ mod render;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::StatusCode;
 use hyper::body::Bytes;
 use hyper::header::HeaderValue;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -556,8 +557,8 @@ impl Drop for CallSlot {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_credential_holds_its_bound_of_sessions_and_abandoned_ones_make_room() {
+    #[tokio::test(start_paused = true)]
+    async fn a_credential_holds_its_bound_of_sessions_and_abandoned_ones_make_room() {
         let open = OpenSessions::default();
         for _ in 0..2 {
             let (opening, evicted) = open.admit("key:a", 2).unwrap();
@@ -574,17 +575,25 @@ mod tests {
         assert!(open.admit("key:c", 1).is_none());
         drop(held);
         assert!(open.admit("key:c", 1).is_some());
-        let abandoned = {
-            let mut all = open.lock();
-            let sessions = &mut all.get_mut("key:a").unwrap().sessions;
-            let id = *sessions.keys().next().unwrap();
-            sessions.insert(id, Instant::now() - ABANDONED - Duration::from_secs(1));
-            id
+        // One left unused past the bound, the other used meanwhile: the
+        // abandoned one makes room.
+        let (abandoned, used) = {
+            let all = open.lock();
+            let mut ids = all["key:a"].sessions.keys().copied();
+            (ids.next().unwrap(), ids.next().unwrap())
         };
+        tokio::time::advance(ABANDONED - Duration::from_secs(1)).await;
+        open.touch("key:a", used);
+        assert!(open.admit("key:a", 2).is_none(), "not abandoned yet");
+        tokio::time::advance(Duration::from_secs(2)).await;
         let (opening, evicted) = open.admit("key:a", 2).unwrap();
         assert_eq!(evicted, Some(abandoned));
         opening.fill(Uuid::new_v4());
         assert!(open.admit("key:a", 2).is_none());
+        // A day unused, a session has ended and holds no place.
+        tokio::time::advance(SESSION_IDLE).await;
+        let (_, evicted) = open.admit("key:a", 2).unwrap();
+        assert_eq!(evicted, None);
     }
 
     #[test]

@@ -8,10 +8,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::call::CallRequest;

@@ -481,7 +481,7 @@ mod tests {
     async fn stderr_past_its_budget_is_counted_not_logged() {
         let folder = tempfile::tempdir().unwrap();
         let script = "head -c 8388608 /dev/zero | tr '\\0' '\\n' | sed 's/^/fake INFO line/' >&2";
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let mut child = spawn(&spec(folder.path(), "/bin/sh", &["-c", script])).unwrap();
         let stderr = child.stderr.take().unwrap();
         let metrics = Arc::new(Counted::default());

@@ -32,7 +32,7 @@ impl MeteredInvocations {
 pub const UNKNOWN_TOOL: &str = "unknown";
 
 /// Records how long one of the hot path's commits took.
-fn commit_time(metrics: &dyn Metrics, operation: &str, started: std::time::Instant) {
+fn commit_time(metrics: &dyn Metrics, operation: &str, started: tokio::time::Instant) {
     metrics.observe(
         "store_commit_seconds",
         vec![("operation", operation.to_owned())],
@@ -121,7 +121,7 @@ impl InvocationStore for MeteredInvocations {
         durability: Durability,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let marked = self
                 .inner
                 .mark_effect_sent(tenant, id, fence, now, durability)
@@ -138,7 +138,7 @@ impl InvocationStore for MeteredInvocations {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let outcome = self.inner.insert_invocation(new, claim, events).await?;
             commit_time(self.metrics.as_ref(), "insert", started);
             if matches!(outcome, InsertOutcome::Inserted(_)) {
@@ -155,7 +155,7 @@ impl InvocationStore for MeteredInvocations {
         events: &'a [ToolEvent],
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let row = self.inner.insert_uncounted(new, claim, events).await?;
             // Only an insert is an insert's commit: an attempt that wrote
             // nothing is followed by the usual insert, timed there.
@@ -216,7 +216,7 @@ impl InvocationStore for MeteredInvocations {
         durability: Durability,
     ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
         Box::pin(async move {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let row = self
                 .inner
                 .claim_invocation(tenant, id, fence, now, events, durability)
@@ -259,7 +259,7 @@ impl InvocationStore for MeteredInvocations {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let written = self
                 .inner
                 .complete_invocation(tenant, id, fence, terminal, events, now)

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use super::Pipeline;
 use super::decide::{Deduplication, deduplication};
 use super::intent::RecordedAs;
+use super::{Pipeline, in_progress};
 use crate::domain::policy::PolicyDecision;
 use crate::domain::{ApprovalStatus, ReasonCode, ToolEventKind, ToolOutcome};
 use crate::pipeline::call::{CallOutcome, CallRequest, Finished};
@@ -66,16 +66,10 @@ impl Pipeline {
                     .await?
                 {
                     Some(taken) => self.recover_row(request, tool, taken, decision).await,
-                    None => Ok(unrecorded(
-                        tool.spec.name.clone(),
-                        ReasonCode::ToolConcurrencyConflict,
-                    )),
+                    None => Ok(in_progress(&tool.spec.name)),
                 }
             }
-            Deduplication::InProgress => Ok(unrecorded(
-                tool.spec.name.clone(),
-                ReasonCode::ToolConcurrencyConflict,
-            )),
+            Deduplication::InProgress => Ok(in_progress(&tool.spec.name)),
         }
     }
 

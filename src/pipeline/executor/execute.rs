@@ -2,20 +2,18 @@
 //! tool run under its deadline.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
-
+use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::Pipeline;
 use super::decide::{Conclusion, Execution, may_have_escaped};
+use super::{Pipeline, in_progress};
 use crate::domain::{
-    Durability, ReasonCode, SecretValue, ToolEventKind, ToolFailure, ToolFailureKind, ToolKind,
-    ToolSpec,
+    Durability, SecretValue, ToolEventKind, ToolFailure, ToolFailureKind, ToolKind, ToolSpec,
 };
 use crate::pipeline::breaker;
 use crate::pipeline::call::{CallOutcome, CallRequest, Point, SUSPENDING};
 use crate::pipeline::guard::{Contained, RecordingResolver, StoreWatermark, contain, system_time};
-use crate::pipeline::records::{row_event, unrecorded};
+use crate::pipeline::records::row_event;
 use crate::pipeline::registry::RegisteredTool;
 use crate::ports::{
     ArtifactWriter, BreakerTally, CancellationToken, ExecutionTarget, Fence, InvocationRecord,
@@ -35,10 +33,7 @@ impl Pipeline {
     ) -> Result<CallOutcome, StoreError> {
         self.reached(Point::Claim, request);
         let Some(fence) = row.fence() else {
-            return Ok(unrecorded(
-                tool.spec.name.clone(),
-                ReasonCode::ToolConcurrencyConflict,
-            ));
+            return Ok(in_progress(&tool.spec.name));
         };
         let outcome = self.run_claimed(request, tool, row, fence).await?;
         self.with_synthesis_flag(request, &tool.spec.name, arguments_hash, tally, outcome)
@@ -101,10 +96,7 @@ impl Pipeline {
     ) -> Result<CallOutcome, StoreError> {
         self.reached(Point::Claim, request);
         let Some(fence) = row.fence() else {
-            return Ok(unrecorded(
-                tool.spec.name.clone(),
-                ReasonCode::ToolConcurrencyConflict,
-            ));
+            return Ok(in_progress(&tool.spec.name));
         };
         let events = [row_event(&row, ToolEventKind::Started)];
         let Some(running) = self

@@ -137,7 +137,7 @@ impl Pipeline {
             tool.truncated = Empty,
             tool.parallel_group = ?request.parallel_group,
         );
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let outcome = self.call_steps(&request).instrument(span.clone()).await;
         if let CallOutcome::Finished(finished) = &outcome {
             span.record("tool.outcome_status", finished.outcome.status().as_str());
@@ -180,4 +180,10 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// "In progress": the row is another worker's, or moved under this one;
+/// the same call asked again resolves it.
+fn in_progress(action: &str) -> CallOutcome {
+    unrecorded(action.to_owned(), ReasonCode::ToolConcurrencyConflict)
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use super::Pipeline;
 use super::decide::{Recovery, asks_for_approval, ending_code, recovery, settled_without_the_tool};
+use super::{Pipeline, in_progress};
 use crate::domain::policy::PolicyDecision;
 use crate::domain::{AgentSpec, ArgumentTrust, ReasonCode, ToolOutcomeStatus, ToolSource};
 use crate::pipeline::call::{CallOutcome, CallRequest, CallerTerms, RecoveryReport};
@@ -28,10 +28,7 @@ impl Pipeline {
         decision: PolicyDecision,
     ) -> Result<CallOutcome, StoreError> {
         let Some(fence) = row.fence() else {
-            return Ok(unrecorded(
-                tool.spec.name.clone(),
-                ReasonCode::ToolConcurrencyConflict,
-            ));
+            return Ok(in_progress(&tool.spec.name));
         };
         let expired = row
             .deadline_at
@@ -92,7 +89,7 @@ impl Pipeline {
         Ok(
             match self.invocations.invocation(&row.tenant_id, row.id).await? {
                 Some(current) if current.status.is_terminal() => recorded(&current),
-                _ => unrecorded(row.tool_name.clone(), ReasonCode::ToolConcurrencyConflict),
+                _ => in_progress(&row.tool_name),
             },
         )
     }

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::Pipeline;
 use super::decide::ending_code;
 use super::intent::{Intent, RecordedAs};
+use super::{Pipeline, in_progress};
 use crate::domain::names::bounded_name;
 use crate::domain::{
     Durability, ReasonCode, ToolEventKind, ToolKind, ToolOutcomeStatus, TrustLevel, canonicalize,
@@ -15,7 +15,7 @@ use crate::domain::{
 use crate::pipeline::breaker;
 use crate::pipeline::call::{CallOutcome, CallRequest, TOOL_CALL};
 use crate::pipeline::output::RenderedPart;
-use crate::pipeline::records::{recorded, terminal_event_kind, unrecorded};
+use crate::pipeline::records::{recorded, terminal_event_kind};
 use crate::pipeline::registry::RegisteredTool;
 use crate::ports::{Claim, InsertOutcome, StoreError};
 
@@ -184,10 +184,7 @@ impl Pipeline {
             {
                 return self.end_held(&row, fence, ending_code(&row, code)).await;
             }
-            return Ok(unrecorded(
-                intent.call.tool_name.to_owned(),
-                ReasonCode::ToolConcurrencyConflict,
-            ));
+            return Ok(in_progress(intent.call.tool_name));
         }
         let mut outcome = recorded(&row);
         if let (CallOutcome::Finished(finished), Some(detail), true) =

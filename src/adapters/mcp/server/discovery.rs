@@ -1,0 +1,361 @@
+//! Connecting and discovery: the pin a server's sessions reuse.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use super::tools::{McpTool, ReadResourceTool};
+use super::{CLOSE_GRACE, Endpoint, McpServer, lock};
+use crate::adapters::mcp::catalog::{RemoteTool, map_catalog};
+use crate::adapters::mcp::child::ChildSpec;
+use crate::adapters::mcp::client::{ClientError, Connection, RemotePrompt, RemoteResource};
+use crate::adapters::mcp::framing::Ceilings;
+use crate::adapters::mcp::http::EgressClient;
+use crate::adapters::mcp::render::{READ_RESOURCE, by_name, read_resource_spec, skill_metadata};
+use crate::domain::mcp_server::AuthScheme;
+use crate::domain::names::mcp_registry_name;
+use crate::domain::{ReasonCode, SkillMetadata};
+use crate::ports::{DiscoveredTool, DiscoveryOutcome, ServerDiscovery};
+
+/// A discovery this process remembers: the pin every later session reuses.
+pub(super) struct Remembered {
+    pub(super) catalog_hash: String,
+    pub(super) resources: Vec<RemoteResource>,
+    pub(super) prompts: Vec<(SkillMetadata, RemotePrompt)>,
+    pub(super) discovery: ServerDiscovery,
+    pub(super) at: Instant,
+}
+
+impl McpServer {
+    pub(super) async fn open(&self) -> Result<Connection, ReasonCode> {
+        self.open_within(self.connect_timeout()).await
+    }
+
+    /// Connects, the handshake bounded by `connect_timeout`.
+    pub(super) async fn open_within(
+        &self,
+        connect_timeout: Duration,
+    ) -> Result<Connection, ReasonCode> {
+        let hard_ceiling =
+            usize::try_from(self.classification().maximum_output_bytes.saturating_mul(4))
+                .unwrap_or(usize::MAX);
+        let opened = match &self.endpoint {
+            Endpoint::Stdio(settings) => {
+                let credential = match (settings.auth_scheme, &settings.auth_name) {
+                    (AuthScheme::Env, Some(name)) => {
+                        let reference = settings
+                            .credential_ref
+                            .as_ref()
+                            .ok_or(ReasonCode::ToolAuthFailed)?;
+                        let value = self
+                            .shared
+                            .credentials
+                            .resolve(reference)
+                            .await
+                            .map_err(|_| ReasonCode::ToolAuthFailed)?;
+                        *lock(&self.credential) = Some(value.clone());
+                        Some((name.clone(), value))
+                    }
+                    _ => None,
+                };
+                let spec = ChildSpec {
+                    server_id: settings.server_id.clone(),
+                    program: settings.program.clone(),
+                    args: settings.args.clone(),
+                    declared: settings.env.clone(),
+                    credential,
+                    state_dir: settings.state_dir.clone(),
+                    run_as: settings.run_as,
+                    path: settings.path.clone(),
+                };
+                Connection::open(
+                    &spec,
+                    connect_timeout,
+                    hard_ceiling,
+                    self.shared.metrics.clone(),
+                )
+                .await
+            }
+            Endpoint::Http {
+                settings,
+                dialer,
+                authenticator,
+            } => {
+                let ceilings = Ceilings::new(hard_ceiling);
+                let client = EgressClient::new(
+                    &settings.server_id,
+                    dialer.clone(),
+                    authenticator.clone(),
+                    settings.request_timeout,
+                    ceilings.clone(),
+                );
+                let opened = Connection::open_http(
+                    &settings.server_id,
+                    client,
+                    &settings.url,
+                    connect_timeout,
+                    ceilings,
+                )
+                .await;
+                if matches!(opened, Err(ClientError::Unauthorized { .. })) {
+                    authenticator.forget();
+                }
+                opened
+            }
+        };
+        opened.map_err(|error| {
+            tracing::warn!(server = %self.server_id(), error = %error, "mcp connect failed");
+            self.shared.metrics.increment(
+                "mcp_connect_failures_total",
+                vec![
+                    ("server", self.server_id().to_owned()),
+                    ("reason_code", error.reason_code().as_str().to_owned()),
+                ],
+            );
+            error.reason_code()
+        })
+    }
+
+    /// Connects and lists everything: the live half of discovery.
+    pub(super) async fn discover_live(
+        self: &Arc<Self>,
+    ) -> Result<
+        (
+            Connection,
+            Vec<RemoteTool>,
+            Vec<RemoteResource>,
+            Vec<RemotePrompt>,
+        ),
+        ReasonCode,
+    > {
+        self.discover_live_within(self.connect_timeout()).await
+    }
+
+    /// [`Self::discover_live`] with the handshake bounded by `connect_timeout`.
+    pub(super) async fn discover_live_within(
+        self: &Arc<Self>,
+        connect_timeout: Duration,
+    ) -> Result<
+        (
+            Connection,
+            Vec<RemoteTool>,
+            Vec<RemoteResource>,
+            Vec<RemotePrompt>,
+        ),
+        ReasonCode,
+    > {
+        let connection = self.open_within(connect_timeout).await?;
+        let timeout = self.server_request_timeout();
+        let listed = async {
+            let tools = connection.list_tools(timeout).await?;
+            let features = connection.features();
+            let resources = if features.resources {
+                connection.list_resources(timeout).await?
+            } else {
+                Vec::new()
+            };
+            let prompts = if features.prompts {
+                connection.list_prompts(timeout).await?
+            } else {
+                Vec::new()
+            };
+            Ok::<_, ClientError>((tools, resources, prompts))
+        }
+        .await;
+        match listed {
+            Ok((tools, resources, prompts)) => Ok((connection, tools, resources, prompts)),
+            Err(error) => {
+                tracing::warn!(server = %self.server_id(), error = %error, "mcp discovery failed");
+                connection.close(CLOSE_GRACE).await;
+                Err(error.reason_code())
+            }
+        }
+    }
+
+    /// Maps a live discovery into the pin and remembers it.
+    pub(super) fn remember(
+        self: &Arc<Self>,
+        tools: Vec<RemoteTool>,
+        resources: Vec<RemoteResource>,
+        prompts: Vec<RemotePrompt>,
+        has_resources: bool,
+    ) -> Arc<Remembered> {
+        let server_id = self.server_id();
+        let classification = self.classification();
+        let catalog = map_catalog(server_id, classification, &tools);
+        let declarations = by_name(tools.clone());
+        let resource_name = mcp_registry_name(server_id, READ_RESOURCE);
+        let mut conflicts: Vec<Vec<String>> = catalog
+            .conflicts
+            .iter()
+            .map(|conflict| conflict.remote_names.clone())
+            .collect();
+        let mut found = Vec::new();
+        for (remote_name, spec) in catalog.specs {
+            if has_resources && spec.name == resource_name {
+                // The synthetic read tool owns this name on a server with
+                // resources; a remote tool that normalizes to it collides.
+                conflicts.push(vec![remote_name, READ_RESOURCE.to_owned()]);
+                continue;
+            }
+            let declaration = declarations.get(&remote_name).cloned();
+            found.push(DiscoveredTool {
+                remote_name: remote_name.clone(),
+                tool: Arc::new(McpTool {
+                    spec,
+                    remote_name,
+                    declaration,
+                    server: Arc::downgrade(self),
+                }),
+            });
+        }
+        if has_resources {
+            found.push(DiscoveredTool {
+                remote_name: READ_RESOURCE.to_owned(),
+                tool: Arc::new(ReadResourceTool {
+                    spec: read_resource_spec(server_id, &catalog.catalog_hash, classification),
+                    server: Arc::downgrade(self),
+                }),
+            });
+        }
+        let prompts: Vec<(SkillMetadata, RemotePrompt)> = prompts
+            .into_iter()
+            .map(|prompt| (skill_metadata(server_id, &prompt), prompt))
+            .collect();
+        let discovery = ServerDiscovery {
+            server: self.row.clone(),
+            tenant_id: self.owner.clone(),
+            outcome: DiscoveryOutcome::Pinned,
+            catalog_hash: Some(catalog.catalog_hash.clone()),
+            tools: found,
+            conflicts,
+            skills: prompts.iter().map(|(skill, _)| skill.clone()).collect(),
+        };
+        let remembered = Arc::new(Remembered {
+            catalog_hash: catalog.catalog_hash,
+            resources,
+            prompts,
+            discovery,
+            at: Instant::now(),
+        });
+        *lock(&self.remembered) = Some(remembered.clone());
+        remembered
+    }
+
+    /// The remembered discovery while it may still be pinned.
+    pub(super) fn reusable(&self) -> Option<Arc<Remembered>> {
+        lock(&self.remembered).clone().filter(|remembered| {
+            self.reuse
+                .is_none_or(|reuse| remembered.at.elapsed() < reuse)
+        })
+    }
+
+    /// Discovery for one preparation: the remembered pin, or a live one.
+    pub(in crate::adapters::mcp) async fn discover(
+        self: &Arc<Self>,
+        general: &Semaphore,
+        startup: &Semaphore,
+        share: Option<&Semaphore>,
+    ) -> ServerDiscovery {
+        if let Some(remembered) = self.reusable() {
+            return remembered.discovery.clone();
+        }
+        // Waiting for a discovery under way is bounded as a handshake is:
+        // a warm-up given longer than a session waits is not waited out.
+        let _one = tokio::time::timeout(self.connect_timeout(), self.discovering.lock())
+            .await
+            .ok();
+        if let Some(remembered) = self.reusable() {
+            return remembered.discovery.clone();
+        }
+        let failed = |reason_code| ServerDiscovery {
+            server: self.row.clone(),
+            tenant_id: self.owner.clone(),
+            outcome: DiscoveryOutcome::Failed { reason_code },
+            catalog_hash: None,
+            tools: Vec::new(),
+            conflicts: Vec::new(),
+            skills: Vec::new(),
+        };
+        // A process slot first, so queued start-ups do not hold general
+        // slots HTTP discovery could use.
+        let _process = if self.spawns() {
+            match startup.acquire().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return failed(ReasonCode::ToolServerUnreachable),
+            }
+        } else {
+            None
+        };
+        // A tenant's own servers take a general slot only within the
+        // tenant's share of them, so one tenant's silent servers cannot hold
+        // every slot another tenant's session waits for.
+        let _share = match share {
+            Some(share) => match share.acquire().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return failed(ReasonCode::ToolServerUnreachable),
+            },
+            None => None,
+        };
+        let Ok(_general) = general.acquire().await else {
+            return failed(ReasonCode::ToolServerUnreachable);
+        };
+        let started = Instant::now();
+        match self.discover_live().await {
+            Ok((connection, tools, resources, prompts)) => {
+                let has_resources = connection.features().resources;
+                let remembered = self.remember(tools, resources, prompts, has_resources);
+                self.install(connection).await;
+                let mut discovery = remembered.discovery.clone();
+                discovery.outcome = DiscoveryOutcome::Connected {
+                    duration_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+                };
+                discovery
+            }
+            Err(reason_code) => {
+                // A failed handshake forgets the earlier discovery.
+                lock(&self.remembered).take();
+                failed(reason_code)
+            }
+        }
+    }
+
+    /// The warm-up's discovery: remembers the catalog (and keeps the
+    /// connection for the first call) so a session pins it without
+    /// connecting; records nothing. Waits for the same slots a preparation
+    /// does, and up to `connect_timeout` for the handshake. Whether the
+    /// server's discovery is remembered now.
+    pub(in crate::adapters::mcp) async fn warm_up(
+        self: &Arc<Self>,
+        general: &Semaphore,
+        startup: &Semaphore,
+        connect_timeout: Duration,
+    ) -> bool {
+        let _one = self.discovering.lock().await;
+        if self.reusable().is_some() {
+            return true;
+        }
+        let _process = if self.spawns() {
+            match startup.acquire().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return false,
+            }
+        } else {
+            None
+        };
+        let Ok(_general) = general.acquire().await else {
+            return false;
+        };
+        match self.discover_live_within(connect_timeout).await {
+            Ok((connection, tools, resources, prompts)) => {
+                let has_resources = connection.features().resources;
+                self.remember(tools, resources, prompts, has_resources);
+                self.install(connection).await;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}

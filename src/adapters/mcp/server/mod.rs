@@ -1,0 +1,247 @@
+//! One MCP server, over stdio or streamable HTTP: its remembered discovery
+//! (the pin), its one live connection, the `Tool`s the pipeline calls, and
+//! for HTTP the per-session 401 ladder.
+//!
+//! The pin never moves. A `notifications/tools/list_changed` is listed,
+//! recorded as `mcp.catalog.changed` and not applied; a tool whose
+//! declaration has since disappeared or changed answers `tool.withdrawn`
+//! without dialling; a dead server answers `tool.server_unreachable` and is
+//! redialled by the next call, whose discovery is compared with the pin.
+//!
+//! A 401 on a call climbs the design's ladder once per server per session:
+//! the call is held, the credential obtained again, a byte-identical value
+//! (or none) stops the ladder, and the call is retried once only where the
+//! recovery table allows it; after that the session's calls to the server
+//! answer `tool.server_unauthorized` without dialling.
+
+mod calls;
+mod connection;
+mod discovery;
+mod ladder;
+mod settings;
+mod tools;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::auth::Authenticator;
+use super::catalog::RemoteTool;
+use super::client::Connection;
+use crate::domain::mcp_server::{ServerClassification, Transport};
+use crate::domain::{ReasonCode, SecretValue};
+use crate::ports::metrics::Metrics;
+use crate::ports::{Clock, CredentialResolver, EgressDialer, McpServerRow, PlatformEvent, Store};
+
+pub(in crate::adapters::mcp) use connection::close_when_unused;
+use discovery::Remembered;
+use ladder::Ladders;
+pub use settings::{HttpServerSettings, StdioServerSettings};
+
+/// How long a closing child gets between SIGTERM and SIGKILL.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// How long a burst of list-changed notifications is gathered into one look.
+pub const LIST_CHANGED_COALESCE: Duration = Duration::from_millis(250);
+
+/// How a server is reached.
+enum Endpoint {
+    Stdio(StdioServerSettings),
+    Http {
+        settings: HttpServerSettings,
+        dialer: Arc<dyn EgressDialer>,
+        authenticator: Arc<Authenticator>,
+    },
+}
+
+/// What every server shares with its set.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) credentials: Arc<dyn CredentialResolver>,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) metrics: Arc<dyn Metrics>,
+}
+
+/// One server: how it is reached, its one live connection, its pin.
+pub struct McpServer {
+    endpoint: Endpoint,
+    row: McpServerRow,
+    /// The tenant whose server it is; `None` for the operator's.
+    owner: Option<String>,
+    /// How long a discovery is pinned without connecting; `None` for the
+    /// life of the process.
+    reuse: Option<Duration>,
+    shared: Shared,
+    live: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    /// Held across a live discovery: a preparation arriving while the
+    /// warm-up (or another preparation) discovers waits for its pin rather
+    /// than making a second handshake.
+    discovering: tokio::sync::Mutex<()>,
+    remembered: Mutex<Option<Arc<Remembered>>>,
+    /// The newest listing seen after the pin, by remote name.
+    current: Mutex<Option<HashMap<String, RemoteTool>>>,
+    last_used: Mutex<Instant>,
+    /// The credential a stdio child was given: scrubbed from everything
+    /// the server returns, since a server can echo its own environment.
+    credential: Mutex<Option<SecretValue>>,
+    /// When the server was last started again after a failure.
+    last_restart: Mutex<Option<Instant>>,
+    ladders: Mutex<Ladders>,
+}
+
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere leaves plain data behind; it is still usable.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl McpServer {
+    fn new(
+        endpoint: Endpoint,
+        owner: Option<String>,
+        reuse: Option<Duration>,
+        shared: Shared,
+    ) -> Self {
+        let row = match &endpoint {
+            Endpoint::Stdio(settings) => settings.row(),
+            Endpoint::Http { settings, .. } => settings.row(),
+        };
+        McpServer {
+            endpoint,
+            row,
+            owner,
+            reuse,
+            shared,
+            live: tokio::sync::Mutex::new(None),
+            discovering: tokio::sync::Mutex::new(()),
+            remembered: Mutex::new(None),
+            current: Mutex::new(None),
+            last_used: Mutex::new(Instant::now()),
+            credential: Mutex::new(None),
+            last_restart: Mutex::new(None),
+            ladders: Mutex::new(Ladders::default()),
+        }
+    }
+
+    /// An operator's stdio server; its discovery is pinned for the life of
+    /// the process.
+    pub(in crate::adapters::mcp) fn stdio(settings: StdioServerSettings, shared: Shared) -> Self {
+        McpServer::new(Endpoint::Stdio(settings), None, None, shared)
+    }
+
+    /// An HTTP server, the operator's (`owner` `None`) or a tenant's; its
+    /// discovery is pinned for at most `reuse`.
+    pub(in crate::adapters::mcp) fn http(
+        settings: HttpServerSettings,
+        owner: Option<String>,
+        reuse: Duration,
+        dialer: Arc<dyn EgressDialer>,
+        shared: Shared,
+    ) -> Self {
+        let authenticator = Arc::new(Authenticator::new(
+            settings.auth.clone(),
+            shared.credentials.clone(),
+            dialer.clone(),
+            shared.clock.clone(),
+        ));
+        McpServer::new(
+            Endpoint::Http {
+                settings,
+                dialer,
+                authenticator,
+            },
+            owner,
+            Some(reuse),
+            shared,
+        )
+    }
+
+    /// The server's id.
+    pub fn server_id(&self) -> &str {
+        &self.row.server_id
+    }
+
+    /// The server as configured.
+    pub(in crate::adapters::mcp) fn row(&self) -> &McpServerRow {
+        &self.row
+    }
+
+    /// Whether it is spawned or dialled at all.
+    pub(in crate::adapters::mcp) fn enabled(&self) -> bool {
+        self.row.enabled
+    }
+
+    fn transport(&self) -> Transport {
+        self.row.transport
+    }
+
+    fn classification(&self) -> &ServerClassification {
+        match &self.endpoint {
+            Endpoint::Stdio(settings) => &settings.classification,
+            Endpoint::Http { settings, .. } => &settings.classification,
+        }
+    }
+
+    fn server_request_timeout(&self) -> Duration {
+        match &self.endpoint {
+            Endpoint::Stdio(settings) => settings.request_timeout,
+            Endpoint::Http { settings, .. } => settings.request_timeout,
+        }
+    }
+
+    pub(in crate::adapters::mcp) fn idle_timeout(&self) -> Duration {
+        match &self.endpoint {
+            Endpoint::Stdio(settings) => settings.idle_timeout,
+            Endpoint::Http { settings, .. } => settings.idle_timeout,
+        }
+    }
+
+    /// Whether it starts a process (and so takes a process-startup slot).
+    pub(in crate::adapters::mcp) fn spawns(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Stdio(_))
+    }
+
+    /// The credential in use: redacted from whatever the server returns.
+    fn secret(&self) -> Option<SecretValue> {
+        match &self.endpoint {
+            Endpoint::Stdio(_) => lock(&self.credential).clone(),
+            Endpoint::Http { authenticator, .. } => authenticator.current(),
+        }
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        match &self.endpoint {
+            Endpoint::Stdio(settings) => settings.connect_timeout,
+            Endpoint::Http { settings, .. } => settings.connect_timeout,
+        }
+    }
+
+    async fn record(&self, tenant_id: Option<&str>, event: PlatformEvent) {
+        let tenant_id = tenant_id.or(self.owner.as_deref());
+        if let Err(error) = self
+            .shared
+            .store
+            .record_event(tenant_id, &event, self.shared.clock.now())
+            .await
+        {
+            tracing::warn!(server = %self.server_id(), error = %error, "mcp event not recorded");
+        }
+    }
+
+    fn disconnected(&self, reason_code: ReasonCode) -> PlatformEvent {
+        PlatformEvent::ServerDisconnected {
+            server_id: self.server_id().to_owned(),
+            reason_code,
+        }
+    }
+
+    fn closed(&self, reason: &'static str) -> PlatformEvent {
+        PlatformEvent::ServerClosed {
+            server_id: self.server_id().to_owned(),
+            reason,
+        }
+    }
+}
