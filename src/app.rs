@@ -548,41 +548,56 @@ pub struct ServeOptions {
     pub migrate: bool,
 }
 
-/// `toolgate serve`: loads and validates the configuration, refuses pending
-/// migrations unless told to apply them, registers a worker and runs
-/// recovery, then serves the control API and the bridge until SIGTERM or
-/// SIGINT. The first signal drains (no new calls; in-flight calls finish or
-/// reach their deadline; turns, transports and sockets close; the lease is
-/// released); a second one forces the exit.
-pub async fn serve(
-    path: &Path,
+/// A node built from its validated configuration: its identity held, its
+/// store open (migrated when told to), its worker registered, every part
+/// wired and every listener bound; nothing served yet. [`App::spawn`]
+/// serves it; [`Running::drain`] ends it.
+pub struct App {
+    node: Node,
+    sessions: Arc<Sessions>,
+    api: Arc<ControlApi>,
+    operations: Arc<Operations>,
+    warm_up: WarmUp,
+    warmed: CancellationToken,
+    listeners: Listeners,
+}
+
+/// What a node holds from its build to the end of its drain.
+struct Node {
+    config: Config,
+    /// Held until the node ends: one process at a time is this node.
+    _identity: NodeIdentity,
+    worker: Arc<Worker>,
+    lease: Arc<crate::pipeline::Lease>,
+    pipeline: Arc<Pipeline>,
+    servers: Arc<McpServerSet>,
+    bridge: Arc<Bridge>,
+    front: Option<Arc<Front>>,
+    in_flight: Arc<InFlight>,
+    reloadable: Option<Arc<ReloadablePolicy>>,
+}
+
+/// Every listener a node serves, bound before any is served.
+struct Listeners {
+    control: tokio::net::UnixListener,
+    tcp: Option<(tokio::net::TcpListener, crate::domain::SecretValue)>,
+    ops: Option<tokio::net::TcpListener>,
+    front_tcp: Option<tokio::net::TcpListener>,
+    front_unix: Option<tokio::net::UnixListener>,
+}
+
+/// Builds the node `config` describes (`environment` resolves its
+/// references): refuses pending migrations unless `options` says to apply
+/// them, registers a worker, wires every part and binds every listener. If
+/// one cannot be bound, nothing is served and the lease ends at once.
+pub async fn build(
+    config: Config,
     environment: &BTreeMap<String, String>,
     options: ServeOptions,
-) -> Result<(), AppError> {
-    use tokio::signal::unix::{SignalKind, signal};
-
-    check_config(path, environment)?;
-    let config = Config::load(path, environment)?;
+) -> Result<App, AppError> {
     // Held until the process ends: one process at a time is this node.
     let node = NodeIdentity::acquire(&config.node.directory)?;
-    let store = store::connect(&config.store.url).await?;
-    let pending = store.pending_migrations().await?;
-    if !pending.is_empty() {
-        if !options.migrate {
-            return Err(AppError::Startup(format!(
-                "the store has {} pending migration(s); run `toolgate migrate` or `toolgate serve --migrate`",
-                pending.len()
-            )));
-        }
-        store.migrate().await?;
-    }
-    if store.row_security_bypassed().await? {
-        tracing::warn!(
-            "the store's PostgreSQL role is a superuser or has BYPASSRLS: row-level security \
-             does not isolate tenants; run serve as a role that owns nothing and may only use \
-             the tables (see docs/operations.md)"
-        );
-    }
+    let store = open_store(&config, &options).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let state = config
         .artifacts
@@ -671,7 +686,6 @@ pub async fn serve(
             inline_maximum_bytes: config.limits.inline_maximum_bytes,
         },
     }));
-    let sweeper = servers.spawn_idle_sweeper();
     let sessions = Arc::new(Sessions::new(SessionParts {
         registry,
         sessions: store.clone(),
@@ -723,10 +737,6 @@ pub async fn serve(
         connect_timeout: Duration::from_secs(u64::from(config.mcp.warmup_connect_timeout_seconds)),
         retry: Duration::from_secs(u64::from(config.mcp.warmup_retry_seconds)),
         attempts: config.mcp.warmup_attempts,
-    };
-    let warming = {
-        let (servers, warmed) = (servers.clone(), warmed.clone());
-        tokio::spawn(async move { servers.warm_up(warm_up, warmed).await })
     };
     let operations = Arc::new(Operations {
         metrics: metrics.clone(),
@@ -806,169 +816,327 @@ pub async fn serve(
     }));
     // Every listener is bound before anything is served; if one cannot be,
     // nothing was, and the lease ends with the attempt.
-    let listeners = async {
-        let tcp = match (&config.control.tcp, &config.control.token_ref) {
-            (Some(address), Some(reference)) => {
-                let reference = CredentialRef::parse(reference)
-                    .map_err(|error| AppError::Startup(error.to_string()))?;
-                let token = EnvFileResolver::new(environment.clone())
-                    .resolve(&reference)
-                    .await
-                    .map_err(|error| AppError::Startup(error.to_string()))?;
-                let tcp = tokio::net::TcpListener::bind(address.as_str())
-                    .await
-                    .map_err(|error| AppError::Startup(format!("control.tcp: {error}")))?;
-                tracing::info!(address = %address, "toolgate serving on loopback TCP");
-                Some((tcp, token))
-            }
-            _ => None,
-        };
-        let ops = match &config.ops.listen {
-            Some(address) => {
-                let ops = tokio::net::TcpListener::bind(address.as_str())
-                    .await
-                    .map_err(|error| AppError::Startup(format!("ops.listen: {error}")))?;
-                tracing::info!(address = %address, "operations listener serving");
-                Some(ops)
-            }
-            None => None,
-        };
-        let front_tcp = match (&front, &config.front.listen) {
-            (Some(_), Some(address)) => {
-                let bound = tokio::net::TcpListener::bind(address.as_str())
-                    .await
-                    .map_err(|error| AppError::Startup(format!("front.listen: {error}")))?;
-                tracing::info!(address = %address, "MCP front door serving on TCP");
-                Some(bound)
-            }
-            _ => None,
-        };
-        let front_unix = match (&front, &config.front.socket) {
-            (Some(_), Some(socket)) => {
-                let bound = bind_socket(
-                    socket,
-                    config.front.socket_mode_bits(),
-                    config.front.socket_group.as_deref(),
-                    "front",
-                )?;
-                tracing::info!(socket = %socket.display(), "MCP front door serving on a unix socket");
-                Some(bound)
-            }
-            _ => None,
-        };
-        Ok::<_, AppError>((bind_control(&config.control)?, tcp, ops, front_tcp, front_unix))
-    }
-    .await;
-    let (listener, tcp, ops, front_tcp, front_unix) = match listeners {
+    let listeners = match bind_listeners(&config, environment, front.is_some()).await {
         Ok(listeners) => listeners,
         Err(error) => {
             worker.release().await?;
             return Err(error);
         }
     };
-    let shutdown = CancellationToken::new();
-    // Recovery runs first, then heartbeats and periodic sweeps.
-    let maintenance = worker.clone().spawn(pipeline.clone(), shutdown.clone());
-    let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
-    let sweeping = tokio::spawn(sweep(bridge.clone(), sessions, shutdown.clone()));
-    let serving_tcp = tcp.map(|(tcp, token)| {
-        tokio::spawn(api.clone().serve_control_tcp(tcp, token, shutdown.clone()))
-    });
-    let mut serving_front = Vec::new();
-    if let Some(front) = &front {
-        serving_front.push(tokio::spawn(
-            front.credentials().clone().refresh(shutdown.clone()),
-        ));
-        if let Some(tcp) = front_tcp {
-            serving_front.push(tokio::spawn(front.clone().serve_tcp(tcp, shutdown.clone())));
-        }
-        if let Some(unix) = front_unix {
-            serving_front.push(tokio::spawn(
-                front.clone().serve_unix(unix, shutdown.clone()),
-            ));
-        }
-    }
-    // The operations listener answers until the process ends: a draining
-    // process is not ready, and says so.
-    let stop_ops = CancellationToken::new();
-    let serving_ops = ops.map(|ops| tokio::spawn(operations.serve(ops, stop_ops.clone())));
-    tracing::info!(socket = %config.control.socket.display(), "toolgate serving");
+    Ok(App {
+        node: Node {
+            config,
+            _identity: node,
+            worker,
+            lease,
+            pipeline,
+            servers,
+            bridge,
+            front,
+            in_flight,
+            reloadable,
+        },
+        sessions,
+        api,
+        operations,
+        warm_up,
+        warmed,
+        listeners,
+    })
+}
 
-    let mut terminate =
-        signal(SignalKind::terminate()).map_err(|error| AppError::Startup(error.to_string()))?;
-    let mut interrupt =
-        signal(SignalKind::interrupt()).map_err(|error| AppError::Startup(error.to_string()))?;
-    let mut hangup =
-        signal(SignalKind::hangup()).map_err(|error| AppError::Startup(error.to_string()))?;
-    let lost = lease.lost();
-    let mut lease_lost = false;
-    loop {
-        tokio::select! {
-            _ = terminate.recv() => break,
-            _ = interrupt.recv() => break,
-            // Another worker may take this node's calls now: it serves no
-            // more, drains, and stops for its supervisor to start it again.
-            _ = lost.cancelled() => {
-                lease_lost = true;
-                break;
-            }
-            _ = hangup.recv() => {
-                match &reloadable {
-                    // The file is the operator's: its error names a line,
-                    // never a secret.
-                    Some(reloadable) => match reloadable.reload() {
-                        Ok(()) => tracing::info!("policy reloaded"),
-                        Err(error) => tracing::warn!(error = %error, "policy not reloaded; the rules in force stay"),
-                    },
-                    None => tracing::info!("no policy file to reload"),
-                }
-                if let Some(front) = &front {
-                    reload_front_credentials(front, &config.front);
-                }
-            }
+/// The store the configuration names, its migrations applied when
+/// `options` says so (refused as pending otherwise).
+async fn open_store(
+    config: &Config,
+    options: &ServeOptions,
+) -> Result<Arc<dyn crate::ports::Store>, AppError> {
+    let store = store::connect(&config.store.url).await?;
+    let pending = store.pending_migrations().await?;
+    if !pending.is_empty() {
+        if !options.migrate {
+            return Err(AppError::Startup(format!(
+                "the store has {} pending migration(s); run `toolgate migrate` or `toolgate serve --migrate`",
+                pending.len()
+            )));
         }
+        store.migrate().await?;
     }
-    tracing::info!("toolgate draining");
-    let drain = async {
-        let drain_timeout = Duration::from_secs(u64::from(config.runtime.drain_timeout_seconds));
-        in_flight.drain(drain_timeout).await;
-        // Results the store failed under are written if it answers within
-        // the grace; what is left the table recovers.
-        pipeline.drain_settlements(drain_timeout).await;
-        bridge.close_all().await;
-        warming.abort();
-        shutdown.cancel();
-        let _ = sweeping.await;
-        let _ = serving.await;
-        if let Some(serving_tcp) = serving_tcp {
-            let _ = serving_tcp.await;
+    if store.row_security_bypassed().await? {
+        tracing::warn!(
+            "the store's PostgreSQL role is a superuser or has BYPASSRLS: row-level security \
+             does not isolate tenants; run serve as a role that owns nothing and may only use \
+             the tables (see docs/operations.md)"
+        );
+    }
+    Ok(store)
+}
+
+/// Every listener the configuration names (`front` whether the front
+/// door serves), bound.
+async fn bind_listeners(
+    config: &Config,
+    environment: &BTreeMap<String, String>,
+    front: bool,
+) -> Result<Listeners, AppError> {
+    let tcp = match (&config.control.tcp, &config.control.token_ref) {
+        (Some(address), Some(reference)) => {
+            let reference = CredentialRef::parse(reference)
+                .map_err(|error| AppError::Startup(error.to_string()))?;
+            let token = EnvFileResolver::new(environment.clone())
+                .resolve(&reference)
+                .await
+                .map_err(|error| AppError::Startup(error.to_string()))?;
+            Some((bind_tcp(address, "control.tcp").await?, token))
         }
-        for serving in serving_front {
-            let _ = serving.await;
-        }
-        let _ = maintenance.await;
-        sweeper.abort();
-        servers.shutdown().await;
+        _ => None,
     };
-    tokio::select! {
-        _ = drain => {}
-        _ = terminate.recv() => tracing::warn!("toolgate forced to stop"),
-        _ = interrupt.recv() => tracing::warn!("toolgate forced to stop"),
+    let ops = match &config.ops.listen {
+        Some(address) => Some(bind_tcp(address, "ops.listen").await?),
+        None => None,
+    };
+    let front_tcp = match (front, &config.front.listen) {
+        (true, Some(address)) => Some(bind_tcp(address, "front.listen").await?),
+        _ => None,
+    };
+    let front_unix = match (front, &config.front.socket) {
+        (true, Some(socket)) => {
+            let bound = bind_socket(
+                socket,
+                config.front.socket_mode_bits(),
+                config.front.socket_group.as_deref(),
+                "front",
+            )?;
+            tracing::info!(socket = %socket.display(), "MCP front door serving on a unix socket");
+            Some(bound)
+        }
+        _ => None,
+    };
+    Ok(Listeners {
+        control: bind_control(&config.control)?,
+        tcp,
+        ops,
+        front_tcp,
+        front_unix,
+    })
+}
+
+/// A TCP listener on `address`, the configuration's `field`; its failure
+/// names the field.
+async fn bind_tcp(address: &str, field: &str) -> Result<tokio::net::TcpListener, AppError> {
+    let bound = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|error| AppError::Startup(format!("{field}: {error}")))?;
+    tracing::info!(address = %address, listener = field, "listening");
+    Ok(bound)
+}
+
+impl App {
+    /// Serves the node: recovery first, then heartbeats and sweeps; the
+    /// listeners; the warm-up of the operator's servers in the background.
+    pub fn spawn(self) -> Running {
+        let App {
+            node,
+            sessions,
+            api,
+            operations,
+            warm_up,
+            warmed,
+            listeners,
+        } = self;
+        let Node {
+            config,
+            worker,
+            pipeline,
+            servers,
+            bridge,
+            front,
+            ..
+        } = &node;
+        let Listeners {
+            control: listener,
+            tcp,
+            ops,
+            front_tcp,
+            front_unix,
+        } = listeners;
+        let sweeper = servers.spawn_idle_sweeper();
+        // The operator's servers are discovered in the background: the node
+        // is ready once the first round is done, or its bound has passed.
+        let warming = {
+            let servers = servers.clone();
+            tokio::spawn(async move { servers.warm_up(warm_up, warmed).await })
+        };
+        let shutdown = CancellationToken::new();
+        // Recovery runs first, then heartbeats and periodic sweeps.
+        let maintenance = worker.clone().spawn(pipeline.clone(), shutdown.clone());
+        let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
+        let sweeping = tokio::spawn(sweep(bridge.clone(), sessions, shutdown.clone()));
+        let serving_tcp = tcp.map(|(tcp, token)| {
+            tokio::spawn(api.clone().serve_control_tcp(tcp, token, shutdown.clone()))
+        });
+        let mut serving_front = Vec::new();
+        if let Some(front) = &front {
+            serving_front.push(tokio::spawn(
+                front.credentials().clone().refresh(shutdown.clone()),
+            ));
+            if let Some(tcp) = front_tcp {
+                serving_front.push(tokio::spawn(front.clone().serve_tcp(tcp, shutdown.clone())));
+            }
+            if let Some(unix) = front_unix {
+                serving_front.push(tokio::spawn(
+                    front.clone().serve_unix(unix, shutdown.clone()),
+                ));
+            }
+        }
+        // The operations listener answers until the process ends: a draining
+        // process is not ready, and says so.
+        let stop_ops = CancellationToken::new();
+        let serving_ops = ops.map(|ops| tokio::spawn(operations.serve(ops, stop_ops.clone())));
+        tracing::info!(socket = %config.control.socket.display(), "toolgate serving");
+        Running {
+            node,
+            shutdown,
+            stop_ops,
+            tasks: Tasks {
+                maintenance,
+                serving,
+                sweeping,
+                serving_tcp,
+                serving_front,
+                serving_ops,
+                warming,
+                sweeper,
+            },
+        }
     }
-    stop_ops.cancel();
-    if let Some(serving_ops) = serving_ops {
-        let _ = serving_ops.await;
+}
+
+/// A node being served.
+pub struct Running {
+    node: Node,
+    shutdown: CancellationToken,
+    stop_ops: CancellationToken,
+    tasks: Tasks,
+}
+
+/// What a running node has spawned, each ended in its turn by the drain.
+struct Tasks {
+    maintenance: tokio::task::JoinHandle<()>,
+    serving: tokio::task::JoinHandle<()>,
+    sweeping: tokio::task::JoinHandle<()>,
+    serving_tcp: Option<tokio::task::JoinHandle<()>>,
+    serving_front: Vec<tokio::task::JoinHandle<()>>,
+    serving_ops: Option<tokio::task::JoinHandle<()>>,
+    warming: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Cancelled when this node's lease is lost: another worker may take
+    /// its calls, so it must serve no more, drain, and stop.
+    pub fn lease_lost(&self) -> CancellationToken {
+        self.node.lease.lost()
     }
-    let _ = std::fs::remove_file(&config.control.socket);
-    if let (Some(_), Some(socket)) = (&front, &config.front.socket) {
-        let _ = std::fs::remove_file(socket);
+
+    /// What SIGHUP asks for: the policy file and the front door's
+    /// credentials read again; what does not validate leaves what is in
+    /// force.
+    pub fn reload(&self) {
+        match &self.node.reloadable {
+            // The file is the operator's: its error names a line, never a
+            // secret.
+            Some(reloadable) => match reloadable.reload() {
+                Ok(()) => tracing::info!("policy reloaded"),
+                Err(error) => {
+                    tracing::warn!(error = %error, "policy not reloaded; the rules in force stay")
+                }
+            },
+            None => tracing::info!("no policy file to reload"),
+        }
+        if let Some(front) = &self.node.front {
+            reload_front_credentials(front, &self.node.config.front);
+        }
     }
-    worker.release().await?;
-    tracing::info!("toolgate stopped");
-    if lease_lost {
-        return Err(AppError::LeaseLost);
+
+    /// Drains: no new calls; calls in flight finish or reach their
+    /// deadline within `runtime.drain_timeout_seconds`; turns, transports
+    /// and sockets close; the lease is released. `force` ending first cuts
+    /// the wait short. `lease_lost` says why it drains.
+    pub async fn drain(
+        self,
+        force: impl Future<Output = ()>,
+        lease_lost: bool,
+    ) -> Result<(), AppError> {
+        let Running {
+            node,
+            shutdown,
+            stop_ops,
+            tasks,
+        } = self;
+        let Node {
+            config,
+            _identity,
+            worker,
+            pipeline,
+            servers,
+            bridge,
+            front,
+            in_flight,
+            ..
+        } = node;
+        let Tasks {
+            maintenance,
+            serving,
+            sweeping,
+            serving_tcp,
+            serving_front,
+            serving_ops,
+            warming,
+            sweeper,
+        } = tasks;
+        tracing::info!("toolgate draining");
+        let drain = async {
+            let drain_timeout =
+                Duration::from_secs(u64::from(config.runtime.drain_timeout_seconds));
+            in_flight.drain(drain_timeout).await;
+            // Results the store failed under are written if it answers within
+            // the grace; what is left the table recovers.
+            pipeline.drain_settlements(drain_timeout).await;
+            bridge.close_all().await;
+            warming.abort();
+            shutdown.cancel();
+            let _ = sweeping.await;
+            let _ = serving.await;
+            if let Some(serving_tcp) = serving_tcp {
+                let _ = serving_tcp.await;
+            }
+            for serving in serving_front {
+                let _ = serving.await;
+            }
+            let _ = maintenance.await;
+            sweeper.abort();
+            servers.shutdown().await;
+        };
+        tokio::select! {
+            _ = drain => {}
+            _ = force => tracing::warn!("toolgate forced to stop"),
+        }
+        stop_ops.cancel();
+        if let Some(serving_ops) = serving_ops {
+            let _ = serving_ops.await;
+        }
+        let _ = std::fs::remove_file(&config.control.socket);
+        if let (Some(_), Some(socket)) = (&front, &config.front.socket) {
+            let _ = std::fs::remove_file(socket);
+        }
+        worker.release().await?;
+        tracing::info!("toolgate stopped");
+        if lease_lost {
+            return Err(AppError::LeaseLost);
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// SIGHUP: the front door's API keys file and JWK set file are read again;

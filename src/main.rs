@@ -255,7 +255,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             };
             let options = toolgate::app::ServeOptions { migrate };
-            let served = runtime.block_on(toolgate::app::serve(&config, &environment, options));
+            let served = runtime.block_on(serve(&config, &environment, options));
             // What spans are buffered go to the collector before the exit.
             if let Some(export) = &export {
                 export.shutdown();
@@ -525,4 +525,41 @@ fn runtime_with(threads: usize) -> Option<tokio::runtime::Runtime> {
             None
         }
     }
+}
+
+/// `toolgate serve`: the node built from its checked configuration and
+/// served until SIGTERM or SIGINT, or until its lease is lost. The first
+/// signal drains; a second one forces the exit. SIGHUP reloads the policy
+/// and the front door's credentials.
+async fn serve(
+    path: &std::path::Path,
+    environment: &BTreeMap<String, String>,
+    options: toolgate::app::ServeOptions,
+) -> Result<(), toolgate::app::AppError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    use toolgate::app::{self, AppError};
+    app::check_config(path, environment)?;
+    let config = toolgate::config::Config::load(path, environment)?;
+    let running = app::build(config, environment, options).await?.spawn();
+    let listen =
+        |kind: SignalKind| signal(kind).map_err(|error| AppError::Startup(error.to_string()));
+    let mut terminate = listen(SignalKind::terminate())?;
+    let mut interrupt = listen(SignalKind::interrupt())?;
+    let mut hangup = listen(SignalKind::hangup())?;
+    let lost = running.lease_lost();
+    let lease_lost = loop {
+        tokio::select! {
+            _ = terminate.recv() => break false,
+            _ = interrupt.recv() => break false,
+            _ = lost.cancelled() => break true,
+            _ = hangup.recv() => running.reload(),
+        }
+    };
+    let force = async {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    };
+    running.drain(force, lease_lost).await
 }

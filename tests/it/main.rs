@@ -4,6 +4,7 @@
 // is the one they share (clippy.toml keeps it out of `src`).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
+mod app;
 mod boundaries;
 mod clients;
 mod config;

@@ -599,15 +599,12 @@ impl Connection {
 
     /// Every page of `tools/list`, within `timeout` per page.
     pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<RemoteTool>, ClientError> {
-        let _listing = self.ceilings.listing();
-        let mut tools = Vec::new();
-        let mut cursor = None;
-        for _ in 0..MAXIMUM_PAGES {
-            let page = self
-                .request(timeout, self.service.peer().list_tools(page(cursor)))
-                .await?;
-            for tool in page.tools {
-                tools.push(RemoteTool {
+        self.every_page(
+            "tool",
+            timeout,
+            |cursor| self.service.peer().list_tools(cursor),
+            |page| {
+                let tools = page.tools.into_iter().map(|tool| RemoteTool {
                     name: tool.name.into_owned(),
                     description: tool.description.map(|text| text.into_owned()),
                     input_schema: Value::Object((*tool.input_schema).clone()),
@@ -622,16 +619,10 @@ impl Connection {
                             _ => None,
                         }),
                 });
-            }
-            if tools.len() > MAXIMUM_ENTRIES {
-                return Err(self.too_long("tool"));
-            }
-            match page.next_cursor {
-                Some(next) => cursor = Some(next),
-                None => return Ok(tools),
-            }
-        }
-        Err(self.too_long("tool"))
+                Ok((tools.collect(), page.next_cursor))
+            },
+        )
+        .await
     }
 
     /// Every page of `resources/list`.
@@ -639,31 +630,25 @@ impl Connection {
         &self,
         timeout: Duration,
     ) -> Result<Vec<RemoteResource>, ClientError> {
-        let _listing = self.ceilings.listing();
-        let mut resources = Vec::new();
-        let mut cursor = None;
-        for _ in 0..MAXIMUM_PAGES {
-            let page = self
-                .request(timeout, self.service.peer().list_resources(page(cursor)))
-                .await?;
-            for resource in page.resources {
-                let value = serde_json::to_value(&resource).map_err(|_| self.protocol())?;
-                let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
-                resources.push(RemoteResource {
-                    uri: text("uri").ok_or_else(|| self.protocol())?,
-                    name: text("name").unwrap_or_default(),
-                    mime_type: text("mimeType"),
+        self.every_page(
+            "resource",
+            timeout,
+            |cursor| self.service.peer().list_resources(cursor),
+            |page| {
+                let resources = page.resources.iter().map(|resource| {
+                    let value = serde_json::to_value(resource).map_err(|_| self.protocol())?;
+                    let text =
+                        |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+                    Ok::<_, ClientError>(RemoteResource {
+                        uri: text("uri").ok_or_else(|| self.protocol())?,
+                        name: text("name").unwrap_or_default(),
+                        mime_type: text("mimeType"),
+                    })
                 });
-            }
-            if resources.len() > MAXIMUM_ENTRIES {
-                return Err(self.too_long("resource"));
-            }
-            match page.next_cursor {
-                Some(next) => cursor = Some(next),
-                None => return Ok(resources),
-            }
-        }
-        Err(self.too_long("resource"))
+                Ok((resources.collect::<Result<_, _>>()?, page.next_cursor))
+            },
+        )
+        .await
     }
 
     /// `resources/read`: the contents, each as the JSON the server sent.
@@ -690,15 +675,12 @@ impl Connection {
 
     /// Every page of `prompts/list`.
     pub async fn list_prompts(&self, timeout: Duration) -> Result<Vec<RemotePrompt>, ClientError> {
-        let _listing = self.ceilings.listing();
-        let mut prompts = Vec::new();
-        let mut cursor = None;
-        for _ in 0..MAXIMUM_PAGES {
-            let page = self
-                .request(timeout, self.service.peer().list_prompts(page(cursor)))
-                .await?;
-            for prompt in page.prompts {
-                prompts.push(RemotePrompt {
+        self.every_page(
+            "prompt",
+            timeout,
+            |cursor| self.service.peer().list_prompts(cursor),
+            |page| {
+                let prompts = page.prompts.into_iter().map(|prompt| RemotePrompt {
                     required_tools: required_tools(prompt.meta.as_ref()),
                     name: prompt.name,
                     description: prompt.description,
@@ -713,16 +695,42 @@ impl Connection {
                         })
                         .collect(),
                 });
+                Ok((prompts.collect(), page.next_cursor))
+            },
+        )
+        .await
+    }
+
+    /// Every page of one list, within `timeout` a page, under the listing
+    /// ceiling: `fetch` asks for the page after a cursor, `entries` makes a
+    /// page its entries and the next cursor. At most [`MAXIMUM_PAGES`]
+    /// pages and [`MAXIMUM_ENTRIES`] entries of `kind`.
+    async fn every_page<Page, Entry, Asked>(
+        &self,
+        kind: &'static str,
+        timeout: Duration,
+        fetch: impl Fn(Option<PaginatedRequestParams>) -> Asked,
+        entries: impl Fn(Page) -> Result<(Vec<Entry>, Option<String>), ClientError>,
+    ) -> Result<Vec<Entry>, ClientError>
+    where
+        Asked: Future<Output = Result<Page, ServiceError>>,
+    {
+        let _listing = self.ceilings.listing();
+        let mut all = Vec::new();
+        let mut cursor = None;
+        for _ in 0..MAXIMUM_PAGES {
+            let page = self.request(timeout, fetch(page(cursor))).await?;
+            let (mut got, next) = entries(page)?;
+            all.append(&mut got);
+            if all.len() > MAXIMUM_ENTRIES {
+                return Err(self.too_long(kind));
             }
-            if prompts.len() > MAXIMUM_ENTRIES {
-                return Err(self.too_long("prompt"));
-            }
-            match page.next_cursor {
+            match next {
                 Some(next) => cursor = Some(next),
-                None => return Ok(prompts),
+                None => return Ok(all),
             }
         }
-        Err(self.too_long("prompt"))
+        Err(self.too_long(kind))
     }
 
     /// `prompts/get`: the messages, each as the JSON the server sent.

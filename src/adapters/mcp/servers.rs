@@ -126,9 +126,11 @@ impl McpServerSet {
         clock: Arc<dyn Clock>,
         metrics: Arc<dyn Metrics>,
     ) -> Self {
+        // Of the store, only what servers use: events, and the tenants' rows.
         let shared = Shared {
             credentials,
-            store,
+            events: store.clone(),
+            catalog: store,
             clock,
             metrics,
         };
@@ -194,7 +196,7 @@ impl McpServerSet {
     /// whose row is unchanged, new ones for new or changed rows; a server
     /// the tenant removed is dropped (its connection closes once unused).
     async fn tenant_servers(&self, tenant_id: &str) -> Vec<Arc<McpServer>> {
-        let rows = match self.shared.store.tenant_mcp_servers(tenant_id).await {
+        let rows = match self.shared.catalog.tenant_mcp_servers(tenant_id).await {
             Ok(rows) => rows,
             Err(error) => {
                 tracing::warn!(error = %error, "tenant servers not read; the session has the operator's only");

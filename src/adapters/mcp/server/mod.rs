@@ -33,7 +33,9 @@ use super::client::Connection;
 use crate::domain::mcp_server::{ServerClassification, Transport};
 use crate::domain::{ReasonCode, SecretValue};
 use crate::ports::metrics::Metrics;
-use crate::ports::{Clock, CredentialResolver, EgressDialer, McpServerRow, PlatformEvent, Store};
+use crate::ports::{
+    CatalogStore, Clock, CredentialResolver, EgressDialer, EventStore, McpServerRow, PlatformEvent,
+};
 
 pub(in crate::adapters::mcp) use connection::close_when_unused;
 use discovery::Remembered;
@@ -59,7 +61,10 @@ enum Endpoint {
 #[derive(Clone)]
 pub(super) struct Shared {
     pub(super) credentials: Arc<dyn CredentialResolver>,
-    pub(super) store: Arc<dyn Store>,
+    /// Where its events go.
+    pub(super) events: Arc<dyn EventStore>,
+    /// Where the tenants' own servers are kept.
+    pub(super) catalog: Arc<dyn CatalogStore>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) metrics: Arc<dyn Metrics>,
 }
@@ -223,7 +228,7 @@ impl McpServer {
         let tenant_id = tenant_id.or(self.owner.as_deref());
         if let Err(error) = self
             .shared
-            .store
+            .events
             .record_event(tenant_id, &event, self.shared.clock.now())
             .await
         {

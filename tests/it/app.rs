@@ -1,0 +1,130 @@
+//! The app in-process: built from its configuration, spawned, and drained
+//! while a call is in flight, with no child process between the test and
+//! the node.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolgate::app::{self, ServeOptions};
+use toolgate::config::Config;
+use uuid::Uuid;
+
+use crate::serve::{TENANT, http};
+
+fn post(socket: &Path, path: &str, body: &Value) -> (u16, Value) {
+    let text = body.to_string();
+    let (status, _, answer) = http(
+        socket,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        Some(text.as_bytes()),
+    );
+    (
+        status,
+        serde_json::from_slice(&answer).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_built_in_process_drains_with_a_call_in_flight() {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("toolgate.toml");
+    std::fs::write(
+        &path,
+        r#"
+[control]
+socket = "run/control.sock"
+
+[bridge]
+directory = "run/turns"
+
+[store]
+url = "sqlite://toolgate.db"
+
+[artifacts]
+directory = "state/artifacts"
+
+[node]
+directory = "state/node"
+"#,
+    )
+    .unwrap();
+    let environment = BTreeMap::new();
+    let config = Config::load(&path, &environment).unwrap();
+    let socket = config.control.socket.clone();
+    let built = app::build(config, &environment, ServeOptions { migrate: true })
+        .await
+        .unwrap();
+    // Built is not served: the socket is bound, nothing answers on it yet.
+    assert!(socket.exists());
+    let running = built.spawn();
+
+    let opened = {
+        let socket = socket.clone();
+        tokio::task::spawn_blocking(move || {
+            let session_id = Uuid::new_v4();
+            let (status, body) = post(
+                &socket,
+                "/v1/sessions",
+                &json!({
+                    "session_id": session_id,
+                    "tenant_id": TENANT,
+                    "principal": {"id": "user-1", "scopes": ["demo.use"]},
+                    "agent": {"tools": ["demo.*"]},
+                }),
+            );
+            assert_eq!(status, 200, "{body}");
+            session_id
+        })
+        .await
+        .unwrap()
+    };
+    let call = {
+        let socket = socket.clone();
+        tokio::task::spawn_blocking(move || {
+            post(
+                &socket,
+                "/v1/calls",
+                &json!({
+                    "session_id": opened, "run_id": Uuid::new_v4(), "step_number": 1,
+                    "origin_trust": "user",
+                    "calls": [{"call_id": "slow", "name": "demo.wait", "arguments": {"milliseconds": 1500}}]
+                }),
+            )
+        })
+    };
+    // The call is in flight when the drain starts; the drain waits for it,
+    // and nothing forces it to stop.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let started = tokio::time::Instant::now();
+    running
+        .drain(std::future::pending(), false)
+        .await
+        .expect("the drain ends the node cleanly");
+    let drained = started.elapsed();
+    let (status, body) = call.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
+    assert!(
+        drained >= Duration::from_millis(900),
+        "the drain waited for the call: {drained:?}"
+    );
+    // Drained: the socket is gone, and the node's lock is free for the
+    // next process.
+    assert!(!socket.exists(), "the control socket is removed");
+    let again = Config::load(&path, &environment).unwrap();
+    let rebuilt = app::build(again, &environment, ServeOptions::default())
+        .await
+        .expect("the same node starts again once drained");
+    rebuilt
+        .spawn()
+        .drain(std::future::ready(()), false)
+        .await
+        .unwrap();
+}
