@@ -1,0 +1,93 @@
+//! The front door's credentials from the configuration and its files.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{AppError, egress_dialer};
+use crate::config::{Config, ConfigErrors};
+use crate::front::{ApiKey, Credentials, Front, JwtSettings, KeySource, TenantSource};
+
+/// SIGHUP: the front door's API keys file and JWK set file are read again;
+/// what does not validate leaves the credentials in force as they were.
+pub(super) fn reload_front_credentials(front: &Front, config: &crate::config::FrontConfig) {
+    if config.api_keys_file.is_some() {
+        match all_front_keys(config) {
+            Ok(keys) => {
+                let count = keys.len();
+                front.credentials().replace_keys(keys);
+                tracing::info!(keys = count, "front door API keys reloaded");
+            }
+            Err(errors) => {
+                tracing::warn!(error = %errors, "front door API keys not reloaded; the keys in force stay")
+            }
+        }
+    }
+    if let Err(error) = front.credentials().reload_key_file() {
+        tracing::warn!(error = %error, "front door key set not reloaded; the set in force stays");
+    }
+}
+
+/// The front door's API keys as the front door holds them.
+pub(super) fn front_keys(keys: &[crate::config::ApiKeyConfig]) -> Vec<ApiKey> {
+    keys.iter()
+        .map(|key| ApiKey {
+            id: key.id.clone(),
+            sha256: key.sha256.clone(),
+            tenant_id: key.tenant_id.clone(),
+            principal: key.principal.clone(),
+            tools: key.tools.clone(),
+            origin_trust: key.origin_trust,
+        })
+        .collect()
+}
+
+/// Every API key the configuration names: its own and its file's.
+pub(super) fn all_front_keys(
+    front: &crate::config::FrontConfig,
+) -> Result<Vec<ApiKey>, ConfigErrors> {
+    let mut keys = front_keys(&front.api_keys);
+    if let Some(file) = &front.api_keys_file {
+        keys.extend(front_keys(&crate::config::read_api_keys_file(file)?));
+    }
+    Ok(keys)
+}
+
+/// The front door's credentials, from `[front]`.
+pub(super) fn front_credentials(config: &Config) -> Result<Arc<Credentials>, AppError> {
+    let front = &config.front;
+    let keys = all_front_keys(front).map_err(AppError::Config)?;
+    let jwt = match &front.jwt {
+        Some(jwt) => Some(JwtSettings {
+            issuer: jwt.issuer.clone(),
+            audiences: jwt.audiences.clone(),
+            algorithms: jwt
+                .algorithms
+                .iter()
+                .filter_map(|alg| alg.parse().ok())
+                .collect(),
+            leeway: Duration::from_secs(u64::from(jwt.leeway_seconds)),
+            tenant: match &jwt.tenant_id {
+                Some(tenant) => TenantSource::Fixed(tenant.clone()),
+                None => TenantSource::Claim(jwt.tenant_claim.clone()),
+            },
+            principal_claim: jwt.principal_claim.clone(),
+            scopes_claim: jwt.scopes_claim.clone(),
+            tools: jwt.tools.clone(),
+            origin_trust: jwt.origin_trust,
+            keys: match (&jwt.jwks_file, &jwt.jwks_url) {
+                (Some(file), _) => KeySource::File(file.clone()),
+                (None, Some(url)) => KeySource::Url {
+                    url: url.clone(),
+                    refresh: Duration::from_secs(u64::from(jwt.jwks_refresh_seconds)),
+                },
+                (None, None) => return Err(AppError::Startup("front.jwt names no key set".into())),
+            },
+        }),
+        None => None,
+    };
+    let dialer: Arc<dyn crate::ports::EgressDialer> = Arc::new(egress_dialer(config)?);
+    Ok(Arc::new(
+        Credentials::new(keys, jwt, dialer)
+            .map_err(|error| AppError::Startup(error.to_string()))?,
+    ))
+}

@@ -1,0 +1,524 @@
+//! The composition root: the only place that wires adapters to ports.
+//!
+//! Reads nothing from the process on its own; `main` hands it the
+//! configuration path and the environment.
+
+mod front_keys;
+mod identity;
+mod serve;
+mod sockets;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::adapters::credentials::EnvFileResolver;
+use crate::adapters::egress::{Dialer, EgressSettings};
+use crate::adapters::mcp::child::RunAs;
+use crate::adapters::mcp::{AuthSettings, HttpServerSettings, McpServerSet, StdioServerSettings};
+use crate::adapters::store;
+use crate::adapters::telemetry::MetricsRegistry;
+use crate::config::{Config, ConfigErrors};
+use crate::domain::egress::AllowedCidrs;
+use crate::domain::mcp_server::{AuthScheme, ServerClassification};
+use crate::domain::secret::CredentialRef;
+use crate::pipeline::{RegistryLimits, ToolRegistry, register_discoveries};
+use crate::ports::{Clock, McpServers, Metrics, PlatformEvent, StoreError, SystemClock};
+
+use front_keys::front_credentials;
+pub use serve::{App, Running, ServeOptions, build};
+
+/// How often expired turns are closed and idle sessions forgotten.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Why a command could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The configuration is invalid.
+    #[error("{0}")]
+    Config(#[from] ConfigErrors),
+    /// The store failed.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// A part could not be started.
+    #[error("{0}")]
+    Startup(String),
+    /// The worker could not be registered.
+    #[error("{0}")]
+    Worker(#[from] crate::pipeline::WorkerError),
+    /// The worker's lease was lost while serving: the process drained and
+    /// stopped, so another worker may take its calls; start it again.
+    #[error("the worker lease was lost; toolgate drained and stopped (start it again)")]
+    LeaseLost,
+}
+
+/// What `toolgate check-config` reports about a valid file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigSummary {
+    /// `sqlite` or `postgres`.
+    pub store_backend: &'static str,
+    /// Operator stdio servers configured (enabled or not).
+    pub stdio_servers: usize,
+    /// Operator HTTP servers configured (enabled or not).
+    pub http_servers: usize,
+    /// Egress allowlist entries.
+    pub egress_entries: usize,
+}
+
+/// Loads and validates the configuration at `path` as `serve` would,
+/// including the policy rule file it names.
+pub fn check_config(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<ConfigSummary, ConfigErrors> {
+    let config = Config::load(path, environment)?;
+    if let Some(file) = &config.policy.file
+        && let Err(error) = crate::adapters::policy::RuleFilePolicy::load(file)
+    {
+        return Err(ConfigErrors(vec![crate::config::ConfigError {
+            path: "policy.file".into(),
+            message: format!("the rule file is invalid: {error}"),
+        }]));
+    }
+    stdio_settings(&config)?;
+    // The trust roots load as serve would load them.
+    if let Err(error) = egress_dialer(&config) {
+        return Err(ConfigErrors(vec![crate::config::ConfigError {
+            path: "egress".into(),
+            message: error.to_string(),
+        }]));
+    }
+    // So does the front door's key set.
+    if config.front.enabled()
+        && let Err(error) = front_credentials(&config)
+    {
+        return Err(ConfigErrors(vec![crate::config::ConfigError {
+            path: "front".into(),
+            message: error.to_string(),
+        }]));
+    }
+    Ok(ConfigSummary {
+        store_backend: if config.store.url.starts_with("sqlite:") {
+            "sqlite"
+        } else {
+            "postgres"
+        },
+        stdio_servers: config.mcp.servers.len(),
+        http_servers: config.mcp.http_servers.len(),
+        egress_entries: config.egress.allow.len(),
+    })
+}
+
+/// The control socket the configuration at `path` names, for the operator
+/// commands that talk to a running sidecar.
+pub fn control_socket(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<PathBuf, ConfigErrors> {
+    Ok(Config::load(path, environment)?.control.socket)
+}
+
+/// `toolgate migrate`: applies the store's pending migrations and returns
+/// the versions applied (empty when already current).
+pub async fn migrate(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<Vec<i64>, AppError> {
+    let config = Config::load(path, environment)?;
+    let store = store::connect(&config.store.url).await?;
+    Ok(store.migrate().await?)
+}
+
+/// What `serve` needs before its runtime exists: the log filter and the
+/// runtime's threads.
+#[derive(Debug, Clone)]
+pub struct ProcessSettings {
+    /// `log.level`.
+    pub log_level: String,
+    /// `runtime.worker_threads`.
+    pub worker_threads: usize,
+    /// `[telemetry]`, when traces are exported.
+    pub otlp: Option<crate::adapters::telemetry::otlp::OtlpSettings>,
+}
+
+/// The process settings of the configuration at `path`.
+pub fn process_settings_of(config: &Config) -> ProcessSettings {
+    ProcessSettings {
+        log_level: config.log.level.clone(),
+        worker_threads: usize::try_from(config.runtime.worker_threads).unwrap_or(2),
+        otlp: config.telemetry.otlp_endpoint.as_ref().map(|endpoint| {
+            crate::adapters::telemetry::otlp::OtlpSettings {
+                endpoint: endpoint.clone(),
+                sampling_ratio: config.telemetry.sampling_ratio,
+                service_name: config.telemetry.service_name.clone(),
+            }
+        }),
+    }
+}
+
+/// The process settings of the configuration at `path`.
+pub fn process_settings(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<ProcessSettings, ConfigErrors> {
+    Ok(process_settings_of(&Config::load(path, environment)?))
+}
+
+/// The operator's stdio servers as the MCP adapter takes them. The file is
+/// already validated, so a scheme or reference that does not parse here
+/// cannot occur; were it to, the server is left without a credential and
+/// fails to connect rather than starting with a guessed one.
+pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, ConfigErrors> {
+    let mut problems = Vec::new();
+    // Root is never a child's default: toolgate run as root starts a server
+    // that names no user as `nobody`.
+    let as_root = nix::unistd::geteuid().is_root();
+    let settings = config
+        .mcp
+        .servers
+        .iter()
+        .enumerate()
+        .map(|(index, server)| {
+            let (field, run_as) = match (&server.run_as, &config.mcp.run_as) {
+                (Some(own), _) => (format!("mcp.servers[{index}].run_as"), Some(own)),
+                (None, Some(default)) => ("mcp.run_as".to_owned(), Some(default)),
+                (None, None) => (String::new(), None),
+            };
+            let run_as = match run_as {
+                Some(text) => match resolve_run_as(text) {
+                    Ok(run_as) => Some(run_as),
+                    Err(message) => {
+                        problems.push(crate::config::ConfigError {
+                            path: field.clone(),
+                            message,
+                        });
+                        None
+                    }
+                },
+                None if as_root => Some(unprivileged_user()),
+                None => None,
+            };
+            if as_root && run_as.is_some_and(|user| user.uid == 0) {
+                tracing::warn!(
+                    server = %server.server_id,
+                    field = %field,
+                    "a stdio server runs as root, as its run_as says; it holds no capability"
+                );
+            }
+            (server, run_as)
+        })
+        .map(|(server, run_as)| StdioServerSettings {
+            server_id: server.server_id.clone(),
+            program: server.command.clone(),
+            args: server.args.clone(),
+            env: server.env.clone(),
+            auth_scheme: server.auth.scheme.parse().unwrap_or(AuthScheme::None),
+            auth_name: server.auth.name.clone(),
+            credential_ref: server
+                .auth
+                .credential_ref
+                .as_deref()
+                .and_then(|text| CredentialRef::parse(text).ok()),
+            classification: ServerClassification {
+                side_effect: server.side_effect,
+                risk: server.risk,
+                idempotency: server.idempotency,
+                required_scopes: server.required_scopes.iter().cloned().collect(),
+                timeout_seconds: server.timeout_seconds,
+                maximum_output_bytes: server.maximum_output_bytes,
+            },
+            connect_timeout: Duration::from_secs(u64::from(server.connect_timeout_seconds)),
+            request_timeout: Duration::from_secs(u64::from(server.request_timeout_seconds)),
+            idle_timeout: Duration::from_secs(u64::from(server.idle_timeout_seconds)),
+            enabled: server.enabled,
+            state_dir: config.mcp.state_directory.join(&server.server_id),
+            run_as,
+            path: server.path.clone(),
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(settings)
+    } else {
+        Err(ConfigErrors(problems))
+    }
+}
+
+/// The operator's HTTP servers as the MCP adapter takes them. The file is
+/// already validated, so a scheme or reference that does not parse cannot
+/// occur; were it to, the server is left without a credential and fails to
+/// connect rather than sending a guessed one.
+pub fn http_settings(config: &Config) -> Vec<HttpServerSettings> {
+    config
+        .mcp
+        .http_servers
+        .iter()
+        .map(|server| HttpServerSettings {
+            server_id: server.server_id.clone(),
+            url: server.url.clone(),
+            auth: AuthSettings {
+                scheme: server.auth.scheme.parse().unwrap_or(AuthScheme::None),
+                name: server.auth.name.clone(),
+                credential_ref: server
+                    .auth
+                    .credential_ref
+                    .as_deref()
+                    .and_then(|text| CredentialRef::parse(text).ok()),
+                token_endpoint: server.auth.token_endpoint.clone(),
+                token_scopes: server.auth.token_scopes.clone(),
+            },
+            classification: ServerClassification {
+                side_effect: server.side_effect,
+                risk: server.risk,
+                idempotency: server.idempotency,
+                required_scopes: server.required_scopes.iter().cloned().collect(),
+                timeout_seconds: server.timeout_seconds,
+                maximum_output_bytes: server.maximum_output_bytes,
+            },
+            connect_timeout: Duration::from_secs(u64::from(server.connect_timeout_seconds)),
+            request_timeout: Duration::from_secs(u64::from(server.request_timeout_seconds)),
+            idle_timeout: Duration::from_secs(u64::from(server.idle_timeout_seconds)),
+            enabled: server.enabled,
+        })
+        .collect()
+}
+
+/// The egress dialer the configuration describes.
+pub fn egress_dialer(config: &Config) -> Result<Dialer, AppError> {
+    let cidrs: Vec<&str> = config
+        .egress
+        .allow_cidrs
+        .iter()
+        .map(String::as_str)
+        .collect();
+    let allowed_cidrs = AllowedCidrs::parse(&cidrs).map_err(AppError::Startup)?;
+    Dialer::new(
+        EgressSettings {
+            allowlist: config.egress_allowlist(),
+            allowed_cidrs,
+            connect_timeout: Duration::from_secs(u64::from(config.egress.connect_timeout_seconds)),
+            tls_timeout: Duration::from_secs(u64::from(config.egress.tls_timeout_seconds)),
+        },
+        config.egress.extra_ca_file.as_deref(),
+    )
+    .map_err(|error| AppError::Startup(error.to_string()))
+}
+
+/// Where credential references resolve: toolgate's environment and files,
+/// and each tenant's own secrets folder when one is configured.
+fn credential_resolver(
+    config: &Config,
+    environment: &BTreeMap<String, String>,
+) -> Arc<EnvFileResolver> {
+    let resolver = EnvFileResolver::new(environment.clone());
+    Arc::new(match &config.credentials.tenant_secrets_directory {
+        Some(directory) => resolver.with_tenant_secrets(directory.clone()),
+        None => resolver,
+    })
+}
+
+/// Every MCP server the configuration names, and each tenant's own through
+/// the store, dialled through egress.
+fn mcp_servers(
+    config: &Config,
+    environment: &BTreeMap<String, String>,
+    store: Arc<dyn crate::ports::Store>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<dyn Metrics>,
+) -> Result<McpServerSet, AppError> {
+    Ok(McpServerSet::new(
+        stdio_settings(config)?,
+        credential_resolver(config, environment),
+        store,
+        clock,
+        metrics,
+    )
+    .with_http(
+        http_settings(config),
+        Arc::new(egress_dialer(config)?),
+        Duration::from_secs(u64::from(config.mcp.discovery_reuse_seconds)),
+    ))
+}
+
+/// The user a stdio server runs as when toolgate is root and nothing names
+/// one: `nobody`, or its customary ids where the system has no such user.
+fn unprivileged_user() -> RunAs {
+    resolve_run_as("nobody").unwrap_or(RunAs {
+        uid: 65534,
+        gid: 65534,
+    })
+}
+
+/// A `run_as` value as a user: `uid:gid`, a uid (its passwd group, or the
+/// same number), or a user name from the system's user database.
+fn resolve_run_as(text: &str) -> Result<RunAs, String> {
+    use nix::unistd::{Uid, User};
+    if let Some((uid, gid)) = text.split_once(':') {
+        return match (uid.parse(), gid.parse()) {
+            (Ok(uid), Ok(gid)) => Ok(RunAs { uid, gid }),
+            _ => Err("must be a user name, a uid, or uid:gid".into()),
+        };
+    }
+    let user = match text.parse::<u32>() {
+        Ok(uid) => {
+            return Ok(match User::from_uid(Uid::from_raw(uid)) {
+                Ok(Some(user)) => RunAs {
+                    uid,
+                    gid: user.gid.as_raw(),
+                },
+                _ => RunAs { uid, gid: uid },
+            });
+        }
+        Err(_) => User::from_name(text),
+    };
+    match user {
+        Ok(Some(user)) => Ok(RunAs {
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+        }),
+        _ => Err("names no user of this system".into()),
+    }
+}
+
+/// Creates `folder` if missing and makes it traversable but not listable
+/// by others (0711), and so each folder above it that toolgate's user owns
+/// and others cannot traverse (made under toolgate's umask, 077): a stdio
+/// server run as another user reaches its own state folder below, and
+/// lists nothing on the way.
+fn traversable_folder(folder: &Path) -> Result<(), AppError> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let failed = |path: &Path, error: std::io::Error| {
+        AppError::Startup(format!("{}: {error}", path.display()))
+    };
+    std::fs::create_dir_all(folder).map_err(|error| failed(folder, error))?;
+    std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o711))
+        .map_err(|error| failed(folder, error))?;
+    let folder = folder
+        .canonicalize()
+        .map_err(|error| failed(folder, error))?;
+    let me = nix::unistd::geteuid().as_raw();
+    for above in folder.ancestors().skip(1) {
+        let metadata = std::fs::metadata(above).map_err(|error| failed(above, error))?;
+        let mode = metadata.permissions().mode();
+        if metadata.uid() != me || mode & 0o001 != 0 {
+            break;
+        }
+        std::fs::set_permissions(above, std::fs::Permissions::from_mode(mode | 0o011))
+            .map_err(|error| failed(above, error))?;
+    }
+    Ok(())
+}
+
+/// Makes `mcp.state_directory` reachable by the users stdio servers run as
+/// when any runs as another user than toolgate's: one named by `run_as`,
+/// or `nobody` under a toolgate run as root.
+fn children_reach_state(config: &Config) -> Result<(), AppError> {
+    if config.mcp.run_as.is_some()
+        || nix::unistd::geteuid().is_root()
+        || config
+            .mcp
+            .servers
+            .iter()
+            .any(|server| server.run_as.is_some())
+    {
+        traversable_folder(&config.mcp.state_directory)?;
+    }
+    Ok(())
+}
+
+/// Hardens the process before it opens anything: files and folders it
+/// creates are its own only (umask 077), same-uid processes (a stdio server
+/// run as toolgate's user among them) cannot read its memory or
+/// environment (not dumpable), and nothing it starts can gain privileges
+/// through a set-uid program or file capabilities (no_new_privs, inherited).
+pub fn harden_process() -> Result<(), AppError> {
+    use nix::sys::stat::{Mode, umask};
+    umask(Mode::from_bits_truncate(0o077));
+    nix::sys::prctl::set_dumpable(false)
+        .map_err(|error| AppError::Startup(format!("not dumpable: {error}")))?;
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|error| AppError::Startup(format!("no_new_privs: {error}")))?;
+    Ok(())
+}
+
+/// What `toolgate discover` found for one server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerReport {
+    /// The server.
+    pub server_id: String,
+    /// `connected`, `pinned` or `disconnected`, with the event's body.
+    pub events: Vec<PlatformEvent>,
+    /// Registry names that registered.
+    pub registered: Vec<String>,
+    /// Skills its prompts became.
+    pub skills: Vec<String>,
+}
+
+/// `toolgate discover`: connects to every configured server (stdio and HTTP), lists and
+/// maps its catalog and registers it into a scratch registry, exactly as a
+/// session's preparation would, and reports per server; records nothing.
+pub async fn discover(
+    path: &Path,
+    environment: &BTreeMap<String, String>,
+) -> Result<Vec<ServerReport>, AppError> {
+    let config = Config::load(path, environment)?;
+    let store = store::connect(&config.store.url).await?;
+    children_reach_state(&config)?;
+    let servers = mcp_servers(
+        &config,
+        environment,
+        store,
+        Arc::new(SystemClock),
+        Arc::new(MetricsRegistry::default()),
+    )?;
+    let registry = ToolRegistry::with_builtins(
+        RegistryLimits {
+            maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+        },
+        Vec::new(),
+    )
+    .map_err(|error| AppError::Startup(error.to_string()))?;
+    // No tenant: the operator's servers only.
+    let (prepared, _) = register_discoveries(&registry, "", servers.discover("").await);
+    servers.shutdown().await;
+    let enabled = config
+        .mcp
+        .servers
+        .iter()
+        .filter(|server| server.enabled)
+        .map(|server| server.server_id.clone())
+        .chain(
+            config
+                .mcp
+                .http_servers
+                .iter()
+                .filter(|server| server.enabled)
+                .map(|server| server.server_id.clone()),
+        );
+    Ok(enabled
+        .map(|server_id| {
+            let prefix = format!("mcp.{server_id}.");
+            ServerReport {
+                events: prepared
+                    .events
+                    .iter()
+                    .filter(|event| event.payload()["server"] == server_id.as_str())
+                    .cloned()
+                    .collect(),
+                registered: prepared
+                    .registered
+                    .iter()
+                    .filter(|name| name.starts_with(&prefix))
+                    .cloned()
+                    .collect(),
+                skills: prepared
+                    .skills
+                    .iter()
+                    .filter(|skill| skill.name.starts_with(&prefix))
+                    .map(|skill| skill.name.clone())
+                    .collect(),
+                server_id,
+            }
+        })
+        .collect())
+}

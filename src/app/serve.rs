@@ -1,0 +1,704 @@
+//! `toolgate serve`'s node: built, spawned, drained.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::front_keys::{front_credentials, reload_front_credentials};
+use super::identity::NodeIdentity;
+use super::sockets::{bind_control, bind_socket};
+use super::{AppError, SWEEP_INTERVAL, children_reach_state, credential_resolver, mcp_servers};
+use crate::adapters::artifacts::FsArtifactStore;
+use crate::adapters::credentials::EnvFileResolver;
+use crate::adapters::mcp::{McpServerSet, WarmUp};
+use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
+use crate::adapters::store;
+use crate::adapters::telemetry::{
+    LabelBounds, MeteredInvocations, MetricsRegistry, Sample, Sampler,
+};
+use crate::api::ops::{Operations, OpsConnections};
+use crate::api::{ApiParts, ApiSettings, ControlApi};
+use crate::bridge::{Bridge, BridgeParts, BridgeSettings, Turns};
+use crate::config::Config;
+use crate::domain::secret::CredentialRef;
+use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
+use crate::front::{Front, FrontParts, FrontSettings};
+use crate::pipeline::admission::Admission;
+use crate::pipeline::approvals::Approvals;
+use crate::pipeline::artifacts::Artifacts;
+use crate::pipeline::sessions::{SessionParts, Sessions};
+use crate::pipeline::tenant_servers::{TenantCeilings, TenantServers};
+use crate::pipeline::{
+    Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
+    WorkerSettings,
+};
+use crate::ports::{Clock, CredentialResolver, Metrics, PolicyEngine, SystemClock};
+
+/// How `toolgate serve` runs.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Apply pending migrations instead of refusing to start.
+    pub migrate: bool,
+}
+
+/// A node built from its validated configuration: its identity held, its
+/// store open (migrated when told to), its worker registered, every part
+/// wired and every listener bound; nothing served yet. [`App::spawn`]
+/// serves it; [`Running::drain`] ends it.
+pub struct App {
+    node: Node,
+    sessions: Arc<Sessions>,
+    api: Arc<ControlApi>,
+    operations: Arc<Operations>,
+    warm_up: WarmUp,
+    warmed: CancellationToken,
+    listeners: Listeners,
+}
+
+/// What a node holds from its build to the end of its drain.
+pub(super) struct Node {
+    config: Config,
+    /// Held until the node ends: one process at a time is this node.
+    _identity: NodeIdentity,
+    worker: Arc<Worker>,
+    lease: Arc<crate::pipeline::Lease>,
+    pipeline: Arc<Pipeline>,
+    servers: Arc<McpServerSet>,
+    bridge: Arc<Bridge>,
+    front: Option<Arc<Front>>,
+    in_flight: Arc<InFlight>,
+    reloadable: Option<Arc<ReloadablePolicy>>,
+}
+
+/// Every listener a node serves, bound before any is served.
+pub(super) struct Listeners {
+    control: tokio::net::UnixListener,
+    tcp: Option<(tokio::net::TcpListener, crate::domain::SecretValue)>,
+    ops: Option<tokio::net::TcpListener>,
+    front_tcp: Option<tokio::net::TcpListener>,
+    front_unix: Option<tokio::net::UnixListener>,
+}
+
+/// Builds the node `config` describes (`environment` resolves its
+/// references): refuses pending migrations unless `options` says to apply
+/// them, registers a worker, wires every part and binds every listener. If
+/// one cannot be bound, nothing is served and the lease ends at once.
+pub async fn build(
+    config: Config,
+    environment: &BTreeMap<String, String>,
+    options: ServeOptions,
+) -> Result<App, AppError> {
+    // Held until the process ends: one process at a time is this node.
+    let node = NodeIdentity::acquire(&config.node.directory)?;
+    let store = open_store(&config, &options).await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let state = config
+        .artifacts
+        .directory
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| config.artifacts.directory.clone());
+    let reloadable = match &config.policy.file {
+        Some(file) => Some(Arc::new(
+            ReloadablePolicy::load(file).map_err(|error| AppError::Startup(error.to_string()))?,
+        )),
+        None => None,
+    };
+    let policy: Arc<dyn PolicyEngine> = match &reloadable {
+        Some(reloadable) => reloadable.clone(),
+        None => Arc::new(RuleFilePolicy::built_in()),
+    };
+    let credentials = credential_resolver(&config, environment);
+    let registry_of_metrics = Arc::new(
+        MetricsRegistry::default().with_bounds(LabelBounds {
+            named_servers: config
+                .operator_server_ids()
+                .into_iter()
+                .chain(config.ops.metrics_tenant_servers.iter().cloned())
+                .collect(),
+        }),
+    );
+    let metrics: Arc<dyn Metrics> = registry_of_metrics.clone();
+    children_reach_state(&config)?;
+    let servers = Arc::new(mcp_servers(
+        &config,
+        environment,
+        store.clone(),
+        clock.clone(),
+        metrics.clone(),
+    )?);
+    let builtins = crate::builtin::tools(
+        &state.join("demo"),
+        servers.clone(),
+        store.clone(),
+        clock.clone(),
+    );
+    let registry = Arc::new(
+        ToolRegistry::with_builtins(
+            RegistryLimits {
+                maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+            },
+            builtins,
+        )
+        .map_err(|error| AppError::Startup(error.to_string()))?,
+    );
+    let seconds = |value: u32| Duration::from_secs(u64::from(value));
+    let worker = Arc::new(
+        Worker::register(
+            store.clone(),
+            clock.clone(),
+            &node.place,
+            WorkerSettings {
+                lease: seconds(config.node.lease_seconds),
+                heartbeat: seconds(config.node.heartbeat_seconds),
+                sweep: seconds(config.node.sweep_seconds),
+                maximum_clock_skew: seconds(config.node.maximum_clock_skew_seconds),
+                ..WorkerSettings::default()
+            },
+        )
+        .await?,
+    );
+    let lease = worker.lease();
+    let artifact_files: Arc<dyn crate::ports::ArtifactStore> =
+        Arc::new(FsArtifactStore::new(config.artifacts.directory.clone()));
+    let artifacts = Arc::new(Artifacts::new(store.clone(), artifact_files.clone()));
+    let pipeline = Arc::new(Pipeline::new(PipelineParts {
+        registry: registry.clone(),
+        // The pipeline's writes are counted as they commit.
+        invocations: Arc::new(MeteredInvocations::new(store.clone(), metrics.clone())),
+        approvals: store.clone(),
+        policy,
+        artifacts: artifact_files.clone(),
+        credentials,
+        clock: clock.clone(),
+        observer: Arc::new(Unobserved),
+        mcp: Some(servers.clone()),
+        worker_id: worker.id(),
+        lease: lease.clone(),
+        settings: PipelineSettings {
+            inline_maximum_bytes: config.limits.inline_maximum_bytes,
+        },
+    }));
+    let sessions = Arc::new(Sessions::new(SessionParts {
+        registry,
+        sessions: store.clone(),
+        catalog: store.clone(),
+        mcp: servers.clone(),
+        clock: clock.clone(),
+    }));
+    let approvals = Arc::new(Approvals::new(store.clone(), clock.clone()));
+    let in_flight = Arc::new(InFlight::default());
+    let edge_limits = EdgeLimits {
+        body_limit: usize::try_from(config.limits.request_body_bytes).unwrap_or(usize::MAX),
+        header_timeout: Duration::from_secs(u64::from(
+            config.limits.request_header_timeout_seconds,
+        )),
+        body_timeout: Duration::from_secs(u64::from(config.limits.request_body_timeout_seconds)),
+    };
+    let connections = |maximum: u32| ConnectionCap::new(usize::try_from(maximum).unwrap_or(1));
+    let turns = Turns::new(&config.bridge.directory)
+        .map_err(|error| AppError::Startup(error.to_string()))?;
+    let bridge = Bridge::new(BridgeParts {
+        pipeline: pipeline.clone(),
+        sessions: sessions.clone(),
+        approvals: approvals.clone(),
+        artifacts: artifacts.clone(),
+        events: store.clone(),
+        clock: clock.clone(),
+        metrics: metrics.clone(),
+        in_flight: in_flight.clone(),
+        connections: connections(config.limits.bridge_connections),
+        turns,
+        settings: BridgeSettings {
+            limits: edge_limits,
+            turn_connections: usize::try_from(config.limits.turn_connections).unwrap_or(1),
+            approval_hold: Duration::from_secs(u64::from(config.bridge.approval_hold_seconds)),
+            tenant_approval_holds: config
+                .bridge
+                .tenant_approval_hold_seconds
+                .iter()
+                .map(|(tenant, seconds)| (tenant.clone(), Duration::from_secs(u64::from(*seconds))))
+                .collect(),
+            turn_call_cap: config.bridge.turn_call_cap,
+            ..BridgeSettings::default()
+        },
+    });
+    // The operator's servers are discovered in the background: the node
+    // is ready once the first round is done, or its bound has passed.
+    let warmed = CancellationToken::new();
+    let warm_up = WarmUp {
+        connect_timeout: Duration::from_secs(u64::from(config.mcp.warmup_connect_timeout_seconds)),
+        retry: Duration::from_secs(u64::from(config.mcp.warmup_retry_seconds)),
+        attempts: config.mcp.warmup_attempts,
+    };
+    let operations = Arc::new(Operations {
+        metrics: metrics.clone(),
+        schema: store.clone(),
+        in_flight: in_flight.clone(),
+        lease: lease.clone(),
+        warmed: warmed.clone(),
+        warm_up_bound: tokio::time::Instant::now() + warm_up.connect_timeout,
+        connections: OpsConnections::new(OPS_CONNECTIONS),
+    });
+    let api = ControlApi::new(ApiParts {
+        sessions: sessions.clone(),
+        admission: Admission::new(
+            pipeline.clone(),
+            clock.clone(),
+            usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
+        ),
+        pipeline: pipeline.clone(),
+        approvals: approvals.clone(),
+        artifacts,
+        continue_trace: crate::adapters::telemetry::otlp::continue_trace,
+        tenant_servers: TenantServers::new(
+            store.clone(),
+            clock.clone(),
+            config.egress_allowlist(),
+            config.operator_server_ids(),
+            TenantCeilings {
+                maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
+                timeout_seconds: config.limits.maximum_timeout_seconds,
+            },
+        ),
+        bridge: bridge.clone(),
+        invocations: store.clone(),
+        reviews: store.clone(),
+        events: store.clone(),
+        metrics: metrics.clone(),
+        in_flight: in_flight.clone(),
+        connections: connections(config.limits.control_connections),
+        readiness: operations.clone(),
+        clock: clock.clone(),
+        settings: ApiSettings {
+            limits: edge_limits,
+        },
+    });
+    let front = if config.front.enabled() {
+        let credentials = front_credentials(&config)?;
+        let settings = &config.front;
+        Some(Front::new(FrontParts {
+            sessions: sessions.clone(),
+            pipeline: pipeline.clone(),
+            approvals: approvals.clone(),
+            credentials,
+            in_flight: in_flight.clone(),
+            connections: connections(settings.connections),
+            settings: FrontSettings {
+                limits: edge_limits,
+                allowed_hosts: settings.hosts(),
+                allowed_origins: settings.allowed_origins.clone(),
+                resource: settings.resource.clone(),
+                authorization_servers: settings.authorization_servers.clone(),
+                scopes_supported: settings.scopes_supported.clone(),
+                approval_hold: seconds(settings.approval_hold_seconds),
+                session_in_flight: usize::try_from(settings.session_in_flight).unwrap_or(1),
+                sessions_per_credential: usize::try_from(settings.sessions_per_credential)
+                    .unwrap_or(1),
+                keep_alive: seconds(settings.keep_alive_seconds),
+            },
+        }))
+    } else {
+        None
+    };
+    registry_of_metrics.add_sampler(Arc::new(ServeSampler {
+        in_flight: in_flight.clone(),
+        bridge: bridge.clone(),
+        servers: servers.clone(),
+        store: store.clone(),
+    }));
+    // Every listener is bound before anything is served; if one cannot be,
+    // nothing was, and the lease ends with the attempt.
+    let listeners = match bind_listeners(&config, environment, front.is_some()).await {
+        Ok(listeners) => listeners,
+        Err(error) => {
+            worker.release().await?;
+            return Err(error);
+        }
+    };
+    Ok(App {
+        node: Node {
+            config,
+            _identity: node,
+            worker,
+            lease,
+            pipeline,
+            servers,
+            bridge,
+            front,
+            in_flight,
+            reloadable,
+        },
+        sessions,
+        api,
+        operations,
+        warm_up,
+        warmed,
+        listeners,
+    })
+}
+
+/// The store the configuration names, its migrations applied when
+/// `options` says so (refused as pending otherwise).
+pub(super) async fn open_store(
+    config: &Config,
+    options: &ServeOptions,
+) -> Result<Arc<dyn crate::ports::Store>, AppError> {
+    let store = store::connect(&config.store.url).await?;
+    let pending = store.pending_migrations().await?;
+    if !pending.is_empty() {
+        if !options.migrate {
+            return Err(AppError::Startup(format!(
+                "the store has {} pending migration(s); run `toolgate migrate` or `toolgate serve --migrate`",
+                pending.len()
+            )));
+        }
+        store.migrate().await?;
+    }
+    if store.row_security_bypassed().await? {
+        tracing::warn!(
+            "the store's PostgreSQL role is a superuser or has BYPASSRLS: row-level security \
+             does not isolate tenants; run serve as a role that owns nothing and may only use \
+             the tables (see docs/operations.md)"
+        );
+    }
+    Ok(store)
+}
+
+/// Every listener the configuration names (`front` whether the front
+/// door serves), bound.
+pub(super) async fn bind_listeners(
+    config: &Config,
+    environment: &BTreeMap<String, String>,
+    front: bool,
+) -> Result<Listeners, AppError> {
+    let tcp = match (&config.control.tcp, &config.control.token_ref) {
+        (Some(address), Some(reference)) => {
+            let reference = CredentialRef::parse(reference)
+                .map_err(|error| AppError::Startup(error.to_string()))?;
+            let token = EnvFileResolver::new(environment.clone())
+                .resolve(&reference)
+                .await
+                .map_err(|error| AppError::Startup(error.to_string()))?;
+            Some((bind_tcp(address, "control.tcp").await?, token))
+        }
+        _ => None,
+    };
+    let ops = match &config.ops.listen {
+        Some(address) => Some(bind_tcp(address, "ops.listen").await?),
+        None => None,
+    };
+    let front_tcp = match (front, &config.front.listen) {
+        (true, Some(address)) => Some(bind_tcp(address, "front.listen").await?),
+        _ => None,
+    };
+    let front_unix = match (front, &config.front.socket) {
+        (true, Some(socket)) => {
+            let bound = bind_socket(
+                socket,
+                config.front.socket_mode_bits(),
+                config.front.socket_group.as_deref(),
+                "front",
+            )?;
+            tracing::info!(socket = %socket.display(), "MCP front door serving on a unix socket");
+            Some(bound)
+        }
+        _ => None,
+    };
+    Ok(Listeners {
+        control: bind_control(&config.control)?,
+        tcp,
+        ops,
+        front_tcp,
+        front_unix,
+    })
+}
+
+/// A TCP listener on `address`, the configuration's `field`; its failure
+/// names the field.
+pub(super) async fn bind_tcp(
+    address: &str,
+    field: &str,
+) -> Result<tokio::net::TcpListener, AppError> {
+    let bound = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|error| AppError::Startup(format!("{field}: {error}")))?;
+    tracing::info!(address = %address, listener = field, "listening");
+    Ok(bound)
+}
+
+impl App {
+    /// Serves the node: recovery first, then heartbeats and sweeps; the
+    /// listeners; the warm-up of the operator's servers in the background.
+    pub fn spawn(self) -> Running {
+        let App {
+            node,
+            sessions,
+            api,
+            operations,
+            warm_up,
+            warmed,
+            listeners,
+        } = self;
+        let Node {
+            config,
+            worker,
+            pipeline,
+            servers,
+            bridge,
+            front,
+            ..
+        } = &node;
+        let Listeners {
+            control: listener,
+            tcp,
+            ops,
+            front_tcp,
+            front_unix,
+        } = listeners;
+        let sweeper = servers.spawn_idle_sweeper();
+        // The operator's servers are discovered in the background: the node
+        // is ready once the first round is done, or its bound has passed.
+        let warming = {
+            let servers = servers.clone();
+            tokio::spawn(async move { servers.warm_up(warm_up, warmed).await })
+        };
+        let shutdown = CancellationToken::new();
+        // Recovery runs first, then heartbeats and periodic sweeps.
+        let maintenance = worker.clone().spawn(pipeline.clone(), shutdown.clone());
+        let serving = tokio::spawn(api.clone().serve_control(listener, shutdown.clone()));
+        let sweeping = tokio::spawn(sweep(bridge.clone(), sessions, shutdown.clone()));
+        let serving_tcp = tcp.map(|(tcp, token)| {
+            tokio::spawn(api.clone().serve_control_tcp(tcp, token, shutdown.clone()))
+        });
+        let mut serving_front = Vec::new();
+        if let Some(front) = &front {
+            serving_front.push(tokio::spawn(
+                front.credentials().clone().refresh(shutdown.clone()),
+            ));
+            if let Some(tcp) = front_tcp {
+                serving_front.push(tokio::spawn(front.clone().serve_tcp(tcp, shutdown.clone())));
+            }
+            if let Some(unix) = front_unix {
+                serving_front.push(tokio::spawn(
+                    front.clone().serve_unix(unix, shutdown.clone()),
+                ));
+            }
+        }
+        // The operations listener answers until the process ends: a draining
+        // process is not ready, and says so.
+        let stop_ops = CancellationToken::new();
+        let serving_ops = ops.map(|ops| tokio::spawn(operations.serve(ops, stop_ops.clone())));
+        tracing::info!(socket = %config.control.socket.display(), "toolgate serving");
+        Running {
+            node,
+            shutdown,
+            stop_ops,
+            tasks: Tasks {
+                maintenance,
+                serving,
+                sweeping,
+                serving_tcp,
+                serving_front,
+                serving_ops,
+                warming,
+                sweeper,
+            },
+        }
+    }
+}
+
+/// A node being served.
+pub struct Running {
+    node: Node,
+    shutdown: CancellationToken,
+    stop_ops: CancellationToken,
+    tasks: Tasks,
+}
+
+/// What a running node has spawned, each ended in its turn by the drain.
+pub(super) struct Tasks {
+    maintenance: tokio::task::JoinHandle<()>,
+    serving: tokio::task::JoinHandle<()>,
+    sweeping: tokio::task::JoinHandle<()>,
+    serving_tcp: Option<tokio::task::JoinHandle<()>>,
+    serving_front: Vec<tokio::task::JoinHandle<()>>,
+    serving_ops: Option<tokio::task::JoinHandle<()>>,
+    warming: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Cancelled when this node's lease is lost: another worker may take
+    /// its calls, so it must serve no more, drain, and stop.
+    pub fn lease_lost(&self) -> CancellationToken {
+        self.node.lease.lost()
+    }
+
+    /// What SIGHUP asks for: the policy file and the front door's
+    /// credentials read again; what does not validate leaves what is in
+    /// force.
+    pub fn reload(&self) {
+        match &self.node.reloadable {
+            // The file is the operator's: its error names a line, never a
+            // secret.
+            Some(reloadable) => match reloadable.reload() {
+                Ok(()) => tracing::info!("policy reloaded"),
+                Err(error) => {
+                    tracing::warn!(error = %error, "policy not reloaded; the rules in force stay")
+                }
+            },
+            None => tracing::info!("no policy file to reload"),
+        }
+        if let Some(front) = &self.node.front {
+            reload_front_credentials(front, &self.node.config.front);
+        }
+    }
+
+    /// Drains: no new calls; calls in flight finish or reach their
+    /// deadline within `runtime.drain_timeout_seconds`; turns, transports
+    /// and sockets close; the lease is released. `force` ending first cuts
+    /// the wait short. `lease_lost` says why it drains.
+    pub async fn drain(
+        self,
+        force: impl Future<Output = ()>,
+        lease_lost: bool,
+    ) -> Result<(), AppError> {
+        let Running {
+            node,
+            shutdown,
+            stop_ops,
+            tasks,
+        } = self;
+        let Node {
+            config,
+            _identity,
+            worker,
+            pipeline,
+            servers,
+            bridge,
+            front,
+            in_flight,
+            ..
+        } = node;
+        let Tasks {
+            maintenance,
+            serving,
+            sweeping,
+            serving_tcp,
+            serving_front,
+            serving_ops,
+            warming,
+            sweeper,
+        } = tasks;
+        tracing::info!("toolgate draining");
+        let drain = async {
+            let drain_timeout =
+                Duration::from_secs(u64::from(config.runtime.drain_timeout_seconds));
+            in_flight.drain(drain_timeout).await;
+            // Results the store failed under are written if it answers within
+            // the grace; what is left the table recovers.
+            pipeline.drain_settlements(drain_timeout).await;
+            bridge.close_all().await;
+            warming.abort();
+            shutdown.cancel();
+            let _ = sweeping.await;
+            let _ = serving.await;
+            if let Some(serving_tcp) = serving_tcp {
+                let _ = serving_tcp.await;
+            }
+            for serving in serving_front {
+                let _ = serving.await;
+            }
+            let _ = maintenance.await;
+            sweeper.abort();
+            servers.shutdown().await;
+        };
+        tokio::select! {
+            _ = drain => {}
+            _ = force => tracing::warn!("toolgate forced to stop"),
+        }
+        stop_ops.cancel();
+        if let Some(serving_ops) = serving_ops {
+            let _ = serving_ops.await;
+        }
+        let _ = std::fs::remove_file(&config.control.socket);
+        if let (Some(_), Some(socket)) = (&front, &config.front.socket) {
+            let _ = std::fs::remove_file(socket);
+        }
+        worker.release().await?;
+        tracing::info!("toolgate stopped");
+        if lease_lost {
+            return Err(AppError::LeaseLost);
+        }
+        Ok(())
+    }
+}
+
+/// Connections the operations listener holds at once; past it, a new one
+/// replaces the oldest that sent no request.
+pub(super) const OPS_CONNECTIONS: usize = 64;
+
+/// The gauges read when metrics are scraped.
+pub(super) struct ServeSampler {
+    in_flight: Arc<InFlight>,
+    bridge: Arc<Bridge>,
+    servers: Arc<McpServerSet>,
+    store: Arc<dyn crate::ports::Store>,
+}
+
+impl Sampler for ServeSampler {
+    fn sample(&self) -> crate::ports::BoxFuture<'_, Vec<Sample>> {
+        Box::pin(async move {
+            let count = |value: usize| i64::try_from(value).unwrap_or(i64::MAX);
+            let mut samples: Vec<Sample> = vec![
+                (
+                    "requests_in_flight",
+                    Vec::new(),
+                    count(usize::try_from(self.in_flight.count()).unwrap_or(usize::MAX)),
+                ),
+                ("turns_open", Vec::new(), count(self.bridge.open_turns())),
+            ];
+            for (server, connected) in self.servers.connection_counts().await {
+                samples.push((
+                    "mcp_connections",
+                    vec![("server", server)],
+                    count(connected),
+                ));
+            }
+            match self.store.queue_depths().await {
+                Ok(depths) => {
+                    samples.push((
+                        "review_queue_depth",
+                        Vec::new(),
+                        depths.unresolved_uncertain,
+                    ));
+                    samples.push(("approvals_pending", Vec::new(), depths.pending_approvals));
+                }
+                Err(error) => tracing::warn!(error = %error, "queue depths not read"),
+            }
+            samples
+        })
+    }
+}
+
+/// Closes expired turns and forgets idle sessions, until `shutdown`.
+pub(super) async fn sweep(
+    bridge: Arc<Bridge>,
+    sessions: Arc<Sessions>,
+    shutdown: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = interval.tick() => {
+                bridge.close_expired().await;
+                sessions.forget_idle(&bridge.sessions_in_use()).await;
+            }
+        }
+    }
+}
