@@ -541,8 +541,7 @@ async fn serve(
     app::check_config(path, environment)?;
     let config = toolgate::config::Config::load(path, environment)?;
     let running = app::build(config, environment, options).await?.spawn();
-    let listen =
-        |kind: SignalKind| signal(kind).map_err(|error| AppError::Startup(error.to_string()));
+    let listen = |kind: SignalKind| signal(kind).map_err(AppError::Signal);
     let mut terminate = listen(SignalKind::terminate())?;
     let mut interrupt = listen(SignalKind::interrupt())?;
     let mut hangup = listen(SignalKind::hangup())?;

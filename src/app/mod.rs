@@ -44,6 +44,35 @@ pub enum AppError {
     /// A part could not be started.
     #[error("{0}")]
     Startup(String),
+    /// A listener, socket or folder could not be made or used; `what`
+    /// names its setting or its path.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store has migrations this binary would apply.
+    #[error(
+        "the store has {count} pending migration(s); run `toolgate migrate` or `toolgate serve --migrate`"
+    )]
+    PendingMigrations { count: usize },
+    /// The policy file could not be loaded.
+    #[error("{0}")]
+    Policy(#[from] crate::adapters::policy::PolicyFileError),
+    /// The bridge's folder could not be made.
+    #[error("{0}")]
+    Bridge(#[from] crate::bridge::BridgeError),
+    /// The process could not give up what it must not hold.
+    #[error("{what}: {source}")]
+    Harden {
+        what: &'static str,
+        #[source]
+        source: nix::Error,
+    },
+    /// A signal could not be listened for.
+    #[error("signal: {0}")]
+    Signal(#[source] std::io::Error),
     /// The worker could not be registered.
     #[error("{0}")]
     Worker(#[from] crate::pipeline::WorkerError),
@@ -387,8 +416,9 @@ fn resolve_run_as(text: &str) -> Result<RunAs, String> {
 /// lists nothing on the way.
 fn traversable_folder(folder: &Path) -> Result<(), AppError> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    let failed = |path: &Path, error: std::io::Error| {
-        AppError::Startup(format!("{}: {error}", path.display()))
+    let failed = |path: &Path, error: std::io::Error| AppError::Io {
+        what: path.display().to_string(),
+        source: error,
     };
     std::fs::create_dir_all(folder).map_err(|error| failed(folder, error))?;
     std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o711))
@@ -434,10 +464,14 @@ fn children_reach_state(config: &Config) -> Result<(), AppError> {
 pub fn harden_process() -> Result<(), AppError> {
     use nix::sys::stat::{Mode, umask};
     umask(Mode::from_bits_truncate(0o077));
-    nix::sys::prctl::set_dumpable(false)
-        .map_err(|error| AppError::Startup(format!("not dumpable: {error}")))?;
-    nix::sys::prctl::set_no_new_privs()
-        .map_err(|error| AppError::Startup(format!("no_new_privs: {error}")))?;
+    nix::sys::prctl::set_dumpable(false).map_err(|source| AppError::Harden {
+        what: "not dumpable",
+        source,
+    })?;
+    nix::sys::prctl::set_no_new_privs().map_err(|source| AppError::Harden {
+        what: "no_new_privs",
+        source,
+    })?;
     Ok(())
 }
 

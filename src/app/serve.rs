@@ -102,9 +102,7 @@ pub async fn build(
         .map(Path::to_path_buf)
         .unwrap_or_else(|| config.artifacts.directory.clone());
     let reloadable = match &config.policy.file {
-        Some(file) => Some(Arc::new(
-            ReloadablePolicy::load(file).map_err(|error| AppError::Startup(error.to_string()))?,
-        )),
+        Some(file) => Some(Arc::new(ReloadablePolicy::load(file)?)),
         None => None,
     };
     let policy: Arc<dyn PolicyEngine> = match &reloadable {
@@ -199,8 +197,7 @@ pub async fn build(
         body_timeout: Duration::from_secs(u64::from(config.limits.request_body_timeout_seconds)),
     };
     let connections = |maximum: u32| ConnectionCap::new(usize::try_from(maximum).unwrap_or(1));
-    let turns = Turns::new(&config.bridge.directory)
-        .map_err(|error| AppError::Startup(error.to_string()))?;
+    let turns = Turns::new(&config.bridge.directory)?;
     let bridge = Bridge::new(BridgeParts {
         pipeline: pipeline.clone(),
         sessions: sessions.clone(),
@@ -351,10 +348,9 @@ pub(super) async fn open_store(
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
         if !options.migrate {
-            return Err(AppError::Startup(format!(
-                "the store has {} pending migration(s); run `toolgate migrate` or `toolgate serve --migrate`",
-                pending.len()
-            )));
+            return Err(AppError::PendingMigrations {
+                count: pending.len(),
+            });
         }
         store.migrate().await?;
     }
@@ -425,7 +421,10 @@ pub(super) async fn bind_tcp(
 ) -> Result<tokio::net::TcpListener, AppError> {
     let bound = tokio::net::TcpListener::bind(address)
         .await
-        .map_err(|error| AppError::Startup(format!("{field}: {error}")))?;
+        .map_err(|source| AppError::Io {
+            what: field.to_owned(),
+            source,
+        })?;
     tracing::info!(address = %address, listener = field, "listening");
     Ok(bound)
 }

@@ -38,15 +38,19 @@ pub(super) fn bind_socket(
         }
         let _ = std::fs::remove_file(socket);
     }
-    let listener = tokio::net::UnixListener::bind(socket)
-        .map_err(|error| AppError::Startup(format!("{}: {error}", socket.display())))?;
+    let listener = tokio::net::UnixListener::bind(socket).map_err(|source| AppError::Io {
+        what: socket.display().to_string(),
+        source,
+    })?;
     // The group first, then the mode: never a moment in which the socket
     // is open to a group it was not meant for.
     if let Some(group) = group {
         let gid = crate::config::resolve_group(group)
             .ok_or_else(|| AppError::Startup(format!("{field}.socket_group names no group")))?;
-        std::os::unix::fs::chown(socket, None, Some(gid))
-            .map_err(|error| AppError::Startup(format!("{field}.socket_group: {error}")))?;
+        std::os::unix::fs::chown(socket, None, Some(gid)).map_err(|source| AppError::Io {
+            what: format!("{field}.socket_group"),
+            source,
+        })?;
     }
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode))
         .map_err(|error| AppError::Startup(error.to_string()))?;
