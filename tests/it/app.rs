@@ -3,30 +3,14 @@
 //! the node.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use toolgate::app::{self, ServeOptions};
 use toolgate::config::Config;
 use uuid::Uuid;
 
-use crate::serve::{TENANT, http};
-
-fn post(socket: &Path, path: &str, body: &Value) -> (u16, Value) {
-    let text = body.to_string();
-    let (status, _, answer) = http(
-        socket,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        Some(text.as_bytes()),
-    );
-    (
-        status,
-        serde_json::from_slice(&answer).unwrap_or(Value::Null),
-    )
-}
+use crate::serve::{TENANT, post_json as post};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_built_in_process_drains_with_a_call_in_flight() {

@@ -28,6 +28,19 @@ pub fn http(
     exchange(stream, method, path, headers, body)
 }
 
+/// One JSON POST on a unix socket: the status and the answer as JSON.
+pub fn post_json(socket: &Path, path: &str, body: &Value) -> (u16, Value) {
+    let text = body.to_string();
+    let (status, _, answer) = http(
+        socket,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        Some(text.as_bytes()),
+    );
+    (status, json_of(&answer))
+}
+
 /// One HTTP/1.1 exchange over any stream.
 pub fn exchange(
     mut stream: impl std::io::Read + std::io::Write,
@@ -325,15 +338,7 @@ required_scopes = ["mcp.writes.use"]
     }
 
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let text = body.to_string();
-        let (status, _, body) = http(
-            &self.socket,
-            "POST",
-            path,
-            &[("Content-Type", "application/json")],
-            Some(text.as_bytes()),
-        );
-        (status, json_of(&body))
+        post_json(&self.socket, path, body)
     }
 
     pub fn get(&self, path: &str) -> (u16, Vec<u8>) {

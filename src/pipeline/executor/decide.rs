@@ -111,9 +111,17 @@ pub(super) fn recovery(
     }
 }
 
-/// Whether recovery must know if an approval on record allows the row.
-pub(super) fn asks_for_approval(decision: PolicyDecision, expired: bool) -> bool {
-    matches!(decision, PolicyDecision::RequireApproval(_)) && !expired
+/// Whether recovery must know if an approval on record allows `row`: only
+/// when the decision requires one, the deadline has not passed, and the
+/// table does not end the row uncertain whatever approval says.
+pub(super) fn asks_for_approval(
+    row: &InvocationRecord,
+    decision: PolicyDecision,
+    expired: bool,
+) -> bool {
+    matches!(decision, PolicyDecision::RequireApproval(_))
+        && !expired
+        && !settled_without_the_tool(row)
 }
 
 /// Whether the recovery table settles a taken row as UNCERTAIN whatever the
@@ -501,10 +509,17 @@ mod tests {
                 row.effect_sent_at.is_some()
             );
         }
-        assert!(asks_for_approval(approve, false));
-        assert!(!asks_for_approval(approve, true));
-        assert!(!asks_for_approval(allow, false));
-        assert!(!asks_for_approval(deny, false));
+        let unsent = row(Running, NonIdempotent);
+        assert!(asks_for_approval(&unsent, approve, false));
+        assert!(!asks_for_approval(&unsent, approve, true));
+        assert!(!asks_for_approval(&unsent, allow, false));
+        assert!(!asks_for_approval(&unsent, deny, false));
+        // Uncertain whatever approval says: nothing to read.
+        assert!(!asks_for_approval(
+            &sent(row(Running, NonIdempotent)),
+            approve,
+            false
+        ));
     }
 
     #[test]

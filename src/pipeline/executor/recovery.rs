@@ -33,7 +33,7 @@ impl Pipeline {
         let expired = row
             .deadline_at
             .is_some_and(|deadline| deadline <= self.clock.now());
-        let approved = if asks_for_approval(decision, expired) {
+        let approved = if asks_for_approval(&row, decision, expired) {
             Some(self.approved(&row).await?)
         } else {
             None
