@@ -325,7 +325,7 @@ async fn a_read_whose_commits_were_lost_runs_again() {
         .await
         .unwrap();
     store.migrate().await.unwrap();
-    drop(store);
+    store.close().await;
     let files = |into: &Path| {
         std::fs::create_dir_all(into).unwrap();
         for suffix in ["", "-wal", "-shm"] {
@@ -352,7 +352,10 @@ async fn a_read_whose_commits_were_lost_runs_again() {
             let store = toolgate::adapters::store::SqliteStore::connect(&url)
                 .await
                 .unwrap();
-            store.run_invocations(TENANT, run_id).await.unwrap()
+            let rows = store.run_invocations(TENANT, run_id).await.unwrap();
+            // Closed before the files are replaced under it.
+            store.close().await;
+            rows
         }
     };
 

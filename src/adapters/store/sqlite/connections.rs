@@ -97,6 +97,16 @@ impl Connections {
     pub(super) async fn begin(&self, statement: &'static str) -> Result<Tx, StoreError> {
         self.acquire().await?.begin(statement).await
     }
+
+    /// Closes every connection no one else holds, waiting until each has
+    /// ended on its thread.
+    pub(super) async fn close(self) {
+        for slot in self.slots {
+            if let Ok(slot) = Arc::try_unwrap(slot) {
+                let _ = slot.into_inner().connection.close().await;
+            }
+        }
+    }
 }
 
 /// A connection and whether a transaction was left open on it.

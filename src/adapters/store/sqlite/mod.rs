@@ -102,6 +102,19 @@ impl SqliteStore {
         })
     }
 
+    /// Closes the store's connections and waits until they have ended. A
+    /// store merely dropped closes them on their own threads a little later,
+    /// and the last one to close checkpoints the log and removes its file:
+    /// what a process about to replace the database's files must not race.
+    /// Connections a clone still holds stay open.
+    pub async fn close(self) {
+        for set in [self.readers, self.writer, self.relaxed] {
+            if let Ok(set) = Arc::try_unwrap(set) {
+                set.close().await;
+            }
+        }
+    }
+
     /// A write transaction holding the database lock from its first statement,
     /// so it never fails halfway on a lock upgrade.
     async fn begin(&self) -> Result<Tx, StoreError> {
