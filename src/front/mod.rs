@@ -178,14 +178,16 @@ impl Front {
         let session = match (rpc_method, is_request) {
             (Some("initialize"), true) => None,
             (Some(notification), false) => {
+                // Only the session's own caller withdraws its calls; a
+                // notification answers nothing, so another's is just dropped.
                 if notification == "notifications/cancelled"
-                    && let Some(session) = session_header.and_then(|id| id.parse::<Uuid>().ok())
+                    && let Ok(session) = self.session_for(&caller, session_header).await
                 {
                     let request_id = message
                         .pointer("/params/requestId")
                         .cloned()
                         .unwrap_or(Value::Null);
-                    self.calls.withdraw(session, &request_key(&request_id));
+                    self.calls.withdraw(session.session_id, &request_key(&request_id));
                 }
                 // Nothing else a client notifies changes what toolgate does.
                 return accepted();

@@ -749,6 +749,17 @@ fn an_approval_holds_the_call_then_pends_and_the_same_call_asked_again_resumes_i
         }
         std::thread::sleep(Duration::from_millis(50));
     };
+    // Only the session's own caller withdraws its call: another tenant's
+    // key and another principal of the same tenant are not it.
+    for stranger in [KEY_B, KEY_A2] {
+        let cancelled = door.rpc(
+            Some(stranger),
+            Some(&session),
+            &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": 4, "reason": "not yours"}}),
+        );
+        assert_eq!(cancelled.status, 202, "{cancelled:?}");
+    }
     door.served.post(
         &format!("/v1/approvals/{approval}?tenant_id={TENANT}"),
         &json!({"decision": "approve", "approver": "ops"}),
