@@ -1365,6 +1365,34 @@ tools = ["demo.*"]
         json_of(&metadata)["authorization_servers"],
         json!(["https://login.example.com"])
     );
+
+    // The provider rotates its key: SIGHUP reads the key set file again,
+    // after which the new key's tokens are taken and the old key's are not.
+    let rotated = jwt::Signer::new("k2");
+    std::fs::write(
+        door.served.folder.path().join("jwks.json"),
+        json!({"keys": [rotated.jwk()]}).to_string(),
+    )
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(door.served.pid().unwrap() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let renewed = rotated.token(&claims(json!({})));
+    let started = Instant::now();
+    while door.rpc(Some(&renewed), None, &initialize).status != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the rotated key set was not read on SIGHUP"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        door.rpc(Some(&good), None, &initialize).status,
+        401,
+        "the old key is gone with its set"
+    );
 }
 
 /// A JWK set served over HTTP on loopback, which egress is told to allow.
@@ -1647,4 +1675,104 @@ fn connections_past_the_cap_are_closed_and_streams_keep_alive() {
         text.lines().any(|line| line.starts_with(':')),
         "keep-alive comments: {text}"
     );
+}
+
+/// The front door on a unix socket, reached as a desktop client reaches it:
+/// through `toolgate stdio`, its key in a file, one JSON-RPC line at a time.
+#[test]
+fn the_stdio_relay_reaches_the_front_door_on_its_unix_socket() {
+    use std::io::BufRead as _;
+    let served = Served::start_edited(
+        |root, config| {
+            std::fs::write(root.join("relay.key"), format!("{KEY_A}\n")).unwrap();
+            let table = front_table(free_port(), "");
+            let socket = root.join("front.sock");
+            // The socket alone: no TCP listener.
+            let table = table.replacen(
+                "listen = ",
+                &format!("socket = \"{}\"\n# listen = ", socket.display()),
+                1,
+            );
+            format!("{config}\n{table}")
+        },
+        &[],
+    );
+    let socket = served.folder.path().join("front.sock");
+    let started = Instant::now();
+    while !socket.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the front socket never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the socket's default mode");
+    }
+    let mut relay = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["stdio", "--url", &format!("unix:{}", socket.display())])
+        .arg("--token-file")
+        .arg(served.folder.path().join("relay.key"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = relay.stdin.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel::<Value>();
+    let output = relay.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(output).lines().map_while(Result::ok) {
+            if let Ok(message) = serde_json::from_str(&line) {
+                let _ = lines.send(message);
+            }
+        }
+    });
+    let mut ask = |message: Value| -> Value {
+        writeln!(input, "{message}").unwrap();
+        input.flush().unwrap();
+        if message.get("id").is_none() {
+            return Value::Null;
+        }
+        loop {
+            let answer = received
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the relay answers");
+            if answer.get("id") == message.get("id") {
+                return answer;
+            }
+        }
+    };
+    let initialized = ask(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "desktop", "version": "1"}}}));
+    assert_eq!(
+        initialized["result"]["serverInfo"]["name"], "toolgate",
+        "{initialized}"
+    );
+    ask(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let listed = ask(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert!(names.contains(&"demo-echo"), "{names:?}");
+    let called = ask(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "demo-echo", "arguments": {"text": "over the socket"}}}));
+    assert_eq!(called["result"]["isError"], false, "{called}");
+    // Recorded before it ran, like any call: in the session's run.
+    let recorded = invocation(
+        &served,
+        called["result"]["_meta"]["toolgate/invocation_id"]
+            .as_str()
+            .unwrap(),
+    );
+    assert_eq!(recorded["status"], "succeeded");
+    drop(input);
+    let status = relay.wait().unwrap();
+    assert!(status.success(), "the relay ends with its input: {status:?}");
 }
