@@ -322,6 +322,20 @@ impl CallOutcome {
     }
 }
 
+/// What one recovery sweep may take: rows per round, rounds, and time. A
+/// round once begun is finished (its rows are this worker's), but none
+/// begins after `time` has passed since the sweep began; the next sweep
+/// takes the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepBounds {
+    /// Rows taken over per round.
+    pub batch: i64,
+    /// Rounds at most.
+    pub rounds: usize,
+    /// No round begins after this long.
+    pub time: std::time::Duration,
+}
+
 /// What recovery did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryReport {

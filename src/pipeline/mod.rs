@@ -24,6 +24,7 @@ pub mod validation;
 pub mod worker;
 
 pub use call::{
+    SweepBounds,
     CallOutcome, CallRequest, CallerTerms, Completion, DataArtifact, DataPart, Finished,
     PipelineSettings, Point, RecoveryReport, ResultData, SUSPENDING, StepObserver, TOOL_CALL,
     Unobserved, named_tool,

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::call::RecoveryReport;
+use super::call::{RecoveryReport, SweepBounds};
 use super::executor::Pipeline;
 use crate::ports::{Clock, Registration, Renewal, StoreError, WorkerRegistration, WorkerStore};
 
@@ -344,10 +344,13 @@ impl Worker {
         if !self.lease.is_live() {
             return;
         }
-        match pipeline
-            .recover(self.settings.sweep_batch, self.settings.sweep_rounds)
-            .await
-        {
+        // A sweep never runs into the next one's time.
+        let bounds = SweepBounds {
+            batch: self.settings.sweep_batch,
+            rounds: self.settings.sweep_rounds,
+            time: self.settings.sweep,
+        };
+        match pipeline.recover(bounds).await {
             Ok(RecoveryReport { taken, uncertain }) if taken > 0 => {
                 tracing::info!(taken, uncertain, "recovery sweep");
             }

@@ -19,13 +19,20 @@ use toolgate::domain::{
 };
 use toolgate::pipeline::{
     CallOutcome, CallRequest, Lease, Pipeline, PipelineParts, PipelineSettings, Point,
-    RegistryLimits, StepObserver, ToolRegistry, Unobserved,
+    RegistryLimits, StepObserver, SweepBounds, ToolRegistry, Unobserved,
 };
 use toolgate::ports::{Clock, SystemClock, WorkerRegistration};
 
 /// A harness worker's lease: long, since it never renews it; a crashed
 /// harness's lease is released by the next process of its node.
 const LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A sweep takes every row the tests leave.
+const SWEEP: SweepBounds = SweepBounds {
+    batch: 100,
+    rounds: 10,
+    time: std::time::Duration::from_secs(60),
+};
 
 /// One job, as the crash tests write it.
 #[derive(Debug, serde::Deserialize)]
@@ -134,7 +141,7 @@ async fn run(job: Job) -> Result<Value, String> {
     });
     let result = match (job.mode.as_str(), job.request) {
         ("recover", _) => {
-            let report = pipeline.recover(100, 10).await.map_err(|e| e.to_string())?;
+            let report = pipeline.recover(SWEEP).await.map_err(|e| e.to_string())?;
             json!({"taken": report.taken, "uncertain": report.uncertain})
         }
         ("call", Some(request)) => {

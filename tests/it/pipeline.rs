@@ -21,12 +21,19 @@ use toolgate::domain::{
 use toolgate::pipeline::output::RenderedPart;
 use toolgate::pipeline::{
     CallOutcome, CallRequest, DataPart, Finished, Lease, Pipeline, PipelineParts, PipelineSettings,
-    Point, RegistryLimits, StepObserver, ToolRegistry,
+    Point, RegistryLimits, StepObserver, SweepBounds, ToolRegistry,
 };
 use toolgate::ports::{
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord,
     InvocationStore, NewInvocation, PolicyEngine, Store, StoreError, SystemClock, TerminalRecord,
     Tool, ToolEvent, ToolExecutionContext, WorkerRegistration,
+};
+
+/// A recovery sweep as the tests run it: every row at once.
+const SWEEP: SweepBounds = SweepBounds {
+    batch: 10,
+    rounds: 10,
+    time: std::time::Duration::from_secs(60),
 };
 use uuid::Uuid;
 
@@ -1151,7 +1158,13 @@ async fn recovery_applies_the_table() {
             ids.push(running.id);
         }
         store.release_worker(dead).await.unwrap();
-        let report = harness.pipeline.recover(10, 10).await.unwrap();
+        // A sweep whose time is up begins no round: it takes nothing.
+        let spent = SweepBounds {
+            time: std::time::Duration::ZERO,
+            ..SWEEP
+        };
+        assert_eq!(harness.pipeline.recover(spent).await.unwrap().taken, 0);
+        let report = harness.pipeline.recover(SWEEP).await.unwrap();
         assert!(report.taken >= 4, "{name}: {report:?}");
         let statuses: Vec<(InvocationStatus, Option<ReasonCode>)> = {
             let mut out = Vec::new();
@@ -1189,7 +1202,7 @@ async fn recovery_applies_the_table() {
             "v"
         );
         // An uncertain call is never re-run by a later sweep.
-        let again = harness.pipeline.recover(10, 10).await.unwrap();
+        let again = harness.pipeline.recover(SWEEP).await.unwrap();
         assert_eq!(again.taken, 0, "{name}");
     }
 }
@@ -1675,7 +1688,13 @@ async fn recovery_without_standing_authority_asks_a_human_again() {
         let request = harness.request("demo.external_write", json!({"line": "asked again"}));
         let row = leave_running(&harness, store.as_ref(), &request, dead).await;
         store.release_worker(dead).await.unwrap();
-        let report = harness.pipeline.recover(10, 10).await.unwrap();
+        // A sweep whose time is up begins no round: it takes nothing.
+        let spent = SweepBounds {
+            time: std::time::Duration::ZERO,
+            ..SWEEP
+        };
+        assert_eq!(harness.pipeline.recover(spent).await.unwrap().taken, 0);
+        let report = harness.pipeline.recover(SWEEP).await.unwrap();
         assert_eq!(report.taken, 1, "{name}");
         let waiting = store.invocation(TENANT, row.id).await.unwrap().unwrap();
         assert_eq!(

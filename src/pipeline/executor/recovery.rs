@@ -10,7 +10,7 @@ use super::decide::{Recovery, asks_for_approval, ending_code, recovery, settled_
 use super::{Pipeline, in_progress};
 use crate::domain::policy::PolicyDecision;
 use crate::domain::{AgentSpec, ArgumentTrust, ReasonCode, ToolOutcomeStatus, ToolSource};
-use crate::pipeline::call::{CallOutcome, CallRequest, CallerTerms, RecoveryReport};
+use crate::pipeline::call::{CallOutcome, CallRequest, CallerTerms, RecoveryReport, SweepBounds};
 use crate::pipeline::preparation::register_discoveries;
 use crate::pipeline::records::{ended_event, recorded, unrecorded};
 use crate::pipeline::registry::RegisteredTool;
@@ -94,26 +94,27 @@ impl Pipeline {
         )
     }
 
-    /// Recovery: takes over the rows of dead workers, up to `batch` a round
-    /// and `rounds` rounds (what one sweep takes is bounded; the next takes
-    /// the rest), and re-enters the one pipeline function with each. What
+    /// Recovery: takes over the rows of dead workers within `bounds` (what
+    /// one sweep takes is bounded in rows and in time; the next takes the
+    /// rest), and re-enters the one pipeline function with each. What
     /// the table settles without the tool is settled first, before any
     /// server is prepared; servers are prepared only for the tenants of rows
     /// that must run again and whose tools no session has registered.
-    pub async fn recover(&self, batch: i64, rounds: usize) -> Result<RecoveryReport, StoreError> {
+    pub async fn recover(&self, bounds: SweepBounds) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
         // The tenants prepared in this sweep, each with its servers that
         // did not answer.
         let mut prepared: HashMap<String, HashSet<String>> = HashMap::new();
-        for _ in 0..rounds.max(1) {
-            if !self.lease.is_live() {
+        let ends = tokio::time::Instant::now() + bounds.time;
+        for _ in 0..bounds.rounds.max(1) {
+            if !self.lease.is_live() || tokio::time::Instant::now() >= ends {
                 break;
             }
             let claim = Claim {
                 worker_id: self.worker_id,
                 now: self.clock.now(),
             };
-            let rows = self.invocations.claim_expired(claim, batch).await?;
+            let rows = self.invocations.claim_expired(claim, bounds.batch).await?;
             if rows.is_empty() {
                 break;
             }
