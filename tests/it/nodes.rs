@@ -850,6 +850,89 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
     assert_eq!(rows[0].attempt_number, 1, "the kept result, not a re-run");
 }
 
+/// A node that cannot renew its lease (its database gone) stops claiming and
+/// says it is not ready before the lease can run out on the store, so no
+/// other node takes a call it still serves; with the database back it
+/// either renews in time and serves again, or has stopped for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_cannot_renew_stops_serving_before_its_lease_ends() {
+    let Some(postgres) = OwnPostgres::start() else {
+        eprintln!("no PostgreSQL server binaries: the renewal test is skipped");
+        return;
+    };
+    let setup = PostgresStore::connect(&postgres.url()).await.unwrap();
+    setup.migrate().await.unwrap();
+    let (_folder, effects) = effects_file();
+    let ops = free_port();
+    let lease = Duration::from_secs(9);
+    let a = node(
+        &postgres.url(),
+        &effects,
+        0,
+        &format!(
+            "\n[node]\nlease_seconds = 9\nheartbeat_seconds = 3\nsweep_seconds = 3\n\n[ops]\nlisten = \"127.0.0.1:{ops}\"\n"
+        ),
+        &[],
+    );
+    let session = a.session();
+    assert_eq!(get_tcp(ops, "/readyz").0, 200);
+    // The lease was last renewed before this instant, so it ends on the
+    // store's clock no later than a lease from now.
+    let killed = Instant::now();
+    postgres.kill();
+    let (status, body) = eventually(lease, || async {
+        let (status, body) = get_tcp(ops, "/readyz");
+        (status != 200).then_some((status, body))
+    })
+    .await
+    .expect("not ready before the lease could end");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("lease_not_live") || body.contains("store_unavailable"),
+        "{body}"
+    );
+    assert!(killed.elapsed() < lease, "{:?}", killed.elapsed());
+    // Once the lease is past its local view, calls are refused unrecorded
+    // (retryable: the same call asked again is served where a lease lives).
+    tokio::time::sleep(lease.saturating_sub(killed.elapsed())).await;
+    let (status, answer) = a.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+            "origin_trust": "user",
+            "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "no lease"}}]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["results"][0]["outcome"]["reason_code"], "tool.record_unavailable",
+        "{answer}"
+    );
+    assert_eq!(answer["results"][0]["outcome"]["retryable"], true);
+    postgres.up();
+    // Renewed in time (ready again), or the lease ran out first and the
+    // node stopped; never ready without a live lease.
+    let settled = eventually(Duration::from_secs(60), || async {
+        match get_tcp(ops, "/readyz") {
+            (200, _) => Some("renewed"),
+            (0, _) => Some("stopped"),
+            _ => None,
+        }
+    })
+    .await
+    .expect("the node renews its lease or stops");
+    if settled == "renewed" {
+        let (_, answer) = a.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user",
+                "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "renewed"}}]}),
+        );
+        assert_eq!(
+            answer["results"][0]["outcome"]["status"], "succeeded",
+            "{answer}"
+        );
+    }
+}
+
 /// Ready means ready: not before the warm-up's first round (or its bound),
 /// then ready, with sessions pinning the warmed servers without connecting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
