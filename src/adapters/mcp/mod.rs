@@ -16,6 +16,7 @@ pub mod http;
 mod render;
 pub mod server;
 pub mod servers;
+mod slots;
 
 pub use auth::AuthSettings;
 pub use server::{HttpServerSettings, StdioServerSettings};

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
 use super::auth::AuthSettings;
+use super::slots::PreparationSlots;
 use super::server::{
     CLOSE_GRACE, HttpServerSettings, McpServer, Shared, StdioServerSettings, lock,
 };
@@ -32,6 +33,9 @@ pub const STARTUP_SLOTS: usize = 2;
 /// The general slots one tenant's own servers may hold at once: the rest
 /// stay for every other tenant's sessions.
 pub const TENANT_SHARE: usize = 2;
+/// The general slots a tenant's second server never takes: kept for
+/// tenants (and operator servers) holding none.
+pub const TENANT_RESERVE: usize = 2;
 /// The idle sweep runs at least this often.
 pub const MAXIMUM_SWEEP: Duration = Duration::from_secs(30);
 /// A tenant server's handshake deadline (the design's default).
@@ -110,10 +114,8 @@ pub struct McpServerSet {
     dialer: Arc<dyn EgressDialer>,
     reuse: Duration,
     shared: Shared,
-    general: Semaphore,
+    general: PreparationSlots,
     startup: Semaphore,
-    /// Each tenant's share of the general slots, by tenant.
-    shares: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl McpServerSet {
@@ -144,9 +146,8 @@ impl McpServerSet {
             dialer: Arc::new(NoEgress),
             reuse: DEFAULT_DISCOVERY_REUSE,
             shared,
-            general: Semaphore::new(GENERAL_SLOTS),
+            general: PreparationSlots::new(GENERAL_SLOTS, TENANT_SHARE, TENANT_RESERVE),
             startup: Semaphore::new(STARTUP_SLOTS),
-            shares: Mutex::new(HashMap::new()),
         }
     }
 
@@ -171,19 +172,6 @@ impl McpServerSet {
             )));
         }
         self
-    }
-
-    /// The tenant's share of the general slots.
-    fn share(&self, tenant_id: &str) -> Arc<Semaphore> {
-        let mut shares = lock(&self.shares);
-        // A share nobody waits on or holds is forgotten.
-        shares.retain(|_, share| {
-            Arc::strong_count(share) > 1 || share.available_permits() < TENANT_SHARE
-        });
-        shares
-            .entry(tenant_id.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(TENANT_SHARE)))
-            .clone()
     }
 
     fn operator_has(&self, server_id: &str) -> bool {
@@ -217,7 +205,8 @@ impl McpServerSet {
                     tracing::warn!(
                         tenant = %tenant_id,
                         server = %row.server_id,
-                        "a tenant server has an operator server's id: sessions use the operator's,                          the tenant's row is kept unchanged; rename one of them"
+                        "a tenant server has an operator server's id: sessions use the operator's, \
+                         the tenant's row is kept unchanged; rename one of them"
                     );
                 }
                 continue;
@@ -400,13 +389,11 @@ impl McpServers for McpServerSet {
         Box::pin(async move {
             let operator = self.operator.iter().filter(|server| server.enabled());
             let own = self.tenant_servers(tenant_id).await;
-            let share = self.share(tenant_id);
             let own = own.iter().filter(|server| server.enabled());
             // Concurrent within the slots; joined in configured order.
             let tasks = operator
-                .map(|server| (server, None))
-                .chain(own.map(|server| (server, Some(share.as_ref()))))
-                .map(|(server, share)| server.discover(&self.general, &self.startup, share));
+                .chain(own)
+                .map(|server| server.discover(&self.general, &self.startup));
             join_all(tasks).await
         })
     }

@@ -13,6 +13,7 @@ use crate::adapters::mcp::child::ChildSpec;
 use crate::adapters::mcp::client::{ClientError, Connection, RemotePrompt, RemoteResource};
 use crate::adapters::mcp::framing::Ceilings;
 use crate::adapters::mcp::http::EgressClient;
+use crate::adapters::mcp::slots::PreparationSlots;
 use crate::adapters::mcp::render::{READ_RESOURCE, by_name, read_resource_spec, skill_metadata};
 use crate::domain::mcp_server::AuthScheme;
 use crate::domain::names::mcp_registry_name;
@@ -255,9 +256,8 @@ impl McpServer {
     /// Discovery for one preparation: the remembered pin, or a live one.
     pub(in crate::adapters::mcp) async fn discover(
         self: &Arc<Self>,
-        general: &Semaphore,
+        general: &PreparationSlots,
         startup: &Semaphore,
-        share: Option<&Semaphore>,
     ) -> ServerDiscovery {
         if let Some(remembered) = self.reusable() {
             return remembered.discovery.clone();
@@ -290,18 +290,9 @@ impl McpServer {
             None
         };
         // A tenant's own servers take a general slot only within the
-        // tenant's share of them, so one tenant's silent servers cannot hold
-        // every slot another tenant's session waits for.
-        let _share = match share {
-            Some(share) => match share.acquire().await {
-                Ok(permit) => Some(permit),
-                Err(_) => return failed(ReasonCode::ToolServerUnreachable),
-            },
-            None => None,
-        };
-        let Ok(_general) = general.acquire().await else {
-            return failed(ReasonCode::ToolServerUnreachable);
-        };
+        // tenant's share and reserve, so tenants whose servers never answer
+        // cannot hold every slot another tenant's session waits for.
+        let _general = general.acquire(self.owner.as_deref()).await;
         let started = Instant::now();
         match self.discover_live().await {
             Ok((connection, tools, resources, prompts)) => {
@@ -329,7 +320,7 @@ impl McpServer {
     /// server's discovery is remembered now.
     pub(in crate::adapters::mcp) async fn warm_up(
         self: &Arc<Self>,
-        general: &Semaphore,
+        general: &PreparationSlots,
         startup: &Semaphore,
         connect_timeout: Duration,
     ) -> bool {
@@ -345,9 +336,7 @@ impl McpServer {
         } else {
             None
         };
-        let Ok(_general) = general.acquire().await else {
-            return false;
-        };
+        let _general = general.acquire(self.owner.as_deref()).await;
         match self.discover_live_within(connect_timeout).await {
             Ok((connection, tools, resources, prompts)) => {
                 let has_resources = connection.features().resources;
