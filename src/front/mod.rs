@@ -187,7 +187,8 @@ impl Front {
                         .pointer("/params/requestId")
                         .cloned()
                         .unwrap_or(Value::Null);
-                    self.calls.withdraw(session.session_id, &request_key(&request_id));
+                    self.calls
+                        .withdraw(session.session_id, &request_key(&request_id));
                 }
                 // Nothing else a client notifies changes what toolgate does.
                 return accepted();

@@ -24,10 +24,9 @@ pub mod validation;
 pub mod worker;
 
 pub use call::{
-    SweepBounds,
     CallOutcome, CallRequest, CallerTerms, Completion, DataArtifact, DataPart, Finished,
-    PipelineSettings, Point, RecoveryReport, ResultData, SUSPENDING, StepObserver, TOOL_CALL,
-    Unobserved, named_tool,
+    PipelineSettings, Point, RecoveryReport, ResultData, SUSPENDING, StepObserver, SweepBounds,
+    TOOL_CALL, Unobserved, named_tool,
 };
 pub use executor::{Pipeline, PipelineParts};
 pub use output::RenderedPart;

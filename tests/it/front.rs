@@ -1724,7 +1724,10 @@ fn the_stdio_relay_reaches_the_front_door_on_its_unix_socket() {
     let (lines, received) = std::sync::mpsc::channel::<Value>();
     let output = relay.stdout.take().unwrap();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(output).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(output)
+            .lines()
+            .map_while(Result::ok)
+        {
             if let Ok(message) = serde_json::from_str(&line) {
                 let _ = lines.send(message);
             }
@@ -1774,5 +1777,8 @@ fn the_stdio_relay_reaches_the_front_door_on_its_unix_socket() {
     assert_eq!(recorded["status"], "succeeded");
     drop(input);
     let status = relay.wait().unwrap();
-    assert!(status.success(), "the relay ends with its input: {status:?}");
+    assert!(
+        status.success(),
+        "the relay ends with its input: {status:?}"
+    );
 }

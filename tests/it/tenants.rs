@@ -248,7 +248,12 @@ fn silent_tenants_servers_never_stall_anothers_session() {
     served.wait_ready();
     // One tenant with many servers that never answer, and three more with
     // a few each: together they could hold every shared slot.
-    let noisy = ["tenant-noisy", "tenant-noisy-b", "tenant-noisy-c", "tenant-noisy-d"];
+    let noisy = [
+        "tenant-noisy",
+        "tenant-noisy-b",
+        "tenant-noisy-c",
+        "tenant-noisy-d",
+    ];
     for (tenant, servers) in noisy.iter().zip([24, 4, 4, 4]) {
         for index in 0..servers {
             let (status, body) = put_server(

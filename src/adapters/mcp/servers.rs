@@ -11,10 +11,10 @@ use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
 use super::auth::AuthSettings;
-use super::slots::PreparationSlots;
 use super::server::{
     CLOSE_GRACE, HttpServerSettings, McpServer, Shared, StdioServerSettings, lock,
 };
+use super::slots::PreparationSlots;
 use crate::domain::egress::EgressError;
 use crate::domain::mcp_server::{ServerClassification, Transport};
 use crate::domain::secret::CredentialRef;

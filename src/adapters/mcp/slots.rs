@@ -121,7 +121,11 @@ mod tests {
                 held.extend(slots.try_acquire(Some(tenant)));
             }
         }
-        assert_eq!(held.len(), 6, "four firsts, then seconds down to the reserve");
+        assert_eq!(
+            held.len(),
+            6,
+            "four firsts, then seconds down to the reserve"
+        );
         let quiet = slots.try_acquire(Some("quiet"));
         assert!(quiet.is_some(), "a tenant holding none is served");
         assert_eq!(held.len(), 6);
@@ -134,10 +138,14 @@ mod tests {
     #[test]
     fn one_tenant_holds_at_most_its_share() {
         let slots = PreparationSlots::new(8, 2, 2);
-        let held: Vec<_> = (0..24).filter_map(|_| slots.try_acquire(Some("noisy"))).collect();
+        let held: Vec<_> = (0..24)
+            .filter_map(|_| slots.try_acquire(Some("noisy")))
+            .collect();
         assert_eq!(held.len(), 2);
         drop(held);
-        let again: Vec<_> = (0..24).filter_map(|_| slots.try_acquire(Some("noisy"))).collect();
+        let again: Vec<_> = (0..24)
+            .filter_map(|_| slots.try_acquire(Some("noisy")))
+            .collect();
         assert_eq!(again.len(), 2, "given back when dropped");
     }
 

@@ -134,7 +134,8 @@ impl RuleFilePolicy {
         match (empty, file.no_rules) {
             (true, false) => Err(PolicyFileError::Schema {
                 path: "(file)".into(),
-                message: "the file has no rules; write `no_rules = true` if it means the                           built-in matrix alone"
+                message: "the file has no rules; write `no_rules = true` if it means the \
+                          built-in matrix alone"
                     .into(),
             }),
             (false, true) => Err(PolicyFileError::Schema {
