@@ -468,6 +468,10 @@ async fn http_phase(
         }],
         dialer.clone(),
         Duration::from_secs(300),
+        toolgate::domain::mcp_server::TenantCeilings {
+            maximum_output_bytes: toolgate::config::DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+            timeout_seconds: toolgate::config::DEFAULT_MAXIMUM_TIMEOUT_SECONDS,
+        },
     );
     let prepared = prepare_mcp(registry, store.as_ref(), clock.as_ref(), "bench", &servers)
         .await

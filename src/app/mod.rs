@@ -366,6 +366,10 @@ fn mcp_servers(
         http_settings(config),
         Arc::new(egress_dialer(config)?),
         Duration::from_secs(u64::from(config.mcp.discovery_reuse_seconds)),
+        crate::domain::mcp_server::TenantCeilings {
+            maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
+            timeout_seconds: config.limits.maximum_timeout_seconds,
+        },
     ))
 }
 

@@ -338,6 +338,28 @@ pub struct ServerClassification {
     pub maximum_output_bytes: u64,
 }
 
+/// The operator's ceilings a tenant's server is held to, as the operator's
+/// own servers are at load: when its row is written, and again whenever a
+/// stored row is used (a row written before the operator lowered them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantCeilings {
+    /// `limits.maximum_output_bytes_ceiling`.
+    pub maximum_output_bytes: u64,
+    /// `limits.maximum_timeout_seconds`.
+    pub timeout_seconds: u32,
+}
+
+impl TenantCeilings {
+    /// `classification` with its limits no higher than these.
+    pub fn bound(&self, mut classification: ServerClassification) -> ServerClassification {
+        classification.maximum_output_bytes = classification
+            .maximum_output_bytes
+            .min(self.maximum_output_bytes);
+        classification.timeout_seconds = classification.timeout_seconds.min(self.timeout_seconds);
+        classification
+    }
+}
+
 impl ServerClassification {
     /// The most restrictive classification the type system permits: what an
     /// unclassified server gets.

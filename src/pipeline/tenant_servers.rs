@@ -69,15 +69,7 @@ pub struct TenantServerSpec {
     pub enabled: bool,
 }
 
-/// The operator's ceilings a tenant's row is held to, as the operator's
-/// own servers are at load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TenantCeilings {
-    /// `limits.maximum_output_bytes_ceiling`.
-    pub maximum_output_bytes: u64,
-    /// `limits.maximum_timeout_seconds`.
-    pub timeout_seconds: u32,
-}
+pub use crate::domain::mcp_server::TenantCeilings;
 
 /// The tenant servers of every tenant.
 pub struct TenantServers {

@@ -12,6 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// The operator's default ceilings, which tenant rows are held to.
+const CEILINGS: toolgate::domain::mcp_server::TenantCeilings =
+    toolgate::domain::mcp_server::TenantCeilings {
+        maximum_output_bytes: toolgate::config::DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+        timeout_seconds: toolgate::config::DEFAULT_MAXIMUM_TIMEOUT_SECONDS,
+    };
+
 use serde_json::{Value, json};
 use toolgate::adapters::credentials::EnvFileResolver;
 use toolgate::adapters::egress::{Dialer, EgressSettings, Resolve};
@@ -213,7 +220,7 @@ async fn live_http(
             Arc::new(SystemClock),
             Arc::new(MetricsRegistry::default()),
         )
-        .with_http(servers, dialer, Duration::from_secs(300))
+        .with_http(servers, dialer, Duration::from_secs(300), CEILINGS)
     })
     .await
 }
@@ -1093,7 +1100,7 @@ async fn a_tenant_server_is_offered_to_its_tenant_only_while_it_answers() {
             Arc::new(MetricsRegistry::default()),
         )
         // Every preparation connects: no reuse window.
-        .with_http(Vec::new(), dialer, Duration::ZERO)
+        .with_http(Vec::new(), dialer, Duration::ZERO, CEILINGS)
     })
     .await;
     let row = McpServerRow {

@@ -1344,6 +1344,10 @@ async fn gate_05_hostile_failure_text_never_reaches_the_message() {
                 vec![http_server("remote", &url, no_auth(), reads("remote"))],
                 dialer,
                 Duration::from_secs(300),
+                toolgate::domain::mcp_server::TenantCeilings {
+                    maximum_output_bytes: toolgate::config::DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+                    timeout_seconds: toolgate::config::DEFAULT_MAXIMUM_TIMEOUT_SECONDS,
+                },
             )
         })
         .await;

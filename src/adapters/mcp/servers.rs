@@ -16,7 +16,7 @@ use super::server::{
 };
 use super::slots::PreparationSlots;
 use crate::domain::egress::EgressError;
-use crate::domain::mcp_server::{ServerClassification, Transport};
+use crate::domain::mcp_server::{ServerClassification, TenantCeilings, Transport};
 use crate::domain::secret::CredentialRef;
 use crate::domain::{ToolFailure, ToolFailureKind};
 use crate::ports::metrics::Metrics;
@@ -70,7 +70,7 @@ impl EgressDialer for NoEgress {
 
 /// A tenant's server as the HTTP adapter takes it; `None` for a row that is
 /// not an HTTP server (which the write-time rules never let a tenant write).
-fn tenant_settings(row: &McpServerRow) -> Option<HttpServerSettings> {
+fn tenant_settings(row: &McpServerRow, ceilings: TenantCeilings) -> Option<HttpServerSettings> {
     if row.transport != Transport::Http {
         return None;
     }
@@ -88,14 +88,14 @@ fn tenant_settings(row: &McpServerRow) -> Option<HttpServerSettings> {
             token_endpoint: row.token_endpoint.clone(),
             token_scopes: row.token_scopes.clone().unwrap_or_default(),
         },
-        classification: ServerClassification {
+        classification: ceilings.bound(ServerClassification {
             side_effect: row.side_effect,
             risk: row.risk,
             idempotency: row.idempotency,
             required_scopes: row.required_scopes.iter().cloned().collect(),
             timeout_seconds: row.timeout_seconds,
             maximum_output_bytes: row.maximum_output_bytes,
-        },
+        }),
         connect_timeout: TENANT_CONNECT_TIMEOUT,
         request_timeout: TENANT_REQUEST_TIMEOUT,
         idle_timeout: TENANT_IDLE_TIMEOUT,
@@ -113,6 +113,8 @@ pub struct McpServerSet {
     shadowed: Mutex<std::collections::HashSet<(String, String)>>,
     dialer: Arc<dyn EgressDialer>,
     reuse: Duration,
+    /// What a tenant's stored row may ask for, whenever it was written.
+    ceilings: TenantCeilings,
     shared: Shared,
     general: PreparationSlots,
     startup: Semaphore,
@@ -145,6 +147,10 @@ impl McpServerSet {
             shadowed: Mutex::new(std::collections::HashSet::new()),
             dialer: Arc::new(NoEgress),
             reuse: DEFAULT_DISCOVERY_REUSE,
+            ceilings: TenantCeilings {
+                maximum_output_bytes: 0,
+                timeout_seconds: 0,
+            },
             shared,
             general: PreparationSlots::new(GENERAL_SLOTS, TENANT_SHARE, TENANT_RESERVE),
             startup: Semaphore::new(STARTUP_SLOTS),
@@ -152,16 +158,18 @@ impl McpServerSet {
     }
 
     /// The same set dialling HTTP servers through `dialer`: the operator's
-    /// `http` (after the stdio ones) and every tenant's own, each discovery
-    /// pinned for at most `reuse`.
+    /// `http` (after the stdio ones) and every tenant's own (held to
+    /// `ceilings`), each discovery pinned for at most `reuse`.
     pub fn with_http(
         mut self,
         http: Vec<HttpServerSettings>,
         dialer: Arc<dyn EgressDialer>,
         reuse: Duration,
+        ceilings: TenantCeilings,
     ) -> Self {
         self.dialer = dialer;
         self.reuse = reuse;
+        self.ceilings = ceilings;
         for settings in http {
             self.operator.push(Arc::new(McpServer::http(
                 settings,
@@ -215,7 +223,7 @@ impl McpServerSet {
                 servers.push(server.clone());
                 continue;
             }
-            let Some(settings) = tenant_settings(&row) else {
+            let Some(settings) = tenant_settings(&row, self.ceilings) else {
                 continue;
             };
             servers.push(Arc::new(McpServer::http(
@@ -445,4 +453,55 @@ async fn join_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
     })
     .await;
     results.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::mcp_server::AuthScheme;
+    use crate::domain::{IdempotencyClass, RiskLevel, SideEffectClass};
+
+    /// A row stored before the operator lowered the ceilings (or written
+    /// past the API) is held to them when it is used.
+    #[test]
+    fn a_stored_tenant_row_is_held_to_the_ceilings_in_force() {
+        let row = McpServerRow {
+            server_id: "own".into(),
+            transport: Transport::Http,
+            endpoint: "https://mcp.example.com/mcp".into(),
+            auth_scheme: AuthScheme::None,
+            auth_name: None,
+            credential_ref: None,
+            token_endpoint: None,
+            token_scopes: None,
+            side_effect: SideEffectClass::None,
+            risk: RiskLevel::Low,
+            idempotency: IdempotencyClass::ReadOnly,
+            required_scopes: vec!["mcp.own.use".into()],
+            timeout_seconds: 86_400,
+            maximum_output_bytes: 1_000_000_000_000,
+            enabled: true,
+        };
+        let ceilings = TenantCeilings {
+            maximum_output_bytes: 1 << 20,
+            timeout_seconds: 600,
+        };
+        let settings = tenant_settings(&row, ceilings).expect("an HTTP row");
+        assert_eq!(settings.classification.maximum_output_bytes, 1 << 20);
+        assert_eq!(settings.classification.timeout_seconds, 600);
+        let modest = McpServerRow {
+            timeout_seconds: 30,
+            maximum_output_bytes: 4096,
+            ..row
+        };
+        let settings = tenant_settings(&modest, ceilings).expect("an HTTP row");
+        assert_eq!(
+            (
+                settings.classification.maximum_output_bytes,
+                settings.classification.timeout_seconds
+            ),
+            (4096, 30),
+            "a row within them is as written"
+        );
+    }
 }
