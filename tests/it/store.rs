@@ -1324,6 +1324,29 @@ async fn a_churning_catalog_keeps_a_bounded_history() {
             )
             .await
             .unwrap();
+        // A call still running on gen-1 (its generation stays), and one
+        // that succeeded on gen-2 (nothing keeps its generation).
+        for (call, version, status) in [
+            ("running", "gen-1", InvocationStatus::Running),
+            ("done", "gen-2", InvocationStatus::Succeeded),
+        ] {
+            let mut row = new_invocation("tenant-a", Uuid::new_v4(), call, status);
+            row.tool_source = ToolSource::Mcp;
+            row.server_id = Some("churn".into());
+            row.tool_name = "mcp.churn.tool".into();
+            row.tool_version = version.into();
+            store
+                .insert_invocation(
+                    &row,
+                    Claim {
+                        worker_id,
+                        now: now(),
+                    },
+                    &[],
+                )
+                .await
+                .unwrap();
+        }
         let first = now();
         for generation in 0..60 {
             let entry = CatalogEntry {
@@ -1350,11 +1373,16 @@ async fn a_churning_catalog_keeps_a_bounded_history() {
             .iter()
             .map(|row| row.catalog_hash.as_str())
             .collect();
-        assert_eq!(generations.len(), 33, "{name}: {generations:?}");
+        assert_eq!(generations.len(), 34, "{name}: {generations:?}");
         assert!(
             generations.contains("gen-0"),
             "{name}: the reviewed one stays"
         );
+        assert!(
+            generations.contains("gen-1"),
+            "{name}: a running call's stays"
+        );
+        assert!(!generations.contains("gen-2"), "{name}: an ended one's goes");
         assert!(
             generations.contains("gen-59") && generations.contains("gen-28"),
             "{name}"

@@ -209,12 +209,13 @@ async fn write_generation(
 }
 
 /// The generations of a server's history kept: the newest ones, and any
-/// an UNCERTAIN call (whose review needs the tool as it was) ran.
+/// an UNCERTAIN call (whose review needs the tool as it was) or a call not
+/// yet ended (waiting, authorized or running) ran.
 pub const KEPT_GENERATIONS: i64 = 32;
 
 /// Drops the generations of a server older than the newest
-/// [`KEPT_GENERATIONS`] that no UNCERTAIN call ran: a catalog that churns
-/// keeps a bounded history.
+/// [`KEPT_GENERATIONS`] that no UNCERTAIN or unended call ran: a catalog
+/// that churns keeps a bounded history.
 async fn prune_history(
     tx: &mut Transaction<'static, Postgres>,
     tenant_id: &str,
@@ -226,7 +227,8 @@ async fn prune_history(
              WHERE tenant_id = $1 AND server_id = $2 GROUP BY catalog_hash \
              ORDER BY max(discovered_at) DESC LIMIT $3) \
          AND catalog_hash NOT IN (SELECT tool_version FROM tool_invocations \
-             WHERE tenant_id = $1 AND outcome_status = 'uncertain' AND server_id = $2)",
+             WHERE tenant_id = $1 AND server_id = $2 AND (outcome_status = 'uncertain' \
+                 OR status IN ('waiting_for_approval', 'authorized', 'running')))",
     )
     .bind(tenant_id)
     .bind(server_id)
