@@ -2,7 +2,7 @@
 //! tenants, through the one pipeline on both stores.
 
 use serde_json::json;
-use toolgate::domain::{InvocationStatus, ToolOutcomeStatus};
+use toolgate::domain::{InvocationStatus, ReasonCode, ToolOutcomeStatus};
 
 use crate::pipeline::{TENANT, allow_all, finished, harness};
 use crate::store::backends;
@@ -55,6 +55,39 @@ async fn the_same_call_identity_in_two_tenants_runs_in_both() {
             assert_eq!(row.status, InvocationStatus::Succeeded, "{name}");
         }
         assert_eq!(harness.lines("external.log").len(), 2, "{name}: no rerun");
+    }
+}
+
+/// The breaker counts a tenant's own calls: another tenant's identical
+/// calls in a run of the same id never bring its loop detection closer.
+#[tokio::test]
+async fn the_breaker_counts_each_tenants_calls_apart() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let harness = harness(store.clone(), allow_all()).await;
+        let request = harness.request("demo.echo", json!({"text": "again and again"}));
+        let mut refused = None;
+        for call in 0..8 {
+            let mut ours = request.clone();
+            ours.call_id = format!("ours-{call}");
+            let outcome = harness.pipeline.call(ours).await;
+            if finished(&outcome).outcome.reason_code() == Some(ReasonCode::ToolLoopDetected) {
+                refused = Some(call);
+                break;
+            }
+        }
+        let refused = refused.unwrap_or_else(|| panic!("{name}: the loop was never detected"));
+        let mut theirs = request.clone();
+        theirs.tenant_id = "tenant-other".into();
+        for call in 0..refused {
+            theirs.call_id = format!("theirs-{call}");
+            let outcome = harness.pipeline.call(theirs.clone()).await;
+            assert_eq!(
+                finished(&outcome).outcome.status(),
+                ToolOutcomeStatus::Succeeded,
+                "{name}: their call {call} counts only theirs: {outcome:?}"
+            );
+        }
     }
 }
 
