@@ -1382,7 +1382,10 @@ async fn a_churning_catalog_keeps_a_bounded_history() {
             generations.contains("gen-1"),
             "{name}: a running call's stays"
         );
-        assert!(!generations.contains("gen-2"), "{name}: an ended one's goes");
+        assert!(
+            !generations.contains("gen-2"),
+            "{name}: an ended one's goes"
+        );
         assert!(
             generations.contains("gen-59") && generations.contains("gen-28"),
             "{name}"
