@@ -124,7 +124,7 @@ impl ControlApi {
                 "working_state": latest.and_then(|row| row.arguments.get("state")),
                 "invocation_id": latest.map(|row| row.id),
                 "step_number": latest.map(|row| row.step_number),
-                "updated_at": latest.and_then(|row| row.completed_at),
+                "updated_at": latest.and_then(|row| row.ended()).map(|ended| ended.completed_at),
             }),
         ))
     }

@@ -229,6 +229,8 @@ pub fn rendered_content(content: &[RenderedPart]) -> Value {
 
 /// A recorded row, as operators read it.
 pub fn invocation_view(row: &InvocationRecord) -> Value {
+    let ended = row.ended();
+    let suspension = row.suspension();
     json!({
         "invocation_id": row.id,
         "tenant_id": row.tenant_id,
@@ -238,22 +240,22 @@ pub fn invocation_view(row: &InvocationRecord) -> Value {
         "call_id": row.call_id,
         "tool_name": row.tool_name,
         "tool_version": row.tool_version,
-        "status": row.status,
-        "outcome_status": row.outcome_status,
+        "status": row.status(),
+        "outcome_status": row.outcome_status(),
         "reason_code": row.reason_code,
         "idempotency_class": row.idempotency_class,
         "idempotency_key": row.idempotency_key,
         "effect_sent_at": row.effect_sent_at,
         "attempt_number": row.attempt_number,
-        "output_bytes": row.output_bytes,
-        "truncated": row.truncated,
-        "artifact_id": row.artifact_id,
-        "suspended_kind": row.suspended_kind,
-        "suspended_ref": row.suspended_ref,
+        "output_bytes": ended.and_then(|ended| ended.output_bytes),
+        "truncated": ended.is_some_and(|ended| ended.truncated),
+        "artifact_id": ended.and_then(|ended| ended.artifact_id),
+        "suspended_kind": suspension.map(|suspension| &suspension.kind),
+        "suspended_ref": suspension.map(|suspension| &suspension.reference),
         "parallel_group": row.parallel_group,
         "created_at": row.created_at,
-        "completed_at": row.completed_at,
-        "result": row.result,
+        "completed_at": ended.map(|ended| ended.completed_at),
+        "result": ended.and_then(|ended| ended.result.as_ref()),
     })
 }
 

@@ -60,6 +60,7 @@ pub mod egress;
 pub mod environment;
 pub mod event;
 pub mod idempotency;
+pub mod invocation;
 pub mod mcp_server;
 pub mod names;
 pub mod outcome;

@@ -64,13 +64,13 @@ pub(super) fn row_event(row: &InvocationRecord, kind: ToolEventKind) -> ToolEven
         tool_name: row.tool_name.clone(),
         tool_source: row.tool_source,
         tool_version: row.tool_version.clone(),
-        outcome_status: row.outcome_status,
+        outcome_status: row.outcome_status(),
         reason_code: row.reason_code,
         idempotency_class: row.idempotency_class,
         effect_sent: row.effect_sent_at.is_some(),
         duration_ms: None,
-        output_bytes: row.output_bytes,
-        truncated: row.truncated,
+        output_bytes: row.ended().and_then(|ended| ended.output_bytes),
+        truncated: row.ended().is_some_and(|ended| ended.truncated),
         parallel_group: row.parallel_group,
     }
 }
@@ -93,23 +93,20 @@ pub(super) fn denied_event(identity: &Identity<'_>, code: ReasonCode) -> ToolEve
 
 /// The outcome a terminal row records, as the model read it the first time.
 pub(super) fn recorded(row: &InvocationRecord) -> CallOutcome {
-    let outcome = match (row.outcome_status, row.reason_code) {
+    let result = row.ended().and_then(|ended| ended.result.as_ref());
+    let outcome = match (row.outcome_status(), row.reason_code) {
         (Some(ToolOutcomeStatus::Succeeded), _) => ToolOutcome::Succeeded {
             action: row.tool_name.clone(),
         },
         (_, Some(code)) => ToolOutcome::not_succeeded(row.tool_name.clone(), code),
         _ => ToolOutcome::not_succeeded(row.tool_name.clone(), ReasonCode::ToolInternalError),
     };
-    let content = row
-        .result
-        .as_ref()
+    let content = result
         .and_then(|result| result.get("content"))
         .and_then(|content| serde_json::from_value::<Vec<StoredPart>>(content.clone()).ok())
         .map(|parts| parts.into_iter().map(StoredPart::into_rendered).collect())
         .unwrap_or_default();
-    let data = row
-        .result
-        .as_ref()
+    let data = result
         .and_then(|result| result.get("data"))
         .and_then(|data| serde_json::from_value::<ResultData>(data.clone()).ok());
     CallOutcome::Finished(Finished {

@@ -21,11 +21,11 @@ pub use metrics::{Labels, Metrics};
 pub use policy::PolicyEngine;
 pub use store::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BreakerTally, CatalogEntry, CatalogGeneration,
-    CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, InsertOutcome,
-    InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
+    CatalogRow, CatalogStore, Claim, Ended, EventRecord, EventStore, Fence, Held, InsertOutcome,
+    InvocationRecord, InvocationState, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
     PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
-    SessionRecord, SessionStore, Store, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    SessionRecord, SessionStore, Store, StoreError, StoredArtifact, Suspension, TerminalRecord,
+    ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use tool::{
     ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken,

@@ -184,11 +184,11 @@ async fn crash_matrix(name: &str, store_url: &str, store: &dyn Store) {
             let rows = store.run_invocations(TENANT, run_id).await.unwrap();
             let (status, count) = if completed {
                 // The failpoint was not on this call's path.
-                let status = rows.first().map(|r| r.status);
+                let status = rows.first().map(|r| r.status());
                 (status, effects(tool, folder.path()))
             } else {
                 let (status, count) = expected(tool, point);
-                assert_eq!(rows.first().map(|r| r.status), status, "{case}: row");
+                assert_eq!(rows.first().map(|r| r.status()), status, "{case}: row");
                 assert_eq!(effects(tool, folder.path()), count, "{case}: effects");
                 (status, count)
             };
@@ -215,7 +215,11 @@ async fn crash_matrix(name: &str, store_url: &str, store: &dyn Store) {
                 Some(status) => {
                     assert_eq!(after, count, "{case}: replay repeated an effect");
                     let recorded = store.run_invocations(TENANT, run_id).await.unwrap();
-                    assert_eq!(recorded[0].status, status, "{case}: replay changed the row");
+                    assert_eq!(
+                        recorded[0].status(),
+                        status,
+                        "{case}: replay changed the row"
+                    );
                     assert_eq!(
                         replay["invocation_id"],
                         json!(recorded[0].id),
@@ -381,12 +385,12 @@ async fn a_read_whose_commits_were_lost_runs_again() {
     assert!(ok);
     assert_eq!(first["outcome"]["status"], "succeeded", "{first}");
     let kept = rows(run_id).await;
-    assert_eq!(kept[0].status, InvocationStatus::Succeeded);
+    assert_eq!(kept[0].status(), InvocationStatus::Succeeded);
     assert_eq!(kept[0].attempt_number, 2);
     restore(&claimed);
     let before = rows(run_id).await;
     assert_eq!(
-        before[0].status,
+        before[0].status(),
         InvocationStatus::Running,
         "the result is gone"
     );
@@ -396,10 +400,15 @@ async fn a_read_whose_commits_were_lost_runs_again() {
     assert_eq!(replay["invocation_id"], json!(before[0].id));
     let after = rows(run_id).await;
     assert_eq!(after.len(), 1);
-    assert_eq!(after[0].status, InvocationStatus::Succeeded);
+    assert_eq!(after[0].status(), InvocationStatus::Succeeded);
     // Executed again (a second attempt on the restored row), not answered.
     assert_eq!(after[0].attempt_number, 2, "{after:?}");
-    assert!(after[0].result.is_some());
+    assert!(
+        after[0]
+            .ended()
+            .and_then(|ended| ended.result.as_ref())
+            .is_some()
+    );
 
     // 2. Every commit of the call lost: no row, so the replay runs it anew.
     let (session, run_id) = (Uuid::new_v4(), Uuid::new_v4());
@@ -427,7 +436,7 @@ async fn a_read_whose_commits_were_lost_runs_again() {
     assert_eq!(replay["outcome"]["status"], "succeeded", "{replay}");
     let after = rows(run_id).await;
     assert_eq!(after.len(), 1);
-    assert_eq!(after[0].status, InvocationStatus::Succeeded);
+    assert_eq!(after[0].status(), InvocationStatus::Succeeded);
     assert_eq!(after[0].attempt_number, 1);
     assert_eq!(replay["invocation_id"], json!(after[0].id));
     assert_ne!(replay["invocation_id"], first_id, "a new row, run anew");

@@ -273,7 +273,7 @@ async fn a_start_up_sweep_never_starves_the_lease() {
         json!({"seconds": 8}),
     );
     row_where(&store, run_id, Duration::from_secs(20), |row| {
-        row.status == InvocationStatus::Running
+        row.status() == InvocationStatus::Running
     })
     .await
     .expect("the call is running");
@@ -286,7 +286,7 @@ async fn a_start_up_sweep_never_starves_the_lease() {
         .await
         .expect("a's new worker");
     let rerun = row_where(&store, run_id, Duration::from_secs(10), |row| {
-        row.worker_id == Some(worker) && row.status == InvocationStatus::Running
+        row.state.worker() == Some(worker) && row.status() == InvocationStatus::Running
     })
     .await
     .expect("a's start-up sweep re-runs the call");
@@ -308,12 +308,16 @@ async fn a_start_up_sweep_never_starves_the_lease() {
     );
     assert!(ready >= 12, "ready while the sweep runs: {ready} of 16");
     let done = row_where(&store, run_id, Duration::from_secs(20), |row| {
-        row.status.is_terminal()
+        row.status().is_terminal()
     })
     .await
     .expect("the re-run ends");
-    assert_eq!(done.status, InvocationStatus::Succeeded);
-    assert_eq!(done.worker_id, Some(worker), "b never took a live call");
+    assert_eq!(done.status(), InvocationStatus::Succeeded);
+    assert_eq!(
+        done.ended().and_then(|ended| ended.worker),
+        Some(worker),
+        "b never took a live call"
+    );
     assert_eq!(done.attempt_number, 2);
     drop(b);
 }
@@ -364,7 +368,7 @@ async fn clocks_that_disagree_never_take_a_live_call() {
         json!({"seconds": 6}),
     );
     row_where(&store, run_id, Duration::from_secs(20), |row| {
-        row.status == InvocationStatus::Running
+        row.status() == InvocationStatus::Running
     })
     .await
     .expect("the call is running");
@@ -486,11 +490,11 @@ async fn a_paused_node_answers_truly_and_stops_serving() {
     let pid = nix::unistd::Pid::from_raw(a.pid().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let taken = row_where(&store, run_id, Duration::from_secs(20), |row| {
-        row.status.is_terminal()
+        row.status().is_terminal()
     })
     .await
     .expect("b takes the paused node's call");
-    assert_eq!(taken.status, InvocationStatus::Uncertain);
+    assert_eq!(taken.status(), InvocationStatus::Uncertain);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     let (status, answer) = script_call.join().unwrap();
     assert_eq!(status, 200, "{answer}");
@@ -594,14 +598,14 @@ async fn an_answer_for_a_call_another_node_took_keeps_its_call_id() {
         std::thread::spawn(move || script_call(&socket, &token, &body))
     };
     let running = row_where(&store, run_id, Duration::from_secs(20), |row| {
-        row.status == InvocationStatus::Running
+        row.status() == InvocationStatus::Running
     })
     .await
     .expect("the call is running on a");
     let pid = nix::unistd::Pid::from_raw(a.pid().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     row_where(&store, run_id, Duration::from_secs(20), |row| {
-        row.worker_id != running.worker_id
+        row.state.worker() != running.state.worker()
     })
     .await
     .expect("b takes the call over");
@@ -641,7 +645,7 @@ async fn an_answer_for_a_call_another_node_took_keeps_its_call_id() {
     assert_eq!(settled.0, Some(0), "{}", settled.1);
     let rows = store.run_invocations(TENANT, run_id).await.unwrap();
     assert_eq!(rows.len(), 1, "one call, one row: {rows:?}");
-    assert_eq!(rows[0].status, InvocationStatus::Succeeded);
+    assert_eq!(rows[0].status(), InvocationStatus::Succeeded);
 }
 
 /// A PostgreSQL server of the test's own, which it may kill.
@@ -797,11 +801,11 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
     );
     postgres.up();
     let settled = row_where(&setup, run_id, Duration::from_secs(60), |row| {
-        row.status.is_terminal()
+        row.status().is_terminal()
     })
     .await
     .expect("the node settles the row once the database is back");
-    assert_eq!(settled.status, InvocationStatus::Uncertain);
+    assert_eq!(settled.status(), InvocationStatus::Uncertain);
     let (status, queue) = a.get(&format!("/v1/review?tenant_id={TENANT}"));
     assert_eq!(status, 200);
     assert!(
@@ -819,7 +823,7 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
         json!({"seconds": 3}),
     );
     row_where(&setup, run_id, Duration::from_secs(20), |row| {
-        row.status == InvocationStatus::Running
+        row.status() == InvocationStatus::Running
     })
     .await
     .expect("the read is under way");

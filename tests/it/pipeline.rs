@@ -24,7 +24,7 @@ use toolgate::pipeline::{
     Point, RegistryLimits, StepObserver, SweepBounds, ToolRegistry,
 };
 use toolgate::ports::{
-    ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord,
+    ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
     InvocationStore, NewInvocation, PolicyEngine, Store, StoreError, SystemClock, TerminalRecord,
     Tool, ToolEvent, ToolExecutionContext, WorkerRegistration,
 };
@@ -182,10 +182,10 @@ macro_rules! delegate {
 impl InvocationStore for FaultyWatermark {
     delegate! {
         insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
-        insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
-        authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+        insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
+        authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
         settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
-        claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
+        claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<Held>, StoreError>;
         complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
@@ -194,8 +194,8 @@ impl InvocationStore for FaultyWatermark {
         run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
-        claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
-        take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+        claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;
+        take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<Held>, StoreError>;
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
@@ -488,7 +488,7 @@ async fn a_read_succeeds_and_is_recorded_with_its_events() {
         );
         assert!(text.contains("hello from the model"));
         let row = row_of(store.as_ref(), &outcome).await;
-        assert_eq!(row.status, InvocationStatus::Succeeded);
+        assert_eq!(row.status(), InvocationStatus::Succeeded);
         assert_eq!(
             row.effect_sent_at, None,
             "{name}: a NONE tool sets no watermark"
@@ -916,7 +916,7 @@ async fn gate_03_side_effecting_builtins_set_the_watermark_first() {
                 spec.name
             );
             let row = row_of(store.as_ref(), &outcome).await;
-            assert_eq!(row.status, InvocationStatus::Failed);
+            assert_eq!(row.status(), InvocationStatus::Failed);
             assert_eq!(row.effect_sent_at, None);
             checked += 1;
         }
@@ -969,7 +969,13 @@ async fn a_builtins_hostile_failure_text_never_reaches_the_message() {
         assert!(!text.contains("remote said"), "{name}");
         let row = row_of(store.as_ref(), &outcome).await;
         assert!(
-            row.error.unwrap().to_string().contains("remote said"),
+            row.ended()
+                .unwrap()
+                .error
+                .clone()
+                .unwrap()
+                .to_string()
+                .contains("remote said"),
             "{name}: the row keeps the detail"
         );
         let events = crate::store::events_settled(store.as_ref(), 4).await;
@@ -997,7 +1003,7 @@ async fn large_output_is_excerpted_and_artifactized() {
             "{name}"
         );
         let row = row_of(store.as_ref(), &outcome).await;
-        assert!(row.truncated, "{name}");
+        assert!(row.ended().unwrap().truncated, "{name}");
         let full: String = (0..3000).map(|i| format!("line {i}\n")).collect();
         // As data, the text is complete up to the tool's limit; past it, the
         // whole capture stands in its place.
@@ -1021,7 +1027,7 @@ async fn large_output_is_excerpted_and_artifactized() {
                 assert!(full.len() as u64 > limit, "{name}");
                 assert_eq!(
                     Some(artifact_id.clone()),
-                    row.artifact_id.map(|id| id.to_string())
+                    row.ended().unwrap().artifact_id.map(|id| id.to_string())
                 );
                 assert_eq!(*bytes, full.len() as u64, "{name}");
             }
@@ -1030,8 +1036,8 @@ async fn large_output_is_excerpted_and_artifactized() {
         // A replay returns the same data.
         let replayed = harness.pipeline.call(request.clone()).await;
         assert_eq!(finished(&replayed).data, Some(data), "{name}");
-        assert_eq!(row.output_bytes, Some(full.len() as i64));
-        let artifact = row.artifact_id.unwrap();
+        assert_eq!(row.ended().unwrap().output_bytes, Some(full.len() as i64));
+        let artifact = row.ended().unwrap().artifact_id.unwrap();
         let record = store
             .artifact(TENANT, artifact)
             .await
@@ -1084,7 +1090,7 @@ async fn large_output_is_excerpted_and_artifactized() {
         );
         let row = row_of(store.as_ref(), &huge).await;
         assert!(
-            row.artifact_id.is_some(),
+            row.ended().unwrap().artifact_id.is_some(),
             "{name}: the partial output is still artifactized"
         );
     }
@@ -1104,7 +1110,13 @@ async fn resolved_credentials_are_scrubbed() {
         assert!(!text.contains("tok-SECRET-9876"));
         let row = row_of(store.as_ref(), &outcome).await;
         assert!(
-            !row.result.unwrap().to_string().contains("tok-SECRET-9876"),
+            !row.ended()
+                .unwrap()
+                .result
+                .clone()
+                .unwrap()
+                .to_string()
+                .contains("tok-SECRET-9876"),
             "{name}"
         );
     }
@@ -1170,7 +1182,7 @@ async fn recovery_applies_the_table() {
             let mut out = Vec::new();
             for id in &ids {
                 let row = store.invocation(TENANT, *id).await.unwrap().unwrap();
-                out.push((row.status, row.reason_code));
+                out.push((row.status(), row.reason_code));
             }
             out
         };
@@ -1227,10 +1239,10 @@ async fn the_breaker_is_read_only_where_it_has_something_to_count() {
     impl InvocationStore for Tallies {
         delegate! {
             insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
-            insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
-            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
+            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
-            claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
+            claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<Held>, StoreError>;
             mark_effect_sent(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, durability: Durability) -> Result<bool, StoreError>;
             complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
@@ -1240,8 +1252,8 @@ async fn the_breaker_is_read_only_where_it_has_something_to_count() {
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
-            claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
-            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+            claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;
+            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<Held>, StoreError>;
             record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
             artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
             reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
@@ -1437,9 +1449,9 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
         // Two leases long: a's heartbeat keeps the row a's.
         tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
         let held = store.invocation(TENANT, row.id).await.unwrap().unwrap();
-        assert_eq!(held.status, InvocationStatus::Running, "{name}");
+        assert_eq!(held.status(), InvocationStatus::Running, "{name}");
         assert_eq!(
-            held.worker_id,
+            held.state.worker(),
             Some(a.id()),
             "{name}: a live lease is not swept"
         );
@@ -1450,18 +1462,21 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
         for _ in 0..100 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             let row = store.invocation(TENANT, row.id).await.unwrap().unwrap();
-            if row.status.is_terminal() {
+            if row.status().is_terminal() {
                 recovered = Some(row);
                 break;
             }
         }
         let recovered = recovered.expect("b's sweep recovered the row");
         assert_eq!(
-            recovered.status,
+            recovered.status(),
             InvocationStatus::Succeeded,
             "{name}: nothing was sent, so it ran again"
         );
-        assert_eq!(recovered.worker_id, Some(b.id()));
+        assert_eq!(
+            recovered.ended().and_then(|ended| ended.worker),
+            Some(b.id())
+        );
         assert_eq!(
             harness_b.lines("external.log"),
             vec!["recovered"],
@@ -1548,6 +1563,7 @@ async fn leave_running(
         .await
         .unwrap()
         .expect("claimed")
+        .row
 }
 
 /// Recovery re-checks authority before re-executing: a row whose caller no
@@ -1584,7 +1600,7 @@ async fn recovery_refused_by_authority_settles_the_row() {
             "{name}"
         );
         let settled = store.invocation(TENANT, row.id).await.unwrap().unwrap();
-        assert_eq!(settled.status, InvocationStatus::Denied, "{name}");
+        assert_eq!(settled.status(), InvocationStatus::Denied, "{name}");
         assert!(
             harness.lines("external.log").is_empty(),
             "{name}: nothing ran"
@@ -1698,7 +1714,7 @@ async fn recovery_without_standing_authority_asks_a_human_again() {
         assert_eq!(report.taken, 1, "{name}");
         let waiting = store.invocation(TENANT, row.id).await.unwrap().unwrap();
         assert_eq!(
-            waiting.status,
+            waiting.status(),
             InvocationStatus::WaitingForApproval,
             "{name}"
         );
@@ -1789,10 +1805,10 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
     impl InvocationStore for SlowWatermark {
         delegate! {
             insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
-            insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
-            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
+            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
-            claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<InvocationRecord>, StoreError>;
+            claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<Held>, StoreError>;
             complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
             suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
@@ -1801,8 +1817,8 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
-            claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
-            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+            claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;
+            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<Held>, StoreError>;
             breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
             record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
             artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
@@ -1864,7 +1880,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
     }
     impl InvocationStore for Recording {
         delegate! {
-            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<InvocationRecord>, StoreError>;
+            authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
             suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
@@ -1873,8 +1889,8 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
-            claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
-            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+            claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;
+            take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<Held>, StoreError>;
             breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
             record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
             artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
@@ -1903,7 +1919,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             new: &'a NewInvocation,
             claim: Claim,
             events: &'a [ToolEvent],
-        ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
             self.note("intent, claimed", new.durability);
             self.inner.insert_uncounted(new, claim, events)
         }
@@ -1916,7 +1932,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             now: chrono::DateTime<Utc>,
             events: &'a [ToolEvent],
             durability: Durability,
-        ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
             self.note("claim", durability);
             self.inner
                 .claim_invocation(tenant, id, fence, now, events, durability)

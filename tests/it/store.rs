@@ -305,7 +305,7 @@ async fn insert_deduplicates_on_the_key() {
             InvocationStatus::Authorized,
         );
         let record = insert(store.as_ref(), &new, worker_id).await;
-        assert_eq!(record.status, InvocationStatus::Authorized, "{name}");
+        assert_eq!(record.status(), InvocationStatus::Authorized, "{name}");
         assert_eq!(record.attempt_number, 1);
         assert_eq!(
             record.fence(),
@@ -402,7 +402,7 @@ async fn claim_watermark_and_completion_are_fenced() {
             .await
             .unwrap()
             .expect("claims");
-        assert_eq!(running.status, InvocationStatus::Running, "{name}");
+        assert_eq!(running.status(), InvocationStatus::Running, "{name}");
         assert_eq!(running.attempt_number, 1);
         let fence = running.fence().unwrap();
         assert_eq!(fence.lease_epoch, 1);
@@ -514,11 +514,11 @@ async fn claim_watermark_and_completion_are_fenced() {
             "{name}: terminal is final"
         );
         let row = store.invocation("tenant-a", new.id).await.unwrap().unwrap();
-        assert_eq!(row.status, InvocationStatus::Succeeded);
-        assert_eq!(row.outcome_status, Some(ToolOutcomeStatus::Succeeded));
-        assert_eq!(row.result, succeeded().result);
-        assert_eq!(row.output_bytes, Some(2));
-        assert!(row.completed_at.is_some());
+        assert_eq!(row.status(), InvocationStatus::Succeeded);
+        assert_eq!(row.outcome_status(), Some(ToolOutcomeStatus::Succeeded));
+        assert_eq!(row.ended().unwrap().result, succeeded().result);
+        assert_eq!(row.ended().unwrap().output_bytes, Some(2));
+        assert!(row.ended().is_some());
     }
 }
 
@@ -542,7 +542,7 @@ async fn a_read_is_inserted_claimed_in_one_commit() {
         };
         let new = read("r1");
         let row = insert(store.as_ref(), &new, live).await;
-        assert_eq!(row.status, InvocationStatus::Running, "{name}");
+        assert_eq!(row.status(), InvocationStatus::Running, "{name}");
         assert!(row.started_at.is_some(), "{name}: started with its insert");
         assert_eq!((row.attempt_number, row.lease_epoch), (1, 0), "{name}");
         let fence = row.fence().unwrap();
@@ -566,7 +566,11 @@ async fn a_read_is_inserted_claimed_in_one_commit() {
             )
             .await
             .unwrap();
-        let taken: Vec<&InvocationRecord> = taken.iter().filter(|r| r.id == orphan.id).collect();
+        let taken: Vec<&InvocationRecord> = taken
+            .iter()
+            .map(|held| &held.row)
+            .filter(|r| r.id == orphan.id)
+            .collect();
         assert_eq!(taken.len(), 1, "{name}");
         assert_eq!(taken[0].attempt_number, 2, "{name}");
     }
@@ -713,7 +717,7 @@ async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count
         let (first, row) = uncounted(call("tenant-a", run_id, "c1")).await;
         let row = row.unwrap_or_else(|| panic!("{name}: the first call goes in"));
         assert_eq!(row.id, first.id, "{name}");
-        assert_eq!(row.status, InvocationStatus::Running, "{name}");
+        assert_eq!(row.status(), InvocationStatus::Running, "{name}");
         assert_eq!(
             row.fence(),
             Some(Fence {
@@ -817,11 +821,14 @@ async fn denials_are_terminal_rows() {
         );
         new.reason_code = Some(ReasonCode::PolicyScopeMissing);
         let record = insert(store.as_ref(), &new, worker_id).await;
-        assert_eq!(record.status, InvocationStatus::Denied, "{name}");
-        assert_eq!(record.outcome_status, Some(ToolOutcomeStatus::Denied));
+        assert_eq!(record.status(), InvocationStatus::Denied, "{name}");
+        assert_eq!(record.outcome_status(), Some(ToolOutcomeStatus::Denied));
         assert_eq!(record.reason_code, Some(ReasonCode::PolicyScopeMissing));
-        assert!(record.completed_at.is_some());
-        let fence = record.fence().unwrap();
+        assert!(record.ended().is_some());
+        let fence = Fence {
+            worker_id,
+            lease_epoch: record.lease_epoch,
+        };
         assert!(
             store
                 .claim_invocation("tenant-a", new.id, fence, now(), &[], Durability::Flushed)
@@ -921,7 +928,7 @@ async fn approvals_wait_resume_and_settle() {
             .await
             .unwrap()
             .expect("resumes");
-        assert_eq!(resumed.status, InvocationStatus::Authorized);
+        assert_eq!(resumed.status(), InvocationStatus::Authorized);
         assert_eq!(
             resumed.fence(),
             Some(Fence {
@@ -981,7 +988,7 @@ async fn approvals_wait_resume_and_settle() {
                 .unwrap()
         );
         let rows = store.run_invocations("tenant-a", run_id).await.unwrap();
-        let statuses: Vec<InvocationStatus> = rows.iter().map(|r| r.status).collect();
+        let statuses: Vec<InvocationStatus> = rows.iter().map(|r| r.status()).collect();
         assert_eq!(
             statuses,
             vec![InvocationStatus::Authorized, InvocationStatus::Denied],
@@ -1064,7 +1071,7 @@ async fn recovery_takes_only_rows_of_dead_workers() {
             .collect();
         assert_eq!(ids, expected, "{name}");
         let a = taken.iter().find(|r| Some(r.id) == running_dead).unwrap();
-        assert_eq!(a.status, InvocationStatus::Running);
+        assert_eq!(a.status(), InvocationStatus::Running);
         assert_eq!(
             a.fence(),
             Some(Fence {
@@ -1642,9 +1649,13 @@ async fn suspended_invocations_are_not_recovered() {
             "{name}: suspended once"
         );
         let row = store.invocation("tenant-a", new.id).await.unwrap().unwrap();
-        assert_eq!(row.status, InvocationStatus::Running);
-        assert_eq!(row.suspended_ref.as_deref(), Some("q-1"));
-        assert_eq!(row.worker_id, None, "{name}: the lease is released");
+        assert_eq!(row.status(), InvocationStatus::Running);
+        assert_eq!(
+            row.suspension()
+                .map(|suspension| suspension.reference.as_str()),
+            Some("q-1")
+        );
+        assert_eq!(row.state.worker(), None, "{name}: the lease is released");
         let sweeper = worker(store.as_ref(), Duration::seconds(30)).await;
         let taken = store
             .claim_expired(

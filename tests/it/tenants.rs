@@ -52,7 +52,7 @@ async fn the_same_call_identity_in_two_tenants_runs_in_both() {
             let replay = harness.pipeline.call(request).await;
             assert_eq!(finished(&replay).invocation_id, Some(id), "{name}");
             let row = store.invocation(&tenant, id).await.unwrap().unwrap();
-            assert_eq!(row.status, InvocationStatus::Succeeded, "{name}");
+            assert_eq!(row.status(), InvocationStatus::Succeeded, "{name}");
         }
         assert_eq!(harness.lines("external.log").len(), 2, "{name}: no rerun");
     }

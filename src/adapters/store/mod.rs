@@ -13,6 +13,7 @@ use crate::domain::sha256_hex;
 use crate::ports::{StoreError, ToolEvent};
 
 mod postgres;
+mod rows;
 mod sqlite;
 
 pub use postgres::PostgresStore;

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::domain::{Durability, ReasonCode, ToolEventKind};
 use crate::ports::metrics::{Labels, Metrics};
 use crate::ports::{
-    ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, InsertOutcome, InvocationRecord,
+    ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
     InvocationStore, NewInvocation, StoreError, TerminalRecord, ToolEvent,
 };
 
@@ -102,8 +102,8 @@ impl InvocationStore for MeteredInvocations {
         run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
         latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
         waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
-        claim_expired(claim: Claim, limit: i64) -> Result<Vec<InvocationRecord>, StoreError>;
-        take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<InvocationRecord>, StoreError>;
+        claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;
+        take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<Held>, StoreError>;
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
@@ -153,7 +153,7 @@ impl InvocationStore for MeteredInvocations {
         new: &'a NewInvocation,
         claim: Claim,
         events: &'a [ToolEvent],
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let started = tokio::time::Instant::now();
             let row = self.inner.insert_uncounted(new, claim, events).await?;
@@ -173,7 +173,7 @@ impl InvocationStore for MeteredInvocations {
         id: Uuid,
         claim: Claim,
         events: &'a [ToolEvent],
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let row = self
                 .inner
@@ -214,7 +214,7 @@ impl InvocationStore for MeteredInvocations {
         now: DateTime<Utc>,
         events: &'a [ToolEvent],
         durability: Durability,
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let started = tokio::time::Instant::now();
             let row = self

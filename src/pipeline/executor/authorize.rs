@@ -17,7 +17,7 @@ use crate::domain::policy::{PolicyDecision, ProposedAction};
 use crate::domain::{
     CanonicalArguments, Durability, InvocationStatus, ReasonCode, ToolEventKind, TrustLevel,
 };
-use crate::ports::{BreakerTally, Claim, InsertOutcome, StoreError};
+use crate::ports::{BreakerTally, Claim, InsertOutcome, InvocationState, StoreError};
 
 /// What steps 1 to 5 made of a call.
 enum Admission {
@@ -313,20 +313,19 @@ impl Pipeline {
     ) -> Result<CallOutcome, StoreError> {
         let request = intent.request;
         match inserted {
-            InsertOutcome::Inserted(row) => match row.status {
-                // Inserted already claimed.
-                InvocationStatus::Running => {
-                    self.start(request, tool, row, &intent.arguments_hash, tally)
-                        .await
-                }
-                InvocationStatus::WaitingForApproval => match row.approval_id {
-                    Some(approval_id) => Ok(CallOutcome::Pending {
-                        invocation_id: row.id,
-                        approval_id,
-                    }),
-                    None => Ok(recorded(&row)),
+            InsertOutcome::Inserted(row) => match row.state {
+                InvocationState::Waiting { approval_id } => Ok(CallOutcome::Pending {
+                    invocation_id: row.id,
+                    approval_id,
+                }),
+                // Inserted already claimed, or ended (denied).
+                _ => match row.held() {
+                    Ok(held) => {
+                        self.start(request, tool, held, &intent.arguments_hash, tally)
+                            .await
+                    }
+                    Err(row) => Ok(recorded(&row)),
                 },
-                _ => Ok(recorded(&row)),
             },
             InsertOutcome::Existing(row) => {
                 self.deduplicate(request, tool, row, &intent.arguments_hash, decision)

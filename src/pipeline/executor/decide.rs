@@ -10,60 +10,52 @@ use crate::domain::{
     IdempotencyClass, InvocationStatus, ReasonCode, SecretValue, ToolFailure, ToolFailureKind,
     ToolResult,
 };
-use crate::ports::{Fence, InvocationRecord};
+use crate::ports::{Fence, InvocationRecord, InvocationState, Suspension};
+use uuid::Uuid;
 
 /// What deduplication does with the row a call's key already has: the
-/// design document's five cases, and the conflicts beside them.
+/// design document's five cases, and the conflict beside them, each with
+/// what acting on it needs from the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Deduplication {
+pub(super) enum Deduplication<'a> {
     /// The key is another principal's (or, impossibly but checked, holds
     /// other canonical arguments): a conflict, recorded as such.
     Conflict,
     /// A suspended control tool waits for its answer, not for a worker.
-    Suspended,
+    Suspended(&'a Suspension),
     /// 2. Terminal: the recorded outcome, without executing.
     Recorded,
-    /// 5. Waiting: resume the existing approval.
-    ResumeApproval,
-    /// Recovery took this row over for this very call.
-    Recover,
+    /// 5. Waiting: resume its approval.
+    ResumeApproval(Uuid),
+    /// Recovery took this row over for this very call, under this fence.
+    Recover(Fence),
     /// 3 and 4: in flight under a live lease, or take it over.
     TakeOver,
-    /// In flight and not to be taken: "in progress", which the same call
-    /// asked again resolves.
-    InProgress,
 }
 
 /// Deduplication's case for `row`, met by a call of `principal_id` with
 /// `arguments_hash`, recovering under `recovering` if it is.
-pub(super) fn deduplication(
-    row: &InvocationRecord,
+pub(super) fn deduplication<'a>(
+    row: &'a InvocationRecord,
     principal_id: &str,
     arguments_hash: &str,
     recovering: Option<Fence>,
-) -> Deduplication {
+) -> Deduplication<'a> {
     if row.principal.id != principal_id || row.arguments_hash != arguments_hash {
         return Deduplication::Conflict;
     }
-    match row.status {
-        InvocationStatus::Running
-            if row.suspended_kind.is_some() && row.suspended_ref.is_some() =>
-        {
-            Deduplication::Suspended
-        }
-        status if status.is_terminal() => Deduplication::Recorded,
-        InvocationStatus::WaitingForApproval => Deduplication::ResumeApproval,
-        InvocationStatus::Authorized | InvocationStatus::Running => {
-            if row.suspended_kind.is_some() {
-                Deduplication::InProgress
-            } else if recovering.is_some() && recovering == row.fence() {
-                Deduplication::Recover
-            } else {
-                Deduplication::TakeOver
+    match &row.state {
+        InvocationState::Suspended(suspension) => Deduplication::Suspended(suspension),
+        InvocationState::Ended(_) => Deduplication::Recorded,
+        InvocationState::Waiting { approval_id } => Deduplication::ResumeApproval(*approval_id),
+        InvocationState::Authorized { .. } | InvocationState::Running { .. } => {
+            match (recovering, row.fence()) {
+                (Some(recovering), Some(fence)) if recovering == fence => {
+                    Deduplication::Recover(fence)
+                }
+                _ => Deduplication::TakeOver,
             }
         }
-        InvocationStatus::Proposed => Deduplication::InProgress,
-        _ => Deduplication::Recorded,
     }
 }
 
@@ -91,7 +83,7 @@ pub(super) fn recovery(
     expired: bool,
     approved: Option<bool>,
 ) -> Recovery {
-    let table = if row.status == InvocationStatus::Running {
+    let table = if row.status() == InvocationStatus::Running {
         recovery::decide(row.idempotency_class, row.effect_sent_at.is_some())
     } else {
         RecoveryDecision::ReExecute
@@ -106,7 +98,7 @@ pub(super) fn recovery(
         (RecoveryDecision::Uncertain, _) => Recovery::End(ReasonCode::ToolOutcomeUnknown),
         (_, PolicyDecision::Deny(code)) => Recovery::End(code),
         _ if expired => Recovery::End(ReasonCode::ToolDeadlineExceeded),
-        _ if row.status == InvocationStatus::Authorized => Recovery::Claim,
+        _ if row.status() == InvocationStatus::Authorized => Recovery::Claim,
         _ => Recovery::Run,
     }
 }
@@ -128,7 +120,7 @@ pub(super) fn asks_for_approval(
 /// tool and the current authority: a running call that may have sent its
 /// effect and cannot be repeated.
 pub(super) fn settled_without_the_tool(row: &InvocationRecord) -> bool {
-    row.status == InvocationStatus::Running
+    row.status() == InvocationStatus::Running
         && recovery::decide(row.idempotency_class, row.effect_sent_at.is_some())
             == RecoveryDecision::Uncertain
 }
@@ -282,10 +274,34 @@ mod tests {
     const HASH: &str = "arguments-hash";
 
     fn row(status: InvocationStatus, class: IdempotencyClass) -> InvocationRecord {
-        let running = matches!(
-            status,
-            InvocationStatus::Authorized | InvocationStatus::Running
-        );
+        let state = match status {
+            InvocationStatus::WaitingForApproval => InvocationState::Waiting {
+                approval_id: Uuid::new_v4(),
+            },
+            InvocationStatus::Authorized => InvocationState::Authorized {
+                worker: Some(Uuid::new_v4()),
+            },
+            InvocationStatus::Running => InvocationState::Running {
+                worker: Some(Uuid::new_v4()),
+            },
+            status => {
+                let outcome_status = status
+                    .outcome_status(None)
+                    .expect("a terminal status in these tests");
+                InvocationState::Ended(Box::new(crate::ports::Ended {
+                    status,
+                    outcome_status,
+                    completed_at: Utc::now(),
+                    result: None,
+                    error: None,
+                    output_bytes: None,
+                    truncated: false,
+                    artifact_id: None,
+                    suspension: None,
+                    worker: None,
+                }))
+            }
+        };
         InvocationRecord {
             id: Uuid::new_v4(),
             tenant_id: "t".into(),
@@ -300,7 +316,6 @@ mod tests {
             arguments: json!({}),
             arguments_hash: HASH.into(),
             idempotency_key: "k".into(),
-            status,
             idempotency_class: class,
             side_effect: SideEffectClass::ExternalWrite,
             principal: Principal {
@@ -313,20 +328,11 @@ mod tests {
             approval_id: None,
             effect_sent_at: None,
             attempt_number: 1,
-            worker_id: running.then(Uuid::new_v4),
             lease_epoch: 1,
-            suspended_kind: None,
-            suspended_ref: None,
-            outcome_status: None,
             reason_code: None,
-            result: None,
-            error: None,
-            output_bytes: None,
-            truncated: false,
-            artifact_id: None,
             created_at: Utc::now(),
             started_at: None,
-            completed_at: None,
+            state,
         }
     }
 
@@ -337,50 +343,70 @@ mod tests {
 
     #[test]
     fn deduplication_meets_each_row_as_the_design_says() {
-        use Deduplication::*;
         use IdempotencyClass::NonIdempotent as N;
         use InvocationStatus::*;
         let running = row(Running, N);
+        let waiting = row(WaitingForApproval, N);
+        let InvocationState::Waiting { approval_id } = waiting.state else {
+            unreachable!("a waiting row")
+        };
+        let suspension = Suspension {
+            kind: "user_input".into(),
+            reference: "r".into(),
+        };
         let mut suspended = row(Running, N);
-        suspended.suspended_kind = Some("user_input".into());
-        suspended.suspended_ref = Some("r".into());
-        let mut half_suspended = suspended.clone();
-        half_suspended.suspended_ref = None;
+        suspended.state = InvocationState::Suspended(suspension.clone());
+        let fence = running.fence().expect("held");
         let cases = [
-            (row(Succeeded, N), None, Recorded),
-            (row(Failed, N), None, Recorded),
-            (row(Denied, N), None, Recorded),
-            (row(Uncertain, N), None, Recorded),
-            (row(WaitingForApproval, N), None, ResumeApproval),
-            (row(Proposed, N), None, InProgress),
-            (row(Authorized, N), None, TakeOver),
-            (running.clone(), None, TakeOver),
-            (running.clone(), running.fence(), Recover),
+            (row(Succeeded, N), None, Deduplication::Recorded),
+            (row(Failed, N), None, Deduplication::Recorded),
+            (row(Denied, N), None, Deduplication::Recorded),
+            (row(Uncertain, N), None, Deduplication::Recorded),
+            (
+                waiting.clone(),
+                None,
+                Deduplication::ResumeApproval(approval_id),
+            ),
+            (row(Authorized, N), None, Deduplication::TakeOver),
+            (running.clone(), None, Deduplication::TakeOver),
+            (running.clone(), Some(fence), Deduplication::Recover(fence)),
             (
                 running.clone(),
                 Some(Fence {
                     worker_id: Uuid::new_v4(),
                     lease_epoch: 9,
                 }),
-                TakeOver,
+                Deduplication::TakeOver,
             ),
-            (suspended.clone(), None, Suspended),
-            (suspended.clone(), suspended.fence(), Suspended),
-            (half_suspended, None, InProgress),
+            (
+                suspended.clone(),
+                None,
+                Deduplication::Suspended(&suspension),
+            ),
+            (
+                suspended.clone(),
+                Some(fence),
+                Deduplication::Suspended(&suspension),
+            ),
         ];
-        for (row, recovering, expected) in cases {
+        for (row, recovering, expected) in &cases {
             assert_eq!(
-                deduplication(&row, "p", HASH, recovering),
-                expected,
+                deduplication(row, "p", HASH, *recovering),
+                *expected,
                 "{:?} recovering {recovering:?}",
-                row.status
+                row.state
             );
         }
-        // Another principal, or other arguments, whatever the row's status.
-        for status in [Succeeded, Running, WaitingForApproval, Proposed] {
-            let row = row(status, N);
-            assert_eq!(deduplication(&row, "q", HASH, None), Conflict);
-            assert_eq!(deduplication(&row, "p", "other", None), Conflict);
+        // Another principal, or other arguments, whatever the row's state.
+        for row in [row(Succeeded, N), running, waiting, suspended] {
+            assert_eq!(
+                deduplication(&row, "q", HASH, None),
+                Deduplication::Conflict
+            );
+            assert_eq!(
+                deduplication(&row, "p", "other", None),
+                Deduplication::Conflict
+            );
         }
     }
 
@@ -504,7 +530,7 @@ mod tests {
                 recovery(&row, decision, expired, approved),
                 expected,
                 "{:?} {:?} sent {} {decision:?} expired {expired} approved {approved:?}",
-                row.status,
+                row.status(),
                 row.idempotency_class,
                 row.effect_sent_at.is_some()
             );

@@ -12,7 +12,7 @@ use crate::domain::{ApprovalStatus, ReasonCode, ToolEventKind, ToolOutcome};
 use crate::pipeline::call::{CallOutcome, CallRequest, Finished};
 use crate::pipeline::records::{ended_event, recorded, row_event, unrecorded};
 use crate::pipeline::registry::RegisteredTool;
-use crate::ports::{Claim, InvocationRecord, StoreError, TerminalRecord};
+use crate::ports::{Claim, Held, InvocationRecord, StoreError, TerminalRecord};
 
 /// How long a call whose row another worker took waits for that row's
 /// outcome before it answers "in progress".
@@ -45,16 +45,20 @@ impl Pipeline {
                 )
                 .await
             }
-            Deduplication::Suspended => Ok(CallOutcome::Suspended {
+            Deduplication::Suspended(suspension) => Ok(CallOutcome::Suspended {
                 invocation_id: row.id,
-                kind: row.suspended_kind.clone().unwrap_or_default(),
-                reference: row.suspended_ref.clone().unwrap_or_default(),
+                kind: suspension.kind.clone(),
+                reference: suspension.reference.clone(),
             }),
             Deduplication::Recorded => Ok(recorded(&row)),
-            Deduplication::ResumeApproval => {
-                self.resume_approval(request, tool, row, decision).await
+            Deduplication::ResumeApproval(approval_id) => {
+                self.resume_approval(request, tool, &row, approval_id, decision)
+                    .await
             }
-            Deduplication::Recover => self.recover_row(request, tool, row, decision).await,
+            Deduplication::Recover(fence) => {
+                self.recover_row(request, tool, Held { row, fence }, decision)
+                    .await
+            }
             Deduplication::TakeOver => {
                 let claim = Claim {
                     worker_id: self.worker_id,
@@ -69,20 +73,18 @@ impl Pipeline {
                     None => Ok(in_progress(&tool.spec.name)),
                 }
             }
-            Deduplication::InProgress => Ok(in_progress(&tool.spec.name)),
         }
     }
 
+    /// Case 5: a waiting row's approval, decided or not.
     pub(super) async fn resume_approval(
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
-        row: InvocationRecord,
+        row: &InvocationRecord,
+        approval_id: Uuid,
         decision: PolicyDecision,
     ) -> Result<CallOutcome, StoreError> {
-        let Some(approval_id) = row.approval_id else {
-            return Ok(recorded(&row));
-        };
         let approval = self
             .approvals
             .approval(&request.tenant_id, approval_id)
@@ -94,7 +96,7 @@ impl Pipeline {
         let end = |code: ReasonCode| {
             (
                 TerminalRecord::without_result(code),
-                [ended_event(&row, code)],
+                [ended_event(row, code)],
             )
         };
         match (status, decision) {
@@ -116,7 +118,7 @@ impl Pipeline {
                     worker_id: self.worker_id,
                     now,
                 };
-                let events = [row_event(&row, ToolEventKind::Authorized)];
+                let events = [row_event(row, ToolEventKind::Authorized)];
                 match self
                     .invocations
                     .authorize_waiting(&request.tenant_id, row.id, claim, &events)
@@ -152,7 +154,7 @@ impl Pipeline {
         let deadline = tokio::time::Instant::now() + REREAD_WAIT;
         let mut wait = std::time::Duration::from_millis(20);
         let mut row = self.invocations.invocation(&request.tenant_id, id).await?;
-        while row.as_ref().is_some_and(|row| !row.status.is_terminal())
+        while row.as_ref().is_some_and(|row| !row.status().is_terminal())
             && tokio::time::Instant::now() + wait < deadline
         {
             tokio::time::sleep(wait).await;
@@ -160,7 +162,7 @@ impl Pipeline {
             row = self.invocations.invocation(&request.tenant_id, id).await?;
         }
         match row {
-            Some(row) if row.status.is_terminal() => Ok(recorded(&row)),
+            Some(row) if row.status().is_terminal() => Ok(recorded(&row)),
             Some(row) => Ok(CallOutcome::Finished(Finished {
                 invocation_id: Some(row.id),
                 outcome: ToolOutcome::not_succeeded(

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::Pipeline;
 use super::decide::{Conclusion, Execution, may_have_escaped};
-use super::{Pipeline, in_progress};
 use crate::domain::{
     Durability, SecretValue, ToolEventKind, ToolFailure, ToolFailureKind, ToolKind, ToolSpec,
 };
@@ -16,8 +16,8 @@ use crate::pipeline::guard::{Contained, RecordingResolver, StoreWatermark, conta
 use crate::pipeline::records::row_event;
 use crate::pipeline::registry::RegisteredTool;
 use crate::ports::{
-    ArtifactWriter, BreakerTally, CancellationToken, ExecutionTarget, Fence, InvocationRecord,
-    StoreError, ToolExecutionContext,
+    ArtifactWriter, BreakerTally, CancellationToken, ExecutionTarget, Held, StoreError,
+    ToolExecutionContext,
 };
 
 impl Pipeline {
@@ -27,15 +27,12 @@ impl Pipeline {
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
-        row: InvocationRecord,
+        held: Held,
         arguments_hash: &str,
         tally: BreakerTally,
     ) -> Result<CallOutcome, StoreError> {
         self.reached(Point::Claim, request);
-        let Some(fence) = row.fence() else {
-            return Ok(in_progress(&tool.spec.name));
-        };
-        let outcome = self.run_claimed(request, tool, row, fence).await?;
+        let outcome = self.run_claimed(request, tool, held).await?;
         self.with_synthesis_flag(request, &tool.spec.name, arguments_hash, tally, outcome)
             .await
     }
@@ -87,49 +84,44 @@ impl Pipeline {
         Ok(outcome)
     }
 
-    /// Step 9, then steps 10 to 14.
+    /// Step 9 on an AUTHORIZED row this worker holds, then steps 10 to 14.
     pub(super) async fn claim_then_run(
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
-        row: InvocationRecord,
+        authorized: Held,
     ) -> Result<CallOutcome, StoreError> {
         self.reached(Point::Claim, request);
-        let Some(fence) = row.fence() else {
-            return Ok(in_progress(&tool.spec.name));
-        };
-        let events = [row_event(&row, ToolEventKind::Started)];
+        let events = [row_event(&authorized, ToolEventKind::Started)];
         let Some(running) = self
             .invocations
             .claim_invocation(
                 &request.tenant_id,
-                row.id,
-                fence,
+                authorized.id,
+                authorized.fence,
                 self.clock.now(),
                 &events,
                 Durability::of_tool(&tool.spec),
             )
             .await?
         else {
-            return self.reread(request, row.id).await;
+            return self.reread(request, authorized.id).await;
         };
-        let fence = running.fence().unwrap_or(fence);
-        self.run_claimed(request, tool, running, fence).await
+        self.run_claimed(request, tool, running).await
     }
 
-    /// Steps 10 to 14 for a RUNNING row held under `fence`.
+    /// Steps 10 to 14 for a RUNNING row this worker holds.
     pub(super) async fn run_claimed(
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
-        row: InvocationRecord,
-        fence: Fence,
+        row: Held,
     ) -> Result<CallOutcome, StoreError> {
         let spec = &tool.spec;
         // 10. Execute with the effective timeout.
         self.reached(Point::Execute, request);
         if let Some(kind) = suspension(spec) {
-            return self.suspend(request, &row, fence, kind).await;
+            return self.suspend(request, &row, kind).await;
         }
         let remaining = row
             .deadline_at
@@ -164,30 +156,23 @@ impl Pipeline {
                     ),
                     effect_sent,
                 );
-                return self
-                    .settle(request, tool, &row, fence, finish, attempt)
-                    .await;
+                return self.settle(request, tool, &row, finish, attempt).await;
             }
         };
         if spec.needs_effect_watermark() {
-            match self
-                .commit_watermark(request, spec, &row, fence, deadline)
-                .await
-            {
+            match self.commit_watermark(request, spec, &row, deadline).await {
                 Watermark::Committed => effect_sent = true,
                 Watermark::Lost => return self.reread(request, row.id).await,
                 Watermark::NotCommitted(failure) => {
                     let (finish, attempt) = not_started(failure, effect_sent);
-                    return self
-                        .settle(request, tool, &row, fence, finish, attempt)
-                        .await;
+                    return self.settle(request, tool, &row, finish, attempt).await;
                 }
             }
         }
         self.reached(Point::WatermarkCommitted, request);
         let started = Instant::now();
         let (execution, secrets) = self
-            .invoke(request, tool, &row, fence, deadline, writer.clone())
+            .invoke(request, tool, &row, deadline, writer.clone())
             .await;
         let duration_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         let finish = Conclusion::of(
@@ -199,8 +184,7 @@ impl Pipeline {
             executed: Some((writer, duration_ms)),
             effect_sent,
         };
-        self.settle(request, tool, &row, fence, finish, attempt)
-            .await
+        self.settle(request, tool, &row, finish, attempt).await
     }
 
     /// A suspending control tool: the await happens elsewhere; the row
@@ -209,14 +193,13 @@ impl Pipeline {
     async fn suspend(
         &self,
         request: &CallRequest,
-        row: &InvocationRecord,
-        fence: Fence,
+        row: &Held,
         kind: &str,
     ) -> Result<CallOutcome, StoreError> {
         let reference = Uuid::new_v4().to_string();
         let suspended = self
             .invocations
-            .suspend_invocation(&request.tenant_id, row.id, fence, kind, &reference)
+            .suspend_invocation(&request.tenant_id, row.id, row.fence, kind, &reference)
             .await?;
         if !suspended {
             return self.reread(request, row.id).await;
@@ -234,8 +217,7 @@ impl Pipeline {
         &self,
         request: &CallRequest,
         spec: &ToolSpec,
-        row: &InvocationRecord,
-        fence: Fence,
+        row: &Held,
         deadline: tokio::time::Instant,
     ) -> Watermark {
         let marked = tokio::time::timeout_at(
@@ -243,7 +225,7 @@ impl Pipeline {
             self.invocations.mark_effect_sent(
                 &request.tenant_id,
                 row.id,
-                fence,
+                row.fence,
                 self.clock.now(),
                 Durability::of_watermark(spec),
             ),
@@ -272,8 +254,7 @@ impl Pipeline {
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
-        row: &InvocationRecord,
-        fence: Fence,
+        row: &Held,
         deadline: tokio::time::Instant,
         writer: Arc<dyn ArtifactWriter>,
     ) -> (Execution, Vec<SecretValue>) {
@@ -314,7 +295,7 @@ impl Pipeline {
                 clock: self.clock.clone(),
                 tenant_id: row.tenant_id.clone(),
                 id: row.id,
-                fence,
+                fence: row.fence,
                 durability: Durability::of_watermark(spec),
             }),
             skills: request.pinned.skills().clone(),

@@ -12,9 +12,9 @@ use crate::domain::policy::PolicyDecision;
 use crate::domain::{AgentSpec, ArgumentTrust, ReasonCode, ToolOutcomeStatus, ToolSource};
 use crate::pipeline::call::{CallOutcome, CallRequest, CallerTerms, RecoveryReport, SweepBounds};
 use crate::pipeline::preparation::register_discoveries;
-use crate::pipeline::records::{ended_event, recorded, unrecorded};
+use crate::pipeline::records::{ended_event, recorded};
 use crate::pipeline::registry::RegisteredTool;
-use crate::ports::{Claim, Fence, InvocationRecord, PlatformEvent, StoreError, TerminalRecord};
+use crate::ports::{Claim, Held, PlatformEvent, StoreError, TerminalRecord};
 
 impl Pipeline {
     /// The recovery table, for a row this worker now holds, as
@@ -24,12 +24,9 @@ impl Pipeline {
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
-        row: InvocationRecord,
+        row: Held,
         decision: PolicyDecision,
     ) -> Result<CallOutcome, StoreError> {
-        let Some(fence) = row.fence() else {
-            return Ok(in_progress(&tool.spec.name));
-        };
         let expired = row
             .deadline_at
             .is_some_and(|deadline| deadline <= self.clock.now());
@@ -46,7 +43,7 @@ impl Pipeline {
                     .reopen_approval(
                         &row.tenant_id,
                         row.id,
-                        fence,
+                        row.fence,
                         approval_id,
                         code,
                         self.clock.now(),
@@ -60,9 +57,9 @@ impl Pipeline {
                     approval_id,
                 })
             }
-            Recovery::End(code) => self.end_held(&row, fence, code).await,
+            Recovery::End(code) => self.end_held(&row, code).await,
             Recovery::Claim => self.claim_then_run(request, tool, row).await,
-            Recovery::Run => self.run_claimed(request, tool, row, fence).await,
+            Recovery::Run => self.run_claimed(request, tool, row).await,
         }
     }
 
@@ -70,8 +67,7 @@ impl Pipeline {
     /// what the row says (another writer's record wins over ours).
     pub(super) async fn end_held(
         &self,
-        row: &InvocationRecord,
-        fence: Fence,
+        row: &Held,
         code: ReasonCode,
     ) -> Result<CallOutcome, StoreError> {
         let terminal = TerminalRecord::without_result(code);
@@ -80,7 +76,7 @@ impl Pipeline {
             .complete_invocation(
                 &row.tenant_id,
                 row.id,
-                fence,
+                row.fence,
                 &terminal,
                 &[event],
                 self.clock.now(),
@@ -88,7 +84,7 @@ impl Pipeline {
             .await?;
         Ok(
             match self.invocations.invocation(&row.tenant_id, row.id).await? {
-                Some(current) if current.status.is_terminal() => recorded(&current),
+                Some(current) if current.status().is_terminal() => recorded(&current),
                 _ => in_progress(&row.tool_name),
             },
         )
@@ -119,8 +115,9 @@ impl Pipeline {
                 break;
             }
             report.taken += rows.len();
-            let (settled, rest): (Vec<_>, Vec<_>) =
-                rows.into_iter().partition(settled_without_the_tool);
+            let (settled, rest): (Vec<_>, Vec<_>) = rows
+                .into_iter()
+                .partition(|held| settled_without_the_tool(held));
             let mut outcomes = futures::future::join_all(
                 settled.into_iter().map(|row| self.recover_one(row, None)),
             )
@@ -181,18 +178,13 @@ impl Pipeline {
 
     pub(super) async fn recover_one(
         &self,
-        row: InvocationRecord,
+        row: Held,
         unreachable: Option<&HashSet<String>>,
     ) -> Result<CallOutcome, StoreError> {
-        let fence = row.fence();
-        if settled_without_the_tool(&row)
-            && let Some(fence) = fence
-        {
+        if settled_without_the_tool(&row) {
             // The table's answer does not depend on the tool or on current
             // authority: it is settled now, without waiting for a server.
-            return self
-                .end_held(&row, fence, ReasonCode::ToolOutcomeUnknown)
-                .await;
+            return self.end_held(&row, ReasonCode::ToolOutcomeUnknown).await;
         }
         let pinned = self
             .registry
@@ -210,10 +202,7 @@ impl Pipeline {
                 ReasonCode::ToolWithdrawn
             };
             let code = ending_code(&row, otherwise);
-            return match fence {
-                Some(fence) => self.end_held(&row, fence, code).await,
-                None => Ok(unrecorded(row.tool_name.clone(), code)),
-            };
+            return self.end_held(&row, code).await;
         };
         let request = CallRequest {
             tenant_id: row.tenant_id.clone(),
@@ -232,7 +221,7 @@ impl Pipeline {
             argument_trust: ArgumentTrust::default(),
             deadline_at: row.deadline_at,
             parallel_group: row.parallel_group,
-            recovering: fence,
+            recovering: Some(row.fence),
             caller: CallerTerms::default(),
         };
         Ok(self.call(request).await)

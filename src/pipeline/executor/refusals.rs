@@ -17,7 +17,7 @@ use crate::pipeline::call::{CallOutcome, CallRequest, TOOL_CALL};
 use crate::pipeline::output::RenderedPart;
 use crate::pipeline::records::{recorded, terminal_event_kind};
 use crate::pipeline::registry::RegisteredTool;
-use crate::ports::{Claim, InsertOutcome, StoreError};
+use crate::ports::{Claim, Held, InsertOutcome, StoreError};
 
 /// The version tag of the key a recorded conflict is stored under.
 const CONFLICT_KEY_TAG: &str = "veetbot.tool.v1.conflict";
@@ -175,14 +175,15 @@ impl Pipeline {
             }
             InsertOutcome::Existing(row) => row,
         };
-        if !row.status.is_terminal() {
+        if !row.status().is_terminal() {
             // Recovery re-checked authority and was refused: the row it holds
             // ends here, uncertain if its effect may have escaped.
             if let Some(fence) = request
                 .recovering
                 .filter(|fence| row.fence() == Some(*fence))
             {
-                return self.end_held(&row, fence, ending_code(&row, code)).await;
+                let code = ending_code(&row, code);
+                return self.end_held(&Held { row, fence }, code).await;
             }
             return Ok(in_progress(intent.call.tool_name));
         }

@@ -21,7 +21,7 @@ use crate::pipeline::records::{content_text, nonce, render_text, row_event, term
 use crate::pipeline::registry::RegisteredTool;
 use crate::pipeline::settlement::Settlement;
 use crate::ports::{
-    ArtifactWriter, Fence, InvocationRecord, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
+    ArtifactWriter, Held, InvocationRecord, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
 };
 
 /// What an excerpted result's whole is stored as.
@@ -42,8 +42,7 @@ impl Pipeline {
         &self,
         request: &CallRequest,
         tool: &Arc<RegisteredTool>,
-        row: &InvocationRecord,
-        fence: Fence,
+        row: &Held,
         finish: Conclusion,
         attempt: Attempt,
     ) -> Result<CallOutcome, StoreError> {
@@ -130,7 +129,7 @@ impl Pipeline {
         event.output_bytes = terminal.output_bytes;
         event.truncated = terminal.truncated;
         if let Some(answer) = self
-            .persist_result(request, row, fence, terminal, event, effect_sent)
+            .persist_result(request, row, terminal, event, effect_sent)
             .await?
         {
             return Ok(answer);
@@ -164,8 +163,7 @@ impl Pipeline {
     async fn persist_result(
         &self,
         request: &CallRequest,
-        row: &InvocationRecord,
-        fence: Fence,
+        row: &Held,
         terminal: TerminalRecord,
         event: ToolEvent,
         effect_sent: bool,
@@ -176,7 +174,7 @@ impl Pipeline {
             .complete_invocation(
                 &request.tenant_id,
                 row.id,
-                fence,
+                row.fence,
                 &terminal,
                 std::slice::from_ref(&event),
                 now,
@@ -191,7 +189,6 @@ impl Pipeline {
                 tracing::error!(error = %error, call_id = %request.call_id, "the result was not recorded; this worker keeps it");
                 Ok(Some(self.settle_later(
                     row,
-                    fence,
                     terminal,
                     event,
                     effect_sent,
@@ -319,8 +316,7 @@ impl Pipeline {
     /// "ask again", which the same call resolves.
     pub(super) fn settle_later(
         &self,
-        row: &InvocationRecord,
-        fence: Fence,
+        row: &Held,
         terminal: TerminalRecord,
         event: ToolEvent,
         effect_sent: bool,
@@ -350,7 +346,7 @@ impl Pipeline {
         self.settler.hand_over(Settlement {
             tenant_id: row.tenant_id.clone(),
             id: row.id,
-            fence,
+            fence: row.fence,
             terminal,
             events: vec![event],
             now,

@@ -11,7 +11,7 @@ use crate::domain::{
 use crate::pipeline::call::{Completion, DataPart, Finished, ResultData};
 use crate::pipeline::output::{self, Attribution, RenderedPart};
 use crate::pipeline::records::{ended_event, nonce, row_event};
-use crate::ports::{StoreError, TerminalRecord};
+use crate::ports::{InvocationState, StoreError, Suspension, TerminalRecord};
 
 impl Pipeline {
     /// The resumption path of a suspended control tool: completes the row
@@ -32,15 +32,12 @@ impl Pipeline {
         else {
             return Ok(None);
         };
-        let Some(kind) = row.suspended_kind.clone() else {
+        let InvocationState::Suspended(Suspension { kind, .. }) = &row.state else {
             return Ok(None);
         };
-        if row.status != InvocationStatus::Running {
-            return Ok(None);
-        }
         let (terminal, outcome, content, data, event) = match completion {
             Completion::Answered { text } => {
-                let trust = if kind == "user_input" {
+                let trust = if kind.as_str() == "user_input" {
                     TrustLevel::User
                 } else {
                     TrustLevel::ExternalUntrusted

@@ -8,6 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Claim, Fence, StoreError};
+use crate::domain::invocation::Phase;
 use crate::domain::{
     Durability, IdempotencyClass, InvocationStatus, Principal, ReasonCode, ReviewResolution,
     SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
@@ -136,7 +137,10 @@ pub struct ArtifactRecord {
     pub run_id: Uuid,
 }
 
-/// A `tool_invocations` row.
+/// A `tool_invocations` row: the call's identity and classification
+/// snapshot (valid in every state), the facts of its attempts that outlive
+/// a state (the watermark, the approval on record), and its state, which
+/// carries what is valid only in it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InvocationRecord {
     /// The row id.
@@ -165,8 +169,6 @@ pub struct InvocationRecord {
     pub arguments_hash: String,
     /// The UNIQUE key.
     pub idempotency_key: String,
-    /// The row's state.
-    pub status: InvocationStatus,
     /// Snapshot of the class.
     pub idempotency_class: IdempotencyClass,
     /// Snapshot of the side effect.
@@ -179,24 +181,70 @@ pub struct InvocationRecord {
     pub parallel_group: Option<Uuid>,
     /// The call's deadline.
     pub deadline_at: Option<DateTime<Utc>>,
-    /// The approval, while or after waiting.
+    /// The approval on record, while and after waiting: recovery asks
+    /// whether it still allows a held row.
     pub approval_id: Option<Uuid>,
-    /// The effect watermark.
+    /// The effect watermark: set once, kept whatever the row does after.
     pub effect_sent_at: Option<DateTime<Utc>>,
     /// Claims made of the row.
     pub attempt_number: i32,
-    /// The current claim's worker.
-    pub worker_id: Option<Uuid>,
-    /// The current claim's epoch.
+    /// Incremented by every claim; what a [`Fence`] names.
     pub lease_epoch: i64,
-    /// `user_input` or `child_run` while a control tool is suspended.
-    pub suspended_kind: Option<String>,
-    /// The question or child run it waits for.
-    pub suspended_ref: Option<String>,
-    /// The outcome status, once terminal.
-    pub outcome_status: Option<ToolOutcomeStatus>,
-    /// The reason code, once terminal (absent on success).
+    /// Why it waits (the approval's code) or how it ended (absent on
+    /// success); carried by the row's later events.
     pub reason_code: Option<ReasonCode>,
+    /// Row creation.
+    pub created_at: DateTime<Utc>,
+    /// Last claim.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Where the row is, with what is valid only there.
+    pub state: InvocationState,
+}
+
+/// Where a row is, with what is valid only there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InvocationState {
+    /// WAITING_FOR_APPROVAL on its approval.
+    Waiting {
+        /// The pending approval.
+        approval_id: Uuid,
+    },
+    /// AUTHORIZED, not yet running: held by `worker` under the row's
+    /// epoch, or let go (`None`), for recovery to take.
+    Authorized {
+        /// The holding worker.
+        worker: Option<Uuid>,
+    },
+    /// RUNNING under `worker` (or let go by it).
+    Running {
+        /// The holding worker.
+        worker: Option<Uuid>,
+    },
+    /// RUNNING with its lease let go: a control tool waiting for its
+    /// answer, which no sweep takes.
+    Suspended(Suspension),
+    /// Terminal.
+    Ended(Box<Ended>),
+}
+
+/// What a suspended control tool waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suspension {
+    /// `user_input` or `child_run`.
+    pub kind: String,
+    /// The question or child run.
+    pub reference: String,
+}
+
+/// How a row ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ended {
+    /// SUCCEEDED, FAILED, DENIED or UNCERTAIN.
+    pub status: InvocationStatus,
+    /// The outcome status the model read.
+    pub outcome_status: ToolOutcomeStatus,
+    /// The terminal write.
+    pub completed_at: DateTime<Utc>,
     /// The rendered result.
     pub result: Option<Value>,
     /// The tool's failure, for operators.
@@ -207,21 +255,107 @@ pub struct InvocationRecord {
     pub truncated: bool,
     /// The whole result's artifact.
     pub artifact_id: Option<Uuid>,
-    /// Row creation.
-    pub created_at: DateTime<Utc>,
-    /// Last claim.
-    pub started_at: Option<DateTime<Utc>>,
-    /// Terminal write.
-    pub completed_at: Option<DateTime<Utc>>,
+    /// What it waited for, when it ended a suspended control tool.
+    pub suspension: Option<Suspension>,
+    /// The worker that held it last, for operators: the one that ended it,
+    /// or the inserting one's for a row that ended before it ran.
+    pub worker: Option<Uuid>,
+}
+
+impl InvocationState {
+    /// The stored status.
+    pub fn status(&self) -> InvocationStatus {
+        match self {
+            InvocationState::Waiting { .. } => InvocationStatus::WaitingForApproval,
+            InvocationState::Authorized { .. } => InvocationStatus::Authorized,
+            InvocationState::Running { .. } | InvocationState::Suspended(_) => {
+                InvocationStatus::Running
+            }
+            InvocationState::Ended(ended) => ended.status,
+        }
+    }
+
+    /// The state machine's phase.
+    pub fn phase(&self) -> Phase {
+        match self {
+            InvocationState::Waiting { .. } => Phase::Waiting,
+            InvocationState::Authorized { .. } => Phase::Authorized,
+            InvocationState::Running { .. } => Phase::Running,
+            InvocationState::Suspended(_) => Phase::Suspended,
+            InvocationState::Ended(_) => Phase::Ended,
+        }
+    }
+
+    /// The holding worker of an authorized or running row.
+    pub fn worker(&self) -> Option<Uuid> {
+        match self {
+            InvocationState::Authorized { worker } | InvocationState::Running { worker } => *worker,
+            _ => None,
+        }
+    }
 }
 
 impl InvocationRecord {
-    /// The fence of the row's current claim, if claimed.
+    /// The stored status.
+    pub fn status(&self) -> InvocationStatus {
+        self.state.status()
+    }
+
+    /// The fence of the row's current claim, if a worker holds it.
     pub fn fence(&self) -> Option<Fence> {
-        self.worker_id.map(|worker_id| Fence {
+        self.state.worker().map(|worker_id| Fence {
             worker_id,
             lease_epoch: self.lease_epoch,
         })
+    }
+
+    /// How it ended, once it has.
+    pub fn ended(&self) -> Option<&Ended> {
+        match &self.state {
+            InvocationState::Ended(ended) => Some(ended),
+            _ => None,
+        }
+    }
+
+    /// The outcome status, once terminal.
+    pub fn outcome_status(&self) -> Option<ToolOutcomeStatus> {
+        self.ended().map(|ended| ended.outcome_status)
+    }
+
+    /// What it waits for, or waited for before it ended.
+    pub fn suspension(&self) -> Option<&Suspension> {
+        match &self.state {
+            InvocationState::Suspended(suspension) => Some(suspension),
+            InvocationState::Ended(ended) => ended.suspension.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// This row as held under its current claim; the row itself when no
+    /// worker holds it.
+    pub fn held(self) -> Result<Held, Box<InvocationRecord>> {
+        match self.fence() {
+            Some(fence) => Ok(Held { row: self, fence }),
+            None => Err(Box::new(self)),
+        }
+    }
+}
+
+/// A row a worker holds: authorized or running, under `fence`. What the
+/// store's claims return, and what only the holder may move on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    /// The row.
+    pub row: InvocationRecord,
+    /// The claim it is held under.
+    pub fence: Fence,
+}
+
+impl std::ops::Deref for Held {
+    type Target = InvocationRecord;
+
+    fn deref(&self) -> &InvocationRecord {
+        &self.row
     }
 }
 
@@ -347,7 +481,7 @@ pub trait InvocationStore: Send + Sync {
         new: &'a NewInvocation,
         claim: Claim,
         events: &'a [ToolEvent],
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>>;
 
     /// An approved call's row moves from WAITING_FOR_APPROVAL to AUTHORIZED
     /// under the resuming worker's new fence. `None` when it is not waiting.
@@ -357,7 +491,7 @@ pub trait InvocationStore: Send + Sync {
         id: Uuid,
         claim: Claim,
         events: &'a [ToolEvent],
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>>;
 
     /// A denied or expired approval ends its waiting row. `false` when the
     /// row is no longer waiting (another decision won).
@@ -381,7 +515,7 @@ pub trait InvocationStore: Send + Sync {
         now: DateTime<Utc>,
         events: &'a [ToolEvent],
         durability: Durability,
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>>;
 
     /// The effect watermark: sets `effect_sent_at` once (later calls keep the
     /// first value), committed as durably as `durability` says. `false` when
@@ -487,7 +621,7 @@ pub trait InvocationStore: Send + Sync {
         &self,
         claim: Claim,
         limit: i64,
-    ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>>;
+    ) -> BoxFuture<'_, Result<Vec<Held>, StoreError>>;
 
     /// Deduplication's case 4 for one row: takes over an AUTHORIZED or
     /// RUNNING row, not suspended, whose worker's lease has expired (on the
@@ -498,7 +632,7 @@ pub trait InvocationStore: Send + Sync {
         tenant_id: &'a str,
         id: Uuid,
         claim: Claim,
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>>;
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>>;
 
     /// The breaker's counter for `tool_name` with `arguments_hash` in a run.
     fn breaker_tally<'a>(

@@ -30,8 +30,9 @@ pub use catalog::{
 };
 pub use events::{EventRecord, EventStore, PlatformEvent};
 pub use invocations::{
-    ArtifactRecord, BreakerTally, InsertOutcome, InvocationRecord, InvocationStore, NewInvocation,
-    QueueDepths, ReviewRecord, ReviewStore, StoredArtifact, TerminalRecord, ToolEvent,
+    ArtifactRecord, BreakerTally, Ended, Held, InsertOutcome, InvocationRecord, InvocationState,
+    InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, StoredArtifact,
+    Suspension, TerminalRecord, ToolEvent,
 };
 pub use sessions::{SessionRecord, SessionStore};
 pub use workers::{Registration, Renewal, WorkerLease, WorkerRegistration, WorkerStore};

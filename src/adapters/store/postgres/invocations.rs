@@ -25,8 +25,13 @@ impl InvocationStore for PostgresStore {
         new: &'a NewInvocation,
         claim: Claim,
         events: &'a [ToolEvent],
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
-        Box::pin(async move { self.intent(INSERT_UNCOUNTED, new, claim, events).await })
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
+        Box::pin(async move {
+            self.intent(INSERT_UNCOUNTED, new, claim, events)
+                .await?
+                .map(held)
+                .transpose()
+        })
     }
 
     fn authorize_waiting<'a>(
@@ -35,7 +40,7 @@ impl InvocationStore for PostgresStore {
         id: Uuid,
         claim: Claim,
         events: &'a [ToolEvent],
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             let row = sqlx::query(concat!(
@@ -54,7 +59,7 @@ impl InvocationStore for PostgresStore {
                 append_events(&mut tx, tenant_id, events, claim.now).await?;
             }
             tx.commit().await.map_err(database_error)?;
-            Ok(record)
+            record.map(held).transpose()
         })
     }
 
@@ -96,7 +101,7 @@ impl InvocationStore for PostgresStore {
         now: DateTime<Utc>,
         events: &'a [ToolEvent],
         durability: Durability,
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let mut lease = self.hot.lease().await?;
             let (kinds, bodies) = event_arrays(events)?;
@@ -115,7 +120,11 @@ impl InvocationStore for PostgresStore {
                 .fetch_optional(lease.connection()?)
                 .await;
             let row = lease.settle(result)?;
-            row.as_ref().map(invocation).transpose()
+            row.as_ref()
+                .map(invocation)
+                .transpose()?
+                .map(held)
+                .transpose()
         })
     }
 
@@ -386,7 +395,7 @@ impl InvocationStore for PostgresStore {
         &self,
         claim: Claim,
         limit: i64,
-    ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<Held>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::System).await?;
             let rows = sqlx::query(concat!(
@@ -417,7 +426,7 @@ impl InvocationStore for PostgresStore {
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            rows.iter().map(invocation).collect()
+            rows.iter().map(|row| held(invocation(row)?)).collect()
         })
     }
 
@@ -426,7 +435,7 @@ impl InvocationStore for PostgresStore {
         tenant_id: &'a str,
         id: Uuid,
         claim: Claim,
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             let row = sqlx::query(concat!(
@@ -447,7 +456,11 @@ impl InvocationStore for PostgresStore {
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            row.as_ref().map(invocation).transpose()
+            row.as_ref()
+                .map(invocation)
+                .transpose()?
+                .map(held)
+                .transpose()
         })
     }
 

@@ -3,6 +3,7 @@
 //! database safe. Each transaction sets the tenant (or the system scope) that
 //! row-level security checks.
 
+use super::rows::{held, invocation};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_option
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
-    CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,
+    CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, Held,
     InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
     PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
     SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
@@ -259,51 +260,52 @@ where
         .map_err(|error| StoreError::Decode(format!("{column}: {error}")))
 }
 
-fn invocation(row: &PgRow) -> Result<InvocationRecord, StoreError> {
-    let principal: serde_json::Value = get(row, "principal")?;
-    Ok(InvocationRecord {
-        id: get(row, "id")?,
-        tenant_id: get(row, "tenant_id")?,
-        session_id: get(row, "session_id")?,
-        run_id: get(row, "run_id")?,
-        step_number: get(row, "step_number")?,
-        call_id: get(row, "call_id")?,
-        tool_name: get(row, "tool_name")?,
-        tool_version: get(row, "tool_version")?,
-        tool_source: parse(&get::<String>(row, "tool_source")?, "tool_source")?,
-        server_id: get(row, "server_id")?,
-        arguments: get(row, "arguments")?,
-        arguments_hash: get(row, "arguments_hash")?,
-        idempotency_key: get(row, "idempotency_key")?,
-        status: parse(&get::<String>(row, "status")?, "status")?,
-        idempotency_class: parse(
-            &get::<String>(row, "idempotency_class")?,
-            "idempotency_class",
-        )?,
-        side_effect: parse(&get::<String>(row, "side_effect")?, "side_effect")?,
-        principal: serde_json::from_value(principal)
-            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
-        origin_trust: parse(&get::<String>(row, "origin_trust")?, "origin_trust")?,
-        parallel_group: get(row, "parallel_group")?,
-        deadline_at: get(row, "deadline_at")?,
-        approval_id: get(row, "approval_id")?,
-        effect_sent_at: get(row, "effect_sent_at")?,
-        attempt_number: get(row, "attempt_number")?,
-        worker_id: get(row, "worker_id")?,
-        lease_epoch: get(row, "lease_epoch")?,
-        suspended_kind: get(row, "suspended_kind")?,
-        suspended_ref: get(row, "suspended_ref")?,
-        outcome_status: parse_optional(get(row, "outcome_status")?, "outcome_status")?,
-        reason_code: parse_optional(get(row, "reason_code")?, "reason_code")?,
-        result: get(row, "result")?,
-        error: get(row, "error")?,
-        output_bytes: get(row, "output_bytes")?,
-        truncated: get(row, "truncated")?,
-        artifact_id: get(row, "artifact_id")?,
-        created_at: get(row, "created_at")?,
-        started_at: get(row, "started_at")?,
-        completed_at: get(row, "completed_at")?,
-    })
+impl super::rows::Columns for PgRow {
+    fn text(&self, column: &str) -> Result<String, StoreError> {
+        get(self, column)
+    }
+
+    fn optional_text(&self, column: &str) -> Result<Option<String>, StoreError> {
+        get(self, column)
+    }
+
+    fn integer(&self, column: &str) -> Result<i64, StoreError> {
+        // INTEGER columns (the attempt number) read as 32 bits.
+        get::<i64>(self, column).or_else(|_| get::<i32>(self, column).map(i64::from))
+    }
+
+    fn optional_integer(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        get::<Option<i64>>(self, column)
+            .or_else(|_| get::<Option<i32>>(self, column).map(|value| value.map(i64::from)))
+    }
+
+    fn flag(&self, column: &str) -> Result<bool, StoreError> {
+        get(self, column)
+    }
+
+    fn uuid(&self, column: &str) -> Result<Uuid, StoreError> {
+        get(self, column)
+    }
+
+    fn optional_uuid(&self, column: &str) -> Result<Option<Uuid>, StoreError> {
+        get(self, column)
+    }
+
+    fn time(&self, column: &str) -> Result<DateTime<Utc>, StoreError> {
+        get(self, column)
+    }
+
+    fn optional_time(&self, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        get(self, column)
+    }
+
+    fn json(&self, column: &str) -> Result<serde_json::Value, StoreError> {
+        get(self, column)
+    }
+
+    fn optional_json(&self, column: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        get(self, column)
+    }
 }
 
 fn session_row(row: &PgRow) -> Result<SessionRecord, StoreError> {

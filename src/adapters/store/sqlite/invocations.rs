@@ -46,8 +46,13 @@ impl InvocationStore for SqliteStore {
         new: &'a NewInvocation,
         claim: Claim,
         events: &'a [ToolEvent],
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
-        Box::pin(async move { self.intent(new, claim, events, true).await })
+    ) -> BoxFuture<'a, Result<Option<HeldRow>, StoreError>> {
+        Box::pin(async move {
+            self.intent(new, claim, events, true)
+                .await?
+                .map(held)
+                .transpose()
+        })
     }
 
     fn authorize_waiting<'a>(
@@ -56,7 +61,7 @@ impl InvocationStore for SqliteStore {
         id: Uuid,
         claim: Claim,
         events: &'a [ToolEvent],
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<HeldRow>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let row = sqlx::query(concat!(
@@ -75,7 +80,7 @@ impl InvocationStore for SqliteStore {
                 append_events(&mut tx, tenant_id, events, claim.now).await?;
             }
             tx.commit().await.map_err(database_error)?;
-            Ok(record)
+            record.map(held).transpose()
         })
     }
 
@@ -117,7 +122,7 @@ impl InvocationStore for SqliteStore {
         now: DateTime<Utc>,
         events: &'a [ToolEvent],
         durability: Durability,
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<HeldRow>, StoreError>> {
         Box::pin(async move {
             let rows = self
                 .script_as(
@@ -142,7 +147,7 @@ impl InvocationStore for SqliteStore {
                 )
                 .await?;
             let record = rows.first().map(invocation).transpose()?;
-            Ok(record)
+            record.map(held).transpose()
         })
     }
 
@@ -432,7 +437,7 @@ impl InvocationStore for SqliteStore {
         &self,
         claim: Claim,
         limit: i64,
-    ) -> BoxFuture<'_, Result<Vec<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<HeldRow>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let rows = sqlx::query(concat!(
@@ -453,7 +458,7 @@ impl InvocationStore for SqliteStore {
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            rows.iter().map(invocation).collect()
+            rows.iter().map(|row| held(invocation(row)?)).collect()
         })
     }
 
@@ -462,7 +467,7 @@ impl InvocationStore for SqliteStore {
         tenant_id: &'a str,
         id: Uuid,
         claim: Claim,
-    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<HeldRow>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let row = sqlx::query(concat!(
@@ -483,7 +488,11 @@ impl InvocationStore for SqliteStore {
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            row.as_ref().map(invocation).transpose()
+            row.as_ref()
+                .map(invocation)
+                .transpose()?
+                .map(held)
+                .transpose()
         })
     }
 

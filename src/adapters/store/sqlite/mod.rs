@@ -3,6 +3,7 @@
 //! event ids are assigned in commit order. UUIDs and JSON are TEXT and
 //! timestamps INTEGER microseconds, converted here.
 
+use super::rows::{held, invocation};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::time::Duration;
@@ -20,10 +21,10 @@ use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
     CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,
-    InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
-    SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    Held as HeldRow, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
+    PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
+    ReviewStore, Schema, SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord,
+    ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Readers run beside the one writer (WAL).
@@ -298,51 +299,50 @@ fn text(value: &serde_json::Value) -> String {
     value.to_string()
 }
 
-fn invocation(row: &SqliteRow) -> Result<InvocationRecord, StoreError> {
-    let principal = json(row, "principal")?;
-    Ok(InvocationRecord {
-        id: uuid(row, "id")?,
-        tenant_id: get(row, "tenant_id")?,
-        session_id: uuid(row, "session_id")?,
-        run_id: uuid(row, "run_id")?,
-        step_number: get(row, "step_number")?,
-        call_id: get(row, "call_id")?,
-        tool_name: get(row, "tool_name")?,
-        tool_version: get(row, "tool_version")?,
-        tool_source: parse(&get::<String>(row, "tool_source")?, "tool_source")?,
-        server_id: get(row, "server_id")?,
-        arguments: json(row, "arguments")?,
-        arguments_hash: get(row, "arguments_hash")?,
-        idempotency_key: get(row, "idempotency_key")?,
-        status: parse(&get::<String>(row, "status")?, "status")?,
-        idempotency_class: parse(
-            &get::<String>(row, "idempotency_class")?,
-            "idempotency_class",
-        )?,
-        side_effect: parse(&get::<String>(row, "side_effect")?, "side_effect")?,
-        principal: serde_json::from_value(principal)
-            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
-        origin_trust: parse(&get::<String>(row, "origin_trust")?, "origin_trust")?,
-        parallel_group: optional_uuid(row, "parallel_group")?,
-        deadline_at: optional_time(row, "deadline_at")?,
-        approval_id: optional_uuid(row, "approval_id")?,
-        effect_sent_at: optional_time(row, "effect_sent_at")?,
-        attempt_number: get(row, "attempt_number")?,
-        worker_id: optional_uuid(row, "worker_id")?,
-        lease_epoch: get(row, "lease_epoch")?,
-        suspended_kind: get(row, "suspended_kind")?,
-        suspended_ref: get(row, "suspended_ref")?,
-        outcome_status: parse_optional(get(row, "outcome_status")?, "outcome_status")?,
-        reason_code: parse_optional(get(row, "reason_code")?, "reason_code")?,
-        result: optional_json(row, "result")?,
-        error: optional_json(row, "error")?,
-        output_bytes: get(row, "output_bytes")?,
-        truncated: get(row, "truncated")?,
-        artifact_id: optional_uuid(row, "artifact_id")?,
-        created_at: time(row, "created_at")?,
-        started_at: optional_time(row, "started_at")?,
-        completed_at: optional_time(row, "completed_at")?,
-    })
+impl super::rows::Columns for SqliteRow {
+    fn text(&self, column: &str) -> Result<String, StoreError> {
+        get(self, column)
+    }
+
+    fn optional_text(&self, column: &str) -> Result<Option<String>, StoreError> {
+        get(self, column)
+    }
+
+    fn integer(&self, column: &str) -> Result<i64, StoreError> {
+        get(self, column)
+    }
+
+    fn optional_integer(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        get(self, column)
+    }
+
+    fn flag(&self, column: &str) -> Result<bool, StoreError> {
+        get(self, column)
+    }
+
+    fn uuid(&self, column: &str) -> Result<Uuid, StoreError> {
+        uuid(self, column)
+    }
+
+    fn optional_uuid(&self, column: &str) -> Result<Option<Uuid>, StoreError> {
+        optional_uuid(self, column)
+    }
+
+    fn time(&self, column: &str) -> Result<DateTime<Utc>, StoreError> {
+        time(self, column)
+    }
+
+    fn optional_time(&self, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        optional_time(self, column)
+    }
+
+    fn json(&self, column: &str) -> Result<serde_json::Value, StoreError> {
+        json(self, column)
+    }
+
+    fn optional_json(&self, column: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        optional_json(self, column)
+    }
 }
 
 fn approval(row: &SqliteRow) -> Result<ApprovalRecord, StoreError> {

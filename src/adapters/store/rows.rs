@@ -1,0 +1,306 @@
+//! One decoder of a `tool_invocations` row for both backends. Each reads
+//! columns through [`Columns`] (PostgreSQL has native UUIDs, times and
+//! JSON; SQLite keeps them as text and microseconds), and the flat columns
+//! become the typed row in one pure step that refuses a row no transition
+//! could have written.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{parse, parse_optional};
+use crate::domain::{InvocationStatus, ToolOutcomeStatus};
+use crate::ports::{Ended, Held, InvocationRecord, InvocationState, StoreError, Suspension};
+
+/// A row's columns as values, however the backend stores them.
+pub(super) trait Columns {
+    /// A text column.
+    fn text(&self, column: &str) -> Result<String, StoreError>;
+    /// A nullable text column.
+    fn optional_text(&self, column: &str) -> Result<Option<String>, StoreError>;
+    /// A 64-bit integer column.
+    fn integer(&self, column: &str) -> Result<i64, StoreError>;
+    /// A nullable 64-bit integer column.
+    fn optional_integer(&self, column: &str) -> Result<Option<i64>, StoreError>;
+    /// A boolean column.
+    fn flag(&self, column: &str) -> Result<bool, StoreError>;
+    /// A UUID column.
+    fn uuid(&self, column: &str) -> Result<Uuid, StoreError>;
+    /// A nullable UUID column.
+    fn optional_uuid(&self, column: &str) -> Result<Option<Uuid>, StoreError>;
+    /// A time column.
+    fn time(&self, column: &str) -> Result<DateTime<Utc>, StoreError>;
+    /// A nullable time column.
+    fn optional_time(&self, column: &str) -> Result<Option<DateTime<Utc>>, StoreError>;
+    /// A JSON column.
+    fn json(&self, column: &str) -> Result<Value, StoreError>;
+    /// A nullable JSON column.
+    fn optional_json(&self, column: &str) -> Result<Option<Value>, StoreError>;
+}
+
+/// The columns that say where a row is, as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct StateColumns {
+    pub(super) status: InvocationStatus,
+    pub(super) worker_id: Option<Uuid>,
+    pub(super) approval_id: Option<Uuid>,
+    pub(super) suspended_kind: Option<String>,
+    pub(super) suspended_ref: Option<String>,
+    pub(super) outcome_status: Option<ToolOutcomeStatus>,
+    pub(super) completed_at: Option<DateTime<Utc>>,
+    pub(super) result: Option<Value>,
+    pub(super) error: Option<Value>,
+    pub(super) output_bytes: Option<i64>,
+    pub(super) truncated: bool,
+    pub(super) artifact_id: Option<Uuid>,
+}
+
+impl StateColumns {
+    /// The state these columns hold, or why no transition leaves a row so.
+    pub(super) fn state(self) -> Result<InvocationState, StoreError> {
+        let invalid = |why: &str| Err(StoreError::Decode(format!("tool_invocations: {why}")));
+        let suspension = match (self.suspended_kind, self.suspended_ref) {
+            (Some(kind), Some(reference)) => Some(Suspension { kind, reference }),
+            (None, None) => None,
+            _ => return invalid("a suspension without its kind or reference"),
+        };
+        if !self.status.is_terminal() && self.outcome_status.is_some() {
+            return invalid("an outcome on a row not ended");
+        }
+        match self.status {
+            InvocationStatus::Proposed => invalid("a proposed row is never stored"),
+            InvocationStatus::WaitingForApproval => match (self.approval_id, suspension) {
+                (Some(approval_id), None) => Ok(InvocationState::Waiting { approval_id }),
+                _ => invalid("a waiting row without its approval"),
+            },
+            InvocationStatus::Authorized => match suspension {
+                None => Ok(InvocationState::Authorized {
+                    worker: self.worker_id,
+                }),
+                Some(_) => invalid("an authorized row suspended"),
+            },
+            InvocationStatus::Running => match suspension {
+                None => Ok(InvocationState::Running {
+                    worker: self.worker_id,
+                }),
+                Some(suspension) if self.worker_id.is_none() => {
+                    Ok(InvocationState::Suspended(suspension))
+                }
+                Some(_) => invalid("a suspended row still held"),
+            },
+            status => {
+                let (Some(outcome_status), Some(completed_at)) =
+                    (self.outcome_status, self.completed_at)
+                else {
+                    return invalid("an ended row without its outcome or completion");
+                };
+                Ok(InvocationState::Ended(Box::new(Ended {
+                    status,
+                    outcome_status,
+                    completed_at,
+                    result: self.result,
+                    error: self.error,
+                    output_bytes: self.output_bytes,
+                    truncated: self.truncated,
+                    artifact_id: self.artifact_id,
+                    suspension,
+                    worker: self.worker_id,
+                })))
+            }
+        }
+    }
+}
+
+/// A `tool_invocations` row, every column of it.
+pub(super) fn invocation(row: &impl Columns) -> Result<InvocationRecord, StoreError> {
+    let state = StateColumns {
+        status: parse(&row.text("status")?, "status")?,
+        worker_id: row.optional_uuid("worker_id")?,
+        approval_id: row.optional_uuid("approval_id")?,
+        suspended_kind: row.optional_text("suspended_kind")?,
+        suspended_ref: row.optional_text("suspended_ref")?,
+        outcome_status: parse_optional(row.optional_text("outcome_status")?, "outcome_status")?,
+        completed_at: row.optional_time("completed_at")?,
+        result: row.optional_json("result")?,
+        error: row.optional_json("error")?,
+        output_bytes: row.optional_integer("output_bytes")?,
+        truncated: row.flag("truncated")?,
+        artifact_id: row.optional_uuid("artifact_id")?,
+    }
+    .state()?;
+    Ok(InvocationRecord {
+        id: row.uuid("id")?,
+        tenant_id: row.text("tenant_id")?,
+        session_id: row.uuid("session_id")?,
+        run_id: row.uuid("run_id")?,
+        step_number: row.integer("step_number")?,
+        call_id: row.text("call_id")?,
+        tool_name: row.text("tool_name")?,
+        tool_version: row.text("tool_version")?,
+        tool_source: parse(&row.text("tool_source")?, "tool_source")?,
+        server_id: row.optional_text("server_id")?,
+        arguments: row.json("arguments")?,
+        arguments_hash: row.text("arguments_hash")?,
+        idempotency_key: row.text("idempotency_key")?,
+        idempotency_class: parse(&row.text("idempotency_class")?, "idempotency_class")?,
+        side_effect: parse(&row.text("side_effect")?, "side_effect")?,
+        principal: serde_json::from_value(row.json("principal")?)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        origin_trust: parse(&row.text("origin_trust")?, "origin_trust")?,
+        parallel_group: row.optional_uuid("parallel_group")?,
+        deadline_at: row.optional_time("deadline_at")?,
+        approval_id: row.optional_uuid("approval_id")?,
+        effect_sent_at: row.optional_time("effect_sent_at")?,
+        attempt_number: i32::try_from(row.integer("attempt_number")?)
+            .map_err(|_| StoreError::Decode("attempt_number: out of range".into()))?,
+        lease_epoch: row.integer("lease_epoch")?,
+        reason_code: parse_optional(row.optional_text("reason_code")?, "reason_code")?,
+        created_at: row.time("created_at")?,
+        started_at: row.optional_time("started_at")?,
+        state,
+    })
+}
+
+/// A row the store just claimed for a worker: held, or the store is wrong.
+pub(super) fn held(row: InvocationRecord) -> Result<Held, StoreError> {
+    row.held().map_err(|_| {
+        StoreError::Decode("tool_invocations: a claimed row without its worker".into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn columns(status: InvocationStatus) -> StateColumns {
+        StateColumns {
+            status,
+            worker_id: None,
+            approval_id: None,
+            suspended_kind: None,
+            suspended_ref: None,
+            outcome_status: None,
+            completed_at: None,
+            result: None,
+            error: None,
+            output_bytes: None,
+            truncated: false,
+            artifact_id: None,
+        }
+    }
+
+    #[test]
+    fn rows_no_transition_writes_are_refused() {
+        let worker = Some(Uuid::new_v4());
+        let approval = Some(Uuid::new_v4());
+        let now = Some(Utc::now());
+        let refused = [
+            columns(InvocationStatus::Proposed),
+            columns(InvocationStatus::WaitingForApproval),
+            StateColumns {
+                suspended_kind: Some("user_input".into()),
+                ..columns(InvocationStatus::Running)
+            },
+            StateColumns {
+                suspended_kind: Some("user_input".into()),
+                suspended_ref: Some("q".into()),
+                worker_id: worker,
+                ..columns(InvocationStatus::Running)
+            },
+            StateColumns {
+                suspended_kind: Some("user_input".into()),
+                suspended_ref: Some("q".into()),
+                approval_id: approval,
+                ..columns(InvocationStatus::WaitingForApproval)
+            },
+            StateColumns {
+                outcome_status: Some(ToolOutcomeStatus::Succeeded),
+                ..columns(InvocationStatus::Running)
+            },
+            StateColumns {
+                completed_at: now,
+                ..columns(InvocationStatus::Succeeded)
+            },
+            StateColumns {
+                outcome_status: Some(ToolOutcomeStatus::Failed),
+                ..columns(InvocationStatus::Failed)
+            },
+        ];
+        for row in refused {
+            assert!(
+                matches!(row.clone().state(), Err(StoreError::Decode(_))),
+                "{row:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_state_carries_what_is_valid_in_it() {
+        let worker = Uuid::new_v4();
+        let approval = Uuid::new_v4();
+        let now = Utc::now();
+        let suspension = Suspension {
+            kind: "child_run".into(),
+            reference: "r".into(),
+        };
+        let cases = [
+            (
+                StateColumns {
+                    approval_id: Some(approval),
+                    worker_id: Some(worker),
+                    ..columns(InvocationStatus::WaitingForApproval)
+                },
+                InvocationState::Waiting {
+                    approval_id: approval,
+                },
+            ),
+            (
+                StateColumns {
+                    worker_id: Some(worker),
+                    approval_id: Some(approval),
+                    ..columns(InvocationStatus::Authorized)
+                },
+                InvocationState::Authorized {
+                    worker: Some(worker),
+                },
+            ),
+            (
+                columns(InvocationStatus::Running),
+                InvocationState::Running { worker: None },
+            ),
+            (
+                StateColumns {
+                    suspended_kind: Some("child_run".into()),
+                    suspended_ref: Some("r".into()),
+                    ..columns(InvocationStatus::Running)
+                },
+                InvocationState::Suspended(suspension.clone()),
+            ),
+            (
+                StateColumns {
+                    suspended_kind: Some("child_run".into()),
+                    suspended_ref: Some("r".into()),
+                    outcome_status: Some(ToolOutcomeStatus::Succeeded),
+                    completed_at: Some(now),
+                    output_bytes: Some(3),
+                    ..columns(InvocationStatus::Succeeded)
+                },
+                InvocationState::Ended(Box::new(Ended {
+                    status: InvocationStatus::Succeeded,
+                    outcome_status: ToolOutcomeStatus::Succeeded,
+                    completed_at: now,
+                    result: None,
+                    error: None,
+                    output_bytes: Some(3),
+                    truncated: false,
+                    artifact_id: None,
+                    suspension: Some(suspension),
+                    worker: None,
+                })),
+            ),
+        ];
+        for (row, state) in cases {
+            assert_eq!(row.state().expect("a valid row"), state);
+        }
+    }
+}
