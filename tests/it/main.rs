@@ -28,4 +28,5 @@ mod store;
 mod support;
 mod tenants;
 mod torture;
+mod transitions;
 mod wire;

@@ -165,14 +165,14 @@ pub async fn backends() -> Backends {
     }
 }
 
-fn now() -> DateTime<Utc> {
+pub fn now() -> DateTime<Utc> {
     // Whole microseconds, as both backends store them.
     DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("in range")
 }
 
 /// A worker of a node of its own, with a lease `lease` long on the store's
 /// clock (a negative one is over already).
-async fn worker(store: &dyn Store, lease: Duration) -> Uuid {
+pub async fn worker(store: &dyn Store, lease: Duration) -> Uuid {
     let worker_id = Uuid::new_v4();
     store
         .register_worker(&WorkerRegistration {
@@ -186,7 +186,7 @@ async fn worker(store: &dyn Store, lease: Duration) -> Uuid {
     worker_id
 }
 
-fn new_invocation(
+pub fn new_invocation(
     tenant: &str,
     run_id: Uuid,
     call_id: &str,
@@ -222,7 +222,7 @@ fn new_invocation(
     }
 }
 
-fn event(kind: ToolEventKind, record: &NewInvocation) -> ToolEvent {
+pub fn event(kind: ToolEventKind, record: &NewInvocation) -> ToolEvent {
     ToolEvent {
         kind,
         invocation_id: record.id,
@@ -243,7 +243,7 @@ fn event(kind: ToolEventKind, record: &NewInvocation) -> ToolEvent {
     }
 }
 
-fn succeeded() -> TerminalRecord {
+pub fn succeeded() -> TerminalRecord {
     TerminalRecord {
         status: InvocationStatus::Succeeded,
         outcome_status: ToolOutcomeStatus::Succeeded,
@@ -259,7 +259,7 @@ fn succeeded() -> TerminalRecord {
     }
 }
 
-async fn insert(store: &dyn Store, new: &NewInvocation, worker_id: Uuid) -> InvocationRecord {
+pub async fn insert(store: &dyn Store, new: &NewInvocation, worker_id: Uuid) -> InvocationRecord {
     let events = [event(ToolEventKind::Authorized, new)];
     match store
         .insert_invocation(

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::domain::sha256_hex;
+use crate::domain::invocation::{Phase, Transition};
+use crate::domain::{InvocationStatus, sha256_hex};
 use crate::ports::{StoreError, ToolEvent};
 
 mod postgres;
@@ -109,6 +110,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "idempotency keys and the breaker's tables keyed by tenant",
         sql: include_str!("../../../migrations/postgres/0014_tenant_keys.sql"),
     },
+    Migration {
+        version: 15,
+        description: "an approval per time an invocation is put to a human",
+        sql: include_str!("../../../migrations/postgres/0015_approvals_per_ask.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -183,6 +189,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         description: "idempotency keys and the breaker's tables keyed by tenant",
         sql: include_str!("../../../migrations/sqlite/0014_tenant_keys.sql"),
     },
+    Migration {
+        version: 15,
+        description: "an approval per time an invocation is put to a human",
+        sql: include_str!("../../../migrations/sqlite/0015_approvals_per_ask.sql"),
+    },
 ];
 
 /// Opens the store a URL names: `postgres://…`/`postgresql://…` or
@@ -250,6 +261,48 @@ fn parse_optional<T: FromStr>(text: Option<String>, column: &str) -> Result<Opti
     text.map(|text| parse(&text, column)).transpose()
 }
 
+/// The SQL condition that a `tool_invocations` row (of table alias
+/// `alias`, e.g. `"i."`, or `""`) is in one of the phases `transition` may
+/// leave: both adapters render their conditional writes' phase guards from
+/// the one transition table. RUNNING is told apart by its suspension.
+fn leaves(transition: &Transition, alias: &str) -> String {
+    let mut statuses: Vec<&str> = Vec::new();
+    for phase in transition.leaves {
+        for status in phase.statuses() {
+            if !statuses.contains(&status.as_str()) {
+                statuses.push(status.as_str());
+            }
+        }
+    }
+    let listed: Vec<String> = statuses
+        .iter()
+        .map(|status| format!("'{status}'"))
+        .collect();
+    let mut condition = if listed.len() == 1 {
+        format!("{alias}status = {}", listed[0])
+    } else {
+        format!("{alias}status IN ({})", listed.join(", "))
+    };
+    let running = transition.leaves.contains(&Phase::Running);
+    let suspended = transition.leaves.contains(&Phase::Suspended);
+    let only_running = statuses == [InvocationStatus::Running.as_str()];
+    let suspension = match (running, suspended) {
+        (true, false) => Some("IS NULL"),
+        (false, true) => Some("IS NOT NULL"),
+        _ => None,
+    };
+    if let Some(test) = suspension {
+        if only_running {
+            condition.push_str(&format!(" AND {alias}suspended_kind {test}"));
+        } else {
+            condition.push_str(&format!(
+                " AND ({alias}status <> 'running' OR {alias}suspended_kind {test})"
+            ));
+        }
+    }
+    condition
+}
+
 /// The JSON body an event row stores.
 fn event_body(event: &ToolEvent) -> Result<Value, StoreError> {
     serde_json::to_value(event).map_err(|error| StoreError::Decode(error.to_string()))
@@ -258,6 +311,28 @@ fn event_body(event: &ToolEvent) -> Result<Value, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::invocation::{AUTHORIZE_WAITING, COMPLETE_SUSPENDED, SUSPEND, TAKE_OVER};
+
+    #[test]
+    fn phase_guards_are_rendered_from_the_table() {
+        assert_eq!(
+            leaves(&AUTHORIZE_WAITING, ""),
+            "status = 'waiting_for_approval'"
+        );
+        assert_eq!(
+            leaves(&SUSPEND, ""),
+            "status = 'running' AND suspended_kind IS NULL"
+        );
+        assert_eq!(
+            leaves(&COMPLETE_SUSPENDED, "t."),
+            "t.status = 'running' AND t.suspended_kind IS NOT NULL"
+        );
+        assert_eq!(
+            leaves(&TAKE_OVER, "i."),
+            "i.status IN ('authorized', 'running') \
+             AND (i.status <> 'running' OR i.suspended_kind IS NULL)"
+        );
+    }
 
     #[test]
     fn plans_refuse_unknown_and_changed_migrations() {

@@ -2,6 +2,109 @@
 
 use super::*;
 
+use std::sync::LazyLock;
+
+use super::super::leaves;
+use crate::domain::invocation::{
+    AUTHORIZE_WAITING, CLAIM_EXPIRED, COMPLETE_SUSPENDED, RELEASE, REOPEN_APPROVAL, SETTLE_WAITING,
+    SUSPEND, TAKE_OVER, Transition,
+};
+
+// The conditional writes made here (the claim, the watermark and the
+// terminal write are PostgreSQL functions), each guarded by the phases its
+// transition may leave, as the one table renders them.
+
+static AUTHORIZE_WAITING_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE tool_invocations SET status = 'authorized', worker_id = $2, lease_epoch = lease_epoch + 1 \
+         WHERE id = $1 AND {} AND tenant_id = $3 RETURNING {}",
+        leaves(&AUTHORIZE_WAITING, ""),
+        invocation_columns!()
+    )
+});
+
+/// A terminal write of a row in `transition`'s phases (`$1`..`$11`).
+fn terminal_write(transition: &Transition) -> String {
+    format!(
+        "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
+         error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
+         WHERE id = $1 AND {} AND tenant_id = $11",
+        leaves(transition, "")
+    )
+}
+
+static SETTLE_WAITING_SQL: LazyLock<String> = LazyLock::new(|| terminal_write(&SETTLE_WAITING));
+
+static COMPLETE_SUSPENDED_SQL: LazyLock<String> =
+    LazyLock::new(|| terminal_write(&COMPLETE_SUSPENDED));
+
+static RELEASE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE tool_invocations SET worker_id = NULL, lease_epoch = lease_epoch + 1 \
+         WHERE id = $1 AND tenant_id = $2 AND {} AND worker_id = $3 AND lease_epoch = $4",
+        leaves(&RELEASE, "")
+    )
+});
+
+// The lease is released with the row: a suspended call is not a dead
+// worker's, and no sweep may take it.
+static SUSPEND_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE tool_invocations SET suspended_kind = $1, suspended_ref = $2, worker_id = $3 \
+         WHERE id = $4 AND tenant_id = $5 AND {} AND worker_id = $6 AND lease_epoch = $7",
+        leaves(&SUSPEND, "")
+    )
+});
+
+/// The workers whose rows recovery may take: released, or their lease run
+/// out on the database's clock (never the claimer's). A row its worker let
+/// go has no worker.
+fn owner_gone(alias: &str) -> String {
+    format!(
+        "({alias}worker_id IS NULL OR {alias}worker_id IN (SELECT w.worker_id FROM workers w \
+         WHERE w.released_at IS NOT NULL OR w.lease_expires_at < now()))"
+    )
+}
+
+// The candidates are chosen once (a materialized CTE) and locked with SKIP
+// LOCKED. The lease test names the dead workers positively: when a row
+// another sweeper just took is rechecked against its new version, its new
+// owner is not among them. (A NOT EXISTS over live workers would pass that
+// recheck vacuously and steal the row.)
+static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH candidates AS MATERIALIZED (\
+            SELECT i.id AS candidate_id FROM tool_invocations i WHERE {} AND {} \
+            ORDER BY i.created_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+         UPDATE tool_invocations t SET worker_id = $1, lease_epoch = t.lease_epoch + 1, \
+         attempt_number = CASE WHEN t.started_at IS NULL THEN t.attempt_number ELSE t.attempt_number + 1 END \
+         FROM candidates c WHERE t.id = c.candidate_id RETURNING {}",
+        leaves(&CLAIM_EXPIRED, "i."),
+        owner_gone("i."),
+        invocation_columns!()
+    )
+});
+
+static TAKE_OVER_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE tool_invocations SET worker_id = $3, lease_epoch = lease_epoch + 1, \
+         attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
+         WHERE id = $1 AND tenant_id = $2 AND {} AND {} RETURNING {}",
+        leaves(&TAKE_OVER, ""),
+        owner_gone(""),
+        invocation_columns!()
+    )
+});
+
+static REOPEN_APPROVAL_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE tool_invocations SET status = 'waiting_for_approval', approval_id = $1, \
+         reason_code = $2, worker_id = $3 \
+         WHERE id = $4 AND tenant_id = $5 AND {} AND worker_id = $6 AND lease_epoch = $7",
+        leaves(&REOPEN_APPROVAL, "")
+    )
+});
+
 impl InvocationStore for PostgresStore {
     fn insert_invocation<'a>(
         &'a self,
@@ -43,17 +146,13 @@ impl InvocationStore for PostgresStore {
     ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let row = sqlx::query(concat!(
-                "UPDATE tool_invocations SET status = 'authorized', worker_id = $2, lease_epoch = lease_epoch + 1 \
-                 WHERE id = $1 AND status = 'waiting_for_approval' AND tenant_id = $3 RETURNING ",
-                invocation_columns!()
-            ))
-            .bind(id)
-            .bind(claim.worker_id)
-            .bind(tenant_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
+            let row = sqlx::query(AUTHORIZE_WAITING_SQL.as_str())
+                .bind(id)
+                .bind(claim.worker_id)
+                .bind(tenant_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(database_error)?;
             let record = row.as_ref().map(invocation).transpose()?;
             if record.is_some() {
                 append_events(&mut tx, tenant_id, events, claim.now).await?;
@@ -75,9 +174,7 @@ impl InvocationStore for PostgresStore {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             let result = terminal_update(
                 &mut tx,
-                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
-                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
-                 WHERE id = $1 AND status = 'waiting_for_approval' AND tenant_id = $11",
+                SETTLE_WAITING_SQL.as_str(),
                 id,
                 tenant_id,
                 terminal,
@@ -214,18 +311,14 @@ impl InvocationStore for PostgresStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let result = sqlx::query(
-                "UPDATE tool_invocations SET worker_id = NULL, lease_epoch = lease_epoch + 1 \
-                 WHERE id = $1 AND tenant_id = $2 AND status IN ('authorized', 'running') \
-                 AND suspended_kind IS NULL AND worker_id = $3 AND lease_epoch = $4",
-            )
-            .bind(id)
-            .bind(tenant_id)
-            .bind(fence.worker_id)
-            .bind(fence.lease_epoch)
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
+            let result = sqlx::query(RELEASE_SQL.as_str())
+                .bind(id)
+                .bind(tenant_id)
+                .bind(fence.worker_id)
+                .bind(fence.lease_epoch)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             Ok(result.rows_affected() == 1)
         })
@@ -243,21 +336,17 @@ impl InvocationStore for PostgresStore {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             // The lease is released with the row: a suspended call is not a
             // dead worker's, and no sweep may take it.
-            let result = sqlx::query(
-                "UPDATE tool_invocations SET suspended_kind = $1, suspended_ref = $2, worker_id = $3 \
-                 WHERE id = $4 AND tenant_id = $5 AND status = 'running' AND suspended_kind IS NULL \
-                 AND worker_id = $6 AND lease_epoch = $7",
-            )
-            .bind(kind)
-            .bind(reference)
-            .bind(Option::<Uuid>::None)
-            .bind(id)
-            .bind(tenant_id)
-            .bind(fence.worker_id)
-            .bind(fence.lease_epoch)
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
+            let result = sqlx::query(SUSPEND_SQL.as_str())
+                .bind(kind)
+                .bind(reference)
+                .bind(Option::<Uuid>::None)
+                .bind(id)
+                .bind(tenant_id)
+                .bind(fence.worker_id)
+                .bind(fence.lease_epoch)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             Ok(result.rows_affected() == 1)
         })
@@ -275,9 +364,7 @@ impl InvocationStore for PostgresStore {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             let result = terminal_update(
                 &mut tx,
-                "UPDATE tool_invocations SET status = $2, outcome_status = $3, reason_code = $4, result = $5, \
-                 error = $6, output_bytes = $7, truncated = $8, artifact_id = $9, completed_at = $10 \
-                 WHERE id = $1 AND status = 'running' AND suspended_kind IS NOT NULL AND tenant_id = $11",
+                COMPLETE_SUSPENDED_SQL.as_str(),
                 id,
                 tenant_id,
                 terminal,
@@ -398,33 +485,12 @@ impl InvocationStore for PostgresStore {
     ) -> BoxFuture<'_, Result<Vec<Held>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::System).await?;
-            let rows = sqlx::query(concat!(
-                // The candidates are chosen once (a materialized CTE) and
-                // locked with SKIP LOCKED. The lease test names the dead
-                // workers positively: when a row another sweeper just took
-                // is rechecked against its new version, its new owner is not
-                // among them. (A NOT EXISTS over live workers would pass that
-                // recheck vacuously and steal the row.)
-                // Leases are judged by the database's clock, never the
-                // claimer's. A row its worker let go has no worker.
-                "WITH candidates AS MATERIALIZED (\
-                    SELECT i.id AS candidate_id FROM tool_invocations i \
-                    WHERE i.status IN ('authorized', 'running') AND i.suspended_kind IS NULL \
-                      AND (i.worker_id IS NULL \
-                           OR i.worker_id IN (SELECT w.worker_id FROM workers w \
-                                              WHERE w.released_at IS NOT NULL OR w.lease_expires_at < now())) \
-                    ORDER BY i.created_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 UPDATE tool_invocations t SET worker_id = $1, lease_epoch = t.lease_epoch + 1, \
-                 attempt_number = CASE WHEN t.started_at IS NULL THEN t.attempt_number ELSE t.attempt_number + 1 END \
-                 FROM candidates c WHERE t.id = c.candidate_id \
-                 RETURNING ",
-                invocation_columns!()
-            ))
-            .bind(claim.worker_id)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(database_error)?;
+            let rows = sqlx::query(CLAIM_EXPIRED_SQL.as_str())
+                .bind(claim.worker_id)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             rows.iter().map(|row| held(invocation(row)?)).collect()
         })
@@ -438,23 +504,13 @@ impl InvocationStore for PostgresStore {
     ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let row = sqlx::query(concat!(
-                "UPDATE tool_invocations SET worker_id = $3, lease_epoch = lease_epoch + 1, \
-                 attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END \
-                 WHERE id = $1 AND tenant_id = $2 AND status IN ('authorized', 'running') \
-                   AND suspended_kind IS NULL \
-                   AND (worker_id IS NULL \
-                        OR worker_id IN (SELECT w.worker_id FROM workers w \
-                                         WHERE w.released_at IS NOT NULL OR w.lease_expires_at < now())) \
-                 RETURNING ",
-                invocation_columns!()
-            ))
-            .bind(id)
-            .bind(tenant_id)
-            .bind(claim.worker_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
+            let row = sqlx::query(TAKE_OVER_SQL.as_str())
+                .bind(id)
+                .bind(tenant_id)
+                .bind(claim.worker_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             row.as_ref()
                 .map(invocation)
@@ -628,22 +684,17 @@ impl InvocationStore for PostgresStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let moved = sqlx::query(
-                "UPDATE tool_invocations SET status = 'waiting_for_approval', approval_id = $1, \
-                 reason_code = $2, worker_id = $3 \
-                 WHERE id = $4 AND tenant_id = $5 AND status IN ('authorized', 'running') \
-                 AND suspended_kind IS NULL AND worker_id = $6 AND lease_epoch = $7",
-            )
-            .bind(approval_id)
-            .bind(reason_code.as_str())
-            .bind(Option::<Uuid>::None)
-            .bind(id)
-            .bind(tenant_id)
-            .bind(fence.worker_id)
-            .bind(fence.lease_epoch)
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
+            let moved = sqlx::query(REOPEN_APPROVAL_SQL.as_str())
+                .bind(approval_id)
+                .bind(reason_code.as_str())
+                .bind(Option::<Uuid>::None)
+                .bind(id)
+                .bind(tenant_id)
+                .bind(fence.worker_id)
+                .bind(fence.lease_epoch)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
             if moved.rows_affected() != 1 {
                 return Ok(false);
             }
