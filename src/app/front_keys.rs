@@ -80,14 +80,11 @@ pub(super) fn front_credentials(config: &Config) -> Result<Arc<Credentials>, App
                     url: url.clone(),
                     refresh: Duration::from_secs(u64::from(jwt.jwks_refresh_seconds)),
                 },
-                (None, None) => return Err(AppError::Startup("front.jwt names no key set".into())),
+                (None, None) => return Err(AppError::NoKeySet),
             },
         }),
         None => None,
     };
     let dialer: Arc<dyn crate::ports::EgressDialer> = Arc::new(egress_dialer(config)?);
-    Ok(Arc::new(
-        Credentials::new(keys, jwt, dialer)
-            .map_err(|error| AppError::Startup(error.to_string()))?,
-    ))
+    Ok(Arc::new(Credentials::new(keys, jwt, dialer)?))
 }

@@ -29,48 +29,51 @@ impl NodeIdentity {
     pub(super) fn acquire(directory: &Path) -> Result<NodeIdentity, AppError> {
         use std::io::Write as _;
         use std::os::unix::fs::DirBuilderExt as _;
-        let failed = |what: &str, error: &dyn std::fmt::Display| {
-            AppError::Startup(format!("{} ({what}): {error}", directory.display()))
+        let failed = |what: &str, source: std::io::Error| AppError::Io {
+            what: format!("{} ({what})", directory.display()),
+            source,
         };
         // The folder is toolgate's alone; the folders above it, made as any
         // would be, stay reachable by the users its children run as.
         if let Some(parent) = directory.parent() {
-            std::fs::create_dir_all(parent).map_err(|error| failed("node folder", &error))?;
+            std::fs::create_dir_all(parent).map_err(|error| failed("node folder", error))?;
         }
         match std::fs::DirBuilder::new().mode(0o700).create(directory) {
             Ok(()) => {}
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(error) => return Err(failed("node folder", &error)),
+            Err(error) => return Err(failed("node folder", error)),
         }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(directory.join("node.lock"))
-            .map_err(|error| failed("node lock", &error))?;
+            .map_err(|error| failed("node lock", error))?;
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            .map_err(|_| {
-                AppError::Startup(format!(
-                    "{}: another toolgate runs as this node",
-                    directory.display()
-                ))
+            .map_err(|_| AppError::NodeHeld {
+                folder: directory.display().to_string(),
             })?;
         let path = directory.join("node.id");
         let id = match std::fs::read_to_string(&path) {
             Ok(text) if uuid::Uuid::parse_str(text.trim()).is_ok() => text.trim().to_owned(),
-            Ok(_) => return Err(failed("node.id", &"not a node id")),
+            Ok(_) => {
+                return Err(failed(
+                    "node.id",
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "not a node id"),
+                ));
+            }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 let id = uuid::Uuid::new_v4().to_string();
                 let mut file =
-                    std::fs::File::create(&path).map_err(|error| failed("node.id", &error))?;
+                    std::fs::File::create(&path).map_err(|error| failed("node.id", error))?;
                 file.write_all(id.as_bytes())
                     .and_then(|()| file.sync_all())
-                    .map_err(|error| failed("node.id", &error))?;
+                    .map_err(|error| failed("node.id", error))?;
                 id
             }
-            Err(error) => return Err(failed("node.id", &error)),
+            Err(error) => return Err(failed("node.id", error)),
         };
-        let host = node_host(directory).map_err(|error| failed("node folder", &error))?;
+        let host = node_host(directory).map_err(|error| failed("node folder", error))?;
         Ok(NodeIdentity {
             place: NodePlace { node: id, host },
             _lock: lock,

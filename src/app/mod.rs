@@ -41,9 +41,50 @@ pub enum AppError {
     /// The store failed.
     #[error("{0}")]
     Store(#[from] StoreError),
-    /// A part could not be started.
+    /// The build's tools do not register.
     #[error("{0}")]
-    Startup(String),
+    Registry(#[from] crate::pipeline::registry::StartupError),
+    /// A credential reference in the configuration does not parse.
+    #[error("{0}")]
+    CredentialRef(#[from] crate::domain::secret::CredentialRefError),
+    /// A credential the configuration names could not be resolved.
+    #[error("{what}: {source}")]
+    Credential {
+        /// The setting that names it.
+        what: &'static str,
+        #[source]
+        source: crate::ports::CredentialError,
+    },
+    /// `egress.allow_cidrs` does not parse.
+    #[error("egress.allow_cidrs: {0}")]
+    AllowedCidrs(String),
+    /// The egress dialer could not be built (its TLS roots).
+    #[error("{0}")]
+    Egress(#[from] crate::adapters::egress::EgressSetupError),
+    /// The front door's credentials could not be built.
+    #[error("{0}")]
+    FrontCredentials(#[from] crate::front::auth::AuthError),
+    /// `front.jwt` names neither a key set file nor a URL.
+    #[error("front.jwt names no key set")]
+    NoKeySet,
+    /// Another live process holds this node's folder.
+    #[error("{folder}: another toolgate runs as this node")]
+    NodeHeld {
+        /// The node folder.
+        folder: String,
+    },
+    /// A socket's path is served by a running process.
+    #[error("{path} is in use by a running toolgate")]
+    SocketInUse {
+        /// The socket's path.
+        path: String,
+    },
+    /// A socket's group does not exist.
+    #[error("{field}.socket_group names no group")]
+    NoSuchGroup {
+        /// The section naming it.
+        field: String,
+    },
     /// A listener, socket or folder could not be made or used; `what`
     /// names its setting or its path.
     #[error("{what}: {source}")]
@@ -320,7 +361,7 @@ pub fn egress_dialer(config: &Config) -> Result<Dialer, AppError> {
         .iter()
         .map(String::as_str)
         .collect();
-    let allowed_cidrs = AllowedCidrs::parse(&cidrs).map_err(AppError::Startup)?;
+    let allowed_cidrs = AllowedCidrs::parse(&cidrs).map_err(AppError::AllowedCidrs)?;
     Dialer::new(
         EgressSettings {
             allowlist: config.egress_allowlist(),
@@ -330,7 +371,7 @@ pub fn egress_dialer(config: &Config) -> Result<Dialer, AppError> {
         },
         config.egress.extra_ca_file.as_deref(),
     )
-    .map_err(|error| AppError::Startup(error.to_string()))
+    .map_err(AppError::from)
 }
 
 /// Where credential references resolve: toolgate's environment and files,
@@ -514,8 +555,7 @@ pub async fn discover(
             maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
         },
         Vec::new(),
-    )
-    .map_err(|error| AppError::Startup(error.to_string()))?;
+    )?;
     // No tenant: the operator's servers only.
     let (prepared, _) = register_discoveries(&registry, "", servers.discover("").await);
     servers.shutdown().await;

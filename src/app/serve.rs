@@ -134,15 +134,12 @@ pub async fn build(
         store.clone(),
         clock.clone(),
     );
-    let registry = Arc::new(
-        ToolRegistry::with_builtins(
-            RegistryLimits {
-                maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
-            },
-            builtins,
-        )
-        .map_err(|error| AppError::Startup(error.to_string()))?,
-    );
+    let registry = Arc::new(ToolRegistry::with_builtins(
+        RegistryLimits {
+            maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+        },
+        builtins,
+    )?);
     let seconds = |value: u32| Duration::from_secs(u64::from(value));
     let worker = Arc::new(
         Worker::register(
@@ -373,12 +370,14 @@ pub(super) async fn bind_listeners(
 ) -> Result<Listeners, AppError> {
     let tcp = match (&config.control.tcp, &config.control.token_ref) {
         (Some(address), Some(reference)) => {
-            let reference = CredentialRef::parse(reference)
-                .map_err(|error| AppError::Startup(error.to_string()))?;
+            let reference = CredentialRef::parse(reference)?;
             let token = EnvFileResolver::new(environment.clone())
                 .resolve(&reference)
                 .await
-                .map_err(|error| AppError::Startup(error.to_string()))?;
+                .map_err(|source| AppError::Credential {
+                    what: "control.token_ref",
+                    source,
+                })?;
             Some((bind_tcp(address, "control.tcp").await?, token))
         }
         _ => None,

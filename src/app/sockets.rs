@@ -27,14 +27,16 @@ pub(super) fn bind_socket(
 ) -> Result<tokio::net::UnixListener, AppError> {
     use std::os::unix::fs::PermissionsExt as _;
     if let Some(parent) = socket.parent() {
-        std::fs::create_dir_all(parent).map_err(|error| AppError::Startup(error.to_string()))?;
+        std::fs::create_dir_all(parent).map_err(|source| AppError::Io {
+            what: parent.display().to_string(),
+            source,
+        })?;
     }
     if socket.exists() {
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Err(AppError::Startup(format!(
-                "{} is in use by a running toolgate",
-                socket.display()
-            )));
+            return Err(AppError::SocketInUse {
+                path: socket.display().to_string(),
+            });
         }
         let _ = std::fs::remove_file(socket);
     }
@@ -45,14 +47,19 @@ pub(super) fn bind_socket(
     // The group first, then the mode: never a moment in which the socket
     // is open to a group it was not meant for.
     if let Some(group) = group {
-        let gid = crate::config::resolve_group(group)
-            .ok_or_else(|| AppError::Startup(format!("{field}.socket_group names no group")))?;
+        let gid = crate::config::resolve_group(group).ok_or_else(|| AppError::NoSuchGroup {
+            field: field.to_owned(),
+        })?;
         std::os::unix::fs::chown(socket, None, Some(gid)).map_err(|source| AppError::Io {
             what: format!("{field}.socket_group"),
             source,
         })?;
     }
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode))
-        .map_err(|error| AppError::Startup(error.to_string()))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode)).map_err(|source| {
+        AppError::Io {
+            what: socket.display().to_string(),
+            source,
+        }
+    })?;
     Ok(listener)
 }
