@@ -191,8 +191,18 @@ fn without_privileges(command: &mut Command) {
 }
 
 fn prepare_state_dir(state_dir: &Path, run_as: Option<RunAs>) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
     let tmp = state_dir.join("tmp");
+    // A folder an earlier start handed to the server's user is that user's
+    // own: a toolgate that is not root (holding CAP_CHOWN, not CAP_FOWNER
+    // or CAP_DAC_OVERRIDE) can neither change its mode nor look inside,
+    // and need not.
+    if let Some(run_as) = run_as
+        && std::fs::symlink_metadata(state_dir)
+            .is_ok_and(|metadata| metadata.is_dir() && metadata.uid() == run_as.uid)
+    {
+        return Ok(());
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
