@@ -8,6 +8,7 @@
 //! the Debian package and checks the release archive.
 
 mod identity;
+mod packages;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
