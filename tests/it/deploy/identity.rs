@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{
-    SystemUsers, deploy, instruction, manifest, repository, required_tool, stage, toolgate,
+    SystemUsers, ci, deploy, instruction, manifest, repository, required_tool, stage, toolgate,
 };
 
 /// Fixed uids no account of a test machine has: the agent runtime, the
@@ -626,8 +626,7 @@ fn with_file_capabilities(root: &Path, capabilities: &str) -> PathBuf {
 /// `CI=true`, where everything here is installable and they fail.
 fn prerequisites(tools: &[&str]) -> bool {
     let root = nix::unistd::geteuid().is_root();
-    let ci = std::env::var("CI").is_ok_and(|ci| ci == "true");
-    assert!(root || !ci, "the deploy identity tests run as root in CI");
+    assert!(root || !ci(), "the deploy identity tests run as root in CI");
     if !root {
         eprintln!("not root: the artifacts' identities are not tried here");
         return false;
