@@ -35,8 +35,14 @@ enum Command {
         /// The shell: bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Print toolgate's manual page (roff) to standard output.
-    Man,
+    /// Print toolgate's manual page (roff) to standard output, or write it
+    /// and a page for every subcommand it lists into a folder.
+    Man {
+        /// The folder to write toolgate.1 and the subcommands' pages
+        /// (toolgate-serve.1, toolgate-invocations-show.1, …) into.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
     /// Validate a configuration file as a whole; every problem is printed
     /// with its field path.
     CheckConfig {
@@ -337,9 +343,16 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Command::Man => {
+        Command::Man { out_dir } => {
             use clap::CommandFactory as _;
-            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+            // The pages list no `help` subcommand: no page is made for it,
+            // and every page has its options already.
+            let command = Cli::command().disable_help_subcommand(true);
+            let written = match out_dir {
+                Some(folder) => clap_mangen::generate_to(command, folder),
+                None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
+            };
+            match written {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("toolgate: {error}");

@@ -457,8 +457,8 @@ fn resolve_run_as(text: &str) -> Result<RunAs, String> {
 /// Creates `folder` if missing and makes it traversable but not listable
 /// by others (0711), and so each folder above it that toolgate's user owns
 /// and others cannot traverse (made under toolgate's umask, 077): a stdio
-/// server run as another user reaches its own state folder below, and
-/// lists nothing on the way.
+/// server run as another user reaches its own state folder below, a
+/// sandbox its turn's socket, and neither lists anything on the way.
 fn traversable_folder(folder: &Path) -> Result<(), AppError> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     let failed = |path: &Path, error: std::io::Error| AppError::Io {

@@ -10,7 +10,10 @@ use tokio_util::sync::CancellationToken;
 use super::front_keys::{front_credentials, reload_front_credentials};
 use super::identity::NodeIdentity;
 use super::sockets::{bind_control, bind_socket};
-use super::{AppError, SWEEP_INTERVAL, children_reach_state, credential_resolver, mcp_servers};
+use super::{
+    AppError, SWEEP_INTERVAL, children_reach_state, credential_resolver, mcp_servers,
+    traversable_folder,
+};
 use crate::adapters::artifacts::FsArtifactStore;
 use crate::adapters::credentials::EnvFileResolver;
 use crate::adapters::mcp::{McpServerSet, WarmUp};
@@ -194,6 +197,8 @@ pub async fn build(
         body_timeout: Duration::from_secs(u64::from(config.limits.request_body_timeout_seconds)),
     };
     let connections = |maximum: u32| ConnectionCap::new(usize::try_from(maximum).unwrap_or(1));
+    // Sandboxes of other uids reach their turns' folders through it.
+    traversable_folder(&config.bridge.directory)?;
     let turns = Turns::new(&config.bridge.directory)?;
     let bridge = Bridge::new(BridgeParts {
         pipeline: pipeline.clone(),

@@ -1,6 +1,7 @@
-//! A turn's socket server: accepts scripts' connections under the turn's and
-//! the bridge's connection caps, refuses a request whose token, peer or turn
-//! is wrong before anything else, and routes the rest. Every request runs to
+//! A turn's socket server: closes a connection whose peer is not the turn's
+//! sandbox user as soon as it is accepted, accepts the rest under the
+//! turn's and the bridge's connection caps, refuses a request whose token
+//! or turn is wrong before anything else, and routes the rest. Every request runs to
 //! its end under the in-flight tracker.
 
 use std::sync::Arc;
@@ -40,6 +41,17 @@ pub(super) async fn serve_turn(
                 }
             },
         };
+        // Another uid's connection is closed before a byte is read and
+        // before it takes a place under either cap.
+        let peer_uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
+        if !turn.admits_peer(peer_uid) {
+            bridge.parts.metrics.increment(
+                "bridge_refusals_total",
+                vec![("code", "forbidden_peer".to_owned())],
+            );
+            tracing::debug!(turn_id = %turn.id, ?peer_uid, "a peer that is not the turn's sandbox user was refused");
+            continue;
+        }
         // Past either cap the connection is closed as soon as accepted.
         let Some(turn_permit) = own.admit() else {
             continue;
@@ -47,7 +59,6 @@ pub(super) async fn serve_turn(
         let Some(bridge_permit) = bridge.parts.connections.admit() else {
             continue;
         };
-        let peer_uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
         let (bridge, turn) = (bridge.clone(), turn.clone());
         let header_timeout = bridge.parts.settings.limits.header_timeout;
         tokio::spawn(serve_connection(
@@ -58,7 +69,7 @@ pub(super) async fn serve_turn(
                 let (bridge, turn) = (bridge.clone(), turn.clone());
                 async move {
                     let in_flight = bridge.parts.in_flight.clone();
-                    let work = async move { handle(&bridge, &turn, peer_uid, request).await };
+                    let work = async move { handle(&bridge, &turn, request).await };
                     in_flight.track(work).await
                 }
             },
@@ -75,14 +86,9 @@ pub(super) fn refuse(bridge: &Bridge, status: StatusCode, code: &str, message: &
     error(status, code, message)
 }
 
-async fn handle(
-    bridge: &Arc<Bridge>,
-    turn: &Arc<Turn>,
-    peer_uid: Option<u32>,
-    request: Request<Incoming>,
-) -> Reply {
+async fn handle(bridge: &Arc<Bridge>, turn: &Arc<Turn>, request: Request<Incoming>) -> Reply {
     let token = bearer_token(request.headers());
-    match turn.authorize(token, peer_uid, bridge.parts.clock.now()) {
+    match turn.authorize(token, bridge.parts.clock.now()) {
         Ok(()) => {}
         Err(AccessDenied::Token) => {
             return refuse(
@@ -90,14 +96,6 @@ async fn handle(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "missing or wrong turn token",
-            );
-        }
-        Err(AccessDenied::Peer) => {
-            return refuse(
-                bridge,
-                StatusCode::FORBIDDEN,
-                "forbidden_peer",
-                "the peer is not the turn's sandbox user",
             );
         }
         Err(AccessDenied::Closed) => {

@@ -1,8 +1,10 @@
-//! What makes a turn a turn: one 0700 folder and one 0600 socket, a token of
-//! 256 random bits of which only the hash is kept, the ordinal each call
-//! gets and the call id it is given, and the per-turn cap; so a replayed
-//! script in a new turn for the same run and step derives the same call ids
-//! and deduplicates.
+//! What makes a turn a turn: one folder and one socket (toolgate's own, 0700
+//! and 0600; for a turn bound to a sandbox user, 0711 and 0666, that uid
+//! alone admitted by its peer credentials, so no chown and no capability is
+//! needed), a token of 256 random bits of which only the hash is kept, the
+//! ordinal each call gets and the call id it is given, and the per-turn cap;
+//! so a replayed script in a new turn for the same run and step derives the
+//! same call ids and deduplicates.
 
 use std::collections::HashMap;
 use std::io::Read as _;
@@ -66,7 +68,8 @@ pub struct TurnBinding {
     pub step_number: i64,
     /// The script's hash: the call ids' seed.
     pub script_sha256: String,
-    /// The sandbox user; when given, every peer must be this uid.
+    /// The sandbox user; when given, every peer must be this uid, checked
+    /// on accept.
     pub sandbox_uid: Option<u32>,
     /// The trust of what produced the script: every call's origin trust.
     pub origin_trust: TrustLevel,
@@ -79,8 +82,6 @@ pub struct TurnBinding {
 pub enum AccessDenied {
     /// No token, or not this turn's.
     Token,
-    /// The peer is not the sandbox user.
-    Peer,
     /// The turn is closed or past its expiry.
     Closed,
 }
@@ -134,14 +135,19 @@ impl Turn {
         self.folder.join(SOCKET_NAME)
     }
 
-    /// Checks the bearer token (constant time over the hashes), the peer and
-    /// the turn's life.
-    pub fn authorize(
-        &self,
-        token: Option<&str>,
-        peer_uid: Option<u32>,
-        now: DateTime<Utc>,
-    ) -> Result<(), AccessDenied> {
+    /// Whether a connecting process may be served at all: any peer when the
+    /// turn names no sandbox user (its socket is then toolgate's user's
+    /// alone), else that uid and no other, root included.
+    pub fn admits_peer(&self, peer_uid: Option<u32>) -> bool {
+        match self.binding.sandbox_uid {
+            Some(uid) => peer_uid == Some(uid),
+            None => true,
+        }
+    }
+
+    /// Checks the bearer token (constant time over the hashes) and the
+    /// turn's life.
+    pub fn authorize(&self, token: Option<&str>, now: DateTime<Utc>) -> Result<(), AccessDenied> {
         let presented = sha256_hex(token.unwrap_or_default().as_bytes());
         let token_ok =
             token.is_some() && constant_time_eq(presented.as_bytes(), self.token_sha256.as_bytes());
@@ -150,11 +156,6 @@ impl Turn {
         }
         if self.is_closed() || now >= self.expires_at {
             return Err(AccessDenied::Closed);
-        }
-        if let Some(uid) = self.binding.sandbox_uid
-            && peer_uid != Some(uid)
-        {
-            return Err(AccessDenied::Peer);
         }
         Ok(())
     }
@@ -223,8 +224,8 @@ impl Turns {
     /// Turns under `directory`. Sockets a previous process left there are
     /// removed: their tokens died with it.
     pub fn new(directory: &Path) -> Result<Self, BridgeError> {
-        // The folder is toolgate's alone; the folders above it, made as any
-        // would be, stay reachable by the users its children run as.
+        // The composition root makes the folder traversable (0711) for
+        // sandboxes of other uids; made here only when it is missing.
         if let Some(parent) = directory.parent() {
             std::fs::create_dir_all(parent).map_err(|error| BridgeError::Folder(error.kind()))?;
         }
@@ -247,8 +248,8 @@ impl Turns {
         })
     }
 
-    /// Opens a turn: its folder (0700) and bound socket (0600), both owned
-    /// by the sandbox user when one is named, and its token, returned once.
+    /// Opens a turn: its folder and bound socket, reachable by the sandbox
+    /// user when one is named, and its token, returned once.
     pub fn open(
         &self,
         binding: TurnBinding,
@@ -281,8 +282,12 @@ impl Turns {
         Ok((turn, token, listener))
     }
 
-    /// Binds the socket (0600), hands folder and socket to the sandbox user
-    /// and mints the token.
+    /// Binds the socket and mints the token. Without a sandbox user the
+    /// folder stays 0700 and the socket 0600: toolgate's user's alone. With
+    /// one, any uid may traverse the folder (0711, not list it) and connect
+    /// (0666: connecting needs write permission), and the server admits the
+    /// sandbox uid alone by its peer credentials, before reading a byte;
+    /// nothing is handed over, so toolgate needs no CAP_CHOWN.
     fn prepare(
         folder: &Path,
         sandbox_uid: Option<u32>,
@@ -290,13 +295,13 @@ impl Turns {
         let socket = folder.join(SOCKET_NAME);
         let listener = tokio::net::UnixListener::bind(&socket)
             .map_err(|error| BridgeError::Bind(error.kind()))?;
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
-            .map_err(|error| BridgeError::Folder(error.kind()))?;
-        if let Some(uid) = sandbox_uid {
-            for path in [folder, socket.as_path()] {
-                std::os::unix::fs::chown(path, Some(uid), None)
-                    .map_err(|error| BridgeError::Folder(error.kind()))?;
-            }
+        let (folder_mode, socket_mode) = match sandbox_uid {
+            Some(_) => (0o711, 0o666),
+            None => (0o700, 0o600),
+        };
+        for (path, mode) in [(folder, folder_mode), (socket.as_path(), socket_mode)] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .map_err(|error| BridgeError::Folder(error.kind()))?;
         }
         Ok((listener, random_token()?))
     }
@@ -357,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn tokens_compare_in_constant_time_and_die_with_the_turn() {
+    fn tokens_compare_in_constant_time_and_sockets_admit_their_sandbox_user() {
         let folder = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -380,38 +385,34 @@ mod tests {
                 .unwrap();
             assert_eq!(token.len(), 2 * TOKEN_BYTES);
             let now = Utc::now();
-            assert_eq!(turn.authorize(Some(&token), Some(4242), now), Ok(()));
-            assert_eq!(
-                turn.authorize(Some("wrong"), Some(4242), now),
-                Err(AccessDenied::Token)
-            );
-            assert_eq!(
-                turn.authorize(None, Some(4242), now),
-                Err(AccessDenied::Token)
-            );
-            assert_eq!(
-                turn.authorize(Some(&token), Some(0), now),
-                Err(AccessDenied::Peer)
-            );
-            let mode = std::fs::metadata(turn.socket_path())
-                .unwrap()
-                .permissions()
-                .mode();
-            assert_eq!(mode & 0o777, 0o600);
-            assert_eq!(
-                std::fs::metadata(&turn.folder)
-                    .unwrap()
-                    .permissions()
-                    .mode()
-                    & 0o777,
-                0o700
-            );
+            assert_eq!(turn.authorize(Some(&token), now), Ok(()));
+            assert_eq!(turn.authorize(Some("wrong"), now), Err(AccessDenied::Token));
+            assert_eq!(turn.authorize(None, now), Err(AccessDenied::Token));
+            // The sandbox user alone is admitted; root is another peer.
+            assert!(turn.admits_peer(Some(4242)));
+            assert!(!turn.admits_peer(Some(0)));
+            assert!(!turn.admits_peer(None));
+            // Reachable by any uid, so the peer check is the gate and
+            // nothing is chowned.
+            let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&turn.socket_path()), 0o666);
+            assert_eq!(mode(&turn.folder), 0o711);
             turns.close(turn.id);
-            assert_eq!(
-                turn.authorize(Some(&token), Some(4242), now),
-                Err(AccessDenied::Closed)
-            );
+            assert_eq!(turn.authorize(Some(&token), now), Err(AccessDenied::Closed));
             assert!(!turn.folder.exists());
+
+            // Without a sandbox user: toolgate's user's alone, any peer
+            // admitted by the socket's mode.
+            let binding = TurnBinding {
+                sandbox_uid: None,
+                ..turn.binding.clone()
+            };
+            let (own, _, _listener) = turns
+                .open(binding, Utc::now() + chrono::Duration::seconds(60))
+                .unwrap();
+            assert!(own.admits_peer(Some(0)) && own.admits_peer(None));
+            assert_eq!(mode(&own.socket_path()), 0o600);
+            assert_eq!(mode(&own.folder), 0o700);
         });
     }
 

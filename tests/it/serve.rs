@@ -765,13 +765,28 @@ fn the_bridge_refuses_bad_requests_and_records_nothing() {
     assert!(!socket.exists());
     assert!(UnixStream::connect(&socket).is_err());
 
-    // A peer that is not the turn's sandbox user is refused.
-    let (_, socket, token) = served.turn(session, run, "print(3)", Some(4242));
-    let (status, body) = call(&socket, &format!("Bearer {token}"), echo.as_bytes());
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (403, Some("forbidden_peer"))
+    // A peer that is not the turn's sandbox user (this test runs as
+    // another uid, root included) is closed unanswered, its request unread,
+    // and nothing of it is recorded.
+    let refused_run = Uuid::new_v4();
+    let (_, socket, token) = served.turn(session, refused_run, "print(3)", Some(4242));
+    let mut stream = UnixStream::connect(&socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // The write may already find the socket closed.
+    let _ = std::io::Write::write_all(
+        &mut stream,
+        format!("POST /v1/call HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n{echo}", echo.len()).as_bytes(),
     );
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    let (status, rows) = served.get(&format!(
+        "/v1/runs/{refused_run}/invocations?tenant_id={TENANT}"
+    ));
+    assert_eq!(status, 200);
+    assert_eq!(json_of(&rows)["invocations"], json!([]));
 }
 
 /// The control API is strict too, and a second `serve` on the same socket

@@ -8,7 +8,8 @@
 //!   `requires_sampling` (asks before listing its tools and exits when
 //!   refused).
 //!   `probe` (`probe` tries to reach what a server should not: toolgate's
-//!   environment, its control socket, its database; `stderr` floods its
+//!   environment, its control socket, its database, and with `linger`
+//!   leaves a `sleep` running in its process group; `stderr` floods its
 //!   stderr with terminal sequences and fake log lines).
 //! - `SCRIPTED_EFFECTS`: a file each `write` appends one line to, so a test
 //!   counts effects from outside both processes; `SCRIPTED_WRITE_DELAY_MS`
@@ -123,7 +124,8 @@ impl Scripted {
                     "probe",
                     "Tries to reach toolgate's environment, socket and database.",
                     object_schema(
-                        json!({"socket": {"type": "string"}, "database": {"type": "string"}}),
+                        json!({"socket": {"type": "string"}, "database": {"type": "string"},
+                               "linger": {"type": "boolean"}}),
                         &["socket", "database"],
                     ),
                 ),
@@ -361,6 +363,7 @@ impl Scripted {
                             "CapAmb",
                             "CapInh",
                             "NoNewPrivs",
+                            "Groups",
                         ]
                         .contains(name)
                     })
@@ -368,6 +371,17 @@ impl Scripted {
                     .collect();
                 let socket = std::os::unix::net::UnixStream::connect(path("socket"));
                 let database = std::fs::File::open(path("database"));
+                // A process of the server's own left running in its group,
+                // as a runtime's child may be: only toolgate ending the
+                // group ends it.
+                if arguments.get("linger") == Some(&Value::Bool(true)) {
+                    let _ = std::process::Command::new("sleep")
+                        .arg("300")
+                        .stdin(std::process::Stdio::null())
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .spawn();
+                }
                 Ok(text(
                     json!({
                         "environ": reached(environ.is_ok_and(|bytes| !bytes.is_empty())),

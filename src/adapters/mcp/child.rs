@@ -151,36 +151,81 @@ pub fn command(spec: &ChildSpec) -> Result<Command, ChildError> {
     Ok(command)
 }
 
+/// What capset(2) takes: which thread (0: this one), in the layout of
+/// version 3, and two words of each set.
+#[repr(C)]
+struct CapabilityHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapabilityData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Whether this process holds any capability a child could keep: its
+/// permitted, inheritable or ambient set is not empty (a toolgate given
+/// CAP_SETUID and the like to run servers as other users; root).
+fn holds_capabilities() -> bool {
+    std::fs::read_to_string("/proc/self/status").map_or(true, |status| {
+        status.lines().any(|line| {
+            ["CapPrm:", "CapInh:", "CapAmb:"].iter().any(|set| {
+                line.strip_prefix(set)
+                    .is_some_and(|value| value.trim().bytes().any(|digit| digit != b'0'))
+            })
+        })
+    })
+}
+
 /// A child holds none of toolgate's privileges: after its user is set, and
-/// before it runs its program, its ambient capabilities are cleared, every
-/// capability is dropped from its bounding set (possible only while it is
-/// still root; a child of another user has none to drop), and no program
-/// it runs can gain any (no new privileges: set-uid bits and file
-/// capabilities are not honoured). Even run as root by an operator's
-/// explicit choice, it has no capability.
+/// before it runs its program, every capability is dropped from its
+/// bounding set (possible only while it is still root; a child of another
+/// user has none to drop), its permitted, effective, inheritable and
+/// ambient sets are emptied when toolgate holds any (a toolgate that is not
+/// root keeps its capabilities across the change of user, and a program's
+/// file capabilities would keep what the process held), and no program it
+/// runs can gain any (no new privileges: set-uid bits and file capabilities
+/// are not honoured). Even run as root by an operator's explicit choice, it
+/// has no capability. A toolgate holding none makes no capset call, which
+/// a system call filter may refuse.
 #[allow(unsafe_code)]
 fn without_privileges(command: &mut Command) {
-    use nix::libc::{
-        PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, c_ulong,
-        prctl,
-    };
+    use nix::libc::{PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, SYS_capset, c_ulong, prctl, syscall};
+    let clear = holds_capabilities();
     // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe work is allowed: it makes prctl(2) system calls on
-    // integers alone, allocates nothing and takes no lock.
+    // async-signal-safe work is allowed: it makes prctl(2) and capset(2)
+    // system calls on integers and on structures on its own stack alone,
+    // allocates nothing and takes no lock.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             let zero: c_ulong = 0;
-            prctl(
-                PR_CAP_AMBIENT,
-                PR_CAP_AMBIENT_CLEAR_ALL as c_ulong,
-                zero,
-                zero,
-                zero,
-            );
             // Past the kernel's last capability this fails (EINVAL), and
             // without CAP_SETPCAP it fails (EPERM) with nothing to drop.
             for capability in 0..64 as c_ulong {
                 prctl(PR_CAPBSET_DROP, capability, zero, zero, zero);
+            }
+            if clear {
+                let header = CapabilityHeader {
+                    version: CAPABILITY_VERSION_3,
+                    pid: 0,
+                };
+                let none = [CapabilityData {
+                    effective: 0,
+                    permitted: 0,
+                    inheritable: 0,
+                }; 2];
+                // Emptying the permitted and inheritable sets empties the
+                // ambient one too.
+                if syscall(SYS_capset, &raw const header, none.as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             if prctl(PR_SET_NO_NEW_PRIVS, 1 as c_ulong, zero, zero, zero) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -191,8 +236,18 @@ fn without_privileges(command: &mut Command) {
 }
 
 fn prepare_state_dir(state_dir: &Path, run_as: Option<RunAs>) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
     let tmp = state_dir.join("tmp");
+    // A folder an earlier start handed to the server's user is that user's
+    // own: a toolgate that is not root (holding CAP_CHOWN, not CAP_FOWNER
+    // or CAP_DAC_OVERRIDE) can neither change its mode nor look inside,
+    // and need not.
+    if let Some(run_as) = run_as
+        && std::fs::symlink_metadata(state_dir)
+            .is_ok_and(|metadata| metadata.is_dir() && metadata.uid() == run_as.uid)
+    {
+        return Ok(());
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
