@@ -1911,3 +1911,71 @@ fn no_sql_is_built_by_formatting_values() {
         found.join("\n")
     );
 }
+
+/// SQLite's schema as the database itself records it, every object but
+/// SQLite's own.
+fn sqlite_schema(path: &std::path::Path) -> Vec<(String, String, Option<String>)> {
+    let connection = rusqlite::Connection::open(path).unwrap();
+    let mut statement = connection
+        .prepare(
+            "SELECT type, name, sql FROM sqlite_master \
+             WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name",
+        )
+        .unwrap();
+    statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// A database upgraded one release at a time (each migration applied on its
+/// own, by whatever build was current then, recorded as the runner records
+/// it) has the schema a fresh one migrated at once has, and this build
+/// finds it current and serves it.
+#[tokio::test]
+async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
+    use toolgate::adapters::store::SQLITE_MIGRATIONS;
+    let folder = tempfile::tempdir().unwrap();
+    let fresh = folder.path().join("fresh.db");
+    let store = SqliteStore::connect(&format!("sqlite://{}", fresh.display()))
+        .await
+        .unwrap();
+    let applied = store.migrate().await.unwrap();
+    assert_eq!(applied.len(), SQLITE_MIGRATIONS.len());
+    store.close().await;
+
+    let upgraded = folder.path().join("upgraded.db");
+    {
+        let connection = rusqlite::Connection::open(&upgraded).unwrap();
+        connection
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; \
+                 CREATE TABLE toolgate_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+                 checksum TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+            )
+            .unwrap();
+        for migration in SQLITE_MIGRATIONS {
+            connection.execute_batch("PRAGMA foreign_keys = OFF; BEGIN").unwrap();
+            connection.execute_batch(migration.sql).unwrap();
+            connection
+                .execute(
+                    "INSERT INTO toolgate_migrations (version, description, checksum) VALUES (?1, ?2, ?3)",
+                    rusqlite::params![migration.version, migration.description, migration.checksum()],
+                )
+                .unwrap();
+            connection.execute_batch("COMMIT; PRAGMA foreign_keys = ON").unwrap();
+        }
+    }
+    assert_eq!(sqlite_schema(&upgraded), sqlite_schema(&fresh));
+    let store = SqliteStore::connect(&format!("sqlite://{}", upgraded.display()))
+        .await
+        .unwrap();
+    assert!(store.pending_migrations().await.unwrap().is_empty());
+    assert!(store.migrate().await.unwrap().is_empty());
+    let worker_id = worker(&store, Duration::seconds(30)).await;
+    let new = new_invocation("tenant-a", Uuid::new_v4(), "c", InvocationStatus::Running);
+    let row = insert(&store, &new, worker_id).await;
+    assert_eq!(row.status(), InvocationStatus::Running);
+    store.close().await;
+}

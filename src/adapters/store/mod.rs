@@ -1,5 +1,5 @@
-//! The `Store` port on sqlx: PostgreSQL (several nodes on one database) and
-//! embedded SQLite (one node). Runtime queries only, so no build needs a
+//! The `Store` port: PostgreSQL on sqlx (several nodes on one database) and
+//! embedded SQLite on rusqlite (one node). Runtime queries only, so no build needs a
 //! database; migrations are embedded per backend and applied by a small
 //! migrator of our own (a checksum per version, refused when an applied
 //! migration differs from this build's).

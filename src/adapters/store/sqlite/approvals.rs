@@ -9,17 +9,19 @@ impl ApprovalStore for SqliteStore {
         id: Uuid,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>> {
         Box::pin(async move {
-            let row = sqlx::query(concat!(
-                "SELECT ",
-                approval_columns!(),
-                " FROM approvals WHERE id = $1 AND tenant_id = $2"
-            ))
-            .bind(id.to_string())
-            .bind(tenant_id)
-            .fetch_optional(&mut *self.reader().await?)
-            .await
-            .map_err(database_error)?;
-            row.as_ref().map(approval).transpose()
+            self.read(|connection| {
+                query(concat!(
+                    "SELECT ",
+                    approval_columns!(),
+                    " FROM approvals WHERE id = $1 AND tenant_id = $2"
+                ))
+                .bind(id.to_string())
+                .bind(tenant_id)
+                .fetch_optional(connection)?
+                .as_ref()
+                .map(approval)
+                .transpose()
+            })
         })
     }
 
@@ -28,16 +30,18 @@ impl ApprovalStore for SqliteStore {
         tenant_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(concat!(
-                "SELECT ",
-                approval_columns!(),
-                " FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at, id"
-            ))
-            .bind(tenant_id)
-            .fetch_all(&mut *self.reader().await?)
-            .await
-            .map_err(database_error)?;
-            rows.iter().map(approval).collect()
+            self.read(|connection| {
+                query(concat!(
+                    "SELECT ",
+                    approval_columns!(),
+                    " FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at, id"
+                ))
+                .bind(tenant_id)
+                .fetch_all(connection)?
+                .iter()
+                .map(approval)
+                .collect()
+            })
         })
     }
 
@@ -49,23 +53,25 @@ impl ApprovalStore for SqliteStore {
         approver: &'a str,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>> {
+        let (tenant_id, approver) = (tenant_id.to_owned(), approver.to_owned());
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            let row = sqlx::query(concat!(
-                "UPDATE approvals SET status = $3, approver = $4, decided_at = $5 \
-                 WHERE id = $1 AND tenant_id = $2 AND status = 'pending' RETURNING ",
-                approval_columns!()
-            ))
-            .bind(id.to_string())
-            .bind(tenant_id)
-            .bind(status.as_str())
-            .bind(approver)
-            .bind(micros(now))
-            .fetch_optional(&mut *tx)
+            self.flushed(move |connection| {
+                query(concat!(
+                    "UPDATE approvals SET status = $3, approver = $4, decided_at = $5 \
+                     WHERE id = $1 AND tenant_id = $2 AND status = 'pending' RETURNING ",
+                    approval_columns!()
+                ))
+                .bind(id.to_string())
+                .bind(tenant_id)
+                .bind(status.as_str())
+                .bind(approver)
+                .bind(micros(now))
+                .fetch_optional(connection)?
+                .as_ref()
+                .map(approval)
+                .transpose()
+            })
             .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            row.as_ref().map(approval).transpose()
         })
     }
 }

@@ -9,20 +9,22 @@ impl CatalogStore for SqliteStore {
         record: &'a PreparationRecord,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        let (tenant_id, record) = (tenant_id.to_owned(), record.clone());
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            for server in &record.servers {
-                upsert_server(&mut tx, tenant_id, server, false, now).await?;
-            }
-            let mut written = Vec::with_capacity(record.generations.len());
-            for generation in &record.generations {
-                written.push(write_generation(&mut tx, tenant_id, generation, now).await?);
-            }
-            for event in &record.events {
-                insert_platform_event(&mut tx, Some(tenant_id), event, now).await?;
-            }
-            tx.commit().await.map_err(database_error)?;
-            Ok(written)
+            self.flushed(move |connection| {
+                for server in &record.servers {
+                    upsert_server(connection, &tenant_id, server, false, now)?;
+                }
+                let mut written = Vec::with_capacity(record.generations.len());
+                for generation in &record.generations {
+                    written.push(write_generation(connection, &tenant_id, generation, now)?);
+                }
+                for event in &record.events {
+                    insert_platform_event(connection, Some(&tenant_id), event, now)?;
+                }
+                Ok(written)
+            })
+            .await
         })
     }
 
@@ -32,15 +34,15 @@ impl CatalogStore for SqliteStore {
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<CatalogRow>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT catalog_hash, remote_name, registry_name, input_schema, discovered_at, withdrawn_at \
-                 FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 ORDER BY discovered_at, remote_name",
-            )
-            .bind(tenant_id)
-            .bind(server_id)
-            .fetch_all(&mut *self.reader().await?)
-            .await
-            .map_err(database_error)?;
+            let rows = self.read(|connection| {
+                query(
+                    "SELECT catalog_hash, remote_name, registry_name, input_schema, discovered_at, withdrawn_at \
+                     FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 ORDER BY discovered_at, remote_name",
+                )
+                .bind(tenant_id)
+                .bind(server_id)
+                .fetch_all(connection)
+            })?;
             rows.iter()
                 .map(|row| {
                     Ok(CatalogRow {
@@ -64,10 +66,12 @@ impl CatalogStore for SqliteStore {
         server: &'a McpServerRow,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (tenant_id, server) = (tenant_id.to_owned(), server.clone());
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            upsert_server(&mut tx, tenant_id, server, true, now).await?;
-            tx.commit().await.map_err(database_error)
+            self.flushed(move |connection| {
+                upsert_server(connection, &tenant_id, &server, true, now)
+            })
+            .await
         })
     }
 
@@ -77,20 +81,19 @@ impl CatalogStore for SqliteStore {
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<McpServerRow>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.read().await?;
-            let row = sqlx::query(
-                "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
-                 token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
-                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 \
-                 AND tenant_configured",
-            )
-            .bind(tenant_id)
-            .bind(server_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            row.map(|row| server_row(&row)).transpose()
+            self.read(|connection| {
+                query(
+                    "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
+                     token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
+                     maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 \
+                     AND tenant_configured",
+                )
+                .bind(tenant_id)
+                .bind(server_id)
+                .fetch_optional(connection)?
+                .map(|row| server_row(&row))
+                .transpose()
+            })
         })
     }
 
@@ -99,19 +102,19 @@ impl CatalogStore for SqliteStore {
         tenant_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<McpServerRow>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.read().await?;
-            let rows = sqlx::query(
-                "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
-                 token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
-                 maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND tenant_configured \
-                 ORDER BY server_id",
-            )
-            .bind(tenant_id)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            rows.iter().map(server_row).collect()
+            self.read(|connection| {
+                query(
+                    "SELECT server_id, transport, endpoint, auth_scheme, auth_name, credential_ref, token_endpoint, \
+                     token_scopes, side_effect, risk, idempotency, required_scopes, timeout_seconds, \
+                     maximum_output_bytes, enabled FROM mcp_servers WHERE tenant_id = $1 AND tenant_configured \
+                     ORDER BY server_id",
+                )
+                .bind(tenant_id)
+                .fetch_all(connection)?
+                .iter()
+                .map(server_row)
+                .collect()
+            })
         })
     }
 
@@ -120,18 +123,18 @@ impl CatalogStore for SqliteStore {
         tenant_id: &'a str,
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (tenant_id, server_id) = (tenant_id.to_owned(), server_id.to_owned());
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            let deleted =
-                sqlx::query("DELETE FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 AND tenant_configured")
-                    .bind(tenant_id)
-                    .bind(server_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(database_error)?
-                    .rows_affected();
-            tx.commit().await.map_err(database_error)?;
-            Ok(deleted == 1)
+            self.flushed(move |connection| {
+                let deleted = query(
+                    "DELETE FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 AND tenant_configured",
+                )
+                .bind(tenant_id)
+                .bind(server_id)
+                .execute(connection)?;
+                Ok(deleted == 1)
+            })
+            .await
         })
     }
 }
@@ -139,26 +142,24 @@ impl CatalogStore for SqliteStore {
 /// Writes one catalog generation unless its hash is already written for the
 /// server; earlier names it lacks get `withdrawn_at`. Nothing is updated in
 /// place otherwise.
-async fn write_generation(
-    tx: &mut Tx,
+fn write_generation(
+    connection: &Connection,
     tenant_id: &str,
     generation: &CatalogGeneration,
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
-    let written: Option<i64> = sqlx::query_scalar(
+    let written = query(
         "SELECT 1 FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 AND catalog_hash = $3 LIMIT 1",
     )
     .bind(tenant_id)
     .bind(&generation.server_id)
     .bind(&generation.catalog_hash)
-    .fetch_optional(&mut **tx)
-    .await
-    .map_err(database_error)?;
+    .fetch_optional(connection)?;
     if written.is_some() {
         return Ok(false);
     }
     for entry in &generation.entries {
-        sqlx::query(
+        query(
             "INSERT INTO mcp_tool_catalog (id, tenant_id, server_id, catalog_hash, remote_name, registry_name, \
              input_schema, discovered_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
@@ -170,9 +171,7 @@ async fn write_generation(
         .bind(&entry.registry_name)
         .bind(text(&entry.input_schema))
         .bind(micros(now))
-        .execute(&mut **tx)
-        .await
-        .map_err(database_error)?;
+        .execute(connection)?;
     }
     // Names an earlier generation had and this one lacks are withdrawn.
     let current: Vec<&str> = generation
@@ -180,27 +179,24 @@ async fn write_generation(
         .iter()
         .map(|entry| entry.remote_name.as_str())
         .collect();
-    let earlier: Vec<(String, String)> = sqlx::query_as(
+    let earlier = query(
         "SELECT id, remote_name FROM mcp_tool_catalog \
          WHERE tenant_id = $1 AND server_id = $2 AND catalog_hash <> $3 AND withdrawn_at IS NULL",
     )
     .bind(tenant_id)
     .bind(&generation.server_id)
     .bind(&generation.catalog_hash)
-    .fetch_all(&mut **tx)
-    .await
-    .map_err(database_error)?;
-    for (id, remote_name) in earlier {
+    .fetch_all(connection)?;
+    for row in earlier {
+        let remote_name: String = get(&row, "remote_name")?;
         if !current.contains(&remote_name.as_str()) {
-            sqlx::query("UPDATE mcp_tool_catalog SET withdrawn_at = $1 WHERE id = $2")
+            query("UPDATE mcp_tool_catalog SET withdrawn_at = $1 WHERE id = $2")
                 .bind(micros(now))
-                .bind(id)
-                .execute(&mut **tx)
-                .await
-                .map_err(database_error)?;
+                .bind(get::<String>(&row, "id")?)
+                .execute(connection)?;
         }
     }
-    prune_history(tx, tenant_id, &generation.server_id).await?;
+    prune_history(connection, tenant_id, &generation.server_id)?;
     Ok(true)
 }
 
@@ -212,8 +208,12 @@ pub const KEPT_GENERATIONS: i64 = 32;
 /// Drops the generations of a server older than the newest
 /// [`KEPT_GENERATIONS`] that no UNCERTAIN or unended call ran: a catalog
 /// that churns keeps a bounded history.
-async fn prune_history(tx: &mut Tx, tenant_id: &str, server_id: &str) -> Result<(), StoreError> {
-    sqlx::query(
+fn prune_history(
+    connection: &Connection,
+    tenant_id: &str,
+    server_id: &str,
+) -> Result<(), StoreError> {
+    query(
         "DELETE FROM mcp_tool_catalog WHERE tenant_id = $1 AND server_id = $2 \
          AND catalog_hash NOT IN (SELECT catalog_hash FROM mcp_tool_catalog \
              WHERE tenant_id = $1 AND server_id = $2 GROUP BY catalog_hash \
@@ -225,23 +225,21 @@ async fn prune_history(tx: &mut Tx, tenant_id: &str, server_id: &str) -> Result<
     .bind(tenant_id)
     .bind(server_id)
     .bind(KEPT_GENERATIONS)
-    .execute(&mut **tx)
-    .await
-    .map_err(database_error)?;
+    .execute(connection)?;
     Ok(())
 }
 
 /// Inserts or replaces a server row, by (tenant, server id). A row the
 /// tenant wrote is never replaced by an operator server's (one the operator
 /// later gave the same id): the tenant's stays as it wrote it.
-async fn upsert_server(
-    tx: &mut Tx,
+fn upsert_server(
+    connection: &Connection,
     tenant_id: &str,
     server: &McpServerRow,
     tenant_configured: bool,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    query(
         "INSERT INTO mcp_servers (id, tenant_id, server_id, transport, endpoint, auth_scheme, auth_name, \
          credential_ref, token_endpoint, token_scopes, side_effect, risk, idempotency, required_scopes, \
          timeout_seconds, maximum_output_bytes, enabled, created_at, tenant_configured) \
@@ -279,46 +277,32 @@ async fn upsert_server(
     .bind(server.enabled)
     .bind(micros(now))
     .bind(tenant_configured)
-    .execute(&mut **tx)
-    .await
-    .map_err(database_error)?;
+    .execute(connection)?;
     Ok(())
 }
 
-fn server_row(row: &SqliteRow) -> Result<McpServerRow, StoreError> {
-    let text =
-        |name: &str| -> Result<String, StoreError> { row.try_get(name).map_err(database_error) };
+fn server_row(row: &Row) -> Result<McpServerRow, StoreError> {
     let scopes = |value: Option<String>| -> Vec<String> {
         value
             .and_then(|value| serde_json::from_str(&value).ok())
             .unwrap_or_default()
     };
     Ok(McpServerRow {
-        server_id: text("server_id")?,
-        transport: parse(&text("transport")?, "transport")?,
-        endpoint: text("endpoint")?,
-        auth_scheme: parse(&text("auth_scheme")?, "auth_scheme")?,
-        auth_name: row.try_get("auth_name").map_err(database_error)?,
-        credential_ref: row.try_get("credential_ref").map_err(database_error)?,
-        token_endpoint: row.try_get("token_endpoint").map_err(database_error)?,
-        token_scopes: row
-            .try_get::<Option<String>, _>("token_scopes")
-            .map_err(database_error)?
-            .map(|value| scopes(Some(value))),
-        side_effect: parse(&text("side_effect")?, "side_effect")?,
-        risk: parse(&text("risk")?, "risk")?,
-        idempotency: parse(&text("idempotency")?, "idempotency")?,
-        required_scopes: scopes(row.try_get("required_scopes").map_err(database_error)?),
-        timeout_seconds: u32::try_from(
-            row.try_get::<i64, _>("timeout_seconds")
-                .map_err(database_error)?,
-        )
-        .unwrap_or_default(),
-        maximum_output_bytes: u64::try_from(
-            row.try_get::<i64, _>("maximum_output_bytes")
-                .map_err(database_error)?,
-        )
-        .unwrap_or_default(),
-        enabled: row.try_get("enabled").map_err(database_error)?,
+        server_id: get(row, "server_id")?,
+        transport: parse(&get::<String>(row, "transport")?, "transport")?,
+        endpoint: get(row, "endpoint")?,
+        auth_scheme: parse(&get::<String>(row, "auth_scheme")?, "auth_scheme")?,
+        auth_name: get(row, "auth_name")?,
+        credential_ref: get(row, "credential_ref")?,
+        token_endpoint: get(row, "token_endpoint")?,
+        token_scopes: get::<Option<String>>(row, "token_scopes")?.map(|value| scopes(Some(value))),
+        side_effect: parse(&get::<String>(row, "side_effect")?, "side_effect")?,
+        risk: parse(&get::<String>(row, "risk")?, "risk")?,
+        idempotency: parse(&get::<String>(row, "idempotency")?, "idempotency")?,
+        required_scopes: scopes(get(row, "required_scopes")?),
+        timeout_seconds: u32::try_from(get::<i64>(row, "timeout_seconds")?).unwrap_or_default(),
+        maximum_output_bytes: u64::try_from(get::<i64>(row, "maximum_output_bytes")?)
+            .unwrap_or_default(),
+        enabled: get(row, "enabled")?,
     })
 }

@@ -9,10 +9,12 @@ impl EventStore for SqliteStore {
         event: &'a PlatformEvent,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (tenant_id, event) = (tenant_id.map(str::to_owned), event.clone());
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            insert_platform_event(&mut tx, tenant_id, event, now).await?;
-            tx.commit().await.map_err(database_error)
+            self.flushed(move |connection| {
+                insert_platform_event(connection, tenant_id.as_deref(), &event, now)
+            })
+            .await
         })
     }
 
@@ -23,27 +25,27 @@ impl EventStore for SqliteStore {
         tenant_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT id, tenant_id, event_type, payload, created_at FROM events \
-                 WHERE id > $1 AND ($3 IS NULL OR tenant_id = $3) ORDER BY id LIMIT $2",
-            )
-            .bind(after)
-            .bind(limit)
-            .bind(tenant_id)
-            .fetch_all(&mut *self.reader().await?)
-            .await
-            .map_err(database_error)?;
-            rows.iter()
+            self.read(|connection| {
+                query(
+                    "SELECT id, tenant_id, event_type, payload, created_at FROM events \
+                     WHERE id > $1 AND ($3 IS NULL OR tenant_id = $3) ORDER BY id LIMIT $2",
+                )
+                .bind(after)
+                .bind(limit)
+                .bind(tenant_id)
+                .fetch_all(connection)?
+                .iter()
                 .map(|row| {
                     Ok(EventRecord {
                         id: get(row, "id")?,
                         tenant_id: get(row, "tenant_id")?,
                         event_type: get(row, "event_type")?,
-                        payload: get(row, "payload")?,
+                        payload: json(row, "payload")?,
                         created_at: time(row, "created_at")?,
                     })
                 })
                 .collect()
+            })
         })
     }
 }

@@ -1,36 +1,45 @@
-//! The store on embedded SQLite: the single-node default. Writes take the
-//! database lock at `BEGIN IMMEDIATE`, so there is one writer at a time and
-//! event ids are assigned in commit order. UUIDs and JSON are TEXT and
-//! timestamps INTEGER microseconds, converted here.
+//! The store on embedded SQLite (rusqlite, bundled): the single-node
+//! default. Commits run where their durability says ([`Durability`]): a
+//! relaxed one (a read's two, the watermark of the classes that do not read
+//! it) on the calling task, against a connection held under a lock, with
+//! `synchronous = NORMAL` — a WAL commit of microseconds, cheaper than
+//! handing it to another thread and back; a flushed one on the one writer
+//! thread, which commits what is queued together under one fsync
+//! ([`writer`]). Reads use connections of their own (WAL lets them run
+//! beside the writer). Writes take the database lock at `BEGIN IMMEDIATE`,
+//! so there is one writer at a time and event ids are assigned in commit
+//! order. UUIDs and JSON are TEXT and timestamps INTEGER microseconds,
+//! converted here.
 
-use super::rows::{held, invocation};
-use chrono::{DateTime, Utc};
-use std::str::FromStr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use std::sync::Arc;
-
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous};
-use sqlx::{Row, Sqlite};
+use chrono::{DateTime, Utc};
+use rusqlite::{Connection, OpenFlags};
 use uuid::Uuid;
 
-use connections::{Connections, Held, Tx};
+use db::{Row, get, query, sqlite_error};
+use writer::GroupWriter;
 
-use super::{SQLITE_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
+use super::rows::{held, invocation};
+use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
-    CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence,
-    Held as HeldRow, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
-    PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
-    ReviewStore, Schema, SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord,
-    ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
+    CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, Held,
+    InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
+    PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
+    SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 
-/// Readers run beside the one writer (WAL).
-const READERS: usize = 8;
+/// Reader connections kept open between reads; more are opened while more
+/// read at once, and closed after.
+const KEPT_READERS: usize = 8;
 
-/// How long a writer waits for the lock before the store reports busy.
+/// How long a writer waits for the database lock before the store reports
+/// busy.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 macro_rules! invocation_columns {
@@ -49,199 +58,292 @@ macro_rules! approval_columns {
     };
 }
 
-/// The SQLite store.
+// After the column macros, which they use.
+mod approvals;
+mod catalog;
+mod db;
+mod events;
+mod invocations;
+mod reviews;
+mod sessions;
+mod workers;
+mod writer;
+
+/// The SQLite store. Clones share its connections; the last one dropped
+/// closes them, the writer's after what is queued to it is written.
 #[derive(Clone)]
 pub struct SqliteStore {
-    /// Readers (WAL lets them run beside the writer), and migrations.
-    readers: Arc<Connections>,
-    /// The one connection flushed writes go through (`synchronous = FULL`).
-    /// Writes are serialized by the database lock anyway; going through one
-    /// connection keeps its page cache, which a write from any other
-    /// connection would throw away.
-    writer: Arc<Connections>,
-    /// The one connection relaxed writes go through (`synchronous =
-    /// NORMAL`): the commits of reads ([`Durability`]).
-    relaxed: Arc<Connections>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The database file.
+    path: PathBuf,
+    /// The relaxed commits' connection (`synchronous = NORMAL`), used on
+    /// the calling task.
+    relaxed: Mutex<Connection>,
+    /// Reader connections not in use.
+    readers: Mutex<Vec<Connection>>,
+    /// The flushed commits' writer (`synchronous = FULL`). Declared last:
+    /// the other connections close before it, so the writer's is the last
+    /// one, which checkpoints the log.
+    writer: GroupWriter,
+}
+
+/// How a connection commits.
+#[derive(Debug, Clone, Copy)]
+enum Synchronous {
+    /// A commit survives power loss, not only a crash.
+    Full,
+    /// A commit reaches the log at once and the disk at the next flushed
+    /// commit or checkpoint.
+    Normal,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The path a `sqlite://path` (or `sqlite:path`) URL names.
+fn database_path(url: &str) -> Result<PathBuf, StoreError> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| StoreError::Unavailable("a SQLite URL is sqlite://path".into()))?;
+    let path = rest.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.contains(":memory:") {
+        return Err(StoreError::Unavailable(
+            "a SQLite URL names the database file: sqlite://path".into(),
+        ));
+    }
+    Ok(PathBuf::from(path))
+}
+
+fn open(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError> {
+    let connection = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sqlite_error)?;
+    connection
+        .busy_timeout(BUSY_TIMEOUT)
+        .map_err(sqlite_error)?;
+    connection.set_prepared_statement_cache_capacity(db::STATEMENT_CACHE);
+    connection
+        .execute_batch(match synchronous {
+            Synchronous::Full => {
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON"
+            }
+            Synchronous::Normal => {
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON"
+            }
+        })
+        .map_err(sqlite_error)?;
+    Ok(connection)
+}
+
+/// Runs `work` in one transaction begun with `begin` on `connection`:
+/// committed when it succeeds, rolled back otherwise. A transaction some
+/// earlier holder left open (it panicked) is rolled back first.
+fn transaction<T>(
+    connection: &Connection,
+    begin: &str,
+    work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    if !connection.is_autocommit() {
+        let _ = connection.execute_batch("ROLLBACK");
+    }
+    connection.execute_batch(begin).map_err(sqlite_error)?;
+    let done = work(connection).and_then(|value| {
+        connection
+            .execute_batch("COMMIT")
+            .map_err(sqlite_error)
+            .map(|()| value)
+    });
+    if done.is_err() && !connection.is_autocommit() {
+        let _ = connection.execute_batch("ROLLBACK");
+    }
+    done
 }
 
 impl SqliteStore {
-    /// Opens (creating if missing) the database file; does not migrate.
+    /// Opens (creating if missing) the database file a `sqlite://path` URL
+    /// names; does not migrate.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::from_str(url)
-            .map_err(database_error)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // FULL: a commit survives power loss, not only a crash.
-            .synchronous(SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT);
-        if let Some(parent) = options.get_filename().parent()
+        let path = database_path(url)?;
+        if let Some(parent) = path.parent()
             && !parent.as_os_str().is_empty()
         {
             std::fs::create_dir_all(parent)
                 .map_err(|e| StoreError::Unavailable(format!("database folder: {}", e.kind())))?;
         }
-        let readers = Connections::open(&options, READERS).await?;
-        // An in-memory database is one connection's own: every write goes
-        // through the one set.
-        if url.contains(":memory:") || url.contains("mode=memory") {
-            return Ok(SqliteStore {
-                writer: readers.clone(),
-                relaxed: readers.clone(),
-                readers,
-            });
-        }
-        let writer = Connections::open(&options, 1).await?;
-        // WAL is the file's mode, set by the first connection: in NORMAL a
-        // commit reaches the log at once and the disk at the next flushed
-        // commit or checkpoint.
-        let relaxed = Connections::open(&options.synchronous(SqliteSynchronous::Normal), 1).await?;
+        // The first connection sets the file's WAL mode.
+        let writer = GroupWriter::start(open(&path, Synchronous::Full)?)?;
+        let relaxed = Mutex::new(open(&path, Synchronous::Normal)?);
         Ok(SqliteStore {
-            readers,
-            writer,
-            relaxed,
+            inner: Arc::new(Inner {
+                readers: Mutex::new(Vec::new()),
+                relaxed,
+                writer,
+                path,
+            }),
         })
     }
 
-    /// Closes the store's connections and waits until they have ended. A
-    /// store merely dropped closes them on their own threads a little later,
-    /// and the last one to close checkpoints the log and removes its file:
-    /// what a process about to replace the database's files must not race.
-    /// Connections a clone still holds stay open.
+    /// Closes the store's connections now, waiting until each has ended
+    /// (the writer's after what is queued to it is written): what a process
+    /// about to replace the database's files must wait for, since the last
+    /// connection to close checkpoints the log and removes it. A store whose
+    /// clones live on closes with the last of them.
     pub async fn close(self) {
-        for set in [self.readers, self.writer, self.relaxed] {
-            if let Ok(set) = Arc::try_unwrap(set) {
-                set.close().await;
-            }
-        }
+        drop(self);
     }
 
-    /// A write transaction holding the database lock from its first statement,
-    /// so it never fails halfway on a lock upgrade.
-    async fn begin(&self) -> Result<Tx, StoreError> {
-        self.begin_as(Durability::Flushed).await
-    }
-
-    /// A read-only transaction on a reader: one snapshot (WAL) for its
-    /// statements, without the database lock or the writer connection.
-    async fn read(&self) -> Result<Tx, StoreError> {
-        self.readers.begin("BEGIN").await
-    }
-
-    /// A reader for one statement, which is its own snapshot.
-    async fn reader(&self) -> Result<Held, StoreError> {
-        self.readers.acquire().await
-    }
-
-    /// The writer connection that commits as durably as `durability` says.
-    fn writer_for(&self, durability: Durability) -> &Connections {
+    /// A write transaction committed as durably as `durability` says: on
+    /// this task when relaxed, by the writer thread (with the writes queued
+    /// beside it) when flushed.
+    async fn write<T, F>(&self, durability: Durability, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         match durability {
-            Durability::Flushed => &self.writer,
-            Durability::Relaxed => &self.relaxed,
+            Durability::Relaxed => self.relaxed(work),
+            Durability::Flushed => self.flushed(work).await,
         }
     }
 
-    /// A script on the writer that `durability` names
-    /// ([`Connections::script`]).
-    async fn script_as(
+    /// A flushed write transaction.
+    async fn flushed<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.inner.writer.write(work).await
+    }
+
+    /// A relaxed write transaction, on this task.
+    fn relaxed<T>(
         &self,
-        durability: Durability,
-        script: sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments>,
-    ) -> Result<Vec<SqliteRow>, StoreError> {
-        self.writer_for(durability).script(script).await
+        work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let connection = lock(&self.inner.relaxed);
+        transaction(&connection, "BEGIN IMMEDIATE", work)
     }
 
-    /// [`Self::begin`], committing as durably as `durability` says.
-    async fn begin_as(&self, durability: Durability) -> Result<Tx, StoreError> {
-        self.writer_for(durability).begin("BEGIN IMMEDIATE").await
-    }
-
-    /// Applies the pending migrations in one transaction on `held`, whose
-    /// foreign keys are off, checking them before the commit.
-    async fn migrate_on(&self, held: Held) -> Result<Vec<i64>, StoreError> {
-        let mut tx = held.begin("BEGIN IMMEDIATE").await?;
-        // Read again under the lock: another process may have just migrated.
-        let rows =
-            sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(database_error)?;
-        let applied = rows
-            .iter()
-            .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
-            .collect::<Result<Vec<(i64, String)>, StoreError>>()?;
-        let pending = plan(SQLITE_MIGRATIONS, &applied)?;
-        for migration in &pending {
-            sqlx::raw_sql(migration.sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(|error| StoreError::Migration {
-                    version: migration.version,
-                    reason: database_error(error).to_string(),
-                })?;
-            sqlx::query(
-                "INSERT INTO toolgate_migrations (version, description, checksum) VALUES ($1, $2, $3)",
-            )
-            .bind(migration.version)
-            .bind(migration.description)
-            .bind(migration.checksum())
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
+    /// A read on a reader connection, one snapshot for its statements.
+    fn read<T>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let kept = lock(&self.inner.readers).pop();
+        let connection = match kept {
+            Some(connection) => connection,
+            None => open(&self.inner.path, Synchronous::Normal)?,
+        };
+        let read = transaction(&connection, "BEGIN", work);
+        let mut readers = lock(&self.inner.readers);
+        if readers.len() < KEPT_READERS {
+            readers.push(connection);
         }
-        let broken = sqlx::query("PRAGMA foreign_key_check")
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(database_error)?;
-        if !broken.is_empty() {
-            return Err(StoreError::Migration {
-                version: pending.last().map_or(0, |m| m.version),
-                reason: format!("{} row(s) would break a foreign key", broken.len()),
-            });
-        }
-        tx.commit().await.map_err(database_error)?;
-        Ok(pending.iter().map(|m| m.version).collect())
+        read
     }
 
-    async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
-        sqlx::raw_sql(
+    /// Applies the pending migrations in one transaction on a connection of
+    /// their own, with foreign keys off (a migration may rebuild a table
+    /// others reference, which SQLite does with them off, and they cannot be
+    /// turned off inside a transaction), checking them before the commit.
+    fn migrate_now(&self) -> Result<Vec<i64>, StoreError> {
+        let connection = open(&self.inner.path, Synchronous::Full)?;
+        create_migrations_table(&connection)?;
+        connection
+            .execute_batch("PRAGMA foreign_keys = OFF")
+            .map_err(sqlite_error)?;
+        transaction(&connection, "BEGIN IMMEDIATE", |connection| {
+            // Read under the lock: another process may have just migrated.
+            let pending = plan(SQLITE_MIGRATIONS, &applied(connection)?)?;
+            for migration in &pending {
+                connection
+                    .execute_batch(migration.sql)
+                    .map_err(|error| StoreError::Migration {
+                        version: migration.version,
+                        reason: sqlite_error(error).to_string(),
+                    })?;
+                query(
+                    "INSERT INTO toolgate_migrations (version, description, checksum) VALUES ($1, $2, $3)",
+                )
+                .bind(migration.version)
+                .bind(migration.description)
+                .bind(migration.checksum())
+                .execute(connection)?;
+            }
+            let broken = query("PRAGMA foreign_key_check").fetch_all(connection)?;
+            if !broken.is_empty() {
+                return Err(StoreError::Migration {
+                    version: pending.last().map_or(0, |m| m.version),
+                    reason: format!("{} row(s) would break a foreign key", broken.len()),
+                });
+            }
+            Ok(pending.iter().map(|m| m.version).collect())
+        })
+    }
+}
+
+fn create_migrations_table(connection: &Connection) -> Result<(), StoreError> {
+    connection
+        .execute_batch(
             "CREATE TABLE IF NOT EXISTS toolgate_migrations (\
                 version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
                 checksum TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
         )
-        .execute(&mut *self.writer.acquire().await?)
-        .await
-        .map_err(database_error)?;
-        let rows =
-            sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
-                .fetch_all(&mut *self.reader().await?)
-                .await
-                .map_err(database_error)?;
-        rows.iter()
-            .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
-            .collect()
-    }
+        .map_err(sqlite_error)
 }
 
-fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T, StoreError>
-where
-    T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>,
-{
-    row.try_get(column)
-        .map_err(|error| StoreError::Decode(format!("{column}: {error}")))
+fn applied(connection: &Connection) -> Result<Vec<(i64, String)>, StoreError> {
+    query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
+        .fetch_all(connection)?
+        .iter()
+        .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
+        .collect()
+}
+
+impl Schema for SqliteStore {
+    fn pending_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
+        Box::pin(async move {
+            let applied = self.relaxed(|connection| {
+                create_migrations_table(connection)?;
+                applied(connection)
+            })?;
+            Ok(plan(SQLITE_MIGRATIONS, &applied)?
+                .iter()
+                .map(|m| m.version)
+                .collect())
+        })
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
+        Box::pin(async move { self.migrate_now() })
+    }
+
+    fn row_security_bypassed(&self) -> BoxFuture<'_, Result<bool, StoreError>> {
+        // One node, one file: no row-level security to bypass.
+        Box::pin(async { Ok(false) })
+    }
 }
 
 fn micros(at: DateTime<Utc>) -> i64 {
     at.timestamp_micros()
 }
 
-fn time(row: &SqliteRow, column: &str) -> Result<DateTime<Utc>, StoreError> {
+fn time(row: &Row, column: &str) -> Result<DateTime<Utc>, StoreError> {
     let micros: i64 = get(row, column)?;
     DateTime::from_timestamp_micros(micros)
         .ok_or_else(|| StoreError::Decode(format!("{column}: out of range")))
 }
 
-fn optional_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+fn optional_time(row: &Row, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
     get::<Option<i64>>(row, column)?
         .map(|micros| {
             DateTime::from_timestamp_micros(micros)
@@ -250,12 +352,12 @@ fn optional_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>,
         .transpose()
 }
 
-fn uuid(row: &SqliteRow, column: &str) -> Result<Uuid, StoreError> {
+fn uuid(row: &Row, column: &str) -> Result<Uuid, StoreError> {
     let text: String = get(row, column)?;
     Uuid::parse_str(&text).map_err(|_| StoreError::Decode(format!("{column}: not a UUID")))
 }
 
-fn optional_uuid(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, StoreError> {
+fn optional_uuid(row: &Row, column: &str) -> Result<Option<Uuid>, StoreError> {
     get::<Option<String>>(row, column)?
         .map(|text| {
             Uuid::parse_str(&text).map_err(|_| StoreError::Decode(format!("{column}: not a UUID")))
@@ -263,10 +365,28 @@ fn optional_uuid(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, StoreErr
         .transpose()
 }
 
+fn json(row: &Row, column: &str) -> Result<serde_json::Value, StoreError> {
+    let text: String = get(row, column)?;
+    serde_json::from_str(&text).map_err(|_| StoreError::Decode(format!("{column}: not JSON")))
+}
+
+fn optional_json(row: &Row, column: &str) -> Result<Option<serde_json::Value>, StoreError> {
+    get::<Option<String>>(row, column)?
+        .map(|text| {
+            serde_json::from_str(&text)
+                .map_err(|_| StoreError::Decode(format!("{column}: not JSON")))
+        })
+        .transpose()
+}
+
+fn text(value: &serde_json::Value) -> String {
+    value.to_string()
+}
+
 const SESSION_BY_ID: &str = "SELECT session_id, tenant_id, principal, agent, tool_schema_sha256, \
                              tool_contract_sha256, opened_at, last_used_at FROM sessions WHERE session_id = $1";
 
-fn session_row(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
+fn session_row(row: &Row) -> Result<SessionRecord, StoreError> {
     Ok(SessionRecord {
         session_id: uuid(row, "session_id")?,
         tenant_id: get(row, "tenant_id")?,
@@ -281,25 +401,7 @@ fn session_row(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
     })
 }
 
-fn json(row: &SqliteRow, column: &str) -> Result<serde_json::Value, StoreError> {
-    let text: String = get(row, column)?;
-    serde_json::from_str(&text).map_err(|_| StoreError::Decode(format!("{column}: not JSON")))
-}
-
-fn optional_json(row: &SqliteRow, column: &str) -> Result<Option<serde_json::Value>, StoreError> {
-    get::<Option<String>>(row, column)?
-        .map(|text| {
-            serde_json::from_str(&text)
-                .map_err(|_| StoreError::Decode(format!("{column}: not JSON")))
-        })
-        .transpose()
-}
-
-fn text(value: &serde_json::Value) -> String {
-    value.to_string()
-}
-
-impl super::rows::Columns for SqliteRow {
+impl super::rows::Columns for Row {
     fn text(&self, column: &str) -> Result<String, StoreError> {
         get(self, column)
     }
@@ -345,7 +447,7 @@ impl super::rows::Columns for SqliteRow {
     }
 }
 
-fn approval(row: &SqliteRow) -> Result<ApprovalRecord, StoreError> {
+fn approval(row: &Row) -> Result<ApprovalRecord, StoreError> {
     Ok(ApprovalRecord {
         id: uuid(row, "id")?,
         tenant_id: get(row, "tenant_id")?,
@@ -359,122 +461,71 @@ fn approval(row: &SqliteRow) -> Result<ApprovalRecord, StoreError> {
     })
 }
 
-/// A commit's events as one JSON array of `[kind, payload]`, which one
-/// statement inserts in order (each statement is a round trip to the
-/// connection's thread).
-fn events_json(events: &[ToolEvent]) -> Result<String, StoreError> {
-    let rows = events
+/// A commit's events, as the rows they become: kind and body.
+fn event_rows(events: &[ToolEvent]) -> Result<Vec<(&'static str, String)>, StoreError> {
+    events
         .iter()
-        .map(|event| {
-            Ok(serde_json::json!([
-                event.kind.as_str(),
-                text(&event_body(event)?)
-            ]))
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(text(&serde_json::Value::Array(rows)))
+        .map(|event| Ok((event.kind.as_str(), text(&event_body(event)?))))
+        .collect()
 }
 
-/// Inserts the events of [`events_json`]'s `$N` parameter, the tenant's
-/// `$T` and the time's `$C`, when `condition` holds.
-macro_rules! insert_events {
-    ($events:literal, $tenant:literal, $created:literal, $condition:literal) => {
-        concat!(
-            "INSERT INTO events (tenant_id, event_type, payload, created_at) SELECT ",
-            $tenant,
-            ", json_extract(value, '$[0]'), json_extract(value, '$[1]'), ",
-            $created,
-            " FROM json_each(",
-            $events,
-            ") WHERE ",
-            $condition,
-            " ORDER BY CAST(key AS INTEGER)"
-        )
-    };
-}
-
-async fn append_events(
-    tx: &mut Tx,
+/// Appends a commit's events, in order.
+fn append_events(
+    connection: &Connection,
     tenant_id: &str,
-    events: &[ToolEvent],
+    events: &[(&'static str, String)],
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(insert_events!("$2", "$1", "$3", "1"))
+    for (kind, body) in events {
+        query(
+            "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)",
+        )
         .bind(tenant_id)
-        .bind(events_json(events)?)
+        .bind(*kind)
+        .bind(body)
         .bind(micros(now))
-        .execute(&mut **tx)
-        .await
-        .map_err(database_error)?;
+        .execute(connection)?;
+    }
     Ok(())
 }
 
-mod approvals;
-mod catalog;
-mod connections;
-mod events;
-mod invocations;
-mod reviews;
-mod sessions;
-mod workers;
-
-impl Schema for SqliteStore {
-    fn pending_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
-        Box::pin(async move {
-            let applied = self.applied().await?;
-            Ok(plan(SQLITE_MIGRATIONS, &applied)?
-                .iter()
-                .map(|m| m.version)
-                .collect())
-        })
-    }
-
-    fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
-        Box::pin(async move {
-            self.applied().await?;
-            // A migration may rebuild a table others reference, which SQLite
-            // does with its foreign keys off (they cannot be turned off
-            // inside a transaction); they are checked before the commit and
-            // on again after it, on the same connection.
-            let mut held = self.writer.acquire().await?;
-            sqlx::raw_sql("PRAGMA foreign_keys = OFF")
-                .execute(&mut *held)
-                .await
-                .map_err(database_error)?;
-            let migrated = self.migrate_on(held).await;
-            // On again whatever happened: the writer's next user expects it.
-            sqlx::raw_sql("PRAGMA foreign_keys = ON")
-                .execute(&mut *self.writer.acquire().await?)
-                .await
-                .map_err(database_error)?;
-            migrated
-        })
-    }
-
-    fn row_security_bypassed(&self) -> BoxFuture<'_, Result<bool, StoreError>> {
-        // One node, one file: no row-level security to bypass.
-        Box::pin(async { Ok(false) })
-    }
-}
-
-async fn insert_platform_event(
-    tx: &mut Tx,
+fn insert_platform_event(
+    connection: &Connection,
     tenant_id: Option<&str>,
     event: &PlatformEvent,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    query(
         "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)",
     )
     .bind(tenant_id)
     .bind(event.event_type())
     .bind(text(&event.payload()))
     .bind(micros(now))
-    .execute(&mut **tx)
-    .await
-    .map_err(database_error)?;
+    .execute(connection)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_file() {
+        assert_eq!(
+            database_path("sqlite://var/toolgate.db").unwrap(),
+            PathBuf::from("var/toolgate.db")
+        );
+        assert_eq!(
+            database_path("sqlite:///var/lib/toolgate/toolgate.db?mode=rwc").unwrap(),
+            PathBuf::from("/var/lib/toolgate/toolgate.db")
+        );
+        assert_eq!(
+            database_path("sqlite:toolgate.db").unwrap(),
+            PathBuf::from("toolgate.db")
+        );
+        for refused in ["sqlite::memory:", "sqlite://", "postgres://x"] {
+            assert!(database_path(refused).is_err(), "{refused}");
+        }
+    }
 }

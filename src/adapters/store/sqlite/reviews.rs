@@ -9,39 +9,39 @@ impl ReviewStore for SqliteStore {
         limit: i64,
     ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(concat!(
-                "SELECT ",
-                invocation_columns!(),
-                " FROM tool_invocations WHERE tenant_id = $1 AND outcome_status = 'uncertain' \
-                 AND NOT EXISTS (SELECT 1 FROM review_resolutions r \
-                 WHERE r.tenant_id = tool_invocations.tenant_id AND r.invocation_id = tool_invocations.id) \
-                 ORDER BY completed_at, id LIMIT $2"
-            ))
-            .bind(tenant_id)
-            .bind(limit)
-            .fetch_all(&mut *self.reader().await?)
-            .await
-            .map_err(database_error)?;
-            rows.iter().map(invocation).collect()
+            self.read(|connection| {
+                query(concat!(
+                    "SELECT ",
+                    invocation_columns!(),
+                    " FROM tool_invocations WHERE tenant_id = $1 AND outcome_status = 'uncertain' \
+                     AND NOT EXISTS (SELECT 1 FROM review_resolutions r \
+                     WHERE r.tenant_id = tool_invocations.tenant_id AND r.invocation_id = tool_invocations.id) \
+                     ORDER BY completed_at, id LIMIT $2"
+                ))
+                .bind(tenant_id)
+                .bind(limit)
+                .fetch_all(connection)?
+                .iter()
+                .map(invocation)
+                .collect()
+            })
         })
     }
 
     fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.read().await?;
-            let row = sqlx::query(
-                "SELECT (SELECT count(*) FROM tool_invocations i WHERE i.outcome_status = 'uncertain' \
-                 AND NOT EXISTS (SELECT 1 FROM review_resolutions r WHERE r.tenant_id = i.tenant_id \
-                 AND r.invocation_id = i.id)) AS uncertain, \
-                 (SELECT count(*) FROM approvals WHERE status = 'pending') AS pending",
-            )
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            Ok(QueueDepths {
-                unresolved_uncertain: get(&row, "uncertain")?,
-                pending_approvals: get(&row, "pending")?,
+            self.read(|connection| {
+                let row = query(
+                    "SELECT (SELECT count(*) FROM tool_invocations i WHERE i.outcome_status = 'uncertain' \
+                     AND NOT EXISTS (SELECT 1 FROM review_resolutions r WHERE r.tenant_id = i.tenant_id \
+                     AND r.invocation_id = i.id)) AS uncertain, \
+                     (SELECT count(*) FROM approvals WHERE status = 'pending') AS pending",
+                )
+                .fetch_one(connection)?;
+                Ok(QueueDepths {
+                    unresolved_uncertain: get(&row, "uncertain")?,
+                    pending_approvals: get(&row, "pending")?,
+                })
             })
         })
     }
@@ -51,25 +51,26 @@ impl ReviewStore for SqliteStore {
         tenant_id: &'a str,
         review: &'a ReviewRecord,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (tenant_id, review) = (tenant_id.to_owned(), review.clone());
         Box::pin(async move {
-            let written = sqlx::query(
-                "INSERT INTO review_resolutions (id, tenant_id, invocation_id, resolution, resolver, note, resolved_at) \
-                 SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM tool_invocations \
-                 WHERE tenant_id = $2 AND id = $3 AND outcome_status = 'uncertain') \
-                 ON CONFLICT (invocation_id) DO NOTHING",
-            )
-            .bind(Uuid::new_v4().to_string())
-            .bind(tenant_id)
-            .bind(review.invocation_id.to_string())
-            .bind(review.resolution.as_str())
-            .bind(&review.resolver)
-            .bind(&review.note)
-            .bind(micros(review.resolved_at))
-            .execute(&mut *self.writer.acquire().await?)
+            self.flushed(move |connection| {
+                let written = query(
+                    "INSERT INTO review_resolutions (id, tenant_id, invocation_id, resolution, resolver, note, resolved_at) \
+                     SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM tool_invocations \
+                     WHERE tenant_id = $2 AND id = $3 AND outcome_status = 'uncertain') \
+                     ON CONFLICT (invocation_id) DO NOTHING",
+                )
+                .bind(Uuid::new_v4().to_string())
+                .bind(tenant_id)
+                .bind(review.invocation_id.to_string())
+                .bind(review.resolution.as_str())
+                .bind(review.resolver)
+                .bind(review.note)
+                .bind(micros(review.resolved_at))
+                .execute(connection)?;
+                Ok(written == 1)
+            })
             .await
-            .map_err(database_error)?
-            .rows_affected();
-            Ok(written == 1)
         })
     }
 }

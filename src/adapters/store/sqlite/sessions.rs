@@ -7,35 +7,34 @@ impl SessionStore for SqliteStore {
         &'a self,
         session: &'a SessionRecord,
     ) -> BoxFuture<'a, Result<SessionRecord, StoreError>> {
+        let session = session.clone();
         Box::pin(async move {
             let principal = serde_json::to_string(&session.principal)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
             let agent = serde_json::to_string(&session.agent)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
-            let mut tx = self.begin().await?;
-            sqlx::query(
-                "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, \
-                 tool_contract_sha256, opened_at, last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (session_id) DO NOTHING",
-            )
-            .bind(session.session_id.to_string())
-            .bind(&session.tenant_id)
-            .bind(principal)
-            .bind(agent)
-            .bind(&session.tool_schema_sha256)
-            .bind(&session.tool_contract_sha256)
-            .bind(micros(session.opened_at))
-            .bind(micros(session.last_used_at))
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            let row = sqlx::query(SESSION_BY_ID)
+            self.flushed(move |connection| {
+                query(
+                    "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, \
+                     tool_contract_sha256, opened_at, last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                     ON CONFLICT (session_id) DO NOTHING",
+                )
                 .bind(session.session_id.to_string())
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            session_row(&row)
+                .bind(&session.tenant_id)
+                .bind(principal)
+                .bind(agent)
+                .bind(&session.tool_schema_sha256)
+                .bind(&session.tool_contract_sha256)
+                .bind(micros(session.opened_at))
+                .bind(micros(session.last_used_at))
+                .execute(connection)?;
+                session_row(
+                    &query(SESSION_BY_ID)
+                        .bind(session.session_id.to_string())
+                        .fetch_one(connection)?,
+                )
+            })
+            .await
         })
     }
 
@@ -44,14 +43,13 @@ impl SessionStore for SqliteStore {
         session_id: Uuid,
     ) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            let row = sqlx::query(SESSION_BY_ID)
-                .bind(session_id.to_string())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            row.map(|row| session_row(&row)).transpose()
+            self.read(|connection| {
+                query(SESSION_BY_ID)
+                    .bind(session_id.to_string())
+                    .fetch_optional(connection)?
+                    .map(|row| session_row(&row))
+                    .transpose()
+            })
         })
     }
 
@@ -61,16 +59,16 @@ impl SessionStore for SqliteStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            sqlx::query(
-                "UPDATE sessions SET last_used_at = $2 WHERE session_id = $1 AND last_used_at < $2",
-            )
-            .bind(session_id.to_string())
-            .bind(micros(now))
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)
+            // A use's time, refreshed at most hourly: nothing recovery reads.
+            self.relaxed(|connection| {
+                query(
+                    "UPDATE sessions SET last_used_at = $2 WHERE session_id = $1 AND last_used_at < $2",
+                )
+                .bind(session_id.to_string())
+                .bind(micros(now))
+                .execute(connection)
+                .map(|_| ())
+            })
         })
     }
 
@@ -79,30 +77,29 @@ impl SessionStore for SqliteStore {
         tenant_id: &'a str,
         session_id: Uuid,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let tenant_id = tenant_id.to_owned();
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            let deleted =
-                sqlx::query("DELETE FROM sessions WHERE session_id = $1 AND tenant_id = $2")
-                    .bind(session_id.to_string())
-                    .bind(tenant_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            Ok(deleted.rows_affected() == 1)
+            self.flushed(move |connection| {
+                let deleted =
+                    query("DELETE FROM sessions WHERE session_id = $1 AND tenant_id = $2")
+                        .bind(session_id.to_string())
+                        .bind(tenant_id)
+                        .execute(connection)?;
+                Ok(deleted == 1)
+            })
+            .await
         })
     }
 
     fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            let deleted = sqlx::query("DELETE FROM sessions WHERE last_used_at < $1")
-                .bind(micros(before))
-                .execute(&mut *tx)
-                .await
-                .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            Ok(deleted.rows_affected())
+            self.flushed(move |connection| {
+                let deleted = query("DELETE FROM sessions WHERE last_used_at < $1")
+                    .bind(micros(before))
+                    .execute(connection)?;
+                Ok(u64::try_from(deleted).unwrap_or(u64::MAX))
+            })
+            .await
         })
     }
 }
