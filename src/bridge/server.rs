@@ -132,9 +132,16 @@ async fn handle(bridge: &Arc<Bridge>, turn: &Arc<Turn>, request: Request<Incomin
             reply(StatusCode::OK, &json!({"tools": tools}))
         }
         (Method::GET, path) if path.starts_with("/v1/artifacts/") => {
-            // The turn's tenant's artifacts only; another's id is not found.
+            // The turn's run's artifacts only; another run's or another
+            // tenant's id is not found.
             let found = match path["/v1/artifacts/".len()..].parse::<uuid::Uuid>() {
-                Ok(id) => bridge.parts.artifacts.open(&session.tenant_id, id).await,
+                Ok(id) => {
+                    bridge
+                        .parts
+                        .artifacts
+                        .open_in_run(&session.tenant_id, turn.binding.run_id, id)
+                        .await
+                }
                 Err(_) => Ok(None),
             };
             match found {

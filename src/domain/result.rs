@@ -106,6 +106,11 @@ pub struct ToolFailure {
     /// failure instead of becoming uncertain.
     #[serde(default)]
     pub effect_not_applied: bool,
+    /// The head of an output that crossed the hard ceiling, up to it: what
+    /// an operator most wants of a runaway, kept as an artifact (and as an
+    /// excerpt) like an in-process tool's. Never recorded with the error.
+    #[serde(skip)]
+    pub partial_output: Option<String>,
 }
 
 impl ToolFailure {
@@ -119,6 +124,7 @@ impl ToolFailure {
             retryable: reason_code.retryable(),
             external_text: None,
             effect_not_applied: false,
+            partial_output: None,
         }
     }
 
@@ -138,6 +144,12 @@ impl ToolFailure {
     /// Attaches what the remote system said, to be enveloped as data.
     pub fn with_external_text(mut self, text: impl Into<String>) -> Self {
         self.external_text = Some(text.into());
+        self
+    }
+
+    /// With the head of an output that crossed the hard ceiling.
+    pub fn with_partial_output(mut self, head: String) -> Self {
+        self.partial_output = Some(head);
         self
     }
 }

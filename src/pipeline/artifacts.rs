@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use crate::ports::{ArtifactReader, ArtifactStore, InvocationStore, StoreError, StoredArtifact};
+use crate::ports::{
+    ArtifactReader, ArtifactRecord, ArtifactStore, InvocationStore, StoreError, StoredArtifact,
+};
 
 /// Why an artifact could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -46,9 +48,33 @@ impl Artifacts {
         tenant_id: &str,
         id: Uuid,
     ) -> Result<Option<OpenArtifact>, ArtifactReadError> {
+        self.open_where(tenant_id, id, |_| true).await
+    }
+
+    /// An artifact of one run of a tenant: what a script reads, whose turn
+    /// belongs to that run. Another run's artifact is not found.
+    pub async fn open_in_run(
+        &self,
+        tenant_id: &str,
+        run_id: Uuid,
+        id: Uuid,
+    ) -> Result<Option<OpenArtifact>, ArtifactReadError> {
+        self.open_where(tenant_id, id, |record| record.run_id == run_id)
+            .await
+    }
+
+    async fn open_where(
+        &self,
+        tenant_id: &str,
+        id: Uuid,
+        allowed: impl FnOnce(&ArtifactRecord) -> bool,
+    ) -> Result<Option<OpenArtifact>, ArtifactReadError> {
         let Some(record) = self.records.artifact(tenant_id, id).await? else {
             return Ok(None);
         };
+        if !allowed(&record) {
+            return Ok(None);
+        }
         let reader = self
             .files
             .open(tenant_id, record.run_id, id)

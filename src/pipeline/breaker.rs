@@ -49,10 +49,15 @@ pub fn identical_calls(tally: &BreakerTally) -> i64 {
         .unwrap_or(0)
 }
 
-/// Before dispatch: an identical call that ended uncertain is never
-/// proposed again, a run whose denial breaker tripped stays tripped, and the
-/// call that would reach the loop threshold is refused.
-pub fn before_dispatch(tally: &BreakerTally) -> Verdict {
+/// Before dispatch of a call of step `step`: a run that an earlier step
+/// left synthesis-only answers instead of calling (ADR-0136), an identical
+/// call that ended uncertain is never proposed again, a run whose denial
+/// breaker tripped stays tripped, and the call that would reach the loop
+/// threshold is refused.
+pub fn before_dispatch(tally: &BreakerTally, step: i64) -> Verdict {
+    if synthesis_only_at(tally, step) {
+        return Verdict::Refuse(ReasonCode::ToolLoopDetected);
+    }
     if tally.count_status(ToolOutcomeStatus::Uncertain) >= UNCERTAIN_THRESHOLD {
         return Verdict::Refuse(ReasonCode::PolicyBreakerUncertainRepeat);
     }
@@ -85,6 +90,12 @@ pub fn synthesis_only(tally_after: &BreakerTally) -> bool {
     identical_calls(tally_after) >= LOOP_THRESHOLD - 1
 }
 
+/// Whether a call of step `step` falls in the run's synthesis-only steps:
+/// any after the step that left a count one below its threshold.
+pub fn synthesis_only_at(tally: &BreakerTally, step: i64) -> bool {
+    tally.synthesis_after_step.is_some_and(|after| after < step)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,7 +104,28 @@ mod tests {
         BreakerTally {
             counts: counts.to_vec(),
             evidence_base: base,
+            synthesis_after_step: None,
         }
+    }
+
+    #[test]
+    fn steps_after_the_synthesis_mark_only_answer() {
+        let mut marked = tally(&[], 0);
+        marked.synthesis_after_step = Some(3);
+        assert_eq!(
+            before_dispatch(&marked, 3),
+            Verdict::Proceed,
+            "the step itself runs"
+        );
+        assert_eq!(
+            before_dispatch(&marked, 4),
+            Verdict::Refuse(ReasonCode::ToolLoopDetected)
+        );
+        assert_eq!(
+            before_dispatch(&marked, 40),
+            Verdict::Refuse(ReasonCode::ToolLoopDetected)
+        );
+        assert_eq!(before_dispatch(&tally(&[], 0), 40), Verdict::Proceed);
     }
 
     #[test]
@@ -107,7 +139,7 @@ mod tests {
             0,
         );
         assert_eq!(
-            before_dispatch(&t),
+            before_dispatch(&t, 1),
             Verdict::Refuse(ReasonCode::PolicyBreakerUncertainRepeat)
         );
     }
@@ -152,7 +184,7 @@ mod tests {
             0,
         );
         assert_eq!(
-            before_dispatch(&tripped),
+            before_dispatch(&tripped, 1),
             Verdict::Refuse(ReasonCode::PolicyBreakerRepeatedDenial)
         );
     }
@@ -160,11 +192,11 @@ mod tests {
     #[test]
     fn the_fifth_identical_call_is_a_loop_and_the_fourth_warns() {
         let ok = |n| tally(&[(ToolOutcomeStatus::Succeeded, None, n)], 0);
-        assert_eq!(before_dispatch(&ok(3)), Verdict::Proceed);
+        assert_eq!(before_dispatch(&ok(3), 1), Verdict::Proceed);
         assert!(!synthesis_only(&ok(3)));
         assert!(synthesis_only(&ok(4)));
         assert_eq!(
-            before_dispatch(&ok(4)),
+            before_dispatch(&ok(4), 1),
             Verdict::Refuse(ReasonCode::ToolLoopDetected)
         );
         // Identical failures loop too.
@@ -177,7 +209,7 @@ mod tests {
             0,
         );
         assert_eq!(
-            before_dispatch(&failing),
+            before_dispatch(&failing, 1),
             Verdict::Refuse(ReasonCode::ToolLoopDetected)
         );
     }
@@ -187,6 +219,6 @@ mod tests {
         // Seven successes, the last restart after the sixth: counts as one.
         let restarted = tally(&[(ToolOutcomeStatus::Succeeded, None, 7)], 6);
         assert_eq!(identical_calls(&restarted), 1);
-        assert_eq!(before_dispatch(&restarted), Verdict::Proceed);
+        assert_eq!(before_dispatch(&restarted, 1), Verdict::Proceed);
     }
 }

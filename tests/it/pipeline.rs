@@ -199,6 +199,7 @@ impl InvocationStore for FaultyWatermark {
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
+        mark_synthesis_only(tenant: &'a str, run_id: Uuid, step: i64) -> Result<(), StoreError>;
         reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
     }
 
@@ -1256,6 +1257,7 @@ async fn the_breaker_is_read_only_where_it_has_something_to_count() {
             take_over(tenant: &'a str, id: Uuid, claim: Claim) -> Result<Option<Held>, StoreError>;
             record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
             artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
+        mark_synthesis_only(tenant: &'a str, run_id: Uuid, step: i64) -> Result<(), StoreError>;
             reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         }
 
@@ -1822,6 +1824,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
             record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
             artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
+        mark_synthesis_only(tenant: &'a str, run_id: Uuid, step: i64) -> Result<(), StoreError>;
             reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         }
 
@@ -1894,6 +1897,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
             record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
             artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
+        mark_synthesis_only(tenant: &'a str, run_id: Uuid, step: i64) -> Result<(), StoreError>;
             reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         }
 
@@ -2024,5 +2028,87 @@ async fn each_commit_is_as_durable_as_the_table_says() {
                 "{name} {tool}"
             );
         }
+    }
+}
+
+/// Answer before the limit (ADR-0136): once a step leaves an identical-call
+/// count one below the loop threshold, every call of the run's later steps
+/// (any tool, any arguments) is denied `tool.loop_detected` before dispatch;
+/// the same step's other calls still run; a restarted process and an
+/// approval resumed afterwards obey it, since the mark is the store's.
+#[tokio::test]
+async fn a_run_one_call_below_the_loop_threshold_only_answers_in_its_later_steps() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        // The built-in matrix: external writes wait for approval.
+        let harness = harness(store.clone(), Arc::new(RuleFilePolicy::built_in())).await;
+        let echo = harness.request("demo.echo", json!({"text": "same page"}));
+        // A write of step 2, held for approval before the mark exists.
+        let mut held = harness.request("demo.external_write", json!({"line": "held"}));
+        held.run_id = echo.run_id;
+        held.step_number = 2;
+        let CallOutcome::Pending { approval_id, .. } = harness.pipeline.call(held.clone()).await
+        else {
+            panic!("{name}: the write waits for approval");
+        };
+        for call in 0..4 {
+            let outcome = harness.pipeline.call(with_call(&echo, call)).await;
+            assert_eq!(
+                finished(&outcome).outcome.status(),
+                ToolOutcomeStatus::Succeeded,
+                "{name} call {call}"
+            );
+            assert_eq!(finished(&outcome).synthesis_only, call == 3, "{name}");
+        }
+        // The same step's other calls still run.
+        let mut other = with_call(&echo, 10);
+        other.arguments = json!({"text": "another page"});
+        assert_eq!(
+            finished(&harness.pipeline.call(other).await)
+                .outcome
+                .status(),
+            ToolOutcomeStatus::Succeeded,
+            "{name}"
+        );
+        // The next step answers: any call is refused, recorded as refused.
+        let mut next = with_call(&echo, 20);
+        next.step_number = 2;
+        next.arguments = json!({"text": "a new question"});
+        let refused = harness.pipeline.call(next).await;
+        assert_eq!(code(&refused), Some(ReasonCode::ToolLoopDetected), "{name}");
+        let row = store
+            .invocation(TENANT, finished(&refused).invocation_id.unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.status(), InvocationStatus::Denied, "{name}");
+        // A restarted process obeys it, for every later step.
+        let restarted = self::harness(store.clone(), Arc::new(RuleFilePolicy::built_in())).await;
+        let mut later = with_call(&echo, 30);
+        later.step_number = 7;
+        later.name = "demo.set_value".into();
+        later.arguments = json!({"key": "k", "value": "v"});
+        assert_eq!(
+            code(&restarted.pipeline.call(later).await),
+            Some(ReasonCode::ToolLoopDetected),
+            "{name}"
+        );
+        // The write approved now answers instead of running.
+        store
+            .decide_approval(
+                TENANT,
+                approval_id,
+                ApprovalStatus::Approved,
+                "ops",
+                Utc::now(),
+            )
+            .await
+            .unwrap();
+        let resumed = restarted.pipeline.call(held).await;
+        assert_eq!(code(&resumed), Some(ReasonCode::ToolLoopDetected), "{name}");
+        assert!(
+            harness.lines("external.log").is_empty(),
+            "{name}: never ran"
+        );
     }
 }

@@ -213,6 +213,30 @@ fn output_is_bounded_before_it_is_read() {
         "{huge}"
     );
     assert!(took < Duration::from_secs(2), "{took:?}");
+    // The runaway's head, up to the ceiling, is kept as an artifact the
+    // operator reads, and referenced from what the model was told.
+    let artifact = huge["content"]
+        .as_array()
+        .and_then(|parts| parts.iter().find(|part| part["type"] == "artifact"))
+        .and_then(|part| part["artifact_id"].as_str())
+        .unwrap_or_else(|| panic!("the runaway's head is kept: {huge}"))
+        .to_owned();
+    let (status, head) = served.get(&format!("/v1/artifacts/{artifact}?tenant_id={TENANT}"));
+    assert_eq!(status, 200);
+    assert!(
+        head.len() > 64 << 10,
+        "the head, up to the ceiling: {}",
+        head.len()
+    );
+    assert!(
+        head.len() < 1 << 20,
+        "never the whole runaway: {}",
+        head.len()
+    );
+    assert!(
+        String::from_utf8_lossy(&head[..200]).contains("jsonrpc"),
+        "the answer as the server sent it"
+    );
     let grown = peak_rss_kib(pid).saturating_sub(before);
     assert!(grown < 64 * 1024, "serve's peak memory grew by {grown} KiB");
     let after = call(

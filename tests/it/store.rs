@@ -1956,7 +1956,9 @@ async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
             )
             .unwrap();
         for migration in SQLITE_MIGRATIONS {
-            connection.execute_batch("PRAGMA foreign_keys = OFF; BEGIN").unwrap();
+            connection
+                .execute_batch("PRAGMA foreign_keys = OFF; BEGIN")
+                .unwrap();
             connection.execute_batch(migration.sql).unwrap();
             connection
                 .execute(
@@ -1964,7 +1966,9 @@ async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
                     rusqlite::params![migration.version, migration.description, migration.checksum()],
                 )
                 .unwrap();
-            connection.execute_batch("COMMIT; PRAGMA foreign_keys = ON").unwrap();
+            connection
+                .execute_batch("COMMIT; PRAGMA foreign_keys = ON")
+                .unwrap();
         }
     }
     assert_eq!(sqlite_schema(&upgraded), sqlite_schema(&fresh));

@@ -343,3 +343,51 @@ fn silent_tenants_servers_never_stall_anothers_session() {
     let mut served = served;
     served.kill();
 }
+
+/// A script reads its own run's artifacts only: an artifact another run of
+/// the same tenant made is not found through this turn's socket, while the
+/// control API (the operator) still reads it within its tenant.
+#[test]
+fn a_script_reads_only_its_own_runs_artifacts() {
+    let served = crate::serve::Served::start();
+    let session = served.session();
+    let artifact_of = |run: uuid::Uuid| {
+        // A large output, so an artifact is written for the run.
+        let (status, body) = served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": run, "step_number": 1,
+                    "origin_trust": "user",
+                    "calls": [{"call_id": "big", "name": "demo.echo",
+                               "arguments": {"text": "x".repeat(20_000)}}]}),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["results"][0]["content"]
+            .as_array()
+            .and_then(|parts| parts.iter().find(|part| part["type"] == "artifact"))
+            .and_then(|part| part["artifact_id"].as_str())
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("an artifact: {body}"))
+    };
+    let (mine, theirs) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let own = artifact_of(mine);
+    let other = artifact_of(theirs);
+    let (_, socket, token) = served.turn(session, mine, "reads artifacts", None);
+    let authorization = format!("Bearer {token}");
+    let read = |id: &str| {
+        crate::serve::http(
+            &socket,
+            "GET",
+            &format!("/v1/artifacts/{id}"),
+            &[("Authorization", &authorization)],
+            None,
+        )
+        .0
+    };
+    assert_eq!(read(&own), 200, "its own run's artifact");
+    assert_eq!(read(&other), 404, "another run's is not found");
+    let (status, _) = served.get(&format!(
+        "/v1/artifacts/{other}?tenant_id={}",
+        crate::serve::TENANT
+    ));
+    assert_eq!(status, 200, "the operator reads it within the tenant");
+}

@@ -579,6 +579,12 @@ impl Connection {
         self.features
     }
 
+    /// The head of the answer that crossed the output ceiling (up to it),
+    /// once: kept so the call it answered can keep it as an artifact.
+    pub fn runaway_head(&self) -> Option<Vec<u8>> {
+        self.ceilings.take_head()
+    }
+
     /// Whether the session has ended (the server exited or the pipe broke).
     pub fn is_closed(&self) -> bool {
         self.service.is_closed()

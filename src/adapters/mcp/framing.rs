@@ -33,6 +33,9 @@ pub struct Ceilings {
     calling: AtomicUsize,
     /// A line crossed its ceiling and the transport was ended.
     oversized: AtomicBool,
+    /// What that line held up to the ceiling: the runaway's head, which is
+    /// what an operator most wants of it.
+    head: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl Ceilings {
@@ -44,6 +47,7 @@ impl Ceilings {
             listing: AtomicUsize::new(0),
             calling: AtomicUsize::new(0),
             oversized: AtomicBool::new(false),
+            head: std::sync::Mutex::new(None),
         })
     }
 
@@ -67,6 +71,24 @@ impl Ceilings {
     /// Remembers that a message crossed its ceiling.
     pub fn mark_oversized(&self) {
         self.oversized.store(true, Ordering::SeqCst);
+    }
+
+    /// Remembers that a message crossed its ceiling, and what it held up to
+    /// it.
+    pub fn mark_oversized_with(&self, head: Vec<u8>) {
+        *self
+            .head
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(head);
+        self.mark_oversized();
+    }
+
+    /// The head of the message that crossed its ceiling, once.
+    pub fn take_head(&self) -> Option<Vec<u8>> {
+        self.head
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// The ceiling of the next message: a listing's while one is in flight
@@ -170,7 +192,8 @@ where
                     return None;
                 }
                 Line::Oversized => {
-                    self.ceilings.mark_oversized();
+                    self.ceilings
+                        .mark_oversized_with(std::mem::take(&mut self.line));
                     tracing::warn!(
                         "an mcp server's message crossed its output ceiling; the connection is closed"
                     );

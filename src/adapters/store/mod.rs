@@ -115,6 +115,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "an approval per time an invocation is put to a human",
         sql: include_str!("../../../migrations/postgres/0015_approvals_per_ask.sql"),
     },
+    Migration {
+        version: 17,
+        description: "the step after which a run only answers",
+        sql: include_str!("../../../migrations/postgres/0017_synthesis_only.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -193,6 +198,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 15,
         description: "an approval per time an invocation is put to a human",
         sql: include_str!("../../../migrations/sqlite/0015_approvals_per_ask.sql"),
+    },
+    Migration {
+        version: 17,
+        description: "the step after which a run only answers",
+        sql: include_str!("../../../migrations/sqlite/0017_synthesis_only.sql"),
     },
 ];
 

@@ -107,6 +107,7 @@ impl InvocationStore for MeteredInvocations {
         breaker_tally(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<BreakerTally, StoreError>;
         record_evidence(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str, key: &'a str, maximum: i32) -> Result<bool, StoreError>;
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
+        mark_synthesis_only(tenant: &'a str, run_id: Uuid, step: i64) -> Result<(), StoreError>;
         release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
         suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
         reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: DateTime<Utc>) -> Result<bool, StoreError>;

@@ -241,7 +241,9 @@ impl Pipeline {
                     .await?
             }
         };
-        if let breaker::Verdict::Refuse(code) = breaker::before_dispatch(&tally) {
+        if let breaker::Verdict::Refuse(code) =
+            breaker::before_dispatch(&tally, request.step_number)
+        {
             return self
                 .refuse(
                     request,

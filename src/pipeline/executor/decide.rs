@@ -210,6 +210,9 @@ impl Conclusion {
                 failure.external_text = failure
                     .external_text
                     .map(|text| output::scrub(&text, &secrets));
+                failure.partial_output = failure
+                    .partial_output
+                    .map(|text| output::scrub(&text, &secrets));
                 // A failure after the watermark of a non-idempotent effect is
                 // uncertain unless the tool reports it definitively.
                 let definitive = failure.effect_not_applied

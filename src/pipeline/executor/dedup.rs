@@ -9,6 +9,7 @@ use super::intent::RecordedAs;
 use super::{Pipeline, in_progress};
 use crate::domain::policy::PolicyDecision;
 use crate::domain::{ApprovalStatus, ReasonCode, ToolEventKind, ToolOutcome};
+use crate::pipeline::breaker;
 use crate::pipeline::call::{CallOutcome, CallRequest, Finished};
 use crate::pipeline::records::{ended_event, recorded, row_event, unrecorded};
 use crate::pipeline::registry::RegisteredTool;
@@ -113,6 +114,15 @@ impl Pipeline {
                     .await?;
                 self.reread(request, row.id).await
             }
+            // Approved, but an earlier step has since left the run
+            // synthesis-only: it answers instead.
+            (ApprovalStatus::Approved, _) if self.synthesis_only_for(row).await? => {
+                let (terminal, events) = end(ReasonCode::ToolLoopDetected);
+                self.invocations
+                    .settle_waiting(&request.tenant_id, row.id, &terminal, &events, now)
+                    .await?;
+                self.reread(request, row.id).await
+            }
             (ApprovalStatus::Approved, _) => {
                 let claim = Claim {
                     worker_id: self.worker_id,
@@ -178,6 +188,20 @@ impl Pipeline {
                 ReasonCode::ToolInternalError,
             )),
         }
+    }
+
+    /// Whether the run is synthesis-only for `row`'s step.
+    async fn synthesis_only_for(&self, row: &InvocationRecord) -> Result<bool, StoreError> {
+        let tally = self
+            .invocations
+            .breaker_tally(
+                &row.tenant_id,
+                row.run_id,
+                &row.tool_name,
+                &row.arguments_hash,
+            )
+            .await?;
+        Ok(breaker::synthesis_only_at(&tally, row.step_number))
     }
 
     pub(super) async fn approved(&self, row: &InvocationRecord) -> Result<bool, StoreError> {

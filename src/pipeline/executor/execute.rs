@@ -80,6 +80,17 @@ impl Pipeline {
                     tracing::warn!(error = %error, "breaker tally not read after a settled call")
                 }
             }
+            // Kept in the store, so the run's later steps are refused on
+            // every node and after a restart, whatever the caller does with
+            // the flag.
+            if finished.synthesis_only
+                && let Err(error) = self
+                    .invocations
+                    .mark_synthesis_only(&request.tenant_id, request.run_id, request.step_number)
+                    .await
+            {
+                tracing::warn!(error = %error, "the run's synthesis-only step was not recorded");
+            }
         }
         Ok(outcome)
     }

@@ -9,15 +9,19 @@ use super::intent::{Intent, RecordedAs};
 use super::{Pipeline, in_progress};
 use crate::domain::names::bounded_name;
 use crate::domain::{
-    Durability, ReasonCode, ToolEventKind, ToolKind, ToolOutcomeStatus, TrustLevel, canonicalize,
-    sha256_hex,
+    ApprovalStatus, Durability, ReasonCode, ToolEventKind, ToolKind, ToolOutcomeStatus, TrustLevel,
+    canonicalize, sha256_hex,
 };
 use crate::pipeline::breaker;
 use crate::pipeline::call::{CallOutcome, CallRequest, TOOL_CALL};
 use crate::pipeline::output::RenderedPart;
-use crate::pipeline::records::{recorded, terminal_event_kind};
+use crate::pipeline::records::{ended_event, recorded, terminal_event_kind};
 use crate::pipeline::registry::RegisteredTool;
-use crate::ports::{Claim, Held, InsertOutcome, StoreError};
+use crate::ports::{Claim, Held, InsertOutcome, InvocationState, StoreError, TerminalRecord};
+
+/// Who an approval is recorded as expired by when its call was refused
+/// before anyone decided it.
+const REFUSED_APPROVER: &str = "toolgate";
 
 /// The version tag of the key a recorded conflict is stored under.
 const CONFLICT_KEY_TAG: &str = "veetbot.tool.v1.conflict";
@@ -175,6 +179,32 @@ impl Pipeline {
             }
             InsertOutcome::Existing(row) => row,
         };
+        if let InvocationState::Waiting { approval_id } = row.state {
+            // The same call, waiting for its approval, is refused before
+            // dispatch now: it ends so, and its approval is no one's to
+            // decide any more.
+            let now = self.clock.now();
+            let terminal = TerminalRecord::without_result(code);
+            self.invocations
+                .settle_waiting(
+                    &row.tenant_id,
+                    row.id,
+                    &terminal,
+                    &[ended_event(&row, code)],
+                    now,
+                )
+                .await?;
+            self.approvals
+                .decide_approval(
+                    &row.tenant_id,
+                    approval_id,
+                    ApprovalStatus::Expired,
+                    REFUSED_APPROVER,
+                    now,
+                )
+                .await?;
+            return self.reread(request, row.id).await;
+        }
         if !row.status().is_terminal() {
             // Recovery re-checked authority and was refused: the row it holds
             // ends here, uncertain if its effect may have escaped.

@@ -367,7 +367,18 @@ impl Pipeline {
 /// and an oversized one keeps its head).
 fn checked(tool: &RegisteredTool, finish: Conclusion) -> (Conclusion, String) {
     let Conclusion::Succeeded { result, secrets } = finish else {
-        return (finish, String::new());
+        // A runaway the tool itself cut off at the ceiling (an MCP server's
+        // answer) keeps its head, already scrubbed, as an oversized success
+        // does.
+        let head = match &finish {
+            Conclusion::Failed { failure, .. }
+                if failure.kind == ToolFailureKind::OutputTooLarge =>
+            {
+                failure.partial_output.clone().unwrap_or_default()
+            }
+            _ => String::new(),
+        };
+        return (finish, head);
     };
     let spec = &tool.spec;
     let text = output::scrub(&content_text(&result.content), &secrets);

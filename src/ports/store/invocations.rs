@@ -416,6 +416,10 @@ pub struct BreakerTally {
     pub counts: Vec<(ToolOutcomeStatus, Option<ReasonCode>, i64)>,
     /// Successful calls before the count last restarted on new evidence.
     pub evidence_base: i64,
+    /// The run's synthesis-only mark: the earliest step that left an
+    /// identical-call count one below its threshold. Every later step of
+    /// the run only answers.
+    pub synthesis_after_step: Option<i64>,
 }
 
 impl BreakerTally {
@@ -471,10 +475,11 @@ pub trait InvocationStore: Send + Sync {
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>>;
 
     /// As [`insert_invocation`](Self::insert_invocation) for a new row, in
-    /// the same commit that shows the breaker has nothing to count: no
+    /// the same commit that shows the breaker has nothing to say: no
     /// identical call of the run (same tool, same arguments hash) has an
-    /// outcome. Returns the new row, or `None` with nothing written when
-    /// there is such a call or the key is already held; the caller then
+    /// outcome, and the run is not synthesis-only for the call's step.
+    /// Returns the new row, or `None` with nothing written when the breaker
+    /// has something to say or the key is already held; the caller then
     /// reads the tally and inserts as usual.
     fn insert_uncounted<'a>(
         &'a self,
@@ -656,6 +661,15 @@ pub trait InvocationStore: Send + Sync {
         evidence_key: &'a str,
         maximum_restarts: i32,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Marks the run synthesis-only after `step`: the earliest such step
+    /// is kept.
+    fn mark_synthesis_only<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        step: i64,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// An artifact's record, within its tenant (for the owner-scoped
     /// artifact routes; no tool reads artifacts back).

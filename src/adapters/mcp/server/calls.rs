@@ -160,10 +160,20 @@ impl McpServer {
                 ToolFailureKind::Timeout,
                 "the server did not answer in time",
             ),
-            ClientError::OutputTooLarge { .. } => ToolFailure::new(
-                ToolFailureKind::OutputTooLarge,
-                "the server's answer crossed the hard output ceiling; the connection was closed",
-            ),
+            ClientError::OutputTooLarge { .. } => {
+                let failure = ToolFailure::new(
+                    ToolFailureKind::OutputTooLarge,
+                    "the server's answer crossed the hard output ceiling; the connection was closed",
+                );
+                // The answer's head up to the ceiling, as the server sent it
+                // (the protocol's framing around it): kept as an artifact.
+                match connection.runaway_head() {
+                    Some(head) => {
+                        failure.with_partial_output(String::from_utf8_lossy(&head).into_owned())
+                    }
+                    None => failure,
+                }
+            }
             other => ToolFailure::new(ToolFailureKind::Transport, other.to_string())
                 .with_reason_code(reason_code),
         };

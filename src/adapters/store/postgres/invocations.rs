@@ -530,7 +530,7 @@ impl InvocationStore for PostgresStore {
         Box::pin(async move {
             let mut lease = self.hot.lease().await?;
             let result = sqlx::query(
-                "SELECT t_status, t_code, t_count, t_base FROM toolgate_tally($1, $2, $3, $4)",
+                "SELECT t_status, t_code, t_count, t_base, t_synthesis FROM toolgate_tally($1, $2, $3, $4)",
             )
             .bind(tenant_id)
             .bind(run_id)
@@ -541,6 +541,10 @@ impl InvocationStore for PostgresStore {
             let rows = lease.settle(result)?;
             let mut tally = BreakerTally::default();
             for row in &rows {
+                if let Some(step) = get::<Option<i64>>(row, "t_synthesis")? {
+                    tally.synthesis_after_step = Some(step);
+                    continue;
+                }
                 if let Some(base) = get::<Option<i64>>(row, "t_base")? {
                     tally.evidence_base = base;
                     continue;
@@ -641,6 +645,29 @@ impl InvocationStore for PostgresStore {
             };
             tx.commit().await.map_err(database_error)?;
             Ok(restarted)
+        })
+    }
+
+    fn mark_synthesis_only<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        step: i64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            sqlx::query(
+                "INSERT INTO breaker_synthesis (tenant_id, run_id, after_step) VALUES ($1, $2, $3) \
+                 ON CONFLICT (run_id, tenant_id) DO UPDATE \
+                 SET after_step = LEAST(breaker_synthesis.after_step, EXCLUDED.after_step)",
+            )
+            .bind(tenant_id)
+            .bind(run_id)
+            .bind(step)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)
         })
     }
 

@@ -130,8 +130,10 @@ const INSERT_INTENT: &str = concat!(
      reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at) \
      SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
      $21, $22, $23, $24, 0, $25, $26, $27 \
-     WHERE NOT $28 OR NOT EXISTS (SELECT 1 FROM tool_invocations WHERE tenant_id = $2 AND run_id = $4 \
+     WHERE NOT $28 OR (NOT EXISTS (SELECT 1 FROM tool_invocations WHERE tenant_id = $2 AND run_id = $4 \
      AND tool_name = $7 AND arguments_hash = $12 AND outcome_status IS NOT NULL) \
+     AND NOT EXISTS (SELECT 1 FROM breaker_synthesis WHERE tenant_id = $2 AND run_id = $4 \
+     AND after_step < $5)) \
      ON CONFLICT (idempotency_key, tenant_id) DO NOTHING RETURNING ",
     invocation_columns!()
 );
@@ -623,13 +625,17 @@ impl InvocationStore for SqliteStore {
             // base as a row of its own (`n` NULL).
             let rows = self.read(|connection| {
                 query(
-                    "SELECT outcome_status, reason_code, count(*) AS n, NULL AS base FROM tool_invocations \
+                    "SELECT outcome_status, reason_code, count(*) AS n, NULL AS base, NULL AS synthesis \
+                     FROM tool_invocations \
                      WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
                        AND outcome_status IS NOT NULL \
                      GROUP BY outcome_status, reason_code \
                      UNION ALL \
-                     SELECT NULL, NULL, NULL, base FROM breaker_evidence \
-                     WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4",
+                     SELECT NULL, NULL, NULL, base, NULL FROM breaker_evidence \
+                     WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
+                     UNION ALL \
+                     SELECT NULL, NULL, NULL, NULL, after_step FROM breaker_synthesis \
+                     WHERE tenant_id = $1 AND run_id = $2",
                 )
                 .bind(tenant_id)
                 .bind(run_id.to_string())
@@ -639,6 +645,10 @@ impl InvocationStore for SqliteStore {
             })?;
             let mut tally = BreakerTally::default();
             for row in &rows {
+                if let Some(step) = get::<Option<i64>>(row, "synthesis")? {
+                    tally.synthesis_after_step = Some(step);
+                    continue;
+                }
                 if let Some(base) = get::<Option<i64>>(row, "base")? {
                     tally.evidence_base = base;
                     continue;
@@ -740,6 +750,30 @@ impl InvocationStore for SqliteStore {
                     }
                 };
                 Ok(restarted)
+            })
+            .await
+        })
+    }
+
+    fn mark_synthesis_only<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        step: i64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let tenant_id = tenant_id.to_owned();
+        Box::pin(async move {
+            self.flushed(move |connection| {
+                query(
+                    "INSERT INTO breaker_synthesis (tenant_id, run_id, after_step) VALUES ($1, $2, $3) \
+                     ON CONFLICT (run_id, tenant_id) DO UPDATE \
+                     SET after_step = MIN(breaker_synthesis.after_step, excluded.after_step)",
+                )
+                .bind(tenant_id)
+                .bind(run_id.to_string())
+                .bind(step)
+                .execute(connection)
+                .map(|_| ())
             })
             .await
         })
