@@ -11,9 +11,12 @@
 //!    share from the MCP step's. Blocks of 50 calls interleave the paths;
 //!    printed: p50, p99, the added p50 over the floor (the MCP paths) and
 //!    serve's CPU per call.
-//! 2. With `DATABASE_URL`: N concurrent scripts (1, 8, 32) calling
-//!    `demo.echo`, a new turn every 64 calls; calls per second, p50, p99
-//!    and serve's CPU per call.
+//! 2. With `DATABASE_URL`: N concurrent scripts (1, 8, 32) calling a read
+//!    (`demo.echo`) and a non-idempotent write (`demo.external_write`, three
+//!    flushed commits), a new turn every 64 calls, on SQLite and on
+//!    PostgreSQL; calls per second, p50, p99 and serve's CPU per call.
+//!    `TOOLGATE_BENCH_FSYNCS=1` counts serve's fsyncs per write under
+//!    `strace -f -c` as well (slower runs, kept apart).
 //!
 //! `scripts/test` installs the reference server (`TOOLGATE_MCP_SERVERS`).
 //! `[DATABASE_URL=postgres://…] cargo bench --bench bridge`
@@ -139,16 +142,118 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// One script: turns of 64 sequential calls until `stop`.
-fn script(control: PathBuf, session: Uuid, stop: Arc<AtomicBool>) -> Vec<Duration> {
+/// One script calling `tool` until told to stop: a read (`demo.echo`) or a
+/// non-idempotent write (`demo.external_write`, whose three commits are
+/// flushed).
+fn script(control: PathBuf, session: Uuid, tool: &str, stop: Arc<AtomicBool>) -> Vec<Duration> {
     let mut turn = Turn::new(control, session);
     let mut latencies = Vec::new();
     let mut i = 0;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
-        latencies.push(turn.call("demo.echo", json!({"text": format!("hello {i}")})));
+        let arguments = if tool == "demo.echo" {
+            json!({"text": format!("hello {i}")})
+        } else {
+            json!({"line": format!("write {i}")})
+        };
+        latencies.push(turn.call(tool, arguments));
     }
     turn.close();
     latencies
+}
+
+/// Part 2 on one store: reads and non-idempotent writes from 1, 8 and 32
+/// scripts at once. With `TOOLGATE_BENCH_FSYNCS=1`, the writes are run once
+/// more under `strace -f -c`, counting serve's fsyncs per call (strace slows
+/// serve; those runs are not the throughput figures).
+fn concurrency(toolgate: &Path, store: &str, url: &str, seconds: u64) {
+    let folder = tempfile::tempdir().expect("folder");
+    let root = folder.path();
+    let served = Stopped(serve(
+        toolgate,
+        root,
+        url,
+        "",
+        "[[rules]]\ntools = [\"demo.echo\", \"demo.external_write\"]\ndecision = \"allow\"\n",
+    ));
+    let child = &served.0;
+    let control = root.join("run/control.sock");
+    let session = open_session(
+        &control,
+        &["demo.use"],
+        &["demo.echo", "demo.external_write"],
+    );
+    let run = |tool: &'static str, scripts: usize| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let cpu_before = cpu_seconds(child.id());
+        let begun = Instant::now();
+        let handles: Vec<_> = (0..scripts)
+            .map(|_| {
+                let (control, stop) = (control.clone(), stop.clone());
+                std::thread::spawn(move || script(control, session, tool, stop))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(seconds));
+        stop.store(true, Ordering::Relaxed);
+        let mut latencies: Vec<Duration> = handles
+            .into_iter()
+            .flat_map(|handle| handle.join().expect("script"))
+            .collect();
+        let elapsed = begun.elapsed().as_secs_f64();
+        let cpu = cpu_seconds(child.id()) - cpu_before;
+        latencies.sort();
+        (latencies, elapsed, cpu)
+    };
+    for tool in ["demo.echo", "demo.external_write"] {
+        for scripts in [1usize, 8, 32] {
+            let (latencies, elapsed, cpu) = run(tool, scripts);
+            let calls = latencies.len().max(1);
+            println!(
+                "{:>8} | {:>19} | {:>7} | {:>9.0} | {:>9.2?} | {:>9.2?} | {:>13.2?}",
+                store,
+                tool,
+                scripts,
+                calls as f64 / elapsed,
+                percentile(&latencies, 0.5),
+                percentile(&latencies, 0.99),
+                Duration::from_secs_f64(cpu / calls as f64),
+            );
+        }
+    }
+    if std::env::var("TOOLGATE_BENCH_FSYNCS").is_ok_and(|value| value == "1") {
+        for scripts in [1usize, 8, 32] {
+            let summary = tempfile::NamedTempFile::new().expect("strace summary");
+            let mut strace = Command::new("strace")
+                .args(["-f", "-c", "-e", "trace=fsync,fdatasync", "-o"])
+                .arg(summary.path())
+                .args(["-p", &child.id().to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("strace starts (TOOLGATE_BENCH_FSYNCS needs it)");
+            std::thread::sleep(Duration::from_millis(500));
+            let (latencies, _, _) = run("demo.external_write", scripts);
+            let _ = Command::new("kill")
+                .args(["-INT", &strace.id().to_string()])
+                .status();
+            let _ = strace.wait();
+            let text = std::fs::read_to_string(summary.path()).unwrap_or_default();
+            let syncs: u64 = text
+                .lines()
+                .filter(|line| line.ends_with("fsync") || line.ends_with("fdatasync"))
+                .filter_map(|line| line.split_whitespace().nth(3)?.parse::<u64>().ok())
+                .sum();
+            println!(
+                "{:>8} | fsyncs per non-idempotent call at {:>2} scripts (under strace): {:.2} ({} in {} calls)",
+                store,
+                scripts,
+                syncs as f64 / latencies.len().max(1) as f64,
+                syncs,
+                latencies.len()
+            );
+        }
+    }
+    drop(served);
 }
 
 /// A raw JSON-RPC client on the reference server's stdio: the floor.
@@ -534,55 +639,18 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    let schema = Schema::create(&admin_url, "bench_bridge");
-    let folder = tempfile::tempdir().expect("folder");
-    let root = folder.path();
-    let served = Stopped(serve(
-        &toolgate,
-        root,
-        &schema.url,
-        "",
-        "[[rules]]\ntools = [\"demo.echo\"]\ndecision = \"allow\"\n",
-    ));
-    let child = &served.0;
-    let control = root.join("run/control.sock");
-    let session = open_session(&control, &["demo.use"], &["demo.echo"]);
-
     println!();
     println!(
-        "{:>7} | {:>9} | {:>9} | {:>9} | {:>13}",
-        "scripts", "calls/s", "p50", "p99", "toolgate cpu"
+        "{:>8} | {:>19} | {:>7} | {:>9} | {:>9} | {:>9} | {:>13}",
+        "store", "tool", "scripts", "calls/s", "p50", "p99", "toolgate cpu"
     );
-    for scripts in [1usize, 8, 32] {
-        let stop = Arc::new(AtomicBool::new(false));
-        let cpu_before = cpu_seconds(child.id());
-        let begun = Instant::now();
-        let handles: Vec<_> = (0..scripts)
-            .map(|_| {
-                let (control, stop) = (control.clone(), stop.clone());
-                std::thread::spawn(move || script(control, session, stop))
-            })
-            .collect();
-        std::thread::sleep(Duration::from_secs(seconds));
-        stop.store(true, Ordering::Relaxed);
-        let mut latencies: Vec<Duration> = handles
-            .into_iter()
-            .flat_map(|handle| handle.join().expect("script"))
-            .collect();
-        let elapsed = begun.elapsed().as_secs_f64();
-        let cpu = cpu_seconds(child.id()) - cpu_before;
-        latencies.sort();
-        let calls = latencies.len().max(1);
-        println!(
-            "{:>7} | {:>9.0} | {:>9.2?} | {:>9.2?} | {:>13.2?}",
-            scripts,
-            calls as f64 / elapsed,
-            percentile(&latencies, 0.5),
-            percentile(&latencies, 0.99),
-            Duration::from_secs_f64(cpu / calls as f64),
-        );
+    {
+        let folder = tempfile::tempdir().expect("folder");
+        let url = format!("sqlite://{}", folder.path().join("toolgate.db").display());
+        concurrency(&toolgate, "sqlite", &url, seconds);
     }
-    drop(served);
+    let schema = Schema::create(&admin_url, "bench_bridge");
+    concurrency(&toolgate, "postgres", &schema.url, seconds);
 }
 
 /// A PostgreSQL schema of its own, dropped when the bench ends.

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::listen::Routed;
 use super::wire::{CallsRequest, rendered_content};
 use super::{ApiError, ControlApi};
+use crate::domain::ArgumentTrust;
 use crate::edge::{Reply, reply};
 use crate::pipeline::CallOutcome;
 use crate::pipeline::admission::{Batch, BatchCall};
@@ -29,12 +30,21 @@ impl ControlApi {
             calls: request
                 .calls
                 .into_iter()
-                .map(|call| BatchCall {
-                    call_id: call.call_id,
-                    name: call.name,
-                    arguments: call.arguments,
+                .map(|call| {
+                    let argument_trust = ArgumentTrust::from_pointers(
+                        call.argument_trust
+                            .iter()
+                            .map(|(pointer, label)| (pointer.as_str(), *label)),
+                    )
+                    .map_err(|refused| ApiError::Invalid(refused.to_string()))?;
+                    Ok(BatchCall {
+                        call_id: call.call_id,
+                        name: call.name,
+                        arguments: call.arguments,
+                        argument_trust,
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, ApiError>>()?,
         };
         let ran = self.parts.admission.run(&session, batch).await?;
         let results: Vec<Value> = call_ids

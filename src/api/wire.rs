@@ -31,6 +31,11 @@ pub struct CallItem {
     pub call_id: String,
     pub name: String,
     pub arguments: Value,
+    /// Labels of where arguments came from, by JSON pointer into
+    /// `arguments` (Decision 9); an argument nobody labelled is the
+    /// model's, `external_untrusted`.
+    #[serde(default)]
+    pub argument_trust: std::collections::BTreeMap<String, TrustLevel>,
 }
 
 /// `POST /v1/calls`.

@@ -28,8 +28,9 @@ pub struct ProposedAction<'a> {
     pub idempotency: IdempotencyClass,
     /// Minimum trust over the request's context items.
     pub origin_trust: TrustLevel,
-    /// Minimum trust over the arguments.
-    pub argument_trust: TrustLevel,
+    /// Where each argument came from (an argument nobody labelled is the
+    /// model's, `ExternalUntrusted`).
+    pub argument_trust: &'a super::ArgumentTrust,
 }
 
 /// Policy's answer.

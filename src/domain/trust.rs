@@ -82,6 +82,93 @@ impl ArgumentTrust {
     }
 }
 
+/// The most labels one call may carry.
+pub const MAXIMUM_ARGUMENT_LABELS: usize = 256;
+/// The longest JSON pointer a label may name.
+pub const MAXIMUM_POINTER_BYTES: usize = 1024;
+
+/// Why a caller's argument labels were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgumentLabelError {
+    /// A key is not a JSON pointer into the arguments.
+    #[error(
+        "argument_trust keys are JSON pointers into the arguments (\"/name\" or deeper, `~0` and \
+         `~1` escaped), at most 1024 bytes"
+    )]
+    Pointer,
+    /// Too many labels.
+    #[error("argument_trust holds at most 256 labels")]
+    TooMany,
+}
+
+impl ArgumentTrust {
+    /// The labels a caller gives by JSON pointer (RFC 6901) into the
+    /// arguments. A label at an argument's own pointer (`/recipient`) is
+    /// that argument's; one deeper (`/recipient/0`) can only lower it: where
+    /// an untrusted item contributed, the lower label stands, and a part
+    /// labelled never vouches for the whole.
+    pub fn from_pointers<'a>(
+        labels: impl IntoIterator<Item = (&'a str, TrustLevel)>,
+    ) -> Result<ArgumentTrust, ArgumentLabelError> {
+        let mut whole = Vec::new();
+        let mut parts = Vec::new();
+        for (count, (pointer, label)) in labels.into_iter().enumerate() {
+            if count >= MAXIMUM_ARGUMENT_LABELS {
+                return Err(ArgumentLabelError::TooMany);
+            }
+            let (argument, deeper) = top_segment(pointer)?;
+            if deeper {
+                parts.push((argument, label));
+            } else {
+                whole.push((argument, label));
+            }
+        }
+        let mut trust = ArgumentTrust::default();
+        for (argument, label) in whole {
+            trust.contributed(argument, label);
+        }
+        for (argument, label) in parts {
+            if trust.labels.contains_key(&argument) {
+                trust.contributed(argument, label);
+            }
+        }
+        Ok(trust)
+    }
+
+    /// Every argument a label was given for, with its label.
+    pub fn labels(&self) -> &BTreeMap<String, TrustLevel> {
+        &self.labels
+    }
+}
+
+/// The argument a JSON pointer starts in, unescaped, and whether it points
+/// deeper than the argument itself.
+fn top_segment(pointer: &str) -> Result<(String, bool), ArgumentLabelError> {
+    if pointer.len() > MAXIMUM_POINTER_BYTES || pointer.chars().any(char::is_control) {
+        return Err(ArgumentLabelError::Pointer);
+    }
+    let rest = pointer
+        .strip_prefix('/')
+        .ok_or(ArgumentLabelError::Pointer)?;
+    let (segment, deeper) = match rest.split_once('/') {
+        Some((segment, _)) => (segment, true),
+        None => (rest, false),
+    };
+    let mut argument = String::with_capacity(segment.len());
+    let mut characters = segment.chars();
+    while let Some(character) = characters.next() {
+        match character {
+            '~' => match characters.next() {
+                Some('0') => argument.push('~'),
+                Some('1') => argument.push('/'),
+                _ => return Err(ArgumentLabelError::Pointer),
+            },
+            other => argument.push(other),
+        }
+    }
+    Ok((argument, deeper))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +206,42 @@ mod tests {
                 TrustLevel::Platform
             ]),
             TrustLevel::ExternalUntrusted
+        );
+    }
+
+    #[test]
+    fn labels_by_pointer_raise_a_whole_argument_and_parts_only_lower() {
+        use TrustLevel::*;
+        let trust = ArgumentTrust::from_pointers([
+            ("/recipient", User),
+            ("/subject", User),
+            ("/subject/0", ExternalUntrusted),
+            ("/cc/0", User),
+            ("/a~1b", User),
+            ("/t~0", Platform),
+        ])
+        .unwrap();
+        assert_eq!(trust.of("recipient"), User);
+        assert_eq!(trust.of("subject"), ExternalUntrusted, "a part lowers");
+        assert_eq!(trust.of("cc"), ExternalUntrusted, "a part never raises");
+        assert_eq!(trust.of("a/b"), User);
+        assert_eq!(trust.of("t~"), Platform);
+        assert_eq!(trust.of("body"), ExternalUntrusted, "unlabelled");
+        for bad in ["recipient", "", "/a~2", "/a~", "/a\n"] {
+            assert_eq!(
+                ArgumentTrust::from_pointers([(bad, User)]),
+                Err(ArgumentLabelError::Pointer),
+                "{bad:?}"
+            );
+        }
+        let long = format!("/{}", "a".repeat(MAXIMUM_POINTER_BYTES));
+        assert!(ArgumentTrust::from_pointers([(long.as_str(), User)]).is_err());
+        let many: Vec<String> = (0..=MAXIMUM_ARGUMENT_LABELS)
+            .map(|i| format!("/a{i}"))
+            .collect();
+        assert_eq!(
+            ArgumentTrust::from_pointers(many.iter().map(|p| (p.as_str(), User))),
+            Err(ArgumentLabelError::TooMany)
         );
     }
 

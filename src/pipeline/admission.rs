@@ -8,11 +8,11 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::call::{CallOutcome, named_tool};
+use super::call::{CallOutcome, CallRequest, named_tool};
 use super::executor::Pipeline;
 use super::registry::PinnedToolSet;
 use super::sessions::{CallPlace, Session};
-use crate::domain::{IdempotencyClass, SideEffectClass, TrustLevel, valid_call_id};
+use crate::domain::{ArgumentTrust, IdempotencyClass, SideEffectClass, TrustLevel, valid_call_id};
 use crate::ports::Clock;
 
 /// Why a batch did not run to its end.
@@ -38,6 +38,9 @@ pub struct BatchCall {
     pub name: String,
     /// The model's arguments.
     pub arguments: Value,
+    /// Where arguments came from, as the caller carried it: an argument
+    /// nobody labelled is the model's, `ExternalUntrusted`.
+    pub argument_trust: ArgumentTrust,
 }
 
 /// One step's batch.
@@ -154,7 +157,10 @@ impl Admission {
         let requests: Vec<_> = batch
             .calls
             .into_iter()
-            .map(|call| session.call_request(place, call.call_id, call.name, call.arguments))
+            .map(|call| CallRequest {
+                argument_trust: call.argument_trust,
+                ..session.call_request(place, call.call_id, call.name, call.arguments)
+            })
             .collect();
         let outcomes = if parallel {
             let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency));

@@ -2112,3 +2112,53 @@ async fn a_run_one_call_below_the_loop_threshold_only_answers_in_its_later_steps
         );
     }
 }
+
+/// Argument trust is carried from where the call was made: a rule on an
+/// argument holds the call for approval while that argument is the
+/// model's (unlabelled, or labelled below user), and lets it run once the
+/// caller says the user gave it.
+#[tokio::test]
+async fn a_rule_on_an_argument_reads_the_label_the_caller_carried() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let policy = RuleFilePolicy::parse(
+            "[[rules]]\ntools = [\"demo.set_value\"]\nuntrusted_arguments = [\"key\"]\n\
+             decision = \"require_approval\"\n\n[[rules]]\ntools = [\"demo.*\"]\ndecision = \"allow\"\n",
+        )
+        .unwrap();
+        let harness = harness(store.clone(), Arc::new(policy)).await;
+        let request = harness.request("demo.set_value", json!({"key": "k", "value": "v"}));
+        // The model's key: held.
+        assert!(
+            matches!(
+                harness.pipeline.call(with_call(&request, 0)).await,
+                CallOutcome::Pending { .. }
+            ),
+            "{name}"
+        );
+        // Only part of the key vouched for: still the model's.
+        let mut partly = with_call(&request, 1);
+        partly.argument_trust =
+            ArgumentTrust::from_pointers([("/key/0", TrustLevel::User)]).unwrap();
+        assert!(
+            matches!(
+                harness.pipeline.call(partly).await,
+                CallOutcome::Pending { .. }
+            ),
+            "{name}"
+        );
+        // The user's key: it runs.
+        let mut given = with_call(&request, 2);
+        given.argument_trust = ArgumentTrust::from_pointers([
+            ("/key", TrustLevel::User),
+            ("/value", TrustLevel::ExternalUntrusted),
+        ])
+        .unwrap();
+        let ran = harness.pipeline.call(given).await;
+        assert_eq!(
+            finished(&ran).outcome.status(),
+            ToolOutcomeStatus::Succeeded,
+            "{name}"
+        );
+    }
+}

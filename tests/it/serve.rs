@@ -2155,3 +2155,33 @@ print(json.dumps({"acme": text(call("mcp.acme.echo", text="through http"))}))
     let logs = served.logs.lock().unwrap().clone();
     assert!(!logs.contains("tenant-token-7731"), "{logs}");
 }
+
+/// A call's argument labels are JSON pointers into its arguments with trust
+/// labels; anything else is refused with a 400 before any call runs.
+#[test]
+fn argument_labels_are_pointers_with_trust_labels_or_refused() {
+    let served = Served::start();
+    let session = served.session();
+    let calls = |labels: Value| {
+        served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                    "origin_trust": "user",
+                    "calls": [{"call_id": "c", "name": "demo.echo", "arguments": {"text": "hi"},
+                               "argument_trust": labels}]}),
+        )
+    };
+    let (status, body) = calls(json!({"/text": "user", "/text/0": "external_untrusted"}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["results"][0]["outcome"]["status"], "succeeded", "{body}");
+    for refused in [
+        json!({"text": "user"}),
+        json!({"/text": "very_trusted"}),
+        json!({"/a~2": "user"}),
+        json!(["/text"]),
+    ] {
+        let (status, body) = calls(refused.clone());
+        assert_eq!(status, 400, "{refused}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    }
+}

@@ -61,6 +61,12 @@ pub enum Origin {
 pub struct Rule {
     /// Globs over registry names.
     pub tools: Vec<String>,
+    /// When given, the rule covers only a call in which one of these
+    /// arguments did not come from the user (its label is below `user`,
+    /// as an unlabelled argument's is): a recipient an injected page
+    /// supplied is not the user's choice.
+    #[serde(default)]
+    pub untrusted_arguments: Vec<String>,
     /// The decision for a match.
     pub decision: Decision,
 }
@@ -77,8 +83,21 @@ pub struct MatrixRow {
     /// The origin it covers.
     #[serde(default)]
     pub origin: Origin,
+    /// As a rule's: when given, the row covers only a call in which one of
+    /// these arguments did not come from the user.
+    #[serde(default)]
+    pub untrusted_arguments: Vec<String>,
     /// The decision for a match.
     pub decision: Decision,
+}
+
+/// Whether `names` is empty (no argument condition) or one of them is
+/// labelled below `user` in `action`.
+fn arguments_match(names: &[String], action: &ProposedAction<'_>) -> bool {
+    names.is_empty()
+        || names
+            .iter()
+            .any(|name| action.argument_trust.of(name) < TrustLevel::User)
 }
 
 /// The rule file.
@@ -153,6 +172,7 @@ impl RuleFilePolicy {
                 .tools
                 .iter()
                 .any(|pattern| glob_matches(pattern, action.tool))
+                && arguments_match(&rule.untrusted_arguments, action)
             {
                 return match rule.decision {
                     Decision::Allow => PolicyDecision::Allow,
@@ -172,6 +192,7 @@ impl RuleFilePolicy {
                     Origin::Trusted => trusted,
                     Origin::Untrusted => !trusted,
                 }
+                && arguments_match(&row.untrusted_arguments, action)
         });
         let decision = match matrix_row {
             Some(row) => row.decision,
@@ -252,7 +273,46 @@ impl PolicyEngine for ReloadablePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{IdempotencyClass, Principal, ToolKind, ToolSource};
+    use crate::domain::{ArgumentTrust, IdempotencyClass, Principal, ToolKind, ToolSource};
+
+    static UNLABELLED: std::sync::LazyLock<ArgumentTrust> =
+        std::sync::LazyLock::new(ArgumentTrust::default);
+
+    #[test]
+    fn a_rule_on_arguments_covers_a_call_whose_named_argument_the_user_did_not_give() {
+        let policy = RuleFilePolicy::parse(
+            "[[rules]]\ntools = [\"mail.send\"]\nuntrusted_arguments = [\"to\"]\n\
+             decision = \"require_approval\"\n\n[[rules]]\ntools = [\"mail.*\"]\ndecision = \"allow\"\n",
+        )
+        .unwrap();
+        let p = Principal {
+            id: "p".into(),
+            scopes: Default::default(),
+        };
+        let labelled = |to: TrustLevel| {
+            ArgumentTrust::from_pointers([("/to", to), ("/body", TrustLevel::User)]).unwrap()
+        };
+        let decide = |trust: &ArgumentTrust| {
+            let mut action = action(
+                &p,
+                "mail.send",
+                SideEffectClass::ExternalWrite,
+                RiskLevel::High,
+                TrustLevel::User,
+            );
+            action.argument_trust = trust;
+            policy.decide(&action)
+        };
+        let required = PolicyDecision::RequireApproval(ReasonCode::PolicyRuleApprovalRequired);
+        assert_eq!(decide(&UNLABELLED), required, "unlabelled: the model's");
+        assert_eq!(decide(&labelled(TrustLevel::ExternalUntrusted)), required);
+        assert_eq!(decide(&labelled(TrustLevel::InternalTool)), required);
+        assert_eq!(
+            decide(&labelled(TrustLevel::User)),
+            PolicyDecision::Allow,
+            "the user's recipient: the next rule"
+        );
+    }
 
     fn action<'a>(
         principal: &'a Principal,
@@ -271,7 +331,7 @@ mod tests {
             risk,
             idempotency: IdempotencyClass::NonIdempotent,
             origin_trust: origin,
-            argument_trust: TrustLevel::ExternalUntrusted,
+            argument_trust: &UNLABELLED,
         }
     }
 

@@ -152,11 +152,6 @@ impl Pipeline {
         let request = intent.request;
         self.reached(Point::Policy, request);
         let spec = &tool.spec;
-        let argument_names: Vec<&str> = intent
-            .arguments
-            .as_object()
-            .map(|o| o.keys().map(String::as_str).collect())
-            .unwrap_or_default();
         let action = ProposedAction {
             tenant_id: &request.tenant_id,
             principal: &request.principal,
@@ -167,7 +162,7 @@ impl Pipeline {
             risk: spec.risk,
             idempotency: spec.idempotency,
             origin_trust: request.origin_trust,
-            argument_trust: request.argument_trust.minimum(argument_names),
+            argument_trust: &request.argument_trust,
         };
         self.policy
             .evaluate(&action)
