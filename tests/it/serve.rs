@@ -2173,7 +2173,10 @@ fn argument_labels_are_pointers_with_trust_labels_or_refused() {
     };
     let (status, body) = calls(json!({"/text": "user", "/text/0": "external_untrusted"}));
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["results"][0]["outcome"]["status"], "succeeded", "{body}");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
     for refused in [
         json!({"text": "user"}),
         json!({"/text": "very_trusted"}),

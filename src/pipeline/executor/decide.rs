@@ -149,7 +149,7 @@ pub(super) fn may_have_escaped(class: IdempotencyClass, effect_sent: bool) -> bo
 
 /// How step 10 ended.
 pub(super) enum Execution {
-    Returned(ToolResult),
+    Returned(Box<ToolResult>),
     TimedOut,
     Panicked,
 }
@@ -181,7 +181,7 @@ impl Conclusion {
     ) -> Conclusion {
         let (kind, detail) = match execution {
             Execution::Returned(result) => {
-                return Conclusion::from_result(result, secrets, may_have_escaped);
+                return Conclusion::from_result(*result, secrets, may_have_escaped);
             }
             Execution::TimedOut if may_have_escaped => (
                 ToolFailureKind::OutcomeUnknown,
@@ -592,7 +592,8 @@ mod tests {
             Conclusion::Failed { uncertain, .. } => Some(uncertain),
             Conclusion::Succeeded { .. } => None,
         };
-        let failed = |kind| Execution::Returned(ToolResult::failed(ToolFailure::new(kind, "x")));
+        let failed =
+            |kind| Execution::Returned(Box::new(ToolResult::failed(ToolFailure::new(kind, "x"))));
         let cases = [
             (Execution::TimedOut, true, Some(true)),
             (Execution::TimedOut, false, Some(false)),
@@ -605,7 +606,11 @@ mod tests {
             (failed(ToolFailureKind::InvalidArguments), true, Some(false)),
             // The tool's own "outcome unknown" is uncertain even before the watermark.
             (failed(ToolFailureKind::OutcomeUnknown), false, Some(true)),
-            (Execution::Returned(ToolResult::text("ok")), true, None),
+            (
+                Execution::Returned(Box::new(ToolResult::text("ok"))),
+                true,
+                None,
+            ),
         ];
         for (index, (execution, escaped, expected)) in cases.into_iter().enumerate() {
             assert_eq!(
@@ -617,7 +622,7 @@ mod tests {
         let mut proven = ToolFailure::new(ToolFailureKind::UpstreamError, "refused");
         proven.effect_not_applied = true;
         let proven = Conclusion::of(
-            Execution::Returned(ToolResult::failed(proven)),
+            Execution::Returned(Box::new(ToolResult::failed(proven))),
             Vec::new(),
             true,
         );

@@ -321,7 +321,7 @@ impl Pipeline {
                 // The tool's own destructor runs contained as well.
                 contain(move || drop(running));
                 match ended {
-                    Ok(Some(result)) => Execution::Returned(result),
+                    Ok(Some(result)) => Execution::Returned(Box::new(result)),
                     Ok(None) => Execution::Panicked,
                     Err(_) => Execution::TimedOut,
                 }
