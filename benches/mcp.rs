@@ -139,6 +139,7 @@ fn main() {
             registry: registry.clone(),
             invocations: store.clone(),
             approvals: store.clone(),
+            events: store.clone(),
             policy: Arc::new(
                 RuleFilePolicy::parse("[[rules]]\ntools = [\"*\"]\ndecision = \"allow\"\n")
                     .expect("policy"),

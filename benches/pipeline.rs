@@ -343,6 +343,7 @@ fn main() {
             registry: registry.clone(),
             invocations: store.clone(),
             approvals: store.clone(),
+            events: store.clone(),
             policy: Arc::new(RuleFilePolicy::built_in()),
             artifacts: Arc::new(FsArtifactStore::new(folder.path().join("artifacts"))),
             credentials: Arc::new(EnvFileResolver::default()),

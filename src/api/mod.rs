@@ -201,6 +201,7 @@ impl ApiError {
                 "step_number must not be negative",
             ),
             ApiError::Turn(TurnError::Session(failure)) => session(failure),
+            ApiError::Turn(TurnError::Store(store)) => store_failed(store),
             ApiError::Turn(TurnError::Socket(failure)) => {
                 tracing::warn!(error = %failure, "turn not opened");
                 error(

@@ -168,6 +168,7 @@ pub async fn build(
         // The pipeline's writes are counted as they commit.
         invocations: Arc::new(MeteredInvocations::new(store.clone(), metrics.clone())),
         approvals: store.clone(),
+        events: store.clone(),
         policy,
         artifacts: artifact_files.clone(),
         credentials,
@@ -222,6 +223,7 @@ pub async fn build(
                 .map(|(tenant, seconds)| (tenant.clone(), Duration::from_secs(u64::from(*seconds))))
                 .collect(),
             turn_call_cap: config.bridge.turn_call_cap,
+            replay_divergence: config.bridge.replay_divergence,
             ..BridgeSettings::default()
         },
     });

@@ -16,7 +16,7 @@ use super::turn::{Admission, Turn, call_id};
 use crate::domain::{ReasonCode, ToolOutcome};
 use crate::edge::{Reply, error, reply_text};
 use crate::pipeline::sessions::{CallPlace, Session};
-use crate::pipeline::{CallOutcome, Finished, RenderedPart, ResultData};
+use crate::pipeline::{CallOutcome, Finished, RenderedPart, Replay, ResultData};
 
 /// The bridge's `POST /v1/call`.
 #[derive(Debug, Deserialize)]
@@ -95,12 +95,15 @@ pub(super) async fn run(
         deadline_at: turn.binding.deadline_at,
         parallel_group: None,
     };
-    let request = session.call_request(
-        place,
-        call_id(&turn.binding.script_sha256, ordinal),
-        script_call.call,
-        script_call.arguments,
-    );
+    let call_id = call_id(&turn.binding.script_sha256, ordinal);
+    let replay = turn.binding.recorded.get(&call_id).map(|recorded| Replay {
+        invocation_id: recorded.invocation_id,
+        tool_name: recorded.tool_name.clone(),
+        arguments_hash: recorded.arguments_hash.clone(),
+        divergence: settings.replay_divergence,
+    });
+    let mut request = session.call_request(place, call_id, script_call.call, script_call.arguments);
+    request.caller.replay = replay;
     let pipeline = &bridge.parts.pipeline;
     let mut outcome = pipeline.call(request.clone()).await;
     let hold = settings

@@ -22,9 +22,9 @@ use uuid::Uuid;
 
 use crate::domain::TrustLevel;
 use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
-use crate::pipeline::Pipeline;
 use crate::pipeline::approvals::Approvals;
 use crate::pipeline::sessions::{SessionError, Sessions};
+use crate::pipeline::{Pipeline, ReplayDivergence};
 use crate::ports::{Clock, EventStore, Metrics, PlatformEvent};
 
 pub use turn::{
@@ -47,6 +47,8 @@ pub struct BridgeSettings {
     pub turn_call_cap: u32,
     /// How long a turn's token lives.
     pub turn_lifetime: Duration,
+    /// What a replay's call that diverges from its record gets.
+    pub replay_divergence: ReplayDivergence,
 }
 
 impl Default for BridgeSettings {
@@ -58,6 +60,7 @@ impl Default for BridgeSettings {
             tenant_approval_holds: std::collections::HashMap::new(),
             turn_call_cap: 64,
             turn_lifetime: Duration::from_secs(3600),
+            replay_divergence: ReplayDivergence::default(),
         }
     }
 }
@@ -136,6 +139,9 @@ pub enum TurnError {
     /// The socket or its folder could not be made.
     #[error(transparent)]
     Socket(#[from] BridgeError),
+    /// The step's recorded calls could not be read.
+    #[error(transparent)]
+    Store(#[from] crate::ports::StoreError),
 }
 
 /// The bridge of this node: its open turns and their servers.
@@ -182,6 +188,26 @@ impl Bridge {
                 .deadline_at
                 .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC),
         );
+        // A replay of an earlier turn: what it recorded, to compare each
+        // call with the one recorded at its ordinal. One read per turn.
+        let recorded = self
+            .parts
+            .pipeline
+            .step_calls(&session.tenant_id, request.run_id, request.step_number)
+            .await?
+            .into_iter()
+            .filter(|row| row.call_id.starts_with(turn::CALL_ID_PREFIX))
+            .map(|row| {
+                (
+                    row.call_id,
+                    turn::RecordedCall {
+                        invocation_id: row.id,
+                        tool_name: row.tool_name,
+                        arguments_hash: row.arguments_hash,
+                    },
+                )
+            })
+            .collect();
         let binding = TurnBinding {
             session_id: request.session_id,
             tenant_id: session.tenant_id.clone(),
@@ -191,6 +217,7 @@ impl Bridge {
             sandbox_uid: request.sandbox_uid,
             origin_trust: request.origin_trust,
             deadline_at: request.deadline_at,
+            recorded,
         };
         let (turn, token, listener) = self.parts.turns.open(binding, expires_at)?;
         let stop = CancellationToken::new();

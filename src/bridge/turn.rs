@@ -37,6 +37,9 @@ pub enum BridgeError {
     Bind(std::io::ErrorKind),
 }
 
+/// What every call id a script's turn derives starts with.
+pub const CALL_ID_PREFIX: &str = "bridge:";
+
 /// `call_id = "bridge:" + hex(sha256(script_sha256 ‖ 0x00 ‖ ordinal))[:32]`.
 pub fn call_id(script_sha256: &str, ordinal: u32) -> String {
     let mut input = Vec::with_capacity(script_sha256.len() + 12);
@@ -44,7 +47,7 @@ pub fn call_id(script_sha256: &str, ordinal: u32) -> String {
     input.push(0);
     input.extend_from_slice(ordinal.to_string().as_bytes());
     let digest = sha256_hex(&input);
-    format!("bridge:{}", &digest[..32])
+    format!("{CALL_ID_PREFIX}{}", &digest[..32])
 }
 
 fn random_token() -> Result<String, BridgeError> {
@@ -53,6 +56,17 @@ fn random_token() -> Result<String, BridgeError> {
         .and_then(|mut file| file.read_exact(&mut bytes))
         .map_err(|_| BridgeError::Randomness)?;
     Ok(crate::domain::canonical::hex(&bytes))
+}
+
+/// A call an earlier turn recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedCall {
+    /// Its row.
+    pub invocation_id: Uuid,
+    /// Its tool.
+    pub tool_name: String,
+    /// Its canonical arguments' hash.
+    pub arguments_hash: String,
 }
 
 /// What a turn is bound to.
@@ -73,6 +87,10 @@ pub struct TurnBinding {
     pub sandbox_uid: Option<u32>,
     /// The trust of what produced the script: every call's origin trust.
     pub origin_trust: TrustLevel,
+    /// What an earlier turn of the same run, step and script recorded, by
+    /// call id: a replay's call is compared with the one recorded at its
+    /// ordinal. Empty on a first run.
+    pub recorded: std::collections::BTreeMap<String, RecordedCall>,
     /// The run's deadline, which every call of the turn carries.
     pub deadline_at: Option<DateTime<Utc>>,
 }
@@ -378,6 +396,7 @@ mod tests {
                 script_sha256: "s".repeat(64),
                 sandbox_uid: Some(4242),
                 origin_trust: TrustLevel::User,
+                recorded: Default::default(),
                 deadline_at: None,
             };
             let (turn, token, _listener) = turns
@@ -441,6 +460,7 @@ mod tests {
                 script_sha256: String::new(),
                 sandbox_uid: None,
                 origin_trust: TrustLevel::User,
+                recorded: Default::default(),
                 deadline_at: None,
             },
             expires_at: Utc::now(),

@@ -327,6 +327,11 @@ pub struct BridgeConfig {
     /// `approval_hold_seconds` for particular tenants, by tenant id.
     #[serde(default)]
     pub tenant_approval_hold_seconds: BTreeMap<String, u32>,
+    /// What a replayed turn's call gets when it differs from the call
+    /// recorded at its ordinal and may act: `approve` (held for a human,
+    /// both calls shown) or `refuse`.
+    #[serde(default)]
+    pub replay_divergence: crate::domain::policy::ReplayDivergence,
 }
 
 impl BridgeConfig {
@@ -348,6 +353,7 @@ impl Default for BridgeConfig {
             approval_hold_seconds: DEFAULT_APPROVAL_HOLD_SECONDS,
             turn_call_cap: DEFAULT_TURN_CALL_CAP,
             tenant_approval_hold_seconds: BTreeMap::new(),
+            replay_divergence: crate::domain::policy::ReplayDivergence::default(),
         }
     }
 }

@@ -44,3 +44,15 @@ pub enum PolicyDecision {
     /// required.
     RequireApproval(ReasonCode),
 }
+
+/// What a replayed turn's call gets when it differs from the call recorded
+/// at its ordinal and may act (`bridge.replay_divergence`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayDivergence {
+    /// Held for approval, both calls shown.
+    #[default]
+    Approve,
+    /// Refused, `bridge.replay.diverged`.
+    Refuse,
+}

@@ -114,6 +114,10 @@ reason_codes! {
     /// An orchestration turn reached its per-turn call cap.
     BridgeCallLimit => "bridge.call_limit", Denied, retryable: false, None,
         "Not performed. This orchestration turn has used all of its tool calls.";
+    /// A replayed script asked, at this point, for another call than its
+    /// recorded run made (another tool or other arguments).
+    BridgeReplayDiverged => "bridge.replay.diverged", Denied, retryable: false, None,
+        "Not performed. Replayed, this script asks for a different call here than it first made.";
 
     // --- failed: the tool failed, or the pipeline failed the call ---
     /// The arguments fail the tool's input schema or the canonical form.

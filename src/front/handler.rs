@@ -193,6 +193,7 @@ impl Front {
         call.caller = CallerTerms {
             withdrawn: Some(slot.withdrawn.clone()),
             resumes_waiting: !identity.named,
+            replay: None,
         };
         let progress = context.meta.get_progress_token();
         let peer = context.peer.clone();

@@ -170,7 +170,28 @@ pub struct CallerTerms {
     /// the run with the same tool and canonical arguments already waits for
     /// one is that call, so asking again never makes a second approval.
     pub resumes_waiting: bool,
+    /// The call a replayed turn recorded at this call's ordinal (same run,
+    /// step, script and ordinal, so the same call id): a call that differs
+    /// from it (another tool, or other arguments) and may act is not
+    /// silently a new call.
+    pub replay: Option<Replay>,
 }
+
+/// What a replayed turn recorded at a call's ordinal, and what is done when
+/// the call now differs from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// The recorded invocation.
+    pub invocation_id: Uuid,
+    /// Its tool.
+    pub tool_name: String,
+    /// Its canonical arguments' hash.
+    pub arguments_hash: String,
+    /// What a divergence gets.
+    pub divergence: ReplayDivergence,
+}
+
+pub use crate::domain::policy::ReplayDivergence;
 
 impl CallerTerms {
     fn withdrawn(&self) -> bool {

@@ -25,8 +25,8 @@ pub mod worker;
 
 pub use call::{
     CallOutcome, CallRequest, CallerTerms, Completion, DataArtifact, DataPart, Finished,
-    PipelineSettings, Point, RecoveryReport, ResultData, SUSPENDING, StepObserver, SweepBounds,
-    TOOL_CALL, Unobserved, named_tool,
+    PipelineSettings, Point, RecoveryReport, Replay, ReplayDivergence, ResultData, SUSPENDING,
+    StepObserver, SweepBounds, TOOL_CALL, Unobserved, named_tool,
 };
 pub use executor::{Pipeline, PipelineParts};
 pub use output::RenderedPart;

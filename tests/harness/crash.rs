@@ -127,6 +127,7 @@ async fn run(job: Job) -> Result<Value, String> {
         registry: registry.clone(),
         invocations: store.clone(),
         approvals: store.clone(),
+        events: store.clone(),
         policy: Arc::new(policy),
         artifacts: Arc::new(FsArtifactStore::new(&job.artifacts)),
         credentials: Arc::new(EnvFileResolver::new(BTreeMap::new())),

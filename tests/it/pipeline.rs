@@ -192,6 +192,7 @@ impl InvocationStore for FaultyWatermark {
         complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
         run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+        step_invocations(tenant: &'a str, run_id: Uuid, step: i64) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
         claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;
@@ -364,6 +365,7 @@ async fn build_harness(
         registry: registry.clone(),
         invocations: invocations.unwrap_or_else(|| store.clone()),
         approvals: store.clone(),
+        events: store.clone(),
         policy,
         artifacts: Arc::new(artifacts.clone()),
         credentials: Arc::new(EnvFileResolver::new(
@@ -1251,6 +1253,7 @@ async fn the_breaker_is_read_only_where_it_has_something_to_count() {
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+            step_invocations(tenant: &'a str, run_id: Uuid, step: i64) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;
@@ -1817,6 +1820,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+            step_invocations(tenant: &'a str, run_id: Uuid, step: i64) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;
@@ -1890,6 +1894,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+            step_invocations(tenant: &'a str, run_id: Uuid, step: i64) -> Result<Vec<InvocationRecord>, StoreError>;
             latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
             claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;

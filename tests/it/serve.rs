@@ -2188,3 +2188,124 @@ fn argument_labels_are_pointers_with_trust_labels_or_refused() {
         assert_eq!(body["error"]["code"], "invalid_request", "{body}");
     }
 }
+
+/// Beyond the design: a replayed turn (same run, step and script) whose
+/// call differs from the one recorded at its ordinal, and may act, is held
+/// for a human instead of running as a new call, with an event naming both
+/// calls; a read that differs runs; the same call answers from its record.
+#[test]
+fn a_replay_that_diverges_is_held_before_it_acts() {
+    let served = Served::start();
+    let session = served.session();
+    let run = Uuid::new_v4();
+    let script = "a script whose second run differs";
+    let value = || {
+        std::fs::read_to_string(served.folder.path().join("state/demo/values/k"))
+            .unwrap_or_default()
+    };
+    let call_on = |socket: &Path, token: &str, call: Value| {
+        let authorization = format!("Bearer {token}");
+        let body = call.to_string();
+        let (status, _, answer) = http(
+            socket,
+            "POST",
+            "/v1/call",
+            &[("Authorization", &authorization)],
+            Some(body.as_bytes()),
+        );
+        assert_eq!(status, 200);
+        json_of(&answer)
+    };
+    // The first run: a read, then a write.
+    let (first, socket, token) = served.turn(session, run, script, None);
+    let read = call_on(
+        &socket,
+        &token,
+        json!({"call": "demo.echo", "arguments": {"text": "a"}}),
+    );
+    assert_eq!(read["status"], "succeeded", "{read}");
+    let wrote = call_on(
+        &socket,
+        &token,
+        json!({"call": "demo.set_value", "arguments": {"key": "k", "value": "first"}}),
+    );
+    assert_eq!(wrote["status"], "succeeded", "{wrote}");
+    let (status, _, _) = http(
+        &served.socket,
+        "DELETE",
+        &format!("/v1/turns/{first}"),
+        &[],
+        None,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(value(), "first");
+
+    // The replay: the read differs and runs; the write differs and waits.
+    let (_, socket, token) = served.turn(session, run, script, None);
+    let read = call_on(
+        &socket,
+        &token,
+        json!({"call": "demo.echo", "arguments": {"text": "b"}}),
+    );
+    assert_eq!(read["status"], "succeeded", "a read is let through: {read}");
+    let held = {
+        let (socket, token) = (socket.clone(), token.clone());
+        std::thread::spawn(move || {
+            let authorization = format!("Bearer {token}");
+            let body =
+                json!({"call": "demo.set_value", "arguments": {"key": "k", "value": "second"}})
+                    .to_string();
+            let (_, _, answer) = http(
+                &socket,
+                "POST",
+                "/v1/call",
+                &[("Authorization", &authorization)],
+                Some(body.as_bytes()),
+            );
+            json_of(&answer)
+        })
+    };
+    let waited = Instant::now();
+    let approval = loop {
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "the diverging write was never held"
+        );
+        let (_, pending) = served.get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+        let pending = json_of(&pending);
+        if let Some(approval) = pending["approvals"]
+            .as_array()
+            .and_then(|a| a.first())
+            .cloned()
+        {
+            break approval;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        approval["reason_code"], "bridge.replay.diverged",
+        "{approval}"
+    );
+    assert_eq!(value(), "first", "nothing acted while it waits");
+    let (_, events) = served.get(&format!("/v1/events?after=0&tenant_id={TENANT}"));
+    let events = String::from_utf8_lossy(&events).into_owned();
+    let diverged: Vec<Value> = events
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|event| event["event_type"] == "bridge.replay.diverged")
+        .collect();
+    assert_eq!(diverged.len(), 1, "{events}");
+    assert_eq!(diverged[0]["payload"]["recorded_tool"], "demo.set_value");
+    assert_eq!(diverged[0]["payload"]["outcome"], "held");
+    let (status, _) = served.post(
+        &format!(
+            "/v1/approvals/{}?tenant_id={TENANT}",
+            approval["approval_id"].as_str().unwrap()
+        ),
+        &json!({"decision": "approve", "approver": "ops"}),
+    );
+    assert_eq!(status, 200);
+    let answer = held.join().unwrap();
+    assert_eq!(answer["status"], "succeeded", "{answer}");
+    assert_eq!(value(), "second", "it ran once approved");
+}

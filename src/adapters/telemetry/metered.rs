@@ -100,6 +100,7 @@ impl InvocationStore for MeteredInvocations {
     delegate! {
         invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
         run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
+        step_invocations(tenant: &'a str, run_id: Uuid, step: i64) -> Result<Vec<InvocationRecord>, StoreError>;
         latest_succeeded(tenant: &'a str, run_id: Uuid, tool: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
         waiting_call(tenant: &'a str, run_id: Uuid, tool: &'a str, hash: &'a str) -> Result<Option<InvocationRecord>, StoreError>;
         claim_expired(claim: Claim, limit: i64) -> Result<Vec<Held>, StoreError>;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::super::breaker;
-use super::super::call::{CallOutcome, CallRequest, Point};
+use super::super::call::{CallOutcome, CallRequest, Point, Replay, ReplayDivergence};
 use super::super::output::RenderedPart;
 use super::super::records::{denied_event, recorded};
 use super::super::registry::RegisteredTool;
@@ -15,9 +15,12 @@ use super::intent::{Intent, RecordedAs};
 use super::refusals::Unwrap;
 use crate::domain::policy::{PolicyDecision, ProposedAction};
 use crate::domain::{
-    CanonicalArguments, Durability, InvocationStatus, ReasonCode, ToolEventKind, TrustLevel,
+    CanonicalArguments, Durability, IdempotencyClass, InvocationStatus, ReasonCode, ToolEventKind,
+    TrustLevel,
 };
-use crate::ports::{BreakerTally, Claim, InsertOutcome, InvocationState, StoreError};
+use crate::ports::{
+    BreakerTally, Claim, InsertOutcome, InvocationState, PlatformEvent, StoreError,
+};
 
 /// What steps 1 to 5 made of a call.
 enum Admission {
@@ -67,7 +70,63 @@ impl Pipeline {
                 .await;
         }
         let ruled = self.rules(&tool, &intent).await;
+        let ruled = match diverged(request, &tool, &intent) {
+            None => ruled,
+            Some(replay) if replay.divergence == ReplayDivergence::Refuse => {
+                let outcome = self
+                    .refuse(
+                        request,
+                        &tool,
+                        ReasonCode::BridgeReplayDiverged,
+                        None,
+                        Some((&intent.arguments, &intent.arguments_hash)),
+                    )
+                    .await?;
+                let invocation_id = match &outcome {
+                    CallOutcome::Finished(finished) => finished.invocation_id,
+                    _ => None,
+                };
+                self.tell_divergence(request, &tool, replay, invocation_id, "refused")
+                    .await;
+                return Ok(outcome);
+            }
+            // Held for a human, who sees both calls; a denial stands.
+            Some(_) => match ruled {
+                PolicyDecision::Deny(code) => PolicyDecision::Deny(code),
+                _ => PolicyDecision::RequireApproval(ReasonCode::BridgeReplayDiverged),
+            },
+        };
         self.persist_intent(&tool, &intent, ruled).await
+    }
+
+    /// Records that a replayed turn's call diverged from its record. The
+    /// call's own row is the record of what happened to it; an event that
+    /// could not be written is logged, never the call's failure.
+    async fn tell_divergence(
+        &self,
+        request: &CallRequest,
+        tool: &RegisteredTool,
+        replay: &Replay,
+        invocation_id: Option<Uuid>,
+        outcome: &'static str,
+    ) {
+        let event = PlatformEvent::BridgeReplayDiverged {
+            run_id: request.run_id,
+            step_number: request.step_number,
+            call_id: request.call_id.clone(),
+            recorded_invocation_id: replay.invocation_id,
+            recorded_tool: replay.tool_name.clone(),
+            invocation_id,
+            tool: tool.spec.name.clone(),
+            outcome,
+        };
+        if let Err(error) = self
+            .events
+            .record_event(Some(&request.tenant_id), &event, self.clock.now())
+            .await
+        {
+            tracing::warn!(error = %error, "a replay's divergence was not recorded as an event");
+        }
     }
 
     /// Steps 1 to 5: resolved against the pinned set, enabled for the
@@ -309,6 +368,12 @@ impl Pipeline {
         decision: PolicyDecision,
     ) -> Result<CallOutcome, StoreError> {
         let request = intent.request;
+        if let (InsertOutcome::Inserted(row), Some(replay)) =
+            (&inserted, diverged(request, tool, intent))
+        {
+            self.tell_divergence(request, tool, replay, Some(row.id), "held")
+                .await;
+        }
         match inserted {
             InsertOutcome::Inserted(row) => match row.state {
                 InvocationState::Waiting { approval_id } => Ok(CallOutcome::Pending {
@@ -365,4 +430,17 @@ impl Pipeline {
             .await
             .map(Some)
     }
+}
+
+/// The record a replayed turn's call diverges from: the call recorded at
+/// its ordinal was another tool or had other arguments, and this one may
+/// act (a read is let through: it changes nothing a replay could repeat).
+fn diverged<'a>(
+    request: &'a CallRequest,
+    tool: &RegisteredTool,
+    intent: &Intent<'_>,
+) -> Option<&'a Replay> {
+    let replay = request.caller.replay.as_ref()?;
+    let same = replay.tool_name == tool.spec.name && replay.arguments_hash == intent.arguments_hash;
+    (!same && tool.spec.idempotency != IdempotencyClass::ReadOnly).then_some(replay)
 }

@@ -29,8 +29,8 @@ use super::settlement::Settler;
 use super::worker::Lease;
 use crate::domain::ReasonCode;
 use crate::ports::{
-    ApprovalStore, ArtifactStore, Clock, CredentialResolver, InvocationStore, McpServers,
-    PolicyEngine,
+    ApprovalStore, ArtifactStore, Clock, CredentialResolver, EventStore, InvocationStore,
+    McpServers, PolicyEngine,
 };
 
 /// The executor and what it stands on.
@@ -38,6 +38,7 @@ pub struct Pipeline {
     registry: Arc<ToolRegistry>,
     invocations: Arc<dyn InvocationStore>,
     approvals: Arc<dyn ApprovalStore>,
+    events: Arc<dyn EventStore>,
     policy: Arc<dyn PolicyEngine>,
     artifacts: Arc<dyn ArtifactStore>,
     credentials: Arc<dyn CredentialResolver>,
@@ -58,6 +59,9 @@ pub struct PipelineParts {
     pub invocations: Arc<dyn InvocationStore>,
     /// Approvals, read when a waiting call resumes.
     pub approvals: Arc<dyn ApprovalStore>,
+    /// Where what the pipeline decides beside a call's row is told (a
+    /// replay that diverged).
+    pub events: Arc<dyn EventStore>,
     /// Step 6.
     pub policy: Arc<dyn PolicyEngine>,
     /// Step 12's writer factory.
@@ -87,6 +91,7 @@ impl Pipeline {
             registry: parts.registry,
             invocations: parts.invocations.clone(),
             approvals: parts.approvals,
+            events: parts.events,
             policy: parts.policy,
             artifacts: parts.artifacts,
             credentials: parts.credentials,
@@ -103,6 +108,19 @@ impl Pipeline {
     /// This pipeline's worker.
     pub fn worker_id(&self) -> Uuid {
         self.worker_id
+    }
+
+    /// One step of a run's recorded calls, what a replayed turn compares
+    /// its calls with.
+    pub async fn step_calls(
+        &self,
+        tenant_id: &str,
+        run_id: Uuid,
+        step_number: i64,
+    ) -> Result<Vec<crate::ports::InvocationRecord>, crate::ports::StoreError> {
+        self.invocations
+            .step_invocations(tenant_id, run_id, step_number)
+            .await
     }
 
     /// Rows whose terminal write waits for the store to answer again.

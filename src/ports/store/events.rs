@@ -110,6 +110,27 @@ pub enum PlatformEvent {
         /// Calls the turn made, denied ones included.
         calls: u32,
     },
+    /// A replayed turn's call differs from the one recorded at its ordinal
+    /// (another tool or other arguments) and may act: held for approval or
+    /// refused, as `bridge.replay_divergence` says.
+    BridgeReplayDiverged {
+        /// The run.
+        run_id: Uuid,
+        /// The step.
+        step_number: i64,
+        /// The call id both share.
+        call_id: String,
+        /// The call recorded at the ordinal.
+        recorded_invocation_id: Uuid,
+        /// Its tool.
+        recorded_tool: String,
+        /// The call asked for now (its row, when it has one).
+        invocation_id: Option<Uuid>,
+        /// Its tool.
+        tool: String,
+        /// `held` for approval or `refused`.
+        outcome: &'static str,
+    },
     /// A skill was loaded naming tools its session did not pin; it loaded
     /// anyway, and the model was told which.
     SkillToolMissing {
@@ -147,6 +168,7 @@ impl PlatformEvent {
             PlatformEvent::SkillToolMissing { .. } => "skill.tool.missing",
             PlatformEvent::BridgeSessionOpened { .. } => "bridge.session.opened",
             PlatformEvent::BridgeSessionClosed { .. } => "bridge.session.closed",
+            PlatformEvent::BridgeReplayDiverged { .. } => "bridge.replay.diverged",
         }
     }
 
@@ -206,6 +228,19 @@ impl PlatformEvent {
                 step_number,
                 calls,
             } => json!({"run_id": run_id, "step_number": step_number, "calls": calls}),
+            PlatformEvent::BridgeReplayDiverged {
+                run_id,
+                step_number,
+                call_id,
+                recorded_invocation_id,
+                recorded_tool,
+                invocation_id,
+                tool,
+                outcome,
+            } => json!({"run_id": run_id, "step_number": step_number, "call_id": call_id,
+                        "recorded_invocation_id": recorded_invocation_id,
+                        "recorded_tool": recorded_tool, "invocation_id": invocation_id,
+                        "tool": tool, "outcome": outcome}),
         }
     }
 }

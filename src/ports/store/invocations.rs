@@ -598,6 +598,15 @@ pub trait InvocationStore: Send + Sync {
         run_id: Uuid,
     ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
 
+    /// One step of a run's rows, in creation order: what a replayed turn
+    /// compares its calls with.
+    fn step_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        step_number: i64,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
+
     /// The oldest of a run's calls of `tool_name` with these canonical
     /// arguments that waits for an approval: the call a caller that cannot
     /// name its calls (an MCP client without `toolgate/call_id`) asks again.

@@ -402,6 +402,31 @@ impl InvocationStore for PostgresStore {
         })
     }
 
+    fn step_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        step_number: i64,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                invocation_columns!(),
+                " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND step_number = $3 \
+                 ORDER BY created_at, id"
+            ))
+            .bind(tenant_id)
+            .bind(run_id)
+            .bind(step_number)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            rows.iter().map(invocation).collect()
+        })
+    }
+
     fn run_invocations<'a>(
         &'a self,
         tenant_id: &'a str,

@@ -514,6 +514,31 @@ impl InvocationStore for SqliteStore {
         })
     }
 
+    fn step_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        step_number: i64,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            self.read(|connection| {
+                query(concat!(
+                    "SELECT ",
+                    invocation_columns!(),
+                    " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND step_number = $3 \
+                     ORDER BY created_at, id"
+                ))
+                .bind(tenant_id)
+                .bind(run_id.to_string())
+                .bind(step_number)
+                .fetch_all(connection)?
+                .iter()
+                .map(invocation)
+                .collect()
+            })
+        })
+    }
+
     fn waiting_call<'a>(
         &'a self,
         tenant_id: &'a str,
