@@ -135,6 +135,7 @@ pub async fn build(
         &state.join("demo"),
         servers.clone(),
         store.clone(),
+        store.clone(),
         clock.clone(),
     );
     let registry = Arc::new(ToolRegistry::with_builtins(
@@ -185,6 +186,7 @@ pub async fn build(
         registry,
         sessions: store.clone(),
         catalog: store.clone(),
+        authored: store.clone(),
         mcp: servers.clone(),
         clock: clock.clone(),
     }));

@@ -8,13 +8,15 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use crate::domain::names::{SKILL_LOAD, UPDATE_WORKING_STATE};
+use crate::domain::names::{AUTHORED_SKILL_PREFIX, SKILL_LOAD, UPDATE_WORKING_STATE};
 use crate::domain::{
-    ContentPart, IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, TargetKind, ToolFailure,
-    ToolFailureKind, ToolKind, ToolResult, ToolSource, ToolSpec, TrustLevel,
+    ContentPart, IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, SkillMetadata,
+    TargetKind, ToolFailure, ToolFailureKind, ToolKind, ToolResult, ToolSource, ToolSpec,
+    TrustLevel,
 };
 use crate::ports::{
-    BoxFuture, Clock, EventStore, McpServers, PlatformEvent, Tool, ToolExecutionContext,
+    BoxFuture, Clock, EventStore, LoadedSkill, McpServers, PlatformEvent, SkillStore, Tool,
+    ToolExecutionContext,
 };
 
 fn spec(name: &str, description: &str, input_schema: Value, output_trust: TrustLevel) -> ToolSpec {
@@ -132,8 +134,33 @@ impl Tool for UpdateWorkingState {
 struct SkillLoad {
     spec: ToolSpec,
     skills: Arc<dyn McpServers>,
+    authored: Arc<dyn SkillStore>,
     events: Arc<dyn EventStore>,
     clock: Arc<dyn Clock>,
+}
+
+impl SkillLoad {
+    /// A skill the tenant's agents wrote: its text now, labelled
+    /// EXTERNAL_UNTRUSTED (an agent wrote it), with its version.
+    async fn load_authored(
+        &self,
+        tenant_id: &str,
+        name: &str,
+    ) -> Result<(String, String), ToolFailure> {
+        let short = name.strip_prefix(AUTHORED_SKILL_PREFIX).unwrap_or(name);
+        let skills = self.authored.skills(tenant_id).await.map_err(|_| {
+            ToolFailure::new(ToolFailureKind::Transport, "the skill could not be read")
+        })?;
+        skills
+            .into_iter()
+            .find(|skill| skill.name == short)
+            .map(|skill| (skill.body, skill.version))
+            .ok_or_else(|| {
+                ToolFailure::new(ToolFailureKind::NotFound, "the skill was deleted")
+                    .with_reason_code(ReasonCode::ToolWithdrawn)
+                    .not_applied()
+            })
+    }
 }
 
 impl Tool for SkillLoad {
@@ -169,15 +196,28 @@ impl Tool for SkillLoad {
                 .and_then(Value::as_object)
                 .cloned()
                 .unwrap_or_default();
-            let loaded = match self
-                .skills
-                .load_skill(&context.tenant_id, name, parameters)
-                .await
-            {
-                Ok(loaded) => loaded,
-                Err(failure) => return ToolResult::failed(failure),
+            let loaded = if advertised.metadata.name.starts_with(AUTHORED_SKILL_PREFIX) {
+                match self.load_authored(&context.tenant_id, name).await {
+                    Ok((text, version)) => LoadedSkill {
+                        metadata: SkillMetadata {
+                            version,
+                            ..advertised.metadata.clone()
+                        },
+                        text,
+                    },
+                    Err(failure) => return ToolResult::failed(failure),
+                }
+            } else {
+                match self
+                    .skills
+                    .load_skill(&context.tenant_id, name, parameters)
+                    .await
+                {
+                    Ok(loaded) => loaded,
+                    Err(failure) => return ToolResult::failed(failure),
+                }
             };
-            // The server's prompt changed since the session was shown it.
+            // The skill changed since the session was shown it.
             if loaded.metadata.version != advertised.metadata.version {
                 return ToolResult::failed(
                     ToolFailure::new(
@@ -222,6 +262,7 @@ impl Tool for SkillLoad {
 /// closed.
 pub fn tools(
     skills: Arc<dyn McpServers>,
+    authored: Arc<dyn SkillStore>,
     events: Arc<dyn EventStore>,
     clock: Arc<dyn Clock>,
 ) -> Vec<Arc<dyn Tool>> {
@@ -270,6 +311,7 @@ pub fn tools(
                 TrustLevel::ExternalUntrusted,
             ),
             skills,
+            authored,
             events,
             clock,
         }),

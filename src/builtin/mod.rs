@@ -3,22 +3,31 @@
 
 pub mod control;
 pub mod demo;
+pub mod skills;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::ports::{Clock, EventStore, McpServers, Tool};
+use crate::ports::{Clock, EventStore, McpServers, SkillStore, Tool};
 
-/// The build's tool set: the demo tools writing under `demo_directory` and
-/// the five control tools (`skill.load` served by `skills`, its notes
-/// recorded in `events`).
+/// The build's tool set: the demo tools writing under `demo_directory`,
+/// the five control tools (`skill.load` serving the servers' prompts from
+/// `servers` and the tenant's own skills from `authored`, its notes recorded
+/// in `events`), and `skill.manage` writing to `authored`.
 pub fn tools(
     demo_directory: &Path,
-    skills: Arc<dyn McpServers>,
+    servers: Arc<dyn McpServers>,
+    authored: Arc<dyn SkillStore>,
     events: Arc<dyn EventStore>,
     clock: Arc<dyn Clock>,
 ) -> Vec<Arc<dyn Tool>> {
     let mut tools = demo::tools(demo_directory);
-    tools.extend(control::tools(skills, events, clock));
+    tools.extend(control::tools(
+        servers,
+        authored.clone(),
+        events,
+        clock.clone(),
+    ));
+    tools.push(skills::tool(authored, clock));
     tools
 }

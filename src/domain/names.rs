@@ -62,6 +62,12 @@ pub const RESERVED_DOMAINS: &[&str] = &["mcp", "device"];
 
 /// The control tool that loads a skill a session was shown.
 pub const SKILL_LOAD: &str = "skill.load";
+/// The capability tool through which an agent writes its tenant's skills.
+pub const SKILL_MANAGE: &str = "skill.manage";
+/// What an authored skill's name is shown with (`skill.authored.triage`),
+/// so it is told apart from an MCP server's prompts and agents' patterns can
+/// enable the tenant's skills as one.
+pub const AUTHORED_SKILL_PREFIX: &str = "skill.authored.";
 /// The control tool whose recorded arguments are a run's working state.
 pub const UPDATE_WORKING_STATE: &str = "context.update_working_state";
 

@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 use serde::Serialize;
 
 use crate::domain::names::{
-    CONTROL_TOOLS, DomainOwner, NameError, domain_owner, is_identifier, validate_registry_name,
-    wire_name,
+    AUTHORED_SKILL_PREFIX, CONTROL_TOOLS, DomainOwner, NameError, domain_owner, is_identifier,
+    validate_registry_name, wire_name,
 };
 use crate::domain::{
     AdvertisedSkill, AgentSpec, IdempotencyClass, PolicyProfile, Principal, RiskLevel,
@@ -216,8 +216,15 @@ impl PinnedToolSet {
                 metadata,
             })
             .collect();
-        let metadata: Vec<&SkillMetadata> =
-            advertised.iter().map(|skill| &skill.metadata).collect();
+        // The tenant's own skills, which its agents may write at any time,
+        // are shown as they are when the session pins; they are no part of
+        // what a reload must reproduce (one changed since is withdrawn at
+        // load).
+        let metadata: Vec<&SkillMetadata> = advertised
+            .iter()
+            .map(|skill| &skill.metadata)
+            .filter(|metadata| !metadata.name.starts_with(AUTHORED_SKILL_PREFIX))
+            .collect();
         let tool_contract_sha256 =
             digest(&serde_json::json!({"tools": self.tool_contract_sha256, "skills": metadata}));
         Arc::new(PinnedToolSet {

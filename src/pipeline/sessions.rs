@@ -18,13 +18,14 @@ use uuid::Uuid;
 use super::call::CallRequest;
 use super::preparation::prepare_mcp;
 use super::registry::{PinnedToolSet, ToolRegistry};
-use crate::domain::names::SKILL_LOAD;
+use crate::domain::names::{AUTHORED_SKILL_PREFIX, SKILL_LOAD};
 use crate::domain::{
     AgentSpec, ArgumentTrust, MAXIMUM_LIST_ENTRIES, PolicyProfile, Principal, RuntimeEnvironment,
-    TargetKind, TrustLevel, valid_identifier, valid_tenant_id,
+    SkillMetadata, TargetKind, ToolSource, TrustLevel, valid_identifier, valid_tenant_id,
 };
 use crate::ports::{
-    CatalogStore, Clock, McpServers, PlatformEvent, SessionRecord, SessionStore, StoreError,
+    CatalogStore, Clock, McpServers, PlatformEvent, SessionRecord, SessionStore, SkillStore,
+    StoreError,
 };
 
 /// A session unused this long has ended: it leaves memory and the store.
@@ -161,6 +162,8 @@ pub struct SessionParts {
     pub sessions: Arc<dyn SessionStore>,
     /// Where a preparation records servers, catalogs and events.
     pub catalog: Arc<dyn CatalogStore>,
+    /// The skills the tenant's agents wrote.
+    pub authored: Arc<dyn SkillStore>,
     /// The configured MCP servers.
     pub mcp: Arc<dyn McpServers>,
     /// Now.
@@ -378,7 +381,25 @@ impl Sessions {
                 .filter_map(|tool| tool.tool.spec.server_id.as_deref())
                 .collect();
             let mut seen = HashSet::new();
-            for skill in prepared.skills {
+            // The tenant's own skills, written by its agents: EXTERNAL_UNTRUSTED
+            // at load, and editable by skill.manage.
+            let authored = self
+                .parts
+                .authored
+                .skills(tenant_id)
+                .await?
+                .into_iter()
+                .map(|skill| SkillMetadata {
+                    name: format!("{AUTHORED_SKILL_PREFIX}{}", skill.name),
+                    version: skill.version,
+                    description: skill.description,
+                    required_tools: skill.required_tools,
+                    source: ToolSource::Builtin,
+                    server_id: None,
+                    trust: TrustLevel::ExternalUntrusted,
+                    read_only: false,
+                });
+            for skill in prepared.skills.into_iter().chain(authored) {
                 let reachable = skill
                     .server_id
                     .as_deref()

@@ -20,12 +20,13 @@ pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerD
 pub use metrics::{Labels, Metrics};
 pub use policy::PolicyEngine;
 pub use store::{
-    ApprovalRecord, ApprovalStore, ArtifactRecord, BreakerTally, CatalogEntry, CatalogGeneration,
-    CatalogRow, CatalogStore, Claim, Ended, EventRecord, EventStore, Fence, Held, InsertOutcome,
-    InvocationRecord, InvocationState, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
-    SessionRecord, SessionStore, Store, StoreError, StoredArtifact, Suspension, TerminalRecord,
-    ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
+    ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BreakerTally, CatalogEntry,
+    CatalogGeneration, CatalogRow, CatalogStore, Claim, Ended, EventRecord, EventStore, Fence,
+    Held, InsertOutcome, InvocationRecord, InvocationState, InvocationStore, McpServerRow,
+    NewInvocation, PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal,
+    ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
+    SkillWritten, Store, StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use tool::{
     ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken,

@@ -127,6 +127,7 @@ async fn gate_01_the_builds_tool_set_passes_registration_validation() {
             &folder.path().join("demo"),
             servers.clone(),
             store.clone(),
+            store.clone(),
             Arc::new(SystemClock),
         )
     };
@@ -147,6 +148,7 @@ async fn gate_01_the_builds_tool_set_passes_registration_validation() {
                 "demo.set_value",
                 "demo.wait",
                 "skill.load",
+                "skill.manage",
                 "tool.call",
             ]
             .map(str::to_owned)

@@ -1983,3 +1983,61 @@ async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
     assert_eq!(row.status(), InvocationStatus::Running);
     store.close().await;
 }
+
+/// The tenant's skills: a create, the same call again (its key) changing
+/// nothing, a create over a taken name refused, an update of a missing one
+/// refused, a delete; another tenant sees none of them.
+#[tokio::test]
+async fn authored_skills_are_written_once_per_call_and_kept_per_tenant() {
+    use toolgate::ports::{AuthoredSkill, SkillWrite, SkillWritten};
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let skill = |key: &str, body: &str| AuthoredSkill {
+            name: "triage".into(),
+            description: "d".into(),
+            body: body.into(),
+            required_tools: vec!["demo.echo".into()],
+            version: format!("v-{body}"),
+            author: "user-1".into(),
+            written_by_key: key.into(),
+            created_at: now(),
+            updated_at: now(),
+        };
+        let put = |skill: AuthoredSkill, mode| {
+            let store = store.clone();
+            async move { store.put_skill("tenant-a", &skill, mode).await.unwrap() }
+        };
+        assert_eq!(
+            put(skill("k1", "one"), SkillWrite::Update).await,
+            SkillWritten::Missing,
+            "{name}"
+        );
+        assert_eq!(
+            put(skill("k1", "one"), SkillWrite::Create).await,
+            SkillWritten::Written
+        );
+        assert_eq!(
+            put(skill("k1", "one"), SkillWrite::Create).await,
+            SkillWritten::Repeated,
+            "{name}: the same call again"
+        );
+        assert_eq!(
+            put(skill("k2", "two"), SkillWrite::Create).await,
+            SkillWritten::Exists,
+            "{name}"
+        );
+        assert_eq!(
+            put(skill("k3", "three"), SkillWrite::Update).await,
+            SkillWritten::Written
+        );
+        let skills = store.skills("tenant-a").await.unwrap();
+        assert_eq!(skills.len(), 1, "{name}");
+        assert_eq!(skills[0].body, "three");
+        assert_eq!(skills[0].required_tools, vec!["demo.echo".to_owned()]);
+        assert!(store.skills("tenant-b").await.unwrap().is_empty(), "{name}");
+        assert!(!store.delete_skill("tenant-b", "triage").await.unwrap());
+        assert!(store.delete_skill("tenant-a", "triage").await.unwrap());
+        assert!(!store.delete_skill("tenant-a", "triage").await.unwrap());
+        assert!(store.skills("tenant-a").await.unwrap().is_empty(), "{name}");
+    }
+}

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::domain::glob_matches;
+use crate::domain::names::SKILL_MANAGE;
 use crate::domain::policy::{PolicyDecision, ProposedAction};
 use crate::domain::{ReasonCode, RiskLevel, SideEffectClass, TrustLevel};
 use crate::ports::{BoxFuture, PolicyEngine};
@@ -167,6 +168,12 @@ impl RuleFilePolicy {
 
     /// The decision for an action; synchronous, microseconds.
     pub fn decide(&self, action: &ProposedAction<'_>) -> PolicyDecision {
+        // An agent whose turn saw untrusted content cannot write a skill
+        // in that turn (Section 30.3): built in, ahead of the file's rules,
+        // so no file loosens it.
+        if action.tool == SKILL_MANAGE && action.origin_trust < TrustLevel::User {
+            return PolicyDecision::Deny(ReasonCode::PolicyRuleDenied);
+        }
         for rule in &self.file.rules {
             if rule
                 .tools
@@ -332,6 +339,42 @@ mod tests {
             idempotency: IdempotencyClass::NonIdempotent,
             origin_trust: origin,
             argument_trust: &UNLABELLED,
+        }
+    }
+
+    #[test]
+    fn a_skill_is_never_written_from_a_turn_that_saw_untrusted_content() {
+        let p = Principal {
+            id: "p".into(),
+            scopes: Default::default(),
+        };
+        // Not even a file allowing it loosens the rule.
+        let policy =
+            RuleFilePolicy::parse("[[rules]]\ntools = [\"skill.manage\"]\ndecision = \"allow\"\n")
+                .unwrap();
+        for engine in [RuleFilePolicy::built_in(), policy] {
+            for origin in [TrustLevel::ExternalUntrusted, TrustLevel::InternalTool] {
+                assert_eq!(
+                    engine.decide(&action(
+                        &p,
+                        "skill.manage",
+                        SideEffectClass::WorkspaceWrite,
+                        RiskLevel::High,
+                        origin
+                    )),
+                    PolicyDecision::Deny(ReasonCode::PolicyRuleDenied)
+                );
+            }
+            assert_eq!(
+                engine.decide(&action(
+                    &p,
+                    "skill.manage",
+                    SideEffectClass::WorkspaceWrite,
+                    RiskLevel::High,
+                    TrustLevel::User
+                )),
+                PolicyDecision::Allow
+            );
         }
     }
 

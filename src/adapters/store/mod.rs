@@ -120,6 +120,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "the step after which a run only answers",
         sql: include_str!("../../../migrations/postgres/0017_synthesis_only.sql"),
     },
+    Migration {
+        version: 18,
+        description: "skills a tenant's agents wrote",
+        sql: include_str!("../../../migrations/postgres/0018_authored_skills.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -203,6 +208,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 17,
         description: "the step after which a run only answers",
         sql: include_str!("../../../migrations/sqlite/0017_synthesis_only.sql"),
+    },
+    Migration {
+        version: 18,
+        description: "skills a tenant's agents wrote",
+        sql: include_str!("../../../migrations/sqlite/0018_authored_skills.sql"),
     },
 ];
 

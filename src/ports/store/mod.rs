@@ -22,6 +22,7 @@ mod catalog;
 mod events;
 mod invocations;
 mod sessions;
+mod skills;
 mod workers;
 
 pub use approvals::{ApprovalRecord, ApprovalStore};
@@ -35,6 +36,7 @@ pub use invocations::{
     Suspension, TerminalRecord, ToolEvent,
 };
 pub use sessions::{SessionRecord, SessionStore};
+pub use skills::{AuthoredSkill, SkillStore, SkillWrite, SkillWritten};
 pub use workers::{Registration, Renewal, WorkerLease, WorkerRegistration, WorkerStore};
 
 /// Why the store failed. Messages carry no argument, result or secret.
@@ -112,6 +114,7 @@ pub trait Store:
     + ReviewStore
     + ApprovalStore
     + SessionStore
+    + SkillStore
     + CatalogStore
     + EventStore
 {
@@ -124,6 +127,7 @@ impl<T> Store for T where
         + ReviewStore
         + ApprovalStore
         + SessionStore
+        + SkillStore
         + CatalogStore
         + EventStore
 {

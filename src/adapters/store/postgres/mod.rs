@@ -16,12 +16,13 @@ use uuid::Uuid;
 use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
-    CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, Held,
-    InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
-    SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
+    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore,
+    Fence, Held, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
+    PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
+    ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten,
+    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerRegistration,
+    WorkerStore,
 };
 
 /// Hot-path connections per node: the pipeline's commits are one short
@@ -386,6 +387,7 @@ mod events;
 mod invocations;
 mod reviews;
 mod sessions;
+mod skills;
 mod workers;
 
 impl Schema for PostgresStore {

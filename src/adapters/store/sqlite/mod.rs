@@ -26,12 +26,13 @@ use super::rows::{held, invocation};
 use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, ArtifactRecord, BoxFuture, BreakerTally, CatalogEntry,
-    CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore, Fence, Held,
-    InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation, PlatformEvent,
-    PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord, ReviewStore, Schema,
-    SessionRecord, SessionStore, StoreError, StoredArtifact, TerminalRecord, ToolEvent,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
+    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore,
+    Fence, Held, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
+    PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
+    ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten,
+    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerRegistration,
+    WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more
@@ -66,6 +67,7 @@ mod events;
 mod invocations;
 mod reviews;
 mod sessions;
+mod skills;
 mod workers;
 mod writer;
 
