@@ -1206,6 +1206,18 @@ async fn an_http_answer_past_the_ceiling_is_output_too_large() {
         Some(ReasonCode::ToolOutputTooLarge),
         "{outcome:?}"
     );
+    // The answer's head up to the ceiling is kept as the call's artifact.
+    let kept = finished(&outcome)
+        .content
+        .iter()
+        .find_map(|part| match part {
+            toolgate::pipeline::RenderedPart::Artifact { bytes, .. } => Some(*bytes),
+            _ => None,
+        });
+    assert!(
+        kept.is_some_and(|bytes| bytes > 4 * 65536 && bytes < 1 << 20),
+        "the runaway's head: {kept:?}"
+    );
     let outcome = live.call("mcp.reads.huge", json!({"bytes": 1000})).await;
     assert_eq!(
         status(&outcome),

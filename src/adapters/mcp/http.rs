@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{StreamExt as _, TryStreamExt as _};
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
@@ -241,20 +241,22 @@ impl EgressClient {
             Body::Answer => self.inner.ceilings.current(),
             Body::Other => MAXIMUM_ERROR_BODY,
         };
-        let read = Limited::new(response.into_body(), limit).collect();
+        let read = read_within(response.into_body(), limit);
         let bytes = match tokio::time::timeout(self.inner.header_timeout, read).await {
             Err(_) => return Err(HttpError::Timeout),
-            Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+            Ok(Err(Bounded::Over(head))) => {
                 return Err(match body {
                     Body::Answer => {
-                        self.inner.ceilings.mark_oversized();
+                        // The answer's head up to the ceiling is kept for
+                        // the call it answered; the rest is never read.
+                        self.inner.ceilings.mark_oversized_with(head);
                         HttpError::TooLarge
                     }
                     Body::Other => HttpError::Connection,
                 });
             }
-            Ok(Err(_)) => return Err(HttpError::Connection),
-            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(Bounded::Failed)) => return Err(HttpError::Connection),
+            Ok(Ok(bytes)) => bytes,
         };
         if let Some(connection) = reusable {
             self.put_idle(connection);
@@ -316,11 +318,15 @@ where
         in_event: usize,
         line_empty: bool,
         ended: bool,
+        /// The event's bytes so far, as the chunks they came in (shared,
+        /// not copied): an event that crosses the ceiling keeps its head.
+        event: Vec<Bytes>,
     }
     let state = Scan {
         in_event: 0,
         line_empty: true,
         ended: false,
+        event: Vec::new(),
     };
     bytes.scan(state, move |state, chunk| {
         if state.ended {
@@ -334,11 +340,15 @@ where
             }
         };
         let ceiling = ceilings.current();
-        for byte in chunk.iter() {
+        // Where the event in progress starts within this chunk.
+        let mut event_start = 0;
+        for (at, byte) in chunk.iter().enumerate() {
             match byte {
                 b'\n' => {
                     if state.line_empty {
                         state.in_event = 0;
+                        state.event.clear();
+                        event_start = at + 1;
                     }
                     state.line_empty = true;
                 }
@@ -348,12 +358,40 @@ where
             state.in_event += 1;
             if state.in_event > ceiling {
                 state.ended = true;
-                ceilings.mark_oversized();
+                let mut head: Vec<u8> = state.event.iter().flatten().copied().collect();
+                head.extend_from_slice(&chunk[event_start..at]);
+                ceilings.mark_oversized_with(head);
                 return futures::future::ready(Some(Err(HttpError::TooLarge)));
             }
         }
+        state.event.push(chunk.slice(event_start..));
         futures::future::ready(Some(Ok(chunk)))
     })
+}
+
+/// Why a body was not read whole.
+enum Bounded {
+    /// It crossed the limit: what it held up to it.
+    Over(Vec<u8>),
+    /// The connection failed under it.
+    Failed,
+}
+
+/// A body read whole, never holding more than `limit` bytes.
+async fn read_within(mut body: Incoming, limit: usize) -> Result<Bytes, Bounded> {
+    let mut read: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| Bounded::Failed)?.into_data() else {
+            continue;
+        };
+        if read.len() + data.len() > limit {
+            let room = limit.saturating_sub(read.len());
+            read.extend_from_slice(&data[..room.min(data.len())]);
+            return Err(Bounded::Over(read));
+        }
+        read.extend_from_slice(&data);
+    }
+    Ok(Bytes::from(read))
 }
 
 fn protocol_headers(
