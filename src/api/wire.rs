@@ -249,6 +249,8 @@ pub fn invocation_view(row: &InvocationRecord) -> Value {
         "outcome_status": row.outcome_status(),
         "reason_code": row.reason_code,
         "idempotency_class": row.idempotency_class,
+        "origin_trust": row.origin_trust,
+        "argument_trust": row.argument_trust.labels(),
         "idempotency_key": row.idempotency_key,
         "effect_sent_at": row.effect_sent_at,
         "attempt_number": row.attempt_number,

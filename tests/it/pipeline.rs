@@ -1534,6 +1534,7 @@ async fn leave_running(
         idempotency_class: tool.spec.idempotency,
         side_effect: tool.spec.side_effect,
         origin_trust: TrustLevel::User,
+        argument_trust: request.argument_trust.clone(),
         principal: request.principal.clone(),
         parallel_group: None,
         deadline_at: Some(now + Duration::seconds(60)),
@@ -1610,6 +1611,39 @@ async fn recovery_refused_by_authority_settles_the_row() {
             harness.lines("external.log").is_empty(),
             "{name}: nothing ran"
         );
+    }
+}
+
+/// Recovery decides on the labels the call came with: a line the user gave,
+/// under a rule that holds a line the model wrote, runs once after its
+/// worker died instead of waiting for a human.
+#[tokio::test]
+async fn recovery_decides_on_the_argument_labels_the_call_came_with() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let policy = RuleFilePolicy::parse(
+            "[[rules]]\ntools = [\"demo.external_write\"]\nuntrusted_arguments = [\"line\"]\n\
+             decision = \"require_approval\"\n\n[[rules]]\ntools = [\"demo.*\"]\ndecision = \"allow\"\n",
+        )
+        .unwrap();
+        let harness = harness(store.clone(), Arc::new(policy)).await;
+        let dead = register_worker(store.as_ref(), std::time::Duration::from_secs(60)).await;
+        let mut request = harness.request("demo.external_write", json!({"line": "the user's"}));
+        request.argument_trust =
+            ArgumentTrust::from_pointers([("/line", TrustLevel::User)]).unwrap();
+        let row = leave_running(&harness, store.as_ref(), &request, dead).await;
+        assert_eq!(row.argument_trust, request.argument_trust, "{name}");
+        store.release_worker(dead).await.unwrap();
+        let report = harness.pipeline.recover(SWEEP).await.unwrap();
+        assert_eq!(report.taken, 1, "{name}");
+        let ran = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        assert_eq!(
+            ran.outcome_status(),
+            Some(ToolOutcomeStatus::Succeeded),
+            "{name}: {:?}",
+            ran.reason_code
+        );
+        assert_eq!(harness.lines("external.log").len(), 1, "{name}");
     }
 }
 

@@ -2177,6 +2177,16 @@ fn argument_labels_are_pointers_with_trust_labels_or_refused() {
         body["results"][0]["outcome"]["status"], "succeeded",
         "{body}"
     );
+    // The labels are part of the call's record: recovery decides on them.
+    let id = body["results"][0]["invocation_id"].as_str().unwrap();
+    let (_, row) = served.get(&format!("/v1/invocations/{id}?tenant_id={TENANT}"));
+    let row = json_of(&row);
+    assert_eq!(
+        row["argument_trust"],
+        json!({"text": "external_untrusted"}),
+        "{row}"
+    );
+    assert_eq!(row["origin_trust"], "user", "{row}");
     for refused in [
         json!({"text": "user"}),
         json!({"/text": "very_trusted"}),

@@ -10,8 +10,8 @@ use serde_json::json;
 use sqlx::Connection;
 use toolgate::adapters::store::{PostgresStore, SqliteStore};
 use toolgate::domain::{
-    ApprovalStatus, Durability, IdempotencyClass, InvocationStatus, Principal, ReasonCode,
-    SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+    ApprovalStatus, ArgumentTrust, Durability, IdempotencyClass, InvocationStatus, Principal,
+    ReasonCode, SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 use toolgate::ports::{
     Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Renewal, Schema, SessionRecord,
@@ -209,6 +209,8 @@ pub fn new_invocation(
         idempotency_class: IdempotencyClass::NonIdempotent,
         side_effect: SideEffectClass::ExternalWrite,
         origin_trust: TrustLevel::User,
+        argument_trust: ArgumentTrust::from_pointers([("/line", TrustLevel::ExternalUntrusted)])
+            .expect("one label by pointer"),
         principal: Principal {
             id: "p1".into(),
             scopes: ["demo.use".to_owned()].into(),
@@ -316,6 +318,7 @@ async fn insert_deduplicates_on_the_key() {
         );
         assert_eq!(record.arguments, new.arguments);
         assert_eq!(record.principal, new.principal);
+        assert_eq!(record.argument_trust, new.argument_trust, "{name}");
 
         let mut again = new.clone();
         again.id = Uuid::new_v4();

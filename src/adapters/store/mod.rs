@@ -125,6 +125,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "skills a tenant's agents wrote",
         sql: include_str!("../../../migrations/postgres/0018_authored_skills.sql"),
     },
+    Migration {
+        version: 19,
+        description: "where a call's arguments came from, on its row",
+        sql: include_str!("../../../migrations/postgres/0019_argument_trust.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -213,6 +218,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 18,
         description: "skills a tenant's agents wrote",
         sql: include_str!("../../../migrations/sqlite/0018_authored_skills.sql"),
+    },
+    Migration {
+        version: 19,
+        description: "where a call's arguments came from, on its row",
+        sql: include_str!("../../../migrations/sqlite/0019_argument_trust.sql"),
     },
 ];
 

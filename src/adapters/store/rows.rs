@@ -147,6 +147,14 @@ pub(super) fn invocation(row: &impl Columns) -> Result<InvocationRecord, StoreEr
         principal: serde_json::from_value(row.json("principal")?)
             .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
         origin_trust: parse(&row.text("origin_trust")?, "origin_trust")?,
+        // A row written before labels were kept has none: every argument
+        // the model's.
+        argument_trust: row
+            .optional_json("argument_trust")?
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| StoreError::Decode(format!("argument_trust: {e}")))?
+            .unwrap_or_default(),
         parallel_group: row.optional_uuid("parallel_group")?,
         deadline_at: row.optional_time("deadline_at")?,
         approval_id: row.optional_uuid("approval_id")?,

@@ -326,6 +326,7 @@ mod tests {
                 scopes: Default::default(),
             },
             origin_trust: TrustLevel::User,
+            argument_trust: Default::default(),
             parallel_group: None,
             deadline_at: None,
             approval_id: None,

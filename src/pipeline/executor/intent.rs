@@ -131,6 +131,7 @@ impl<'a> Intent<'a> {
             idempotency_class: self.call.class,
             side_effect: self.call.side_effect,
             origin_trust: request.origin_trust,
+            argument_trust: request.argument_trust.clone(),
             principal: request.principal.clone(),
             parallel_group: request.parallel_group,
             deadline_at: request.deadline_at,

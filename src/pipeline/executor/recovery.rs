@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::decide::{Recovery, asks_for_approval, ending_code, recovery, settled_without_the_tool};
 use super::{Pipeline, in_progress};
 use crate::domain::policy::PolicyDecision;
-use crate::domain::{AgentSpec, ArgumentTrust, ReasonCode, ToolOutcomeStatus, ToolSource};
+use crate::domain::{AgentSpec, ReasonCode, ToolOutcomeStatus, ToolSource};
 use crate::pipeline::call::{CallOutcome, CallRequest, CallerTerms, RecoveryReport, SweepBounds};
 use crate::pipeline::preparation::register_discoveries;
 use crate::pipeline::records::{ended_event, recorded};
@@ -218,7 +218,7 @@ impl Pipeline {
             },
             pinned,
             origin_trust: row.origin_trust,
-            argument_trust: ArgumentTrust::default(),
+            argument_trust: row.argument_trust.clone(),
             deadline_at: row.deadline_at,
             parallel_group: row.parallel_group,
             recovering: Some(row.fence),

@@ -10,8 +10,8 @@ use uuid::Uuid;
 use super::{Claim, Fence, StoreError};
 use crate::domain::invocation::Phase;
 use crate::domain::{
-    Durability, IdempotencyClass, InvocationStatus, Principal, ReasonCode, ReviewResolution,
-    SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+    ArgumentTrust, Durability, IdempotencyClass, InvocationStatus, Principal, ReasonCode,
+    ReviewResolution, SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
 };
 use crate::ports::tool::BoxFuture;
 
@@ -52,6 +52,9 @@ pub struct NewInvocation {
     pub side_effect: SideEffectClass,
     /// Minimum trust over the request's context items.
     pub origin_trust: TrustLevel,
+    /// Where each argument came from, as the caller carried it: what policy
+    /// read, and what recovery's re-check reads again.
+    pub argument_trust: ArgumentTrust,
     /// Who the call acts for; re-checked before any re-execution.
     pub principal: Principal,
     /// Shared by one parallel batch.
@@ -177,6 +180,8 @@ pub struct InvocationRecord {
     pub principal: Principal,
     /// Request trust.
     pub origin_trust: TrustLevel,
+    /// Where each argument came from, as the caller carried it.
+    pub argument_trust: ArgumentTrust,
     /// The batch.
     pub parallel_group: Option<Uuid>,
     /// The call's deadline.

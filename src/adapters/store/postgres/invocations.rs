@@ -777,7 +777,7 @@ macro_rules! intent_statement {
             "SELECT * FROM ",
             $function,
             "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-             $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28), \
+             $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $30), \
              set_config('synchronous_commit', COALESCE($29, current_setting('synchronous_commit')), true)"
         )
     };
@@ -799,6 +799,11 @@ impl PostgresStore {
         let principal =
             serde_json::to_value(&new.principal).map_err(|e| StoreError::Decode(e.to_string()))?;
         let (kinds, bodies) = event_arrays(events)?;
+        // No labels at all is NULL: every argument the model's.
+        let argument_trust = (!new.argument_trust.labels().is_empty())
+            .then(|| serde_json::to_value(&new.argument_trust))
+            .transpose()
+            .map_err(|e| StoreError::Decode(e.to_string()))?;
         let result = sqlx::query(sql)
             .bind(&new.tenant_id)
             .bind(new.id)
@@ -833,6 +838,7 @@ impl PostgresStore {
             .bind(kinds)
             .bind(bodies)
             .bind(synchronous_commit(new.durability))
+            .bind(argument_trust)
             .fetch_optional(lease.connection()?)
             .await;
         let row = lease.settle(result)?;

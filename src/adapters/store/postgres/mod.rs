@@ -44,7 +44,7 @@ macro_rules! invocation_columns {
          server_id, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, \
          principal, origin_trust, parallel_group, deadline_at, approval_id, effect_sent_at, attempt_number, \
          worker_id, lease_epoch, suspended_kind, suspended_ref, outcome_status, reason_code, result, error, \
-         output_bytes, truncated, artifact_id, created_at, started_at, completed_at"
+         output_bytes, truncated, artifact_id, created_at, started_at, completed_at, argument_trust"
     };
 }
 

@@ -127,9 +127,10 @@ const INSERT_INTENT: &str = concat!(
     "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
      tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
      idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
-     reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at) \
+     reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at, \
+     argument_trust) \
      SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-     $21, $22, $23, $24, 0, $25, $26, $27 \
+     $21, $22, $23, $24, 0, $25, $26, $27, $29 \
      WHERE NOT $28 OR (NOT EXISTS (SELECT 1 FROM tool_invocations WHERE tenant_id = $2 AND run_id = $4 \
      AND tool_name = $7 AND arguments_hash = $12 AND outcome_status IS NOT NULL) \
      AND NOT EXISTS (SELECT 1 FROM breaker_synthesis WHERE tenant_id = $2 AND run_id = $4 \
@@ -892,6 +893,11 @@ impl SqliteStore {
         let principal =
             serde_json::to_string(&new.principal).map_err(|e| StoreError::Decode(e.to_string()))?;
         let events = event_rows(events)?;
+        // No labels at all is NULL: every argument the model's.
+        let argument_trust = (!new.argument_trust.labels().is_empty())
+            .then(|| serde_json::to_string(&new.argument_trust))
+            .transpose()
+            .map_err(|e| StoreError::Decode(e.to_string()))?;
         let new = new.clone();
         let durability = new.durability;
         let inserted = self
@@ -925,6 +931,7 @@ impl SqliteStore {
                     .bind(new.status.is_terminal().then_some(micros(claim.now)))
                     .bind((new.status == InvocationStatus::Running).then_some(micros(claim.now)))
                     .bind(uncounted)
+                    .bind(argument_trust)
                     .fetch_optional(connection)?;
                 if row.is_none() {
                     return Ok(None);
