@@ -1,9 +1,9 @@
 //! `toolgate serve`'s node: built, spawned, drained.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +26,6 @@ use crate::api::ops::{Operations, OpsConnections};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
 use crate::bridge::{Bridge, BridgeParts, BridgeSettings, Turns};
 use crate::config::Config;
-use crate::domain::secret::CredentialRef;
 use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
 use crate::front::{Front, FrontParts, FrontSettings};
 use crate::pipeline::admission::Admission;
@@ -143,17 +142,16 @@ pub async fn build(
         },
         builtins,
     )?);
-    let seconds = |value: u32| Duration::from_secs(u64::from(value));
     let worker = Arc::new(
         Worker::register(
             store.clone(),
             clock.clone(),
             &node.place,
             WorkerSettings {
-                lease: seconds(config.node.lease_seconds),
-                heartbeat: seconds(config.node.heartbeat_seconds),
-                sweep: seconds(config.node.sweep_seconds),
-                maximum_clock_skew: seconds(config.node.maximum_clock_skew_seconds),
+                lease: config.node.lease_seconds.duration(),
+                heartbeat: config.node.heartbeat_seconds.duration(),
+                sweep: config.node.sweep_seconds.duration(),
+                maximum_clock_skew: config.node.maximum_clock_skew_seconds.duration(),
                 ..WorkerSettings::default()
             },
         )
@@ -190,13 +188,10 @@ pub async fn build(
     let approvals = Arc::new(Approvals::new(store.clone(), clock.clone()));
     let in_flight = Arc::new(InFlight::default());
     let edge_limits = EdgeLimits {
-        body_limit: usize::try_from(config.limits.request_body_bytes).unwrap_or(usize::MAX),
-        header_timeout: Duration::from_secs(u64::from(
-            config.limits.request_header_timeout_seconds,
-        )),
-        body_timeout: Duration::from_secs(u64::from(config.limits.request_body_timeout_seconds)),
+        body_limit: config.limits.request_body_bytes,
+        header_timeout: config.limits.request_header_timeout_seconds.duration(),
+        body_timeout: config.limits.request_body_timeout_seconds.duration(),
     };
-    let connections = |maximum: u32| ConnectionCap::new(usize::try_from(maximum).unwrap_or(1));
     // Sandboxes of other uids reach their turns' folders through it.
     traversable_folder(&config.bridge.directory)?;
     let turns = Turns::new(&config.bridge.directory)?;
@@ -209,17 +204,17 @@ pub async fn build(
         clock: clock.clone(),
         metrics: metrics.clone(),
         in_flight: in_flight.clone(),
-        connections: connections(config.limits.bridge_connections),
+        connections: ConnectionCap::new(config.limits.bridge_connections),
         turns,
         settings: BridgeSettings {
             limits: edge_limits,
-            turn_connections: usize::try_from(config.limits.turn_connections).unwrap_or(1),
-            approval_hold: Duration::from_secs(u64::from(config.bridge.approval_hold_seconds)),
+            turn_connections: config.limits.turn_connections,
+            approval_hold: config.bridge.approval_hold_seconds.duration(),
             tenant_approval_holds: config
                 .bridge
                 .tenant_approval_hold_seconds
                 .iter()
-                .map(|(tenant, seconds)| (tenant.clone(), Duration::from_secs(u64::from(*seconds))))
+                .map(|(tenant, hold)| (tenant.clone(), hold.duration()))
                 .collect(),
             turn_call_cap: config.bridge.turn_call_cap,
             ..BridgeSettings::default()
@@ -229,8 +224,8 @@ pub async fn build(
     // is ready once the first round is done, or its bound has passed.
     let warmed = CancellationToken::new();
     let warm_up = WarmUp {
-        connect_timeout: Duration::from_secs(u64::from(config.mcp.warmup_connect_timeout_seconds)),
-        retry: Duration::from_secs(u64::from(config.mcp.warmup_retry_seconds)),
+        connect_timeout: config.mcp.warmup_connect_timeout_seconds.duration(),
+        retry: config.mcp.warmup_retry_seconds.duration(),
         attempts: config.mcp.warmup_attempts,
     };
     let operations = Arc::new(Operations {
@@ -247,7 +242,7 @@ pub async fn build(
         admission: Admission::new(
             pipeline.clone(),
             clock.clone(),
-            usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
+            config.limits.batch_concurrency,
         ),
         pipeline: pipeline.clone(),
         approvals: approvals.clone(),
@@ -260,7 +255,7 @@ pub async fn build(
             config.operator_server_ids(),
             TenantCeilings {
                 maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
-                timeout_seconds: config.limits.maximum_timeout_seconds,
+                timeout_seconds: config.limits.maximum_timeout_seconds.get(),
             },
         ),
         bridge: bridge.clone(),
@@ -269,7 +264,7 @@ pub async fn build(
         events: store.clone(),
         metrics: metrics.clone(),
         in_flight: in_flight.clone(),
-        connections: connections(config.limits.control_connections),
+        connections: ConnectionCap::new(config.limits.control_connections),
         readiness: operations.clone(),
         clock: clock.clone(),
         settings: ApiSettings {
@@ -285,7 +280,7 @@ pub async fn build(
             approvals: approvals.clone(),
             credentials,
             in_flight: in_flight.clone(),
-            connections: connections(settings.connections),
+            connections: ConnectionCap::new(settings.connections),
             settings: FrontSettings {
                 limits: edge_limits,
                 allowed_hosts: settings.hosts(),
@@ -293,11 +288,10 @@ pub async fn build(
                 resource: settings.resource.clone(),
                 authorization_servers: settings.authorization_servers.clone(),
                 scopes_supported: settings.scopes_supported.clone(),
-                approval_hold: seconds(settings.approval_hold_seconds),
-                session_in_flight: usize::try_from(settings.session_in_flight).unwrap_or(1),
-                sessions_per_credential: usize::try_from(settings.sessions_per_credential)
-                    .unwrap_or(1),
-                keep_alive: seconds(settings.keep_alive_seconds),
+                approval_hold: settings.approval_hold_seconds.duration(),
+                session_in_flight: settings.session_in_flight,
+                sessions_per_credential: settings.sessions_per_credential,
+                keep_alive: settings.keep_alive_seconds.duration(),
             },
         }))
     } else {
@@ -373,11 +367,10 @@ pub(super) async fn bind_listeners(
     environment: &BTreeMap<String, String>,
     front: bool,
 ) -> Result<Listeners, AppError> {
-    let tcp = match (&config.control.tcp, &config.control.token_ref) {
+    let tcp = match (config.control.tcp, &config.control.token_ref) {
         (Some(address), Some(reference)) => {
-            let reference = CredentialRef::parse(reference)?;
             let token = EnvFileResolver::new(environment.clone())
-                .resolve(&reference)
+                .resolve(reference)
                 .await
                 .map_err(|source| AppError::Credential {
                     what: "control.token_ref",
@@ -387,11 +380,11 @@ pub(super) async fn bind_listeners(
         }
         _ => None,
     };
-    let ops = match &config.ops.listen {
+    let ops = match config.ops.listen {
         Some(address) => Some(bind_tcp(address, "ops.listen").await?),
         None => None,
     };
-    let front_tcp = match (front, &config.front.listen) {
+    let front_tcp = match (front, config.front.listen) {
         (true, Some(address)) => Some(bind_tcp(address, "front.listen").await?),
         _ => None,
     };
@@ -399,7 +392,7 @@ pub(super) async fn bind_listeners(
         (true, Some(socket)) => {
             let bound = bind_socket(
                 socket,
-                config.front.socket_mode_bits(),
+                config.front.socket_mode.bits(),
                 config.front.socket_group.as_deref(),
                 "front",
             )?;
@@ -420,7 +413,7 @@ pub(super) async fn bind_listeners(
 /// A TCP listener on `address`, the configuration's `field`; its failure
 /// names the field.
 pub(super) async fn bind_tcp(
-    address: &str,
+    address: SocketAddr,
     field: &str,
 ) -> Result<tokio::net::TcpListener, AppError> {
     let bound = tokio::net::TcpListener::bind(address)
@@ -599,8 +592,7 @@ impl Running {
         } = tasks;
         tracing::info!("toolgate draining");
         let drain = async {
-            let drain_timeout =
-                Duration::from_secs(u64::from(config.runtime.drain_timeout_seconds));
+            let drain_timeout = config.runtime.drain_timeout_seconds.duration();
             in_flight.drain(drain_timeout).await;
             // Results the store failed under are written if it answers within
             // the grace; what is left the table recovers.
