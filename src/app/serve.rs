@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -97,12 +96,6 @@ pub async fn build(
     let node = NodeIdentity::acquire(&config.node.directory)?;
     let store = open_store(&config, &options).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let state = config
-        .artifacts
-        .directory
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| config.artifacts.directory.clone());
     let reloadable = match &config.policy.file {
         Some(file) => Some(Arc::new(ReloadablePolicy::load(file)?)),
         None => None,
@@ -111,16 +104,7 @@ pub async fn build(
         Some(reloadable) => reloadable.clone(),
         None => Arc::new(RuleFilePolicy::built_in()),
     };
-    let credentials = credential_resolver(&config, environment);
-    let registry_of_metrics = Arc::new(
-        MetricsRegistry::default().with_bounds(LabelBounds {
-            named_servers: config
-                .operator_server_ids()
-                .into_iter()
-                .chain(config.ops.metrics_tenant_servers.iter().cloned())
-                .collect(),
-        }),
-    );
+    let registry_of_metrics = metrics_registry(&config);
     let metrics: Arc<dyn Metrics> = registry_of_metrics.clone();
     children_reach_state(&config)?;
     let servers = Arc::new(mcp_servers(
@@ -130,37 +114,19 @@ pub async fn build(
         clock.clone(),
         metrics.clone(),
     )?);
-    let builtins = crate::builtin::tools(
-        &state.join("demo"),
-        servers.clone(),
-        store.clone(),
-        clock.clone(),
-    );
-    let registry = Arc::new(ToolRegistry::with_builtins(
-        RegistryLimits {
-            maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
-        },
-        builtins,
-    )?);
+    let registry = tool_registry(&config, &servers, &store, &clock)?;
     let worker = Arc::new(
         Worker::register(
             store.clone(),
             clock.clone(),
             &node.place,
-            WorkerSettings {
-                lease: config.node.lease_seconds.duration(),
-                heartbeat: config.node.heartbeat_seconds.duration(),
-                sweep: config.node.sweep_seconds.duration(),
-                maximum_clock_skew: config.node.maximum_clock_skew_seconds.duration(),
-                ..WorkerSettings::default()
-            },
+            worker_settings(&config.node),
         )
         .await?,
     );
     let lease = worker.lease();
     let artifact_files: Arc<dyn crate::ports::ArtifactStore> =
         Arc::new(FsArtifactStore::new(config.artifacts.directory.clone()));
-    let artifacts = Arc::new(Artifacts::new(store.clone(), artifact_files.clone()));
     let pipeline = Arc::new(Pipeline::new(PipelineParts {
         registry: registry.clone(),
         // The pipeline's writes are counted as they commit.
@@ -168,7 +134,7 @@ pub async fn build(
         approvals: store.clone(),
         policy,
         artifacts: artifact_files.clone(),
-        credentials,
+        credentials: credential_resolver(&config, environment),
         clock: clock.clone(),
         observer: Arc::new(Unobserved),
         mcp: Some(servers.clone()),
@@ -185,123 +151,34 @@ pub async fn build(
         mcp: servers.clone(),
         clock: clock.clone(),
     }));
-    let approvals = Arc::new(Approvals::new(store.clone(), clock.clone()));
-    let in_flight = Arc::new(InFlight::default());
-    let edge_limits = EdgeLimits {
-        body_limit: config.limits.request_body_bytes,
-        header_timeout: config.limits.request_header_timeout_seconds.duration(),
-        body_timeout: config.limits.request_body_timeout_seconds.duration(),
+    let shared = Shared {
+        approvals: Arc::new(Approvals::new(store.clone(), clock.clone())),
+        artifacts: Arc::new(Artifacts::new(store.clone(), artifact_files)),
+        in_flight: Arc::new(InFlight::default()),
+        limits: edge_limits(&config.limits),
+        store,
+        clock,
+        metrics,
+        pipeline,
+        sessions,
     };
-    // Sandboxes of other uids reach their turns' folders through it.
-    traversable_folder(&config.bridge.directory)?;
-    let turns = Turns::new(&config.bridge.directory)?;
-    let bridge = Bridge::new(BridgeParts {
-        pipeline: pipeline.clone(),
-        sessions: sessions.clone(),
-        approvals: approvals.clone(),
-        artifacts: artifacts.clone(),
-        events: store.clone(),
-        clock: clock.clone(),
-        metrics: metrics.clone(),
-        in_flight: in_flight.clone(),
-        connections: ConnectionCap::new(config.limits.bridge_connections),
-        turns,
-        settings: BridgeSettings {
-            limits: edge_limits,
-            turn_connections: config.limits.turn_connections,
-            approval_hold: config.bridge.approval_hold_seconds.duration(),
-            tenant_approval_holds: config
-                .bridge
-                .tenant_approval_hold_seconds
-                .iter()
-                .map(|(tenant, hold)| (tenant.clone(), hold.duration()))
-                .collect(),
-            turn_call_cap: config.bridge.turn_call_cap,
-            ..BridgeSettings::default()
-        },
-    });
+    let bridge = bridge(&config, &shared)?;
     // The operator's servers are discovered in the background: the node
     // is ready once the first round is done, or its bound has passed.
     let warmed = CancellationToken::new();
-    let warm_up = WarmUp {
-        connect_timeout: config.mcp.warmup_connect_timeout_seconds.duration(),
-        retry: config.mcp.warmup_retry_seconds.duration(),
-        attempts: config.mcp.warmup_attempts,
-    };
-    let operations = Arc::new(Operations {
-        metrics: metrics.clone(),
-        schema: store.clone(),
-        in_flight: in_flight.clone(),
-        lease: lease.clone(),
-        warmed: warmed.clone(),
-        warm_up_bound: tokio::time::Instant::now() + warm_up.connect_timeout,
-        connections: OpsConnections::new(OPS_CONNECTIONS),
-    });
-    let api = ControlApi::new(ApiParts {
-        sessions: sessions.clone(),
-        admission: Admission::new(
-            pipeline.clone(),
-            clock.clone(),
-            config.limits.batch_concurrency,
-        ),
-        pipeline: pipeline.clone(),
-        approvals: approvals.clone(),
-        artifacts,
-        continue_trace: crate::adapters::telemetry::otlp::continue_trace,
-        tenant_servers: TenantServers::new(
-            store.clone(),
-            clock.clone(),
-            config.egress_allowlist(),
-            config.operator_server_ids(),
-            TenantCeilings {
-                maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
-                timeout_seconds: config.limits.maximum_timeout_seconds.get(),
-            },
-        ),
-        bridge: bridge.clone(),
-        invocations: store.clone(),
-        reviews: store.clone(),
-        events: store.clone(),
-        metrics: metrics.clone(),
-        in_flight: in_flight.clone(),
-        connections: ConnectionCap::new(config.limits.control_connections),
-        readiness: operations.clone(),
-        clock: clock.clone(),
-        settings: ApiSettings {
-            limits: edge_limits,
-        },
-    });
+    let warm_up = warm_up(&config.mcp);
+    let operations = operations(&shared, &lease, &warmed, &warm_up);
+    let api = control_api(&config, &shared, &bridge, operations.clone());
     let front = if config.front.enabled() {
-        let credentials = front_credentials(&config)?;
-        let settings = &config.front;
-        Some(Front::new(FrontParts {
-            sessions: sessions.clone(),
-            pipeline: pipeline.clone(),
-            approvals: approvals.clone(),
-            credentials,
-            in_flight: in_flight.clone(),
-            connections: ConnectionCap::new(settings.connections),
-            settings: FrontSettings {
-                limits: edge_limits,
-                allowed_hosts: settings.hosts(),
-                allowed_origins: settings.allowed_origins.clone(),
-                resource: settings.resource.clone(),
-                authorization_servers: settings.authorization_servers.clone(),
-                scopes_supported: settings.scopes_supported.clone(),
-                approval_hold: settings.approval_hold_seconds.duration(),
-                session_in_flight: settings.session_in_flight,
-                sessions_per_credential: settings.sessions_per_credential,
-                keep_alive: settings.keep_alive_seconds.duration(),
-            },
-        }))
+        Some(front(&config, &shared)?)
     } else {
         None
     };
     registry_of_metrics.add_sampler(Arc::new(ServeSampler {
-        in_flight: in_flight.clone(),
+        in_flight: shared.in_flight.clone(),
         bridge: bridge.clone(),
         servers: servers.clone(),
-        store: store.clone(),
+        store: shared.store.clone(),
     }));
     // Every listener is bound before anything is served; if one cannot be,
     // nothing was, and the lease ends with the attempt.
@@ -318,20 +195,230 @@ pub async fn build(
             _identity: node,
             worker,
             lease,
-            pipeline,
+            pipeline: shared.pipeline,
             servers,
             bridge,
             front,
-            in_flight,
+            in_flight: shared.in_flight,
             reloadable,
         },
-        sessions,
+        sessions: shared.sessions,
         api,
         operations,
         warm_up,
         warmed,
         listeners,
     })
+}
+
+/// The metrics registry: every operator server, and each tenant server the
+/// operator names, has series of its own.
+fn metrics_registry(config: &Config) -> Arc<MetricsRegistry> {
+    Arc::new(
+        MetricsRegistry::default().with_bounds(LabelBounds {
+            named_servers: config
+                .operator_server_ids()
+                .into_iter()
+                .chain(config.ops.metrics_tenant_servers.iter().cloned())
+                .collect(),
+        }),
+    )
+}
+
+/// The operations listener's handler: metrics, liveness, and readiness
+/// (the lease held, the warm-up's first round done or its bound passed).
+fn operations(
+    shared: &Shared,
+    lease: &Arc<crate::pipeline::Lease>,
+    warmed: &CancellationToken,
+    warm_up: &WarmUp,
+) -> Arc<Operations> {
+    Arc::new(Operations {
+        metrics: shared.metrics.clone(),
+        schema: shared.store.clone(),
+        in_flight: shared.in_flight.clone(),
+        lease: lease.clone(),
+        warmed: warmed.clone(),
+        warm_up_bound: tokio::time::Instant::now() + warm_up.connect_timeout,
+        connections: OpsConnections::new(OPS_CONNECTIONS),
+    })
+}
+
+/// What every edge of a node is built on.
+struct Shared {
+    store: Arc<dyn crate::ports::Store>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<dyn Metrics>,
+    pipeline: Arc<Pipeline>,
+    sessions: Arc<Sessions>,
+    approvals: Arc<Approvals>,
+    artifacts: Arc<Artifacts>,
+    in_flight: Arc<InFlight>,
+    /// `[limits]`' body cap and deadlines, the same on every edge.
+    limits: EdgeLimits,
+}
+
+/// The tools a node serves: the built-ins (their demo state beside the
+/// artifacts) and, through `servers`, the MCP servers'.
+fn tool_registry(
+    config: &Config,
+    servers: &Arc<McpServerSet>,
+    store: &Arc<dyn crate::ports::Store>,
+    clock: &Arc<dyn Clock>,
+) -> Result<Arc<ToolRegistry>, AppError> {
+    let artifacts = &config.artifacts.directory;
+    let state = artifacts.parent().unwrap_or(artifacts);
+    let builtins = crate::builtin::tools(
+        &state.join("demo"),
+        servers.clone(),
+        store.clone(),
+        clock.clone(),
+    );
+    Ok(Arc::new(ToolRegistry::with_builtins(
+        RegistryLimits {
+            maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+        },
+        builtins,
+    )?))
+}
+
+/// A request's body cap and deadlines from `[limits]`, the same on every
+/// edge.
+fn edge_limits(limits: &crate::config::LimitsConfig) -> EdgeLimits {
+    EdgeLimits {
+        body_limit: limits.request_body_bytes,
+        header_timeout: limits.request_header_timeout_seconds.duration(),
+        body_timeout: limits.request_body_timeout_seconds.duration(),
+    }
+}
+
+/// The background discovery of the operator's servers, from `[mcp]`.
+fn warm_up(mcp: &crate::config::McpConfig) -> WarmUp {
+    WarmUp {
+        connect_timeout: mcp.warmup_connect_timeout_seconds.duration(),
+        retry: mcp.warmup_retry_seconds.duration(),
+        attempts: mcp.warmup_attempts,
+    }
+}
+
+/// The worker's lease and sweeps from `[node]`.
+fn worker_settings(node: &crate::config::NodeConfig) -> WorkerSettings {
+    WorkerSettings {
+        lease: node.lease_seconds.duration(),
+        heartbeat: node.heartbeat_seconds.duration(),
+        sweep: node.sweep_seconds.duration(),
+        maximum_clock_skew: node.maximum_clock_skew_seconds.duration(),
+        ..WorkerSettings::default()
+    }
+}
+
+/// The orchestration bridge, its turns' folder made for sandboxes of other
+/// uids to reach.
+fn bridge(config: &Config, shared: &Shared) -> Result<Arc<Bridge>, AppError> {
+    traversable_folder(&config.bridge.directory)?;
+    Ok(Bridge::new(BridgeParts {
+        pipeline: shared.pipeline.clone(),
+        sessions: shared.sessions.clone(),
+        approvals: shared.approvals.clone(),
+        artifacts: shared.artifacts.clone(),
+        events: shared.store.clone(),
+        clock: shared.clock.clone(),
+        metrics: shared.metrics.clone(),
+        in_flight: shared.in_flight.clone(),
+        connections: ConnectionCap::new(config.limits.bridge_connections),
+        turns: Turns::new(&config.bridge.directory)?,
+        settings: bridge_settings(config, shared.limits),
+    }))
+}
+
+/// The control API.
+fn control_api(
+    config: &Config,
+    shared: &Shared,
+    bridge: &Arc<Bridge>,
+    readiness: Arc<Operations>,
+) -> Arc<ControlApi> {
+    let (store, clock) = (&shared.store, &shared.clock);
+    ControlApi::new(ApiParts {
+        sessions: shared.sessions.clone(),
+        admission: Admission::new(
+            shared.pipeline.clone(),
+            clock.clone(),
+            config.limits.batch_concurrency,
+        ),
+        pipeline: shared.pipeline.clone(),
+        approvals: shared.approvals.clone(),
+        artifacts: shared.artifacts.clone(),
+        continue_trace: crate::adapters::telemetry::otlp::continue_trace,
+        tenant_servers: TenantServers::new(
+            store.clone(),
+            clock.clone(),
+            config.egress_allowlist(),
+            config.operator_server_ids(),
+            TenantCeilings {
+                maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
+                timeout_seconds: config.limits.maximum_timeout_seconds.get(),
+            },
+        ),
+        bridge: bridge.clone(),
+        invocations: store.clone(),
+        reviews: store.clone(),
+        events: store.clone(),
+        metrics: shared.metrics.clone(),
+        in_flight: shared.in_flight.clone(),
+        connections: ConnectionCap::new(config.limits.control_connections),
+        readiness,
+        clock: clock.clone(),
+        settings: ApiSettings {
+            limits: shared.limits,
+        },
+    })
+}
+
+/// The MCP front door, with its credentials.
+fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
+    Ok(Front::new(FrontParts {
+        sessions: shared.sessions.clone(),
+        pipeline: shared.pipeline.clone(),
+        approvals: shared.approvals.clone(),
+        credentials: front_credentials(config)?,
+        in_flight: shared.in_flight.clone(),
+        connections: ConnectionCap::new(config.front.connections),
+        settings: front_settings(&config.front, shared.limits),
+    }))
+}
+
+/// The bridge's settings from `[bridge]` and `[limits]`.
+fn bridge_settings(config: &Config, limits: EdgeLimits) -> BridgeSettings {
+    BridgeSettings {
+        limits,
+        turn_connections: config.limits.turn_connections,
+        approval_hold: config.bridge.approval_hold_seconds.duration(),
+        tenant_approval_holds: config
+            .bridge
+            .tenant_approval_hold_seconds
+            .iter()
+            .map(|(tenant, hold)| (tenant.clone(), hold.duration()))
+            .collect(),
+        turn_call_cap: config.bridge.turn_call_cap,
+        ..BridgeSettings::default()
+    }
+}
+
+/// The front door's settings from `[front]`, with the edges' limits.
+fn front_settings(front: &crate::config::FrontConfig, limits: EdgeLimits) -> FrontSettings {
+    FrontSettings {
+        limits,
+        allowed_hosts: front.hosts(),
+        allowed_origins: front.allowed_origins.clone(),
+        resource: front.resource.clone(),
+        authorization_servers: front.authorization_servers.clone(),
+        scopes_supported: front.scopes_supported.clone(),
+        approval_hold: front.approval_hold_seconds.duration(),
+        session_in_flight: front.session_in_flight,
+        sessions_per_credential: front.sessions_per_credential,
+        keep_alive: front.keep_alive_seconds.duration(),
+    }
 }
 
 /// The store the configuration names, its migrations applied when
