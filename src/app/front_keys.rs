@@ -1,10 +1,11 @@
 //! The front door's credentials from the configuration and its files.
 
 use std::sync::Arc;
-use std::time::Duration;
+
+use jsonwebtoken::Algorithm;
 
 use super::{AppError, egress_dialer};
-use crate::config::{Config, ConfigErrors};
+use crate::config::{Config, ConfigErrors, JwtAlgorithm};
 use crate::front::{ApiKey, Credentials, Front, JwtSettings, KeySource, TenantSource};
 
 /// SIGHUP: the front door's API keys file and JWK set file are read again;
@@ -60,12 +61,8 @@ pub(super) fn front_credentials(config: &Config) -> Result<Arc<Credentials>, App
         Some(jwt) => Some(JwtSettings {
             issuer: jwt.issuer.clone(),
             audiences: jwt.audiences.clone(),
-            algorithms: jwt
-                .algorithms
-                .iter()
-                .filter_map(|alg| alg.parse().ok())
-                .collect(),
-            leeway: Duration::from_secs(u64::from(jwt.leeway_seconds)),
+            algorithms: jwt.algorithms.iter().copied().map(algorithm).collect(),
+            leeway: jwt.leeway_seconds.duration(),
             tenant: match &jwt.tenant_id {
                 Some(tenant) => TenantSource::Fixed(tenant.clone()),
                 None => TenantSource::Claim(jwt.tenant_claim.clone()),
@@ -78,7 +75,7 @@ pub(super) fn front_credentials(config: &Config) -> Result<Arc<Credentials>, App
                 (Some(file), _) => KeySource::File(file.clone()),
                 (None, Some(url)) => KeySource::Url {
                     url: url.clone(),
-                    refresh: Duration::from_secs(u64::from(jwt.jwks_refresh_seconds)),
+                    refresh: jwt.jwks_refresh_seconds.duration(),
                 },
                 (None, None) => return Err(AppError::NoKeySet),
             },
@@ -87,4 +84,19 @@ pub(super) fn front_credentials(config: &Config) -> Result<Arc<Credentials>, App
     };
     let dialer: Arc<dyn crate::ports::EgressDialer> = Arc::new(egress_dialer(config)?);
     Ok(Arc::new(Credentials::new(keys, jwt, dialer)?))
+}
+
+/// The library's name for an algorithm the file names.
+fn algorithm(algorithm: JwtAlgorithm) -> Algorithm {
+    match algorithm {
+        JwtAlgorithm::Rs256 => Algorithm::RS256,
+        JwtAlgorithm::Rs384 => Algorithm::RS384,
+        JwtAlgorithm::Rs512 => Algorithm::RS512,
+        JwtAlgorithm::Ps256 => Algorithm::PS256,
+        JwtAlgorithm::Ps384 => Algorithm::PS384,
+        JwtAlgorithm::Ps512 => Algorithm::PS512,
+        JwtAlgorithm::Es256 => Algorithm::ES256,
+        JwtAlgorithm::Es384 => Algorithm::ES384,
+        JwtAlgorithm::EdDsa => Algorithm::EdDSA,
+    }
 }

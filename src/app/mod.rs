@@ -19,10 +19,7 @@ use crate::adapters::mcp::child::RunAs;
 use crate::adapters::mcp::{AuthSettings, HttpServerSettings, McpServerSet, StdioServerSettings};
 use crate::adapters::store;
 use crate::adapters::telemetry::MetricsRegistry;
-use crate::config::{Config, ConfigErrors};
-use crate::domain::egress::AllowedCidrs;
-use crate::domain::mcp_server::{AuthScheme, ServerClassification};
-use crate::domain::secret::CredentialRef;
+use crate::config::{Config, ConfigErrors, RunAsUser};
 use crate::pipeline::{RegistryLimits, ToolRegistry, register_discoveries};
 use crate::ports::{Clock, McpServers, Metrics, PlatformEvent, StoreError, SystemClock};
 
@@ -44,9 +41,6 @@ pub enum AppError {
     /// The build's tools do not register.
     #[error("{0}")]
     Registry(#[from] crate::pipeline::registry::StartupError),
-    /// A credential reference in the configuration does not parse.
-    #[error("{0}")]
-    CredentialRef(#[from] crate::domain::secret::CredentialRefError),
     /// A credential the configuration names could not be resolved.
     #[error("{what}: {source}")]
     Credential {
@@ -55,9 +49,6 @@ pub enum AppError {
         #[source]
         source: crate::ports::CredentialError,
     },
-    /// `egress.allow_cidrs` does not parse.
-    #[error("egress.allow_cidrs: {0}")]
-    AllowedCidrs(String),
     /// The egress dialer could not be built (its TLS roots).
     #[error("{0}")]
     Egress(#[from] crate::adapters::egress::EgressSetupError),
@@ -169,7 +160,7 @@ pub fn check_config(
         }]));
     }
     Ok(ConfigSummary {
-        store_backend: if config.store.url.starts_with("sqlite:") {
+        store_backend: if config.store.is_sqlite() {
             "sqlite"
         } else {
             "postgres"
@@ -216,7 +207,7 @@ pub struct ProcessSettings {
 pub fn process_settings_of(config: &Config) -> ProcessSettings {
     ProcessSettings {
         log_level: config.log.level.clone(),
-        worker_threads: usize::try_from(config.runtime.worker_threads).unwrap_or(2),
+        worker_threads: config.runtime.worker_threads,
         otlp: config.telemetry.otlp_endpoint.as_ref().map(|endpoint| {
             crate::adapters::telemetry::otlp::OtlpSettings {
                 endpoint: endpoint.clone(),
@@ -235,10 +226,8 @@ pub fn process_settings(
     Ok(process_settings_of(&Config::load(path, environment)?))
 }
 
-/// The operator's stdio servers as the MCP adapter takes them. The file is
-/// already validated, so a scheme or reference that does not parse here
-/// cannot occur; were it to, the server is left without a credential and
-/// fails to connect rather than starting with a guessed one.
+/// The operator's stdio servers as the MCP adapter takes them; a user a
+/// server runs as that this system does not have is a problem at its field.
 pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, ConfigErrors> {
     let mut problems = Vec::new();
     // Root is never a child's default: toolgate run as root starts a server
@@ -250,18 +239,19 @@ pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, Confi
         .iter()
         .enumerate()
         .map(|(index, server)| {
+            let common = &server.common;
             let (field, run_as) = match (&server.run_as, &config.mcp.run_as) {
                 (Some(own), _) => (format!("mcp.servers[{index}].run_as"), Some(own)),
                 (None, Some(default)) => ("mcp.run_as".to_owned(), Some(default)),
                 (None, None) => (String::new(), None),
             };
             let run_as = match run_as {
-                Some(text) => match resolve_run_as(text) {
+                Some(user) => match resolve_run_as(user) {
                     Ok(run_as) => Some(run_as),
                     Err(message) => {
                         problems.push(crate::config::ConfigError {
                             path: field.clone(),
-                            message,
+                            message: message.to_owned(),
                         });
                         None
                     }
@@ -271,40 +261,28 @@ pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, Confi
             };
             if as_root && run_as.is_some_and(|user| user.uid == 0) {
                 tracing::warn!(
-                    server = %server.server_id,
+                    server = %common.server_id,
                     field = %field,
                     "a stdio server runs as root, as its run_as says; it holds no capability"
                 );
             }
-            (server, run_as)
-        })
-        .map(|(server, run_as)| StdioServerSettings {
-            server_id: server.server_id.clone(),
-            program: server.command.clone(),
-            args: server.args.clone(),
-            env: server.env.clone(),
-            auth_scheme: server.auth.scheme.parse().unwrap_or(AuthScheme::None),
-            auth_name: server.auth.name.clone(),
-            credential_ref: server
-                .auth
-                .credential_ref
-                .as_deref()
-                .and_then(|text| CredentialRef::parse(text).ok()),
-            classification: ServerClassification {
-                side_effect: server.side_effect,
-                risk: server.risk,
-                idempotency: server.idempotency,
-                required_scopes: server.required_scopes.iter().cloned().collect(),
-                timeout_seconds: server.timeout_seconds,
-                maximum_output_bytes: server.maximum_output_bytes,
-            },
-            connect_timeout: Duration::from_secs(u64::from(server.connect_timeout_seconds)),
-            request_timeout: Duration::from_secs(u64::from(server.request_timeout_seconds)),
-            idle_timeout: Duration::from_secs(u64::from(server.idle_timeout_seconds)),
-            enabled: server.enabled,
-            state_dir: config.mcp.state_directory.join(&server.server_id),
-            run_as,
-            path: server.path.clone(),
+            StdioServerSettings {
+                server_id: common.server_id.clone(),
+                program: server.command.clone(),
+                args: server.args.clone(),
+                env: server.env.clone(),
+                auth_scheme: common.auth.scheme,
+                auth_name: common.auth.name.clone(),
+                credential_ref: common.auth.credential_ref.clone(),
+                classification: common.classification(),
+                connect_timeout: common.connect_timeout_seconds.duration(),
+                request_timeout: common.request_timeout_seconds.duration(),
+                idle_timeout: common.idle_timeout_seconds.duration(),
+                enabled: common.enabled,
+                state_dir: config.mcp.state_directory.join(&common.server_id),
+                run_as,
+                path: server.path.clone(),
+            }
         })
         .collect();
     if problems.is_empty() {
@@ -314,60 +292,42 @@ pub fn stdio_settings(config: &Config) -> Result<Vec<StdioServerSettings>, Confi
     }
 }
 
-/// The operator's HTTP servers as the MCP adapter takes them. The file is
-/// already validated, so a scheme or reference that does not parse cannot
-/// occur; were it to, the server is left without a credential and fails to
-/// connect rather than sending a guessed one.
+/// The operator's HTTP servers as the MCP adapter takes them.
 pub fn http_settings(config: &Config) -> Vec<HttpServerSettings> {
     config
         .mcp
         .http_servers
         .iter()
-        .map(|server| HttpServerSettings {
-            server_id: server.server_id.clone(),
-            url: server.url.clone(),
-            auth: AuthSettings {
-                scheme: server.auth.scheme.parse().unwrap_or(AuthScheme::None),
-                name: server.auth.name.clone(),
-                credential_ref: server
-                    .auth
-                    .credential_ref
-                    .as_deref()
-                    .and_then(|text| CredentialRef::parse(text).ok()),
-                token_endpoint: server.auth.token_endpoint.clone(),
-                token_scopes: server.auth.token_scopes.clone(),
-            },
-            classification: ServerClassification {
-                side_effect: server.side_effect,
-                risk: server.risk,
-                idempotency: server.idempotency,
-                required_scopes: server.required_scopes.iter().cloned().collect(),
-                timeout_seconds: server.timeout_seconds,
-                maximum_output_bytes: server.maximum_output_bytes,
-            },
-            connect_timeout: Duration::from_secs(u64::from(server.connect_timeout_seconds)),
-            request_timeout: Duration::from_secs(u64::from(server.request_timeout_seconds)),
-            idle_timeout: Duration::from_secs(u64::from(server.idle_timeout_seconds)),
-            enabled: server.enabled,
+        .map(|server| {
+            let common = &server.common;
+            HttpServerSettings {
+                server_id: common.server_id.clone(),
+                url: server.url.clone(),
+                auth: AuthSettings {
+                    scheme: common.auth.scheme,
+                    name: common.auth.name.clone(),
+                    credential_ref: common.auth.credential_ref.clone(),
+                    token_endpoint: common.auth.token_endpoint.clone(),
+                    token_scopes: common.auth.token_scopes.clone(),
+                },
+                classification: common.classification(),
+                connect_timeout: common.connect_timeout_seconds.duration(),
+                request_timeout: common.request_timeout_seconds.duration(),
+                idle_timeout: common.idle_timeout_seconds.duration(),
+                enabled: common.enabled,
+            }
         })
         .collect()
 }
 
 /// The egress dialer the configuration describes.
 pub fn egress_dialer(config: &Config) -> Result<Dialer, AppError> {
-    let cidrs: Vec<&str> = config
-        .egress
-        .allow_cidrs
-        .iter()
-        .map(String::as_str)
-        .collect();
-    let allowed_cidrs = AllowedCidrs::parse(&cidrs).map_err(AppError::AllowedCidrs)?;
     Dialer::new(
         EgressSettings {
             allowlist: config.egress_allowlist(),
-            allowed_cidrs,
-            connect_timeout: Duration::from_secs(u64::from(config.egress.connect_timeout_seconds)),
-            tls_timeout: Duration::from_secs(u64::from(config.egress.tls_timeout_seconds)),
+            allowed_cidrs: config.egress.allow_cidrs.clone(),
+            connect_timeout: config.egress.connect_timeout_seconds.duration(),
+            tls_timeout: config.egress.tls_timeout_seconds.duration(),
         },
         config.egress.extra_ca_file.as_deref(),
     )
@@ -406,10 +366,10 @@ fn mcp_servers(
     .with_http(
         http_settings(config),
         Arc::new(egress_dialer(config)?),
-        Duration::from_secs(u64::from(config.mcp.discovery_reuse_seconds)),
+        config.mcp.discovery_reuse_seconds.duration(),
         crate::domain::mcp_server::TenantCeilings {
             maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
-            timeout_seconds: config.limits.maximum_timeout_seconds,
+            timeout_seconds: config.limits.maximum_timeout_seconds.get(),
         },
     ))
 }
@@ -417,40 +377,32 @@ fn mcp_servers(
 /// The user a stdio server runs as when toolgate is root and nothing names
 /// one: `nobody`, or its customary ids where the system has no such user.
 fn unprivileged_user() -> RunAs {
-    resolve_run_as("nobody").unwrap_or(RunAs {
+    resolve_run_as(&RunAsUser::Name("nobody".to_owned())).unwrap_or(RunAs {
         uid: 65534,
         gid: 65534,
     })
 }
 
-/// A `run_as` value as a user: `uid:gid`, a uid (its passwd group, or the
-/// same number), or a user name from the system's user database.
-fn resolve_run_as(text: &str) -> Result<RunAs, String> {
+/// A `run_as` user as ids: `uid:gid` as written, a uid with its passwd
+/// group (or the same number), or a name from the system's user database.
+fn resolve_run_as(user: &RunAsUser) -> Result<RunAs, &'static str> {
     use nix::unistd::{Uid, User};
-    if let Some((uid, gid)) = text.split_once(':') {
-        return match (uid.parse(), gid.parse()) {
-            (Ok(uid), Ok(gid)) => Ok(RunAs { uid, gid }),
-            _ => Err("must be a user name, a uid, or uid:gid".into()),
-        };
-    }
-    let user = match text.parse::<u32>() {
-        Ok(uid) => {
-            return Ok(match User::from_uid(Uid::from_raw(uid)) {
-                Ok(Some(user)) => RunAs {
-                    uid,
-                    gid: user.gid.as_raw(),
-                },
-                _ => RunAs { uid, gid: uid },
-            });
-        }
-        Err(_) => User::from_name(text),
-    };
     match user {
-        Ok(Some(user)) => Ok(RunAs {
-            uid: user.uid.as_raw(),
-            gid: user.gid.as_raw(),
+        &RunAsUser::Ids { uid, gid } => Ok(RunAs { uid, gid }),
+        &RunAsUser::Uid(uid) => Ok(match User::from_uid(Uid::from_raw(uid)) {
+            Ok(Some(user)) => RunAs {
+                uid,
+                gid: user.gid.as_raw(),
+            },
+            _ => RunAs { uid, gid: uid },
         }),
-        _ => Err("names no user of this system".into()),
+        RunAsUser::Name(name) => match User::from_name(name) {
+            Ok(Some(user)) => Ok(RunAs {
+                uid: user.uid.as_raw(),
+                gid: user.gid.as_raw(),
+            }),
+            _ => Err("names no user of this system"),
+        },
     }
 }
 
@@ -561,18 +513,9 @@ pub async fn discover(
     servers.shutdown().await;
     let enabled = config
         .mcp
-        .servers
-        .iter()
-        .filter(|server| server.enabled)
-        .map(|server| server.server_id.clone())
-        .chain(
-            config
-                .mcp
-                .http_servers
-                .iter()
-                .filter(|server| server.enabled)
-                .map(|server| server.server_id.clone()),
-        );
+        .common()
+        .filter(|(_, server)| server.enabled)
+        .map(|(_, server)| server.server_id.clone());
     Ok(enabled
         .map(|server_id| {
             let prefix = format!("mcp.{server_id}.");

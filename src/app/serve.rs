@@ -1,9 +1,8 @@
 //! `toolgate serve`'s node: built, spawned, drained.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +25,6 @@ use crate::api::ops::{Operations, OpsConnections};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
 use crate::bridge::{Bridge, BridgeParts, BridgeSettings, Turns};
 use crate::config::Config;
-use crate::domain::secret::CredentialRef;
 use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
 use crate::front::{Front, FrontParts, FrontSettings};
 use crate::pipeline::admission::Admission;
@@ -98,12 +96,6 @@ pub async fn build(
     let node = NodeIdentity::acquire(&config.node.directory)?;
     let store = open_store(&config, &options).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let state = config
-        .artifacts
-        .directory
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| config.artifacts.directory.clone());
     let reloadable = match &config.policy.file {
         Some(file) => Some(Arc::new(ReloadablePolicy::load(file)?)),
         None => None,
@@ -112,16 +104,7 @@ pub async fn build(
         Some(reloadable) => reloadable.clone(),
         None => Arc::new(RuleFilePolicy::built_in()),
     };
-    let credentials = credential_resolver(&config, environment);
-    let registry_of_metrics = Arc::new(
-        MetricsRegistry::default().with_bounds(LabelBounds {
-            named_servers: config
-                .operator_server_ids()
-                .into_iter()
-                .chain(config.ops.metrics_tenant_servers.iter().cloned())
-                .collect(),
-        }),
-    );
+    let registry_of_metrics = metrics_registry(&config);
     let metrics: Arc<dyn Metrics> = registry_of_metrics.clone();
     children_reach_state(&config)?;
     let servers = Arc::new(mcp_servers(
@@ -131,39 +114,19 @@ pub async fn build(
         clock.clone(),
         metrics.clone(),
     )?);
-    let builtins = crate::builtin::tools(
-        &state.join("demo"),
-        servers.clone(),
-        store.clone(),
-        store.clone(),
-        clock.clone(),
-    );
-    let registry = Arc::new(ToolRegistry::with_builtins(
-        RegistryLimits {
-            maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
-        },
-        builtins,
-    )?);
-    let seconds = |value: u32| Duration::from_secs(u64::from(value));
+    let registry = tool_registry(&config, &servers, &store, &clock)?;
     let worker = Arc::new(
         Worker::register(
             store.clone(),
             clock.clone(),
             &node.place,
-            WorkerSettings {
-                lease: seconds(config.node.lease_seconds),
-                heartbeat: seconds(config.node.heartbeat_seconds),
-                sweep: seconds(config.node.sweep_seconds),
-                maximum_clock_skew: seconds(config.node.maximum_clock_skew_seconds),
-                ..WorkerSettings::default()
-            },
+            worker_settings(&config.node),
         )
         .await?,
     );
     let lease = worker.lease();
     let artifact_files: Arc<dyn crate::ports::ArtifactStore> =
         Arc::new(FsArtifactStore::new(config.artifacts.directory.clone()));
-    let artifacts = Arc::new(Artifacts::new(store.clone(), artifact_files.clone()));
     let pipeline = Arc::new(Pipeline::new(PipelineParts {
         registry: registry.clone(),
         // The pipeline's writes are counted as they commit.
@@ -172,7 +135,7 @@ pub async fn build(
         events: store.clone(),
         policy,
         artifacts: artifact_files.clone(),
-        credentials,
+        credentials: credential_resolver(&config, environment),
         clock: clock.clone(),
         observer: Arc::new(Unobserved),
         mcp: Some(servers.clone()),
@@ -190,128 +153,34 @@ pub async fn build(
         mcp: servers.clone(),
         clock: clock.clone(),
     }));
-    let approvals = Arc::new(Approvals::new(store.clone(), clock.clone()));
-    let in_flight = Arc::new(InFlight::default());
-    let edge_limits = EdgeLimits {
-        body_limit: usize::try_from(config.limits.request_body_bytes).unwrap_or(usize::MAX),
-        header_timeout: Duration::from_secs(u64::from(
-            config.limits.request_header_timeout_seconds,
-        )),
-        body_timeout: Duration::from_secs(u64::from(config.limits.request_body_timeout_seconds)),
+    let shared = Shared {
+        approvals: Arc::new(Approvals::new(store.clone(), clock.clone())),
+        artifacts: Arc::new(Artifacts::new(store.clone(), artifact_files)),
+        in_flight: Arc::new(InFlight::default()),
+        limits: edge_limits(&config.limits),
+        store,
+        clock,
+        metrics,
+        pipeline,
+        sessions,
     };
-    let connections = |maximum: u32| ConnectionCap::new(usize::try_from(maximum).unwrap_or(1));
-    // Sandboxes of other uids reach their turns' folders through it.
-    traversable_folder(&config.bridge.directory)?;
-    let turns = Turns::new(&config.bridge.directory)?;
-    let bridge = Bridge::new(BridgeParts {
-        pipeline: pipeline.clone(),
-        sessions: sessions.clone(),
-        approvals: approvals.clone(),
-        artifacts: artifacts.clone(),
-        events: store.clone(),
-        clock: clock.clone(),
-        metrics: metrics.clone(),
-        in_flight: in_flight.clone(),
-        connections: connections(config.limits.bridge_connections),
-        turns,
-        settings: BridgeSettings {
-            limits: edge_limits,
-            turn_connections: usize::try_from(config.limits.turn_connections).unwrap_or(1),
-            approval_hold: Duration::from_secs(u64::from(config.bridge.approval_hold_seconds)),
-            tenant_approval_holds: config
-                .bridge
-                .tenant_approval_hold_seconds
-                .iter()
-                .map(|(tenant, seconds)| (tenant.clone(), Duration::from_secs(u64::from(*seconds))))
-                .collect(),
-            turn_call_cap: config.bridge.turn_call_cap,
-            replay_divergence: config.bridge.replay_divergence,
-            ..BridgeSettings::default()
-        },
-    });
+    let bridge = bridge(&config, &shared)?;
     // The operator's servers are discovered in the background: the node
     // is ready once the first round is done, or its bound has passed.
     let warmed = CancellationToken::new();
-    let warm_up = WarmUp {
-        connect_timeout: Duration::from_secs(u64::from(config.mcp.warmup_connect_timeout_seconds)),
-        retry: Duration::from_secs(u64::from(config.mcp.warmup_retry_seconds)),
-        attempts: config.mcp.warmup_attempts,
-    };
-    let operations = Arc::new(Operations {
-        metrics: metrics.clone(),
-        schema: store.clone(),
-        in_flight: in_flight.clone(),
-        lease: lease.clone(),
-        warmed: warmed.clone(),
-        warm_up_bound: tokio::time::Instant::now() + warm_up.connect_timeout,
-        connections: OpsConnections::new(OPS_CONNECTIONS),
-    });
-    let api = ControlApi::new(ApiParts {
-        sessions: sessions.clone(),
-        admission: Admission::new(
-            pipeline.clone(),
-            clock.clone(),
-            usize::try_from(config.limits.batch_concurrency).unwrap_or(8),
-        ),
-        pipeline: pipeline.clone(),
-        approvals: approvals.clone(),
-        artifacts,
-        continue_trace: crate::adapters::telemetry::otlp::continue_trace,
-        tenant_servers: TenantServers::new(
-            store.clone(),
-            clock.clone(),
-            config.egress_allowlist(),
-            config.operator_server_ids(),
-            TenantCeilings {
-                maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
-                timeout_seconds: config.limits.maximum_timeout_seconds,
-            },
-        ),
-        bridge: bridge.clone(),
-        invocations: store.clone(),
-        reviews: store.clone(),
-        events: store.clone(),
-        metrics: metrics.clone(),
-        in_flight: in_flight.clone(),
-        connections: connections(config.limits.control_connections),
-        readiness: operations.clone(),
-        clock: clock.clone(),
-        settings: ApiSettings {
-            limits: edge_limits,
-        },
-    });
+    let warm_up = warm_up(&config.mcp);
+    let operations = operations(&shared, &lease, &warmed, &warm_up);
+    let api = control_api(&config, &shared, &bridge, operations.clone());
     let front = if config.front.enabled() {
-        let credentials = front_credentials(&config)?;
-        let settings = &config.front;
-        Some(Front::new(FrontParts {
-            sessions: sessions.clone(),
-            pipeline: pipeline.clone(),
-            approvals: approvals.clone(),
-            credentials,
-            in_flight: in_flight.clone(),
-            connections: connections(settings.connections),
-            settings: FrontSettings {
-                limits: edge_limits,
-                allowed_hosts: settings.hosts(),
-                allowed_origins: settings.allowed_origins.clone(),
-                resource: settings.resource.clone(),
-                authorization_servers: settings.authorization_servers.clone(),
-                scopes_supported: settings.scopes_supported.clone(),
-                approval_hold: seconds(settings.approval_hold_seconds),
-                session_in_flight: usize::try_from(settings.session_in_flight).unwrap_or(1),
-                sessions_per_credential: usize::try_from(settings.sessions_per_credential)
-                    .unwrap_or(1),
-                keep_alive: seconds(settings.keep_alive_seconds),
-            },
-        }))
+        Some(front(&config, &shared)?)
     } else {
         None
     };
     registry_of_metrics.add_sampler(Arc::new(ServeSampler {
-        in_flight: in_flight.clone(),
+        in_flight: shared.in_flight.clone(),
         bridge: bridge.clone(),
         servers: servers.clone(),
-        store: store.clone(),
+        store: shared.store.clone(),
     }));
     // Every listener is bound before anything is served; if one cannot be,
     // nothing was, and the lease ends with the attempt.
@@ -328,20 +197,232 @@ pub async fn build(
             _identity: node,
             worker,
             lease,
-            pipeline,
+            pipeline: shared.pipeline,
             servers,
             bridge,
             front,
-            in_flight,
+            in_flight: shared.in_flight,
             reloadable,
         },
-        sessions,
+        sessions: shared.sessions,
         api,
         operations,
         warm_up,
         warmed,
         listeners,
     })
+}
+
+/// The metrics registry: every operator server, and each tenant server the
+/// operator names, has series of its own.
+fn metrics_registry(config: &Config) -> Arc<MetricsRegistry> {
+    Arc::new(
+        MetricsRegistry::default().with_bounds(LabelBounds {
+            named_servers: config
+                .operator_server_ids()
+                .into_iter()
+                .chain(config.ops.metrics_tenant_servers.iter().cloned())
+                .collect(),
+        }),
+    )
+}
+
+/// The operations listener's handler: metrics, liveness, and readiness
+/// (the lease held, the warm-up's first round done or its bound passed).
+fn operations(
+    shared: &Shared,
+    lease: &Arc<crate::pipeline::Lease>,
+    warmed: &CancellationToken,
+    warm_up: &WarmUp,
+) -> Arc<Operations> {
+    Arc::new(Operations {
+        metrics: shared.metrics.clone(),
+        schema: shared.store.clone(),
+        in_flight: shared.in_flight.clone(),
+        lease: lease.clone(),
+        warmed: warmed.clone(),
+        warm_up_bound: tokio::time::Instant::now() + warm_up.connect_timeout,
+        connections: OpsConnections::new(OPS_CONNECTIONS),
+    })
+}
+
+/// What every edge of a node is built on.
+struct Shared {
+    store: Arc<dyn crate::ports::Store>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<dyn Metrics>,
+    pipeline: Arc<Pipeline>,
+    sessions: Arc<Sessions>,
+    approvals: Arc<Approvals>,
+    artifacts: Arc<Artifacts>,
+    in_flight: Arc<InFlight>,
+    /// `[limits]`' body cap and deadlines, the same on every edge.
+    limits: EdgeLimits,
+}
+
+/// The tools a node serves: the built-ins (their demo state beside the
+/// artifacts) and, through `servers`, the MCP servers'.
+fn tool_registry(
+    config: &Config,
+    servers: &Arc<McpServerSet>,
+    store: &Arc<dyn crate::ports::Store>,
+    clock: &Arc<dyn Clock>,
+) -> Result<Arc<ToolRegistry>, AppError> {
+    let artifacts = &config.artifacts.directory;
+    let state = artifacts.parent().unwrap_or(artifacts);
+    let builtins = crate::builtin::tools(
+        &state.join("demo"),
+        servers.clone(),
+        store.clone(),
+        store.clone(),
+        clock.clone(),
+    );
+    Ok(Arc::new(ToolRegistry::with_builtins(
+        RegistryLimits {
+            maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+        },
+        builtins,
+    )?))
+}
+
+/// A request's body cap and deadlines from `[limits]`, the same on every
+/// edge.
+fn edge_limits(limits: &crate::config::LimitsConfig) -> EdgeLimits {
+    EdgeLimits {
+        body_limit: limits.request_body_bytes,
+        header_timeout: limits.request_header_timeout_seconds.duration(),
+        body_timeout: limits.request_body_timeout_seconds.duration(),
+    }
+}
+
+/// The background discovery of the operator's servers, from `[mcp]`.
+fn warm_up(mcp: &crate::config::McpConfig) -> WarmUp {
+    WarmUp {
+        connect_timeout: mcp.warmup_connect_timeout_seconds.duration(),
+        retry: mcp.warmup_retry_seconds.duration(),
+        attempts: mcp.warmup_attempts,
+    }
+}
+
+/// The worker's lease and sweeps from `[node]`.
+fn worker_settings(node: &crate::config::NodeConfig) -> WorkerSettings {
+    WorkerSettings {
+        lease: node.lease_seconds.duration(),
+        heartbeat: node.heartbeat_seconds.duration(),
+        sweep: node.sweep_seconds.duration(),
+        maximum_clock_skew: node.maximum_clock_skew_seconds.duration(),
+        ..WorkerSettings::default()
+    }
+}
+
+/// The orchestration bridge, its turns' folder made for sandboxes of other
+/// uids to reach.
+fn bridge(config: &Config, shared: &Shared) -> Result<Arc<Bridge>, AppError> {
+    traversable_folder(&config.bridge.directory)?;
+    Ok(Bridge::new(BridgeParts {
+        pipeline: shared.pipeline.clone(),
+        sessions: shared.sessions.clone(),
+        approvals: shared.approvals.clone(),
+        artifacts: shared.artifacts.clone(),
+        events: shared.store.clone(),
+        clock: shared.clock.clone(),
+        metrics: shared.metrics.clone(),
+        in_flight: shared.in_flight.clone(),
+        connections: ConnectionCap::new(config.limits.bridge_connections),
+        turns: Turns::new(&config.bridge.directory)?,
+        settings: bridge_settings(config, shared.limits),
+    }))
+}
+
+/// The control API.
+fn control_api(
+    config: &Config,
+    shared: &Shared,
+    bridge: &Arc<Bridge>,
+    readiness: Arc<Operations>,
+) -> Arc<ControlApi> {
+    let (store, clock) = (&shared.store, &shared.clock);
+    ControlApi::new(ApiParts {
+        sessions: shared.sessions.clone(),
+        admission: Admission::new(
+            shared.pipeline.clone(),
+            clock.clone(),
+            config.limits.batch_concurrency,
+        ),
+        pipeline: shared.pipeline.clone(),
+        approvals: shared.approvals.clone(),
+        artifacts: shared.artifacts.clone(),
+        continue_trace: crate::adapters::telemetry::otlp::continue_trace,
+        tenant_servers: TenantServers::new(
+            store.clone(),
+            clock.clone(),
+            config.egress_allowlist(),
+            config.operator_server_ids(),
+            TenantCeilings {
+                maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
+                timeout_seconds: config.limits.maximum_timeout_seconds.get(),
+            },
+        ),
+        bridge: bridge.clone(),
+        invocations: store.clone(),
+        reviews: store.clone(),
+        events: store.clone(),
+        metrics: shared.metrics.clone(),
+        in_flight: shared.in_flight.clone(),
+        connections: ConnectionCap::new(config.limits.control_connections),
+        readiness,
+        clock: clock.clone(),
+        settings: ApiSettings {
+            limits: shared.limits,
+        },
+    })
+}
+
+/// The MCP front door, with its credentials.
+fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
+    Ok(Front::new(FrontParts {
+        sessions: shared.sessions.clone(),
+        pipeline: shared.pipeline.clone(),
+        approvals: shared.approvals.clone(),
+        credentials: front_credentials(config)?,
+        in_flight: shared.in_flight.clone(),
+        connections: ConnectionCap::new(config.front.connections),
+        settings: front_settings(&config.front, shared.limits),
+    }))
+}
+
+/// The bridge's settings from `[bridge]` and `[limits]`.
+fn bridge_settings(config: &Config, limits: EdgeLimits) -> BridgeSettings {
+    BridgeSettings {
+        limits,
+        turn_connections: config.limits.turn_connections,
+        approval_hold: config.bridge.approval_hold_seconds.duration(),
+        tenant_approval_holds: config
+            .bridge
+            .tenant_approval_hold_seconds
+            .iter()
+            .map(|(tenant, hold)| (tenant.clone(), hold.duration()))
+            .collect(),
+        turn_call_cap: config.bridge.turn_call_cap,
+        replay_divergence: config.bridge.replay_divergence,
+        ..BridgeSettings::default()
+    }
+}
+
+/// The front door's settings from `[front]`, with the edges' limits.
+fn front_settings(front: &crate::config::FrontConfig, limits: EdgeLimits) -> FrontSettings {
+    FrontSettings {
+        limits,
+        allowed_hosts: front.hosts(),
+        allowed_origins: front.allowed_origins.clone(),
+        resource: front.resource.clone(),
+        authorization_servers: front.authorization_servers.clone(),
+        scopes_supported: front.scopes_supported.clone(),
+        approval_hold: front.approval_hold_seconds.duration(),
+        session_in_flight: front.session_in_flight,
+        sessions_per_credential: front.sessions_per_credential,
+        keep_alive: front.keep_alive_seconds.duration(),
+    }
 }
 
 /// The store the configuration names, its migrations applied when
@@ -377,11 +458,10 @@ pub(super) async fn bind_listeners(
     environment: &BTreeMap<String, String>,
     front: bool,
 ) -> Result<Listeners, AppError> {
-    let tcp = match (&config.control.tcp, &config.control.token_ref) {
+    let tcp = match (config.control.tcp, &config.control.token_ref) {
         (Some(address), Some(reference)) => {
-            let reference = CredentialRef::parse(reference)?;
             let token = EnvFileResolver::new(environment.clone())
-                .resolve(&reference)
+                .resolve(reference)
                 .await
                 .map_err(|source| AppError::Credential {
                     what: "control.token_ref",
@@ -391,11 +471,11 @@ pub(super) async fn bind_listeners(
         }
         _ => None,
     };
-    let ops = match &config.ops.listen {
+    let ops = match config.ops.listen {
         Some(address) => Some(bind_tcp(address, "ops.listen").await?),
         None => None,
     };
-    let front_tcp = match (front, &config.front.listen) {
+    let front_tcp = match (front, config.front.listen) {
         (true, Some(address)) => Some(bind_tcp(address, "front.listen").await?),
         _ => None,
     };
@@ -403,7 +483,7 @@ pub(super) async fn bind_listeners(
         (true, Some(socket)) => {
             let bound = bind_socket(
                 socket,
-                config.front.socket_mode_bits(),
+                config.front.socket_mode.bits(),
                 config.front.socket_group.as_deref(),
                 "front",
             )?;
@@ -424,7 +504,7 @@ pub(super) async fn bind_listeners(
 /// A TCP listener on `address`, the configuration's `field`; its failure
 /// names the field.
 pub(super) async fn bind_tcp(
-    address: &str,
+    address: SocketAddr,
     field: &str,
 ) -> Result<tokio::net::TcpListener, AppError> {
     let bound = tokio::net::TcpListener::bind(address)
@@ -603,8 +683,7 @@ impl Running {
         } = tasks;
         tracing::info!("toolgate draining");
         let drain = async {
-            let drain_timeout =
-                Duration::from_secs(u64::from(config.runtime.drain_timeout_seconds));
+            let drain_timeout = config.runtime.drain_timeout_seconds.duration();
             in_flight.drain(drain_timeout).await;
             // Results the store failed under are written if it answers within
             // the grace; what is left the table recovers.

@@ -11,7 +11,7 @@ pub(super) fn bind_control(
 ) -> Result<tokio::net::UnixListener, AppError> {
     bind_socket(
         &control.socket,
-        control.socket_mode_bits(),
+        control.socket_mode.bits(),
         control.socket_group.as_deref(),
         "control",
     )

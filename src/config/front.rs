@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, ConfigErrors, resolve_group};
+use super::values::{Seconds, SocketMode, count};
+use super::{ConfigError, ConfigErrors, Problems, resolve_group};
 use crate::domain::{
     MAXIMUM_LIST_ENTRIES, Principal, TrustLevel, valid_identifier, valid_tenant_id,
 };
@@ -19,11 +20,11 @@ use crate::domain::{
 /// pending result: below the 60 s a common client waits for an answer.
 pub const DEFAULT_FRONT_APPROVAL_HOLD_SECONDS: u32 = 30;
 /// Calls one MCP session may have in flight at once.
-pub const DEFAULT_FRONT_SESSION_IN_FLIGHT: u32 = 8;
+pub const DEFAULT_FRONT_SESSION_IN_FLIGHT: usize = 8;
 /// MCP sessions one credential may hold open on a node.
-pub const DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL: u32 = 64;
+pub const DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL: usize = 64;
 /// Connections the front door holds at once, both listeners together.
-pub const DEFAULT_FRONT_CONNECTIONS: u32 = 256;
+pub const DEFAULT_FRONT_CONNECTIONS: usize = 256;
 /// How often an SSE response with nothing to say sends a comment.
 pub const DEFAULT_FRONT_KEEP_ALIVE_SECONDS: u32 = 15;
 /// Clock skew a token's `exp` and `nbf` are given by default.
@@ -35,65 +36,51 @@ pub const DEFAULT_JWKS_REFRESH_SECONDS: u32 = 300;
 
 /// The MCP front door. Off unless `listen` or `socket` is set.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct FrontConfig {
     /// TCP address (`127.0.0.1:8766`, or a pod's address behind a TLS
     /// proxy); off when unset.
-    #[serde(default)]
-    pub listen: Option<String>,
+    pub listen: Option<SocketAddr>,
     /// Unix socket; relative paths are under the config's folder.
-    #[serde(default)]
     pub socket: Option<PathBuf>,
     /// The socket's mode, in octal, as `control.socket_mode`.
-    #[serde(default = "FrontConfig::default_socket_mode")]
-    pub socket_mode: String,
+    pub socket_mode: SocketMode,
     /// The group the socket is given.
-    #[serde(default)]
     pub socket_group: Option<String>,
     /// `Host` values TCP requests may carry (DNS rebinding); the loopback
     /// names when unset, and required when `listen` is not loopback.
-    #[serde(default)]
     pub allowed_hosts: Vec<String>,
     /// Browser origins allowed to send requests (`https://app.example:443`)
     /// besides the endpoint's own hosts; a TCP request naming any other
     /// origin is refused.
-    #[serde(default)]
     pub allowed_origins: Vec<String>,
     /// The endpoint's public URL, as clients reach it
     /// (`https://tools.example.com/mcp`): the protected resource RFC 9728
     /// names. When unset it is taken from the request's allowed `Host`.
-    #[serde(default)]
     pub resource: Option<String>,
     /// The authorization servers a client may get a token from, advertised
     /// in the protected-resource metadata.
-    #[serde(default)]
     pub authorization_servers: Vec<String>,
     /// Scopes advertised in the metadata (what a token should ask for).
-    #[serde(default)]
     pub scopes_supported: Vec<String>,
     /// How long a call waiting for approval holds its request.
-    #[serde(default = "FrontConfig::default_approval_hold")]
-    pub approval_hold_seconds: u32,
+    pub approval_hold_seconds: Seconds,
     /// Calls one session may have in flight.
-    #[serde(default = "FrontConfig::default_session_in_flight")]
-    pub session_in_flight: u32,
+    #[serde(deserialize_with = "count")]
+    pub session_in_flight: usize,
     /// Sessions one credential may hold open on this node.
-    #[serde(default = "FrontConfig::default_sessions_per_credential")]
-    pub sessions_per_credential: u32,
+    #[serde(deserialize_with = "count")]
+    pub sessions_per_credential: usize,
     /// Connections held at once.
-    #[serde(default = "FrontConfig::default_connections")]
-    pub connections: u32,
+    #[serde(deserialize_with = "count")]
+    pub connections: usize,
     /// SSE keep-alive interval.
-    #[serde(default = "FrontConfig::default_keep_alive")]
-    pub keep_alive_seconds: u32,
+    pub keep_alive_seconds: Seconds,
     /// API keys, by the sha256 of each key.
-    #[serde(default)]
     pub api_keys: Vec<ApiKeyConfig>,
     /// A TOML file of `[[api_keys]]` entries, read at start and on SIGHUP.
-    #[serde(default)]
     pub api_keys_file: Option<PathBuf>,
     /// Bearer tokens from the operator's identity provider.
-    #[serde(default)]
     pub jwt: Option<JwtConfig>,
 }
 
@@ -102,18 +89,18 @@ impl Default for FrontConfig {
         FrontConfig {
             listen: None,
             socket: None,
-            socket_mode: FrontConfig::default_socket_mode(),
+            socket_mode: SocketMode::default(),
             socket_group: None,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             resource: None,
             authorization_servers: Vec::new(),
             scopes_supported: Vec::new(),
-            approval_hold_seconds: DEFAULT_FRONT_APPROVAL_HOLD_SECONDS,
+            approval_hold_seconds: Seconds::new(DEFAULT_FRONT_APPROVAL_HOLD_SECONDS),
             session_in_flight: DEFAULT_FRONT_SESSION_IN_FLIGHT,
             sessions_per_credential: DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL,
             connections: DEFAULT_FRONT_CONNECTIONS,
-            keep_alive_seconds: DEFAULT_FRONT_KEEP_ALIVE_SECONDS,
+            keep_alive_seconds: Seconds::new(DEFAULT_FRONT_KEEP_ALIVE_SECONDS),
             api_keys: Vec::new(),
             api_keys_file: None,
             jwt: None,
@@ -122,33 +109,9 @@ impl Default for FrontConfig {
 }
 
 impl FrontConfig {
-    fn default_socket_mode() -> String {
-        "0600".to_owned()
-    }
-    fn default_approval_hold() -> u32 {
-        DEFAULT_FRONT_APPROVAL_HOLD_SECONDS
-    }
-    fn default_session_in_flight() -> u32 {
-        DEFAULT_FRONT_SESSION_IN_FLIGHT
-    }
-    fn default_sessions_per_credential() -> u32 {
-        DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL
-    }
-    fn default_connections() -> u32 {
-        DEFAULT_FRONT_CONNECTIONS
-    }
-    fn default_keep_alive() -> u32 {
-        DEFAULT_FRONT_KEEP_ALIVE_SECONDS
-    }
-
     /// Whether any listener is configured.
     pub fn enabled(&self) -> bool {
         self.listen.is_some() || self.socket.is_some()
-    }
-
-    /// The socket's mode bits; the file is validated, so this parses.
-    pub fn socket_mode_bits(&self) -> u32 {
-        u32::from_str_radix(&self.socket_mode, 8).unwrap_or(0o600)
     }
 
     /// The `Host` values TCP requests may carry.
@@ -174,40 +137,59 @@ impl FrontConfig {
         }
     }
 
-    pub(super) fn validate(&self, push: &mut dyn FnMut(String, String)) {
+    /// The section's rules; none while the front door is off.
+    pub(super) fn validate(&self, problems: &mut Problems) {
         if !self.enabled() {
             return;
         }
-        if let Some(listen) = &self.listen {
-            match listen.parse::<SocketAddr>() {
-                Ok(address) if !address.ip().is_loopback() && self.allowed_hosts.is_empty() => {
-                    push(
-                        "front.allowed_hosts".into(),
-                        "required when front.listen is not a loopback address (the names clients reach it by)".into(),
-                    )
-                }
-                Ok(_) => {}
-                Err(_) => push(
-                    "front.listen".into(),
-                    "must be an address like 127.0.0.1:8766".into(),
-                ),
-            }
+        self.validate_listeners(problems);
+        self.validate_web(problems);
+        problems.between(
+            "front.approval_hold_seconds",
+            self.approval_hold_seconds.get(),
+            1,
+            3600,
+        );
+        problems.between("front.session_in_flight", self.session_in_flight, 1, 256);
+        problems.between(
+            "front.sessions_per_credential",
+            self.sessions_per_credential,
+            1,
+            100_000,
+        );
+        problems.between("front.connections", self.connections, 1, 65_536);
+        problems.between(
+            "front.keep_alive_seconds",
+            self.keep_alive_seconds.get(),
+            1,
+            300,
+        );
+        self.validate_credentials(problems);
+    }
+
+    fn validate_listeners(&self, problems: &mut Problems) {
+        if let Some(listen) = self.listen
+            && !listen.ip().is_loopback()
+            && self.allowed_hosts.is_empty()
+        {
+            problems.push(
+                "front.allowed_hosts",
+                "required when front.listen is not a loopback address (the names clients reach it by)",
+            );
         }
-        match u32::from_str_radix(&self.socket_mode, 8) {
-            Ok(mode) if mode & !0o770 == 0 && mode & 0o600 == 0o600 => {}
-            _ => push(
-                "front.socket_mode".into(),
-                "must be octal (0600, 0660), owner read and write, nothing for others".into(),
-            ),
+        if let Some(problem) = self.socket_mode.problem() {
+            problems.push("front.socket_mode", problem);
         }
         if let Some(group) = &self.socket_group
             && resolve_group(group).is_none()
         {
-            push(
-                "front.socket_group".into(),
-                "names no group of this system".into(),
-            );
+            problems.push("front.socket_group", "names no group of this system");
         }
+    }
+
+    /// What a browser and an MCP client's discovery see: hosts, origins and
+    /// the protected-resource metadata.
+    fn validate_web(&self, problems: &mut Problems) {
         for (index, host) in self.allowed_hosts.iter().enumerate() {
             if host.is_empty()
                 || host.len() > 255
@@ -215,9 +197,9 @@ impl FrontConfig {
                     .bytes()
                     .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b == b'/')
             {
-                push(
+                problems.push(
                     format!("front.allowed_hosts[{index}]"),
-                    "must be a host name or host:port".into(),
+                    "must be a host name or host:port",
                 );
             }
         }
@@ -225,25 +207,25 @@ impl FrontConfig {
             if !(origin.starts_with("https://") || origin.starts_with("http://"))
                 || origin.len() > 255
             {
-                push(
+                problems.push(
                     format!("front.allowed_origins[{index}]"),
-                    "must be an origin like https://app.example.com:443".into(),
+                    "must be an origin like https://app.example.com:443",
                 );
             }
         }
         if let Some(resource) = &self.resource
             && !plain_url(resource)
         {
-            push(
-                "front.resource".into(),
-                "must be the endpoint's https:// (or loopback http://) URL, without query or fragment".into(),
+            problems.push(
+                "front.resource",
+                "must be the endpoint's https:// (or loopback http://) URL, without query or fragment",
             );
         }
         for (index, server) in self.authorization_servers.iter().enumerate() {
             if !plain_url(server) {
-                push(
+                problems.push(
                     format!("front.authorization_servers[{index}]"),
-                    "must be an https:// URL without query or fragment".into(),
+                    "must be an https:// URL without query or fragment",
                 );
             }
         }
@@ -252,34 +234,16 @@ impl FrontConfig {
             .iter()
             .any(|scope| !valid_identifier(scope))
         {
-            push(
-                "front.scopes_supported".into(),
-                "entries must be 1 to 256 bytes without control characters".into(),
+            problems.push(
+                "front.scopes_supported",
+                "entries must be 1 to 256 bytes without control characters",
             );
         }
-        for (field, value, range) in [
-            (
-                "front.approval_hold_seconds",
-                self.approval_hold_seconds,
-                1..=3600,
-            ),
-            ("front.session_in_flight", self.session_in_flight, 1..=256),
-            (
-                "front.sessions_per_credential",
-                self.sessions_per_credential,
-                1..=100_000,
-            ),
-            ("front.connections", self.connections, 1..=65_536),
-            ("front.keep_alive_seconds", self.keep_alive_seconds, 1..=300),
-        ] {
-            if !range.contains(&value) {
-                push(
-                    field.into(),
-                    format!("must be between {} and {}", range.start(), range.end()),
-                );
-            }
-        }
-        validate_api_keys(&self.api_keys, "front.api_keys", push);
+    }
+
+    /// API keys, their file, and JWTs: at least one of them, none repeated.
+    fn validate_credentials(&self, problems: &mut Problems) {
+        validate_api_keys(&self.api_keys, "front.api_keys", problems);
         if let Some(file) = &self.api_keys_file {
             match read_api_keys_file(file) {
                 Ok(keys) => {
@@ -294,15 +258,15 @@ impl FrontConfig {
                         .iter()
                         .any(|key| !hashes.insert(&key.sha256) || !ids.insert(&key.id))
                     {
-                        push(
-                            "front.api_keys_file".into(),
-                            "repeats an id or a key of front.api_keys".into(),
+                        problems.push(
+                            "front.api_keys_file",
+                            "repeats an id or a key of front.api_keys",
                         );
                     }
                 }
                 Err(errors) => {
                     for error in errors.0 {
-                        push(
+                        problems.push(
                             format!("front.api_keys_file: {}", error.path),
                             error.message,
                         );
@@ -311,13 +275,12 @@ impl FrontConfig {
             }
         }
         if let Some(jwt) = &self.jwt {
-            jwt.validate(push);
+            jwt.validate(problems);
         }
         if self.api_keys.is_empty() && self.api_keys_file.is_none() && self.jwt.is_none() {
-            push(
-                "front".into(),
-                "nothing is anonymous: configure front.api_keys, front.api_keys_file or front.jwt"
-                    .into(),
+            problems.push(
+                "front",
+                "nothing is anonymous: configure front.api_keys, front.api_keys_file or front.jwt",
             );
         }
     }
@@ -380,31 +343,30 @@ struct ApiKeysFile {
 
 /// Reads and validates an API keys file: the entries, or every problem.
 pub fn read_api_keys_file(path: &Path) -> Result<Vec<ApiKeyConfig>, ConfigErrors> {
-    let one = |path: String, message: String| ConfigErrors(vec![ConfigError { path, message }]);
+    let one = |path: &str, message: String| {
+        ConfigErrors(vec![ConfigError {
+            path: path.to_owned(),
+            message,
+        }])
+    };
     let text = std::fs::read_to_string(path).map_err(|error| {
         one(
-            "(file)".into(),
+            "(file)",
             format!("cannot read {}: {}", path.display(), error.kind()),
         )
     })?;
     let deserializer = toml::Deserializer::parse(&text)
-        .map_err(|error| one("(file)".into(), error.message().to_owned()))?;
+        .map_err(|error| one("(file)", error.message().to_owned()))?;
     let file: ApiKeysFile = serde_path_to_error::deserialize(deserializer).map_err(|error| {
         let path = error.path().to_string();
-        one(path, super::without_values(error.into_inner().message()))
+        one(&path, super::without_values(error.into_inner().message()))
     })?;
-    let mut errors = Vec::new();
-    validate_api_keys(&file.api_keys, "api_keys", &mut |path, message| {
-        errors.push(ConfigError { path, message })
-    });
-    if errors.is_empty() {
-        Ok(file.api_keys)
-    } else {
-        Err(ConfigErrors(errors))
-    }
+    let mut problems = Problems::default();
+    validate_api_keys(&file.api_keys, "api_keys", &mut problems);
+    problems.into_result().map(|()| file.api_keys)
 }
 
-fn validate_api_keys(keys: &[ApiKeyConfig], at: &str, push: &mut dyn FnMut(String, String)) {
+fn validate_api_keys(keys: &[ApiKeyConfig], at: &str, problems: &mut Problems) {
     let mut ids = BTreeSet::new();
     let mut hashes = BTreeSet::new();
     for (index, key) in keys.iter().enumerate() {
@@ -415,12 +377,12 @@ fn validate_api_keys(keys: &[ApiKeyConfig], at: &str, push: &mut dyn FnMut(Strin
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
         if !id_ok {
-            push(
+            problems.push(
                 path("id"),
-                "must be 1 to 64 letters, digits, '-', '_' or '.'".into(),
+                "must be 1 to 64 letters, digits, '-', '_' or '.'",
             );
         } else if !ids.insert(key.id.as_str()) {
-            push(path("id"), "repeats another key's id".into());
+            problems.push(path("id"), "repeats another key's id");
         }
         let hash_ok = key.sha256.len() == 64
             && key
@@ -428,17 +390,17 @@ fn validate_api_keys(keys: &[ApiKeyConfig], at: &str, push: &mut dyn FnMut(Strin
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if !hash_ok {
-            push(
+            problems.push(
                 path("sha256"),
-                "must be 64 lowercase hex digits (the key's sha256, never the key)".into(),
+                "must be 64 lowercase hex digits (the key's sha256, never the key)",
             );
         } else if !hashes.insert(key.sha256.as_str()) {
-            push(path("sha256"), "repeats another key's hash".into());
+            problems.push(path("sha256"), "repeats another key's hash");
         }
         if !valid_tenant_id(&key.tenant_id) {
-            push(
+            problems.push(
                 path("tenant_id"),
-                "must be 1 to 128 letters, digits, '-' or '_'".into(),
+                "must be 1 to 128 letters, digits, '-' or '_'",
             );
         }
         if !valid_identifier(&key.principal.id)
@@ -449,16 +411,16 @@ fn validate_api_keys(keys: &[ApiKeyConfig], at: &str, push: &mut dyn FnMut(Strin
                 .iter()
                 .all(|scope| valid_identifier(scope))
         {
-            push(
+            problems.push(
                 path("principal"),
-                "id and scopes must be 1 to 256 bytes without control characters, at most 1,024 scopes".into(),
+                "id and scopes must be 1 to 256 bytes without control characters, at most 1,024 scopes",
             );
         }
         if key.tools.is_empty()
             || key.tools.len() > MAXIMUM_LIST_ENTRIES
             || !key.tools.iter().all(|pattern| valid_identifier(pattern))
         {
-            push(path("tools"), "must list 1 to 1,024 tool patterns".into());
+            problems.push(path("tools"), "must list 1 to 1,024 tool patterns");
         }
     }
 }
@@ -480,13 +442,13 @@ pub struct JwtConfig {
     pub jwks_url: Option<String>,
     /// How often the fetched set is fetched again.
     #[serde(default = "JwtConfig::default_refresh")]
-    pub jwks_refresh_seconds: u32,
+    pub jwks_refresh_seconds: Seconds,
     /// Signature algorithms accepted.
     #[serde(default = "JwtConfig::default_algorithms")]
-    pub algorithms: Vec<String>,
+    pub algorithms: Vec<JwtAlgorithm>,
     /// Clock skew allowed on `exp` and `nbf`.
     #[serde(default = "JwtConfig::default_leeway")]
-    pub leeway_seconds: u32,
+    pub leeway_seconds: Seconds,
     /// Every token's tenant, when the provider serves one tenant.
     #[serde(default)]
     pub tenant_id: Option<String>,
@@ -506,20 +468,48 @@ pub struct JwtConfig {
     pub origin_trust: TrustLevel,
 }
 
-/// The algorithms `jwt.algorithms` may name.
-pub const JWT_ALGORITHMS: &[&str] = &[
-    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
-];
+/// The signature algorithms `jwt.algorithms` may name: asymmetric ones
+/// only, so toolgate never holds a key that could sign a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum JwtAlgorithm {
+    /// RSASSA-PKCS1-v1_5 with SHA-256.
+    #[serde(rename = "RS256")]
+    Rs256,
+    /// RSASSA-PKCS1-v1_5 with SHA-384.
+    #[serde(rename = "RS384")]
+    Rs384,
+    /// RSASSA-PKCS1-v1_5 with SHA-512.
+    #[serde(rename = "RS512")]
+    Rs512,
+    /// RSASSA-PSS with SHA-256.
+    #[serde(rename = "PS256")]
+    Ps256,
+    /// RSASSA-PSS with SHA-384.
+    #[serde(rename = "PS384")]
+    Ps384,
+    /// RSASSA-PSS with SHA-512.
+    #[serde(rename = "PS512")]
+    Ps512,
+    /// ECDSA on P-256 with SHA-256.
+    #[serde(rename = "ES256")]
+    Es256,
+    /// ECDSA on P-384 with SHA-384.
+    #[serde(rename = "ES384")]
+    Es384,
+    /// Ed25519.
+    #[serde(rename = "EdDSA")]
+    EdDsa,
+}
 
 impl JwtConfig {
-    fn default_refresh() -> u32 {
-        DEFAULT_JWKS_REFRESH_SECONDS
+    fn default_refresh() -> Seconds {
+        Seconds::new(DEFAULT_JWKS_REFRESH_SECONDS)
     }
-    fn default_algorithms() -> Vec<String> {
-        vec!["RS256".into(), "ES256".into()]
+    fn default_algorithms() -> Vec<JwtAlgorithm> {
+        vec![JwtAlgorithm::Rs256, JwtAlgorithm::Es256]
     }
-    fn default_leeway() -> u32 {
-        DEFAULT_JWT_LEEWAY_SECONDS
+    fn default_leeway() -> Seconds {
+        Seconds::new(DEFAULT_JWT_LEEWAY_SECONDS)
     }
     fn default_tenant_claim() -> String {
         "tenant_id".into()
@@ -531,12 +521,9 @@ impl JwtConfig {
         "scope".into()
     }
 
-    fn validate(&self, push: &mut dyn FnMut(String, String)) {
+    fn validate(&self, problems: &mut Problems) {
         if self.issuer.is_empty() || self.issuer.len() > 2048 {
-            push(
-                "front.jwt.issuer".into(),
-                "must name the token issuer".into(),
-            );
+            problems.push("front.jwt.issuer", "must name the token issuer");
         }
         if self.audiences.is_empty()
             || self
@@ -544,57 +531,47 @@ impl JwtConfig {
                 .iter()
                 .any(|aud| aud.is_empty() || aud.len() > 2048)
         {
-            push(
-                "front.jwt.audiences".into(),
-                "must list the audiences a token may name".into(),
+            problems.push(
+                "front.jwt.audiences",
+                "must list the audiences a token may name",
             );
         }
         match (&self.jwks_file, &self.jwks_url) {
-            (Some(_), Some(_)) | (None, None) => push(
-                "front.jwt".into(),
-                "set exactly one of jwks_file and jwks_url".into(),
-            ),
-            (Some(file), None) if !file.is_file() => push(
-                "front.jwt.jwks_file".into(),
-                "does not name a readable file".into(),
-            ),
+            (Some(_), Some(_)) | (None, None) => {
+                problems.push("front.jwt", "set exactly one of jwks_file and jwks_url")
+            }
+            (Some(file), None) if !file.is_file() => {
+                problems.push("front.jwt.jwks_file", "does not name a readable file")
+            }
             (None, Some(url)) if !url.starts_with("https://") && !url.starts_with("http://") => {
-                push(
-                    "front.jwt.jwks_url".into(),
-                    "must be an http(s):// URL egress allows".into(),
+                problems.push(
+                    "front.jwt.jwks_url",
+                    "must be an http(s):// URL egress allows",
                 )
             }
             _ => {}
         }
-        if !(10..=86_400).contains(&self.jwks_refresh_seconds) {
-            push(
-                "front.jwt.jwks_refresh_seconds".into(),
-                "must be between 10 and 86400".into(),
-            );
+        problems.between(
+            "front.jwt.jwks_refresh_seconds",
+            self.jwks_refresh_seconds.get(),
+            10,
+            86_400,
+        );
+        if self.algorithms.is_empty() {
+            problems.push("front.jwt.algorithms", "must list the algorithms accepted");
         }
-        if self.algorithms.is_empty()
-            || self
-                .algorithms
-                .iter()
-                .any(|alg| !JWT_ALGORITHMS.contains(&alg.as_str()))
-        {
-            push(
-                "front.jwt.algorithms".into(),
-                format!("must list algorithms among {}", JWT_ALGORITHMS.join(", ")),
-            );
-        }
-        if self.leeway_seconds > MAXIMUM_JWT_LEEWAY_SECONDS {
-            push(
-                "front.jwt.leeway_seconds".into(),
+        if self.leeway_seconds.get() > MAXIMUM_JWT_LEEWAY_SECONDS {
+            problems.push(
+                "front.jwt.leeway_seconds",
                 format!("must be at most {MAXIMUM_JWT_LEEWAY_SECONDS}"),
             );
         }
         if let Some(tenant) = &self.tenant_id
             && !valid_tenant_id(tenant)
         {
-            push(
-                "front.jwt.tenant_id".into(),
-                "must be 1 to 128 letters, digits, '-' or '_'".into(),
+            problems.push(
+                "front.jwt.tenant_id",
+                "must be 1 to 128 letters, digits, '-' or '_'",
             );
         }
         for (field, claim) in [
@@ -603,17 +580,14 @@ impl JwtConfig {
             ("front.jwt.scopes_claim", &self.scopes_claim),
         ] {
             if claim.is_empty() || claim.len() > 128 {
-                push(field.into(), "must name a claim".into());
+                problems.push(field, "must name a claim");
             }
         }
         if self.tools.is_empty()
             || self.tools.len() > MAXIMUM_LIST_ENTRIES
             || !self.tools.iter().all(|pattern| valid_identifier(pattern))
         {
-            push(
-                "front.jwt.tools".into(),
-                "must list 1 to 1,024 tool patterns".into(),
-            );
+            problems.push("front.jwt.tools", "must list 1 to 1,024 tool patterns");
         }
     }
 }

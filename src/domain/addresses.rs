@@ -15,8 +15,8 @@
 //!   `getaddrinfo`, a proxy) will read such a host as an address, so the
 //!   guard must never mistake it for a name that merely needs resolving.
 //!
-//! Everything here is pure `std`, allocation-light and panic-free on any
-//! input.
+//! Everything here is pure `std` (and serde, for the operator's list as
+//! written), allocation-light and panic-free on any input.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -394,6 +394,40 @@ impl AllowedCidrs {
                 (IpAddr::V6(network), IpAddr::V6(a)) => v6_in(u128::from(a), network, len.into()),
                 _ => false,
             })
+    }
+}
+
+/// Written as a list of entries (`["10.0.0.0/8", "::1"]`), each read by
+/// [`AllowedCidrs::parse`]'s rules; a refused entry fails at its own index
+/// with a message that does not repeat it.
+impl<'de> serde::Deserialize<'de> for AllowedCidrs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// One entry, refused where it stands in the list.
+        struct Entry((IpAddr, u8));
+        impl<'de> serde::Deserialize<'de> for Entry {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                parse_cidr(&text).map(Entry).map_err(|_| {
+                    serde::de::Error::custom(
+                        "must be an address or a CIDR range (10.0.0.0/8, ::1/128)",
+                    )
+                })
+            }
+        }
+        let entries = Vec::<Entry>::deserialize(deserializer)?;
+        Ok(AllowedCidrs(
+            entries.into_iter().map(|Entry(entry)| entry).collect(),
+        ))
+    }
+}
+
+impl serde::Serialize for AllowedCidrs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(
+            self.0
+                .iter()
+                .map(|(network, length)| format!("{network}/{length}")),
+        )
     }
 }
 

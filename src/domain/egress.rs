@@ -148,8 +148,9 @@ fn split_host_port(authority: &str) -> Result<(String, Option<u16>), EgressError
 
 /// One allowlist entry: `host`, `*.domain` (subdomains only), either with an
 /// optional `:port`, and an optional `http://` or `https://` prefix (https
-/// when omitted).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// when omitted). Written as that text wherever it is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct AllowEntry {
     scheme: Scheme,
     host: HostPattern,
@@ -197,6 +198,20 @@ impl AllowEntry {
                 .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
         };
         self.scheme == url.scheme && port == url.port && host
+    }
+}
+
+impl TryFrom<String> for AllowEntry {
+    type Error = EgressError;
+
+    fn try_from(entry: String) -> Result<Self, Self::Error> {
+        AllowEntry::parse(&entry)
+    }
+}
+
+impl From<AllowEntry> for String {
+    fn from(entry: AllowEntry) -> String {
+        entry.to_string()
     }
 }
 
