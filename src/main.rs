@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use clap::{Parser, Subcommand};
 use hyper::Method;
+use toolgate::adapters::telemetry::otlp::{OtlpError, TraceExport};
 use toolgate::api::client::{encode, send};
 use toolgate::ports::PlatformEvent;
 use tracing_subscriber::filter::Targets;
@@ -193,68 +194,20 @@ fn main() -> ExitCode {
         eprintln!("toolgate: {error}");
         return ExitCode::FAILURE;
     }
-    // Logs go to standard error; spans carry identity and classification
-    // only, never arguments or results, and go to the OTLP collector when
-    // one is configured.
     let environment: BTreeMap<String, String> = std::env::vars().collect();
     let process = match &cli.command {
         Command::Serve { config, .. } => toolgate::app::process_settings(config, &environment).ok(),
         _ => None,
     };
-    let targets = log_filter(
-        environment
-            .get("RUST_LOG")
-            .map(String::as_str)
-            .or(process.as_ref().map(|process| process.log_level.as_str())),
-    );
-    let (traces, export) = match process.as_ref().and_then(|process| process.otlp.as_ref()) {
-        Some(settings) => match toolgate::adapters::telemetry::otlp::layer(settings) {
-            Ok((layer, export)) => (Some(layer), Some(export)),
-            Err(error) => {
-                eprintln!("toolgate: {error}");
-                return ExitCode::FAILURE;
-            }
-        },
-        None => (None, None),
+    let export = match init_logging(cli.log_json, process.as_ref(), &environment) {
+        Ok(export) => export,
+        Err(error) => {
+            eprintln!("toolgate: {error}");
+            return ExitCode::FAILURE;
+        }
     };
-    if cli.log_json {
-        tracing_subscriber::registry()
-            .with(traces)
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_current_span(true)
-                    .with_writer(std::io::stderr),
-            )
-            .with(targets)
-            .init();
-    } else {
-        tracing_subscriber::registry()
-            .with(traces)
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .with(targets)
-            .init();
-    }
     match cli.command {
-        Command::CheckConfig { file } => match toolgate::app::check_config(&file, &environment) {
-            Ok(summary) => {
-                println!(
-                    "{}: ok (store: {}, stdio servers: {}, http servers: {}, egress entries: {})",
-                    file.display(),
-                    summary.store_backend,
-                    summary.stdio_servers,
-                    summary.http_servers,
-                    summary.egress_entries
-                );
-                ExitCode::SUCCESS
-            }
-            Err(errors) => {
-                for error in &errors.0 {
-                    eprintln!("{}: {error}", file.display());
-                }
-                ExitCode::FAILURE
-            }
-        },
+        Command::CheckConfig { file } => check_config(&file, &environment),
         Command::Serve { config, migrate } => {
             let threads = process.map_or(2, |process| process.worker_threads);
             let Some(runtime) = runtime_with(threads) else {
@@ -266,46 +219,9 @@ fn main() -> ExitCode {
             if let Some(export) = &export {
                 export.shutdown();
             }
-            match served {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("toolgate: {error}");
-                    ExitCode::FAILURE
-                }
-            }
+            exit("toolgate", served)
         }
-        Command::Discover { config } => {
-            let Some(runtime) = runtime() else {
-                return ExitCode::FAILURE;
-            };
-            match runtime.block_on(toolgate::app::discover(&config, &environment)) {
-                Ok(reports) => {
-                    let mut failed = false;
-                    for report in reports {
-                        println!("{}", report.server_id);
-                        for event in &report.events {
-                            failed |= matches!(event, PlatformEvent::ServerDisconnected { .. });
-                            println!("  {} {}", event.event_type(), event.payload());
-                        }
-                        for name in &report.registered {
-                            println!("  registered {name}");
-                        }
-                        for name in &report.skills {
-                            println!("  skill {name}");
-                        }
-                    }
-                    if failed {
-                        ExitCode::FAILURE
-                    } else {
-                        ExitCode::SUCCESS
-                    }
-                }
-                Err(error) => {
-                    eprintln!("toolgate: {error}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::Discover { config } => discover(&config, &environment),
         Command::Stdio { url, token_file } => {
             let relayed = toolgate::front::relay::Endpoint::parse(&url).and_then(|endpoint| {
                 let token = toolgate::front::relay::read_token(&token_file)?;
@@ -314,25 +230,15 @@ fn main() -> ExitCode {
                 ))?;
                 runtime.block_on(toolgate::front::relay::run(endpoint, token))
             });
-            match relayed {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("toolgate stdio: {error}");
-                    ExitCode::FAILURE
-                }
-            }
+            exit("toolgate stdio", relayed)
         }
-        Command::Key => match toolgate::front::auth::new_api_key() {
-            Ok((key, sha256)) => {
+        Command::Key => {
+            let key = toolgate::front::auth::new_api_key().map(|(key, sha256)| {
                 println!("key: {key}");
                 println!("sha256: {sha256}");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("toolgate: {error}");
-                ExitCode::FAILURE
-            }
-        },
+            });
+            exit("toolgate", key)
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(
@@ -352,104 +258,222 @@ fn main() -> ExitCode {
                 Some(folder) => clap_mangen::generate_to(command, folder),
                 None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
             };
-            match written {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("toolgate: {error}");
-                    ExitCode::FAILURE
+            exit("toolgate", written)
+        }
+        Command::Migrate { config } => migrate(&config, &environment),
+        Command::Invocations { command } => invocations(command, &environment),
+        Command::Approvals { command } => approvals(command, &environment),
+        Command::Review { command } => review(command, &environment),
+    }
+}
+
+/// Success, or the error on standard error after `prefix`.
+fn exit<E: std::fmt::Display>(prefix: &str, result: Result<(), E>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{prefix}: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to standard error; spans carry identity and classification
+/// only, never arguments or results, and go to the OTLP collector when one
+/// is configured (its export handle is returned, to flush at exit).
+fn init_logging(
+    json: bool,
+    process: Option<&toolgate::app::ProcessSettings>,
+    environment: &BTreeMap<String, String>,
+) -> Result<Option<TraceExport>, OtlpError> {
+    let targets = log_filter(
+        environment
+            .get("RUST_LOG")
+            .map(String::as_str)
+            .or(process.map(|process| process.log_level.as_str())),
+    );
+    let (traces, export) = match process.and_then(|process| process.otlp.as_ref()) {
+        Some(settings) => {
+            let (layer, export) = toolgate::adapters::telemetry::otlp::layer(settings)?;
+            (Some(layer), Some(export))
+        }
+        None => (None, None),
+    };
+    if json {
+        tracing_subscriber::registry()
+            .with(traces)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_writer(std::io::stderr),
+            )
+            .with(targets)
+            .init();
+    } else {
+        tracing_subscriber::registry()
+            .with(traces)
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(targets)
+            .init();
+    }
+    Ok(export)
+}
+
+/// `toolgate check-config`: a summary, or every problem found.
+fn check_config(file: &std::path::Path, environment: &BTreeMap<String, String>) -> ExitCode {
+    match toolgate::app::check_config(file, environment) {
+        Ok(summary) => {
+            println!(
+                "{}: ok (store: {}, stdio servers: {}, http servers: {}, egress entries: {})",
+                file.display(),
+                summary.store_backend,
+                summary.stdio_servers,
+                summary.http_servers,
+                summary.egress_entries
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for error in &errors.0 {
+                eprintln!("{}: {error}", file.display());
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `toolgate discover`: what each server answered; a failure when one did
+/// not.
+fn discover(config: &std::path::Path, environment: &BTreeMap<String, String>) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(toolgate::app::discover(config, environment)) {
+        Ok(reports) => {
+            let mut failed = false;
+            for report in reports {
+                println!("{}", report.server_id);
+                for event in &report.events {
+                    failed |= matches!(event, PlatformEvent::ServerDisconnected { .. });
+                    println!("  {} {}", event.event_type(), event.payload());
                 }
+                for name in &report.registered {
+                    println!("  registered {name}");
+                }
+                for name in &report.skills {
+                    println!("  skill {name}");
+                }
+            }
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
             }
         }
-        Command::Migrate { config } => {
-            let Some(runtime) = runtime() else {
-                return ExitCode::FAILURE;
-            };
-            match runtime.block_on(toolgate::app::migrate(&config, &environment)) {
-                Ok(applied) if applied.is_empty() => {
-                    println!("store is current");
-                    ExitCode::SUCCESS
-                }
-                Ok(applied) => {
-                    let versions: Vec<String> = applied.iter().map(i64::to_string).collect();
-                    println!("applied migration(s): {}", versions.join(", "));
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("{}: {error}", config.display());
-                    ExitCode::FAILURE
-                }
-            }
+        Err(error) => {
+            eprintln!("toolgate: {error}");
+            ExitCode::FAILURE
         }
-        Command::Invocations { command } => match command {
-            InvocationsCommand::Show {
-                invocation_id,
-                operator,
-            } => ask(
-                &operator,
-                &environment,
-                Method::GET,
-                &format!("/v1/invocations/{}", encode(&invocation_id)),
-                None,
-            ),
-            InvocationsCommand::Run { run_id, operator } => ask(
-                &operator,
-                &environment,
-                Method::GET,
-                &format!("/v1/runs/{}/invocations", encode(&run_id)),
-                None,
-            ),
-        },
-        Command::Approvals { command } => match command {
-            ApprovalsCommand::List { operator } => ask(
-                &operator,
-                &environment,
-                Method::GET,
-                "/v1/approvals?status=pending",
-                None,
-            ),
-            ApprovalsCommand::Approve {
-                approval_id,
-                approver,
-                operator,
-            } => ask(
-                &operator,
-                &environment,
-                Method::POST,
-                &format!("/v1/approvals/{}", encode(&approval_id)),
-                Some(serde_json::json!({"decision": "approve", "approver": approver})),
-            ),
-            ApprovalsCommand::Deny {
-                approval_id,
-                approver,
-                operator,
-            } => ask(
-                &operator,
-                &environment,
-                Method::POST,
-                &format!("/v1/approvals/{}", encode(&approval_id)),
-                Some(serde_json::json!({"decision": "deny", "approver": approver})),
-            ),
-        },
-        Command::Review { command } => match command {
-            ReviewCommand::List { operator } => {
-                ask(&operator, &environment, Method::GET, "/v1/review", None)
-            }
-            ReviewCommand::Resolve {
-                invocation_id,
-                resolution,
-                resolver,
-                note,
-                operator,
-            } => ask(
-                &operator,
-                &environment,
-                Method::POST,
-                &format!("/v1/review/{}", encode(&invocation_id)),
-                Some(
-                    serde_json::json!({"resolution": resolution, "resolver": resolver, "note": note}),
-                ),
-            ),
-        },
+    }
+}
+
+/// `toolgate migrate`: the versions applied, or that none were due.
+fn migrate(config: &std::path::Path, environment: &BTreeMap<String, String>) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(toolgate::app::migrate(config, environment)) {
+        Ok(applied) if applied.is_empty() => {
+            println!("store is current");
+            ExitCode::SUCCESS
+        }
+        Ok(applied) => {
+            let versions: Vec<String> = applied.iter().map(i64::to_string).collect();
+            println!("applied migration(s): {}", versions.join(", "));
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{}: {error}", config.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `toolgate invocations …` over the control API.
+fn invocations(command: InvocationsCommand, environment: &BTreeMap<String, String>) -> ExitCode {
+    match command {
+        InvocationsCommand::Show {
+            invocation_id,
+            operator,
+        } => ask(
+            &operator,
+            environment,
+            Method::GET,
+            &format!("/v1/invocations/{}", encode(&invocation_id)),
+            None,
+        ),
+        InvocationsCommand::Run { run_id, operator } => ask(
+            &operator,
+            environment,
+            Method::GET,
+            &format!("/v1/runs/{}/invocations", encode(&run_id)),
+            None,
+        ),
+    }
+}
+
+/// `toolgate approvals …` over the control API.
+fn approvals(command: ApprovalsCommand, environment: &BTreeMap<String, String>) -> ExitCode {
+    let decide = |approval_id: &str, decision: &str, approver: String, operator: &Operator| {
+        ask(
+            operator,
+            environment,
+            Method::POST,
+            &format!("/v1/approvals/{}", encode(approval_id)),
+            Some(serde_json::json!({"decision": decision, "approver": approver})),
+        )
+    };
+    match command {
+        ApprovalsCommand::List { operator } => ask(
+            &operator,
+            environment,
+            Method::GET,
+            "/v1/approvals?status=pending",
+            None,
+        ),
+        ApprovalsCommand::Approve {
+            approval_id,
+            approver,
+            operator,
+        } => decide(&approval_id, "approve", approver, &operator),
+        ApprovalsCommand::Deny {
+            approval_id,
+            approver,
+            operator,
+        } => decide(&approval_id, "deny", approver, &operator),
+    }
+}
+
+/// `toolgate review …` over the control API.
+fn review(command: ReviewCommand, environment: &BTreeMap<String, String>) -> ExitCode {
+    match command {
+        ReviewCommand::List { operator } => {
+            ask(&operator, environment, Method::GET, "/v1/review", None)
+        }
+        ReviewCommand::Resolve {
+            invocation_id,
+            resolution,
+            resolver,
+            note,
+            operator,
+        } => ask(
+            &operator,
+            environment,
+            Method::POST,
+            &format!("/v1/review/{}", encode(&invocation_id)),
+            Some(serde_json::json!({"resolution": resolution, "resolver": resolver, "note": note})),
+        ),
     }
 }
 
