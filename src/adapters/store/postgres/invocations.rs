@@ -170,24 +170,14 @@ impl InvocationStore for PostgresStore {
         events: &'a [ToolEvent],
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let result = terminal_update(
-                &mut tx,
-                SETTLE_WAITING_SQL.as_str(),
-                id,
-                tenant_id,
-                terminal,
-                now,
-                None,
-            )
-            .await?;
-            if result {
-                append_events(&mut tx, tenant_id, events, now).await?;
-            }
-            tx.commit().await.map_err(database_error)?;
-            Ok(result)
-        })
+        Box::pin(self.end_unfenced(
+            SETTLE_WAITING_SQL.as_str(),
+            tenant_id,
+            id,
+            terminal,
+            events,
+            now,
+        ))
     }
 
     fn claim_invocation<'a>(
@@ -360,24 +350,14 @@ impl InvocationStore for PostgresStore {
         events: &'a [ToolEvent],
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let result = terminal_update(
-                &mut tx,
-                COMPLETE_SUSPENDED_SQL.as_str(),
-                id,
-                tenant_id,
-                terminal,
-                now,
-                None,
-            )
-            .await?;
-            if result {
-                append_events(&mut tx, tenant_id, events, now).await?;
-            }
-            tx.commit().await.map_err(database_error)?;
-            Ok(result)
-        })
+        Box::pin(self.end_unfenced(
+            COMPLETE_SUSPENDED_SQL.as_str(),
+            tenant_id,
+            id,
+            terminal,
+            events,
+            now,
+        ))
     }
 
     fn invocation<'a>(
@@ -846,33 +826,41 @@ impl PostgresStore {
     }
 }
 
-/// The terminal columns of an UPDATE, fenced when `fence` is given.
-async fn terminal_update(
-    tx: &mut Transaction<'static, Postgres>,
-    sql: &'static str,
-    id: Uuid,
-    tenant_id: &str,
-    terminal: &TerminalRecord,
-    now: DateTime<Utc>,
-    fence: Option<Fence>,
-) -> Result<bool, StoreError> {
-    let mut query = sqlx::query(sql)
-        .bind(id)
-        .bind(terminal.status.as_str())
-        .bind(terminal.outcome_status.as_str())
-        .bind(terminal.reason_code.map(ReasonCode::as_str))
-        .bind(&terminal.result)
-        .bind(&terminal.error)
-        .bind(terminal.output_bytes)
-        .bind(terminal.truncated)
-        .bind(terminal.artifact.as_ref().map(|artifact| artifact.id))
-        .bind(now)
-        .bind(tenant_id.to_owned());
-    if let Some(fence) = fence {
-        query = query.bind(fence.worker_id).bind(fence.lease_epoch);
+impl PostgresStore {
+    /// Ends a row no worker holds (waiting, suspended) with `sql`, its
+    /// terminal columns and, if it moved, its events, in one transaction.
+    async fn end_unfenced(
+        &self,
+        sql: &'static str,
+        tenant_id: &str,
+        id: Uuid,
+        terminal: &TerminalRecord,
+        events: &[ToolEvent],
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
+        let result = sqlx::query(sql)
+            .bind(id)
+            .bind(terminal.status.as_str())
+            .bind(terminal.outcome_status.as_str())
+            .bind(terminal.reason_code.map(ReasonCode::as_str))
+            .bind(&terminal.result)
+            .bind(&terminal.error)
+            .bind(terminal.output_bytes)
+            .bind(terminal.truncated)
+            .bind(terminal.artifact.as_ref().map(|artifact| artifact.id))
+            .bind(now)
+            .bind(tenant_id.to_owned())
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+        let ended = result.rows_affected() == 1;
+        if ended {
+            append_events(&mut tx, tenant_id, events, now).await?;
+        }
+        tx.commit().await.map_err(database_error)?;
+        Ok(ended)
     }
-    let result = query.execute(&mut **tx).await.map_err(database_error)?;
-    Ok(result.rows_affected() == 1)
 }
 
 /// The `synchronous_commit` a hot-path commit runs under: off for a relaxed
