@@ -594,3 +594,167 @@ fn unknown_tool_names_never_become_series() {
         "the series after 1,000 names are those after 100"
     );
 }
+
+/// The design's eight metrics and their labels: `(name, labels)` in the
+/// order the design lists them.
+const DESIGN_METRICS: [(&str, &[&str]); 8] = [
+    ("tool_calls_total", &["name", "source", "outcome_status"]),
+    ("tool_failures_total", &["name", "source", "reason_code"]),
+    ("tool_duration_seconds", &["name", "source"]),
+    ("tool_output_bytes", &["name", "source"]),
+    ("tool_truncations_total", &["name", "source"]),
+    ("tool_uncertain_total", &["name", "source"]),
+    ("mcp_requests_total", &["server", "method", "outcome"]),
+    ("mcp_connect_failures_total", &["server", "reason_code"]),
+];
+
+/// The samples of one metric in an exposition: each sample's labels (a
+/// histogram's `le` left out, its `_bucket`, `_count` and `_sum` samples
+/// all counted) and its value.
+fn samples(exposition: &str, metric: &str) -> Vec<(Vec<(String, String)>, f64)> {
+    let name = format!("toolgate_{metric}");
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (family, labels) = series.split_once('{')?;
+            let family = family
+                .strip_suffix("_bucket")
+                .or_else(|| family.strip_suffix("_count"))
+                .or_else(|| family.strip_suffix("_sum"))
+                .filter(|_| !metric.ends_with("_total"))
+                .unwrap_or(family);
+            if family != name {
+                return None;
+            }
+            let labels = labels
+                .strip_suffix('}')?
+                .split(',')
+                .filter_map(|pair| {
+                    let (key, value) = pair.split_once('=')?;
+                    Some((key.to_owned(), value.trim_matches('"').to_owned()))
+                })
+                .filter(|(key, _)| key != "le")
+                .collect();
+            Some((labels, value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every one of the design's eight metrics is served on GET /metrics with
+/// exactly the design's labels (never a tenant), counted from real calls:
+/// a success over MCP, a denial, an uncertain MCP write, an excerpted
+/// result, and a server that cannot be started.
+#[test]
+fn the_eight_design_metrics_are_served_with_their_labels() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let listen = address.clone();
+    let served = Served::start_edited(
+        move |_, config| {
+            format!(
+                "{config}\n[[mcp.servers]]\nserver_id = \"broken\"\ncommand = \"/bin/false\"\n\
+                 \n[ops]\nlisten = \"{listen}\"\n"
+            )
+        },
+        &[],
+    );
+    let session = served.session();
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user", "calls": [
+            {"call_id": "read", "name": "mcp.reads.echo", "arguments": {"text": "hi"}},
+            {"call_id": "denied", "name": "demo.keyed_write", "arguments": {"line": "no"}},
+            {"call_id": "unknown", "name": "mcp.writes.fail", "arguments": {}},
+            {"call_id": "large", "name": "demo.echo", "arguments": {"text": "x".repeat(20_000)}},
+        ]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let outcome = |index: usize, field: &str| {
+        body["results"][index]["outcome"][field]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(outcome(0, "status"), "succeeded", "{body}");
+    assert_eq!(outcome(1, "reason_code"), "policy.rule.denied", "{body}");
+    assert_eq!(outcome(2, "status"), "uncertain", "{body}");
+    assert_eq!(outcome(3, "status"), "succeeded", "{body}");
+
+    let (status, exposition) = get_tcp(&address, "/metrics", "GET");
+    assert_eq!(status, 200);
+    assert!(!exposition.contains(TENANT), "no tenant in a metric");
+    for (metric, labels) in DESIGN_METRICS {
+        let found = samples(&exposition, metric);
+        assert!(!found.is_empty(), "no {metric}:\n{exposition}");
+        for (sample, _) in &found {
+            let keys: Vec<&str> = sample.iter().map(|(key, _)| key.as_str()).collect();
+            assert_eq!(keys, labels, "{metric}'s labels");
+        }
+    }
+    let value = |metric: &str, labels: &[(&str, &str)]| -> f64 {
+        samples(&exposition, metric)
+            .into_iter()
+            .filter(|(sample, _)| {
+                labels
+                    .iter()
+                    .all(|(key, value)| sample.iter().any(|(k, v)| k == key && v == value))
+            })
+            .map(|(_, value)| value)
+            .fold(0.0, f64::max)
+    };
+    let reads = [("name", "mcp.reads.echo"), ("source", "mcp")];
+    let echo = [("name", "demo.echo"), ("source", "builtin")];
+    let fail = [("name", "mcp.writes.fail"), ("source", "mcp")];
+    let mut succeeded = reads.to_vec();
+    succeeded.push(("outcome_status", "succeeded"));
+    assert_eq!(value("tool_calls_total", &succeeded), 1.0, "{exposition}");
+    assert_eq!(
+        value(
+            "tool_failures_total",
+            &[
+                ("name", "demo.keyed_write"),
+                ("source", "builtin"),
+                ("reason_code", "policy.rule.denied")
+            ]
+        ),
+        1.0,
+        "{exposition}"
+    );
+    for count in [
+        "toolgate_tool_duration_seconds_count{name=\"mcp.reads.echo\",source=\"mcp\"} 1\n",
+        "toolgate_tool_output_bytes_count{name=\"demo.echo\",source=\"builtin\"} 1\n",
+    ] {
+        assert!(exposition.contains(count), "{count} missing:\n{exposition}");
+    }
+    assert_eq!(value("tool_truncations_total", &echo), 1.0, "{exposition}");
+    assert_eq!(value("tool_uncertain_total", &fail), 1.0, "{exposition}");
+    assert_eq!(
+        value(
+            "mcp_requests_total",
+            &[
+                ("server", "reads"),
+                ("method", "tools/call"),
+                ("outcome", "ok")
+            ]
+        ),
+        1.0,
+        "{exposition}"
+    );
+    assert!(
+        value(
+            "mcp_connect_failures_total",
+            &[
+                ("server", "broken"),
+                ("reason_code", "tool.server_unreachable")
+            ]
+        ) >= 1.0,
+        "{exposition}"
+    );
+}
