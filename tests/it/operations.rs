@@ -758,3 +758,162 @@ fn the_eight_design_metrics_are_served_with_their_labels() {
         "{exposition}"
     );
 }
+
+/// One call's `tool.execute` span, with its attributes by key.
+fn attributes(span: &serde_json::Value) -> std::collections::HashMap<String, serde_json::Value> {
+    span["attributes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attribute| {
+            (
+                attribute["key"].as_str().unwrap().to_owned(),
+                attribute["value"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Every `tool.execute` carries the design's eight attributes, each as a
+/// plain value (the batch's group its id, not a debug rendering of an
+/// option), and has its three children: `tool.validate` and
+/// `policy.evaluate` under every call, `mcp.request` under an MCP call's.
+#[test]
+fn tool_execute_spans_carry_every_attribute_and_their_children() {
+    let (address, bodies) = collector();
+    let mut served = Served::start_edited(
+        |_, config| {
+            format!(
+                "{config}\n[telemetry]\notlp_endpoint = \"http://{address}/v1/traces\"\nservice_name = \"toolgate-test\"\n"
+            )
+        },
+        &[],
+    );
+    let session = served.session();
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user", "calls": [
+            {"call_id": "short", "name": "demo.echo", "arguments": {"text": "hi"}},
+            {"call_id": "remote", "name": "mcp.reads.echo", "arguments": {"text": "hi"}},
+            {"call_id": "denied", "name": "demo.keyed_write", "arguments": {"line": "no"}},
+            {"call_id": "large", "name": "demo.echo", "arguments": {"text": "x".repeat(20_000)}},
+        ]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let group = body["parallel_group"].as_str().unwrap().to_owned();
+    assert!(served.stop(), "the drain exports what is buffered");
+    let started = Instant::now();
+    while bodies.lock().unwrap().is_empty() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut spans = Vec::new();
+    for body in bodies.lock().unwrap().iter() {
+        let export: serde_json::Value = serde_json::from_str(body).unwrap();
+        for resource in export["resourceSpans"].as_array().unwrap() {
+            for scope in resource["scopeSpans"].as_array().unwrap() {
+                spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    let executes: Vec<&serde_json::Value> = spans
+        .iter()
+        .filter(|span| span["name"] == "tool.execute")
+        .collect();
+    assert_eq!(executes.len(), 4, "{spans:?}");
+    let text = |value: &serde_json::Value| value["stringValue"].as_str().map(str::to_owned);
+    // (name, source, idempotency class, status, reason code, truncated)
+    let mut seen: Vec<(String, String, String, String, Option<String>, bool)> = Vec::new();
+    for execute in &executes {
+        let attributes = attributes(execute);
+        let get = |key: &str| {
+            attributes
+                .get(key)
+                .unwrap_or_else(|| panic!("no {key} on {execute}"))
+        };
+        // A builtin's version is the build's; an MCP tool's, its catalog's hash.
+        let version = text(get("tool.version")).unwrap_or_default();
+        match text(get("tool.source")).as_deref() {
+            Some("builtin") => assert_eq!(version, "1", "{execute}"),
+            _ => assert!(
+                version.len() == 64 && version.chars().all(|c| c.is_ascii_hexdigit()),
+                "{execute}"
+            ),
+        }
+        assert_eq!(
+            text(get("tool.parallel_group")),
+            Some(group.clone()),
+            "the batch's id as a plain value: {execute}"
+        );
+        let truncated = get("tool.truncated")["boolValue"]
+            .as_bool()
+            .unwrap_or_else(|| panic!("tool.truncated is a boolean: {execute}"));
+        seen.push((
+            text(get("tool.name")).unwrap(),
+            text(get("tool.source")).unwrap(),
+            text(get("tool.idempotency_class")).unwrap(),
+            text(get("tool.outcome_status")).unwrap(),
+            attributes.get("tool.reason_code").and_then(text),
+            truncated,
+        ));
+        // Its children, directly under it.
+        let children: Vec<&str> = spans
+            .iter()
+            .filter(|span| span["parentSpanId"] == execute["spanId"])
+            .filter_map(|span| span["name"].as_str())
+            .collect();
+        for child in ["tool.validate", "policy.evaluate"] {
+            assert!(
+                children.contains(&child),
+                "{child} under {execute}: {children:?}"
+            );
+        }
+        let remote = text(get("tool.source")).as_deref() == Some("mcp");
+        assert_eq!(
+            children.contains(&"mcp.request"),
+            remote,
+            "mcp.request under an MCP call's tool.execute alone: {children:?}"
+        );
+    }
+    seen.sort();
+    let owned = |name: &str, source: &str, class: &str, status: &str, code: Option<&str>, cut| {
+        (
+            name.to_owned(),
+            source.to_owned(),
+            class.to_owned(),
+            status.to_owned(),
+            code.map(str::to_owned),
+            cut,
+        )
+    };
+    assert_eq!(
+        seen,
+        [
+            owned(
+                "demo.echo",
+                "builtin",
+                "read_only",
+                "succeeded",
+                None,
+                false
+            ),
+            owned("demo.echo", "builtin", "read_only", "succeeded", None, true),
+            owned(
+                "demo.keyed_write",
+                "builtin",
+                "conditionally_idempotent",
+                "denied",
+                Some("policy.rule.denied"),
+                false
+            ),
+            owned(
+                "mcp.reads.echo",
+                "mcp",
+                "read_only",
+                "succeeded",
+                None,
+                false
+            ),
+        ]
+    );
+}
