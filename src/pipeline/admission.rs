@@ -194,3 +194,133 @@ impl Admission {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{
+        AgentSpec, PolicyProfile, Principal, RuntimeEnvironment, TargetKind, ToolResult, ToolSpec,
+    };
+    use crate::pipeline::registry::{RegistryLimits, ToolRegistry};
+    use crate::ports::{BoxFuture, Tool, ToolExecutionContext};
+
+    struct Fixed(ToolSpec);
+
+    impl Tool for Fixed {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        fn execute<'a>(&'a self, _: Value, _: ToolExecutionContext) -> BoxFuture<'a, ToolResult> {
+            Box::pin(async { ToolResult::text("") })
+        }
+    }
+
+    /// A read-only tool with `timeout_seconds`, declared parallel-safe or not.
+    fn read(name: &str, timeout_seconds: u32, allow_parallel: bool) -> Arc<dyn Tool> {
+        let spec: ToolSpec = serde_json::from_value(json!({
+            "name": name, "version": "1", "description": "d",
+            "input_schema": {"type": "object"}, "output_schema": null,
+            "side_effect": "none", "risk": "low", "idempotency": "read_only",
+            "required_scopes": [], "timeout_seconds": timeout_seconds,
+            "maximum_output_bytes": 1024, "allow_parallel": allow_parallel,
+            "output_trust": "internal_tool"
+        }))
+        .expect("a spec");
+        Arc::new(Fixed(spec))
+    }
+
+    fn pinned(tools: Vec<Arc<dyn Tool>>) -> Arc<PinnedToolSet> {
+        let limits = RegistryLimits {
+            maximum_output_bytes_ceiling: 1 << 20,
+        };
+        let registry = ToolRegistry::with_builtins(limits, tools).expect("the tools register");
+        registry.specs_for_session(
+            "tenant-a",
+            &AgentSpec {
+                tools: vec!["*".into()],
+            },
+            &Principal {
+                id: "p".into(),
+                scopes: BTreeSet::new(),
+            },
+            &PolicyProfile::default(),
+            &RuntimeEnvironment {
+                targets: [TargetKind::InProcess].into(),
+            },
+        )
+    }
+
+    fn calls(names: &[&str]) -> Vec<BatchCall> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(index, name)| BatchCall {
+                call_id: format!("c{index}"),
+                name: (*name).to_owned(),
+                arguments: json!({}),
+                argument_trust: ArgumentTrust::default(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_runs_at_once_only_while_every_timeout_fits_the_time_left() {
+        let pinned = pinned(vec![
+            read("demo.quick", 5, true),
+            read("demo.slow", 30, true),
+        ]);
+        let quick = calls(&["demo.quick", "demo.quick"]);
+        assert!(parallel_ok(&pinned, &quick, None, None), "no deadline");
+        assert!(parallel_ok(&pinned, &quick, Some(5.0), None), "just fits");
+        assert!(!parallel_ok(&pinned, &quick, Some(4.9), None), "past it");
+        let mixed = calls(&["demo.quick", "demo.slow"]);
+        assert!(parallel_ok(&pinned, &mixed, Some(30.0), None));
+        assert!(
+            !parallel_ok(&pinned, &mixed, Some(29.0), None),
+            "one call's timeout past the time left holds the batch in order"
+        );
+    }
+
+    #[test]
+    fn a_read_not_declared_parallel_safe_keeps_its_batch_in_order() {
+        // Read-only yet not parallel-safe, as every MCP tool is.
+        let pinned = pinned(vec![
+            read("demo.quick", 5, true),
+            read("demo.serial", 5, false),
+        ]);
+        assert!(parallel_ok(
+            &pinned,
+            &calls(&["demo.quick", "demo.quick"]),
+            None,
+            None
+        ));
+        assert!(!parallel_ok(
+            &pinned,
+            &calls(&["demo.quick", "demo.serial"]),
+            None,
+            None
+        ));
+        assert!(!parallel_ok(
+            &pinned,
+            &calls(&["demo.serial", "demo.serial"]),
+            None,
+            None
+        ));
+    }
+
+    #[test]
+    fn a_batch_past_the_runs_tool_budget_runs_in_order() {
+        let pinned = pinned(vec![read("demo.quick", 5, true)]);
+        let three = calls(&["demo.quick", "demo.quick", "demo.quick"]);
+        assert!(parallel_ok(&pinned, &three, None, Some(3)));
+        assert!(!parallel_ok(&pinned, &three, None, Some(2)));
+        assert!(
+            !parallel_ok(&pinned, &calls(&["demo.quick"]), None, None),
+            "one call is no batch"
+        );
+    }
+}

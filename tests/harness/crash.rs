@@ -71,12 +71,14 @@ struct JobRequest {
     arguments: Value,
 }
 
-/// Aborts the process at one point.
+/// Aborts the process at one point, naming it first: a test tells a crash
+/// at its failpoint from any other abort.
 struct Failpoint(Point);
 
 impl StepObserver for Failpoint {
     fn reached(&self, point: Point, _: &str) {
         if point == self.0 {
+            eprintln!("crash_harness: aborted at {}", point.as_str());
             std::process::abort();
         }
     }

@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use chrono::Utc;
 use serde_json::{Value, json};
-use toolgate::domain::{InvocationStatus, ReasonCode};
+use toolgate::domain::{ApprovalStatus, InvocationStatus, ReasonCode};
 use toolgate::pipeline::Point;
 use toolgate::ports::{InvocationStore as _, Schema, Store};
 use uuid::Uuid;
@@ -80,17 +81,23 @@ fn run(job: &Job<'_>) -> (bool, Value) {
     }
     let output = child.wait_with_output().expect("the harness ends");
     let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
     let value = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
     if output.status.success() {
         (true, value)
     } else {
-        // Aborted at the failpoint (SIGABRT), never a clean failure.
+        // Aborted at the failpoint (SIGABRT), never a clean failure, nor an
+        // abort anywhere else.
         use std::os::unix::process::ExitStatusExt as _;
         assert_eq!(
             output.status.signal(),
             Some(6),
-            "the harness failed rather than crashed: {}",
-            String::from_utf8_lossy(&output.stderr)
+            "the harness failed rather than crashed: {stderr}"
+        );
+        let at = job.failpoint.map_or("no failpoint", Point::as_str);
+        assert!(
+            stderr.contains(&format!("crash_harness: aborted at {at}\n")),
+            "the harness aborted elsewhere than at {at}: {stderr}"
         );
         (false, value)
     }
@@ -112,127 +119,296 @@ fn effects(tool: &str, folder: &Path) -> usize {
     }
 }
 
-/// What the table says a crash at `point` leaves after recovery.
-fn expected(tool: &str, point: Point) -> (Option<InvocationStatus>, usize) {
+/// The routes a call takes through the pipeline, each reaching its own points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Policy allows the call: its intent and its claim are one commit.
+    Allowed,
+    /// Policy asks a human, and the crashing call is the first: its row
+    /// and its approval would be one commit.
+    Requested,
+    /// The call's row waits for an approval still pending when the same
+    /// call, asked again, crashes.
+    Waiting,
+    /// The approval was given, and the same call asked again resumes it:
+    /// the row authorized, then claimed, two commits the fused path never
+    /// has between them.
+    Resumed,
+}
+
+impl Route {
+    const ALL: [Route; 4] = [
+        Route::Allowed,
+        Route::Requested,
+        Route::Waiting,
+        Route::Resumed,
+    ];
+
+    /// The policy its calls and their recovery run under.
+    fn policy(self) -> &'static str {
+        match self {
+            Route::Allowed => "allow",
+            Route::Requested | Route::Waiting | Route::Resumed => "built_in",
+        }
+    }
+
+    /// Its tools: every idempotency class where nothing waits; where a
+    /// human is asked, the two the built-in matrix holds for approval.
+    fn tools(self) -> &'static [&'static str] {
+        match self {
+            Route::Allowed => &[
+                "demo.echo",
+                "demo.set_value",
+                "demo.keyed_write",
+                "demo.external_write",
+            ],
+            Route::Requested | Route::Waiting | Route::Resumed => {
+                &["demo.keyed_write", "demo.external_write"]
+            }
+        }
+    }
+
+    /// Whether a call on this path reaches `point`: exactly where the
+    /// harness must crash.
+    fn reaches(self, point: Point) -> bool {
+        let authority = matches!(
+            point,
+            Point::Resolve
+                | Point::Enabled
+                | Point::Scopes
+                | Point::Validate
+                | Point::Normalize
+                | Point::Policy
+        );
+        match self {
+            // Nobody is asked.
+            Route::Allowed => point != Point::Approval,
+            // The call ends pending at step 7.
+            Route::Requested | Route::Waiting => authority || point == Point::Approval,
+            // The intent exists: step 8 finds it and resumes it.
+            Route::Resumed => point != Point::PersistIntent,
+        }
+    }
+}
+
+fn arguments(tool: &str) -> Value {
+    match tool {
+        "demo.echo" => json!({"text": "hello"}),
+        "demo.set_value" => json!({"key": "k", "value": "v"}),
+        "demo.keyed_write" => json!({"line": "keyed"}),
+        _ => json!({"line": "once"}),
+    }
+}
+
+/// What the table says a crash at `point` on `path` leaves after recovery:
+/// the row's status, and the effects.
+fn expected(path: Route, tool: &str, point: Point) -> (Option<InvocationStatus>, usize) {
     let effectful = tool != "demo.echo";
     let one = usize::from(effectful);
     let non_idempotent = tool == "demo.external_write";
-    match point {
+    match (path, point) {
+        // Nothing was written: the waiting row and its approval commit
+        // together after step 7.
+        (Route::Requested, _) => (None, 0),
+        // A waiting row is nobody's to recover: it waits on, its approval
+        // as it was.
+        (Route::Waiting, _) => (Some(InvocationStatus::WaitingForApproval), 0),
+        (
+            Route::Resumed,
+            Point::Resolve
+            | Point::Enabled
+            | Point::Scopes
+            | Point::Validate
+            | Point::Normalize
+            | Point::Policy
+            | Point::Approval,
+        ) => (Some(InvocationStatus::WaitingForApproval), 0),
         // Nothing before step 8 touched the world or the database.
-        Point::Resolve
-        | Point::Enabled
-        | Point::Scopes
-        | Point::Validate
-        | Point::Normalize
-        | Point::Policy
-        | Point::Approval
-        | Point::PersistIntent => (None, 0),
-        // Intent persisted or claimed, nothing sent: re-executed once.
-        Point::Claim | Point::Execute => (Some(InvocationStatus::Succeeded), one),
+        (
+            _,
+            Point::Resolve
+            | Point::Enabled
+            | Point::Scopes
+            | Point::Validate
+            | Point::Normalize
+            | Point::Policy
+            | Point::Approval
+            | Point::PersistIntent,
+        ) => (None, 0),
+        // Intent persisted, authorized or claimed, nothing sent: executed
+        // once by recovery.
+        (_, Point::Claim | Point::Execute) => (Some(InvocationStatus::Succeeded), one),
         // The watermark is set but the tool never started.
-        Point::WatermarkCommitted if non_idempotent => (Some(InvocationStatus::Uncertain), 0),
-        Point::WatermarkCommitted => (Some(InvocationStatus::Succeeded), one),
+        (_, Point::WatermarkCommitted) if non_idempotent => (Some(InvocationStatus::Uncertain), 0),
+        (_, Point::WatermarkCommitted) => (Some(InvocationStatus::Succeeded), one),
         // The effect happened; only the non-idempotent one cannot be repeated.
-        Point::ValidateResult | Point::Artifactize | Point::PersistResult if non_idempotent => {
+        (_, Point::ValidateResult | Point::Artifactize | Point::PersistResult)
+            if non_idempotent =>
+        {
             (Some(InvocationStatus::Uncertain), 1)
         }
-        Point::ValidateResult | Point::Artifactize | Point::PersistResult => {
+        (_, Point::ValidateResult | Point::Artifactize | Point::PersistResult) => {
             (Some(InvocationStatus::Succeeded), one)
         }
         // The result committed; only its acknowledgement was lost.
-        Point::Render => (Some(InvocationStatus::Succeeded), one),
+        (_, Point::Render) => (Some(InvocationStatus::Succeeded), one),
     }
 }
 
-async fn crash_matrix(name: &str, store_url: &str, store: &dyn Store) {
-    let tools: [(&str, Value); 4] = [
-        ("demo.echo", json!({"text": "hello"})),
-        ("demo.set_value", json!({"key": "k", "value": "v"})),
-        ("demo.keyed_write", json!({"line": "keyed"})),
-        ("demo.external_write", json!({"line": "once"})),
-    ];
-    for (tool, arguments) in &tools {
-        for point in Point::ALL {
-            let folder = tempfile::tempdir().unwrap();
-            let (session, run_id, call) = (
-                Uuid::new_v4(),
-                Uuid::new_v4(),
-                format!("call-{}", point.as_str()),
-            );
-            let node = Uuid::new_v4().to_string();
-            // The approval point is on the path only where policy asks.
-            let policy = if point == Point::Approval {
-                "built_in"
-            } else {
-                "allow"
-            };
-            let job = |mode, failpoint, policy| Job {
-                store_url,
-                folder: folder.path(),
-                mode,
-                failpoint,
-                policy,
-                tool,
-                arguments,
-                ids: (session, run_id, &call),
-                node: &node,
-            };
-            let case = format!("{name} {tool} crash at {}", point.as_str());
-            let (completed, _) = run(&job("call", Some(point), policy));
-            run(&job("recover", None, "allow"));
+/// Approves a pending approval, as a human would through the API.
+async fn approve(store: &dyn Store, approval_id: &Value) {
+    let id: Uuid = approval_id
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("an approval id: {approval_id}"));
+    let decided = store
+        .decide_approval(TENANT, id, ApprovalStatus::Approved, "reviewer", Utc::now())
+        .await
+        .unwrap();
+    assert!(decided.is_some(), "the approval was pending");
+}
 
-            let rows = store.run_invocations(TENANT, run_id).await.unwrap();
-            let (status, count) = if completed {
-                // The failpoint was not on this call's path.
-                let status = rows.first().map(|r| r.status());
-                (status, effects(tool, folder.path()))
-            } else {
-                let (status, count) = expected(tool, point);
+/// The call asked again until it has an end: a call waiting for its
+/// approval is approved and asked once more.
+async fn answered(job: &Job<'_>, store: &dyn Store, case: &str) -> Value {
+    for _ in 0..3 {
+        let (ok, answer) = run(job);
+        assert!(ok, "{case}: replay");
+        match answer.get("pending") {
+            Some(pending) => approve(store, &pending["approval_id"]).await,
+            None => return answer,
+        }
+    }
+    panic!("{case}: still waiting after its approval")
+}
+
+/// Cases that crash: the four classes at every point but step 7 where
+/// policy allows; the two held for approval at steps 1 to 7 when asked
+/// first and when waiting, and at every point but step 8 when resumed.
+const CRASHES: usize = 4 * 14 + 2 * 7 + 2 * 7 + 2 * 14;
+
+async fn crash_matrix(name: &str, store_url: &str, store: &dyn Store) {
+    // Crashes counted per point: the matrix is not vacuous when every
+    // point crashed somewhere, and as many cases crashed as the table says.
+    let mut crashes = [0usize; Point::ALL.len()];
+    for path in Route::ALL {
+        for tool in path.tools() {
+            let arguments = arguments(tool);
+            for (index, point) in Point::ALL.into_iter().enumerate() {
+                let folder = tempfile::tempdir().unwrap();
+                let (session, run_id, call) = (
+                    Uuid::new_v4(),
+                    Uuid::new_v4(),
+                    format!("call-{}", point.as_str()),
+                );
+                let node = Uuid::new_v4().to_string();
+                let job = |mode, failpoint| Job {
+                    store_url,
+                    folder: folder.path(),
+                    mode,
+                    failpoint,
+                    policy: path.policy(),
+                    tool,
+                    arguments: &arguments,
+                    ids: (session, run_id, &call),
+                    node: &node,
+                };
+                let case = format!("{name} {path:?} {tool} crash at {}", point.as_str());
+                // A row waiting for its approval, given or not, before the
+                // same call is asked again.
+                let approval = match path {
+                    Route::Allowed | Route::Requested => None,
+                    Route::Waiting | Route::Resumed => {
+                        let (ok, first) = run(&job("call", None));
+                        assert!(ok, "{case}: the first call");
+                        let approval = first["pending"]["approval_id"].clone();
+                        if path == Route::Resumed {
+                            approve(store, &approval).await;
+                        }
+                        Some(approval)
+                    }
+                };
+                let (completed, _) = run(&job("call", Some(point)));
+                assert_eq!(
+                    !completed,
+                    path.reaches(point),
+                    "{case}: crashed where the table says it does"
+                );
+                if completed {
+                    continue;
+                }
+                crashes[index] += 1;
+                let (recovered, _) = run(&job("recover", None));
+                assert!(recovered, "{case}: recovery");
+
+                let rows = store.run_invocations(TENANT, run_id).await.unwrap();
+                let (status, count) = expected(path, tool, point);
                 assert_eq!(rows.first().map(|r| r.status()), status, "{case}: row");
                 assert_eq!(effects(tool, folder.path()), count, "{case}: effects");
-                (status, count)
-            };
-            if status == Some(InvocationStatus::Uncertain) {
-                assert_eq!(
-                    rows[0].reason_code,
-                    Some(ReasonCode::ToolOutcomeUnknown),
-                    "{case}"
-                );
-            }
-            assert!(rows.len() <= 1, "{case}: one row per call");
-
-            // A replay never repeats a recorded effect; a call that left no
-            // row runs now, once.
-            let (ok, replay) = run(&job("call", None, "allow"));
-            assert!(ok, "{case}: replay");
-            let after = effects(tool, folder.path());
-            match status {
-                None => assert_eq!(
-                    after,
-                    usize::from(*tool != "demo.echo"),
-                    "{case}: replayed call ran once"
-                ),
-                Some(status) => {
-                    assert_eq!(after, count, "{case}: replay repeated an effect");
-                    let recorded = store.run_invocations(TENANT, run_id).await.unwrap();
+                assert!(rows.len() <= 1, "{case}: one row per call");
+                if status == Some(InvocationStatus::Uncertain) {
                     assert_eq!(
-                        recorded[0].status(),
-                        status,
-                        "{case}: replay changed the row"
-                    );
-                    assert_eq!(
-                        replay["invocation_id"],
-                        json!(recorded[0].id),
-                        "{case}: replay found the row"
+                        rows[0].reason_code,
+                        Some(ReasonCode::ToolOutcomeUnknown),
+                        "{case}"
                     );
                 }
+                if let Some(approval) =
+                    approval.filter(|_| status.is_some_and(|s| !s.is_terminal()))
+                {
+                    // Still the approval the human saw, as the human left it.
+                    let id = approval.as_str().unwrap().parse().unwrap();
+                    let record = store.approval(TENANT, id).await.unwrap().unwrap();
+                    let left = match path {
+                        Route::Resumed => ApprovalStatus::Approved,
+                        _ => ApprovalStatus::Pending,
+                    };
+                    assert_eq!(record.status, left, "{case}: the approval");
+                }
+
+                // A replay never repeats a recorded effect; a call that left
+                // no row, or a row still waiting, runs now, once.
+                let replay = answered(&job("call", None), store, &case).await;
+                let after = effects(tool, folder.path());
+                let recorded = store.run_invocations(TENANT, run_id).await.unwrap();
+                assert_eq!(recorded.len(), 1, "{case}: one row per call");
+                match status {
+                    None | Some(InvocationStatus::WaitingForApproval) => {
+                        assert_eq!(after, usize::from(*tool != "demo.echo"), "{case}: ran once");
+                        assert_eq!(
+                            recorded[0].status(),
+                            InvocationStatus::Succeeded,
+                            "{case}: replayed"
+                        );
+                    }
+                    Some(status) => {
+                        assert_eq!(after, count, "{case}: replay repeated an effect");
+                        assert_eq!(
+                            recorded[0].status(),
+                            status,
+                            "{case}: replay changed the row"
+                        );
+                    }
+                }
+                assert_eq!(
+                    replay["invocation_id"],
+                    json!(recorded[0].id),
+                    "{case}: replay found the row"
+                );
             }
         }
     }
+    for (point, crashed) in Point::ALL.iter().zip(crashes) {
+        assert!(crashed > 0, "{name}: no case crashed at {}", point.as_str());
+    }
+    assert_eq!(crashes.iter().sum::<usize>(), CRASHES, "{name}: crashes");
 }
 
 /// Gate 7: a recorded crash at each of the fourteen pipeline steps (and the
-/// watermark inside step 10) recovers to the state the table specifies.
+/// watermark inside step 10) recovers to the state the table specifies, on
+/// every path a call takes: allowed, held for approval (asked first, still
+/// waiting, resumed once approved). Each case crashes exactly where the
+/// table says its call passes, and the crashes are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gate_07_a_crash_at_every_step_recovers_as_the_table_says() {
     let folder = tempfile::tempdir().unwrap();

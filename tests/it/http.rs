@@ -1282,3 +1282,98 @@ async fn an_address_that_never_answers_does_not_starve_the_next() {
     let dialed = dialer.dial(&format!("http://two.example:{port}/mcp")).await;
     assert!(dialed.is_ok(), "{:?}", dialed.err());
 }
+
+/// Preparations share eight general slots (`GENERAL_SLOTS`): ten operator
+/// HTTP servers behind one address that accepts and never answers are
+/// dialled eight at a time; the other two are dialled once slots are
+/// given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preparations_hold_at_most_eight_handshakes_at_once() {
+    use std::sync::Mutex;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Connections held open, and whether they are let go.
+    let held: Arc<Mutex<(Vec<std::net::TcpStream>, bool)>> = Arc::default();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    {
+        let (held, accepted) = (held.clone(), accepted.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let mut held = held.lock().unwrap();
+                if !held.1 {
+                    held.0.push(stream);
+                }
+            }
+        });
+    }
+    let servers: Vec<HttpServerSettings> = (0..10)
+        .map(|index| {
+            let mut server = http_server(
+                &format!("silent{index}"),
+                &format!("http://127.0.0.1:{port}/mcp"),
+                no_auth(),
+                idempotent(&format!("silent{index}")),
+            );
+            server.connect_timeout = Duration::from_secs(60);
+            server.request_timeout = Duration::from_secs(60);
+            server
+        })
+        .collect();
+    let (store, _db) = sqlite().await;
+    let set = Arc::new(
+        McpServerSet::new(
+            Vec::new(),
+            Arc::new(EnvFileResolver::new(Default::default())),
+            store,
+            Arc::new(SystemClock),
+            Arc::new(MetricsRegistry::default()),
+        )
+        .with_http(
+            servers,
+            Arc::new(loopback_dialer(&[port])),
+            Duration::from_secs(300),
+            CEILINGS,
+        ),
+    );
+    let discovering = {
+        let set = set.clone();
+        tokio::spawn(async move {
+            toolgate::ports::McpServers::discover(set.as_ref(), crate::pipeline::TENANT).await
+        })
+    };
+    let waited = std::time::Instant::now();
+    while accepted.load(Ordering::SeqCst) < 8 && waited.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A ninth would be dialled now if the slots let it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        8,
+        "eight handshakes at once"
+    );
+    {
+        let mut held = held.lock().unwrap();
+        held.1 = true;
+        held.0.clear();
+    }
+    let discoveries = tokio::time::timeout(Duration::from_secs(60), discovering)
+        .await
+        .expect("every handshake ends once the connections close")
+        .unwrap();
+    assert_eq!(discoveries.len(), 10);
+    assert!(
+        discoveries.iter().all(|discovery| matches!(
+            discovery.outcome,
+            toolgate::ports::DiscoveryOutcome::Failed { .. }
+        )),
+        "{:?}",
+        discoveries.iter().map(|d| d.outcome).collect::<Vec<_>>()
+    );
+    assert!(
+        accepted.load(Ordering::SeqCst) >= 10,
+        "the other two dialled"
+    );
+    set.shutdown().await;
+}

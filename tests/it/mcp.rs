@@ -107,7 +107,7 @@ use toolgate::domain::{
     SideEffectClass, TargetKind, ToolOutcomeStatus,
 };
 use toolgate::pipeline::{CallOutcome, CallRequest, Point, prepare_mcp};
-use toolgate::ports::{McpServers, PlatformEvent, Store, SystemClock};
+use toolgate::ports::{DiscoveryOutcome, McpServers, PlatformEvent, Store, SystemClock};
 use uuid::Uuid;
 
 use crate::pipeline::{Harness, TENANT, allow_all, code, finished, harness, text_of};
@@ -1490,4 +1490,111 @@ async fn gate_05_hostile_failure_text_never_reaches_the_message() {
         }
         live.servers.shutdown().await;
     }
+}
+
+/// The most concurrent entries of a start/end log: each line `start` or
+/// `end`, in the order they were written.
+fn most_at_once(log: &str) -> usize {
+    let (mut running, mut most) = (0usize, 0usize);
+    for line in log.lines() {
+        match line {
+            "start" => running += 1,
+            "end" => running = running.saturating_sub(1),
+            other => panic!("unexpected log line {other:?}"),
+        }
+        most = most.max(running);
+    }
+    most
+}
+
+/// Waits until `file` holds `starts` start lines, up to `within`; how
+/// many it holds.
+pub fn wait_for_starts(file: &Path, starts: usize, within: Duration) -> usize {
+    let started = std::time::Instant::now();
+    loop {
+        let seen = std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| *line == "start")
+            .count();
+        if seen >= starts || started.elapsed() > within {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Stdio servers start two at a time (`STARTUP_SLOTS`): four whose
+/// programs hang at start-up are started two, then, as those give up, the
+/// other two; never three at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_servers_start_two_at_a_time() {
+    let (store, _db) = sqlite().await;
+    let folder = tempfile::tempdir().unwrap();
+    let log = folder.path().join("starts");
+    let release = folder.path().join("release");
+    // Not an MCP server: it says when it starts, waits to be released,
+    // says it ends and exits without a word on stdout.
+    let script = "echo start >> \"$SLOT_LOG\"; \
+                  while [ ! -e \"$SLOT_RELEASE\" ]; do sleep 0.02; done; \
+                  echo end >> \"$SLOT_LOG\"";
+    let servers: Vec<StdioServerSettings> = (0..4)
+        .map(|index| {
+            let mut server = settings(
+                &format!("hangs{index}"),
+                Path::new("/bin/sh"),
+                &["-c", script],
+                &[
+                    ("SLOT_LOG", log.display().to_string()),
+                    ("SLOT_RELEASE", release.display().to_string()),
+                ],
+                reads(&format!("hangs{index}")),
+                &folder.path().join("state"),
+            );
+            server.connect_timeout = Duration::from_secs(60);
+            server
+        })
+        .collect();
+    let set = Arc::new(McpServerSet::new(
+        servers,
+        Arc::new(toolgate::adapters::credentials::EnvFileResolver::new(
+            Default::default(),
+        )),
+        store,
+        Arc::new(SystemClock),
+        Arc::new(toolgate::adapters::telemetry::MetricsRegistry::default()),
+    ));
+    let discovering = {
+        let set = set.clone();
+        tokio::spawn(async move { set.discover(TENANT).await })
+    };
+    let started = tokio::task::spawn_blocking({
+        let log = log.clone();
+        move || {
+            let first = wait_for_starts(&log, 2, Duration::from_secs(30));
+            // A third would start now if the slots let it.
+            std::thread::sleep(Duration::from_millis(500));
+            (first, wait_for_starts(&log, 3, Duration::ZERO))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(started, (2, 2), "two start, the others wait for a slot");
+    std::fs::write(&release, "").unwrap();
+    let discoveries = tokio::time::timeout(Duration::from_secs(60), discovering)
+        .await
+        .expect("every start-up ends once released")
+        .unwrap();
+    assert_eq!(discoveries.len(), 4);
+    assert!(
+        discoveries
+            .iter()
+            .all(|discovery| matches!(discovery.outcome, DiscoveryOutcome::Failed { .. })),
+        "{:?}",
+        discoveries.iter().map(|d| d.outcome).collect::<Vec<_>>()
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(log.matches("start").count(), 4, "{log}");
+    assert_eq!(most_at_once(&log), 2, "{log}");
+    set.shutdown().await;
 }

@@ -594,3 +594,326 @@ fn unknown_tool_names_never_become_series() {
         "the series after 1,000 names are those after 100"
     );
 }
+
+/// The design's eight metrics and their labels: `(name, labels)` in the
+/// order the design lists them.
+const DESIGN_METRICS: [(&str, &[&str]); 8] = [
+    ("tool_calls_total", &["name", "source", "outcome_status"]),
+    ("tool_failures_total", &["name", "source", "reason_code"]),
+    ("tool_duration_seconds", &["name", "source"]),
+    ("tool_output_bytes", &["name", "source"]),
+    ("tool_truncations_total", &["name", "source"]),
+    ("tool_uncertain_total", &["name", "source"]),
+    ("mcp_requests_total", &["server", "method", "outcome"]),
+    ("mcp_connect_failures_total", &["server", "reason_code"]),
+];
+
+/// The samples of one metric in an exposition: each sample's labels (a
+/// histogram's `le` left out, its `_bucket`, `_count` and `_sum` samples
+/// all counted) and its value.
+fn samples(exposition: &str, metric: &str) -> Vec<(Vec<(String, String)>, f64)> {
+    let name = format!("toolgate_{metric}");
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (family, labels) = series.split_once('{')?;
+            let family = family
+                .strip_suffix("_bucket")
+                .or_else(|| family.strip_suffix("_count"))
+                .or_else(|| family.strip_suffix("_sum"))
+                .filter(|_| !metric.ends_with("_total"))
+                .unwrap_or(family);
+            if family != name {
+                return None;
+            }
+            let labels = labels
+                .strip_suffix('}')?
+                .split(',')
+                .filter_map(|pair| {
+                    let (key, value) = pair.split_once('=')?;
+                    Some((key.to_owned(), value.trim_matches('"').to_owned()))
+                })
+                .filter(|(key, _)| key != "le")
+                .collect();
+            Some((labels, value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every one of the design's eight metrics is served on GET /metrics with
+/// exactly the design's labels (never a tenant), counted from real calls:
+/// a success over MCP, a denial, an uncertain MCP write, an excerpted
+/// result, and a server that cannot be started.
+#[test]
+fn the_eight_design_metrics_are_served_with_their_labels() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let listen = address.clone();
+    let served = Served::start_edited(
+        move |_, config| {
+            format!(
+                "{config}\n[[mcp.servers]]\nserver_id = \"broken\"\ncommand = \"/bin/false\"\n\
+                 \n[ops]\nlisten = \"{listen}\"\n"
+            )
+        },
+        &[],
+    );
+    let session = served.session();
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user", "calls": [
+            {"call_id": "read", "name": "mcp.reads.echo", "arguments": {"text": "hi"}},
+            {"call_id": "denied", "name": "demo.keyed_write", "arguments": {"line": "no"}},
+            {"call_id": "unknown", "name": "mcp.writes.fail", "arguments": {}},
+            {"call_id": "large", "name": "demo.echo", "arguments": {"text": "x".repeat(20_000)}},
+        ]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let outcome = |index: usize, field: &str| {
+        body["results"][index]["outcome"][field]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(outcome(0, "status"), "succeeded", "{body}");
+    assert_eq!(outcome(1, "reason_code"), "policy.rule.denied", "{body}");
+    assert_eq!(outcome(2, "status"), "uncertain", "{body}");
+    assert_eq!(outcome(3, "status"), "succeeded", "{body}");
+
+    let (status, exposition) = get_tcp(&address, "/metrics", "GET");
+    assert_eq!(status, 200);
+    assert!(!exposition.contains(TENANT), "no tenant in a metric");
+    for (metric, labels) in DESIGN_METRICS {
+        let found = samples(&exposition, metric);
+        assert!(!found.is_empty(), "no {metric}:\n{exposition}");
+        for (sample, _) in &found {
+            let keys: Vec<&str> = sample.iter().map(|(key, _)| key.as_str()).collect();
+            assert_eq!(keys, labels, "{metric}'s labels");
+        }
+    }
+    let value = |metric: &str, labels: &[(&str, &str)]| -> f64 {
+        samples(&exposition, metric)
+            .into_iter()
+            .filter(|(sample, _)| {
+                labels
+                    .iter()
+                    .all(|(key, value)| sample.iter().any(|(k, v)| k == key && v == value))
+            })
+            .map(|(_, value)| value)
+            .fold(0.0, f64::max)
+    };
+    let reads = [("name", "mcp.reads.echo"), ("source", "mcp")];
+    let echo = [("name", "demo.echo"), ("source", "builtin")];
+    let fail = [("name", "mcp.writes.fail"), ("source", "mcp")];
+    let mut succeeded = reads.to_vec();
+    succeeded.push(("outcome_status", "succeeded"));
+    assert_eq!(value("tool_calls_total", &succeeded), 1.0, "{exposition}");
+    assert_eq!(
+        value(
+            "tool_failures_total",
+            &[
+                ("name", "demo.keyed_write"),
+                ("source", "builtin"),
+                ("reason_code", "policy.rule.denied")
+            ]
+        ),
+        1.0,
+        "{exposition}"
+    );
+    for count in [
+        "toolgate_tool_duration_seconds_count{name=\"mcp.reads.echo\",source=\"mcp\"} 1\n",
+        "toolgate_tool_output_bytes_count{name=\"demo.echo\",source=\"builtin\"} 1\n",
+    ] {
+        assert!(exposition.contains(count), "{count} missing:\n{exposition}");
+    }
+    assert_eq!(value("tool_truncations_total", &echo), 1.0, "{exposition}");
+    assert_eq!(value("tool_uncertain_total", &fail), 1.0, "{exposition}");
+    assert_eq!(
+        value(
+            "mcp_requests_total",
+            &[
+                ("server", "reads"),
+                ("method", "tools/call"),
+                ("outcome", "ok")
+            ]
+        ),
+        1.0,
+        "{exposition}"
+    );
+    assert!(
+        value(
+            "mcp_connect_failures_total",
+            &[
+                ("server", "broken"),
+                ("reason_code", "tool.server_unreachable")
+            ]
+        ) >= 1.0,
+        "{exposition}"
+    );
+}
+
+/// One call's `tool.execute` span, with its attributes by key.
+fn attributes(span: &serde_json::Value) -> std::collections::HashMap<String, serde_json::Value> {
+    span["attributes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attribute| {
+            (
+                attribute["key"].as_str().unwrap().to_owned(),
+                attribute["value"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Every `tool.execute` carries the design's eight attributes, each as a
+/// plain value (the batch's group its id, not a debug rendering of an
+/// option), and has its three children: `tool.validate` and
+/// `policy.evaluate` under every call, `mcp.request` under an MCP call's.
+#[test]
+fn tool_execute_spans_carry_every_attribute_and_their_children() {
+    let (address, bodies) = collector();
+    let mut served = Served::start_edited(
+        |_, config| {
+            format!(
+                "{config}\n[telemetry]\notlp_endpoint = \"http://{address}/v1/traces\"\nservice_name = \"toolgate-test\"\n"
+            )
+        },
+        &[],
+    );
+    let session = served.session();
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user", "calls": [
+            {"call_id": "short", "name": "demo.echo", "arguments": {"text": "hi"}},
+            {"call_id": "remote", "name": "mcp.reads.echo", "arguments": {"text": "hi"}},
+            {"call_id": "denied", "name": "demo.keyed_write", "arguments": {"line": "no"}},
+            {"call_id": "large", "name": "demo.echo", "arguments": {"text": "x".repeat(20_000)}},
+        ]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let group = body["parallel_group"].as_str().unwrap().to_owned();
+    assert!(served.stop(), "the drain exports what is buffered");
+    let started = Instant::now();
+    while bodies.lock().unwrap().is_empty() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut spans = Vec::new();
+    for body in bodies.lock().unwrap().iter() {
+        let export: serde_json::Value = serde_json::from_str(body).unwrap();
+        for resource in export["resourceSpans"].as_array().unwrap() {
+            for scope in resource["scopeSpans"].as_array().unwrap() {
+                spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    let executes: Vec<&serde_json::Value> = spans
+        .iter()
+        .filter(|span| span["name"] == "tool.execute")
+        .collect();
+    assert_eq!(executes.len(), 4, "{spans:?}");
+    let text = |value: &serde_json::Value| value["stringValue"].as_str().map(str::to_owned);
+    // (name, source, idempotency class, status, reason code, truncated)
+    let mut seen: Vec<(String, String, String, String, Option<String>, bool)> = Vec::new();
+    for execute in &executes {
+        let attributes = attributes(execute);
+        let get = |key: &str| {
+            attributes
+                .get(key)
+                .unwrap_or_else(|| panic!("no {key} on {execute}"))
+        };
+        // A builtin's version is the build's; an MCP tool's, its catalog's hash.
+        let version = text(get("tool.version")).unwrap_or_default();
+        match text(get("tool.source")).as_deref() {
+            Some("builtin") => assert_eq!(version, "1", "{execute}"),
+            _ => assert!(
+                version.len() == 64 && version.chars().all(|c| c.is_ascii_hexdigit()),
+                "{execute}"
+            ),
+        }
+        assert_eq!(
+            text(get("tool.parallel_group")),
+            Some(group.clone()),
+            "the batch's id as a plain value: {execute}"
+        );
+        let truncated = get("tool.truncated")["boolValue"]
+            .as_bool()
+            .unwrap_or_else(|| panic!("tool.truncated is a boolean: {execute}"));
+        seen.push((
+            text(get("tool.name")).unwrap(),
+            text(get("tool.source")).unwrap(),
+            text(get("tool.idempotency_class")).unwrap(),
+            text(get("tool.outcome_status")).unwrap(),
+            attributes.get("tool.reason_code").and_then(text),
+            truncated,
+        ));
+        // Its children, directly under it.
+        let children: Vec<&str> = spans
+            .iter()
+            .filter(|span| span["parentSpanId"] == execute["spanId"])
+            .filter_map(|span| span["name"].as_str())
+            .collect();
+        for child in ["tool.validate", "policy.evaluate"] {
+            assert!(
+                children.contains(&child),
+                "{child} under {execute}: {children:?}"
+            );
+        }
+        let remote = text(get("tool.source")).as_deref() == Some("mcp");
+        assert_eq!(
+            children.contains(&"mcp.request"),
+            remote,
+            "mcp.request under an MCP call's tool.execute alone: {children:?}"
+        );
+    }
+    seen.sort();
+    let owned = |name: &str, source: &str, class: &str, status: &str, code: Option<&str>, cut| {
+        (
+            name.to_owned(),
+            source.to_owned(),
+            class.to_owned(),
+            status.to_owned(),
+            code.map(str::to_owned),
+            cut,
+        )
+    };
+    assert_eq!(
+        seen,
+        [
+            owned(
+                "demo.echo",
+                "builtin",
+                "read_only",
+                "succeeded",
+                None,
+                false
+            ),
+            owned("demo.echo", "builtin", "read_only", "succeeded", None, true),
+            owned(
+                "demo.keyed_write",
+                "builtin",
+                "conditionally_idempotent",
+                "denied",
+                Some("policy.rule.denied"),
+                false
+            ),
+            owned(
+                "mcp.reads.echo",
+                "mcp",
+                "read_only",
+                "succeeded",
+                None,
+                false
+            ),
+        ]
+    );
+}

@@ -1375,6 +1375,66 @@ fn a_batch_of_reads_overlaps_and_a_mixed_batch_runs_in_order() {
     }
 }
 
+/// A parallel batch runs at most `limits.batch_concurrency` calls at once
+/// (eight unless configured) and queues the rest: of ten slow reads, eight
+/// start before any completes, and each of the other two only once one
+/// has completed. Seen in the recorded events.
+#[test]
+fn a_parallel_batch_runs_eight_calls_at_once_and_queues_the_rest() {
+    const WAIT: u64 = 1500;
+    const CALLS: usize = 10;
+    let served = Served::start();
+    let session = served.session();
+    // A different wait per call: identical calls in one run would meet the
+    // loop breaker.
+    let calls: Vec<Value> = (0..CALLS)
+        .map(|index| {
+            json!({"call_id": format!("r{index}"), "name": "demo.wait",
+                   "arguments": {"milliseconds": WAIT + index as u64}})
+        })
+        .collect();
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user", "calls": calls}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["parallel"], true, "{body}");
+    for result in body["results"].as_array().unwrap() {
+        assert_eq!(result["outcome"]["status"], "succeeded", "{body}");
+    }
+    let (_, events) = served.get(&format!("/v1/events?after=0&tenant_id={TENANT}"));
+    let events: Vec<Value> = String::from_utf8(events)
+        .unwrap()
+        .lines()
+        .map(|line| json_of(line.as_bytes()))
+        .collect();
+    let times = |event_type: &str| {
+        let mut times: Vec<chrono::DateTime<chrono::Utc>> = events
+            .iter()
+            .filter(|event| event["event_type"] == event_type)
+            .map(|event| event["created_at"].as_str().unwrap().parse().unwrap())
+            .collect();
+        times.sort_unstable();
+        times
+    };
+    let (started, completed) = (times("tool.call.started"), times("tool.call.completed"));
+    assert_eq!(
+        (started.len(), completed.len()),
+        (CALLS, CALLS),
+        "{events:?}"
+    );
+    let first_done = completed[0];
+    assert!(
+        started[..8].iter().all(|at| *at < first_done),
+        "eight ran at once: started {started:?}, completed {completed:?}"
+    );
+    assert!(
+        started[8..].iter().all(|at| *at >= first_done),
+        "the ninth and tenth waited for a slot: started {started:?}, completed {completed:?}"
+    );
+}
+
 /// `conversation.ask_user` and `delegate.run` suspend: the row stays RUNNING
 /// with its marker, a resubmission finds it still suspended, and the answer
 /// (or the run's cancellation) completes it through the control API, once.

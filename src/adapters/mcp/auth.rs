@@ -449,6 +449,115 @@ mod tests {
         }
     }
 
+    /// A clock the test sets.
+    struct Manual(Mutex<DateTime<Utc>>);
+
+    impl Manual {
+        fn set(&self, now: DateTime<Utc>) {
+            *self.0.lock().unwrap() = now;
+        }
+    }
+
+    impl Clock for Manual {
+        fn now(&self) -> DateTime<Utc> {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    /// The client's id and secret, whatever the reference.
+    struct Client;
+
+    impl CredentialResolver for Client {
+        fn resolve<'a>(
+            &'a self,
+            _: &'a CredentialRef,
+        ) -> crate::ports::BoxFuture<'a, Result<SecretValue, crate::ports::CredentialError>>
+        {
+            Box::pin(async { Ok(SecretValue::new("toolgate:s3cr3t")) })
+        }
+    }
+
+    /// A token endpoint in memory: every exchange answers a new token that
+    /// expires in `TOKEN_LIFETIME` seconds, and is counted.
+    struct TokenEndpoint(Arc<std::sync::atomic::AtomicUsize>);
+
+    const TOKEN_LIFETIME: i64 = 120;
+
+    impl EgressDialer for TokenEndpoint {
+        fn dial<'a>(
+            &'a self,
+            url: &'a str,
+        ) -> crate::ports::BoxFuture<'a, Result<crate::ports::Dialed, crate::ports::DialError>>
+        {
+            Box::pin(async move {
+                let (client, server) = tokio::io::duplex(4096);
+                let exchanges = self.0.clone();
+                let answer = hyper::service::service_fn(move |_| {
+                    let issued = exchanges.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    let body = format!(
+                        r#"{{"access_token":"token-{issued}","expires_in":{TOKEN_LIFETIME}}}"#
+                    );
+                    async move {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::from(body),
+                        )))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(server), answer),
+                );
+                Ok(crate::ports::Dialed {
+                    stream: Box::new(client),
+                    url: EgressUrl::parse(url).unwrap(),
+                })
+            })
+        }
+    }
+
+    /// Decision 22: expiry is checked at use, and a token with sixty
+    /// seconds or fewer left is exchanged again before it is sent.
+    #[tokio::test]
+    async fn an_oauth_token_is_exchanged_again_once_sixty_seconds_remain() {
+        let issued = at();
+        let clock = Arc::new(Manual(Mutex::new(issued)));
+        let exchanges = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let authenticator = Authenticator::new(
+            AuthSettings {
+                scheme: AuthScheme::Oauth2Client,
+                name: None,
+                credential_ref: Some(CredentialRef::parse("env:CLIENT").unwrap()),
+                token_endpoint: Some("http://auth.example.com/token".into()),
+                token_scopes: Vec::new(),
+            },
+            Arc::new(Client),
+            Arc::new(TokenEndpoint(exchanges.clone())),
+            clock.clone(),
+        );
+        let bearer = || async {
+            let (name, value) = authenticator.header().await.unwrap().unwrap();
+            assert_eq!(name, AUTHORIZATION);
+            value.to_str().unwrap().to_owned()
+        };
+        let exchanged = || exchanges.load(std::sync::atomic::Ordering::SeqCst);
+        let after = |seconds: i64| issued + chrono::Duration::seconds(seconds);
+        // The design's number, not the constant: a changed skew fails here.
+        const SKEW: i64 = 60;
+        assert_eq!(bearer().await, "Bearer token-1");
+        // Held while more than sixty seconds remain.
+        clock.set(after(TOKEN_LIFETIME - SKEW - 1));
+        assert_eq!(bearer().await, "Bearer token-1");
+        assert_eq!(exchanged(), 1);
+        // Sixty left: exchanged again, not sent to expire on the way.
+        clock.set(after(TOKEN_LIFETIME - SKEW));
+        assert_eq!(bearer().await, "Bearer token-2");
+        assert_eq!(exchanged(), 2);
+        // The new token's expiry runs from its own exchange.
+        clock.set(after(2 * (TOKEN_LIFETIME - SKEW) - 1));
+        assert_eq!(bearer().await, "Bearer token-2");
+        assert_eq!(exchanged(), 2);
+    }
+
     #[test]
     fn base64_and_form_encoding_follow_their_rfcs() {
         assert_eq!(base64_encode(b""), "");

@@ -153,7 +153,8 @@ impl Pipeline {
             tool.outcome_status = Empty,
             tool.reason_code = Empty,
             tool.truncated = Empty,
-            tool.parallel_group = ?request.parallel_group,
+            // The batch's id as its text; a call outside a batch has none.
+            tool.parallel_group = request.parallel_group.map(tracing::field::display),
         );
         let started = tokio::time::Instant::now();
         let outcome = self.call_steps(&request).instrument(span.clone()).await;

@@ -348,3 +348,201 @@ impl McpServer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use chrono::{DateTime, Utc};
+
+    use super::super::{HttpServerSettings, Shared};
+    use super::*;
+    use crate::adapters::mcp::auth::AuthSettings;
+    use crate::adapters::mcp::servers::{
+        DEFAULT_DISCOVERY_REUSE, GENERAL_SLOTS, STARTUP_SLOTS, TENANT_RESERVE, TENANT_SHARE,
+    };
+    use crate::domain::SecretValue;
+    use crate::domain::mcp_server::ServerClassification;
+    use crate::domain::secret::CredentialRef;
+    use crate::ports::{
+        BoxFuture, CatalogRow, CatalogStore, CredentialError, CredentialResolver, DialError,
+        Dialed, EgressDialer, EventRecord, EventStore, Labels, McpServerRow, Metrics,
+        PlatformEvent, PreparationRecord, StoreError, SystemClock,
+    };
+
+    /// What a discovery that neither succeeds nor records anything must
+    /// never touch: each use panics.
+    struct Untouched;
+
+    impl CredentialResolver for Untouched {
+        fn resolve<'a>(
+            &'a self,
+            _: &'a CredentialRef,
+        ) -> BoxFuture<'a, Result<SecretValue, CredentialError>> {
+            panic!("no credential is resolved for a server without authentication")
+        }
+    }
+
+    impl EventStore for Untouched {
+        fn record_event<'a>(
+            &'a self,
+            _: Option<&'a str>,
+            _: &'a PlatformEvent,
+            _: DateTime<Utc>,
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
+            panic!("a discovery records nothing itself")
+        }
+
+        fn events_after<'a>(
+            &'a self,
+            _: i64,
+            _: i64,
+            _: Option<&'a str>,
+        ) -> BoxFuture<'a, Result<Vec<EventRecord>, StoreError>> {
+            panic!("a discovery reads no events")
+        }
+    }
+
+    impl CatalogStore for Untouched {
+        fn record_preparation<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a PreparationRecord,
+            _: DateTime<Utc>,
+        ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+            panic!("a discovery records nothing itself")
+        }
+
+        fn catalog_history<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<Vec<CatalogRow>, StoreError>> {
+            panic!("a discovery reads no history")
+        }
+
+        fn put_mcp_server<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a McpServerRow,
+            _: DateTime<Utc>,
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
+            panic!("a discovery writes no server")
+        }
+
+        fn mcp_server<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<Option<McpServerRow>, StoreError>> {
+            panic!("a discovery reads no server row")
+        }
+
+        fn tenant_mcp_servers<'a>(
+            &'a self,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<Vec<McpServerRow>, StoreError>> {
+            panic!("a discovery reads no server rows")
+        }
+
+        fn delete_mcp_server<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            panic!("a discovery removes no server")
+        }
+    }
+
+    impl Metrics for Untouched {
+        // A failed connection is counted; what is counted is not this
+        // test's business.
+        fn add(&self, _: &'static str, _: Labels, _: u64) {}
+
+        fn observe(&self, _: &'static str, _: Labels, _: f64) {}
+
+        fn render(&self) -> BoxFuture<'_, String> {
+            panic!("nothing is rendered")
+        }
+    }
+
+    /// Counts the dials and refuses each: a server that is not there.
+    struct Counting(Arc<AtomicUsize>);
+
+    impl EgressDialer for Counting {
+        fn dial<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Dialed, DialError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Err(DialError::Connect) })
+        }
+    }
+
+    fn server(dials: Arc<AtomicUsize>) -> Arc<McpServer> {
+        let untouched = Arc::new(Untouched);
+        let shared = Shared {
+            credentials: untouched.clone(),
+            events: untouched.clone(),
+            catalog: untouched.clone(),
+            clock: Arc::new(SystemClock),
+            metrics: untouched,
+        };
+        let settings = HttpServerSettings {
+            server_id: "remote".into(),
+            url: "https://mcp.example.com/mcp".into(),
+            auth: AuthSettings {
+                scheme: AuthScheme::None,
+                name: None,
+                credential_ref: None,
+                token_endpoint: None,
+                token_scopes: Vec::new(),
+            },
+            classification: ServerClassification::most_restrictive(10, 65536),
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(900),
+            enabled: true,
+        };
+        Arc::new(McpServer::http(
+            settings,
+            None,
+            DEFAULT_DISCOVERY_REUSE,
+            Arc::new(Counting(dials)),
+            shared,
+        ))
+    }
+
+    /// An HTTP server's discovery is pinned without connecting for the
+    /// reuse window (five minutes unless configured), and not a moment
+    /// longer: after it, a preparation connects again.
+    #[tokio::test(start_paused = true)]
+    async fn an_http_discovery_is_reused_until_its_window_ends() {
+        let dials = Arc::new(AtomicUsize::new(0));
+        let server = server(dials.clone());
+        let general = PreparationSlots::new(GENERAL_SLOTS, TENANT_SHARE, TENANT_RESERVE);
+        let startup = Semaphore::new(STARTUP_SLOTS);
+        // What a live discovery leaves behind.
+        server.remember(Vec::new(), Vec::new(), Vec::new(), false);
+        let window = Duration::from_secs(300);
+
+        tokio::time::advance(window - Duration::from_millis(1)).await;
+        let reused = server.discover(&general, &startup).await;
+        assert_eq!(reused.outcome, DiscoveryOutcome::Pinned);
+        assert_eq!(dials.load(Ordering::SeqCst), 0, "reused without dialling");
+
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let again = server.discover(&general, &startup).await;
+        assert_eq!(
+            dials.load(Ordering::SeqCst),
+            1,
+            "dialled once the window ended"
+        );
+        assert!(
+            matches!(again.outcome, DiscoveryOutcome::Failed { .. }),
+            "{:?}",
+            again.outcome
+        );
+        assert!(
+            server.reusable().is_none(),
+            "a failed handshake forgets the pin"
+        );
+    }
+}
