@@ -78,6 +78,7 @@ fn garbage_on_the_wire_ends_its_call_and_leaves_the_next_served() {
             "mcp.reads.malformed",
             json!({"kind": kind}),
         );
+        eprintln!("{kind}: ended as {} in {took:?}", outcome["reason_code"]);
         assert_eq!(
             outcome["reason_code"], ends_as,
             "{kind}: {outcome} in {took:?}"
@@ -87,6 +88,7 @@ fn garbage_on_the_wire_ends_its_call_and_leaves_the_next_served() {
         }
         for attempt in 0..3 {
             let (outcome, took) = call(&served, session, "mcp.reads.echo", json!({"text": "next"}));
+            eprintln!("{kind} then call {attempt}: {took:?}");
             assert_eq!(
                 outcome["status"], "succeeded",
                 "{kind} then call {attempt}: {outcome}"
