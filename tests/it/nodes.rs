@@ -380,8 +380,10 @@ async fn clocks_that_disagree_never_take_a_live_call() {
         assert!(!status.success(), "{offset}: {logged}");
         assert!(logged.contains("clock"), "{offset}: {logged}");
     }
-    // Two seconds ahead: within the bound, serving, sweeping every second.
-    b.env = skewed("+2s")
+    // Four seconds ahead: within the 5-second bound, serving, sweeping every
+    // second, and further ahead than the 3-second lease, so a claim judged
+    // by this node's clock would see the live call's lease as ended.
+    b.env = skewed("+4s")
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))
         .collect();
