@@ -234,6 +234,15 @@ impl Sessions {
             agent: request.agent.clone(),
             tool_schema_sha256: pinned.tool_schema_sha256().to_owned(),
             tool_contract_sha256: pinned.tool_contract_sha256().to_owned(),
+            tool_names: {
+                let mut names: Vec<String> = pinned
+                    .tools()
+                    .iter()
+                    .map(|pinned| pinned.tool.spec.name.clone())
+                    .collect();
+                names.sort();
+                names
+            },
             opened_at: now,
             last_used_at: now,
         };

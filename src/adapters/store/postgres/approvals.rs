@@ -68,8 +68,18 @@ impl ApprovalStore for PostgresStore {
             .fetch_optional(&mut *tx)
             .await
             .map_err(database_error)?;
+            let decided = row.as_ref().map(approval).transpose()?;
+            if let Some(decided) = &decided {
+                let event = PlatformEvent::ApprovalDecided {
+                    approval_id: decided.id,
+                    invocation_id: decided.invocation_id,
+                    status,
+                    approver: approver.to_owned(),
+                };
+                insert_platform_event(&mut tx, Some(tenant_id), &event, now).await?;
+            }
             tx.commit().await.map_err(database_error)?;
-            row.as_ref().map(approval).transpose()
+            Ok(decided)
         })
     }
 }

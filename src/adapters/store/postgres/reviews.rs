@@ -72,6 +72,14 @@ impl ReviewStore for PostgresStore {
             .await
             .map_err(database_error)?
             .rows_affected();
+            if written == 1 {
+                let event = PlatformEvent::ReviewResolved {
+                    invocation_id: review.invocation_id,
+                    resolution: review.resolution,
+                    resolver: review.resolver.clone(),
+                };
+                insert_platform_event(&mut tx, Some(tenant_id), &event, review.resolved_at).await?;
+            }
             tx.commit().await.map_err(database_error)?;
             Ok(written == 1)
         })

@@ -56,20 +56,30 @@ impl ApprovalStore for SqliteStore {
         let (tenant_id, approver) = (tenant_id.to_owned(), approver.to_owned());
         Box::pin(async move {
             self.flushed(move |connection| {
-                query(concat!(
+                let decided = query(concat!(
                     "UPDATE approvals SET status = $3, approver = $4, decided_at = $5 \
                      WHERE id = $1 AND tenant_id = $2 AND status = 'pending' RETURNING ",
                     approval_columns!()
                 ))
                 .bind(id.to_string())
-                .bind(tenant_id)
+                .bind(&tenant_id)
                 .bind(status.as_str())
-                .bind(approver)
+                .bind(&approver)
                 .bind(micros(now))
                 .fetch_optional(connection)?
                 .as_ref()
                 .map(approval)
-                .transpose()
+                .transpose()?;
+                if let Some(decided) = &decided {
+                    let event = PlatformEvent::ApprovalDecided {
+                        approval_id: decided.id,
+                        invocation_id: decided.invocation_id,
+                        status,
+                        approver,
+                    };
+                    insert_platform_event(connection, Some(&tenant_id), &event, now)?;
+                }
+                Ok(decided)
             })
             .await
         })

@@ -61,13 +61,21 @@ impl ReviewStore for SqliteStore {
                      ON CONFLICT (invocation_id) DO NOTHING",
                 )
                 .bind(Uuid::new_v4().to_string())
-                .bind(tenant_id)
+                .bind(&tenant_id)
                 .bind(review.invocation_id.to_string())
                 .bind(review.resolution.as_str())
-                .bind(review.resolver)
-                .bind(review.note)
+                .bind(&review.resolver)
+                .bind(&review.note)
                 .bind(micros(review.resolved_at))
                 .execute(connection)?;
+                if written == 1 {
+                    let event = PlatformEvent::ReviewResolved {
+                        invocation_id: review.invocation_id,
+                        resolution: review.resolution,
+                        resolver: review.resolver,
+                    };
+                    insert_platform_event(connection, Some(&tenant_id), &event, review.resolved_at)?;
+                }
                 Ok(written == 1)
             })
             .await
