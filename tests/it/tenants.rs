@@ -158,6 +158,12 @@ fn every_route_holds_a_tenant_id_to_one_rule() {
                 uuid::Uuid::new_v4()
             ),
             format!("/v1/artifacts/{}?tenant_id={tenant}", uuid::Uuid::new_v4()),
+            format!("/v1/invocations?tenant_id={tenant}"),
+            format!("/v1/sessions?tenant_id={tenant}"),
+            format!("/v1/turns?tenant_id={tenant}"),
+            format!("/v1/mcp-servers?tenant_id={tenant}"),
+            format!("/v1/catalog-generations?tenant_id={tenant}"),
+            format!("/v1/tool-health?tenant_id={tenant}"),
         ] {
             let (status, body) = served.get(&path);
             let body = crate::serve::json_of(&body);

@@ -330,30 +330,4 @@ impl TurnStore for PostgresStore {
             Ok(closed == 1)
         })
     }
-
-    fn record_approval_hold<'a>(
-        &'a self,
-        tenant_id: &'a str,
-        approval_id: Uuid,
-        turn_id: Option<Uuid>,
-        hold_ends_at: DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let written = sqlx::query(
-                "UPDATE approvals SET hold_ends_at = $3, turn_id = coalesce($4, turn_id) \
-                 WHERE id = $1 AND tenant_id = $2 AND status = 'pending'",
-            )
-            .bind(approval_id)
-            .bind(tenant_id)
-            .bind(hold_ends_at)
-            .bind(turn_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(database_error)?
-            .rows_affected();
-            tx.commit().await.map_err(database_error)?;
-            Ok(written == 1)
-        })
-    }
 }

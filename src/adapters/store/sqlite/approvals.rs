@@ -84,4 +84,27 @@ impl ApprovalStore for SqliteStore {
             .await
         })
     }
+
+    fn record_approval_hold<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        approval_id: Uuid,
+        turn_id: Option<Uuid>,
+        hold_ends_at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            self.relaxed(|connection| {
+                let written = query(
+                    "UPDATE approvals SET hold_ends_at = $3, turn_id = coalesce($4, turn_id) \
+                     WHERE id = $1 AND tenant_id = $2 AND status = 'pending'",
+                )
+                .bind(approval_id.to_string())
+                .bind(tenant_id)
+                .bind(micros(hold_ends_at))
+                .bind(turn_id.map(|turn| turn.to_string()))
+                .execute(connection)?;
+                Ok(written == 1)
+            })
+        })
+    }
 }
