@@ -151,6 +151,7 @@ pub async fn build(
         catalog: store.clone(),
         authored: store.clone(),
         mcp: servers.clone(),
+        metrics: metrics.clone(),
         clock: clock.clone(),
     }));
     let shared = Shared {

@@ -357,3 +357,35 @@ fn turns_are_listed_open_then_closed_with_an_absolute_socket_path() {
         1
     );
 }
+
+/// Every counter a pinned tool moves by its name exists at 0 once a
+/// session pins it, so `increase(...) > 0` sees the first UNCERTAIN call;
+/// the process's CPU is a float counter in seconds.
+#[test]
+fn a_pinned_tools_counters_exist_at_zero_before_its_first_call() {
+    let served = Served::start();
+    session_of(&served, TENANT);
+    let (status, body) = served.get("/metrics");
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    for tool in [
+        "name=\"demo.echo\",source=\"builtin\"",
+        "name=\"mcp.writes.write_then_die\",source=\"mcp\"",
+    ] {
+        for series in [
+            format!("toolgate_tool_uncertain_total{{{tool}}} 0\n"),
+            format!("toolgate_tool_truncations_total{{{tool}}} 0\n"),
+            format!("toolgate_tool_calls_total{{{tool},outcome_status=\"uncertain\"}} 0\n"),
+            format!("toolgate_tool_calls_total{{{tool},outcome_status=\"succeeded\"}} 0\n"),
+        ] {
+            assert!(text.contains(&series), "{series} missing:\n{text}");
+        }
+    }
+    assert!(text.contains("# TYPE toolgate_process_cpu_seconds counter"));
+    let cpu = text
+        .lines()
+        .find_map(|line| line.strip_prefix("toolgate_process_cpu_seconds_total "))
+        .expect("the CPU counter");
+    assert!(cpu.contains('.'), "seconds with their fraction: {cpu}");
+    assert!(cpu.parse::<f64>().unwrap() > 0.0, "{cpu}");
+}
