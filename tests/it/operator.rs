@@ -389,3 +389,29 @@ fn a_pinned_tools_counters_exist_at_zero_before_its_first_call() {
     assert!(cpu.contains('.'), "seconds with their fraction: {cpu}");
     assert!(cpu.parse::<f64>().unwrap() > 0.0, "{cpu}");
 }
+
+/// A finished call's log line carries its fields as plain values: the
+/// invocation id as the id, never `Some(…)`.
+#[test]
+fn log_fields_are_plain_values() {
+    let served = Served::start();
+    let session = session_of(&served, TENANT);
+    let result = call(&served, session, "demo.echo", json!({"text": "logged"}));
+    let id = result["invocation_id"].as_str().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let line = loop {
+        let logs = served.logs.lock().unwrap().clone();
+        if let Some(line) = logs
+            .lines()
+            .find(|line| line.contains("tool call finished") && line.contains(&id))
+        {
+            break line.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "no log line:\n{logs}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!line.contains("Some("), "{line}");
+    let logged: Value = serde_json::from_str(&line).unwrap();
+    let fields = logged.get("fields").unwrap_or(&logged);
+    assert_eq!(fields["invocation_id"], json!(id), "{line}");
+}
