@@ -68,15 +68,38 @@ pub(super) struct Routed {
 
 /// The query keys a route takes; any other is refused.
 fn allowed_keys(method: &Method, segments: &[&str]) -> &'static [&'static str] {
+    use super::lists::PAGE_KEYS;
     match (method, segments) {
-        (&Method::GET, ["v1", "approvals"]) => &["tenant_id", "status"],
+        (&Method::GET, ["v1", "sessions"]) => PAGE_KEYS,
+        (&Method::GET, ["v1", "turns"]) => {
+            &["tenant_id", "since", "until", "limit", "cursor", "status"]
+        }
+        (&Method::GET, ["v1", "invocations"])
+        | (&Method::GET, ["v1", "approvals"])
+        | (&Method::GET, ["v1", "review"]) => &[
+            "tenant_id",
+            "since",
+            "until",
+            "limit",
+            "cursor",
+            "status",
+            "tool_name",
+        ],
+        (&Method::GET, ["v1", "mcp-servers"]) | (&Method::GET, ["v1", "catalog-generations"]) => &[
+            "tenant_id",
+            "since",
+            "until",
+            "limit",
+            "cursor",
+            "server_id",
+        ],
+        (&Method::GET, ["v1", "tool-health"]) => &["tenant_id", "tool_name", "window"],
         (&Method::GET, ["v1", "events"]) => &["tenant_id", "after", "limit", "follow"],
         (&Method::POST, ["v1", "approvals", _])
         | (&Method::GET, ["v1", "invocations", _])
         | (&Method::POST, ["v1", "invocations", _, "complete"])
         | (&Method::GET, ["v1", "runs", _, "invocations"])
         | (&Method::GET, ["v1", "runs", _, "working_state"])
-        | (&Method::GET, ["v1", "review"])
         | (&Method::GET, ["v1", "artifacts", _])
         | (&Method::POST, ["v1", "review", _]) => &["tenant_id"],
         _ => &[],
@@ -227,7 +250,13 @@ impl ControlApi {
             (Method::POST, ["v1", "calls"]) => self.calls(routed).await,
             (Method::POST, ["v1", "turns"]) => self.open_turn(routed).await,
             (Method::DELETE, ["v1", "turns", id]) => self.close_turn(id).await,
-            (Method::GET, ["v1", "approvals"]) => self.approvals(routed).await,
+            (Method::GET, ["v1", "sessions"]) => self.list_sessions(routed).await,
+            (Method::GET, ["v1", "turns"]) => self.list_turns(routed).await,
+            (Method::GET, ["v1", "invocations"]) => self.list_invocations(routed).await,
+            (Method::GET, ["v1", "mcp-servers"]) => self.list_servers(routed).await,
+            (Method::GET, ["v1", "catalog-generations"]) => self.list_generations(routed).await,
+            (Method::GET, ["v1", "tool-health"]) => self.tool_health(routed).await,
+            (Method::GET, ["v1", "approvals"]) => self.list_approvals(routed).await,
             (Method::POST, ["v1", "approvals", id]) => self.decide(id, routed).await,
             (Method::GET, ["v1", "invocations", id]) => self.invocation(id, routed).await,
             (Method::POST, ["v1", "invocations", id, "complete"]) => {
@@ -239,7 +268,7 @@ impl ControlApi {
             }
             (Method::GET, ["v1", "events"]) => self.events(routed).await,
             (Method::GET, ["v1", "artifacts", id]) => self.artifact(id, routed).await,
-            (Method::GET, ["v1", "review"]) => self.review_queue(routed).await,
+            (Method::GET, ["v1", "review"]) => self.list_review(routed).await,
             (Method::POST, ["v1", "review", id]) => self.resolve(id, routed).await,
             (Method::PUT, ["v1", "tenants", tenant, "mcp-servers", server]) => {
                 self.put_server(tenant, server, routed).await

@@ -12,6 +12,7 @@ mod calls;
 pub mod client;
 mod events;
 mod listen;
+mod lists;
 mod operator;
 pub mod ops;
 mod sessions;
@@ -31,7 +32,9 @@ use crate::pipeline::approvals::Approvals;
 use crate::pipeline::artifacts::{ArtifactReadError, Artifacts};
 use crate::pipeline::sessions::{SessionError, Sessions};
 use crate::pipeline::tenant_servers::{TenantServerError, TenantServers};
-use crate::ports::{Clock, EventStore, InvocationStore, Metrics, ReviewStore, StoreError};
+use crate::ports::{
+    Clock, EventStore, InvocationStore, Metrics, OperatorStore, ReviewStore, StoreError,
+};
 
 /// What the API is configured with.
 #[derive(Debug, Clone, Default)]
@@ -64,6 +67,8 @@ pub struct ApiParts {
     pub reviews: Arc<dyn ReviewStore>,
     /// The events outbox.
     pub events: Arc<dyn EventStore>,
+    /// The operator's lists, across tenants.
+    pub operator: Arc<dyn OperatorStore>,
     /// What `/metrics` renders.
     pub metrics: Arc<dyn Metrics>,
     /// Requests in flight on both edges, for the drain.

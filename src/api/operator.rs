@@ -1,11 +1,12 @@
-//! The operator's reads and decisions: recorded invocations, approvals, the
-//! review queue, and completing a suspended control tool. Every route names
-//! its tenant.
+//! The operator's reads of one record and decisions: an invocation with its
+//! events, a run's rows, deciding approvals, resolving review items, and
+//! completing a suspended control tool. A decision names its tenant.
 
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use super::listen::Routed;
+use super::lists::event_view;
 use super::wire::{
     ApprovalDecision, CompleteSuspended, ReviewDecision, invocation_view, rendered_content,
 };
@@ -16,38 +17,10 @@ use crate::edge::{Reply, reply};
 use crate::pipeline::Completion;
 use crate::ports::ReviewRecord;
 
-/// How many review rows one answer holds.
-const REVIEW_PAGE: i64 = 1000;
 /// The longest note a reviewer may leave.
 const MAXIMUM_NOTE_BYTES: usize = 4096;
 
 impl ControlApi {
-    pub(super) async fn approvals(&self, routed: Routed) -> Result<Reply, ApiError> {
-        let tenant = routed.query.tenant()?;
-        if routed
-            .query
-            .get("status")
-            .is_some_and(|status| status != "pending")
-        {
-            return Err(ApiError::Invalid("status must be pending".into()));
-        }
-        let approvals = self.parts.approvals.pending(&tenant).await?;
-        let views: Vec<Value> = approvals
-            .iter()
-            .map(|approval| {
-                json!({
-                    "approval_id": approval.id,
-                    "invocation_id": approval.invocation_id,
-                    "tool_name": approval.tool_name,
-                    "reason_code": approval.reason_code,
-                    "status": approval.status,
-                    "requested_at": approval.requested_at,
-                })
-            })
-            .collect();
-        Ok(reply(StatusCode::OK, &json!({"approvals": views})))
-    }
-
     pub(super) async fn decide(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
         let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
         let decision: ApprovalDecision = self.body(routed.request).await?;
@@ -76,15 +49,26 @@ impl ControlApi {
         ))
     }
 
+    /// `GET /v1/invocations/{id}`: the row and its events. Without
+    /// `tenant_id` the operator's read of any tenant's row; with it, only
+    /// that tenant's.
     pub(super) async fn invocation(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {
-        let (tenant, id) = routed.query.tenant_and_id(id)?.ok_or(ApiError::NotFound)?;
-        let row = self
+        let tenant = routed.query.optional_tenant()?;
+        let id: uuid::Uuid = id.parse().map_err(|_| ApiError::NotFound)?;
+        let story = self
             .parts
-            .invocations
-            .invocation(&tenant, id)
+            .operator
+            .invocation_with_events(id)
             .await?
+            .filter(|story| {
+                tenant
+                    .as_ref()
+                    .is_none_or(|tenant| *tenant == story.invocation.tenant_id)
+            })
             .ok_or(ApiError::NotFound)?;
-        Ok(reply(StatusCode::OK, &invocation_view(&row)))
+        let mut view = invocation_view(&story.invocation);
+        view["events"] = story.events.iter().map(event_view).collect();
+        Ok(reply(StatusCode::OK, &view))
     }
 
     /// `GET /v1/artifacts/{id}?tenant_id=`: the bytes, streamed, when the
@@ -158,17 +142,6 @@ impl ControlApi {
                 "content": rendered_content(&finished.content),
             }),
         ))
-    }
-
-    pub(super) async fn review_queue(&self, routed: Routed) -> Result<Reply, ApiError> {
-        let tenant = routed.query.tenant()?;
-        let rows = self
-            .parts
-            .reviews
-            .review_queue(&tenant, REVIEW_PAGE)
-            .await?;
-        let views: Vec<Value> = rows.iter().map(invocation_view).collect();
-        Ok(reply(StatusCode::OK, &json!({"uncertain": views})))
     }
 
     pub(super) async fn resolve(&self, id: &str, routed: Routed) -> Result<Reply, ApiError> {

@@ -104,7 +104,7 @@ impl ControlApi {
         let calls = self
             .parts
             .bridge
-            .close_turn(id)
+            .close_turn(id, crate::domain::TurnState::Closed)
             .await
             .ok_or(ApiError::NotFound)?;
         Ok(reply(

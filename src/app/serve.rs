@@ -151,6 +151,7 @@ pub async fn build(
         catalog: store.clone(),
         authored: store.clone(),
         mcp: servers.clone(),
+        metrics: metrics.clone(),
         clock: clock.clone(),
     }));
     let shared = Shared {
@@ -325,6 +326,7 @@ fn bridge(config: &Config, shared: &Shared) -> Result<Arc<Bridge>, AppError> {
         approvals: shared.approvals.clone(),
         artifacts: shared.artifacts.clone(),
         events: shared.store.clone(),
+        turn_records: shared.store.clone(),
         clock: shared.clock.clone(),
         metrics: shared.metrics.clone(),
         in_flight: shared.in_flight.clone(),
@@ -367,6 +369,7 @@ fn control_api(
         invocations: store.clone(),
         reviews: store.clone(),
         events: store.clone(),
+        operator: store.clone(),
         metrics: shared.metrics.clone(),
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.limits.control_connections),

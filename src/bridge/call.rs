@@ -112,8 +112,22 @@ pub(super) async fn run(
         .copied()
         .unwrap_or(settings.approval_hold);
     let held_until = tokio::time::Instant::now() + hold;
+    let mut recorded = None;
     while let CallOutcome::Pending { approval_id, .. } = outcome {
         // Held, not failed: the script blocks while a human decides.
+        if recorded != Some(approval_id) {
+            bridge
+                .parts
+                .approvals
+                .record_hold(
+                    &session.tenant_id,
+                    approval_id,
+                    Some(turn.id),
+                    held_until.saturating_duration_since(tokio::time::Instant::now()),
+                )
+                .await;
+            recorded = Some(approval_id);
+        }
         let decided = bridge
             .parts
             .approvals
@@ -122,7 +136,9 @@ pub(super) async fn run(
         if !decided {
             // Past the hold the turn is suspended and closed; the same
             // script in a new turn resumes through deduplication.
-            bridge.close_turn(turn.id).await;
+            bridge
+                .close_turn(turn.id, crate::domain::TurnState::Suspended)
+                .await;
             return error(
                 StatusCode::CONFLICT,
                 "turn_suspended",

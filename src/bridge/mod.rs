@@ -25,7 +25,7 @@ use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
 use crate::pipeline::approvals::Approvals;
 use crate::pipeline::sessions::{SessionError, Sessions};
 use crate::pipeline::{Pipeline, ReplayDivergence};
-use crate::ports::{Clock, EventStore, Metrics, PlatformEvent};
+use crate::ports::{Clock, EventStore, Metrics, PlatformEvent, TurnRecord, TurnStore};
 
 pub use turn::{
     AccessDenied, Admission, BridgeError, CallInFlight, SOCKET_NAME, TOKEN_BYTES, Turn,
@@ -77,6 +77,8 @@ pub struct BridgeParts {
     pub artifacts: Arc<crate::pipeline::artifacts::Artifacts>,
     /// Where `bridge.session.*` events go.
     pub events: Arc<dyn EventStore>,
+    /// Where turns are recorded as they open and close, for the operator.
+    pub turn_records: Arc<dyn TurnStore>,
     /// Now.
     pub clock: Arc<dyn Clock>,
     /// Refusals are counted.
@@ -228,6 +230,22 @@ impl Bridge {
             listener,
             stop,
         ));
+        let record = TurnRecord {
+            turn_id: turn.id,
+            tenant_id: turn.binding.tenant_id.clone(),
+            session_id: turn.binding.session_id,
+            run_id: turn.binding.run_id,
+            step_number: turn.binding.step_number,
+            script_sha256: turn.binding.script_sha256.clone(),
+            state: crate::domain::TurnState::Open,
+            calls: 0,
+            opened_at: self.parts.clock.now(),
+            expires_at: turn.expires_at,
+            closed_at: None,
+        };
+        if let Err(failure) = self.parts.turn_records.record_turn(&record).await {
+            tracing::warn!(error = %failure, "a turn's opening was not recorded");
+        }
         self.record(
             &turn,
             PlatformEvent::BridgeSessionOpened {
@@ -246,11 +264,26 @@ impl Bridge {
     }
 
     /// Tears a turn down: token dead, socket gone, server stopped, event
-    /// recorded. Returns the calls it made, if it was open.
-    pub async fn close_turn(&self, id: Uuid) -> Option<u32> {
+    /// recorded, and its record closed as `state` says why. Returns the
+    /// calls it made, if it was open.
+    pub async fn close_turn(&self, id: Uuid, state: crate::domain::TurnState) -> Option<u32> {
         let turn = self.parts.turns.close(id)?;
         if let Some(stop) = self.servers().remove(&id) {
             stop.cancel();
+        }
+        let closed = self
+            .parts
+            .turn_records
+            .close_turn(
+                &turn.binding.tenant_id,
+                id,
+                state,
+                i64::from(turn.calls()),
+                self.parts.clock.now(),
+            )
+            .await;
+        if let Err(failure) = closed {
+            tracing::warn!(error = %failure, "a turn's close was not recorded");
         }
         self.record(
             &turn,
@@ -280,7 +313,7 @@ impl Bridge {
             })
             .collect();
         for id in expired {
-            self.close_turn(id).await;
+            self.close_turn(id, crate::domain::TurnState::Expired).await;
         }
     }
 
@@ -288,7 +321,7 @@ impl Bridge {
     pub async fn close_all(&self) {
         let open: Vec<Uuid> = self.servers().keys().copied().collect();
         for id in open {
-            self.close_turn(id).await;
+            self.close_turn(id, crate::domain::TurnState::Closed).await;
         }
     }
 

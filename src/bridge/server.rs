@@ -49,7 +49,7 @@ pub(super) async fn serve_turn(
                 "bridge_refusals_total",
                 vec![("code", "forbidden_peer".to_owned())],
             );
-            tracing::debug!(turn_id = %turn.id, ?peer_uid, "a peer that is not the turn's sandbox user was refused");
+            tracing::debug!(turn_id = %turn.id, peer_uid, "a peer that is not the turn's sandbox user was refused");
             continue;
         }
         // Past either cap the connection is closed as soon as accepted.

@@ -242,6 +242,10 @@ impl Turns {
     /// Turns under `directory`. Sockets a previous process left there are
     /// removed: their tokens died with it.
     pub fn new(directory: &Path) -> Result<Self, BridgeError> {
+        // Absolute, so the socket path a turn's opener is handed names the
+        // socket wherever the opener runs, not relative to toolgate's folder.
+        let directory =
+            &std::path::absolute(directory).map_err(|error| BridgeError::Folder(error.kind()))?;
         // The composition root makes the folder traversable (0711) for
         // sandboxes of other uids; made here only when it is missing.
         if let Some(parent) = directory.parent() {

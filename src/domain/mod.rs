@@ -74,7 +74,7 @@ pub mod skill;
 pub mod tool;
 pub mod trust;
 
-pub use approval::{ApprovalStatus, ReviewResolution};
+pub use approval::{ApprovalStatus, HealthWindow, ReviewResolution, TurnState};
 pub use canonical::{CanonicalArguments, CanonicalError, canonicalize, sha256_hex};
 pub use durability::Durability;
 pub use event::ToolEventKind;

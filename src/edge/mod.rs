@@ -295,14 +295,14 @@ pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> 
         let segments: Vec<String> = error.path().iter().map(ToString::to_string).collect();
         let parent = match segments.split_last() {
             Some((_, parents)) if !parents.is_empty() => parents.join("."),
-            _ => ".".to_owned(),
+            _ => "the body".to_owned(),
         };
         let inner = error.into_inner();
         match inner.classify() {
             serde_json::error::Category::Data => {
                 let text = inner.to_string();
                 if text.starts_with("unknown field") {
-                    format!("unknown field in {parent}")
+                    unknown_field(&text, &parent)
                 } else if text.starts_with("missing field") {
                     let field = text.split('`').nth(1).unwrap_or("?");
                     format!("missing field {field} at {path}")
@@ -317,6 +317,37 @@ pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> 
         .end()
         .map_err(|_| "trailing bytes after the JSON body".to_owned())?;
     Ok(value)
+}
+
+/// serde's `unknown field `key`, expected one of `a`, `b`` as the caller
+/// reads it: the key is named only when it reads as a field name (lower
+/// case letters and underscores: never a token or a secret pasted in the
+/// wrong place), with where it was and the fields that are taken there.
+fn unknown_field(serde_message: &str, parent: &str) -> String {
+    // serde_json ends its messages with the position.
+    let serde_message = serde_message
+        .rsplit_once(" at line ")
+        .map_or(serde_message, |(message, _)| message);
+    let key = serde_message.split('`').nth(1).filter(|key| {
+        (1..=64).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+    });
+    let expected = serde_message
+        .split_once(", expected ")
+        .map(|(_, expected)| expected)
+        .filter(|expected| {
+            // The schema's own names, each in backquotes.
+            expected
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"`_, ".contains(&b))
+        });
+    let named = match key {
+        Some(key) => format!("unknown field `{key}` in {parent}"),
+        None => format!("unknown field in {parent}"),
+    };
+    match expected {
+        Some(expected) => format!("{named}; expected {expected}"),
+        None => named,
+    }
 }
 
 /// The requests in flight on every edge, and whether toolgate is draining.
@@ -421,6 +452,49 @@ mod tests {
         ] {
             assert!(inexact_integer(inexact.as_bytes()).is_some(), "{inexact}");
             assert!(parse::<Value>(inexact.as_bytes()).is_err(), "{inexact}");
+        }
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Turn {
+        session_id: String,
+        step_number: i64,
+        principal: Option<Principal>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Principal {
+        id: String,
+    }
+
+    #[test]
+    fn an_unknown_field_is_named_with_where_it_was_and_what_is_taken_there() {
+        let refused = |body: &str| parse::<Turn>(body.as_bytes()).unwrap_err();
+        assert_eq!(
+            refused(r#"{"session_id": "s", "step_number": 1, "step": 2}"#),
+            "unknown field `step` in the body; expected one of `session_id`, `step_number`, \
+             `principal`"
+        );
+        assert_eq!(
+            refused(
+                r#"{"session_id": "s", "step_number": 1, "principal": {"id": "p", "scope": 1}}"#
+            ),
+            "unknown field `scope` in principal; expected `id`"
+        );
+        // What does not read as a field name is the caller's text, not named.
+        for key in ["sk-live-4242", "Bearer", "a1", "x y", "é"] {
+            let message = refused(&format!(
+                r#"{{"session_id": "s", "step_number": 1, "{key}": 1}}"#
+            ));
+            assert!(
+                message.starts_with("unknown field in the body; expected"),
+                "{message}"
+            );
+            assert!(!message.contains(key), "{message}");
         }
     }
 

@@ -102,6 +102,11 @@ impl Front {
             approval_id,
         } = outcome
         {
+            let hold = held_until.saturating_duration_since(tokio::time::Instant::now());
+            self.parts
+                .approvals
+                .record_hold(&call.tenant_id, approval_id, None, hold)
+                .await;
             let decided = loop {
                 if let Some(token) = &progress {
                     let note = ProgressNotificationParam::new(

@@ -35,11 +35,6 @@ impl Approvals {
         }
     }
 
-    /// A tenant's pending approvals, oldest first.
-    pub async fn pending(&self, tenant_id: &str) -> Result<Vec<ApprovalRecord>, StoreError> {
-        self.store.pending_approvals(tenant_id).await
-    }
-
     /// Records a decision on a pending approval and wakes whoever waits on
     /// it; `None` when it is not pending (decided already, or unknown).
     pub async fn decide(
@@ -57,6 +52,31 @@ impl Approvals {
             self.decided.send_modify(|generation| *generation += 1);
         }
         Ok(decided)
+    }
+
+    /// Records that a caller holds the call of a pending approval for
+    /// `hold` from now (in `turn_id`, when a bridge turn holds it), so an
+    /// approver sees when the caller stops waiting. A record that fails is
+    /// logged: the hold itself does not depend on it.
+    pub async fn record_hold(
+        &self,
+        tenant_id: &str,
+        id: Uuid,
+        turn_id: Option<Uuid>,
+        hold: Duration,
+    ) {
+        let hold = chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX);
+        let ends_at = self.clock.now().checked_add_signed(hold);
+        let Some(ends_at) = ends_at else {
+            return;
+        };
+        if let Err(failure) = self
+            .store
+            .record_approval_hold(tenant_id, id, turn_id, ends_at)
+            .await
+        {
+            tracing::warn!(error = %failure, "an approval's hold was not recorded");
+        }
     }
 
     /// Waits until the approval is no longer pending or `until` passes;

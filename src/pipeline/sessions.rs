@@ -21,11 +21,12 @@ use super::registry::{PinnedToolSet, ToolRegistry};
 use crate::domain::names::{AUTHORED_SKILL_PREFIX, SKILL_LOAD};
 use crate::domain::{
     AgentSpec, ArgumentTrust, MAXIMUM_LIST_ENTRIES, PolicyProfile, Principal, RuntimeEnvironment,
-    SkillMetadata, TargetKind, ToolSource, TrustLevel, valid_identifier, valid_tenant_id,
+    SkillMetadata, TargetKind, ToolOutcomeStatus, ToolSource, TrustLevel, valid_identifier,
+    valid_tenant_id,
 };
 use crate::ports::{
-    CatalogStore, Clock, McpServers, PlatformEvent, SessionRecord, SessionStore, SkillStore,
-    StoreError,
+    CatalogStore, Clock, Labels, McpServers, Metrics, PlatformEvent, SessionRecord, SessionStore,
+    SkillStore, StoreError,
 };
 
 /// A session unused this long has ended: it leaves memory and the store.
@@ -166,6 +167,8 @@ pub struct SessionParts {
     pub authored: Arc<dyn SkillStore>,
     /// The configured MCP servers.
     pub mcp: Arc<dyn McpServers>,
+    /// Where a pinned tool's counters are made to exist at zero.
+    pub metrics: Arc<dyn Metrics>,
     /// Now.
     pub clock: Arc<dyn Clock>,
 }
@@ -174,6 +177,28 @@ pub struct SessionParts {
 pub struct Sessions {
     parts: SessionParts,
     open: Mutex<HashMap<Uuid, Arc<Session>>>,
+}
+
+/// Makes every counter a call of a pinned tool can move by its name alone
+/// exist at zero (its calls by outcome, its UNCERTAIN calls, its
+/// excerpts), so an alert on `increase(...) > 0` sees the first one. Its
+/// failures by reason code appear with their first: one series per code
+/// per tool would be mostly zeros.
+fn count_from_zero(metrics: &dyn Metrics, pinned: &PinnedToolSet) {
+    for pinned in pinned.tools() {
+        let spec = &pinned.tool.spec;
+        let tool: Labels = vec![
+            ("name", spec.name.clone()),
+            ("source", spec.source.as_str().to_owned()),
+        ];
+        for status in ToolOutcomeStatus::ALL {
+            let mut labels = tool.clone();
+            labels.push(("outcome_status", status.as_str().to_owned()));
+            metrics.add("tool_calls_total", labels, 0);
+        }
+        metrics.add("tool_uncertain_total", tool.clone(), 0);
+        metrics.add("tool_truncations_total", tool, 0);
+    }
 }
 
 /// Whether a pinned set is the one a session recorded: both hashes, neither
@@ -234,6 +259,15 @@ impl Sessions {
             agent: request.agent.clone(),
             tool_schema_sha256: pinned.tool_schema_sha256().to_owned(),
             tool_contract_sha256: pinned.tool_contract_sha256().to_owned(),
+            tool_names: {
+                let mut names: Vec<String> = pinned
+                    .tools()
+                    .iter()
+                    .map(|pinned| pinned.tool.spec.name.clone())
+                    .collect();
+                names.sort();
+                names
+            },
             opened_at: now,
             last_used_at: now,
         };
@@ -409,6 +443,7 @@ impl Sessions {
                 }
             }
         }
+        count_from_zero(self.parts.metrics.as_ref(), &pinned);
         Ok((pinned.with_skills(skills), complete))
     }
 

@@ -20,13 +20,15 @@ pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerD
 pub use metrics::{Labels, Metrics};
 pub use policy::PolicyEngine;
 pub use store::{
-    ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BreakerTally, CatalogEntry,
-    CatalogGeneration, CatalogRow, CatalogStore, Claim, Ended, EventRecord, EventStore, Fence,
-    Held, InsertOutcome, InvocationRecord, InvocationState, InvocationStore, McpServerRow,
-    NewInvocation, PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal,
-    ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
-    SkillWritten, Store, StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    ApprovalItem, ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BreakerTally,
+    CatalogEntry, CatalogGeneration, CatalogGenerationItem, CatalogRow, CatalogStore, Claim,
+    ConnectionOutcome, Cursor, Ended, EventRecord, EventStore, Fence, Held, InsertOutcome,
+    InvalidCursor, InvocationRecord, InvocationState, InvocationStore, InvocationStory,
+    McpServerRow, NewInvocation, OperatorFilter, OperatorStore, Page, PageRequest, PlatformEvent,
+    PreparationRecord, QueueDepths, Registration, Renewal, ReviewItem, ReviewRecord, ReviewStore,
+    Schema, ServerItem, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten, Store,
+    StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent, ToolHealth, TurnRecord,
+    TurnStore, WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use tool::{
     ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken,

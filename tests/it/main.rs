@@ -19,6 +19,7 @@ mod http;
 mod mcp;
 mod nodes;
 mod operations;
+mod operator;
 mod pipeline;
 mod recovery;
 mod security;

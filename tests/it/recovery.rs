@@ -275,16 +275,31 @@ fn output_is_bounded_before_it_is_read() {
                 .and_then(|parts| parts.iter().find(|part| part["type"] == "artifact"))
                 .unwrap_or_else(|| panic!("{image}"));
             let id = part["artifact_id"].as_str().unwrap();
-            let (status, body) = served.get(&format!("/v1/artifacts/{id}?tenant_id={TENANT}"));
+            let (status, head, body) = crate::serve::http(
+                &served.socket,
+                "GET",
+                &format!("/v1/artifacts/{id}?tenant_id={TENANT}"),
+                &[],
+                None,
+            );
             assert_eq!(status, 200);
             assert_eq!(body.len() as u64, part["bytes"].as_u64().unwrap());
+            // The image as its bytes (the scripted server's are zeros), with
+            // its media type: not the JSON block it came in.
+            assert_eq!(body.len(), 30_000, "{head}");
+            assert!(body.iter().all(|byte| *byte == 0));
+            assert!(
+                head.to_ascii_lowercase()
+                    .contains("content-type: image/png"),
+                "{head}"
+            );
             let (status, _) = served.get(&format!("/v1/artifacts/{id}?tenant_id=tenant-other"));
             assert_eq!(status, 404);
         }
     }
     let recorded = row(&served, run, "image-6").unwrap();
     assert!(
-        recorded["output_bytes"].as_i64().unwrap() >= 40_000,
+        recorded["output_bytes"].as_i64().unwrap() >= 30_000,
         "{recorded}"
     );
 }

@@ -872,15 +872,32 @@ try:
 except BridgeError as error:
     print(json.dumps({"error": error.code, "status": error.status}))
 "#;
-    let (_, socket, token) = served.turn(session, run, script, None);
+    let (turn_id, socket, token) = served.turn(session, run, script, None);
     let output = run_script(script, &socket, &token);
     let first: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(first, json!({"error": "turn_suspended", "status": 409}));
     assert!(!socket.exists(), "the suspended turn is closed");
     assert_eq!(served.external_writes(), 0);
+    let (_, turns) = served.get("/v1/turns?status=suspended");
+    let turns = json_of(&turns);
+    assert_eq!(turns["turns"][0]["turn_id"], json!(turn_id), "{turns}");
+    assert_eq!(turns["turns"][0]["calls"], 1, "{turns}");
 
     let (_, body) = served.get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
     let approvals = json_of(&body);
+    // The approver sees the turn that held the call and when it stopped
+    // waiting: a second after it was asked.
+    let held = &approvals["approvals"][0];
+    assert_eq!(held["turn_id"], json!(turn_id), "{approvals}");
+    let at = |field: &str| {
+        chrono::DateTime::parse_from_rfc3339(held[field].as_str().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("{field} in {approvals}"))
+    };
+    let hold = at("hold_ends_at") - at("requested_at");
+    assert!(
+        (chrono::Duration::milliseconds(900)..chrono::Duration::seconds(3)).contains(&hold),
+        "{hold}"
+    );
     let id = approvals["approvals"][0]["approval_id"]
         .as_str()
         .unwrap()
@@ -947,7 +964,14 @@ fn uncertain_calls_reach_the_review_queue() {
     let (_, queue) = served.get(&format!("/v1/review?tenant_id={TENANT}"));
     assert_eq!(json_of(&queue)["uncertain"], json!([]));
     let (_, after) = served.get(&format!("/v1/invocations/{id}?tenant_id={TENANT}"));
-    assert_eq!(json_of(&after), json_of(&before));
+    // The row is what was recorded; its story gained the resolution's event.
+    let (mut before, mut after) = (json_of(&before), json_of(&after));
+    let (before_events, after_events) = (before["events"].take(), after["events"].take());
+    assert_eq!(after, before);
+    assert_eq!(
+        after_events.as_array().map(Vec::len),
+        before_events.as_array().map(|events| events.len() + 1)
+    );
 
     // The event stream as server-sent events, from a cursor.
     let (status, head, body) = http(
@@ -1759,6 +1783,12 @@ fn operator_commands_work_through_the_control_api() {
         json!(approval_id),
         "{out}"
     );
+    // Without --tenant the list spans tenants.
+    let (ok, out, err) = operator(&["approvals", "list", "--config", config]);
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["approvals"][0]["tenant_id"], tenant, "{out}");
+    assert_eq!(listed["approvals"][0]["arguments"], json!({"line": "x"}));
     // Another tenant sees none of it.
     let (ok, out, _) = operator(&["approvals", "list", "--tenant", TENANT, "--config", config]);
     assert!(ok);
@@ -1800,6 +1830,29 @@ fn operator_commands_work_through_the_control_api() {
         err.trim(),
         "toolgate: 409 not_pending: no pending approval has this id"
     );
+    let (ok, out, err) = operator(&[
+        "approvals",
+        "list",
+        "--status",
+        "approved",
+        "--config",
+        config,
+    ]);
+    assert!(ok, "{err}");
+    let decided: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(decided["approvals"][0]["approver"], "ops", "{out}");
+    let (ok, out, err) = operator(&[
+        "invocations",
+        "list",
+        "--tool",
+        "demo.external_write",
+        "--limit",
+        "5",
+        "--config",
+        config,
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&invocation_id), "{out}");
 
     let (ok, out, err) = operator(&[
         "invocations",
@@ -1879,6 +1932,15 @@ fn operator_commands_work_through_the_control_api() {
     assert_eq!(
         serde_json::from_str::<Value>(&out).unwrap()["uncertain"],
         json!([])
+    );
+    // Resolved, it stays listable with its resolution, across tenants.
+    let (ok, out, err) = operator(&["review", "list", "--status", "resolved", "--config", config]);
+    assert!(ok, "{err}");
+    let resolved: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(resolved["uncertain"][0]["invocation_id"], json!(uncertain));
+    assert_eq!(
+        resolved["uncertain"][0]["resolution"]["note"],
+        "one line landed"
     );
     let (ok, _, err) = operator(&[
         "review",

@@ -261,6 +261,37 @@ pub fn succeeded() -> TerminalRecord {
     }
 }
 
+/// A tenant's pending approvals, as the operator lists them.
+pub async fn pending_of(store: &dyn Store, tenant: &str) -> Vec<toolgate::ports::ApprovalItem> {
+    let filter = toolgate::ports::OperatorFilter {
+        tenant_id: Some(tenant.into()),
+        status: Some("pending".into()),
+        ..Default::default()
+    };
+    store
+        .list_approvals(&filter, toolgate::ports::PageRequest::default())
+        .await
+        .unwrap()
+        .items
+}
+
+/// A tenant's review queue, as the operator lists it.
+async fn queue_of(store: &dyn Store, tenant: &str) -> Vec<InvocationRecord> {
+    let filter = toolgate::ports::OperatorFilter {
+        tenant_id: Some(tenant.into()),
+        status: Some("pending".into()),
+        ..Default::default()
+    };
+    store
+        .list_review_items(&filter, toolgate::ports::PageRequest::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|item| item.invocation)
+        .collect()
+}
+
 pub async fn insert(store: &dyn Store, new: &NewInvocation, worker_id: Uuid) -> InvocationRecord {
     let events = [event(ToolEventKind::Authorized, new)];
     match store
@@ -867,14 +898,10 @@ async fn approvals_wait_resume_and_settle() {
         insert(store.as_ref(), &approved, worker_id).await;
         insert(store.as_ref(), &denied, worker_id).await;
 
-        let pending = store.pending_approvals("tenant-a").await.unwrap();
+        let pending = pending_of(store.as_ref(), "tenant-a").await;
         assert_eq!(pending.len(), 2, "{name}");
         assert!(
-            store
-                .pending_approvals("tenant-b")
-                .await
-                .unwrap()
-                .is_empty(),
+            pending_of(store.as_ref(), "tenant-b").await.is_empty(),
             "{name}"
         );
         assert_eq!(pending[0].status, ApprovalStatus::Pending);
@@ -1542,19 +1569,13 @@ async fn the_review_queue_records_resolutions_beside_the_row() {
             ended.push(new.id);
         }
         let (uncertain, succeeded_id) = (ended[0], ended[1]);
-        let queue = store.review_queue("tenant-a", 100).await.unwrap();
+        let queue = queue_of(store.as_ref(), "tenant-a").await;
         assert_eq!(
             queue.iter().map(|row| row.id).collect::<Vec<_>>(),
             vec![uncertain],
             "{name}"
         );
-        assert!(
-            store
-                .review_queue("tenant-b", 100)
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(queue_of(store.as_ref(), "tenant-b").await.is_empty());
         let before = store
             .invocation("tenant-a", uncertain)
             .await
@@ -1597,11 +1618,7 @@ async fn the_review_queue_records_resolutions_beside_the_row() {
             "a second resolution"
         );
         assert!(
-            store
-                .review_queue("tenant-a", 100)
-                .await
-                .unwrap()
-                .is_empty(),
+            queue_of(store.as_ref(), "tenant-a").await.is_empty(),
             "{name}"
         );
         let after = store
@@ -1770,6 +1787,7 @@ async fn sessions_are_recorded_once_and_read_by_id() {
             },
             tool_schema_sha256: "a".repeat(64),
             tool_contract_sha256: "c".repeat(64),
+            tool_names: vec!["demo.echo".into(), "demo.time".into()],
             // Whole microseconds: what both backends keep.
             opened_at,
             last_used_at: opened_at,
@@ -1868,8 +1886,8 @@ async fn postgres_tenant_ids_are_bound_never_spliced() {
                 .unwrap()
                 .is_none()
         );
-        assert!(store.pending_approvals(hostile).await.unwrap().is_empty());
-        assert!(store.review_queue(hostile, 10).await.unwrap().is_empty());
+        assert!(pending_of(store.as_ref(), hostile).await.is_empty());
+        assert!(queue_of(store.as_ref(), hostile).await.is_empty());
     }
     let mut owner = sqlx::PgConnection::connect(&schema.owner_url)
         .await
@@ -2042,5 +2060,638 @@ async fn authored_skills_are_written_once_per_call_and_kept_per_tenant() {
         assert!(store.delete_skill("tenant-a", "triage").await.unwrap());
         assert!(!store.delete_skill("tenant-a", "triage").await.unwrap());
         assert!(store.skills("tenant-a").await.unwrap().is_empty(), "{name}");
+    }
+}
+
+/// Ends `new` (inserted, claimed at `started`) at `started + latency_ms`
+/// with `terminal`.
+async fn ended_at(
+    store: &dyn Store,
+    new: &NewInvocation,
+    worker_id: Uuid,
+    started: DateTime<Utc>,
+    latency_ms: i64,
+    terminal: &TerminalRecord,
+) {
+    let fence = insert(store, new, worker_id).await.fence().unwrap();
+    let running = store
+        .claim_invocation(
+            &new.tenant_id,
+            new.id,
+            fence,
+            started,
+            &[],
+            Durability::Flushed,
+        )
+        .await
+        .unwrap()
+        .expect("claims");
+    assert!(
+        store
+            .complete_invocation(
+                &new.tenant_id,
+                new.id,
+                running.fence().unwrap(),
+                terminal,
+                &[],
+                started + Duration::milliseconds(latency_ms),
+            )
+            .await
+            .unwrap()
+    );
+}
+
+/// The operator's invocation list spans tenants, filters by tenant, tool,
+/// status and time, and pages newest first with a cursor that neither
+/// skips nor repeats a row when rows are inserted between pages.
+#[tokio::test]
+async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
+    use toolgate::ports::{OperatorFilter, PageRequest};
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let mut ids = Vec::new();
+        for (n, tenant) in ["tenant-a", "tenant-b", "tenant-a", "tenant-b", "tenant-a"]
+            .into_iter()
+            .enumerate()
+        {
+            let mut new = new_invocation(
+                tenant,
+                Uuid::new_v4(),
+                &format!("call-{n}"),
+                InvocationStatus::Authorized,
+            );
+            if n == 0 {
+                new.tool_name = "demo.echo".into();
+            }
+            insert(store.as_ref(), &new, worker_id).await;
+            ids.push(new.id);
+        }
+        let all = store
+            .list_invocations(&OperatorFilter::default(), PageRequest::default())
+            .await
+            .unwrap();
+        assert_eq!(all.items.len(), 5, "{name}: both tenants");
+        assert_eq!(all.next_cursor, None, "{name}");
+        let mut newest_first = ids.clone();
+        newest_first.reverse();
+        assert_eq!(
+            all.items.iter().map(|row| row.id).collect::<Vec<_>>(),
+            newest_first,
+            "{name}: newest first"
+        );
+
+        let only = |filter: OperatorFilter| {
+            let store = store.clone();
+            async move {
+                store
+                    .list_invocations(&filter, PageRequest::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .iter()
+                    .map(|row| row.id)
+                    .collect::<BTreeSet<_>>()
+            }
+        };
+        let tenant_b = only(OperatorFilter {
+            tenant_id: Some("tenant-b".into()),
+            ..OperatorFilter::default()
+        })
+        .await;
+        assert_eq!(tenant_b, BTreeSet::from([ids[1], ids[3]]), "{name}");
+        let echo = only(OperatorFilter {
+            tool_name: Some("demo.echo".into()),
+            ..OperatorFilter::default()
+        })
+        .await;
+        assert_eq!(echo, BTreeSet::from([ids[0]]), "{name}");
+        let running = only(OperatorFilter {
+            status: Some(all.items[0].status().as_str().into()),
+            ..OperatorFilter::default()
+        })
+        .await;
+        assert_eq!(running.len(), 5, "{name}");
+        assert!(
+            only(OperatorFilter {
+                status: Some("uncertain".into()),
+                ..OperatorFilter::default()
+            })
+            .await
+            .is_empty(),
+            "{name}"
+        );
+        let future = only(OperatorFilter {
+            since: Some(now() + Duration::hours(1)),
+            ..OperatorFilter::default()
+        })
+        .await;
+        assert!(future.is_empty(), "{name}: since");
+        let past = only(OperatorFilter {
+            until: Some(now() - Duration::hours(1)),
+            ..OperatorFilter::default()
+        })
+        .await;
+        assert!(past.is_empty(), "{name}: until");
+
+        // Pages of two, with a row inserted between pages: it lands before
+        // the first page, so the pages still hold each earlier row once.
+        let mut seen = Vec::new();
+        let mut request = PageRequest {
+            limit: 2,
+            after: None,
+        };
+        loop {
+            let page = store
+                .list_invocations(&OperatorFilter::default(), request)
+                .await
+                .unwrap();
+            assert!(page.items.len() <= 2, "{name}");
+            seen.extend(page.items.iter().map(|row| row.id));
+            if seen.len() == 2 {
+                let late = new_invocation(
+                    "tenant-c",
+                    Uuid::new_v4(),
+                    "late",
+                    InvocationStatus::Authorized,
+                );
+                insert(store.as_ref(), &late, worker_id).await;
+            }
+            match page.next_cursor {
+                Some(cursor) => request.after = Some(cursor),
+                None => break,
+            }
+        }
+        assert_eq!(seen, newest_first, "{name}: no row skipped or repeated");
+    }
+}
+
+/// Decided approvals stay listable with the call they allowed, who
+/// decided and when, and the hold's end; resolved review items stay
+/// listable with their resolution; both decisions are events of the row.
+#[tokio::test]
+async fn operator_lists_keep_decisions_and_their_events() {
+    use toolgate::domain::{ReviewResolution, TurnState};
+    use toolgate::ports::{OperatorFilter, PageRequest, ReviewRecord, TurnRecord};
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let mut held = new_invocation(
+            "tenant-a",
+            Uuid::new_v4(),
+            "held",
+            InvocationStatus::WaitingForApproval,
+        );
+        held.approval_id = Some(Uuid::new_v4());
+        held.reason_code = Some(ReasonCode::PolicyMatrixExternalWrite);
+        insert(store.as_ref(), &held, worker_id).await;
+        let approval_id = held.approval_id.unwrap();
+        let turn_id = Uuid::new_v4();
+        let hold_ends_at = now() + Duration::seconds(300);
+        assert!(
+            store
+                .record_approval_hold("tenant-a", approval_id, Some(turn_id), hold_ends_at)
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        let status = |status: &str| OperatorFilter {
+            status: Some(status.into()),
+            ..OperatorFilter::default()
+        };
+        let pending = store
+            .list_approvals(&status("pending"), PageRequest::default())
+            .await
+            .unwrap()
+            .items;
+        assert_eq!(pending.len(), 1, "{name}");
+        assert_eq!(
+            pending[0].arguments, held.arguments,
+            "{name}: the arguments"
+        );
+        assert_eq!(pending[0].side_effect, SideEffectClass::ExternalWrite);
+        assert_eq!(pending[0].origin_trust, TrustLevel::User);
+        assert_eq!(pending[0].principal, held.principal);
+        assert_eq!(
+            (pending[0].run_id, pending[0].step_number),
+            (held.run_id, 1)
+        );
+        assert_eq!(pending[0].turn_id, Some(turn_id), "{name}");
+        assert_eq!(pending[0].hold_ends_at, Some(hold_ends_at), "{name}");
+        let decided_at = now();
+        store
+            .decide_approval(
+                "tenant-a",
+                approval_id,
+                ApprovalStatus::Approved,
+                "ops@example.com",
+                decided_at,
+            )
+            .await
+            .unwrap()
+            .expect("decided");
+        assert!(
+            !store
+                .record_approval_hold("tenant-a", approval_id, None, hold_ends_at)
+                .await
+                .unwrap(),
+            "{name}: a decided approval has no hold"
+        );
+        assert!(
+            store
+                .list_approvals(&status("pending"), PageRequest::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty(),
+            "{name}"
+        );
+        let approved = store
+            .list_approvals(&status("approved"), PageRequest::default())
+            .await
+            .unwrap()
+            .items;
+        assert_eq!(approved.len(), 1, "{name}: listable once decided");
+        assert_eq!(approved[0].approver.as_deref(), Some("ops@example.com"));
+        assert_eq!(approved[0].decided_at, Some(decided_at), "{name}");
+        let events = store
+            .invocation_with_events(held.id)
+            .await
+            .unwrap()
+            .expect("the row")
+            .events;
+        let decided = events
+            .iter()
+            .find(|event| event.event_type == "approval.decided")
+            .expect("the decision is an event");
+        assert_eq!(decided.payload["approver"], "ops@example.com", "{name}");
+        assert_eq!(decided.payload["status"], "approved", "{name}");
+        assert!(
+            events
+                .iter()
+                .any(|event| event.event_type == "tool.call.authorized"),
+            "{name}: the row's own events"
+        );
+
+        // A review item leaves the queue and stays listable, resolved.
+        let uncertain = new_invocation(
+            "tenant-b",
+            Uuid::new_v4(),
+            "uncertain",
+            InvocationStatus::Authorized,
+        );
+        ended_at(
+            store.as_ref(),
+            &uncertain,
+            worker_id,
+            now(),
+            5,
+            &TerminalRecord::without_result(ReasonCode::ToolOutcomeUnknown),
+        )
+        .await;
+        let review_ids = |filter| {
+            let store = store.clone();
+            async move {
+                store
+                    .list_review_items(&filter, PageRequest::default())
+                    .await
+                    .unwrap()
+                    .items
+            }
+        };
+        let queued = review_ids(status("pending")).await;
+        assert_eq!(queued.len(), 1, "{name}");
+        assert_eq!(queued[0].invocation.id, uncertain.id);
+        assert_eq!(queued[0].resolution, None);
+        let review = ReviewRecord {
+            invocation_id: uncertain.id,
+            resolution: ReviewResolution::EffectNotApplied,
+            resolver: "oncall".into(),
+            note: Some("no row in the remote table".into()),
+            resolved_at: now(),
+        };
+        assert!(store.resolve_review("tenant-b", &review).await.unwrap());
+        assert!(review_ids(status("pending")).await.is_empty(), "{name}");
+        let resolved = review_ids(status("resolved")).await;
+        assert_eq!(resolved.len(), 1, "{name}");
+        assert_eq!(resolved[0].resolution, Some(review.clone()), "{name}");
+        assert_eq!(review_ids(OperatorFilter::default()).await.len(), 1);
+        let events = store
+            .invocation_with_events(uncertain.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .events;
+        let resolved_event = events
+            .iter()
+            .find(|event| event.event_type == "review.resolved")
+            .expect("the resolution is an event");
+        assert_eq!(resolved_event.payload["resolver"], "oncall", "{name}");
+        assert_eq!(resolved_event.tenant_id.as_deref(), Some("tenant-b"));
+
+        // Turns stay listable after they close.
+        let turn = TurnRecord {
+            turn_id,
+            tenant_id: "tenant-a".into(),
+            session_id: held.session_id,
+            run_id: held.run_id,
+            step_number: 1,
+            script_sha256: "e".repeat(64),
+            state: TurnState::Open,
+            calls: 0,
+            opened_at: now(),
+            expires_at: now() + Duration::minutes(5),
+            closed_at: None,
+        };
+        store.record_turn(&turn).await.unwrap();
+        let turns = |state: &str| {
+            let (store, filter) = (store.clone(), status(state));
+            async move {
+                store
+                    .list_turns(&filter, PageRequest::default())
+                    .await
+                    .unwrap()
+                    .items
+            }
+        };
+        assert_eq!(turns("open").await, vec![turn.clone()], "{name}");
+        let closed_at = now();
+        assert!(
+            store
+                .close_turn("tenant-a", turn_id, TurnState::Suspended, 3, closed_at)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .close_turn("tenant-a", turn_id, TurnState::Closed, 4, closed_at)
+                .await
+                .unwrap(),
+            "{name}: closed once"
+        );
+        assert!(turns("open").await.is_empty(), "{name}");
+        let suspended = turns("suspended").await;
+        assert_eq!(suspended.len(), 1, "{name}");
+        assert_eq!(
+            (suspended[0].calls, suspended[0].closed_at),
+            (3, Some(closed_at))
+        );
+    }
+}
+
+/// Tool health is read from the rows: calls that ended in the window,
+/// failures by reason code, UNCERTAIN counts and discrete p50/p99 latency,
+/// the same on both backends.
+#[tokio::test]
+async fn tool_health_counts_the_window_from_the_rows() {
+    use toolgate::ports::OperatorFilter;
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let started = now() - Duration::minutes(1);
+        for (n, latency) in [40, 10, 30, 20].into_iter().enumerate() {
+            let new = new_invocation(
+                "tenant-a",
+                Uuid::new_v4(),
+                &format!("ok-{n}"),
+                InvocationStatus::Authorized,
+            );
+            ended_at(
+                store.as_ref(),
+                &new,
+                worker_id,
+                started,
+                latency,
+                &succeeded(),
+            )
+            .await;
+        }
+        let uncertain = new_invocation(
+            "tenant-b",
+            Uuid::new_v4(),
+            "uncertain",
+            InvocationStatus::Authorized,
+        );
+        ended_at(
+            store.as_ref(),
+            &uncertain,
+            worker_id,
+            started,
+            1000,
+            &TerminalRecord::without_result(ReasonCode::ToolOutcomeUnknown),
+        )
+        .await;
+        // Ended before the window: not counted.
+        let old = new_invocation(
+            "tenant-a",
+            Uuid::new_v4(),
+            "old",
+            InvocationStatus::Authorized,
+        );
+        ended_at(
+            store.as_ref(),
+            &old,
+            worker_id,
+            now() - Duration::hours(2),
+            5,
+            &succeeded(),
+        )
+        .await;
+
+        let since = now() - Duration::hours(1);
+        let health = store
+            .tool_health(&OperatorFilter::default(), since)
+            .await
+            .unwrap();
+        assert_eq!(health.len(), 1, "{name}");
+        let tool = &health[0];
+        assert_eq!(tool.tool_name, "demo.external_write");
+        assert_eq!(tool.calls, 5, "{name}");
+        assert_eq!(tool.uncertain, 1, "{name}");
+        assert_eq!(
+            tool.failures,
+            vec![(ReasonCode::ToolOutcomeUnknown.as_str().to_owned(), 1)],
+            "{name}"
+        );
+        // Latencies 10, 20, 30, 40, 1000: the 3rd and the 5th.
+        assert_eq!(tool.p50_ms, Some(30.0), "{name}");
+        assert_eq!(tool.p99_ms, Some(1000.0), "{name}");
+
+        let tenant_a = store
+            .tool_health(
+                &OperatorFilter {
+                    tenant_id: Some("tenant-a".into()),
+                    ..OperatorFilter::default()
+                },
+                since,
+            )
+            .await
+            .unwrap();
+        assert_eq!(tenant_a[0].calls, 4, "{name}");
+        assert_eq!(tenant_a[0].uncertain, 0);
+        assert!(tenant_a[0].failures.is_empty());
+        assert_eq!(tenant_a[0].p50_ms, Some(20.0), "{name}: the 2nd of four");
+        assert_eq!(tenant_a[0].p99_ms, Some(40.0), "{name}");
+    }
+}
+
+/// Servers are listed with whose they are and their last connection's
+/// outcome and reason code, catalog generations with their tools and what
+/// a later one withdrew, open sessions with their pinned tools.
+#[tokio::test]
+async fn operator_lists_show_servers_generations_and_sessions() {
+    use toolgate::domain::RiskLevel;
+    use toolgate::domain::mcp_server::{AuthScheme, Transport};
+    use toolgate::ports::{CatalogEntry, McpServerRow, OperatorFilter, PageRequest, PlatformEvent};
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let row = McpServerRow {
+            server_id: "acme".into(),
+            transport: Transport::Http,
+            endpoint: "https://acme.example/mcp".into(),
+            auth_scheme: AuthScheme::None,
+            auth_name: None,
+            credential_ref: None,
+            token_endpoint: None,
+            token_scopes: None,
+            side_effect: SideEffectClass::ExternalRead,
+            risk: RiskLevel::Low,
+            idempotency: IdempotencyClass::ReadOnly,
+            required_scopes: vec![],
+            timeout_seconds: 10,
+            maximum_output_bytes: 65536,
+            enabled: true,
+        };
+        let first = now();
+        store.put_mcp_server("tenant-a", &row, first).await.unwrap();
+        store
+            .put_mcp_server("tenant-b", &row, first + Duration::seconds(1))
+            .await
+            .unwrap();
+        for event in [
+            PlatformEvent::ServerConnected {
+                server_id: "acme".into(),
+                transport: Transport::Http,
+                tools: 2,
+                duration_ms: 3,
+            },
+            PlatformEvent::ServerDisconnected {
+                server_id: "acme".into(),
+                reason_code: ReasonCode::ToolServerUnauthorized,
+            },
+        ] {
+            store
+                .record_event(Some("tenant-a"), &event, now())
+                .await
+                .unwrap();
+        }
+        let servers = store
+            .list_servers(&OperatorFilter::default(), PageRequest::default())
+            .await
+            .unwrap()
+            .items;
+        let tenants: Vec<&str> = servers.iter().map(|s| s.tenant_id.as_str()).collect();
+        assert_eq!(tenants, ["tenant-b", "tenant-a"], "{name}: newest first");
+        assert!(
+            servers
+                .iter()
+                .all(|s| s.tenant_configured && s.server == row)
+        );
+        let last = servers[1].last_connection.as_ref().expect("connected once");
+        assert_eq!(last.event_type, "mcp.server.disconnected", "{name}");
+        assert_eq!(
+            last.reason_code.as_deref(),
+            Some(ReasonCode::ToolServerUnauthorized.as_str()),
+            "{name}"
+        );
+        assert_eq!(
+            servers[0].last_connection, None,
+            "{name}: tenant-b's never ran"
+        );
+
+        let entry = |remote: &str| CatalogEntry {
+            remote_name: remote.into(),
+            registry_name: format!("mcp.acme.{remote}"),
+            input_schema: json!({"type": "object"}),
+        };
+        store
+            .record_catalog(
+                "tenant-a",
+                "acme",
+                "h1",
+                &[entry("read"), entry("write")],
+                first,
+            )
+            .await
+            .unwrap();
+        store
+            .record_catalog(
+                "tenant-a",
+                "acme",
+                "h2",
+                &[entry("read")],
+                first + Duration::seconds(1),
+            )
+            .await
+            .unwrap();
+        let generations = store
+            .list_catalog_generations(
+                &OperatorFilter {
+                    tool_name: Some("acme".into()),
+                    ..OperatorFilter::default()
+                },
+                PageRequest {
+                    limit: 1,
+                    after: None,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(generations.items[0].catalog_hash, "h2", "{name}");
+        assert_eq!(generations.items[0].tools, ["mcp.acme.read"]);
+        let older = store
+            .list_catalog_generations(
+                &OperatorFilter::default(),
+                PageRequest {
+                    limit: 1,
+                    after: generations.next_cursor,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(older.items[0].catalog_hash, "h1", "{name}");
+        assert_eq!(older.items[0].tools, ["mcp.acme.read", "mcp.acme.write"]);
+        assert_eq!(older.items[0].withdrawn, ["mcp.acme.write"], "{name}");
+        assert_eq!(older.next_cursor, None);
+
+        let session = SessionRecord {
+            session_id: Uuid::new_v4(),
+            tenant_id: "tenant-b".into(),
+            principal: Principal {
+                id: "user-1".into(),
+                scopes: ["demo.use".to_owned()].into(),
+            },
+            agent: toolgate::domain::AgentSpec {
+                tools: vec!["demo.*".into()],
+            },
+            tool_schema_sha256: "a".repeat(64),
+            tool_contract_sha256: "c".repeat(64),
+            tool_names: vec!["demo.echo".into()],
+            opened_at: now(),
+            last_used_at: now(),
+        };
+        store.open_session(&session).await.unwrap();
+        let sessions = store
+            .list_sessions(
+                &OperatorFilter {
+                    tenant_id: Some("tenant-b".into()),
+                    ..OperatorFilter::default()
+                },
+                PageRequest::default(),
+            )
+            .await
+            .unwrap()
+            .items;
+        assert_eq!(sessions, vec![session], "{name}");
     }
 }

@@ -158,6 +158,12 @@ fn every_route_holds_a_tenant_id_to_one_rule() {
                 uuid::Uuid::new_v4()
             ),
             format!("/v1/artifacts/{}?tenant_id={tenant}", uuid::Uuid::new_v4()),
+            format!("/v1/invocations?tenant_id={tenant}"),
+            format!("/v1/sessions?tenant_id={tenant}"),
+            format!("/v1/turns?tenant_id={tenant}"),
+            format!("/v1/mcp-servers?tenant_id={tenant}"),
+            format!("/v1/catalog-generations?tenant_id={tenant}"),
+            format!("/v1/tool-health?tenant_id={tenant}"),
         ] {
             let (status, body) = served.get(&path);
             let body = crate::serve::json_of(&body);
@@ -390,4 +396,35 @@ fn a_script_reads_only_its_own_runs_artifacts() {
         crate::serve::TENANT
     ));
     assert_eq!(status, 200, "the operator reads it within the tenant");
+}
+
+/// A tenant server's configuration with a misspelt field is refused naming
+/// the field, where it was and what is taken there; a key that does not
+/// read as a field name (a pasted token) is refused without being echoed.
+#[test]
+fn a_misspelt_server_field_is_named() {
+    let served = crate::serve::Served::start();
+    let (status, body) = put_server(
+        &served,
+        "tenant-e2e",
+        "acme",
+        &json!({"endpoint": "https://mcp.example.com/mcp", "timeout": 30}),
+    );
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("unknown field `timeout` in the body; expected one of `endpoint`"),
+        "{message}"
+    );
+    assert!(message.contains("`timeout_seconds`"), "{message}");
+    let (status, body) = put_server(
+        &served,
+        "tenant-e2e",
+        "acme",
+        &json!({"endpoint": "https://mcp.example.com/mcp", "auth": {"scheme": "bearer", "Bearer sk-1": 1}}),
+    );
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("unknown field in auth"), "{message}");
+    assert!(!message.contains("sk-1"), "{message}");
 }

@@ -133,10 +133,15 @@ pub(super) async fn render_blocks(
                 text: text.to_owned(),
             }),
             None => {
-                let bytes = block.to_string().into_bytes();
+                // An image, audio or blob is stored as its bytes with its
+                // media type; any other block as the JSON it came as.
+                let (media_type, bytes) = match binary(&block) {
+                    Some((media_type, bytes)) => (media_type, bytes),
+                    None => ("application/json", block.to_string().into_bytes()),
+                };
                 match context
                     .artifacts
-                    .write("application/json", TrustLevel::ExternalUntrusted, bytes)
+                    .write(media_type, TrustLevel::ExternalUntrusted, bytes)
                     .await
                 {
                     Ok(reference) => content.push(ContentPart::Artifact(reference)),
@@ -151,6 +156,73 @@ pub(super) async fn render_blocks(
         }
     }
     ToolResult::ok(content)
+}
+
+/// A binary block's media type and bytes: an image or audio block
+/// (`data`, `mimeType`) or a resource's blob (`blob`, `mimeType`), its
+/// base64 decoded. `None` when the block carries no base64 payload.
+fn binary(block: &Value) -> Option<(&str, Vec<u8>)> {
+    let holder = block
+        .get("resource")
+        .filter(|resource| resource.get("blob").is_some())
+        .unwrap_or(block);
+    let data = holder
+        .get("data")
+        .or_else(|| holder.get("blob"))?
+        .as_str()?;
+    let bytes = base64_decode(data)?;
+    let declared = holder.get("mimeType").and_then(Value::as_str);
+    Some((served_media_type(declared), bytes))
+}
+
+/// The media type an artifact of a server's binary is served with: the
+/// server's, when it names an image or audio format a browser shows as
+/// such and never runs; anything else (SVG, HTML, a malformed type) as
+/// opaque bytes.
+fn served_media_type(declared: Option<&str>) -> &str {
+    const OPAQUE: &str = "application/octet-stream";
+    let Some(declared) = declared else {
+        return OPAQUE;
+    };
+    let plain = declared.len() <= 100
+        && (declared.starts_with("image/") || declared.starts_with("audio/"))
+        && declared
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"/.+-".contains(&b))
+        && !declared.contains("svg");
+    if plain { declared } else { OPAQUE }
+}
+
+/// Standard base64 (RFC 4648 §4, padding optional); `None` when the text
+/// is not that.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let unpadded = text
+        .strip_suffix("==")
+        .or_else(|| text.strip_suffix('='))
+        .unwrap_or(text);
+    if unpadded.len() % 4 == 1 {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(unpadded.len() / 4 * 3 + 2);
+    let (mut buffer, mut bits) = (0u32, 0u32);
+    for symbol in unpadded.bytes() {
+        let value = match symbol {
+            b'A'..=b'Z' => symbol - b'A',
+            b'a'..=b'z' => symbol - b'a' + 26,
+            b'0'..=b'9' => symbol - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        buffer = (buffer << 6) | u32::from(value);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            bytes.push((buffer >> bits) as u8);
+            buffer &= (1 << bits) - 1;
+        }
+    }
+    Some(bytes)
 }
 
 pub(super) fn read_resource_spec(
@@ -236,4 +308,57 @@ pub(super) fn unauthorized(never_sent: bool) -> ToolResult {
     } else {
         failure
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_reads_as_rfc_4648_says() {
+        for (text, bytes) in [
+            ("", &b""[..]),
+            ("Zg==", b"f"),
+            ("Zm8=", b"fo"),
+            ("Zm9v", b"foo"),
+            ("Zm9vYg", b"foob"),
+            ("Zm9vYmFy", b"foobar"),
+            ("+/8=", &[0xfb, 0xff]),
+        ] {
+            assert_eq!(base64_decode(text).as_deref(), Some(bytes), "{text}");
+        }
+        for refused in ["Z", "Zm9v!", "Zm 9v", "Zm9vY"] {
+            assert_eq!(base64_decode(refused), None, "{refused}");
+        }
+    }
+
+    #[test]
+    fn binary_blocks_are_their_bytes_with_a_media_type_that_cannot_run() {
+        let image = json!({"type": "image", "data": "iVBORw==", "mimeType": "image/png"});
+        assert_eq!(
+            binary(&image),
+            Some(("image/png", vec![0x89, 0x50, 0x4e, 0x47]))
+        );
+        let blob = json!({"type": "resource",
+                          "resource": {"uri": "file:///a", "blob": "AAE=", "mimeType": "audio/wav"}});
+        assert_eq!(binary(&blob), Some(("audio/wav", vec![0, 1])));
+        for hostile in [
+            "text/html",
+            "image/svg+xml",
+            "image/png; charset=x",
+            "IMAGE/PNG",
+        ] {
+            let block = json!({"type": "image", "data": "AA==", "mimeType": hostile});
+            assert_eq!(
+                binary(&block).map(|(media, _)| media),
+                Some("application/octet-stream"),
+                "{hostile}"
+            );
+        }
+        assert_eq!(binary(&json!({"type": "resource_link", "uri": "x"})), None);
+        assert_eq!(
+            binary(&json!({"type": "image", "data": "not base64!"})),
+            None
+        );
+    }
 }

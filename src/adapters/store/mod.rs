@@ -13,6 +13,7 @@ use crate::domain::invocation::{Phase, Transition};
 use crate::domain::{InvocationStatus, sha256_hex};
 use crate::ports::{StoreError, ToolEvent};
 
+mod operator;
 mod postgres;
 mod rows;
 mod sqlite;
@@ -130,6 +131,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "where a call's arguments came from, on its row",
         sql: include_str!("../../../migrations/postgres/0019_argument_trust.sql"),
     },
+    Migration {
+        version: 20,
+        description: "what the operator's lists read",
+        sql: include_str!("../../../migrations/postgres/0020_operator_reads.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -223,6 +229,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 19,
         description: "where a call's arguments came from, on its row",
         sql: include_str!("../../../migrations/sqlite/0019_argument_trust.sql"),
+    },
+    Migration {
+        version: 20,
+        description: "what the operator's lists read",
+        sql: include_str!("../../../migrations/sqlite/0020_operator_reads.sql"),
     },
 ];
 

@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::encoding::text::encode;
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
@@ -115,11 +117,6 @@ const GAUGES: &[(&str, &str, bool)] = &[
         true,
     ),
     (
-        "process_cpu_seconds",
-        "CPU time the process has used, user and system",
-        false,
-    ),
-    (
         "process_resident_memory_bytes",
         "Resident memory of the process",
         false,
@@ -192,6 +189,9 @@ pub struct MetricsRegistry {
     histograms: HashMap<&'static str, HistogramFamily>,
     gauges: HashMap<&'static str, Family<Owned, Gauge>>,
     plain: HashMap<&'static str, Gauge>,
+    /// CPU seconds, user and system: a float counter, as Prometheus's own
+    /// `process_cpu_seconds_total`, so `rate()` reads it in cores.
+    cpu_seconds: Counter<f64, AtomicU64>,
     samplers: Mutex<Vec<Arc<dyn Sampler>>>,
     bounds: LabelBounds,
     /// The tool names admitted as labels so far.
@@ -234,8 +234,15 @@ impl MetricsRegistry {
                 plain.insert(*name, gauge);
             }
         }
+        let cpu_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "process_cpu_seconds",
+            "CPU time the process has used, user and system",
+            cpu_seconds.clone(),
+        );
         let metrics = MetricsRegistry {
             registry,
+            cpu_seconds,
             counters,
             histograms,
             gauges,
@@ -332,7 +339,11 @@ impl MetricsRegistry {
         let Some(process) = ProcessSample::read() else {
             return;
         };
-        self.set("process_cpu_seconds", Vec::new(), process.cpu_seconds);
+        // The counter moves by what the process used since the last scrape.
+        let used = process.cpu_seconds - self.cpu_seconds.get();
+        if used > 0.0 {
+            self.cpu_seconds.inc_by(used);
+        }
         self.set(
             "process_resident_memory_bytes",
             Vec::new(),
@@ -349,7 +360,7 @@ impl MetricsRegistry {
 
 /// The process's own figures, from `/proc/self`.
 struct ProcessSample {
-    cpu_seconds: i64,
+    cpu_seconds: f64,
     resident_bytes: i64,
     open_fds: i64,
     start_time_seconds: i64,
@@ -376,7 +387,7 @@ impl ProcessSample {
             .find_map(|line| line.strip_prefix("btime ")?.trim().parse().ok())?;
         let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count();
         Some(ProcessSample {
-            cpu_seconds: cpu / TICKS,
+            cpu_seconds: cpu as f64 / TICKS as f64,
             resident_bytes: resident_pages * PAGE,
             open_fds: i64::try_from(open_fds).unwrap_or(i64::MAX),
             start_time_seconds: boot_time + started_ticks / TICKS,
@@ -474,6 +485,11 @@ mod tests {
         metrics.increment("tool_truncations_total", labels.clone());
         metrics.observe("tool_duration_seconds", labels.clone(), 0.02);
         metrics.set("turns_open", Vec::new(), 3);
+        // Some CPU to count: more than a clock tick.
+        let mut spun = 0u64;
+        for step in 0..20_000_000u64 {
+            spun = std::hint::black_box(spun.wrapping_add(step));
+        }
         let text = metrics.render().await;
         for expected in [
             "# TYPE toolgate_tool_truncations counter",
@@ -483,10 +499,21 @@ mod tests {
             "toolgate_turns_open 3",
             "toolgate_build_info{version=\"0.1.0\",revision=\"abc123\"} 1",
             "toolgate_process_resident_memory_bytes ",
+            "# TYPE toolgate_process_cpu_seconds counter",
+            "toolgate_process_cpu_seconds_total ",
             "# EOF",
         ] {
             assert!(text.contains(expected), "{expected} missing:\n{text}");
         }
+        // In seconds with their fraction, not whole seconds.
+        let cpu = text
+            .lines()
+            .find_map(|line| line.strip_prefix("toolgate_process_cpu_seconds_total "))
+            .unwrap();
+        assert!(
+            cpu.contains('.') && cpu.parse::<f64>().unwrap() > 0.0,
+            "{cpu}"
+        );
         assert_eq!(metrics.counter("tool_truncations_total", &labels), 2);
     }
 }

@@ -165,7 +165,7 @@ impl Pipeline {
             }
             // One line per finished call: identity, status and time only.
             tracing::info!(
-                invocation_id = ?finished.invocation_id,
+                invocation_id = finished.invocation_id.map(tracing::field::display),
                 tool = %crate::domain::names::bounded_name(&request.name),
                 status = finished.outcome.status().as_str(),
                 reason_code = finished.outcome.reason_code().map(|code| code.as_str()),

@@ -39,12 +39,6 @@ pub trait ApprovalStore: Send + Sync {
         id: Uuid,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>>;
 
-    /// Pending approvals of a tenant, oldest first.
-    fn pending_approvals<'a>(
-        &'a self,
-        tenant_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, StoreError>>;
-
     /// Records a decision on a pending approval; `None` when it is not
     /// pending (decided already, or unknown).
     fn decide_approval<'a>(
@@ -55,4 +49,14 @@ pub trait ApprovalStore: Send + Sync {
         approver: &'a str,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>>;
+
+    /// Records when the caller holding a pending approval stops waiting
+    /// for it, and the turn it waits in; false when it is not pending.
+    fn record_approval_hold<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        approval_id: Uuid,
+        turn_id: Option<Uuid>,
+        hold_ends_at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }

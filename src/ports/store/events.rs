@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::StoreError;
-use crate::domain::ReasonCode;
 use crate::domain::mcp_server::{AuthScheme, Transport};
+use crate::domain::{ApprovalStatus, ReasonCode, ReviewResolution};
 use crate::ports::tool::BoxFuture;
 
 /// A row of the events outbox.
@@ -141,6 +141,27 @@ pub enum PlatformEvent {
         /// Its required tools the session does not hold (registry names).
         missing_tools: Vec<String>,
     },
+    /// A human decided an approval: written in the decision's commit.
+    ApprovalDecided {
+        /// The approval.
+        approval_id: Uuid,
+        /// The held invocation.
+        invocation_id: Uuid,
+        /// `approved` or `denied`.
+        status: ApprovalStatus,
+        /// Who decided.
+        approver: String,
+    },
+    /// A human resolved an UNCERTAIN invocation: written in the
+    /// resolution's commit.
+    ReviewResolved {
+        /// The invocation.
+        invocation_id: Uuid,
+        /// The verdict.
+        resolution: ReviewResolution,
+        /// Who gave it.
+        resolver: String,
+    },
     /// A declaration failed registration.
     ToolRejected {
         /// The server.
@@ -169,6 +190,8 @@ impl PlatformEvent {
             PlatformEvent::BridgeSessionOpened { .. } => "bridge.session.opened",
             PlatformEvent::BridgeSessionClosed { .. } => "bridge.session.closed",
             PlatformEvent::BridgeReplayDiverged { .. } => "bridge.replay.diverged",
+            PlatformEvent::ApprovalDecided { .. } => "approval.decided",
+            PlatformEvent::ReviewResolved { .. } => "review.resolved",
         }
     }
 
@@ -241,6 +264,19 @@ impl PlatformEvent {
                         "recorded_invocation_id": recorded_invocation_id,
                         "recorded_tool": recorded_tool, "invocation_id": invocation_id,
                         "tool": tool, "outcome": outcome}),
+            PlatformEvent::ApprovalDecided {
+                approval_id,
+                invocation_id,
+                status,
+                approver,
+            } => json!({"approval_id": approval_id, "invocation_id": invocation_id,
+                        "status": status, "approver": approver}),
+            PlatformEvent::ReviewResolved {
+                invocation_id,
+                resolution,
+                resolver,
+            } => json!({"invocation_id": invocation_id, "resolution": resolution,
+                        "resolver": resolver}),
         }
     }
 }

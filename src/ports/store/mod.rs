@@ -1,7 +1,7 @@
 //! The durable record: what the pipeline's four commits, the effect
 //! watermark, deduplication and recovery read and write, one narrow trait
 //! per aggregate (invocations, reviews, approvals, sessions, the MCP
-//! catalog, events, workers).
+//! catalog, events, workers, turns), and the operator's reads across them.
 //!
 //! A write that spans aggregates (an invocation and the events of its
 //! commit, a preparation's servers, catalogs and events) is one method of
@@ -21,6 +21,7 @@ mod approvals;
 mod catalog;
 mod events;
 mod invocations;
+mod operator;
 mod sessions;
 mod skills;
 mod workers;
@@ -34,6 +35,11 @@ pub use invocations::{
     ArtifactRecord, BreakerTally, Ended, Held, InsertOutcome, InvocationRecord, InvocationState,
     InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, StoredArtifact,
     Suspension, TerminalRecord, ToolEvent,
+};
+pub use operator::{
+    ApprovalItem, CatalogGenerationItem, ConnectionOutcome, Cursor, DEFAULT_PAGE, InvalidCursor,
+    InvocationStory, MAXIMUM_PAGE, OperatorFilter, OperatorStore, Page, PageRequest, ReviewItem,
+    ServerItem, ToolHealth, TurnRecord, TurnStore,
 };
 pub use sessions::{SessionRecord, SessionStore};
 pub use skills::{AuthoredSkill, SkillStore, SkillWrite, SkillWritten};
@@ -117,6 +123,8 @@ pub trait Store:
     + SkillStore
     + CatalogStore
     + EventStore
+    + OperatorStore
+    + TurnStore
 {
 }
 
@@ -130,5 +138,7 @@ impl<T> Store for T where
         + SkillStore
         + CatalogStore
         + EventStore
+        + OperatorStore
+        + TurnStore
 {
 }

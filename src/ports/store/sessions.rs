@@ -20,6 +20,9 @@ pub struct SessionRecord {
     /// over must reproduce both.
     pub tool_schema_sha256: String,
     pub tool_contract_sha256: String,
+    /// The pinned set's registry names, sorted: what an operator reads of
+    /// an open session.
+    pub tool_names: Vec<String>,
     pub opened_at: DateTime<Utc>,
     /// Refreshed at most hourly while the session is used.
     pub last_used_at: DateTime<Utc>,

@@ -288,7 +288,7 @@ async fn upsert_server(
     Ok(())
 }
 
-fn server_row(row: &PgRow) -> Result<McpServerRow, StoreError> {
+pub(super) fn server_row(row: &PgRow) -> Result<McpServerRow, StoreError> {
     let text =
         |name: &str| -> Result<String, StoreError> { row.try_get(name).map_err(database_error) };
     let scopes = |value: Option<serde_json::Value>| -> Vec<String> {

@@ -57,7 +57,7 @@ macro_rules! approval_columns {
 macro_rules! session_columns {
     () => {
         "session_id, tenant_id, principal, agent, tool_schema_sha256, tool_contract_sha256, opened_at, \
-         last_used_at"
+         last_used_at, tool_names"
     };
 }
 
@@ -321,6 +321,8 @@ fn session_row(row: &PgRow) -> Result<SessionRecord, StoreError> {
             .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
         tool_schema_sha256: get(row, "tool_schema_sha256")?,
         tool_contract_sha256: get(row, "tool_contract_sha256")?,
+        tool_names: serde_json::from_value(get(row, "tool_names")?)
+            .map_err(|e| StoreError::Decode(format!("tool_names: {e}")))?,
         opened_at: get(row, "opened_at")?,
         last_used_at: get(row, "last_used_at")?,
     })
@@ -385,6 +387,7 @@ mod approvals;
 mod catalog;
 mod events;
 mod invocations;
+mod operator;
 mod reviews;
 mod sessions;
 mod skills;

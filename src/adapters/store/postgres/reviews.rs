@@ -3,31 +3,6 @@
 use super::*;
 
 impl ReviewStore for PostgresStore {
-    fn review_queue<'a>(
-        &'a self,
-        tenant_id: &'a str,
-        limit: i64,
-    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
-        Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let rows = sqlx::query(concat!(
-                "SELECT ",
-                invocation_columns!(),
-                " FROM tool_invocations WHERE tenant_id = $1 AND outcome_status = 'uncertain' \
-                 AND NOT EXISTS (SELECT 1 FROM review_resolutions r \
-                 WHERE r.tenant_id = tool_invocations.tenant_id AND r.invocation_id = tool_invocations.id) \
-                 ORDER BY completed_at, id LIMIT $2"
-            ))
-            .bind(tenant_id)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            rows.iter().map(invocation).collect()
-        })
-    }
-
     fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::System).await?;
@@ -72,6 +47,14 @@ impl ReviewStore for PostgresStore {
             .await
             .map_err(database_error)?
             .rows_affected();
+            if written == 1 {
+                let event = PlatformEvent::ReviewResolved {
+                    invocation_id: review.invocation_id,
+                    resolution: review.resolution,
+                    resolver: review.resolver.clone(),
+                };
+                insert_platform_event(&mut tx, Some(tenant_id), &event, review.resolved_at).await?;
+            }
             tx.commit().await.map_err(database_error)?;
             Ok(written == 1)
         })

@@ -12,12 +12,15 @@ impl SessionStore for PostgresStore {
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
             let agent = serde_json::to_value(&session.agent)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
+            let tool_names = serde_json::to_value(&session.tool_names)
+                .map_err(|e| StoreError::Decode(e.to_string()))?;
             // The system scope: an id another tenant holds must be seen to be
             // refused, not inserted beside it.
             let mut tx = self.begin(Scope::System).await?;
             sqlx::query(
                 "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, \
-                 tool_contract_sha256, opened_at, last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 tool_contract_sha256, opened_at, last_used_at, tool_names) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                  ON CONFLICT (session_id) DO NOTHING",
             )
             .bind(session.session_id)
@@ -28,6 +31,7 @@ impl SessionStore for PostgresStore {
             .bind(&session.tool_contract_sha256)
             .bind(session.opened_at)
             .bind(session.last_used_at)
+            .bind(tool_names)
             .execute(&mut *tx)
             .await
             .map_err(database_error)?;

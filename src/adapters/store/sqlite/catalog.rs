@@ -281,7 +281,7 @@ fn upsert_server(
     Ok(())
 }
 
-fn server_row(row: &Row) -> Result<McpServerRow, StoreError> {
+pub(super) fn server_row(row: &Row) -> Result<McpServerRow, StoreError> {
     let scopes = |value: Option<String>| -> Vec<String> {
         value
             .and_then(|value| serde_json::from_str(&value).ok())

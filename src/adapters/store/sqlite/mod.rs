@@ -59,12 +59,20 @@ macro_rules! approval_columns {
     };
 }
 
+macro_rules! session_columns {
+    () => {
+        "session_id, tenant_id, principal, agent, tool_schema_sha256, tool_contract_sha256, opened_at, \
+         last_used_at, tool_names"
+    };
+}
+
 // After the column macros, which they use.
 mod approvals;
 mod catalog;
 mod db;
 mod events;
 mod invocations;
+mod operator;
 mod reviews;
 mod sessions;
 mod skills;
@@ -385,8 +393,11 @@ fn text(value: &serde_json::Value) -> String {
     value.to_string()
 }
 
-const SESSION_BY_ID: &str = "SELECT session_id, tenant_id, principal, agent, tool_schema_sha256, \
-                             tool_contract_sha256, opened_at, last_used_at FROM sessions WHERE session_id = $1";
+const SESSION_BY_ID: &str = concat!(
+    "SELECT ",
+    session_columns!(),
+    " FROM sessions WHERE session_id = $1"
+);
 
 fn session_row(row: &Row) -> Result<SessionRecord, StoreError> {
     Ok(SessionRecord {
@@ -398,6 +409,8 @@ fn session_row(row: &Row) -> Result<SessionRecord, StoreError> {
             .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
         tool_schema_sha256: get(row, "tool_schema_sha256")?,
         tool_contract_sha256: get(row, "tool_contract_sha256")?,
+        tool_names: serde_json::from_value(json(row, "tool_names")?)
+            .map_err(|e| StoreError::Decode(format!("tool_names: {e}")))?,
         opened_at: time(row, "opened_at")?,
         last_used_at: time(row, "last_used_at")?,
     })

@@ -3,31 +3,6 @@
 use super::*;
 
 impl ReviewStore for SqliteStore {
-    fn review_queue<'a>(
-        &'a self,
-        tenant_id: &'a str,
-        limit: i64,
-    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
-        Box::pin(async move {
-            self.read(|connection| {
-                query(concat!(
-                    "SELECT ",
-                    invocation_columns!(),
-                    " FROM tool_invocations WHERE tenant_id = $1 AND outcome_status = 'uncertain' \
-                     AND NOT EXISTS (SELECT 1 FROM review_resolutions r \
-                     WHERE r.tenant_id = tool_invocations.tenant_id AND r.invocation_id = tool_invocations.id) \
-                     ORDER BY completed_at, id LIMIT $2"
-                ))
-                .bind(tenant_id)
-                .bind(limit)
-                .fetch_all(connection)?
-                .iter()
-                .map(invocation)
-                .collect()
-            })
-        })
-    }
-
     fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>> {
         Box::pin(async move {
             self.read(|connection| {
@@ -61,13 +36,21 @@ impl ReviewStore for SqliteStore {
                      ON CONFLICT (invocation_id) DO NOTHING",
                 )
                 .bind(Uuid::new_v4().to_string())
-                .bind(tenant_id)
+                .bind(&tenant_id)
                 .bind(review.invocation_id.to_string())
                 .bind(review.resolution.as_str())
-                .bind(review.resolver)
-                .bind(review.note)
+                .bind(&review.resolver)
+                .bind(&review.note)
                 .bind(micros(review.resolved_at))
                 .execute(connection)?;
+                if written == 1 {
+                    let event = PlatformEvent::ReviewResolved {
+                        invocation_id: review.invocation_id,
+                        resolution: review.resolution,
+                        resolver: review.resolver,
+                    };
+                    insert_platform_event(connection, Some(&tenant_id), &event, review.resolved_at)?;
+                }
                 Ok(written == 1)
             })
             .await

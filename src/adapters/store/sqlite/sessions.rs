@@ -13,10 +13,13 @@ impl SessionStore for SqliteStore {
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
             let agent = serde_json::to_string(&session.agent)
                 .map_err(|e| StoreError::Decode(e.to_string()))?;
+            let tool_names = serde_json::to_string(&session.tool_names)
+                .map_err(|e| StoreError::Decode(e.to_string()))?;
             self.flushed(move |connection| {
                 query(
                     "INSERT INTO sessions (session_id, tenant_id, principal, agent, tool_schema_sha256, \
-                     tool_contract_sha256, opened_at, last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                     tool_contract_sha256, opened_at, last_used_at, tool_names) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                      ON CONFLICT (session_id) DO NOTHING",
                 )
                 .bind(session.session_id.to_string())
@@ -27,6 +30,7 @@ impl SessionStore for SqliteStore {
                 .bind(&session.tool_contract_sha256)
                 .bind(micros(session.opened_at))
                 .bind(micros(session.last_used_at))
+                .bind(tool_names)
                 .execute(connection)?;
                 session_row(
                     &query(SESSION_BY_ID)
