@@ -949,12 +949,16 @@ async fn readiness_waits_for_the_warm_up_within_its_bound() {
     };
     let (_folder, effects) = effects_file();
     let ops = free_port();
-    // A server that never answers its handshake, warmed for at most four
-    // seconds.
-    let silent = format!(
-        "{FAST_NODE}\n[ops]\nlisten = \"127.0.0.1:{ops}\"\n\n[[mcp.servers]]\nserver_id = \"silent\"\n\
-         command = \"/bin/sleep\"\nargs = [\"3600\"]\nconnect_timeout_seconds = 1\n"
-    );
+    // Four servers that never answer their handshakes, each warmed for at
+    // most four seconds, one after another: the warm-up's first round lasts
+    // sixteen seconds, four times readiness's bound.
+    let mut silent = format!("{FAST_NODE}\n[ops]\nlisten = \"127.0.0.1:{ops}\"\n");
+    for server in 0..4 {
+        silent.push_str(&format!(
+            "\n[[mcp.servers]]\nserver_id = \"silent{server}\"\n\
+             command = \"/bin/sleep\"\nargs = [\"3600\"]\nconnect_timeout_seconds = 1\n"
+        ));
+    }
     let started = Instant::now();
     let a = node_with(
         &schema.url,
@@ -967,7 +971,7 @@ async fn readiness_waits_for_the_warm_up_within_its_bound() {
     let (status, body) = get_tcp(ops, "/readyz");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("warming_up"), "{body}");
-    let ready = eventually(Duration::from_secs(15), || async {
+    let ready = eventually(Duration::from_secs(30), || async {
         (get_tcp(ops, "/readyz").0 == 200).then(Instant::now)
     })
     .await
@@ -975,6 +979,12 @@ async fn readiness_waits_for_the_warm_up_within_its_bound() {
     assert!(
         ready - started >= Duration::from_secs(3),
         "not before its bound"
+    );
+    // Ready at its bound, not when the warm-up's first round ends.
+    assert!(
+        ready - started < Duration::from_secs(12),
+        "ready {:?} after the start: it waited for the whole warm-up, not its bound",
+        ready - started
     );
     // The servers the warm-up reached are pinned without a handshake.
     a.session();
