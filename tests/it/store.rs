@@ -720,6 +720,128 @@ async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
     }
 }
 
+/// The breaker's evidence and restarts are kept per tenant: two tenants
+/// with the same run id, tool and arguments each record their own evidence
+/// key, restart on their own budget, and read their own evidence base; one
+/// tenant's rows neither collide with nor count for the other's.
+#[tokio::test]
+async fn the_breakers_evidence_and_restarts_are_kept_per_tenant() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let live = worker(store.as_ref(), Duration::seconds(60)).await;
+        let run_id = Uuid::new_v4();
+        let hash = "ab".repeat(32);
+        let tool = "demo.external_write";
+        // Three successful identical calls of the same run id in each tenant.
+        for tenant in ["tenant-a", "tenant-b"] {
+            for step in 1..=3 {
+                let new = NewInvocation {
+                    step_number: step,
+                    ..new_invocation(
+                        tenant,
+                        run_id,
+                        &format!("c{step}"),
+                        InvocationStatus::Running,
+                    )
+                };
+                let row = insert(store.as_ref(), &new, live).await;
+                assert!(
+                    store
+                        .complete_invocation(
+                            tenant,
+                            new.id,
+                            row.fence().unwrap(),
+                            &succeeded(),
+                            &[],
+                            now()
+                        )
+                        .await
+                        .unwrap(),
+                    "{name}"
+                );
+            }
+        }
+        let base = |tenant: &'static str| {
+            let store = store.clone();
+            let hash = hash.clone();
+            async move {
+                store
+                    .breaker_tally(tenant, run_id, tool, &hash)
+                    .await
+                    .unwrap()
+                    .evidence_base
+            }
+        };
+        // The first key of each tenant is its own row, not a collision.
+        for tenant in ["tenant-a", "tenant-b"] {
+            let restarted = store
+                .record_evidence(tenant, run_id, tool, &hash, "k1", 1)
+                .await
+                .unwrap_or_else(|failure| panic!("{name}: {tenant}'s first key: {failure}"));
+            assert!(!restarted, "{name}: {tenant}");
+        }
+        // Tenant A's new evidence restarts its count and uses its one restart.
+        assert!(
+            store
+                .record_evidence("tenant-a", run_id, tool, &hash, "k2", 1)
+                .await
+                .unwrap(),
+            "{name}: tenant-a restarts"
+        );
+        assert_eq!(base("tenant-a").await, 2, "{name}: tenant-a's base");
+        assert_eq!(
+            base("tenant-b").await,
+            0,
+            "{name}: tenant-a's evidence counts for tenant-b"
+        );
+        // Tenant B's restart budget is its own: A's restart does not use it.
+        let restarted = store
+            .record_evidence("tenant-b", run_id, tool, &hash, "k2", 1)
+            .await
+            .unwrap_or_else(|failure| panic!("{name}: tenant-b's restart: {failure}"));
+        assert!(
+            restarted,
+            "{name}: tenant-b restarts on a budget of its own"
+        );
+        assert_eq!(base("tenant-b").await, 2, "{name}: tenant-b's base");
+        assert_eq!(base("tenant-a").await, 2, "{name}: tenant-a's base");
+        // Tenant A's budget is spent: two more successes and new evidence do
+        // not restart it again, nor does tenant B's restart give it one.
+        for step in 4..=5 {
+            let new = NewInvocation {
+                step_number: step,
+                ..new_invocation(
+                    "tenant-a",
+                    run_id,
+                    &format!("c{step}"),
+                    InvocationStatus::Running,
+                )
+            };
+            let row = insert(store.as_ref(), &new, live).await;
+            store
+                .complete_invocation(
+                    "tenant-a",
+                    new.id,
+                    row.fence().unwrap(),
+                    &succeeded(),
+                    &[],
+                    now(),
+                )
+                .await
+                .unwrap();
+        }
+        assert!(
+            !store
+                .record_evidence("tenant-a", run_id, tool, &hash, "k3", 1)
+                .await
+                .unwrap(),
+            "{name}: tenant-a has no restart left"
+        );
+        assert_eq!(base("tenant-a").await, 2, "{name}: tenant-a's base");
+        assert_eq!(base("tenant-b").await, 2, "{name}: tenant-b's base");
+    }
+}
+
 /// An uncounted insert goes in only while the breaker has nothing to count:
 /// no identical call of the run (same tenant, run, tool and arguments hash)
 /// with an outcome. A running identical call is not counted; another run,
