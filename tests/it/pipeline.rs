@@ -1973,17 +1973,26 @@ async fn tool_events_say_whether_the_watermark_was_set() {
             let request = harness.request("demo.external_write", json!({"line": "x"}));
             let outcome = harness.pipeline.call(request.clone()).await;
             let id = finished(&outcome).invocation_id.unwrap().to_string();
-            let events = crate::store::events_settled(store.as_ref(), 1).await;
-            let ended: Vec<_> = events
-                .iter()
-                .filter(|event| {
-                    event.payload["invocation_id"] == id.as_str()
-                        && matches!(
-                            event.event_type.as_str(),
-                            "tool.call.completed" | "tool.call.failed"
-                        )
-                })
-                .collect();
+            // PostgreSQL shows an event once no older transaction is open
+            // on the shared server: this call's own is waited for.
+            let mut ended = Vec::new();
+            for _ in 0..250 {
+                let events = crate::store::events_settled(store.as_ref(), 1).await;
+                ended = events
+                    .into_iter()
+                    .filter(|event| {
+                        event.payload["invocation_id"] == id.as_str()
+                            && matches!(
+                                event.event_type.as_str(),
+                                "tool.call.completed" | "tool.call.failed"
+                            )
+                    })
+                    .collect();
+                if !ended.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+            }
             assert_eq!(ended.len(), 1, "{name}");
             assert_eq!(
                 ended[0].payload["effect_sent"], sent,

@@ -273,6 +273,7 @@ fn run_script(
     let turn_socket = PathBuf::from(turn["socket_path"].as_str()?);
     let token = turn["token"].as_str()?.to_owned();
     for ordinal in 0..calls {
+        let asked = Instant::now();
         loop {
             let body = json!({"call": "mcp.writes.write",
                               "arguments": {"line": line(index, ordinal)}});
@@ -287,9 +288,19 @@ fn run_script(
                 return Some(ordinal);
             };
             let status = answer["status"].as_str().unwrap_or_default().to_owned();
-            if answer["reason_code"] == "tool.concurrency_conflict" {
-                // Still held by a worker (this node's recovery, or a
-                // predecessor's lease): asked again, as a runtime would.
+            if matches!(
+                answer["reason_code"].as_str(),
+                Some("tool.concurrency_conflict" | "tool.record_unavailable")
+            ) {
+                // Unsettled (PROTOCOL.md's two answers that give the ordinal
+                // back): still held by a worker (this node's recovery, or a
+                // predecessor's lease), or not recorded while the store
+                // failed under it. Asked again, as a runtime would: the same
+                // call, answered by what its row ends with. A store away for
+                // long leaves the script to a later pass, which replays it.
+                if asked.elapsed() > Duration::from_secs(30) {
+                    return Some(ordinal);
+                }
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
