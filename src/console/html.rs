@@ -102,7 +102,9 @@ pub(super) fn respond(status: StatusCode, content_type: &'static str, body: Stri
         ("content-security-policy", CONTENT_SECURITY_POLICY),
         ("x-content-type-options", "nosniff"),
         ("x-frame-options", "DENY"),
-        ("referrer-policy", "no-referrer"),
+        // Not `no-referrer`: under it a browser sends `Origin: null` with
+        // the console's own form posts, which the same-origin check refuses.
+        ("referrer-policy", "same-origin"),
         ("cache-control", "no-store"),
         ("cross-origin-opener-policy", "same-origin"),
     ] {
