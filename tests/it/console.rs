@@ -660,3 +660,63 @@ fn wrong_tokens_and_forged_posts_are_refused_with_nothing_changed() {
         );
     }
 }
+
+/// What a scripted MCP server answers and what a tenant passes it stay
+/// text on every page: an echo of hostile markup through `mcp.reads.echo`
+/// (the server's result, the tenant's argument) is listed, told in its
+/// story, and counted on the servers and tool health pages, with no
+/// element injected, no script run and the CSP on each page.
+#[test]
+fn what_servers_and_tenants_wrote_stays_text_on_every_page() {
+    if !browser_installed() {
+        return;
+    }
+    let console = Console::start();
+    let session = console.served.session();
+    let (status, body) = console.served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user",
+                "calls": [{"call_id": "echo", "name": "mcp.reads.echo",
+                           "arguments": {"text": HOSTILE}}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
+    let invocation = body["results"][0]["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let browser = Browser::start();
+    console.sign_in(&browser);
+    let pages = [
+        ("/invocations?tool_name=mcp.reads.echo", "invocation"),
+        (&*format!("/invocations/{invocation}"), "story"),
+        ("/servers", "servers"),
+        ("/health", "tool-health"),
+    ];
+    for (index, (path, name)) in pages.iter().enumerate() {
+        browser.open(&console.url(path));
+        let text = browser.text();
+        match *name {
+            "invocation" => assert!(text.contains(&invocation), "{text}"),
+            // The argument, and the server's echo of it in the result.
+            "story" => assert!(text.matches(HOSTILE).count() >= 2, "{text}"),
+            "servers" => assert!(text.contains("reads") && text.contains("echo"), "{text}"),
+            _ => assert!(text.contains("mcp.reads.echo"), "{text}"),
+        }
+        assert_eq!(browser.count("img"), 0, "{path}");
+        assert_eq!(browser.count("script"), 0, "{path}");
+        assert!(!browser.alert_open(), "a script ran on {path}");
+        browser.screenshot(&format!("{}-{name}", index + 7));
+        let cookie = format!("toolgate_console={}", browser.cookie());
+        let (status, head, _) = exchange(console.port, "GET", path, &[("Cookie", &cookie)], b"");
+        assert_eq!(status, 200, "{path}: {head}");
+        assert!(
+            head.contains(toolgate::console::CONTENT_SECURITY_POLICY),
+            "{path}: {head}"
+        );
+    }
+}
