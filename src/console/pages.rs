@@ -76,12 +76,25 @@ fn page_request(query: &Fields) -> Result<PageRequest, ConsoleError> {
     })
 }
 
-/// The filter form of a list page.
-fn filter_form(action: &str, query: &Fields, statuses: &[&str], tool_label: &str) -> String {
+/// The filter form of a list page, `status` the one listed (a list's
+/// default shows as chosen); no status choice where the list has none, and
+/// "any" only where no status is a choice (not where one is the default).
+fn filter_form(
+    action: &str,
+    query: &Fields,
+    statuses: &[&str],
+    status: Option<&str>,
+    any: bool,
+    tool_label: &str,
+) -> String {
     let value = |key| escape(query.get(key).unwrap_or_default());
-    let mut options = String::from("<option value=\"\">any</option>");
-    for status in statuses {
-        let selected = if query.get("status") == Some(status) {
+    let mut options = if any {
+        String::from("<option value=\"\">any</option>")
+    } else {
+        String::new()
+    };
+    for listed in statuses {
+        let selected = if status == Some(listed) {
             " selected"
         } else {
             ""
@@ -89,15 +102,19 @@ fn filter_form(action: &str, query: &Fields, statuses: &[&str], tool_label: &str
         let _ = write!(
             options,
             "<option value=\"{s}\"{selected}>{s}</option>",
-            s = escape(status)
+            s = escape(listed)
         );
     }
+    let choice = if statuses.is_empty() {
+        String::new()
+    } else {
+        format!("<label>Status <select name=\"status\">{options}</select></label>")
+    };
     format!(
         "<form class=\"filters\" method=\"get\" action=\"{action}\">\
          <label>Tenant <input name=\"tenant_id\" value=\"{tenant}\"></label>\
          <label>{tool_label} <input name=\"tool_name\" value=\"{tool}\"></label>\
-         <label>Status <select name=\"status\">{options}</select></label>\
-         <button type=\"submit\">Filter</button></form>",
+         {choice}<button type=\"submit\">Filter</button></form>",
         tenant = value("tenant_id"),
         tool = value("tool_name"),
     )
@@ -160,7 +177,14 @@ impl Console {
             .operator
             .list_review_items(&filter, page_request(query)?)
             .await?;
-        let mut body = filter_form("/review", query, &statuses, "Tool");
+        let mut body = filter_form(
+            "/review",
+            query,
+            &statuses,
+            filter.status.as_deref(),
+            false,
+            "Tool",
+        );
         body.push_str(
             "<p class=\"muted\">Each row is a call whose effect may have happened: toolgate \
              sent it and never heard how it ended. Find out in the remote system, then say \
@@ -291,7 +315,14 @@ impl Console {
             .operator
             .list_approvals(&filter, page_request(query)?)
             .await?;
-        let mut body = filter_form("/approvals", query, &statuses, "Tool");
+        let mut body = filter_form(
+            "/approvals",
+            query,
+            &statuses,
+            filter.status.as_deref(),
+            false,
+            "Tool",
+        );
         if page.items.is_empty() {
             body.push_str("<p id=\"empty\">Nothing here.</p>");
         } else {
@@ -409,7 +440,14 @@ impl Console {
             .operator
             .list_invocations(&filter, page_request(query)?)
             .await?;
-        let mut body = filter_form("/invocations", query, &statuses, "Tool");
+        let mut body = filter_form(
+            "/invocations",
+            query,
+            &statuses,
+            filter.status.as_deref(),
+            true,
+            "Tool",
+        );
         if page.items.is_empty() {
             body.push_str("<p id=\"empty\">Nothing here.</p>");
         } else {
@@ -555,7 +593,7 @@ impl Console {
             .operator
             .list_catalog_generations(&filter, PageRequest::default())
             .await?;
-        let mut body = filter_form("/servers", query, &[], "Server id");
+        let mut body = filter_form("/servers", query, &[], None, false, "Server id");
         body.push_str(
             "<table id=\"servers\"><tr><th>Server</th><th>Tenant</th><th>Whose</th>\
              <th>Transport</th><th>Last connection</th></tr>",
@@ -626,7 +664,7 @@ impl Console {
             .operator
             .tool_health(&filter, since(HealthWindow::Hour))
             .await?;
-        let mut body = filter_form("/health", query, &[], "Tool");
+        let mut body = filter_form("/health", query, &[], None, false, "Tool");
         body.push_str(
             "<table id=\"health\"><tr><th>Tool</th><th>Calls (hour / day)</th>\
              <th>Failures by reason (day)</th><th>p50 / p99 (day)</th>\

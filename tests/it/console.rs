@@ -286,13 +286,30 @@ impl Browser {
         }
     }
 
-    /// The page's visible text.
+    /// The page's visible text; asked again while a navigation replaces
+    /// the page under the question (a stale element).
     fn text(&self) -> String {
-        let body = self.find("body");
-        self.must("GET", &format!("/element/{body}/text"), None)
-            .as_str()
-            .unwrap()
-            .to_owned()
+        let started = Instant::now();
+        loop {
+            let text = self
+                .command(
+                    "POST",
+                    "/element",
+                    Some(json!({"using": "css selector", "value": "body"})),
+                )
+                .and_then(|body| {
+                    let body = body[ELEMENT].as_str().unwrap_or_default().to_owned();
+                    self.command("GET", &format!("/element/{body}/text"), None)
+                });
+            match text {
+                Ok(text) => return text.as_str().unwrap_or_default().to_owned(),
+                Err(error) => assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "no page text: {error}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Runs `script` in the page (WebDriver's own evaluation, which the
