@@ -737,3 +737,64 @@ fn what_servers_and_tenants_wrote_stays_text_on_every_page() {
         );
     }
 }
+
+/// Serves `page` as HTML to every request on a loopback port, until the
+/// test ends: a site of its own (another port, and reached as `localhost`).
+fn foreign_site(page: String) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buffer = [0u8; 8192];
+            let _ = stream.read(&mut buffer);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{page}",
+                page.len()
+            );
+        }
+    });
+    port
+}
+
+/// A signed-in operator's browser opens another site whose form posts an
+/// approval to the console (with the session's real CSRF token, as if it
+/// had leaked): the browser sends it cross-site, and the console refuses
+/// it; the approval stays pending and nothing is written.
+#[test]
+fn a_cross_site_form_in_the_operators_browser_decides_nothing() {
+    if !browser_installed() {
+        return;
+    }
+    let console = Console::start();
+    let (approval, _) = held_call(&console.served, "cross-site?");
+    let browser = Browser::start();
+    console.sign_in(&browser);
+    browser.open(&console.url("/approvals"));
+    let csrf = browser.script("return document.querySelector('input[name=csrf]').value");
+    let page = format!(
+        "<!doctype html><form method=\"post\" action=\"{}\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         <button id=\"forge\" name=\"decision\" value=\"approve\">Win a prize</button></form>",
+        console.url(&format!("/approvals/{TENANT}/{approval}")),
+        csrf.as_str().unwrap()
+    );
+    let site = foreign_site(page);
+    browser.open(&format!("http://localhost:{site}/"));
+    browser.click("#forge");
+    // SameSite=Strict keeps the cookie off the cross-site post, so the
+    // console sees no session and sends the browser to sign in (the
+    // origin check, which would refuse it too, is the forged-posts test's).
+    browser.wait_for("/sign-in");
+    assert!(
+        browser.text().contains("Operator token"),
+        "{}",
+        browser.text()
+    );
+    browser.screenshot("11-cross-site-form-refused");
+    let pending = console.control("/v1/approvals?status=pending").to_string();
+    assert!(pending.contains(&approval), "still pending: {pending}");
+    assert_eq!(console.served.external_writes(), 0);
+}
