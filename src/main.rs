@@ -108,9 +108,10 @@ enum Command {
 /// Where an operator command finds the sidecar, and whose records it reads.
 #[derive(clap::Args)]
 struct Operator {
-    /// The tenant whose records are read or decided.
+    /// The tenant whose records are read or decided: lists span every
+    /// tenant without it; a decision and a run's rows need it.
     #[arg(long)]
-    tenant: String,
+    tenant: Option<String>,
     /// The TOML file naming the control socket.
     #[arg(long, default_value = "config/toolgate.toml")]
     config: PathBuf,
@@ -119,9 +120,60 @@ struct Operator {
     socket: Option<PathBuf>,
 }
 
+/// What a list is narrowed to and where its page starts.
+#[derive(clap::Args)]
+struct ListFilter {
+    /// Only calls of this tool (registry name).
+    #[arg(long)]
+    tool: Option<String>,
+    /// Only rows recorded at or after this RFC 3339 time.
+    #[arg(long)]
+    since: Option<String>,
+    /// Rows per page, 1 to 500.
+    #[arg(long)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the page before.
+    #[arg(long)]
+    cursor: Option<String>,
+}
+
+impl ListFilter {
+    /// The query a list route takes, `status` first when given.
+    fn query(&self, status: Option<&str>) -> String {
+        let pairs = [
+            ("status", status.map(str::to_owned)),
+            ("tool_name", self.tool.clone()),
+            ("since", self.since.clone()),
+            ("limit", self.limit.map(|limit| limit.to_string())),
+            ("cursor", self.cursor.clone()),
+        ];
+        let query: Vec<String> = pairs
+            .into_iter()
+            .filter_map(|(key, value)| value.map(|value| format!("{key}={}", encode(&value))))
+            .collect();
+        if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum InvocationsCommand {
-    /// One recorded call.
+    /// Recorded calls, newest first, across tenants unless --tenant names
+    /// one.
+    List {
+        /// Only calls in this status (succeeded, failed, denied,
+        /// uncertain, running, waiting_for_approval, authorized).
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        filter: ListFilter,
+        #[command(flatten)]
+        operator: Operator,
+    },
+    /// One recorded call, with its events.
     Show {
         invocation_id: String,
         #[command(flatten)]
@@ -137,8 +189,14 @@ enum InvocationsCommand {
 
 #[derive(Subcommand)]
 enum ApprovalsCommand {
-    /// The tenant's pending approvals.
+    /// Approvals with the calls they would allow, newest first: pending
+    /// unless --status says otherwise.
     List {
+        #[arg(long, default_value = "pending",
+              value_parser = ["pending", "approved", "denied", "expired", "all"])]
+        status: String,
+        #[command(flatten)]
+        filter: ListFilter,
         #[command(flatten)]
         operator: Operator,
     },
@@ -164,8 +222,13 @@ enum ApprovalsCommand {
 
 #[derive(Subcommand)]
 enum ReviewCommand {
-    /// The tenant's UNCERTAIN calls not yet resolved, oldest first.
+    /// UNCERTAIN calls, newest first: those not yet resolved unless
+    /// --status says otherwise.
     List {
+        #[arg(long, default_value = "pending", value_parser = ["pending", "resolved", "all"])]
+        status: String,
+        #[command(flatten)]
+        filter: ListFilter,
         #[command(flatten)]
         operator: Operator,
     },
@@ -403,6 +466,17 @@ fn migrate(config: &std::path::Path, environment: &BTreeMap<String, String>) -> 
 /// `toolgate invocations …` over the control API.
 fn invocations(command: InvocationsCommand, environment: &BTreeMap<String, String>) -> ExitCode {
     match command {
+        InvocationsCommand::List {
+            status,
+            filter,
+            operator,
+        } => ask(
+            &operator,
+            environment,
+            Method::GET,
+            &format!("/v1/invocations{}", filter.query(status.as_deref())),
+            None,
+        ),
         InvocationsCommand::Show {
             invocation_id,
             operator,
@@ -435,11 +509,15 @@ fn approvals(command: ApprovalsCommand, environment: &BTreeMap<String, String>) 
         )
     };
     match command {
-        ApprovalsCommand::List { operator } => ask(
+        ApprovalsCommand::List {
+            status,
+            filter,
+            operator,
+        } => ask(
             &operator,
             environment,
             Method::GET,
-            "/v1/approvals?status=pending",
+            &format!("/v1/approvals{}", filter.query(Some(&status))),
             None,
         ),
         ApprovalsCommand::Approve {
@@ -458,9 +536,17 @@ fn approvals(command: ApprovalsCommand, environment: &BTreeMap<String, String>) 
 /// `toolgate review …` over the control API.
 fn review(command: ReviewCommand, environment: &BTreeMap<String, String>) -> ExitCode {
     match command {
-        ReviewCommand::List { operator } => {
-            ask(&operator, environment, Method::GET, "/v1/review", None)
-        }
+        ReviewCommand::List {
+            status,
+            filter,
+            operator,
+        } => ask(
+            &operator,
+            environment,
+            Method::GET,
+            &format!("/v1/review{}", filter.query(Some(&status))),
+            None,
+        ),
         ReviewCommand::Resolve {
             invocation_id,
             resolution,
@@ -477,8 +563,9 @@ fn review(command: ReviewCommand, environment: &BTreeMap<String, String>) -> Exi
     }
 }
 
-/// Sends one operator request for the tenant and prints the answer: the
-/// JSON on standard output, or the refusal on standard error.
+/// Sends one operator request (for the tenant, when one is named) and
+/// prints the answer: the JSON on standard output, or the refusal on
+/// standard error.
 fn ask(
     operator: &Operator,
     environment: &BTreeMap<String, String>,
@@ -498,8 +585,13 @@ fn ask(
             }
         },
     };
-    let separator = if path.contains('?') { '&' } else { '?' };
-    let target = format!("{path}{separator}tenant_id={}", encode(&operator.tenant));
+    let target = match &operator.tenant {
+        Some(tenant) => {
+            let separator = if path.contains('?') { '&' } else { '?' };
+            format!("{path}{separator}tenant_id={}", encode(tenant))
+        }
+        None => path.to_owned(),
+    };
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };

@@ -709,11 +709,21 @@ fn an_approval_holds_the_call_then_pends_and_the_same_call_asked_again_resumes_i
     let (_, body) = door
         .served
         .get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+    let listed = json_of(&body);
     assert_eq!(
-        json_of(&body)["approvals"].as_array().map(Vec::len),
+        listed["approvals"].as_array().map(Vec::len),
         Some(1),
         "never a second approval"
     );
+    // The front door recorded when the MCP request holding the call stops
+    // waiting; no bridge turn holds it.
+    let held = &listed["approvals"][0];
+    let at = |field: &str| {
+        chrono::DateTime::parse_from_rfc3339(held[field].as_str().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("{field} in {listed}"))
+    };
+    assert!(at("hold_ends_at") >= at("requested_at"), "{listed}");
+    assert_eq!(held["turn_id"], Value::Null);
 
     let (status, _) = door.served.post(
         &format!("/v1/approvals/{approval}?tenant_id={TENANT}"),

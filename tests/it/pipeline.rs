@@ -1916,8 +1916,11 @@ async fn recovery_without_standing_authority_asks_a_human_again() {
             "{name}"
         );
         let approval_id = waiting.approval_id.expect("a new approval");
-        let pending = store.pending_approvals(TENANT).await.unwrap();
-        assert!(pending.iter().any(|a| a.id == approval_id), "{name}");
+        let pending = crate::store::pending_of(store.as_ref(), TENANT).await;
+        assert!(
+            pending.iter().any(|a| a.approval_id == approval_id),
+            "{name}"
+        );
         assert!(
             harness.lines("external.log").is_empty(),
             "{name}: nothing ran"

@@ -1783,6 +1783,12 @@ fn operator_commands_work_through_the_control_api() {
         json!(approval_id),
         "{out}"
     );
+    // Without --tenant the list spans tenants.
+    let (ok, out, err) = operator(&["approvals", "list", "--config", config]);
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["approvals"][0]["tenant_id"], tenant, "{out}");
+    assert_eq!(listed["approvals"][0]["arguments"], json!({"line": "x"}));
     // Another tenant sees none of it.
     let (ok, out, _) = operator(&["approvals", "list", "--tenant", TENANT, "--config", config]);
     assert!(ok);
@@ -1824,6 +1830,29 @@ fn operator_commands_work_through_the_control_api() {
         err.trim(),
         "toolgate: 409 not_pending: no pending approval has this id"
     );
+    let (ok, out, err) = operator(&[
+        "approvals",
+        "list",
+        "--status",
+        "approved",
+        "--config",
+        config,
+    ]);
+    assert!(ok, "{err}");
+    let decided: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(decided["approvals"][0]["approver"], "ops", "{out}");
+    let (ok, out, err) = operator(&[
+        "invocations",
+        "list",
+        "--tool",
+        "demo.external_write",
+        "--limit",
+        "5",
+        "--config",
+        config,
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&invocation_id), "{out}");
 
     let (ok, out, err) = operator(&[
         "invocations",
@@ -1903,6 +1932,15 @@ fn operator_commands_work_through_the_control_api() {
     assert_eq!(
         serde_json::from_str::<Value>(&out).unwrap()["uncertain"],
         json!([])
+    );
+    // Resolved, it stays listable with its resolution, across tenants.
+    let (ok, out, err) = operator(&["review", "list", "--status", "resolved", "--config", config]);
+    assert!(ok, "{err}");
+    let resolved: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(resolved["uncertain"][0]["invocation_id"], json!(uncertain));
+    assert_eq!(
+        resolved["uncertain"][0]["resolution"]["note"],
+        "one line landed"
     );
     let (ok, _, err) = operator(&[
         "review",

@@ -39,12 +39,6 @@ pub trait ApprovalStore: Send + Sync {
         id: Uuid,
     ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>>;
 
-    /// Pending approvals of a tenant, oldest first.
-    fn pending_approvals<'a>(
-        &'a self,
-        tenant_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, StoreError>>;
-
     /// Records a decision on a pending approval; `None` when it is not
     /// pending (decided already, or unknown).
     fn decide_approval<'a>(

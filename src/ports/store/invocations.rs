@@ -717,16 +717,9 @@ pub struct QueueDepths {
     pub pending_approvals: i64,
 }
 
-/// The review queue: UNCERTAIN rows and the resolutions recorded beside them.
+/// The review queue: UNCERTAIN rows and the resolutions recorded beside
+/// them (listed by [`super::OperatorStore::list_review_items`]).
 pub trait ReviewStore: Send + Sync {
-    /// The review queue: the tenant's UNCERTAIN invocations no human has
-    /// resolved yet, oldest first, at most `limit`.
-    fn review_queue<'a>(
-        &'a self,
-        tenant_id: &'a str,
-        limit: i64,
-    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>>;
-
     /// Across every tenant: UNCERTAIN invocations not yet resolved, and
     /// approvals waiting for a decision (for the operator's gauges).
     fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>>;

@@ -319,7 +319,8 @@ pub trait OperatorStore: Send + Sync {
     ) -> BoxFuture<'a, Result<Page<ReviewItem>, StoreError>>;
 
     /// Open sessions by `opened_at` (a session's row is deleted when it
-    /// ends), with their pinned set's hash and tools.
+    /// ends), with their pinned set's hash and tools; tool and status do
+    /// not apply.
     fn list_sessions<'a>(
         &'a self,
         filter: &'a OperatorFilter,
@@ -327,7 +328,7 @@ pub trait OperatorStore: Send + Sync {
     ) -> BoxFuture<'a, Result<Page<SessionRecord>, StoreError>>;
 
     /// Turns by `opened_at`, open and closed; status is a [`TurnState`]
-    /// spelling.
+    /// spelling, and tool does not apply.
     fn list_turns<'a>(
         &'a self,
         filter: &'a OperatorFilter,
@@ -335,15 +336,16 @@ pub trait OperatorStore: Send + Sync {
     ) -> BoxFuture<'a, Result<Page<TurnRecord>, StoreError>>;
 
     /// `mcp_servers` rows by `created_at`, operator's and tenants', with
-    /// their last connection outcome; `tool_name` filters by server id.
+    /// their last connection outcome; `tool_name` filters by server id, and
+    /// status does not apply.
     fn list_servers<'a>(
         &'a self,
         filter: &'a OperatorFilter,
         page: PageRequest,
     ) -> BoxFuture<'a, Result<Page<ServerItem>, StoreError>>;
 
-    /// Catalog generations by `discovered_at`; `tool_name` filters by
-    /// server id.
+    /// Catalog generations by their first `discovered_at`; `tool_name`
+    /// filters by server id, and status does not apply.
     fn list_catalog_generations<'a>(
         &'a self,
         filter: &'a OperatorFilter,

@@ -25,26 +25,6 @@ impl ApprovalStore for PostgresStore {
         })
     }
 
-    fn pending_approvals<'a>(
-        &'a self,
-        tenant_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, StoreError>> {
-        Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let rows = sqlx::query(concat!(
-                "SELECT ",
-                approval_columns!(),
-                " FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at, id"
-            ))
-            .bind(tenant_id)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            rows.iter().map(approval).collect()
-        })
-    }
-
     fn decide_approval<'a>(
         &'a self,
         tenant_id: &'a str,

@@ -3,31 +3,6 @@
 use super::*;
 
 impl ReviewStore for PostgresStore {
-    fn review_queue<'a>(
-        &'a self,
-        tenant_id: &'a str,
-        limit: i64,
-    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
-        Box::pin(async move {
-            let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let rows = sqlx::query(concat!(
-                "SELECT ",
-                invocation_columns!(),
-                " FROM tool_invocations WHERE tenant_id = $1 AND outcome_status = 'uncertain' \
-                 AND NOT EXISTS (SELECT 1 FROM review_resolutions r \
-                 WHERE r.tenant_id = tool_invocations.tenant_id AND r.invocation_id = tool_invocations.id) \
-                 ORDER BY completed_at, id LIMIT $2"
-            ))
-            .bind(tenant_id)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(database_error)?;
-            tx.commit().await.map_err(database_error)?;
-            rows.iter().map(invocation).collect()
-        })
-    }
-
     fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::System).await?;

@@ -25,26 +25,6 @@ impl ApprovalStore for SqliteStore {
         })
     }
 
-    fn pending_approvals<'a>(
-        &'a self,
-        tenant_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<ApprovalRecord>, StoreError>> {
-        Box::pin(async move {
-            self.read(|connection| {
-                query(concat!(
-                    "SELECT ",
-                    approval_columns!(),
-                    " FROM approvals WHERE tenant_id = $1 AND status = 'pending' ORDER BY requested_at, id"
-                ))
-                .bind(tenant_id)
-                .fetch_all(connection)?
-                .iter()
-                .map(approval)
-                .collect()
-            })
-        })
-    }
-
     fn decide_approval<'a>(
         &'a self,
         tenant_id: &'a str,
