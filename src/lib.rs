@@ -13,6 +13,7 @@ pub mod app;
 pub mod bridge;
 pub mod builtin;
 pub mod config;
+pub mod console;
 pub mod domain;
 pub mod edge;
 pub mod front;

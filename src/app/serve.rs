@@ -25,6 +25,7 @@ use crate::api::ops::{Operations, OpsConnections};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
 use crate::bridge::{Bridge, BridgeParts, BridgeSettings, Turns};
 use crate::config::Config;
+use crate::console::{Console, ConsoleParts, ConsoleSettings, Operator};
 use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
 use crate::front::{Front, FrontParts, FrontSettings};
 use crate::pipeline::admission::Admission;
@@ -53,6 +54,7 @@ pub struct App {
     node: Node,
     sessions: Arc<Sessions>,
     api: Arc<ControlApi>,
+    console: Option<Arc<Console>>,
     operations: Arc<Operations>,
     warm_up: WarmUp,
     warmed: CancellationToken,
@@ -81,6 +83,7 @@ pub(super) struct Listeners {
     ops: Option<tokio::net::TcpListener>,
     front_tcp: Option<tokio::net::TcpListener>,
     front_unix: Option<tokio::net::UnixListener>,
+    console: Option<tokio::net::TcpListener>,
 }
 
 /// Builds the node `config` describes (`environment` resolves its
@@ -177,6 +180,11 @@ pub async fn build(
     } else {
         None
     };
+    let console = if config.console.enabled() {
+        Some(console(&config, &shared)?)
+    } else {
+        None
+    };
     registry_of_metrics.add_sampler(Arc::new(ServeSampler {
         in_flight: shared.in_flight.clone(),
         bridge: bridge.clone(),
@@ -207,6 +215,7 @@ pub async fn build(
         },
         sessions: shared.sessions,
         api,
+        console,
         operations,
         warm_up,
         warmed,
@@ -394,6 +403,35 @@ fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
     }))
 }
 
+/// The operators' console, with who may sign in.
+fn console(config: &Config, shared: &Shared) -> Result<Arc<Console>, AppError> {
+    let operators = config
+        .console
+        .all_operators()?
+        .into_iter()
+        .map(|operator| Operator {
+            name: operator.name,
+            sha256: operator.sha256,
+        })
+        .collect();
+    Ok(Console::new(ConsoleParts {
+        approvals: shared.approvals.clone(),
+        reviews: shared.store.clone(),
+        operator: shared.store.clone(),
+        operators,
+        in_flight: shared.in_flight.clone(),
+        connections: ConnectionCap::new(config.console.connections),
+        clock: shared.clock.clone(),
+        settings: ConsoleSettings {
+            limits: shared.limits,
+            secure_cookie: config.console.behind_tls,
+            session_lifetime: std::time::Duration::from_secs(
+                u64::from(config.console.session_minutes) * 60,
+            ),
+        },
+    }))
+}
+
 /// The bridge's settings from `[bridge]` and `[limits]`.
 fn bridge_settings(config: &Config, limits: EdgeLimits) -> BridgeSettings {
     BridgeSettings {
@@ -495,12 +533,17 @@ pub(super) async fn bind_listeners(
         }
         _ => None,
     };
+    let console = match config.console.listen {
+        Some(address) => Some(bind_tcp(address, "console.listen").await?),
+        None => None,
+    };
     Ok(Listeners {
         control: bind_control(&config.control)?,
         tcp,
         ops,
         front_tcp,
         front_unix,
+        console,
     })
 }
 
@@ -528,6 +571,7 @@ impl App {
             node,
             sessions,
             api,
+            console,
             operations,
             warm_up,
             warmed,
@@ -548,6 +592,7 @@ impl App {
             ops,
             front_tcp,
             front_unix,
+            console: console_tcp,
         } = listeners;
         let sweeper = servers.spawn_idle_sweeper();
         // The operator's servers are discovered in the background: the node
@@ -578,6 +623,11 @@ impl App {
                 ));
             }
         }
+        // Like the front door, the console stops taking connections when
+        // the drain begins; decisions in flight finish with it.
+        let serving_console = console
+            .zip(console_tcp)
+            .map(|(console, tcp)| tokio::spawn(console.serve_tcp(tcp, shutdown.clone())));
         // The operations listener answers until the process ends: a draining
         // process is not ready, and says so.
         let stop_ops = CancellationToken::new();
@@ -593,6 +643,7 @@ impl App {
                 sweeping,
                 serving_tcp,
                 serving_front,
+                serving_console,
                 serving_ops,
                 warming,
                 sweeper,
@@ -616,6 +667,7 @@ pub(super) struct Tasks {
     sweeping: tokio::task::JoinHandle<()>,
     serving_tcp: Option<tokio::task::JoinHandle<()>>,
     serving_front: Vec<tokio::task::JoinHandle<()>>,
+    serving_console: Option<tokio::task::JoinHandle<()>>,
     serving_ops: Option<tokio::task::JoinHandle<()>>,
     warming: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
@@ -680,6 +732,7 @@ impl Running {
             sweeping,
             serving_tcp,
             serving_front,
+            serving_console,
             serving_ops,
             warming,
             sweeper,
@@ -701,6 +754,9 @@ impl Running {
             }
             for serving in serving_front {
                 let _ = serving.await;
+            }
+            if let Some(serving_console) = serving_console {
+                let _ = serving_console.await;
             }
             let _ = maintenance.await;
             sweeper.abort();

@@ -15,10 +15,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod console;
 mod front;
 mod mcp;
 mod sections;
 mod values;
+pub use console::{
+    ConsoleConfig, DEFAULT_CONSOLE_CONNECTIONS, DEFAULT_CONSOLE_SESSION_MINUTES, OperatorConfig,
+};
 pub use front::{
     ApiKeyConfig, DEFAULT_FRONT_APPROVAL_HOLD_SECONDS, FrontConfig, JwtAlgorithm, JwtConfig,
     read_api_keys_file,
@@ -91,6 +95,9 @@ pub struct Config {
     /// The MCP front door.
     #[serde(default)]
     pub front: FrontConfig,
+    /// The operators' web console.
+    #[serde(default)]
+    pub console: ConsoleConfig,
 }
 
 /// One problem, at one field.
@@ -236,6 +243,7 @@ impl Config {
             resolve(file);
         }
         self.front.resolve_paths(&resolve);
+        self.console.resolve_paths(&resolve);
         if let Some(rest) = self.store.url.strip_prefix("sqlite://")
             && !rest.starts_with('/')
             && !rest.starts_with(":memory:")
@@ -265,6 +273,7 @@ impl Config {
         let mut problems = Problems::default();
         sections::validate_sections(self, &mut problems);
         self.front.validate(&mut problems);
+        self.console.validate(&mut problems);
         self.mcp
             .validate(&self.limits, &self.egress_allowlist(), &mut problems);
         problems.into_result()

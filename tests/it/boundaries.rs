@@ -614,7 +614,9 @@ fn module_edge_allowed(from: &str, to: &str) -> bool {
         // The API opens and closes turns through the bridge; the bridge never
         // uses the API. Every listener shares the edge's HTTP plumbing.
         "api" => matches!(to, "pipeline" | "ports" | "domain" | "bridge" | "edge"),
-        "bridge" | "front" => matches!(to, "pipeline" | "ports" | "domain" | "edge"),
+        "bridge" | "front" | "console" => {
+            matches!(to, "pipeline" | "ports" | "domain" | "edge")
+        }
         "edge" => matches!(to, "pipeline" | "ports" | "domain"),
         "adapters" => false,
         _ if adapter => matches!(to, "ports" | "domain"),

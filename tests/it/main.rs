@@ -9,6 +9,7 @@ mod boundaries;
 mod clients;
 mod config;
 mod conformance;
+mod console;
 mod crash;
 mod deploy;
 mod front;

@@ -1,0 +1,276 @@
+//! `[console]`: the operators' web console — its listener, who may sign
+//! in, and how its cookie is sent.
+//!
+//! Operator tokens are configured as the sha256 of the token, never the
+//! token, inline or in a file of their own (`console.operators_file`, read
+//! at start), so a leaked configuration signs nobody in.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::values::count;
+use super::{ConfigError, ConfigErrors, Problems};
+use crate::domain::valid_identifier;
+
+/// How long a console sign-in lasts: a working day.
+pub const DEFAULT_CONSOLE_SESSION_MINUTES: u32 = 480;
+/// The longest sign-in an operator may configure: a week.
+pub const MAXIMUM_CONSOLE_SESSION_MINUTES: u32 = 10_080;
+/// Connections the console holds at once: a few operators' browsers.
+pub const DEFAULT_CONSOLE_CONNECTIONS: usize = 64;
+
+/// The console. Off unless `listen` is set.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// TCP address (`127.0.0.1:8767`); off when unset. Any address other
+    /// than loopback needs `behind_tls`, since the sign-in form carries a
+    /// token.
+    pub listen: Option<SocketAddr>,
+    /// Operators who may sign in, by the sha256 of each one's token.
+    pub operators: Vec<OperatorConfig>,
+    /// A TOML file of `[[operators]]` entries, read at start.
+    pub operators_file: Option<PathBuf>,
+    /// The console is reached through a proxy that terminates TLS: its
+    /// cookie is sent with `Secure`, so a browser never sends it in clear.
+    pub behind_tls: bool,
+    /// How long a sign-in lasts, in minutes.
+    pub session_minutes: u32,
+    /// Connections held at once.
+    #[serde(deserialize_with = "count")]
+    pub connections: usize,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            listen: None,
+            operators: Vec::new(),
+            operators_file: None,
+            behind_tls: false,
+            session_minutes: DEFAULT_CONSOLE_SESSION_MINUTES,
+            connections: DEFAULT_CONSOLE_CONNECTIONS,
+        }
+    }
+}
+
+/// One operator who may sign in to the console.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// Who decides: recorded as the approver or resolver of what they
+    /// decide.
+    pub name: String,
+    /// Lowercase hex sha256 of the operator's token (`toolgate key` prints
+    /// a token and its hash).
+    pub sha256: String,
+}
+
+/// The file `console.operators_file` names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OperatorsFile {
+    #[serde(default)]
+    operators: Vec<OperatorConfig>,
+}
+
+impl ConsoleConfig {
+    /// Whether the console is served.
+    pub fn enabled(&self) -> bool {
+        self.listen.is_some()
+    }
+
+    pub(super) fn resolve_paths(&mut self, resolve: &dyn Fn(&mut PathBuf)) {
+        if let Some(file) = self.operators_file.as_mut() {
+            resolve(file);
+        }
+    }
+
+    /// Every operator, inline and from the file.
+    pub fn all_operators(&self) -> Result<Vec<OperatorConfig>, ConfigErrors> {
+        let mut operators = self.operators.clone();
+        if let Some(file) = &self.operators_file {
+            operators.extend(read_operators_file(file)?);
+        }
+        Ok(operators)
+    }
+
+    /// The section's rules; none while the console is off.
+    pub(super) fn validate(&self, problems: &mut Problems) {
+        let Some(listen) = self.listen else {
+            return;
+        };
+        if !listen.ip().is_loopback() && !self.behind_tls {
+            problems.push(
+                "console.behind_tls",
+                "must be true when console.listen is not a loopback address: the sign-in \
+                 form carries a token, which only TLS keeps off the wire",
+            );
+        }
+        problems.between(
+            "console.session_minutes",
+            self.session_minutes,
+            1,
+            MAXIMUM_CONSOLE_SESSION_MINUTES,
+        );
+        problems.at_least_one("console.connections", self.connections);
+        validate_operators(&self.operators, "console.operators", problems);
+        match self.all_operators() {
+            Ok(all) => {
+                if all.is_empty() {
+                    problems.push(
+                        "console.operators",
+                        "the console needs at least one operator (here or in operators_file)",
+                    );
+                }
+                let mut names = BTreeSet::new();
+                let mut hashes = BTreeSet::new();
+                for operator in &all {
+                    if !names.insert(operator.name.as_str()) {
+                        problems.push("console.operators_file", "repeats an operator's name");
+                    }
+                    if !hashes.insert(operator.sha256.as_str()) {
+                        problems.push("console.operators_file", "repeats an operator's hash");
+                    }
+                }
+            }
+            Err(errors) => {
+                for error in errors.0 {
+                    problems.push(
+                        format!("console.operators_file: {}", error.path),
+                        error.message,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Reads and validates an operators file: the entries, or every problem.
+fn read_operators_file(path: &Path) -> Result<Vec<OperatorConfig>, ConfigErrors> {
+    let one = |path: &str, message: String| {
+        ConfigErrors(vec![ConfigError {
+            path: path.to_owned(),
+            message,
+        }])
+    };
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        one(
+            "(file)",
+            format!("cannot read {}: {}", path.display(), error.kind()),
+        )
+    })?;
+    let deserializer = toml::Deserializer::parse(&text)
+        .map_err(|error| one("(file)", error.message().to_owned()))?;
+    let file: OperatorsFile = serde_path_to_error::deserialize(deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        one(&path, super::without_values(error.into_inner().message()))
+    })?;
+    let mut problems = Problems::default();
+    validate_operators(&file.operators, "operators", &mut problems);
+    problems.into_result().map(|()| file.operators)
+}
+
+fn validate_operators(operators: &[OperatorConfig], at: &str, problems: &mut Problems) {
+    for (index, operator) in operators.iter().enumerate() {
+        let path = |field: &str| format!("{at}[{index}].{field}");
+        if !valid_identifier(&operator.name) {
+            problems.push(
+                path("name"),
+                "must be 1 to 256 bytes without control characters",
+            );
+        }
+        let hash_ok = operator.sha256.len() == 64
+            && operator
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !hash_ok {
+            problems.push(
+                path("sha256"),
+                "must be 64 lowercase hex digits (the token's sha256, never the token)",
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(console: &ConsoleConfig) -> Vec<String> {
+        let mut problems = Problems::default();
+        console.validate(&mut problems);
+        problems.0.into_iter().map(|p| p.to_string()).collect()
+    }
+
+    fn operator(name: &str) -> OperatorConfig {
+        OperatorConfig {
+            name: name.into(),
+            sha256: crate::domain::sha256_hex(name.as_bytes()),
+        }
+    }
+
+    #[test]
+    fn an_unset_listen_checks_nothing() {
+        assert!(problems(&ConsoleConfig::default()).is_empty());
+    }
+
+    #[test]
+    fn a_console_needs_an_operator_and_tls_off_loopback() {
+        let console = ConsoleConfig {
+            listen: Some("0.0.0.0:8767".parse().unwrap()),
+            ..ConsoleConfig::default()
+        };
+        let found = problems(&console);
+        assert!(
+            found.iter().any(|p| p.starts_with("console.behind_tls")),
+            "{found:?}"
+        );
+        assert!(
+            found.iter().any(|p| p.starts_with("console.operators:")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_token_pasted_where_its_hash_belongs_is_named_not_echoed() {
+        let console = ConsoleConfig {
+            listen: Some("127.0.0.1:8767".parse().unwrap()),
+            operators: vec![
+                OperatorConfig {
+                    name: "ana".into(),
+                    sha256: "tgk_secret_token".into(),
+                },
+                operator("bo"),
+            ],
+            ..ConsoleConfig::default()
+        };
+        let found = problems(&console);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("console.operators[0].sha256"));
+        assert!(!found[0].contains("tgk_secret_token"));
+    }
+
+    #[test]
+    fn operators_are_read_from_their_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("operators.toml");
+        let hash = crate::domain::sha256_hex(b"x");
+        std::fs::write(
+            &file,
+            format!("[[operators]]\nname = \"cy\"\nsha256 = \"{hash}\"\n"),
+        )
+        .unwrap();
+        let console = ConsoleConfig {
+            listen: Some("127.0.0.1:8767".parse().unwrap()),
+            operators_file: Some(file),
+            ..ConsoleConfig::default()
+        };
+        assert!(problems(&console).is_empty());
+        assert_eq!(console.all_operators().unwrap()[0].name, "cy");
+    }
+}

@@ -1,0 +1,410 @@
+//! The operators' web console (ARCHITECTURE.md §2.4): server-rendered
+//! pages over what the stores record — the review queue, approvals, the
+//! invocations and each one's story, servers, tool health — and the two
+//! decisions an operator makes there (resolve an UNCERTAIN call, decide an
+//! approval), through the same pipeline service and store port the control
+//! API uses.
+//!
+//! Operators sign in with a token (kept as its hash) and hold a session
+//! cookie (`HttpOnly`, `SameSite=Strict`, `Secure` behind TLS); every POST
+//! carries the session's CSRF token and must not come from another site.
+//! No page runs script: the CSP allows none, and every value from a
+//! record, a tenant or a server is escaped by [`html::escape`]. Knows
+//! nothing of the adapters, the control API, the bridge or the front door.
+
+mod auth;
+mod html;
+mod pages;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode};
+use tokio_util::sync::CancellationToken;
+
+pub use auth::Operator;
+pub use html::{CONTENT_SECURITY_POLICY, escape};
+
+use crate::edge::{BodyError, ConnectionCap, EdgeLimits, InFlight, Reply, serve_connection};
+use crate::pipeline::approvals::Approvals;
+use crate::ports::{Clock, OperatorStore, ReviewStore, StoreError};
+
+/// The pause after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What the console is configured with.
+#[derive(Debug, Clone)]
+pub struct ConsoleSettings {
+    /// Body size, header and body deadlines.
+    pub limits: EdgeLimits,
+    /// Send the cookie with `Secure`: the console is reached over TLS.
+    pub secure_cookie: bool,
+    /// How long a sign-in lasts.
+    pub session_lifetime: Duration,
+}
+
+/// The parts a console is built from.
+pub struct ConsoleParts {
+    /// Decides approvals, waking whoever holds the call.
+    pub approvals: Arc<Approvals>,
+    /// Resolves review items.
+    pub reviews: Arc<dyn ReviewStore>,
+    /// The operator's lists, across tenants.
+    pub operator: Arc<dyn OperatorStore>,
+    /// Who may sign in.
+    pub operators: Vec<Operator>,
+    /// Requests in flight on every edge, for the drain.
+    pub in_flight: Arc<InFlight>,
+    /// Connections held at once.
+    pub connections: ConnectionCap,
+    /// Now, for what a decision records.
+    pub clock: Arc<dyn Clock>,
+    /// Limits and the cookie.
+    pub settings: ConsoleSettings,
+}
+
+/// The console.
+pub struct Console {
+    parts: ConsoleParts,
+    sessions: auth::Sessions,
+}
+
+/// Every way a console request can fail, each with one page
+/// ([`ConsoleError::reply`], the one rescue point).
+#[derive(Debug, thiserror::Error)]
+enum ConsoleError {
+    /// A filter, form field or path is not one the console takes; the
+    /// message names which, never its value.
+    #[error("{0}")]
+    Invalid(&'static str),
+    /// No such page or record.
+    #[error("no such page or record")]
+    NotFound,
+    /// A POST from another site, or without the session's CSRF token.
+    #[error("the request did not come from this console's own page")]
+    Forged,
+    /// The record is no longer in the state the decision needs.
+    #[error("{0}")]
+    Conflict(&'static str),
+    /// toolgate is draining and takes no decisions.
+    #[error("toolgate is shutting down")]
+    Draining,
+    /// The body was refused.
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ConsoleError {
+    /// The one error page. A store failure is logged for the operator; the
+    /// page says only that the store did not answer.
+    fn reply(self) -> Reply {
+        let status = match &self {
+            ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ConsoleError::NotFound => StatusCode::NOT_FOUND,
+            ConsoleError::Forged => StatusCode::FORBIDDEN,
+            ConsoleError::Conflict(_) => StatusCode::CONFLICT,
+            ConsoleError::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            ConsoleError::Body(BodyError::TooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
+            ConsoleError::Body(_) => StatusCode::BAD_REQUEST,
+            ConsoleError::Store(failure) => {
+                tracing::error!(error = %failure, "the store failed a console request");
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        };
+        let message = match &self {
+            ConsoleError::Store(_) => "the store did not answer".to_owned(),
+            other => other.to_string(),
+        };
+        let body = format!(
+            "<p class=\"error\">{}</p><p><a href=\"/\">Back</a></p>",
+            escape(&message)
+        );
+        html::html(status, html::page("Refused", None, &body))
+    }
+}
+
+/// A request's query or form: percent-decoded, each key at most once.
+#[derive(Debug, Default)]
+struct Fields(HashMap<String, String>);
+
+impl Fields {
+    /// Reads `a=b&c=d` (`+` as a space).
+    fn parse(text: &str) -> Result<Fields, ConsoleError> {
+        let mut map = HashMap::new();
+        for pair in text.split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let (Some(name), Some(value)) = (decode(name), decode(value)) else {
+                return Err(ConsoleError::Invalid(
+                    "a field is not valid percent-encoding",
+                ));
+            };
+            if map.insert(name, value).is_some() {
+                return Err(ConsoleError::Invalid("a field is given more than once"));
+            }
+        }
+        Ok(Fields(map))
+    }
+
+    /// A value, if given and not empty (an empty filter is no filter).
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// Percent-decodes one form component, `+` as a space.
+fn decode(component: &str) -> Option<String> {
+    let bytes = component.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while let Some(&byte) = bytes.get(index) {
+        match byte {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(index + 1..index + 3)?).ok()?;
+                if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
+                }
+                decoded.push(u8::from_str_radix(hex, 16).ok()?);
+                index += 3;
+            }
+            b'+' => {
+                decoded.push(b' ');
+                index += 1;
+            }
+            byte => {
+                decoded.push(byte);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8(decoded).ok()
+}
+
+impl Console {
+    /// The console over its parts.
+    pub fn new(parts: ConsoleParts) -> Arc<Self> {
+        let sessions =
+            auth::Sessions::new(parts.operators.clone(), parts.settings.session_lifetime);
+        Arc::new(Console { parts, sessions })
+    }
+
+    /// Serves the console on `listener` until `shutdown` fires.
+    pub async fn serve_tcp(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let stream = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        // Out of descriptors, most likely: back off rather
+                        // than spin.
+                        tracing::warn!(error = %error, "console accept failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                },
+            };
+            // Past the cap the connection is closed as soon as accepted.
+            let Some(permit) = self.parts.connections.admit() else {
+                continue;
+            };
+            let console = self.clone();
+            let header_timeout = self.parts.settings.limits.header_timeout;
+            tokio::spawn(serve_connection(
+                stream,
+                header_timeout,
+                vec![permit],
+                move |request| {
+                    let console = console.clone();
+                    async move {
+                        let in_flight = console.parts.in_flight.clone();
+                        in_flight
+                            .track(async move { console.route(request).await })
+                            .await
+                    }
+                },
+            ));
+        }
+    }
+
+    /// The route table, and the rescue point.
+    async fn route(&self, request: Request<Incoming>) -> Reply {
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let query = match Fields::parse(request.uri().query().unwrap_or_default()) {
+            Ok(query) => query,
+            Err(refused) => return refused.reply(),
+        };
+        match (&method, segments.as_slice()) {
+            (&Method::GET, ["console.css"]) => {
+                return html::respond(
+                    StatusCode::OK,
+                    "text/css; charset=utf-8",
+                    html::STYLESHEET.to_owned(),
+                );
+            }
+            (&Method::GET, ["sign-in"]) => return pages::sign_in_page(StatusCode::OK, None),
+            (&Method::POST, ["sign-in"]) => {
+                return self
+                    .sign_in(request)
+                    .await
+                    .unwrap_or_else(ConsoleError::reply);
+            }
+            _ => {}
+        }
+        let Some(session) = self.sessions.session(request.headers()) else {
+            return html::see_other("/sign-in");
+        };
+        let result = if method == Method::POST {
+            self.post(&session, &segments, request).await
+        } else if method == Method::GET {
+            self.get(&session, &segments, &query).await
+        } else {
+            Err(ConsoleError::NotFound)
+        };
+        result.unwrap_or_else(ConsoleError::reply)
+    }
+
+    /// The pages.
+    async fn get(
+        &self,
+        session: &auth::Session,
+        segments: &[&str],
+        query: &Fields,
+    ) -> Result<Reply, ConsoleError> {
+        let frame = html::Frame {
+            operator: &session.operator,
+            csrf: &session.csrf,
+        };
+        let body = match segments {
+            [""] => return Ok(html::see_other("/review")),
+            ["review"] => self.review_page(&frame, query).await?,
+            ["approvals"] => self.approvals_page(&frame, query).await?,
+            ["invocations"] => self.invocations_page(query).await?,
+            ["invocations", id] => self.story_page(id).await?,
+            ["servers"] => self.servers_page(query).await?,
+            ["health"] => self.health_page(query).await?,
+            _ => return Err(ConsoleError::NotFound),
+        };
+        let title = match segments {
+            ["review"] => "Review queue",
+            ["approvals"] => "Approvals",
+            ["invocations"] => "Invocations",
+            ["invocations", _] => "Invocation",
+            ["servers"] => "Servers",
+            _ => "Tool health",
+        };
+        Ok(html::html(
+            StatusCode::OK,
+            html::page(title, Some(&frame), &body),
+        ))
+    }
+
+    /// The decisions: every one from this console's own page, with the
+    /// session's CSRF token; none while draining.
+    async fn post(
+        &self,
+        session: &auth::Session,
+        segments: &[&str],
+        request: Request<Incoming>,
+    ) -> Result<Reply, ConsoleError> {
+        if !auth::same_origin(request.headers()) {
+            return Err(ConsoleError::Forged);
+        }
+        let headers = request.headers().clone();
+        let form = self.form(request).await?;
+        if !auth::csrf_matches(session, form.get("csrf")) {
+            return Err(ConsoleError::Forged);
+        }
+        if segments == ["sign-out"] {
+            self.sessions.close(&headers);
+            return Ok(self.with_cookie(html::see_other("/sign-in"), "", 0));
+        }
+        if self.parts.in_flight.draining() {
+            return Err(ConsoleError::Draining);
+        }
+        match segments {
+            ["review", tenant, id] => self.resolve(session, tenant, id, &form).await,
+            ["approvals", tenant, id] => self.decide(session, tenant, id, &form).await,
+            _ => Err(ConsoleError::NotFound),
+        }
+    }
+
+    /// `POST /sign-in`: a configured token opens a session.
+    async fn sign_in(&self, request: Request<Incoming>) -> Result<Reply, ConsoleError> {
+        if !auth::same_origin(request.headers()) {
+            return Err(ConsoleError::Forged);
+        }
+        let form = self.form(request).await?;
+        let Some(operator) = form.get("token").and_then(|t| self.sessions.operator(t)) else {
+            // Which of the two was wrong is not said, and the token is
+            // never logged.
+            tracing::warn!("console sign-in refused");
+            return Ok(pages::sign_in_page(
+                StatusCode::UNAUTHORIZED,
+                Some("That token does not sign anyone in."),
+            ));
+        };
+        tracing::info!(operator = %operator, "console sign-in");
+        let cookie = self.sessions.open(operator);
+        let lifetime = self.sessions.lifetime().as_secs();
+        Ok(self.with_cookie(html::see_other("/review"), &cookie, lifetime))
+    }
+
+    /// `reply` setting the session cookie to `value` for `max_age` seconds
+    /// (0 clears it).
+    fn with_cookie(&self, mut reply: Reply, value: &str, max_age: u64) -> Reply {
+        let secure = if self.parts.settings.secure_cookie {
+            "; Secure"
+        } else {
+            ""
+        };
+        let cookie = format!(
+            "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
+            auth::COOKIE_NAME
+        );
+        if let Ok(cookie) = hyper::header::HeaderValue::from_str(&cookie) {
+            reply
+                .headers_mut()
+                .insert(hyper::header::SET_COOKIE, cookie);
+        }
+        reply
+    }
+
+    /// A form body within the edge's size limit and deadline.
+    async fn form(&self, request: Request<Incoming>) -> Result<Fields, ConsoleError> {
+        let bytes =
+            crate::edge::body_bytes(request.into_body(), &self.parts.settings.limits).await?;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|_| ConsoleError::Invalid("the form is not UTF-8"))?;
+        Fields::parse(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_are_decoded_once_each() {
+        let fields = Fields::parse("a=x+y%21&b=&c=%3Cb%3E").unwrap();
+        assert_eq!(fields.get("a"), Some("x y!"));
+        assert_eq!(fields.get("b"), None);
+        assert_eq!(fields.get("c"), Some("<b>"));
+        assert!(Fields::parse("a=1&a=2").is_err());
+        assert!(Fields::parse("a=%zz").is_err());
+        assert!(Fields::parse("a=%C3").is_err());
+    }
+}
