@@ -433,11 +433,16 @@ async fn a_copied_node_folder_is_refused_while_its_original_lives() {
     // original is then the one refused.
     assert!(a.stop());
     copy.start_again();
-    assert!(
-        copy.logs.lock().unwrap().contains("copied or moved"),
-        "{}",
-        copy.logs.lock().unwrap()
-    );
+    // Its socket listens before its worker registers: the warning follows.
+    let said = eventually(Duration::from_secs(20), || async {
+        copy.logs
+            .lock()
+            .unwrap()
+            .contains("copied or moved")
+            .then_some(())
+    })
+    .await;
+    assert!(said.is_some(), "{}", copy.logs.lock().unwrap());
     let (status, logged) = refused_start(a.folder.path(), &[]);
     assert!(!status.success(), "{logged}");
     assert!(logged.contains("held by a live worker"), "{logged}");
