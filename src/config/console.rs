@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::values::count;
-use super::{ConfigError, ConfigErrors, Problems};
+use super::{ConfigErrors, Problems};
 use crate::domain::valid_identifier;
 
 /// How long a console sign-in lasts: a working day.
@@ -151,24 +151,7 @@ impl ConsoleConfig {
 
 /// Reads and validates an operators file: the entries, or every problem.
 fn read_operators_file(path: &Path) -> Result<Vec<OperatorConfig>, ConfigErrors> {
-    let one = |path: &str, message: String| {
-        ConfigErrors(vec![ConfigError {
-            path: path.to_owned(),
-            message,
-        }])
-    };
-    let text = std::fs::read_to_string(path).map_err(|error| {
-        one(
-            "(file)",
-            format!("cannot read {}: {}", path.display(), error.kind()),
-        )
-    })?;
-    let deserializer = toml::Deserializer::parse(&text)
-        .map_err(|error| one("(file)", error.message().to_owned()))?;
-    let file: OperatorsFile = serde_path_to_error::deserialize(deserializer).map_err(|error| {
-        let path = error.path().to_string();
-        one(&path, super::without_values(error.into_inner().message()))
-    })?;
+    let file: OperatorsFile = super::read_entries_file(path)?;
     let mut problems = Problems::default();
     validate_operators(&file.operators, "operators", &mut problems);
     problems.into_result().map(|()| file.operators)

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::values::{Seconds, SocketMode, count};
-use super::{ConfigError, ConfigErrors, Problems, resolve_group};
+use super::{ConfigErrors, Problems, resolve_group};
 use crate::domain::{
     MAXIMUM_LIST_ENTRIES, Principal, TrustLevel, valid_identifier, valid_tenant_id,
 };
@@ -343,24 +343,7 @@ struct ApiKeysFile {
 
 /// Reads and validates an API keys file: the entries, or every problem.
 pub fn read_api_keys_file(path: &Path) -> Result<Vec<ApiKeyConfig>, ConfigErrors> {
-    let one = |path: &str, message: String| {
-        ConfigErrors(vec![ConfigError {
-            path: path.to_owned(),
-            message,
-        }])
-    };
-    let text = std::fs::read_to_string(path).map_err(|error| {
-        one(
-            "(file)",
-            format!("cannot read {}: {}", path.display(), error.kind()),
-        )
-    })?;
-    let deserializer = toml::Deserializer::parse(&text)
-        .map_err(|error| one("(file)", error.message().to_owned()))?;
-    let file: ApiKeysFile = serde_path_to_error::deserialize(deserializer).map_err(|error| {
-        let path = error.path().to_string();
-        one(&path, super::without_values(error.into_inner().message()))
-    })?;
+    let file: ApiKeysFile = super::read_entries_file(path)?;
     let mut problems = Problems::default();
     validate_api_keys(&file.api_keys, "api_keys", &mut problems);
     problems.into_result().map(|()| file.api_keys)

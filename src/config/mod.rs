@@ -280,6 +280,29 @@ impl Config {
     }
 }
 
+/// Reads a file of entries (API keys, operators) into its typed form, or
+/// the first problem: unreadable, not TOML, or a value at its path.
+fn read_entries_file<F: serde::de::DeserializeOwned>(path: &Path) -> Result<F, ConfigErrors> {
+    let one = |at: &str, message: String| {
+        ConfigErrors(vec![ConfigError {
+            path: at.to_owned(),
+            message,
+        }])
+    };
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        one(
+            "(file)",
+            format!("cannot read {}: {}", path.display(), error.kind()),
+        )
+    })?;
+    let deserializer = toml::Deserializer::parse(&text)
+        .map_err(|error| one("(file)", error.message().to_owned()))?;
+    serde_path_to_error::deserialize(deserializer).map_err(|error| {
+        let at = error.path().to_string();
+        one(&at, without_values(error.into_inner().message()))
+    })
+}
+
 /// serde's messages quote the offending input (`unknown variant `x``,
 /// `invalid type: string "x"`); the quoted value is cut, the rest kept.
 fn without_values(message: &str) -> String {
