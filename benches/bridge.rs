@@ -21,8 +21,11 @@
 //! `scripts/test` installs the reference server (`TOOLGATE_MCP_SERVERS`).
 //! `[DATABASE_URL=postgres://…] cargo bench --bench bridge`
 //! (`TOOLGATE_BENCH_CALLS` sets part 1's calls per path, default 1000;
-//! `TOOLGATE_BENCH_SECONDS` part 2's run length, default 10;
-//! `TOOLGATE_BENCH_BINARY` measures another build of `toolgate` instead.)
+//! `TOOLGATE_BENCH_SECONDS` part 2's run length, default 10, 0 to skip it;
+//! `TOOLGATE_BENCH_BINARY` measures another build of `toolgate` instead;
+//! `TOOLGATE_BENCH_PATH` keeps one of part 1's paths, by its tool's name,
+//! and `TOOLGATE_BENCH_STORE` (`sqlite` or `postgres`) one of its stores,
+//! to profile it alone.)
 
 // These time and pace real processes from outside them: the system's clock
 // is the one they share (clippy.toml keeps it out of `src`).
@@ -539,11 +542,20 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
     let pid = served.0.id();
     let mut floor = Vec::new();
     // (tool, its argument, latencies, CPU seconds)
-    let mut paths: [(&str, &str, Vec<Duration>, f64); 3] = [
+    let paths: [(&str, &str, Vec<Duration>, f64); 3] = [
         ("mcp.ro.echo", "message", Vec::new(), 0.0),
         ("mcp.ni.echo", "message", Vec::new(), 0.0),
         ("demo.echo", "text", Vec::new(), 0.0),
     ];
+    // One path alone, to profile it (`TOOLGATE_BENCH_PATH=mcp.ro.echo`).
+    let mut paths: Vec<_> = paths.into_iter().collect();
+    if let Ok(only) = std::env::var("TOOLGATE_BENCH_PATH") {
+        paths.retain(|(tool, ..)| *tool == only);
+        assert!(
+            !paths.is_empty(),
+            "TOOLGATE_BENCH_PATH names none of the paths"
+        );
+    }
     const BLOCK: usize = 50;
     let mut i = 1000;
     while floor.len() < calls {
@@ -620,7 +632,9 @@ fn main() {
         "{:>8} | {:>16} | {:>9} | {:>9} | {:>10} | {:>14}",
         "store", "path", "p50", "p99", "added p50", "serve cpu/call"
     );
-    {
+    // One store alone, to profile it (`TOOLGATE_BENCH_STORE=postgres`).
+    let only = std::env::var("TOOLGATE_BENCH_STORE").ok();
+    if only.as_deref().is_none_or(|store| store == "sqlite") {
         let folder = tempfile::tempdir().expect("folder");
         let url = format!("sqlite://{}", folder.path().join("toolgate.db").display());
         floor_and_overhead(&toolgate, "sqlite", &url, folder.path(), calls);
@@ -629,7 +643,7 @@ fn main() {
         println!("DATABASE_URL is unset: PostgreSQL and the concurrency runs are skipped");
         return;
     };
-    {
+    if only.as_deref().is_none_or(|store| store == "postgres") {
         let schema = Schema::create(&admin_url, "bench_floor");
         let folder = tempfile::tempdir().expect("folder");
         floor_and_overhead(&toolgate, "postgres", &schema.url, folder.path(), calls);
@@ -639,6 +653,9 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
+    if seconds == 0 {
+        return;
+    }
     println!();
     println!(
         "{:>8} | {:>19} | {:>7} | {:>9} | {:>9} | {:>9} | {:>13}",

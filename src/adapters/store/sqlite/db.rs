@@ -40,6 +40,16 @@ pub(super) fn sqlite_error(error: rusqlite::Error) -> StoreError {
     }
 }
 
+/// Runs a statement without values that every transaction runs (`BEGIN`,
+/// `COMMIT`, a savepoint's): kept prepared, not parsed again each time.
+pub(super) fn run(connection: &Connection, sql: &str) -> Result<(), StoreError> {
+    connection
+        .prepare_cached(sql)
+        .and_then(|mut statement| statement.raw_execute())
+        .map(|_| ())
+        .map_err(sqlite_error)
+}
+
 /// A value a statement binds.
 pub(super) trait Bind {
     /// The value as SQLite stores it.
@@ -127,16 +137,22 @@ impl Query<'_> {
         connection: &'c Connection,
     ) -> Result<rusqlite::CachedStatement<'c>, StoreError> {
         let mut statement = connection.prepare_cached(self.sql).map_err(sqlite_error)?;
-        for (number, value) in self.values.iter().enumerate() {
-            // A statement need not use every number it is given.
-            if let Some(index) = statement
-                .parameter_index(&format!("${}", number + 1))
-                .map_err(sqlite_error)?
-            {
-                statement
-                    .raw_bind_parameter(index, value)
-                    .map_err(sqlite_error)?;
-            }
+        // SQLite numbers a statement's parameters in the order they first
+        // appear: each index's name says which `$N` it is. A statement need
+        // not use every number it is given.
+        for index in 1..=statement.parameter_count() {
+            let number = statement
+                .parameter_name(index)
+                .and_then(|name| name.strip_prefix('$'))
+                .and_then(|number| number.parse::<usize>().ok())
+                .ok_or_else(|| StoreError::Query(format!("parameter {index} is not named $N")))?;
+            let value = self
+                .values
+                .get(number.wrapping_sub(1))
+                .ok_or_else(|| StoreError::Query(format!("${number} has no value bound")))?;
+            statement
+                .raw_bind_parameter(index, value)
+                .map_err(sqlite_error)?;
         }
         Ok(statement)
     }
@@ -234,5 +250,12 @@ mod tests {
             .fetch_one(&connection)
             .unwrap();
         assert_eq!(get::<Option<i64>>(&row, "only").unwrap(), Some(7));
+        // A number it uses but is not given is.
+        assert!(matches!(
+            query("SELECT $1 AS a, $2 AS b")
+                .bind(1_i64)
+                .fetch_one(&connection),
+            Err(StoreError::Query(_))
+        ));
     }
 }

@@ -12,6 +12,7 @@
 //! converted here.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -89,26 +90,43 @@ pub struct SqliteStore {
 struct Inner {
     /// The database file.
     path: PathBuf,
-    /// The relaxed commits' connection (`synchronous = NORMAL`), used on
-    /// the calling task.
+    /// The relaxed commits' connection, used on the calling task.
     relaxed: Mutex<Connection>,
+    /// Relaxed commits so far, which time their checkpoints.
+    relaxed_commits: AtomicU64,
     /// Reader connections not in use.
     readers: Mutex<Vec<Connection>>,
-    /// The flushed commits' writer (`synchronous = FULL`). Declared last:
-    /// the other connections close before it, so the writer's is the last
-    /// one, which checkpoints the log.
+    /// The flushed commits' writer. Declared last: the other connections
+    /// close before it, so the writer's is the last one, which checkpoints
+    /// the log.
     writer: GroupWriter,
 }
 
-/// How a connection commits.
+/// What a connection is for, which sets how it commits and what it keeps.
 #[derive(Debug, Clone, Copy)]
-enum Synchronous {
-    /// A commit survives power loss, not only a crash.
-    Full,
-    /// A commit reaches the log at once and the disk at the next flushed
-    /// commit or checkpoint.
-    Normal,
+enum Role {
+    /// The flushed commits' writer (`synchronous = FULL`: a commit survives
+    /// power loss, not only a crash), which also checkpoints the log.
+    Writer,
+    /// The relaxed commits' connection (`synchronous = NORMAL`: a commit
+    /// reaches the log at once and the disk at the next flushed commit or
+    /// checkpoint). It never checkpoints: that would put two fsyncs on the
+    /// calling task; it asks the writer instead.
+    Relaxed,
+    /// A reader, or a migration's own connection.
+    Other,
 }
+
+/// Pages each writing connection keeps (in KiB, as SQLite's negative
+/// `cache_size` counts): the indexes a call's row goes into are keyed by
+/// random ids, so a small cache reads a page back from the file for nearly
+/// every insert.
+const WRITER_CACHE_KIB: i64 = 32 << 10;
+
+/// Relaxed commits between the checkpoints they ask the writer for (some
+/// five thousand log pages, 20 MiB): a page that every call writes (a
+/// table's last) is copied once for all the calls between two checkpoints.
+const RELAXED_COMMITS_PER_CHECKPOINT: u64 = 500;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -129,7 +147,7 @@ fn database_path(url: &str) -> Result<PathBuf, StoreError> {
     Ok(PathBuf::from(path))
 }
 
-fn open(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError> {
+fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
     let connection = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -142,15 +160,19 @@ fn open(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError>
         .map_err(sqlite_error)?;
     connection.set_prepared_statement_cache_capacity(db::STATEMENT_CACHE);
     connection
-        .execute_batch(match synchronous {
-            Synchronous::Full => {
-                "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON"
-            }
-            Synchronous::Normal => {
-                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON"
-            }
-        })
+        .execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON")
         .map_err(sqlite_error)?;
+    let settings = match role {
+        Role::Writer => {
+            format!("PRAGMA synchronous = FULL; PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+        }
+        Role::Relaxed => format!(
+            "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -{WRITER_CACHE_KIB}; \
+             PRAGMA wal_autocheckpoint = 0"
+        ),
+        Role::Other => "PRAGMA synchronous = FULL".to_owned(),
+    };
+    connection.execute_batch(&settings).map_err(sqlite_error)?;
     Ok(connection)
 }
 
@@ -165,13 +187,8 @@ fn transaction<T>(
     if !connection.is_autocommit() {
         let _ = connection.execute_batch("ROLLBACK");
     }
-    connection.execute_batch(begin).map_err(sqlite_error)?;
-    let done = work(connection).and_then(|value| {
-        connection
-            .execute_batch("COMMIT")
-            .map_err(sqlite_error)
-            .map(|()| value)
-    });
+    db::run(connection, begin)?;
+    let done = work(connection).and_then(|value| db::run(connection, "COMMIT").map(|()| value));
     if done.is_err() && !connection.is_autocommit() {
         let _ = connection.execute_batch("ROLLBACK");
     }
@@ -190,12 +207,13 @@ impl SqliteStore {
                 .map_err(|e| StoreError::Unavailable(format!("database folder: {}", e.kind())))?;
         }
         // The first connection sets the file's WAL mode.
-        let writer = GroupWriter::start(open(&path, Synchronous::Full)?)?;
-        let relaxed = Mutex::new(open(&path, Synchronous::Normal)?);
+        let writer = GroupWriter::start(open(&path, Role::Writer)?)?;
+        let relaxed = Mutex::new(open(&path, Role::Relaxed)?);
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 readers: Mutex::new(Vec::new()),
                 relaxed,
+                relaxed_commits: AtomicU64::new(0),
                 writer,
                 path,
             }),
@@ -239,8 +257,12 @@ impl SqliteStore {
         &self,
         work: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let connection = lock(&self.inner.relaxed);
-        transaction(&connection, "BEGIN IMMEDIATE", work)
+        let committed = transaction(&lock(&self.inner.relaxed), "BEGIN IMMEDIATE", work);
+        let commits = self.inner.relaxed_commits.fetch_add(1, Ordering::Relaxed) + 1;
+        if commits.is_multiple_of(RELAXED_COMMITS_PER_CHECKPOINT) {
+            self.inner.writer.checkpoint();
+        }
+        committed
     }
 
     /// A read on a reader connection, one snapshot for its statements.
@@ -251,7 +273,7 @@ impl SqliteStore {
         let kept = lock(&self.inner.readers).pop();
         let connection = match kept {
             Some(connection) => connection,
-            None => open(&self.inner.path, Synchronous::Normal)?,
+            None => open(&self.inner.path, Role::Other)?,
         };
         let read = transaction(&connection, "BEGIN", work);
         let mut readers = lock(&self.inner.readers);
@@ -266,7 +288,7 @@ impl SqliteStore {
     /// others reference, which SQLite does with them off, and they cannot be
     /// turned off inside a transaction), checking them before the commit.
     fn migrate_now(&self) -> Result<Vec<i64>, StoreError> {
-        let connection = open(&self.inner.path, Synchronous::Full)?;
+        let connection = open(&self.inner.path, Role::Other)?;
         create_migrations_table(&connection)?;
         connection
             .execute_batch("PRAGMA foreign_keys = OFF")
@@ -542,5 +564,51 @@ mod tests {
         for refused in ["sqlite::memory:", "sqlite://", "postgres://x"] {
             assert!(database_path(refused).is_err(), "{refused}");
         }
+    }
+
+    /// A relaxed commit never checkpoints on its calling task, even past
+    /// the log size SQLite would checkpoint at by itself; the writer thread
+    /// does, when relaxed commits ask.
+    #[tokio::test]
+    async fn relaxed_commits_leave_their_checkpoints_to_the_writer() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("toolgate.db");
+        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        let insert = |connection: &Connection| {
+            query("INSERT INTO pages (body) VALUES (zeroblob(8192))")
+                .execute(connection)
+                .map(|_| ())
+        };
+        store
+            .relaxed(|connection| {
+                connection
+                    .execute_batch("CREATE TABLE pages (body BLOB)")
+                    .map_err(sqlite_error)
+            })
+            .unwrap();
+        let size = || std::fs::metadata(&path).unwrap().len();
+        let before = size();
+        // Three pages a row: some 1,500 in the log, past SQLite's 1,000.
+        for _ in 2..RELAXED_COMMITS_PER_CHECKPOINT {
+            store.relaxed(insert).unwrap();
+        }
+        assert_eq!(size(), before, "a relaxed commit checkpointed the log");
+        store.relaxed(insert).unwrap();
+        for _ in 0..200 {
+            if size() > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(size() > before, "the writer did not checkpoint the log");
+        let rows = store
+            .read(|connection| query("SELECT count(*) AS n FROM pages").fetch_one(connection))
+            .unwrap();
+        assert_eq!(
+            get::<i64>(&rows, "n").unwrap(),
+            i64::try_from(RELAXED_COMMITS_PER_CHECKPOINT - 1).unwrap()
+        );
     }
 }

@@ -4,6 +4,8 @@
 //! own. Every write in the group is on disk after one fsync; a write that
 //! fails is rolled back to its savepoint alone. Throughput of writes that
 //! must be durable grows with concurrency instead of queueing on the disk.
+//! The log's checkpoints run here too, between groups: a checkpoint copies
+//! pages and fsyncs twice, work no calling task should wait on.
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -11,7 +13,7 @@ use std::thread::JoinHandle;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use super::db::sqlite_error;
+use super::db::run;
 use crate::ports::StoreError;
 
 /// Writes committed together at most: a group is bounded, so one commit's
@@ -64,18 +66,27 @@ where
     }
 }
 
+/// What the writer thread is asked to do.
+enum Message {
+    /// A write for the next group.
+    Write(Box<dyn Job>),
+    /// Copy what the log holds into the database, without waiting on
+    /// readers or writers (`PASSIVE`).
+    Checkpoint,
+}
+
 /// The writer thread and the queue to it. Dropping it lets the thread
 /// finish what is queued and waits for it, so its connection is closed
 /// when this returns.
 pub(super) struct GroupWriter {
-    queue: Option<mpsc::Sender<Box<dyn Job>>>,
+    queue: Option<mpsc::Sender<Message>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl GroupWriter {
     /// Starts the thread over `connection`.
     pub(super) fn start(connection: Connection) -> Result<GroupWriter, StoreError> {
-        let (queue, jobs) = mpsc::channel::<Box<dyn Job>>();
+        let (queue, jobs) = mpsc::channel::<Message>();
         let thread = std::thread::Builder::new()
             .name("toolgate-sqlite-writer".into())
             .spawn(move || write_groups(&connection, &jobs))
@@ -102,9 +113,17 @@ impl GroupWriter {
         self.queue
             .as_ref()
             .ok_or_else(closed)?
-            .send(job)
+            .send(Message::Write(job))
             .map_err(|_| closed())?;
         answer.await.map_err(|_| closed())?
+    }
+
+    /// Asks for a checkpoint after the groups queued before it; does not
+    /// wait for it.
+    pub(super) fn checkpoint(&self) {
+        if let Some(queue) = &self.queue {
+            let _ = queue.send(Message::Checkpoint);
+        }
     }
 }
 
@@ -129,12 +148,23 @@ fn again(error: &StoreError) -> StoreError {
     }
 }
 
-fn write_groups(connection: &Connection, jobs: &mpsc::Receiver<Box<dyn Job>>) {
-    while let Ok(first) = jobs.recv() {
+fn write_groups(connection: &Connection, messages: &mpsc::Receiver<Message>) {
+    let mut next = messages.recv().ok();
+    while let Some(message) = next.take() {
+        let first = match message {
+            Message::Write(job) => job,
+            Message::Checkpoint => {
+                checkpoint(connection);
+                next = messages.recv().ok();
+                continue;
+            }
+        };
         let mut group = vec![first];
+        let mut checkpoint_after = false;
         while group.len() < MAXIMUM_GROUP {
-            match jobs.try_recv() {
-                Ok(job) => group.push(job),
+            match messages.try_recv() {
+                Ok(Message::Write(job)) => group.push(job),
+                Ok(Message::Checkpoint) => checkpoint_after = true,
                 Err(_) => break,
             }
         }
@@ -142,6 +172,18 @@ fn write_groups(connection: &Connection, jobs: &mpsc::Receiver<Box<dyn Job>>) {
         for job in group {
             job.finish(committed.as_ref().map(|_| ()).map_err(again));
         }
+        if checkpoint_after {
+            checkpoint(connection);
+        }
+        next = messages.recv().ok();
+    }
+}
+
+/// A passive checkpoint: what it cannot copy now (a reader still needs it)
+/// the next one copies, so its failure is only logged.
+fn checkpoint(connection: &Connection) {
+    if let Err(error) = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::debug!(error = %error, "a checkpoint of the store's log did not run");
     }
 }
 
@@ -150,24 +192,16 @@ fn commit_group(connection: &Connection, group: &mut [Box<dyn Job>]) -> Result<(
     if !connection.is_autocommit() {
         let _ = connection.execute_batch("ROLLBACK");
     }
-    connection
-        .execute_batch("BEGIN IMMEDIATE")
-        .map_err(sqlite_error)?;
+    run(connection, "BEGIN IMMEDIATE")?;
     let ran = (|| {
         for job in group.iter_mut() {
-            connection
-                .execute_batch("SAVEPOINT write")
-                .map_err(sqlite_error)?;
+            run(connection, "SAVEPOINT write")?;
             if !job.run(connection) {
-                connection
-                    .execute_batch("ROLLBACK TO write")
-                    .map_err(sqlite_error)?;
+                run(connection, "ROLLBACK TO write")?;
             }
-            connection
-                .execute_batch("RELEASE write")
-                .map_err(sqlite_error)?;
+            run(connection, "RELEASE write")?;
         }
-        connection.execute_batch("COMMIT").map_err(sqlite_error)
+        run(connection, "COMMIT")
     })();
     if ran.is_err() {
         let _ = connection.execute_batch("ROLLBACK");
