@@ -119,8 +119,8 @@ enum Role {
 
 /// Pages each writing connection keeps (in KiB, as SQLite's negative
 /// `cache_size` counts): the indexes a call's row goes into are keyed by
-/// random ids, so a small cache reads a page back from the file for nearly
-/// every insert.
+/// random ids, so the pages it touches are spread over whole indexes, of
+/// which SQLite's default 2 MiB holds little.
 const WRITER_CACHE_KIB: i64 = 32 << 10;
 
 /// Relaxed commits between the checkpoints they ask the writer for (some

@@ -149,15 +149,10 @@ fn again(error: &StoreError) -> StoreError {
 }
 
 fn write_groups(connection: &Connection, messages: &mpsc::Receiver<Message>) {
-    let mut next = messages.recv().ok();
-    while let Some(message) = next.take() {
-        let first = match message {
-            Message::Write(job) => job,
-            Message::Checkpoint => {
-                checkpoint(connection);
-                next = messages.recv().ok();
-                continue;
-            }
+    while let Ok(message) = messages.recv() {
+        let Message::Write(first) = message else {
+            checkpoint(connection);
+            continue;
         };
         let mut group = vec![first];
         let mut checkpoint_after = false;
@@ -175,7 +170,6 @@ fn write_groups(connection: &Connection, messages: &mpsc::Receiver<Message>) {
         if checkpoint_after {
             checkpoint(connection);
         }
-        next = messages.recv().ok();
     }
 }
 
