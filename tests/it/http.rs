@@ -59,6 +59,10 @@ fn spawn_at(address: &str, folder: &Path, env: &[(&str, String)]) -> (Child, u16
             "SCRIPTED_REQUESTS",
             folder.join("requests").display().to_string(),
         )
+        .env(
+            "SCRIPTED_CONNECTIONS",
+            folder.join("connections").display().to_string(),
+        )
         .envs(env.iter().map(|(name, value)| (*name, value)))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -120,6 +124,14 @@ impl ScriptedHttp {
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+
+    /// How many connections it has accepted.
+    pub fn connections(&self) -> usize {
+        std::fs::read_to_string(self.path("connections"))
+            .unwrap_or_default()
+            .lines()
+            .count()
     }
 
     /// The POSTs seen since `mark` requests.
@@ -280,6 +292,60 @@ async fn gate_11_an_http_mcp_call_passes_the_same_steps_as_a_builtin() {
             .iter()
             .any(|(kind, body)| kind == "mcp.server.connected" && body["transport"] == "http"),
         "{recorded:?}"
+    );
+    live.servers.shutdown().await;
+}
+
+/// A server that answers every call with an event stream is not dialled
+/// again for each: a stream read to its end leaves its connection kept for
+/// the next request, as a JSON answer does.
+#[tokio::test]
+async fn calls_answered_with_streams_reuse_kept_connections() {
+    // rmcp's service answers every request with an event stream unless told
+    // to answer with JSON; the scripted server keeps that default.
+    let server = ScriptedHttp::start(&[]);
+    let (store, _db) = sqlite().await;
+    let live = live_http(
+        store,
+        vec![http_server(
+            "reads",
+            &server.url(),
+            no_auth(),
+            idempotent("reads"),
+        )],
+        Arc::new(loopback_dialer(&[server.port])),
+    )
+    .await;
+    live.prepare().await;
+    let outcome = live.call("mcp.reads.echo", json!({"text": "first"})).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    let (opened, posted) = (server.connections(), server.requests().len());
+    assert!(opened > 0, "the server counts the connections it accepts");
+    for n in 0..20 {
+        let outcome = live
+            .call("mcp.reads.echo", json!({"text": format!("call {n}")}))
+            .await;
+        assert_eq!(
+            status(&outcome),
+            ToolOutcomeStatus::Succeeded,
+            "{outcome:?}"
+        );
+    }
+    let answered_with_streams = server
+        .requests()
+        .iter()
+        .skip(posted)
+        .filter(|line| line.starts_with("POST /mcp 200"))
+        .count();
+    assert_eq!(answered_with_streams, 20, "{:?}", server.requests());
+    assert_eq!(
+        server.connections(),
+        opened,
+        "20 calls answered with streams dialled new connections"
     );
     live.servers.shutdown().await;
 }

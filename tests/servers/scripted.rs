@@ -894,6 +894,11 @@ mod http {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
+            log_connection();
+            // As servers in the field do (Node's, axum's): without it, the
+            // answer that follows a stream's first event waits for the
+            // client's delayed acknowledgement on a kept connection.
+            let _ = stream.set_nodelay(true);
             let service = service.clone();
             let tls = tls.clone();
             tokio::spawn(async move {
@@ -924,6 +929,18 @@ mod http {
                     }
                 }
             });
+        }
+    }
+
+    /// One line per connection accepted, so a test can count them.
+    fn log_connection() {
+        if let Some(path) = env("SCRIPTED_CONNECTIONS")
+            && let Ok(mut file) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+        {
+            let _ = writeln!(file, "accepted");
         }
     }
 

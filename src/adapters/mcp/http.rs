@@ -13,10 +13,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use futures::{StreamExt as _, TryStreamExt as _};
 use http_body_util::{BodyExt as _, Full};
-use hyper::body::{Bytes, Incoming};
+use hyper::body::{Body as _, Bytes, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -38,12 +38,19 @@ use crate::ports::{DialError, EgressDialer};
 
 /// Idle keep-alive connections kept per server.
 const IDLE_CONNECTIONS: usize = 8;
+/// How long a kept connection may take to become ready before a new one is
+/// dialled instead.
+const IDLE_READY: Duration = Duration::from_millis(100);
 /// rmcp's `Last-Event-Id`, in the lowercase a static header name needs.
 const LAST_EVENT_ID: &str = "last-event-id";
 /// rmcp's `Mcp-Session-Id`, likewise.
 const SESSION_ID: &str = "mcp-session-id";
-/// The largest error body read (and then dropped) from a non-success answer.
+/// The largest error body read (and then dropped) from a non-success answer,
+/// and the most of a stream read after its reader let go.
 const MAXIMUM_ERROR_BODY: usize = 64 << 10;
+/// How long the rest of a stream its reader let go is read for, so its
+/// connection can be kept.
+const STREAM_DRAIN: Duration = Duration::from_secs(1);
 
 /// Why a request did not produce an answer. Nothing a server said is in a
 /// message.
@@ -138,18 +145,24 @@ impl EgressClient {
         }
     }
 
-    fn take_idle(&self) -> Option<Idle> {
-        let mut idle = self
-            .inner
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        while let Some(connection) = idle.pop() {
-            if connection.sender.is_ready() && !connection.sender.is_closed() {
+    /// A kept connection that is still open and ready for a request.
+    async fn take_idle(&self) -> Option<Idle> {
+        loop {
+            let mut connection = self
+                .inner
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop()?;
+            if connection.sender.is_closed() {
+                continue;
+            }
+            // A connection whose answer has just ended may not yet have
+            // said it is ready for the next request.
+            if let Ok(Ok(())) = tokio::time::timeout(IDLE_READY, connection.sender.ready()).await {
                 return Some(connection);
             }
         }
-        None
     }
 
     fn put_idle(&self, connection: Idle) {
@@ -201,7 +214,7 @@ impl EgressClient {
                 .body(Full::new(body.clone()))
                 .map_err(|_| HttpError::Request)
         };
-        let mut kept = self.take_idle();
+        let mut kept = self.take_idle().await;
         loop {
             let reused = kept.is_some();
             let mut connection = match kept.take() {
@@ -264,13 +277,15 @@ impl EgressClient {
         Ok(bytes)
     }
 
-    /// An SSE body, each event bounded by the ceiling in flight.
-    fn events(&self, response: Response<Incoming>) -> BoxStream<'static, Result<Sse, SseError>> {
+    /// An SSE body, each event bounded by the ceiling in flight, its
+    /// connection kept once the body has ended (see [`StreamBody`]).
+    fn events(&self, answer: Answer) -> BoxStream<'static, Result<Sse, SseError>> {
         let ceilings = self.inner.ceilings.clone();
-        let bytes = response
-            .into_body()
-            .into_data_stream()
-            .map_err(|_| HttpError::Connection);
+        let bytes = StreamBody {
+            body: Some(answer.response.into_body()),
+            connection: answer.reusable,
+            client: self.clone(),
+        };
         SseStream::from_bytes_stream(bounded_events(bytes, ceilings)).boxed()
     }
 
@@ -296,6 +311,73 @@ impl EgressClient {
             )));
         }
         None
+    }
+}
+
+/// An event stream's body, and the connection it came on. Read to its end,
+/// the connection is kept for the next request, as after a body read whole.
+/// Dropped before its end (rmcp stops reading a call's stream once its
+/// answer is in), the rest is read in the background, within
+/// [`STREAM_DRAIN`] and [`MAXIMUM_ERROR_BODY`], and the connection kept if
+/// it ends: otherwise a server that answers every call with a stream would
+/// be dialled again for each. A body that fails is never kept.
+struct StreamBody {
+    body: Option<Incoming>,
+    connection: Option<Idle>,
+    client: EgressClient,
+}
+
+impl futures::Stream for StreamBody {
+    type Item = Result<Bytes, HttpError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        loop {
+            match std::task::ready!(std::pin::Pin::new(&mut *body).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        return Poll::Ready(Some(Ok(data)));
+                    }
+                }
+                Some(Err(_)) => {
+                    this.body = None;
+                    this.connection = None;
+                    return Poll::Ready(Some(Err(HttpError::Connection)));
+                }
+                None => {
+                    this.body = None;
+                    if let Some(connection) = this.connection.take() {
+                        this.client.put_idle(connection);
+                    }
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for StreamBody {
+    fn drop(&mut self) {
+        let (Some(body), Some(connection)) = (self.body.take(), self.connection.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        runtime.spawn(async move {
+            let rest = read_within(body, MAXIMUM_ERROR_BODY);
+            if let Ok(Ok(_)) = tokio::time::timeout(STREAM_DRAIN, rest).await {
+                client.put_idle(connection);
+            }
+        });
     }
 }
 
@@ -500,7 +582,7 @@ impl StreamableHttpClient for EgressClient {
         let kind = content_type(&answer.response);
         if status.is_success() && kind.starts_with(EVENT_STREAM_MIME_TYPE) {
             return Ok(StreamableHttpPostResponse::Sse(
-                self.events(answer.response),
+                self.events(answer),
                 session,
             ));
         }
@@ -621,7 +703,7 @@ impl StreamableHttpClient for EgressClient {
                 format!("HTTP {}", status.as_u16()).into(),
             ));
         }
-        Ok(self.events(answer.response))
+        Ok(self.events(answer))
     }
 }
 
