@@ -32,6 +32,11 @@ pub use turn::{
     TurnBinding, Turns, call_id,
 };
 
+/// How long past its expiry a turn still open is left to its own node's
+/// sweep before any node records it as expired: several sweeps, and more
+/// than the clock skew nodes are allowed.
+const ABANDONED_TURN_GRACE: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
+
 /// How turns behave.
 #[derive(Debug, Clone)]
 pub struct BridgeSettings {
@@ -314,6 +319,15 @@ impl Bridge {
             .collect();
         for id in expired {
             self.close_turn(id, crate::domain::TurnState::Expired).await;
+        }
+        // Any node's sweep records what a stopped node left open. The grace
+        // leaves each live node's own turns to its own sweep, which records
+        // their calls.
+        let before = now - ABANDONED_TURN_GRACE;
+        match self.parts.turn_records.expire_abandoned_turns(before).await {
+            Ok(0) => {}
+            Ok(expired) => tracing::info!(turns = expired, "abandoned turns recorded as expired"),
+            Err(failure) => tracing::warn!(error = %failure, "abandoned turns not expired"),
         }
     }
 

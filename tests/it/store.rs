@@ -2558,6 +2558,46 @@ async fn operator_lists_keep_decisions_and_their_events() {
             (suspended[0].calls, suspended[0].closed_at),
             (3, Some(closed_at))
         );
+
+        // A stopped node's turns: the one past the grace is recorded as
+        // expired at its expiry, its calls kept; the one within it is left
+        // to its own node.
+        let abandoned = TurnRecord {
+            turn_id: Uuid::new_v4(),
+            calls: 2,
+            opened_at: now() - Duration::minutes(20),
+            expires_at: now() - Duration::minutes(10),
+            ..turn.clone()
+        };
+        let recent = TurnRecord {
+            turn_id: Uuid::new_v4(),
+            opened_at: now() - Duration::minutes(2),
+            expires_at: now() - Duration::minutes(1),
+            ..turn.clone()
+        };
+        store.record_turn(&abandoned).await.unwrap();
+        store.record_turn(&recent).await.unwrap();
+        let grace = now() - Duration::minutes(5);
+        assert_eq!(
+            store.expire_abandoned_turns(grace).await.unwrap(),
+            1,
+            "{name}"
+        );
+        assert_eq!(
+            store.expire_abandoned_turns(grace).await.unwrap(),
+            0,
+            "{name}: once"
+        );
+        assert_eq!(turns("open").await, vec![recent.clone()], "{name}");
+        assert_eq!(
+            turns("expired").await,
+            vec![TurnRecord {
+                state: TurnState::Expired,
+                closed_at: Some(abandoned.expires_at),
+                ..abandoned.clone()
+            }],
+            "{name}"
+        );
     }
 }
 

@@ -136,6 +136,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "what the operator's lists read",
         sql: include_str!("../../../migrations/postgres/0020_operator_reads.sql"),
     },
+    Migration {
+        version: 21,
+        description: "the turns still open, by expiry",
+        sql: include_str!("../../../migrations/postgres/0021_open_turns.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -234,6 +239,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 20,
         description: "what the operator's lists read",
         sql: include_str!("../../../migrations/sqlite/0020_operator_reads.sql"),
+    },
+    Migration {
+        version: 21,
+        description: "the turns still open, by expiry",
+        sql: include_str!("../../../migrations/sqlite/0021_open_turns.sql"),
     },
 ];
 

@@ -376,6 +376,15 @@ pub trait TurnStore: Send + Sync {
         calls: i64,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Records as expired, at their expiry, the turns still open that
+    /// expired before `before`: turns whose node stopped without closing
+    /// them (their tokens died with their expiry wherever they were
+    /// served). Their call counts stay as recorded. Returns how many.
+    fn expire_abandoned_turns(
+        &self,
+        before: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<u64, StoreError>>;
 }
 
 #[cfg(test)]

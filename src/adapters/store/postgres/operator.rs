@@ -330,4 +330,24 @@ impl TurnStore for PostgresStore {
             Ok(closed == 1)
         })
     }
+
+    fn expire_abandoned_turns(
+        &self,
+        before: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let expired = sqlx::query(
+                "UPDATE turns SET state = 'expired', closed_at = expires_at \
+                 WHERE state = 'open' AND expires_at < $1",
+            )
+            .bind(before)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?
+            .rows_affected();
+            tx.commit().await.map_err(database_error)?;
+            Ok(expired)
+        })
+    }
 }

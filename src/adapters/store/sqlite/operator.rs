@@ -310,4 +310,21 @@ impl TurnStore for SqliteStore {
             })
         })
     }
+
+    fn expire_abandoned_turns(
+        &self,
+        before: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            self.relaxed(|connection| {
+                let expired = query(
+                    "UPDATE turns SET state = 'expired', closed_at = expires_at \
+                     WHERE state = 'open' AND expires_at < $1",
+                )
+                .bind(micros(before))
+                .execute(connection)?;
+                Ok(expired as u64)
+            })
+        })
+    }
 }
