@@ -237,6 +237,21 @@ async fn live_http(
     .await
 }
 
+/// A harness whose one server, `reads`, is the scripted `server`.
+async fn live_reads(store: Arc<dyn Store>, server: &ScriptedHttp, auth: AuthSettings) -> Live {
+    live_http(
+        store,
+        vec![http_server(
+            "reads",
+            &server.url(),
+            auth,
+            idempotent("reads"),
+        )],
+        Arc::new(loopback_dialer(&[server.port])),
+    )
+    .await
+}
+
 fn disconnected_codes(recorded: &[(String, Value)]) -> Vec<String> {
     recorded
         .iter()
@@ -251,17 +266,7 @@ fn disconnected_codes(recorded: &[(String, Value)]) -> Vec<String> {
 async fn gate_11_an_http_mcp_call_passes_the_same_steps_as_a_builtin() {
     let server = ScriptedHttp::start(&[]);
     let (store, _db) = sqlite().await;
-    let live = live_http(
-        store,
-        vec![http_server(
-            "reads",
-            &server.url(),
-            no_auth(),
-            idempotent("reads"),
-        )],
-        Arc::new(loopback_dialer(&[server.port])),
-    )
-    .await;
+    let live = live_reads(store, &server, no_auth()).await;
     let prepared = live.prepare().await;
     assert!(
         prepared.registered.contains(&"mcp.reads.echo".to_owned()),
@@ -305,17 +310,7 @@ async fn calls_answered_with_streams_reuse_kept_connections() {
     // to answer with JSON; the scripted server keeps that default.
     let server = ScriptedHttp::start(&[]);
     let (store, _db) = sqlite().await;
-    let live = live_http(
-        store,
-        vec![http_server(
-            "reads",
-            &server.url(),
-            no_auth(),
-            idempotent("reads"),
-        )],
-        Arc::new(loopback_dialer(&[server.port])),
-    )
-    .await;
+    let live = live_reads(store, &server, no_auth()).await;
     live.prepare().await;
     let outcome = live.call("mcp.reads.echo", json!({"text": "first"})).await;
     assert_eq!(
@@ -357,17 +352,7 @@ async fn calls_answered_with_streams_reuse_kept_connections() {
 async fn gate_12_an_http_server_that_drops_mid_call_is_unavailable_and_the_run_goes_on() {
     let mut server = ScriptedHttp::start(&[]);
     let (store, _db) = sqlite().await;
-    let live = live_http(
-        store.clone(),
-        vec![http_server(
-            "reads",
-            &server.url(),
-            no_auth(),
-            idempotent("reads"),
-        )],
-        Arc::new(loopback_dialer(&[server.port])),
-    )
-    .await;
+    let live = live_reads(store.clone(), &server, no_auth()).await;
     live.prepare().await;
     let outcome = live.call("mcp.reads.die", json!({})).await;
     assert_eq!(
@@ -614,17 +599,7 @@ async fn a_401_at_connect_fails_the_server_with_a_stable_code() {
         }
         let server = ScriptedHttp::start(&env);
         let (store, _db) = sqlite().await;
-        let live = live_http(
-            store.clone(),
-            vec![http_server(
-                "reads",
-                &server.url(),
-                bearer(&credential),
-                idempotent("reads"),
-            )],
-            Arc::new(loopback_dialer(&[server.port])),
-        )
-        .await;
+        let live = live_reads(store.clone(), &server, bearer(&credential)).await;
         let prepared = live.prepare().await;
         assert!(
             !prepared
@@ -686,17 +661,7 @@ async fn oauth2_client_credentials_are_exchanged_through_egress() {
             token_scopes: vec!["mcp:read".into()],
         };
         let (store, _db) = sqlite().await;
-        let live = live_http(
-            store.clone(),
-            vec![http_server(
-                "reads",
-                &server.url(),
-                auth,
-                idempotent("reads"),
-            )],
-            Arc::new(loopback_dialer(&[server.port])),
-        )
-        .await;
+        let live = live_reads(store.clone(), &server, auth).await;
         live.prepare().await;
         let recorded = events(store.as_ref()).await;
         match expected {
@@ -738,17 +703,7 @@ async fn oauth2_client_credentials_are_exchanged_through_egress() {
 async fn a_redirect_is_refused_not_followed() {
     let server = ScriptedHttp::start(&[("SCRIPTED_REDIRECT", "1".to_owned())]);
     let (store, _db) = sqlite().await;
-    let live = live_http(
-        store.clone(),
-        vec![http_server(
-            "reads",
-            &server.url(),
-            no_auth(),
-            idempotent("reads"),
-        )],
-        Arc::new(loopback_dialer(&[server.port])),
-    )
-    .await;
+    let live = live_reads(store.clone(), &server, no_auth()).await;
     live.prepare().await;
     let recorded = events(store.as_ref()).await;
     assert_eq!(
@@ -1253,17 +1208,7 @@ async fn a_tenant_server_is_offered_to_its_tenant_only_while_it_answers() {
 async fn an_http_answer_past_the_ceiling_is_output_too_large() {
     let server = ScriptedHttp::start(&[("SCRIPTED_CATALOG", "probe".to_owned())]);
     let (store, _db) = sqlite().await;
-    let live = live_http(
-        store,
-        vec![http_server(
-            "reads",
-            &server.url(),
-            no_auth(),
-            idempotent("reads"),
-        )],
-        Arc::new(loopback_dialer(&[server.port])),
-    )
-    .await;
+    let live = live_reads(store, &server, no_auth()).await;
     live.prepare().await;
     // 65536 bytes allowed, 4 × that plus framing is the hard ceiling.
     let outcome = live.call("mcp.reads.huge", json!({"bytes": 4 << 20})).await;
