@@ -33,8 +33,8 @@ pub use turn::{
 };
 
 /// How long past its expiry a turn still open is left to its own node's
-/// sweep before any node records it as expired: several sweeps, and more
-/// than the clock skew nodes are allowed.
+/// sweep before any node records it as expired: ten of the bridge's sweeps,
+/// and far more than the default clock skew between nodes (5 s).
 const ABANDONED_TURN_GRACE: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
 
 /// How turns behave.
