@@ -399,6 +399,8 @@ fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
         credentials: front_credentials(config)?,
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.front.connections),
+        events: shared.store.clone(),
+        clock: shared.clock.clone(),
         settings: front_settings(&config.front, shared.limits),
     }))
 }
@@ -463,6 +465,7 @@ fn front_settings(front: &crate::config::FrontConfig, limits: EdgeLimits) -> Fro
         session_in_flight: front.session_in_flight,
         sessions_per_credential: front.sessions_per_credential,
         keep_alive: front.keep_alive_seconds.duration(),
+        reissue_window: front.reissue_window_seconds.duration(),
     }
 }
 

@@ -27,6 +27,9 @@ pub const DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL: usize = 64;
 pub const DEFAULT_FRONT_CONNECTIONS: usize = 256;
 /// How often an SSE response with nothing to say sends a comment.
 pub const DEFAULT_FRONT_KEEP_ALIVE_SECONDS: u32 = 15;
+/// How long a call whose answer was never delivered is the same call when
+/// its caller asks again: a client's reconnect and retry, with room.
+pub const DEFAULT_FRONT_REISSUE_WINDOW_SECONDS: u32 = 600;
 /// Clock skew a token's `exp` and `nbf` are given by default.
 pub const DEFAULT_JWT_LEEWAY_SECONDS: u32 = 60;
 /// The most skew an operator may allow.
@@ -76,6 +79,9 @@ pub struct FrontConfig {
     pub connections: usize,
     /// SSE keep-alive interval.
     pub keep_alive_seconds: Seconds,
+    /// How long a call whose answer was never delivered is the same call
+    /// when the same principal asks for it again.
+    pub reissue_window_seconds: Seconds,
     /// API keys, by the sha256 of each key.
     pub api_keys: Vec<ApiKeyConfig>,
     /// A TOML file of `[[api_keys]]` entries, read at start and on SIGHUP.
@@ -101,6 +107,7 @@ impl Default for FrontConfig {
             sessions_per_credential: DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL,
             connections: DEFAULT_FRONT_CONNECTIONS,
             keep_alive_seconds: Seconds::new(DEFAULT_FRONT_KEEP_ALIVE_SECONDS),
+            reissue_window_seconds: Seconds::new(DEFAULT_FRONT_REISSUE_WINDOW_SECONDS),
             api_keys: Vec::new(),
             api_keys_file: None,
             jwt: None,
@@ -163,6 +170,13 @@ impl FrontConfig {
             self.keep_alive_seconds.get(),
             1,
             300,
+        );
+        // Within what a non-idempotent twin is remembered for.
+        problems.between(
+            "front.reissue_window_seconds",
+            self.reissue_window_seconds.get(),
+            1,
+            86_400,
         );
         self.validate_credentials(problems);
     }

@@ -19,11 +19,14 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::reissue::{Attached, Reissue, reissue_key};
 use super::render::{self, CallIdentity};
 use super::{Busy, Front, FrontRequest, request_key};
 use crate::domain::names::SKILL_LOAD;
+use crate::domain::{IdempotencyClass, canonicalize};
 use crate::pipeline::sessions::{CallPlace, Session, SessionError, SessionRequest};
 use crate::pipeline::{CallOutcome, CallRequest, CallerTerms};
+use crate::ports::PlatformEvent;
 
 /// How often a call held for approval tells a client that asked for
 /// progress that it still waits.
@@ -151,28 +154,62 @@ impl Front {
         }
     }
 
+    /// The call an unnamed request is, by the re-issue rule: its
+    /// undelivered twin's when it has one, else a new one under `fresh`.
+    fn place_unnamed(
+        &self,
+        session: &Session,
+        fresh: CallIdentity,
+        name: &str,
+        arguments: &Value,
+    ) -> Option<Attached> {
+        // A name or arguments the pipeline will refuse anyway have no twin.
+        let tool = session.pinned.resolve(name)?;
+        let hash = canonicalize(arguments.clone()).ok()?.sha256;
+        let spec = &tool.tool.spec;
+        let acts = !matches!(
+            spec.idempotency,
+            IdempotencyClass::ReadOnly | IdempotencyClass::Idempotent
+        );
+        let key = reissue_key(&session.tenant_id, &session.principal.id, &spec.name, &hash);
+        Some(self.reissues.attach(key, fresh, acts))
+    }
+
     /// Admits a call of `session` and runs it on a task of its own: a
-    /// client that goes away mid-call never leaves it half-recorded, and
-    /// the same request asked again meanwhile waits for it.
+    /// client that goes away mid-call never leaves it half-recorded, the
+    /// same request asked again meanwhile waits for it, and an unnamed call
+    /// whose answer was never delivered is the same call asked again.
     async fn admitted_call(
         self: &Arc<Self>,
         session: &Arc<Session>,
+        front_request: &FrontRequest,
         asked: Asked,
         context: &RequestContext<RoleServer>,
     ) -> Result<Answer, McpError> {
         let Asked {
-            identity,
+            mut identity,
             request_id,
             origin_trust,
             name,
             arguments,
         } = asked;
+        let delivery = front_request.delivery.clone();
+        let attached = if identity.named {
+            None
+        } else {
+            self.place_unnamed(session, identity.clone(), &name, &arguments)
+        };
+        if let Some(attached) = &attached {
+            delivery.attach(self.reissues.clone(), attached);
+            identity = attached.identity.clone();
+        }
         let key = request_key(&request_id);
         let slot = loop {
             match self.calls.admit(
                 session.session_id,
                 key.clone(),
                 self.parts.settings.session_in_flight,
+                &delivery.closed,
             ) {
                 Ok(slot) => break slot,
                 Err(Busy::Full) => {
@@ -204,14 +241,62 @@ impl Front {
         let peer = context.peer.clone();
         let front = self.clone();
         let counted = self.parts.in_flight.enter();
+        let tenant_id = session.tenant_id.clone();
+        let session_id = session.session_id;
         tokio::spawn(async move {
-            let answer = front.run_call(call, progress, peer).await;
+            // One run of a call on this node at a time: a re-issue waits
+            // for its twin's and then reads what it recorded.
+            let turn = match &attached {
+                Some(attached) => Some(front.reissues.take_turn(attached).await),
+                None => None,
+            };
+            let mut answer = front.run_call(call, progress, peer).await;
+            drop(turn);
             drop(slot);
             drop(counted);
+            if let Answer::Result(result) = &mut answer
+                && let Some(invocation_id) = render::invocation_of(result)
+            {
+                let reissue = attached.as_ref().map_or(Reissue::New, |a| a.reissue);
+                if reissue != Reissue::New {
+                    render::mark_reissue(result, reissue, front.reissues.window());
+                    front
+                        .record_reissue(&tenant_id, invocation_id, session_id, reissue)
+                        .await;
+                }
+                if let Some(undelivery) = delivery.recorded(invocation_id, session_id) {
+                    front.report_undelivered(&tenant_id, undelivery);
+                }
+            }
             answer
         })
         .await
         .map_err(|_| McpError::internal_error("the call did not complete", None))
+    }
+
+    /// Records that a call was asked again after its answer went
+    /// undelivered, and how the rule placed it.
+    async fn record_reissue(
+        &self,
+        tenant_id: &str,
+        invocation_id: Uuid,
+        session_id: Uuid,
+        reissue: Reissue,
+    ) {
+        let event = PlatformEvent::FrontCallReissued {
+            invocation_id,
+            session_id,
+            reissue: reissue.as_str(),
+        };
+        let now = self.parts.clock.now();
+        if let Err(error) = self
+            .parts
+            .events
+            .record_event(Some(tenant_id), &event, now)
+            .await
+        {
+            tracing::warn!(error = %error, "a re-issued call's event was not recorded");
+        }
     }
 }
 
@@ -339,6 +424,7 @@ impl ServerHandler for FrontHandler {
             .front
             .admitted_call(
                 &session,
+                &front_request,
                 Asked {
                     identity,
                     request_id,
@@ -409,6 +495,7 @@ impl ServerHandler for FrontHandler {
             .front
             .admitted_call(
                 &session,
+                &front_request,
                 Asked {
                     identity,
                     request_id,

@@ -14,11 +14,14 @@ pub mod auth;
 mod handler;
 mod listen;
 
+mod reissue;
 pub mod relay;
 mod render;
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::StatusCode;
@@ -30,12 +33,14 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub use auth::{ApiKey, AuthError, Caller, Credentials, JwtSettings, KeySource, TenantSource};
-pub use render::{META_CALL_ID, META_ORIGIN_TRUST, META_RUN_ID, META_STEP};
+pub use render::{META_CALL_ID, META_ORIGIN_TRUST, META_REISSUE, META_RUN_ID, META_STEP};
 
 use crate::edge::{ConnectionCap, EdgeLimits, InFlight, Reply};
 use crate::pipeline::Pipeline;
 use crate::pipeline::approvals::Approvals;
 use crate::pipeline::sessions::{SESSION_IDLE, Session, SessionError, Sessions};
+use crate::ports::{Clock, EventStore, PlatformEvent};
+use reissue::{Delivery, Reissues, Undelivery};
 
 /// The path the MCP endpoint answers on.
 pub const MCP_PATH: &str = "/mcp";
@@ -67,6 +72,9 @@ pub struct FrontSettings {
     pub sessions_per_credential: usize,
     /// SSE keep-alive interval.
     pub keep_alive: Duration,
+    /// How long a call whose answer was never delivered is the same call
+    /// when its caller asks for it again.
+    pub reissue_window: Duration,
 }
 
 /// What the front door drives.
@@ -83,6 +91,10 @@ pub struct FrontParts {
     pub in_flight: Arc<InFlight>,
     /// Connections held at once.
     pub connections: ConnectionCap,
+    /// Where an undelivered answer is recorded.
+    pub events: Arc<dyn EventStore>,
+    /// The one clock.
+    pub clock: Arc<dyn Clock>,
     /// Its limits.
     pub settings: FrontSettings,
 }
@@ -92,6 +104,7 @@ pub struct Front {
     parts: FrontParts,
     open: OpenSessions,
     calls: Arc<CallsInFlight>,
+    reissues: Arc<Reissues>,
 }
 
 /// What a request carries from this module to the rmcp handler, in the
@@ -103,15 +116,19 @@ struct FrontRequest {
     session: Option<Arc<Session>>,
     /// Filled by `initialize` with the session it opened.
     opened: Arc<OnceLock<Uuid>>,
+    /// Whether the answer reaches the client.
+    delivery: Arc<Delivery>,
 }
 
 impl Front {
     /// The front door over its parts.
     pub fn new(parts: FrontParts) -> Arc<Self> {
+        let reissues = Arc::new(Reissues::new(parts.settings.reissue_window));
         Arc::new(Front {
             parts,
             open: OpenSessions::default(),
             calls: Arc::new(CallsInFlight::default()),
+            reissues,
         })
     }
 
@@ -203,20 +220,52 @@ impl Front {
             },
         };
         let opened = Arc::new(OnceLock::new());
+        // Held until the answer is written: dropped first (the connection
+        // closed under the request or its body), the call's answer was
+        // never delivered.
+        let delivery = Delivering {
+            front: self.clone(),
+            delivery: Arc::new(Delivery::default()),
+            tenant_id: caller.tenant_id.clone(),
+        };
         parts.extensions.insert(FrontRequest {
             caller,
             session,
             opened: opened.clone(),
+            delivery: delivery.delivery.clone(),
         });
         let request = hyper::Request::from_parts(parts, http_body_util::Full::new(bytes));
         let response = protocol.service.handle(request).await;
-        let mut reply = response.map(http_body_util::BodyExt::boxed_unsync);
+        let mut reply = response.map(|body| {
+            http_body_util::BodyExt::boxed_unsync(DeliveredBody {
+                inner: http_body_util::BodyExt::boxed_unsync(body),
+                delivering: Some(delivery),
+            })
+        });
         if let Some(session_id) = opened.get()
             && let Ok(value) = HeaderValue::from_str(&session_id.to_string())
         {
             reply.headers_mut().insert(SESSION_HEADER, value);
         }
         reply
+    }
+
+    /// Records that a call past its intent ran on with no one to take its
+    /// answer: the stream closed, so the call's caller reads it on a
+    /// re-issue or in the record.
+    fn report_undelivered(&self, tenant_id: &str, undelivery: Undelivery) {
+        let events = self.parts.events.clone();
+        let now = self.parts.clock.now();
+        let tenant_id = tenant_id.to_owned();
+        tokio::spawn(async move {
+            let event = PlatformEvent::FrontAnswerUndelivered {
+                invocation_id: undelivery.invocation_id,
+                session_id: undelivery.session_id,
+            };
+            if let Err(error) = events.record_event(Some(&tenant_id), &event, now).await {
+                tracing::warn!(error = %error, "an undelivered answer's event was not recorded");
+            }
+        });
     }
 
     /// The request's session, if `caller` opened it.
@@ -504,11 +553,14 @@ impl CallsInFlight {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// A place for request `key` of `session`, withdrawn when `closed`
+    /// fires (its stream closed) or the client cancels it.
     fn admit(
         self: &Arc<Self>,
         session: Uuid,
         key: String,
         maximum: usize,
+        closed: &CancellationToken,
     ) -> Result<CallSlot, Busy> {
         let mut all = self.lock();
         let calls = all.entry(session).or_default();
@@ -518,7 +570,7 @@ impl CallsInFlight {
         if calls.len() >= maximum {
             return Err(Busy::Full);
         }
-        let withdrawn = CancellationToken::new();
+        let withdrawn = closed.child_token();
         let (done, watching) = tokio::sync::watch::channel(false);
         calls.insert(
             key.clone(),
@@ -553,6 +605,59 @@ impl Drop for CallSlot {
             }
         }
         let _ = self.done.send(true);
+    }
+}
+
+/// A request's delivery, held by the listener until its answer is written.
+struct Delivering {
+    front: Arc<Front>,
+    delivery: Arc<Delivery>,
+    tenant_id: String,
+}
+
+impl Drop for Delivering {
+    fn drop(&mut self) {
+        // After `delivered` this does nothing.
+        if let Some(undelivery) = self.delivery.abandoned() {
+            self.front.report_undelivered(&self.tenant_id, undelivery);
+        }
+    }
+}
+
+/// An answer's body: written to its end, the answer was delivered.
+struct DeliveredBody {
+    inner: http_body_util::combinators::UnsyncBoxBody<Bytes, std::convert::Infallible>,
+    delivering: Option<Delivering>,
+}
+
+impl hyper::body::Body for DeliveredBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(context);
+        // hyper stops polling a body of known length at its last byte, so
+        // the end is the end of the stream or a last frame.
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(_)) => self.inner.is_end_stream(),
+            Poll::Pending => false,
+        };
+        if ended && let Some(delivering) = self.delivering.take() {
+            delivering.delivery.delivered();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -603,23 +708,28 @@ mod tests {
     fn a_sessions_calls_are_capped_withdrawn_and_freed() {
         let calls = Arc::new(CallsInFlight::default());
         let session = Uuid::new_v4();
-        let first = calls.admit(session, "1".into(), 2).ok().unwrap();
-        let Err(Busy::Running(mut done)) = calls.admit(session, "1".into(), 2) else {
+        let open = CancellationToken::new();
+        let first = calls.admit(session, "1".into(), 2, &open).ok().unwrap();
+        let Err(Busy::Running(mut done)) = calls.admit(session, "1".into(), 2, &open) else {
             panic!("the same request is running");
         };
-        let _second = calls.admit(session, "2".into(), 2).ok().unwrap();
+        let closing = CancellationToken::new();
+        let second = calls.admit(session, "2".into(), 2, &closing).ok().unwrap();
         assert!(matches!(
-            calls.admit(session, "3".into(), 2),
+            calls.admit(session, "3".into(), 2, &open),
             Err(Busy::Full)
         ));
         assert!(
-            calls.admit(Uuid::new_v4(), "3".into(), 2).is_ok(),
+            calls.admit(Uuid::new_v4(), "3".into(), 2, &open).is_ok(),
             "per session"
         );
         calls.withdraw(session, "1");
         assert!(first.withdrawn.is_cancelled());
+        assert!(!open.is_cancelled(), "one request's withdrawal only");
+        closing.cancel();
+        assert!(second.withdrawn.is_cancelled(), "its stream closed");
         drop(first);
         assert!(*done.borrow_and_update());
-        assert!(calls.admit(session, "1".into(), 2).is_ok());
+        assert!(calls.admit(session, "1".into(), 2, &open).is_ok());
     }
 }

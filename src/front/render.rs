@@ -7,6 +7,7 @@
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
+use super::reissue::Reissue;
 use crate::domain::{
     IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, ToolOutcome, ToolSource, ToolSpec,
     TrustLevel, sha256_hex, valid_identifier,
@@ -23,6 +24,9 @@ pub const META_CALL_ID: &str = "toolgate/call_id";
 pub const META_ORIGIN_TRUST: &str = "toolgate/origin_trust";
 /// The row a result or a pending answer is about.
 pub const META_INVOCATION_ID: &str = "toolgate/invocation_id";
+/// How the re-issue rule placed a call asked again after its answer went
+/// undelivered: `same_call` or `past_window`.
+pub const META_REISSUE: &str = "toolgate/reissue";
 
 /// The MCP annotations toolgate states for a tool: the operator's
 /// classification, never the remote server's claims.
@@ -184,6 +188,37 @@ pub fn suspended(invocation_id: Uuid, kind: &str, reference: &str) -> Value {
         "isError": true,
         "_meta": {META_INVOCATION_ID: invocation_id, "toolgate/status": "suspended"},
     })
+}
+
+/// The row a result is about, when it has one.
+pub fn invocation_of(result: &Value) -> Option<Uuid> {
+    result
+        .pointer("/_meta")
+        .and_then(|meta| meta.get(META_INVOCATION_ID))
+        .and_then(Value::as_str)
+        .and_then(|id| id.parse().ok())
+}
+
+/// Marks a result as the recorded answer of an undelivered twin; past the
+/// window the client is told why nothing ran again and how to ask for a
+/// new call.
+pub fn mark_reissue(result: &mut Value, reissue: Reissue, window: std::time::Duration) {
+    if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.insert(META_REISSUE.into(), json!(reissue.as_str()));
+    }
+    if reissue != Reissue::PastWindow {
+        return;
+    }
+    let note = text_block(
+        format!(
+            "An identical call of yours was asked before and its answer never reached you; the {} s in which asking again is the same call have passed, so toolgate cannot tell whether you mean that call or a new one. This is that call's recorded outcome: nothing ran again. To run it anew, name the call in _meta ({META_RUN_ID}, {META_STEP}, {META_CALL_ID}).",
+            window.as_secs()
+        ),
+        Some(TrustLevel::Platform),
+    );
+    if let Some(content) = result.get_mut("content").and_then(Value::as_array_mut) {
+        content.insert(0, note);
+    }
 }
 
 /// Who a call is, as the pipeline identifies it.

@@ -655,6 +655,185 @@ fn a_client_that_drops_mid_call_and_asks_again_gets_the_one_execution() {
     );
 }
 
+/// Sends `message` on a connection of its own and closes that connection
+/// once `effects` effects are counted from outside: the call has acted
+/// and its answer is still to come.
+fn send_then_break(door: &Door, session: &str, key: &str, message: &Value, effects: usize) {
+    let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+    let body = message.to_string();
+    let mut request = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n", door.port);
+    for (name, value) in Client::headers(Some(key), Some(session)) {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).unwrap();
+    let started = Instant::now();
+    while door.writes() < effects {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the effect did not happen"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+}
+
+/// Whether a result's first block says `text` (inside its envelope).
+fn said(result: &Value, text: &str) -> bool {
+    result["content"][0]["text"]
+        .as_str()
+        .is_some_and(|said| said.contains(text))
+}
+
+fn write_call(id: i64, line: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "mcp-writes-write", "arguments": {"line": line}}})
+}
+
+/// The events of one type about one invocation, waited for (they are
+/// written when the call's run ends, beside its answer).
+fn events_of(served: &Served, invocation_id: &str, event_type: &str, count: usize) -> Vec<Value> {
+    let started = Instant::now();
+    loop {
+        let (_, events) = served.get(&format!("/v1/events?after=0&tenant_id={TENANT}"));
+        let found: Vec<Value> = String::from_utf8_lossy(&events)
+            .lines()
+            .map(|line| json_of(line.as_bytes()))
+            .filter(|event| {
+                event["payload"]["invocation_id"] == invocation_id
+                    && event["event_type"] == event_type
+            })
+            .collect();
+        if found.len() >= count || started.elapsed() > Duration::from_secs(30) {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The re-issue rule as a 2025-era client meets it: a call's stream
+/// breaks after its effect, the client reconnects (a new session) and asks
+/// for the same call with a new request id; it gets the one execution's
+/// answer. A delivered answer makes the next identical call a new one;
+/// another tenant's principal and other arguments are never the same call.
+#[test]
+fn a_call_whose_answer_was_never_delivered_is_the_same_call_asked_again() {
+    let port = free_port();
+    let served = Served::start_edited(
+        |_, config| {
+            config.replace(
+                "SCRIPTED_CATALOG = \"basic\", SCRIPTED_EFFECTS",
+                "SCRIPTED_CATALOG = \"basic\", SCRIPTED_WRITE_AFTER_MS = \"1500\", SCRIPTED_EFFECTS",
+            ) + &front_table(port, "")
+        },
+        &[],
+    );
+    let door = Door::wait(served, port);
+    let first = door.open(KEY_A);
+    send_then_break(&door, &first, KEY_A, &write_call(1, "once"), 1);
+    // The client's reconnect: a new session, a new request id.
+    let second = door.open(KEY_A);
+    let result = door.call(
+        KEY_A,
+        &second,
+        json!(1),
+        "mcp-writes-write",
+        json!({"line": "once"}),
+        None,
+    );
+    assert_eq!(door.writes(), 1, "the re-issue ran it again: {result}");
+    assert_eq!(result["isError"], false, "{result}");
+    assert!(said(&result, "written once"), "{result}");
+    assert_eq!(result["_meta"]["toolgate/reissue"], "same_call", "{result}");
+    let invocation_id = result["_meta"]["toolgate/invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let row = invocation(&door.served, &invocation_id);
+    assert_eq!(row["run_id"], first, "the call of the broken stream: {row}");
+    let undelivered = events_of(
+        &door.served,
+        &invocation_id,
+        "tool.call.answer_undelivered",
+        1,
+    );
+    assert_eq!(undelivered.len(), 1, "{undelivered:?}");
+    assert_eq!(undelivered[0]["payload"]["session_id"], first);
+    let reissued = events_of(&door.served, &invocation_id, "tool.call.reissued", 1);
+    assert_eq!(reissued[0]["payload"]["reissue"], "same_call");
+    assert_eq!(reissued[0]["payload"]["session_id"], second);
+
+    // Delivered: the same call asked again is a new one (a model that
+    // means two writes gets two).
+    let again = door.call(
+        KEY_A,
+        &second,
+        json!(2),
+        "mcp-writes-write",
+        json!({"line": "once"}),
+        None,
+    );
+    assert_eq!(again["isError"], false, "{again}");
+    assert!(again["_meta"].get("toolgate/reissue").is_none(), "{again}");
+    assert_eq!(door.writes(), 2);
+    // Its own request id asked again in its session is still that call.
+    let retried = door.call(
+        KEY_A,
+        &second,
+        json!(2),
+        "mcp-writes-write",
+        json!({"line": "once"}),
+        None,
+    );
+    assert_eq!(
+        retried["_meta"]["toolgate/invocation_id"],
+        again["_meta"]["toolgate/invocation_id"]
+    );
+    assert_eq!(door.writes(), 2);
+
+    // Undelivered again; another tenant's principal and other arguments
+    // are new calls, the same principal's same call is not.
+    send_then_break(&door, &second, KEY_A, &write_call(3, "twice"), 3);
+    let other = door.open(KEY_B);
+    let theirs = door.call(
+        KEY_B,
+        &other,
+        json!(3),
+        "mcp-writes-write",
+        json!({"line": "twice"}),
+        None,
+    );
+    assert_eq!(theirs["isError"], false, "{theirs}");
+    assert_eq!(door.writes(), 4);
+    let different = door.call(
+        KEY_A,
+        &second,
+        json!(4),
+        "mcp-writes-write",
+        json!({"line": "thrice"}),
+        None,
+    );
+    assert_eq!(different["isError"], false, "{different}");
+    assert_eq!(door.writes(), 5);
+    let third = door.open(KEY_A);
+    let reissue = door.call(
+        KEY_A,
+        &third,
+        json!(9),
+        "mcp-writes-write",
+        json!({"line": "twice"}),
+        None,
+    );
+    assert_eq!(
+        reissue["_meta"]["toolgate/reissue"], "same_call",
+        "{reissue}"
+    );
+    assert!(said(&reissue, "written twice"), "{reissue}");
+    assert_eq!(door.writes(), 5);
+    let lines = std::fs::read_to_string(door.served.folder.path().join("writes.effects")).unwrap();
+    assert_eq!(lines, "once\nonce\ntwice\ntwice\nthrice\n");
+}
+
 #[test]
 fn an_approval_holds_the_call_then_pends_and_the_same_call_asked_again_resumes_it_once() {
     let door = Door::start("", "");

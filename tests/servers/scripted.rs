@@ -13,7 +13,8 @@
 //!   stderr with terminal sequences and fake log lines).
 //! - `SCRIPTED_EFFECTS`: a file each `write` appends one line to, so a test
 //!   counts effects from outside both processes; `SCRIPTED_WRITE_DELAY_MS`
-//!   makes each `write` wait up to that long first.
+//!   makes each `write` wait up to that long first, `SCRIPTED_WRITE_AFTER_MS`
+//!   that long after its effect, before it answers.
 //!
 //! State that must outlive one process (the catalog generation after
 //! `change`) lives in `$HOME`, the per-server state folder.
@@ -318,6 +319,14 @@ impl Scripted {
                     .map_err(|_| ErrorData::internal_error("sync", None))?;
                 if name == "write_then_die" {
                     std::process::exit(3);
+                }
+                // The effect is done and the answer is not: a client can
+                // lose its stream in between.
+                if let Some(after) = std::env::var("SCRIPTED_WRITE_AFTER_MS")
+                    .ok()
+                    .and_then(|value| value.parse::<u64>().ok())
+                {
+                    std::thread::sleep(Duration::from_millis(after));
                 }
                 Ok(text(format!("written {line}")))
             }

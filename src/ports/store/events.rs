@@ -162,6 +162,24 @@ pub enum PlatformEvent {
         /// Who gave it.
         resolver: String,
     },
+    /// A front-door call past its intent ran on after its request's stream
+    /// closed: its answer was never delivered (a re-issue reads it).
+    FrontAnswerUndelivered {
+        /// The call's row.
+        invocation_id: Uuid,
+        /// The session whose stream closed.
+        session_id: Uuid,
+    },
+    /// A front-door call asked again after its answer went undelivered was
+    /// placed on that call by the re-issue rule.
+    FrontCallReissued {
+        /// The call's row.
+        invocation_id: Uuid,
+        /// The session that asked again.
+        session_id: Uuid,
+        /// `same_call` within the window, `past_window` after it.
+        reissue: &'static str,
+    },
     /// A declaration failed registration.
     ToolRejected {
         /// The server.
@@ -192,6 +210,8 @@ impl PlatformEvent {
             PlatformEvent::BridgeReplayDiverged { .. } => "bridge.replay.diverged",
             PlatformEvent::ApprovalDecided { .. } => "approval.decided",
             PlatformEvent::ReviewResolved { .. } => "review.resolved",
+            PlatformEvent::FrontAnswerUndelivered { .. } => "tool.call.answer_undelivered",
+            PlatformEvent::FrontCallReissued { .. } => "tool.call.reissued",
         }
     }
 
@@ -277,6 +297,16 @@ impl PlatformEvent {
                 resolver,
             } => json!({"invocation_id": invocation_id, "resolution": resolution,
                         "resolver": resolver}),
+            PlatformEvent::FrontAnswerUndelivered {
+                invocation_id,
+                session_id,
+            } => json!({"invocation_id": invocation_id, "session_id": session_id}),
+            PlatformEvent::FrontCallReissued {
+                invocation_id,
+                session_id,
+                reissue,
+            } => json!({"invocation_id": invocation_id, "session_id": session_id,
+                        "reissue": reissue}),
         }
     }
 }
