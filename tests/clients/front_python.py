@@ -2,6 +2,8 @@
 as an application uses it. Prints one JSON report; the Rust test judges it.
 
     front_python.py PHASE URL
+    PHASE: first, second, or reissue (a call whose stream a proxy breaks,
+    asked again after the application reconnects, as the SDK leaves it to)
     TOOLGATE_FRONT_KEY: the bearer credential; TOOLGATE_RUN_ID: the run
     the named calls are in; TOOLGATE_BIN, TOOLGATE_KEY_FILE: for the relay.
 """
@@ -30,12 +32,13 @@ def summary(result):
         "text": " ".join(getattr(block, "text", "") for block in result.content),
         "structured": result.structured_content,
         "invocation_id": (result.meta or {}).get("toolgate/invocation_id"),
+        "reissue": (result.meta or {}).get("toolgate/reissue"),
     }
 
 
-def client():
+def client(mode="legacy"):
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {KEY}"})
-    return Client(streamable_http_client(URL, http_client=http))
+    return Client(streamable_http_client(URL, http_client=http), mode=mode)
 
 
 async def first(report):
@@ -83,9 +86,26 @@ async def second(report):
         report["relay_echo"] = summary(await session.call_tool("demo-echo", {"text": "through the relay"}))
 
 
+async def reissue(report):
+    # The stream of this call breaks after its effect; the SDK raises, as
+    # an application meets it, and the application reconnects and asks
+    # for the same call again, naming nothing.
+    try:
+        async with client() as session:
+            report["protocol_version"] = session.protocol_version
+            await session.call_tool("mcp-writes-write", {"line": "sdk"})
+        report["broken"] = None
+    except BaseException as error:  # an ExceptionGroup when the stream breaks
+        report["broken"] = type(error).__name__
+    async with client() as session:
+        report["again"] = summary(await session.call_tool("mcp-writes-write", {"line": "sdk"}))
+        # Delivered now: the application's next identical call is a new one.
+        report["new"] = summary(await session.call_tool("mcp-writes-write", {"line": "sdk"}))
+
+
 async def main():
     report = {}
-    await (first if PHASE == "first" else second)(report)
+    await {"first": first, "second": second, "reissue": reissue}[PHASE](report)
     print(json.dumps(report))
 
 

@@ -145,6 +145,22 @@ impl Door {
         Door::wait(served, port)
     }
 
+    /// A door whose writes server answers 1.5 s after its effect, so a
+    /// client can lose the answer of a call that acted.
+    pub fn slow_answers(front_extra: &str) -> Door {
+        let port = free_port();
+        let served = Served::start_edited(
+            |_, config| {
+                config.replace(
+                    "SCRIPTED_CATALOG = \"basic\", SCRIPTED_EFFECTS",
+                    "SCRIPTED_CATALOG = \"basic\", SCRIPTED_WRITE_AFTER_MS = \"1500\", SCRIPTED_EFFECTS",
+                ) + &front_table(port, front_extra)
+            },
+            &[],
+        );
+        Door::wait(served, port)
+    }
+
     pub fn wait(served: Served, port: u16) -> Door {
         let started = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -718,17 +734,7 @@ fn events_of(served: &Served, invocation_id: &str, event_type: &str, count: usiz
 /// another tenant's principal and other arguments are never the same call.
 #[test]
 fn a_call_whose_answer_was_never_delivered_is_the_same_call_asked_again() {
-    let port = free_port();
-    let served = Served::start_edited(
-        |_, config| {
-            config.replace(
-                "SCRIPTED_CATALOG = \"basic\", SCRIPTED_EFFECTS",
-                "SCRIPTED_CATALOG = \"basic\", SCRIPTED_WRITE_AFTER_MS = \"1500\", SCRIPTED_EFFECTS",
-            ) + &front_table(port, "")
-        },
-        &[],
-    );
-    let door = Door::wait(served, port);
+    let door = Door::slow_answers("");
     let first = door.open(KEY_A);
     send_then_break(&door, &first, KEY_A, &write_call(1, "once"), 1);
     // The client's reconnect: a new session, a new request id.

@@ -217,6 +217,41 @@ fn the_typescript_sdk_lists_calls_waits_for_approval_and_reconnects() {
     judge_second(&door, &first, &second);
 }
 
+/// The Python SDK as an application uses it, through a proxy that breaks
+/// the stream of one write after its effect: the SDK raises, the
+/// application reconnects (a new session) and asks for the same call with
+/// a new request id, naming nothing, and the tool has acted once. Counted
+/// outside toolgate, in the server's effects file.
+#[test]
+fn the_python_sdk_asks_again_after_a_broken_stream_and_the_tool_acts_once() {
+    let door = Door::slow_answers("");
+    let proxy = BreakingProxy::start(&door);
+    let mut command = Command::new(python("clients"));
+    command
+        .arg(script("front_python.py"))
+        .args(["reissue", &proxy.url()])
+        .env("TOOLGATE_FRONT_KEY", KEY_A)
+        .env("TOOLGATE_RUN_ID", Uuid::new_v4().to_string());
+    let report = report(command);
+    assert!(
+        proxy.broken.load(std::sync::atomic::Ordering::SeqCst),
+        "the proxy broke the stream: {report}"
+    );
+    assert!(!report["broken"].is_null(), "the SDK saw it: {report}");
+    assert_eq!(report["again"]["is_error"], false, "{report}");
+    assert_eq!(report["again"]["reissue"], "same_call", "{report}");
+    assert_eq!(report["new"]["reissue"], Value::Null, "{report}");
+    assert_ne!(
+        report["new"]["invocation_id"],
+        report["again"]["invocation_id"]
+    );
+    assert_eq!(
+        std::fs::read_to_string(door.served.folder.path().join("writes.effects")).unwrap(),
+        "sdk\nsdk\n",
+        "one effect for the broken call and its re-issue, one for the new call"
+    );
+}
+
 /// What an agent framework must show: the tools loaded under the names the
 /// door gives, a call's model-ready result, and a denial said as such.
 fn judge_framework(report: &Value) {
@@ -257,4 +292,100 @@ fn langchains_mcp_adapters_load_the_tools_as_an_application_does() {
         .arg(url(&door))
         .env("TOOLGATE_FRONT_KEY", KEY_A);
     judge_framework(&report(command));
+}
+
+/// A TCP proxy of the test's own in front of a door: it carries bytes both
+/// ways and, once, cuts the connection that carries a `tools/call` of
+/// `mcp-writes-write` as soon as that call's effect is counted outside, so
+/// the call has acted and its answer cannot arrive.
+pub struct BreakingProxy {
+    pub port: u16,
+    pub broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl BreakingProxy {
+    pub fn start(door: &Door) -> BreakingProxy {
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let upstream = door.port;
+        let effects = door.served.folder.path().join("writes.effects");
+        let broken = Arc::new(AtomicBool::new(false));
+        let armed = Arc::new(AtomicBool::new(true));
+        let flag = broken.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().take(256) {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let pump = |mut from: TcpStream, mut to: TcpStream, watch: bool| {
+                    let (armed, broken, effects) = (armed.clone(), flag.clone(), effects.clone());
+                    let (cut_from, cut_to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        let mut buffer = [0u8; 65536];
+                        let mut seen = Vec::new();
+                        loop {
+                            let read = match from.read(&mut buffer) {
+                                Ok(0) | Err(_) => break,
+                                Ok(read) => read,
+                            };
+                            if to.write_all(&buffer[..read]).is_err() {
+                                break;
+                            }
+                            if !watch || !armed.load(Ordering::SeqCst) {
+                                continue;
+                            }
+                            seen.extend_from_slice(&buffer[..read]);
+                            let text = String::from_utf8_lossy(&seen);
+                            if text.contains("tools/call")
+                                && text.contains("mcp-writes-write")
+                                && armed.swap(false, Ordering::SeqCst)
+                            {
+                                let before = count_lines(&effects);
+                                let (cut_from, cut_to) =
+                                    (cut_from.try_clone().unwrap(), cut_to.try_clone().unwrap());
+                                let (broken, effects) = (broken.clone(), effects.clone());
+                                std::thread::spawn(move || {
+                                    let started = std::time::Instant::now();
+                                    while count_lines(&effects) <= before
+                                        && started.elapsed() < std::time::Duration::from_secs(30)
+                                    {
+                                        std::thread::sleep(std::time::Duration::from_millis(5));
+                                    }
+                                    let _ = cut_from.shutdown(Shutdown::Both);
+                                    let _ = cut_to.shutdown(Shutdown::Both);
+                                    broken.store(true, Ordering::SeqCst);
+                                });
+                            }
+                        }
+                        let _ = from.shutdown(Shutdown::Both);
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                };
+                pump(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    true,
+                );
+                pump(server, client, false);
+            }
+        });
+        BreakingProxy { port, broken }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .count()
 }
