@@ -59,6 +59,14 @@ fn front_request(context: &RequestContext<RoleServer>) -> Result<FrontRequest, M
         .ok_or_else(|| McpError::internal_error("the request was not authenticated", None))
 }
 
+/// Whether the request is of a revision without sessions (2026-07-28 on),
+/// whose results carry what such a client reads.
+fn stateless_request(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|version| !version.has_initialize())
+}
+
 fn session_of(request: &FrontRequest) -> Result<Arc<Session>, McpError> {
     request
         .session
@@ -300,12 +308,29 @@ impl Front {
     }
 }
 
+/// A call's identity and the key of its request among its session's
+/// calls. A stateless request's id is unique to no one (every client of a
+/// credential counts from 1), so it stands for nothing: an unnamed call
+/// there is a new call unless the re-issue rule makes it its twin.
 fn identity_of(
     context: &RequestContext<RoleServer>,
     session: &Session,
+    stateless: bool,
 ) -> Result<(CallIdentity, Value), McpError> {
     let meta = serde_json::to_value(&context.meta).unwrap_or(Value::Null);
-    let request_id = serde_json::to_value(&context.id).unwrap_or(Value::Null);
+    if let Some(listed) = meta.get(render::META_TOOL_SCHEMA).and_then(Value::as_str)
+        && listed != session.pinned.tool_schema_sha256()
+    {
+        return Err(McpError::invalid_params(
+            "the tools changed since they were listed (toolgate/tool_schema_sha256); list them again",
+            None,
+        ));
+    }
+    let request_id = if stateless {
+        json!(format!("r:{}", Uuid::new_v4().simple()))
+    } else {
+        serde_json::to_value(&context.id).unwrap_or(Value::Null)
+    };
     let identity = render::identity(&meta, &request_id, session.session_id)
         .map_err(|message| McpError::invalid_params(message, None))?;
     Ok((identity, request_id))
@@ -322,10 +347,10 @@ impl ServerHandler for FrontHandler {
         .unwrap_or_else(|_| InitializeResult::new(Default::default()))
     }
 
-    // Every revision with sessions; a 2026-07-28 client is offered
-    // 2025-11-25 at `initialize`.
+    // Every revision: those with sessions through `initialize` (offered
+    // 2025-11-25 at most, `get_info`'s), 2026-07-28 per request.
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2026_07_28))
     }
 
     async fn initialize(
@@ -400,8 +425,13 @@ impl ServerHandler for FrontHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let session = session_of(&front_request(&context)?)?;
-        let tools: Vec<Value> = session.pinned.advertised().map(render::tool).collect();
-        from_json(json!({"tools": tools}))
+        let mut tools: Vec<&crate::pipeline::PinnedTool> = session.pinned.advertised().collect();
+        tools.sort_by(|a, b| a.wire_name.cmp(&b.wire_name));
+        let tools: Vec<Value> = tools.into_iter().map(render::tool).collect();
+        let mut result = json!({"tools": tools, "_meta": {
+            render::META_TOOL_SCHEMA: session.pinned.tool_schema_sha256()}});
+        render::listed(&mut result, stateless_request(&context));
+        from_json(result)
     }
 
     async fn call_tool(
@@ -411,7 +441,7 @@ impl ServerHandler for FrontHandler {
     ) -> Result<CallToolResponse, McpError> {
         let front_request = front_request(&context)?;
         let session = session_of(&front_request)?;
-        let (identity, request_id) = identity_of(&context, &session)?;
+        let (identity, request_id) = identity_of(&context, &session, front_request.stateless)?;
         let caller = &front_request.caller;
         let origin_trust = identity.origin_trust.map_or(caller.origin_trust, |stated| {
             stated.min(caller.origin_trust)
@@ -436,7 +466,10 @@ impl ServerHandler for FrontHandler {
             )
             .await?;
         match answer {
-            Answer::Result(result) => Ok(from_json::<CallToolResult>(result)?.into()),
+            Answer::Result(mut result) => {
+                render::completed(&mut result, stateless_request(&context));
+                Ok(from_json::<CallToolResult>(result)?.into())
+            }
             Answer::Withdrawn => Err(McpError::new(
                 ErrorCode(REQUEST_CANCELLED),
                 "the request was cancelled",
@@ -451,7 +484,7 @@ impl ServerHandler for FrontHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
         let session = session_of(&front_request(&context)?)?;
-        let prompts: Vec<Value> = session
+        let mut prompts: Vec<Value> = session
             .pinned
             .skills()
             .iter()
@@ -464,7 +497,10 @@ impl ServerHandler for FrontHandler {
                 })
             })
             .collect();
-        from_json(json!({"prompts": prompts}))
+        prompts.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        let mut result = json!({"prompts": prompts});
+        render::listed(&mut result, stateless_request(&context));
+        from_json(result)
     }
 
     /// A skill's content, loaded through `skill.load` like any call: the
@@ -486,7 +522,7 @@ impl ServerHandler for FrontHandler {
             return Err(McpError::invalid_params("no prompt has this name", None));
         };
         let description = skill.metadata.description.clone();
-        let (identity, request_id) = identity_of(&context, &session)?;
+        let (identity, request_id) = identity_of(&context, &session, front_request.stateless)?;
         let mut arguments = json!({"name": request.name});
         if let Some(given) = request.arguments {
             arguments["arguments"] = Value::Object(given);
@@ -527,10 +563,12 @@ impl ServerHandler for FrontHandler {
             .flatten()
             .filter_map(|block| block["text"].as_str())
             .collect();
-        let prompt: GetPromptResult = from_json(json!({
+        let mut prompt = json!({
             "description": description,
             "messages": [{"role": "user", "content": {"type": "text", "text": text.join("\n")}}],
-        }))?;
+        });
+        render::completed(&mut prompt, stateless_request(&context));
+        let prompt: GetPromptResult = from_json(prompt)?;
         Ok(GetPromptResponse::Complete(prompt))
     }
 }

@@ -38,7 +38,7 @@ pub use render::{META_CALL_ID, META_ORIGIN_TRUST, META_REISSUE, META_RUN_ID, MET
 use crate::edge::{ConnectionCap, EdgeLimits, InFlight, Reply};
 use crate::pipeline::Pipeline;
 use crate::pipeline::approvals::Approvals;
-use crate::pipeline::sessions::{SESSION_IDLE, Session, SessionError, Sessions};
+use crate::pipeline::sessions::{SESSION_IDLE, Session, SessionError, SessionRequest, Sessions};
 use crate::ports::{Clock, EventStore, PlatformEvent};
 use reissue::{Delivery, Reissues, Undelivery};
 
@@ -48,6 +48,13 @@ pub const MCP_PATH: &str = "/mcp";
 pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 /// The session header.
 const SESSION_HEADER: &str = "mcp-session-id";
+/// The header every request names its protocol revision in.
+const VERSION_HEADER: &str = "mcp-protocol-version";
+/// The first revision without sessions: each request stands alone.
+pub const STATELESS_REVISION: &str = "2026-07-28";
+/// Sessions a credential's stateless requests may move through as its
+/// tools change, looked for in order from the one this node last used.
+const STATELESS_GENERATIONS: u32 = 16;
 
 /// The front door's limits and advertised metadata.
 #[derive(Debug, Clone)]
@@ -105,6 +112,8 @@ pub struct Front {
     open: OpenSessions,
     calls: Arc<CallsInFlight>,
     reissues: Arc<Reissues>,
+    /// Each credential's stateless session generation this node last used.
+    stateless: Mutex<HashMap<String, u32>>,
 }
 
 /// What a request carries from this module to the rmcp handler, in the
@@ -118,6 +127,9 @@ struct FrontRequest {
     opened: Arc<OnceLock<Uuid>>,
     /// Whether the answer reaches the client.
     delivery: Arc<Delivery>,
+    /// A 2026-07-28 request: no session of the client's, its request id
+    /// no call's identity.
+    stateless: bool,
 }
 
 impl Front {
@@ -129,6 +141,7 @@ impl Front {
             open: OpenSessions::default(),
             calls: Arc::new(CallsInFlight::default()),
             reissues,
+            stateless: Mutex::new(HashMap::new()),
         })
     }
 
@@ -148,19 +161,29 @@ impl Front {
         let method = request.method().clone();
         let session_header = session_header(request.headers()).map(str::to_owned);
         let session_header = session_header.as_deref();
-        if method == hyper::Method::DELETE {
+        let stateless = request
+            .headers()
+            .get(VERSION_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|version| version.trim() >= STATELESS_REVISION);
+        if method == hyper::Method::DELETE && !stateless {
             return self.end_session(&caller, session_header).await;
         }
         if method != hyper::Method::POST {
-            // Nothing is ever sent but answers: there is no stream to open.
+            // Nothing is ever sent but answers: there is no stream to open,
+            // and without sessions nothing to end.
             let mut reply = crate::edge::error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
-                "POST requests and DELETE of a session only",
+                if stateless {
+                    "POST requests only"
+                } else {
+                    "POST requests and DELETE of a session only"
+                },
             );
             reply.headers_mut().insert(
                 hyper::header::ALLOW,
-                HeaderValue::from_static("POST, DELETE"),
+                HeaderValue::from_static(if stateless { "POST" } else { "POST, DELETE" }),
             );
             return reply;
         }
@@ -192,32 +215,51 @@ impl Front {
         let rpc_method = fields.get("method").and_then(Value::as_str);
         let is_request = fields.contains_key("id") && rpc_method.is_some();
         let caller = Arc::new(caller);
-        let session = match (rpc_method, is_request) {
-            (Some("initialize"), true) => None,
-            (Some(notification), false) => {
-                // Only the session's own caller withdraws its calls; a
-                // notification answers nothing, so another's is just dropped.
-                if notification == "notifications/cancelled"
-                    && let Ok(session) = self.session_for(&caller, session_header).await
-                {
-                    let request_id = message
-                        .pointer("/params/requestId")
-                        .cloned()
-                        .unwrap_or(Value::Null);
-                    self.calls
-                        .withdraw(session.session_id, &request_key(&request_id));
+        let session = if stateless {
+            match (rpc_method, is_request) {
+                // Closing a request's stream cancels it; a request id names
+                // no one call across a credential's clients, so a
+                // notification withdraws nothing.
+                (Some(_), false) => return accepted(),
+                (Some(method), true) if STATELESS_SESSION_METHODS.contains(&method) => {
+                    match self.stateless_session(&caller).await {
+                        Ok(session) => Some(session),
+                        Err(unserved) => return unserved.reply(id),
+                    }
                 }
-                // Nothing else a client notifies changes what toolgate does.
-                return accepted();
+                // `server/discover`, and what rmcp answers without toolgate
+                // (an unknown method is its 404).
+                _ => None,
             }
-            (Some("ping") | Some("server/discover"), true) if session_header.is_none() => None,
-            // A client's answer to a request toolgate never sends: rmcp
-            // refuses it without a session.
-            (None, _) => None,
-            _ => match self.session_for(&caller, session_header).await {
-                Ok(session) => Some(session),
-                Err(unserved) => return unserved.reply(id),
-            },
+        } else {
+            match (rpc_method, is_request) {
+                (Some("initialize"), true) => None,
+                (Some(notification), false) => {
+                    // Only the session's own caller withdraws its calls; a
+                    // notification answers nothing, so another's is just
+                    // dropped.
+                    if notification == "notifications/cancelled"
+                        && let Ok(session) = self.session_for(&caller, session_header).await
+                    {
+                        let request_id = message
+                            .pointer("/params/requestId")
+                            .cloned()
+                            .unwrap_or(Value::Null);
+                        self.calls
+                            .withdraw(session.session_id, &request_key(&request_id));
+                    }
+                    // Nothing else a client notifies changes what toolgate does.
+                    return accepted();
+                }
+                (Some("ping") | Some("server/discover"), true) if session_header.is_none() => None,
+                // A client's answer to a request toolgate never sends: rmcp
+                // refuses it without a session.
+                (None, _) => None,
+                _ => match self.session_for(&caller, session_header).await {
+                    Ok(session) => Some(session),
+                    Err(unserved) => return unserved.reply(id),
+                },
+            }
         };
         let opened = Arc::new(OnceLock::new());
         // Held until the answer is written: dropped first (the connection
@@ -233,6 +275,7 @@ impl Front {
             session,
             opened: opened.clone(),
             delivery: delivery.delivery.clone(),
+            stateless,
         });
         let request = hyper::Request::from_parts(parts, http_body_util::Full::new(bytes));
         let response = protocol.service.handle(request).await;
@@ -292,6 +335,57 @@ impl Front {
         }
         self.open.touch(&caller.credential, session_id);
         Ok(session)
+    }
+
+    /// The session a credential's stateless requests share: its id derived
+    /// from the credential, so every node finds the same one, and its
+    /// pinned set held as a session's. When that set can no longer be
+    /// served as pinned (the tools changed), the credential moves to its
+    /// next generation, a new session with the new set and hash.
+    async fn stateless_session(&self, caller: &Caller) -> Result<Arc<Session>, Unserved> {
+        let base = stateless_base(caller);
+        let first = self
+            .stateless
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&base)
+            .copied()
+            .unwrap_or(0);
+        for generation in first..first.saturating_add(STATELESS_GENERATIONS) {
+            let session_id = stateless_session_id(&base, generation);
+            let session = match self.parts.sessions.get(session_id).await {
+                Err(SessionError::Unknown) => {
+                    self.parts
+                        .sessions
+                        .open(SessionRequest {
+                            session_id,
+                            tenant_id: caller.tenant_id.clone(),
+                            principal: caller.principal.clone(),
+                            agent: caller.agent.clone(),
+                        })
+                        .await
+                }
+                got => got,
+            };
+            match session {
+                Ok(session) if owns(caller, &session) => {
+                    if generation != first {
+                        self.stateless
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(base, generation);
+                    }
+                    return Ok(session);
+                }
+                Ok(_) | Err(SessionError::ToolsChanged | SessionError::Conflict) => {}
+                Err(SessionError::ServersUnavailable) => return Err(Unserved::ServersUnavailable),
+                Err(error) => {
+                    tracing::warn!(error = %error, "a stateless front door session could not be opened");
+                    return Err(Unserved::StoreUnavailable);
+                }
+            }
+        }
+        Err(Unserved::ServersUnavailable)
     }
 
     /// `DELETE`: ends the caller's session everywhere.
@@ -382,6 +476,39 @@ fn owns(caller: &Caller, session: &Session) -> bool {
     caller.tenant_id == session.tenant_id
         && caller.principal == session.principal
         && caller.agent == session.agent
+}
+
+/// The methods a stateless request needs its credential's session for.
+const STATELESS_SESSION_METHODS: [&str; 4] =
+    ["tools/list", "tools/call", "prompts/list", "prompts/get"];
+
+/// What a credential's stateless sessions are derived from: who calls and
+/// what they may use, never the secret.
+fn stateless_base(caller: &Caller) -> String {
+    let mut text = format!(
+        "toolgate/stateless\0{}\0{}\0{}",
+        caller.credential, caller.tenant_id, caller.principal.id
+    );
+    for scope in &caller.principal.scopes {
+        text.push('\0');
+        text.push_str(scope);
+    }
+    text.push('\u{1}');
+    for pattern in &caller.agent.tools {
+        text.push('\0');
+        text.push_str(pattern);
+    }
+    crate::domain::sha256_hex(text.as_bytes())
+}
+
+/// The session id of a credential's `generation`.
+fn stateless_session_id(base: &str, generation: u32) -> Uuid {
+    let digest = crate::domain::sha256_hex(format!("{base}\0{generation}").as_bytes());
+    let mut bytes = [0u8; 16];
+    for (index, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&digest[index * 2..index * 2 + 2], 16).unwrap_or(0);
+    }
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
 }
 
 fn session_header(headers: &hyper::HeaderMap) -> Option<&str> {

@@ -173,6 +173,65 @@ pub async fn run(endpoint: Endpoint, token: String) -> Result<(), RelayError> {
     writer.await.unwrap_or(Ok(()))
 }
 
+/// The headers a message of a revision without sessions carries over
+/// HTTP: its version, its method and, for a call or a read, its name
+/// (base64 in the sentinel form when it is not plain visible ASCII).
+/// `None` for a message of a revision with sessions.
+fn stateless_headers(message: &Value) -> Option<Vec<(&'static str, String)>> {
+    let version = message
+        .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+        .and_then(Value::as_str)
+        .filter(|version| *version >= super::STATELESS_REVISION)?;
+    let mut headers = vec![("mcp-protocol-version", version.to_owned())];
+    if let Some(method) = message.get("method").and_then(Value::as_str) {
+        headers.push(("mcp-method", method.to_owned()));
+        let name = ["/params/name", "/params/uri", "/params/taskId"]
+            .iter()
+            .find_map(|pointer| message.pointer(pointer).and_then(Value::as_str));
+        if let Some(name) = name {
+            headers.push(("mcp-name", header_value(name)));
+        }
+    }
+    Some(headers)
+}
+
+/// A value as a header carries it: as it is when plain visible ASCII
+/// without surrounding spaces, else `=?base64?…?=`.
+fn header_value(value: &str) -> String {
+    let plain = !value.is_empty()
+        && value.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        && value.trim() == value
+        && !(value.starts_with("=?") && value.ends_with("?="));
+    if plain {
+        value.to_owned()
+    } else {
+        sentinel(value)
+    }
+}
+
+/// `=?base64?…?=`: the value's UTF-8 in standard base64 with padding.
+fn sentinel(value: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut encoded = String::with_capacity(value.len() * 4 / 3 + 12);
+    encoded.push_str("=?base64?");
+    for chunk in value.as_bytes().chunks(3) {
+        let bits = chunk.iter().enumerate().fold(0u32, |bits, (index, byte)| {
+            bits | (u32::from(*byte) << (16 - 8 * index))
+        });
+        for index in 0..4 {
+            if index <= chunk.len() {
+                encoded.push(char::from(
+                    ALPHABET[(bits >> (18 - 6 * index)) as usize & 63],
+                ));
+            } else {
+                encoded.push('=');
+            }
+        }
+    }
+    encoded.push_str("?=");
+    encoded
+}
+
 fn error_line(id: Value, code: i64, message: &str) -> String {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}).to_string()
 }
@@ -338,11 +397,21 @@ impl Relay {
             )
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header(hyper::header::ACCEPT, "application/json, text/event-stream");
-        if let Some(session) = session {
-            request = request.header("mcp-session-id", session);
-        }
-        if let Some(version) = version {
-            request = request.header("mcp-protocol-version", version);
+        match stateless_headers(message) {
+            // A 2026-07-28 message stands alone: its headers come from it.
+            Some(headers) => {
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
+            }
+            None => {
+                if let Some(session) = session {
+                    request = request.header("mcp-session-id", session);
+                }
+                if let Some(version) = version {
+                    request = request.header("mcp-protocol-version", version);
+                }
+            }
         }
         let request = request
             .body(Full::new(Bytes::from(message.to_string())))
@@ -480,6 +549,31 @@ impl SseEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stateless_message_names_its_headers_and_a_session_message_none() {
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "demo-echo", "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        assert_eq!(
+            stateless_headers(&call).unwrap(),
+            vec![
+                ("mcp-protocol-version", "2026-07-28".to_owned()),
+                ("mcp-method", "tools/call".to_owned()),
+                ("mcp-name", "demo-echo".to_owned()),
+            ]
+        );
+        let legacy =
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+        assert!(stateless_headers(&legacy).is_none());
+        // RFC 4648 vectors, and what needs the sentinel form.
+        assert_eq!(header_value("foo"), "foo");
+        assert_eq!(sentinel("fo"), "=?base64?Zm8=?=");
+        assert_eq!(sentinel("f"), "=?base64?Zg==?=");
+        assert_eq!(sentinel("foobar"), "=?base64?Zm9vYmFy?=");
+        assert_eq!(header_value(" foobar"), "=?base64?IGZvb2Jhcg==?=");
+        assert_eq!(header_value("héllo"), "=?base64?aMOpbGxv?=");
+        assert_eq!(header_value("=?base64?x?="), "=?base64?PT9iYXNlNjQ/eD89?=");
+    }
 
     #[test]
     fn endpoints_parse() {

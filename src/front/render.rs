@@ -24,6 +24,13 @@ pub const META_CALL_ID: &str = "toolgate/call_id";
 pub const META_ORIGIN_TRUST: &str = "toolgate/origin_trust";
 /// The row a result or a pending answer is about.
 pub const META_INVOCATION_ID: &str = "toolgate/invocation_id";
+/// The pinned set's hash a list was answered from; a call naming it is
+/// refused when the set has changed since.
+pub const META_TOOL_SCHEMA: &str = "toolgate/tool_schema_sha256";
+/// How long a stateless client may keep a list: the credential's pinned
+/// set changes only when its tools do.
+const LIST_TTL_MS: u64 = 60_000;
+
 /// How the re-issue rule placed a call asked again after its answer went
 /// undelivered: `same_call` or `past_window`.
 pub const META_REISSUE: &str = "toolgate/reissue";
@@ -218,6 +225,35 @@ pub fn mark_reissue(result: &mut Value, reissue: Reissue, window: std::time::Dur
     );
     if let Some(content) = result.get_mut("content").and_then(Value::as_array_mut) {
         content.insert(0, note);
+    }
+}
+
+/// A result as a client of `stateless` revision reads it: `resultType`
+/// (rmcp takes it off again for a client with sessions) and, without
+/// sessions, the server's identity in `_meta`.
+pub fn completed(result: &mut Value, stateless: bool) {
+    let Some(fields) = result.as_object_mut() else {
+        return;
+    };
+    fields.insert("resultType".into(), json!("complete"));
+    if stateless {
+        let meta = fields.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert(
+                "io.modelcontextprotocol/serverInfo".into(),
+                json!({"name": "toolgate", "version": env!("CARGO_PKG_VERSION")}),
+            );
+        }
+    }
+}
+
+/// A list result: as [`completed`], and without sessions how long it may
+/// be kept and by whom (`private`: lists differ by credential).
+pub fn listed(result: &mut Value, stateless: bool) {
+    completed(result, stateless);
+    if stateless && let Some(fields) = result.as_object_mut() {
+        fields.insert("ttlMs".into(), json!(LIST_TTL_MS));
+        fields.insert("cacheScope".into(), json!("private"));
     }
 }
 

@@ -5,7 +5,9 @@ as an application uses it. Prints one JSON report; the Rust test judges it.
     PHASE: first, second, or reissue (a call whose stream a proxy breaks,
     asked again after the application reconnects, as the SDK leaves it to)
     TOOLGATE_FRONT_KEY: the bearer credential; TOOLGATE_RUN_ID: the run
-    the named calls are in; TOOLGATE_BIN, TOOLGATE_KEY_FILE: for the relay.
+    the named calls are in; TOOLGATE_BIN, TOOLGATE_KEY_FILE: for the relay;
+    TOOLGATE_ERA: the SDK's mode, "legacy" (initialize and a session, the
+    default) or "2026-07-28" (stateless).
 """
 
 import asyncio
@@ -20,6 +22,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 PHASE, URL = sys.argv[1], sys.argv[2]
 KEY = os.environ["TOOLGATE_FRONT_KEY"]
 RUN = os.environ["TOOLGATE_RUN_ID"]
+ERA = os.environ.get("TOOLGATE_ERA", "legacy")
 
 
 def named(step, call_id):
@@ -36,9 +39,9 @@ def summary(result):
     }
 
 
-def client(mode="legacy"):
+def client():
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {KEY}"})
-    return Client(streamable_http_client(URL, http_client=http), mode=mode)
+    return Client(streamable_http_client(URL, http_client=http), mode=ERA)
 
 
 async def first(report):
@@ -80,7 +83,7 @@ async def second(report):
         command=os.environ["TOOLGATE_BIN"],
         args=["stdio", "--url", URL, "--token-file", os.environ["TOOLGATE_KEY_FILE"]],
     )
-    async with Client(relay) as session:
+    async with Client(relay, mode=ERA) as session:
         tools = await session.list_tools()
         report["relay_tools"] = len(tools.tools)
         report["relay_echo"] = summary(await session.call_tool("demo-echo", {"text": "through the relay"}))

@@ -1977,3 +1977,290 @@ fn the_stdio_relay_reaches_the_front_door_on_its_unix_socket() {
         "the relay ends with its input: {status:?}"
     );
 }
+
+/// Protocol revision 2026-07-28: no sessions, every request on its own.
+mod stateless {
+    use super::*;
+
+    pub const REVISION: &str = "2026-07-28";
+
+    /// The `_meta` every 2026-07-28 request carries.
+    pub fn request_meta(extra: Value) -> Value {
+        let mut meta = json!({
+            "io.modelcontextprotocol/protocolVersion": REVISION,
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "front-test", "version": "1"},
+        });
+        if let (Some(meta), Value::Object(extra)) = (meta.as_object_mut(), extra) {
+            meta.extend(extra);
+        }
+        meta
+    }
+
+    /// One request as a 2026-07-28 client sends it: its headers from its
+    /// body unless `headers` overrides them.
+    pub fn send(
+        client: &Client,
+        key: &str,
+        method: &str,
+        params: Value,
+        headers: &[(&'static str, &str)],
+    ) -> Answer {
+        let mut params = params;
+        if params.get("_meta").is_none() {
+            params["_meta"] = request_meta(json!({}));
+        }
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let message = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let mut sent = vec![
+            ("Content-Type", "application/json".to_owned()),
+            ("Accept", "application/json, text/event-stream".to_owned()),
+            ("Authorization", format!("Bearer {key}")),
+            ("MCP-Protocol-Version", REVISION.to_owned()),
+            ("Mcp-Method", method.to_owned()),
+        ];
+        if let Some(name) = name {
+            sent.push(("Mcp-Name", name));
+        }
+        for (header, value) in headers {
+            sent.retain(|(name, _)| !name.eq_ignore_ascii_case(header));
+            if !value.is_empty() {
+                sent.push((header, (*value).to_owned()));
+            }
+        }
+        let (status, head, body) =
+            client.raw("POST", "/mcp", &sent, message.to_string().as_bytes());
+        Answer {
+            status,
+            messages: messages_of(&head, &body),
+            head,
+        }
+    }
+
+    fn call(client: &Client, key: &str, line: &str) -> Value {
+        let answer = send(
+            client,
+            key,
+            "tools/call",
+            json!({"name": "mcp-writes-write", "arguments": {"line": line}}),
+            &[],
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+        answer.last()["result"].clone()
+    }
+
+    /// The revision's MUSTs at the door, each asked on its own: discovery,
+    /// the headers checked against the body, the versions, unknown methods,
+    /// `resultType`, a list's cache hints and the server in `_meta`; the
+    /// pinned set shared by a credential's requests, no session minted.
+    #[test]
+    fn a_2026_client_discovers_lists_and_calls_without_a_session() {
+        let door = Door::start("", "");
+        let discovered = send(&door, KEY_A, "server/discover", json!({}), &[]);
+        assert_eq!(discovered.status, 200, "{discovered:?}");
+        let result = &discovered.last()["result"];
+        assert!(
+            result["supportedVersions"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(REVISION)),
+            "{result}"
+        );
+        assert_eq!(result["resultType"], "complete", "{result}");
+        assert_eq!(
+            result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+            "toolgate"
+        );
+        let listed = send(&door, KEY_A, "tools/list", json!({}), &[]);
+        assert_eq!(listed.status, 200, "{listed:?}");
+        assert!(
+            listed.session().is_none(),
+            "no session is minted: {listed:?}"
+        );
+        let result = &listed.last()["result"];
+        assert_eq!(result["resultType"], "complete", "{result}");
+        assert_eq!(result["cacheScope"], "private", "{result}");
+        assert!(result["ttlMs"].as_u64().is_some(), "{result}");
+        assert_eq!(
+            result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+            "toolgate"
+        );
+        let names: Vec<&str> = result["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "a deterministic order");
+        assert!(names.contains(&"mcp-writes-write"), "{names:?}");
+        let hash = result["_meta"]["toolgate/tool_schema_sha256"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let again = send(&door, KEY_A, "tools/list", json!({}), &[]);
+        assert_eq!(
+            again.last()["result"]["_meta"]["toolgate/tool_schema_sha256"],
+            hash,
+            "one pinned set per credential"
+        );
+
+        // Calls: each its own, answered whole, with resultType; the same
+        // request id from two clients of a credential is two calls.
+        let first = call(&door, KEY_A, "one");
+        assert_eq!(first["isError"], false, "{first}");
+        assert_eq!(first["resultType"], "complete", "{first}");
+        let second = call(&door, KEY_A, "one");
+        assert_ne!(
+            first["_meta"]["toolgate/invocation_id"],
+            second["_meta"]["toolgate/invocation_id"]
+        );
+        assert_eq!(
+            door.writes(),
+            2,
+            "delivered answers: two calls, two effects"
+        );
+        // A list's hash named by a call that no longer matches is refused.
+        let stale = send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "mcp-writes-write", "arguments": {"line": "x"},
+                   "_meta": request_meta(json!({"toolgate/tool_schema_sha256": "0".repeat(64)}))}),
+            &[],
+        );
+        assert_eq!(stale.last()["error"]["code"], -32602, "{stale:?}");
+        assert_eq!(door.writes(), 2);
+
+        // The headers against the body.
+        let mismatch = send(
+            &door,
+            KEY_A,
+            "tools/list",
+            json!({}),
+            &[("Mcp-Method", "tools/call")],
+        );
+        assert_eq!(mismatch.status, 400, "{mismatch:?}");
+        assert_eq!(mismatch.last()["error"]["code"], -32020, "{mismatch:?}");
+        let wrong_name = send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "mcp-writes-write", "arguments": {"line": "y"}}),
+            &[("Mcp-Name", "demo-echo")],
+        );
+        assert_eq!(wrong_name.status, 400, "{wrong_name:?}");
+        assert_eq!(wrong_name.last()["error"]["code"], -32020);
+        let missing_name = send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "mcp-writes-write", "arguments": {"line": "y"}}),
+            &[("Mcp-Name", "")],
+        );
+        assert_eq!(missing_name.status, 400, "{missing_name:?}");
+        assert_eq!(door.writes(), 2, "refused requests run nothing");
+        // The base64 sentinel form of the same name is that name.
+        let encoded = send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "demo-echo", "arguments": {"text": "sentinel"}}),
+            &[("Mcp-Name", "=?base64?ZGVtby1lY2hv?=")],
+        );
+        assert_eq!(encoded.status, 200, "{encoded:?}");
+        assert_eq!(encoded.last()["result"]["isError"], false, "{encoded:?}");
+        let version = send(
+            &door,
+            KEY_A,
+            "tools/list",
+            json!({"_meta": request_meta(json!({"io.modelcontextprotocol/protocolVersion": "2025-11-25"}))}),
+            &[],
+        );
+        assert_eq!(version.status, 400, "{version:?}");
+        assert_eq!(version.last()["error"]["code"], -32020, "{version:?}");
+        let unsupported = send(
+            &door,
+            KEY_A,
+            "tools/list",
+            json!({"_meta": request_meta(json!({"io.modelcontextprotocol/protocolVersion": "2099-01-01"}))}),
+            &[("MCP-Protocol-Version", "2099-01-01")],
+        );
+        assert_eq!(unsupported.status, 400, "{unsupported:?}");
+        let error = &unsupported.last()["error"];
+        assert_eq!(error["code"], -32022, "{unsupported:?}");
+        assert!(
+            error["data"]["supported"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(REVISION)),
+            "{error}"
+        );
+        let unknown = send(&door, KEY_A, "tools/frobnicate", json!({}), &[]);
+        assert_eq!(unknown.status, 404, "{unknown:?}");
+        assert_eq!(unknown.last()["error"]["code"], -32601);
+        // Without the revision's `_meta`, a request is refused.
+        let bare = send(&door, KEY_A, "tools/list", json!({"_meta": {}}), &[]);
+        assert_eq!(bare.status, 400, "{bare:?}");
+        // No stream to open and no session to end.
+        for method in ["GET", "DELETE"] {
+            let (status, _, _) = door.raw(
+                method,
+                "/mcp",
+                &[
+                    ("Authorization", format!("Bearer {KEY_A}")),
+                    ("MCP-Protocol-Version", REVISION.to_owned()),
+                ],
+                b"",
+            );
+            assert_eq!(status, 405, "{method}");
+        }
+        // Authenticated on its own every time.
+        let anonymous = send(&door, "tgk_not_a_key", "tools/list", json!({}), &[]);
+        assert_eq!(anonymous.status, 401);
+        // A session of the 2025 era still opens and works beside it.
+        let session = door.open(KEY_A);
+        assert!(!door.list(KEY_A, &session).is_empty());
+    }
+
+    /// The re-issue rule without sessions: a call's stream breaks after
+    /// its effect, and the same call asked with a new request id is that
+    /// call; another principal's identical call is its own.
+    #[test]
+    fn a_2026_call_whose_stream_broke_is_the_same_call_asked_again() {
+        let door = Door::slow_answers("");
+        let params = json!({"name": "mcp-writes-write", "arguments": {"line": "modern"},
+                            "_meta": request_meta(json!({}))});
+        let body = json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": params})
+            .to_string();
+        let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nAuthorization: Bearer {KEY_A}\r\n\
+             MCP-Protocol-Version: {REVISION}\r\nMcp-Method: tools/call\r\nMcp-Name: mcp-writes-write\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            door.port,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let started = Instant::now();
+        while door.writes() < 1 {
+            assert!(started.elapsed() < Duration::from_secs(30), "no effect");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stream.shutdown(std::net::Shutdown::Both).unwrap();
+        let again = call(&door, KEY_A, "modern");
+        assert_eq!(door.writes(), 1, "the re-issue ran it again: {again}");
+        assert_eq!(again["_meta"]["toolgate/reissue"], "same_call", "{again}");
+        let theirs = call(&door, KEY_B, "modern");
+        assert_eq!(theirs["isError"], false, "{theirs}");
+        assert_eq!(door.writes(), 2);
+        let new = call(&door, KEY_A, "modern");
+        assert_eq!(new["isError"], false, "{new}");
+        assert_eq!(door.writes(), 3, "delivered: a new call");
+    }
+}

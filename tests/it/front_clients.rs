@@ -149,8 +149,9 @@ fn judge_second(door: &Door, first: &Value, second: &Value) {
     );
 }
 
-#[test]
-fn the_python_sdk_lists_calls_waits_for_approval_and_reconnects() {
+/// The Python SDK in `era` (its mode): the first and second runs judged
+/// as every client's, and the relay.
+fn python_sdk(era: &str) {
     let door = Door::start("", "");
     let python = python("clients");
     let run = Uuid::new_v4().to_string();
@@ -163,11 +164,17 @@ fn the_python_sdk_lists_calls_waits_for_approval_and_reconnects() {
             .args([phase, &url(&door)])
             .env("TOOLGATE_FRONT_KEY", KEY_A)
             .env("TOOLGATE_RUN_ID", &run)
+            .env("TOOLGATE_ERA", era)
             .env("TOOLGATE_BIN", env!("CARGO_BIN_EXE_toolgate"))
             .env("TOOLGATE_KEY_FILE", &key_file);
         report(command)
     };
     let first = phase("first");
+    assert_eq!(
+        first["protocol_version"],
+        if era == "legacy" { "2025-11-25" } else { era },
+        "{first}"
+    );
     judge_first(&door, &first);
     approve_pending(&door);
     let second = phase("second");
@@ -180,6 +187,16 @@ fn the_python_sdk_lists_calls_waits_for_approval_and_reconnects() {
             .unwrap()
             .contains("through the relay")
     );
+}
+
+#[test]
+fn the_python_sdk_lists_calls_waits_for_approval_and_reconnects() {
+    python_sdk("legacy");
+}
+
+#[test]
+fn the_python_sdk_without_sessions_lists_calls_waits_for_approval_and_asks_again() {
+    python_sdk("2026-07-28");
 }
 
 #[test]
@@ -217,13 +234,12 @@ fn the_typescript_sdk_lists_calls_waits_for_approval_and_reconnects() {
     judge_second(&door, &first, &second);
 }
 
-/// The Python SDK as an application uses it, through a proxy that breaks
-/// the stream of one write after its effect: the SDK raises, the
-/// application reconnects (a new session) and asks for the same call with
-/// a new request id, naming nothing, and the tool has acted once. Counted
-/// outside toolgate, in the server's effects file.
-#[test]
-fn the_python_sdk_asks_again_after_a_broken_stream_and_the_tool_acts_once() {
+/// The Python SDK as an application uses it, in `era`, through a proxy
+/// that breaks the stream of one write after its effect: the SDK raises,
+/// the application reconnects (in the 2025 era a new session) and asks
+/// for the same call with a new request id, naming nothing, and the tool
+/// has acted once. Counted outside toolgate, in the server's effects file.
+fn python_sdk_asks_again_after_a_broken_stream(era: &str) {
     let door = Door::slow_answers("");
     let proxy = BreakingProxy::start(&door);
     let mut command = Command::new(python("clients"));
@@ -231,6 +247,7 @@ fn the_python_sdk_asks_again_after_a_broken_stream_and_the_tool_acts_once() {
         .arg(script("front_python.py"))
         .args(["reissue", &proxy.url()])
         .env("TOOLGATE_FRONT_KEY", KEY_A)
+        .env("TOOLGATE_ERA", era)
         .env("TOOLGATE_RUN_ID", Uuid::new_v4().to_string());
     let report = report(command);
     assert!(
@@ -250,6 +267,16 @@ fn the_python_sdk_asks_again_after_a_broken_stream_and_the_tool_acts_once() {
         "sdk\nsdk\n",
         "one effect for the broken call and its re-issue, one for the new call"
     );
+}
+
+#[test]
+fn the_python_sdk_asks_again_after_a_broken_stream_and_the_tool_acts_once() {
+    python_sdk_asks_again_after_a_broken_stream("legacy");
+}
+
+#[test]
+fn the_python_sdk_without_sessions_asks_again_after_a_broken_stream_and_the_tool_acts_once() {
+    python_sdk_asks_again_after_a_broken_stream("2026-07-28");
 }
 
 /// What an agent framework must show: the tools loaded under the names the
