@@ -68,12 +68,24 @@ pub(super) struct Routed {
 
 /// The query keys a route takes; any other is refused.
 fn allowed_keys(method: &Method, segments: &[&str]) -> &'static [&'static str] {
-    use super::lists::PAGE_KEYS;
     match (method, segments) {
-        (&Method::GET, ["v1", "sessions"]) => PAGE_KEYS,
-        (&Method::GET, ["v1", "turns"]) => {
-            &["tenant_id", "since", "until", "limit", "cursor", "status"]
-        }
+        (&Method::GET, ["v1", "sessions"]) => &[
+            "tenant_id",
+            "since",
+            "until",
+            "limit",
+            "cursor",
+            "session_id",
+        ],
+        (&Method::GET, ["v1", "turns"]) => &[
+            "tenant_id",
+            "since",
+            "until",
+            "limit",
+            "cursor",
+            "status",
+            "session_id",
+        ],
         (&Method::GET, ["v1", "invocations"])
         | (&Method::GET, ["v1", "approvals"])
         | (&Method::GET, ["v1", "review"]) => &[
@@ -84,6 +96,7 @@ fn allowed_keys(method: &Method, segments: &[&str]) -> &'static [&'static str] {
             "cursor",
             "status",
             "tool_name",
+            "session_id",
         ],
         (&Method::GET, ["v1", "mcp-servers"]) | (&Method::GET, ["v1", "catalog-generations"]) => &[
             "tenant_id",

@@ -21,9 +21,6 @@ use crate::ports::{
     ReviewItem, ServerItem, SessionRecord, ToolHealth, TurnRecord,
 };
 
-/// The query keys every paged list takes.
-pub(super) const PAGE_KEYS: &[&str] = &["tenant_id", "since", "until", "limit", "cursor"];
-
 /// A list's `status` values: what each means is the list's own, and `all`
 /// (where listed) filters nothing.
 struct Statuses {
@@ -116,6 +113,13 @@ fn list_query(
             None => None,
         },
         status,
+        session_id: match query.get("session_id") {
+            None => None,
+            Some(text) => Some(
+                text.parse::<uuid::Uuid>()
+                    .map_err(|_| ApiError::Invalid("session_id must be a UUID".into()))?,
+            ),
+        },
         since: time(query, "since")?,
         until: time(query, "until")?,
     };

@@ -58,8 +58,7 @@ fn filter(query: &Fields, statuses: &[&str]) -> Result<OperatorFilter, ConsoleEr
         tenant_id,
         tool_name,
         status,
-        since: None,
-        until: None,
+        ..OperatorFilter::default()
     })
 }
 

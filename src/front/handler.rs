@@ -251,6 +251,7 @@ impl Front {
         let counted = self.parts.in_flight.enter();
         let tenant_id = session.tenant_id.clone();
         let session_id = session.session_id;
+        let run_id = identity.run_id;
         tokio::spawn(async move {
             // One run of a call on this node at a time: a re-issue waits
             // for its twin's and then reads what it recorded.
@@ -265,6 +266,10 @@ impl Front {
             if let Answer::Result(result) = &mut answer
                 && let Some(invocation_id) = render::invocation_of(result)
             {
+                render::mark_run(result, run_id);
+                if render::is_pending(result) {
+                    delivery.pending();
+                }
                 let reissue = attached.as_ref().map_or(Reissue::New, |a| a.reissue);
                 if reissue != Reissue::New {
                     render::mark_reissue(result, reissue, front.reissues.window());
@@ -316,6 +321,7 @@ fn identity_of(
     context: &RequestContext<RoleServer>,
     session: &Session,
     stateless: bool,
+    now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(CallIdentity, Value), McpError> {
     let meta = serde_json::to_value(&context.meta).unwrap_or(Value::Null);
     if let Some(listed) = meta.get(render::META_TOOL_SCHEMA).and_then(Value::as_str)
@@ -331,8 +337,11 @@ fn identity_of(
     } else {
         serde_json::to_value(&context.id).unwrap_or(Value::Null)
     };
-    let identity = render::identity(&meta, &request_id, session.session_id)
+    let mut identity = render::identity(&meta, &request_id, session.session_id)
         .map_err(|message| McpError::invalid_params(message, None))?;
+    if !identity.named {
+        identity.run_id = render::unnamed_run(session.session_id, now);
+    }
     Ok((identity, request_id))
 }
 
@@ -441,7 +450,12 @@ impl ServerHandler for FrontHandler {
     ) -> Result<CallToolResponse, McpError> {
         let front_request = front_request(&context)?;
         let session = session_of(&front_request)?;
-        let (identity, request_id) = identity_of(&context, &session, front_request.stateless)?;
+        let (identity, request_id) = identity_of(
+            &context,
+            &session,
+            front_request.stateless,
+            self.front.parts.clock.now(),
+        )?;
         let caller = &front_request.caller;
         let origin_trust = identity.origin_trust.map_or(caller.origin_trust, |stated| {
             stated.min(caller.origin_trust)
@@ -484,7 +498,7 @@ impl ServerHandler for FrontHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
         let session = session_of(&front_request(&context)?)?;
-        let mut prompts: Vec<Value> = session
+        let prompts: Vec<Value> = session
             .pinned
             .skills()
             .iter()
@@ -497,7 +511,6 @@ impl ServerHandler for FrontHandler {
                 })
             })
             .collect();
-        prompts.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
         let mut result = json!({"prompts": prompts});
         render::listed(&mut result, stateless_request(&context));
         from_json(result)
@@ -522,7 +535,12 @@ impl ServerHandler for FrontHandler {
             return Err(McpError::invalid_params("no prompt has this name", None));
         };
         let description = skill.metadata.description.clone();
-        let (identity, request_id) = identity_of(&context, &session, front_request.stateless)?;
+        let (identity, request_id) = identity_of(
+            &context,
+            &session,
+            front_request.stateless,
+            self.front.parts.clock.now(),
+        )?;
         let mut arguments = json!({"name": request.name});
         if let Some(given) = request.arguments {
             arguments["arguments"] = Value::Object(given);

@@ -503,12 +503,7 @@ fn stateless_base(caller: &Caller) -> String {
 
 /// The session id of a credential's `generation`.
 fn stateless_session_id(base: &str, generation: u32) -> Uuid {
-    let digest = crate::domain::sha256_hex(format!("{base}\0{generation}").as_bytes());
-    let mut bytes = [0u8; 16];
-    for (index, byte) in bytes.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&digest[index * 2..index * 2 + 2], 16).unwrap_or(0);
-    }
-    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+    render::derived_uuid(&format!("{base}\0{generation}"))
 }
 
 fn session_header(headers: &hyper::HeaderMap) -> Option<&str> {

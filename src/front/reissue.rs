@@ -61,6 +61,9 @@ struct Undelivered {
     abandoned_at: Option<Instant>,
     /// Whether repeating the tool may repeat an effect.
     acts: bool,
+    /// Its answer said it waits for an approval: the call is not over, and
+    /// asking again is asking for it, however late.
+    held: bool,
     /// The run of the call on this node: resolves when it ends.
     running: watch::Receiver<bool>,
     /// Counts runs, so a re-issue knows when another took the turn.
@@ -124,7 +127,9 @@ impl Reissues {
         self.forget_expired(&mut calls, now);
         if let Some(twin) = calls.get_mut(&key) {
             let reissue = match twin.abandoned_at {
-                Some(at) if now.duration_since(at) >= self.window => Reissue::PastWindow,
+                Some(at) if !twin.held && now.duration_since(at) >= self.window => {
+                    Reissue::PastWindow
+                }
                 _ => Reissue::SameCall,
             };
             twin.waiting += 1;
@@ -159,6 +164,7 @@ impl Reissues {
                 waiting: 1,
                 abandoned_at: None,
                 acts,
+                held: false,
                 running,
                 runs: 0,
             },
@@ -217,10 +223,21 @@ impl Reissues {
 
     /// A request's stream closed before its answer was written.
     pub(super) fn abandoned(&self, key: &str, generation: u64) {
+        self.let_go(key, generation, false);
+    }
+
+    /// A request was answered that its call waits for an approval: the
+    /// call stays open, and the same call asked again resumes it.
+    pub(super) fn held(&self, key: &str, generation: u64) {
+        self.let_go(key, generation, true);
+    }
+
+    fn let_go(&self, key: &str, generation: u64, held: bool) {
         let mut calls = self.lock();
         if let Some(call) = calls.get_mut(key)
             && call.generation == generation
         {
+            call.held |= held;
             call.waiting = call.waiting.saturating_sub(1);
             if call.waiting == 0 {
                 call.abandoned_at = Some(Instant::now());
@@ -229,12 +246,13 @@ impl Reissues {
     }
 
     /// Forgets the abandoned calls past what they are remembered for: the
-    /// window for a tool that does not act, [`REMEMBERED`] for one that does.
+    /// window for a tool that does not act, [`REMEMBERED`] for one that
+    /// does or that waits for an approval.
     fn forget_expired(&self, calls: &mut HashMap<String, Undelivered>, now: Instant) {
         let window = self.window;
         calls.retain(|_, call| {
             call.abandoned_at.is_none_or(|at| {
-                let kept = if call.acts {
+                let kept = if call.acts || call.held {
                     window.max(REMEMBERED)
                 } else {
                     window
@@ -261,6 +279,8 @@ struct DeliveryState {
     attached: Option<(Arc<Reissues>, String, u64)>,
     /// Set once: true when written, false when the stream closed.
     ended: Option<bool>,
+    /// The answer written says the call waits for an approval.
+    pending: bool,
     /// The call's row and its session, once its run ended with one.
     recorded: Option<(Uuid, Uuid)>,
     /// Whether the undelivered answer has been reported.
@@ -284,6 +304,7 @@ impl Delivery {
         match state.ended {
             // Closed before the call was placed: the place is given back.
             Some(false) => reissues.abandoned(&attached.key, attached.generation),
+            Some(true) if state.pending => reissues.held(&attached.key, attached.generation),
             Some(true) => reissues.delivered(&attached.key, attached.generation),
             None => {}
         }
@@ -298,8 +319,17 @@ impl Delivery {
         }
         state.ended = Some(true);
         if let Some((reissues, key, generation)) = &state.attached {
-            reissues.delivered(key, *generation);
+            if state.pending {
+                reissues.held(key, *generation);
+            } else {
+                reissues.delivered(key, *generation);
+            }
         }
+    }
+
+    /// The answer about to be written says the call waits for an approval.
+    pub(super) fn pending(&self) {
+        self.lock().pending = true;
     }
 
     /// The stream closed first; what to report, when the call had a row.
@@ -415,6 +445,25 @@ mod tests {
         tokio::time::advance(REMEMBERED).await;
         assert_eq!(
             reissues.attach(acts, identity("mcp:3"), true).reissue,
+            Reissue::New
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_answered_pending_is_the_same_call_asked_again_past_the_window() {
+        let reissues = Reissues::new(Duration::from_secs(60));
+        let key = reissue_key("t", "p", "mail.read", "h");
+        let first = reissues.attach(key.clone(), identity("mcp:1"), false);
+        reissues.held(&key, first.generation);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let again = reissues.attach(key.clone(), identity("mcp:2"), false);
+        assert_eq!(
+            (again.reissue, again.identity.call_id.as_str()),
+            (Reissue::SameCall, "mcp:1")
+        );
+        reissues.delivered(&key, again.generation);
+        assert_eq!(
+            reissues.attach(key, identity("mcp:3"), false).reissue,
             Reissue::New
         );
     }

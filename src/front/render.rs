@@ -197,6 +197,34 @@ pub fn suspended(invocation_id: Uuid, kind: &str, reference: &str) -> Value {
     })
 }
 
+/// Whether a result says its call waits for an approval.
+pub fn is_pending(result: &Value) -> bool {
+    result.pointer("/structuredContent/status") == Some(&json!("pending"))
+}
+
+/// How long identical calls of a caller that names no steps count toward
+/// the loop breaker together: the run of such a call is its session's for
+/// the current period of this length (UTC, aligned, the same on every
+/// node), so a loop is identical calls in quick succession, not over a
+/// conversation.
+pub const LOOP_PERIOD_SECONDS: i64 = 600;
+
+/// The run an unnamed call of `session_id` at `at` is in.
+pub fn unnamed_run(session_id: Uuid, at: chrono::DateTime<chrono::Utc>) -> Uuid {
+    let period = at.timestamp().div_euclid(LOOP_PERIOD_SECONDS);
+    derived_uuid(&format!("toolgate/unnamed-run\0{session_id}\0{period}"))
+}
+
+/// A UUID (version 8) that `text` alone determines.
+pub fn derived_uuid(text: &str) -> Uuid {
+    let digest = sha256_hex(text.as_bytes());
+    let mut bytes = [0u8; 16];
+    for (index, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&digest[index * 2..index * 2 + 2], 16).unwrap_or(0);
+    }
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
 /// The row a result is about, when it has one.
 pub fn invocation_of(result: &Value) -> Option<Uuid> {
     result
@@ -204,6 +232,13 @@ pub fn invocation_of(result: &Value) -> Option<Uuid> {
         .and_then(|meta| meta.get(META_INVOCATION_ID))
         .and_then(Value::as_str)
         .and_then(|id| id.parse().ok())
+}
+
+/// Names the run a call was recorded in, in its result's `_meta`.
+pub fn mark_run(result: &mut Value, run_id: Uuid) {
+    if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.insert(META_RUN_ID.into(), json!(run_id));
+    }
 }
 
 /// Marks a result as the recorded answer of an undelivered twin; past the
@@ -400,6 +435,21 @@ mod tests {
         ] {
             assert!(identity(&bad, &json!(1), session).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_unnamed_calls_run_is_its_sessions_for_the_period() {
+        let session = Uuid::new_v4();
+        let at = |seconds: i64| chrono::DateTime::from_timestamp(seconds, 0).unwrap();
+        let start = 1_800_000_000 - 1_800_000_000 % LOOP_PERIOD_SECONDS;
+        let run = unnamed_run(session, at(start));
+        assert_eq!(
+            run,
+            unnamed_run(session, at(start + LOOP_PERIOD_SECONDS - 1))
+        );
+        assert_ne!(run, unnamed_run(session, at(start + LOOP_PERIOD_SECONDS)));
+        assert_ne!(run, unnamed_run(Uuid::new_v4(), at(start)));
+        assert_ne!(run, session);
     }
 
     #[test]

@@ -464,11 +464,15 @@ fn the_front_door_opens_sessions_lists_the_pinned_set_and_calls_through_the_pipe
         ),
         (
             Some(session.as_str()),
-            Some(session.as_str()),
+            result["_meta"]["toolgate/run_id"].as_str(),
             Some(0),
             Some("mcp:3")
         ),
         "{row}"
+    );
+    assert_ne!(
+        row["run_id"], session,
+        "the session's run for the breaker's period, not the session"
     );
 
     // The same steps as the same call through the control API.
@@ -661,7 +665,7 @@ fn a_client_that_drops_mid_call_and_asks_again_gets_the_one_execution() {
     std::thread::sleep(Duration::from_millis(1600));
     assert_eq!(door.writes(), 1);
     let (_, runs) = door.served.get(&format!(
-        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+        "/v1/invocations?session_id={session}&tenant_id={TENANT}"
     ));
     let rows = json_of(&runs);
     assert_eq!(
@@ -756,7 +760,11 @@ fn a_call_whose_answer_was_never_delivered_is_the_same_call_asked_again() {
         .unwrap()
         .to_owned();
     let row = invocation(&door.served, &invocation_id);
-    assert_eq!(row["run_id"], first, "the call of the broken stream: {row}");
+    assert_eq!(
+        row["session_id"], first,
+        "the call of the broken stream: {row}"
+    );
+    assert_eq!(row["run_id"], result["_meta"]["toolgate/run_id"], "{row}");
     let undelivered = events_of(
         &door.served,
         &invocation_id,
@@ -1059,7 +1067,7 @@ fn a_cancelled_held_call_ends_and_its_approval_waits_for_the_call_asked_again() 
     // again, which resumes them once decided.
     assert_eq!(door.served.external_writes(), 0);
     let (_, runs) = door.served.get(&format!(
-        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+        "/v1/invocations?session_id={session}&tenant_id={TENANT}"
     ));
     let rows = json_of(&runs)["invocations"].clone();
     assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
@@ -1302,7 +1310,7 @@ fn hostile_requests_at_the_door_get_clear_errors_record_nothing_and_leave_it_up(
     // Up, and nothing recorded but what the calls above were.
     assert_eq!(door.served.get("/healthz").0, 200);
     let (_, runs) = door.served.get(&format!(
-        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+        "/v1/invocations?session_id={session}&tenant_id={TENANT}"
     ));
     assert_eq!(json_of(&runs)["invocations"], json!([]));
 }
@@ -1789,7 +1797,7 @@ fn skills_are_prompts_loaded_through_skill_load_and_recorded() {
     assert!(text.contains("Investigate with echo."), "{text}");
     // The load is a recorded call of the session's run, like any other.
     let (_, runs) = door.served.get(&format!(
-        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+        "/v1/invocations?session_id={session}&tenant_id={TENANT}"
     ));
     let rows = json_of(&runs)["invocations"].clone();
     assert_eq!(rows[0]["tool_name"], "skill.load", "{rows}");
@@ -1803,7 +1811,7 @@ fn skills_are_prompts_loaded_through_skill_load_and_recorded() {
     );
     assert!(unknown.last().get("error").is_some(), "{unknown:?}");
     let (_, runs) = door.served.get(&format!(
-        "/v1/runs/{session}/invocations?tenant_id={TENANT}"
+        "/v1/invocations?session_id={session}&tenant_id={TENANT}"
     ));
     assert_eq!(
         json_of(&runs)["invocations"].as_array().map(Vec::len),
@@ -2123,6 +2131,30 @@ mod stateless {
             door.writes(),
             2,
             "delivered answers: two calls, two effects"
+        );
+        // Identical calls in quick succession are a loop: the fifth is
+        // refused (spread over the breaker's periods they would not be).
+        let echoes: Vec<Value> = (0..5)
+            .map(|_| {
+                send(
+                    &door,
+                    KEY_A,
+                    "tools/call",
+                    json!({"name": "demo-echo", "arguments": {"text": "again"}}),
+                    &[],
+                )
+                .last()["result"]
+                    .clone()
+            })
+            .collect();
+        assert_eq!(echoes[3]["isError"], false, "{echoes:?}");
+        assert_eq!(
+            echoes[4]["structuredContent"]["reason_code"], "tool.loop_detected",
+            "{echoes:?}"
+        );
+        assert_eq!(
+            echoes[0]["_meta"]["toolgate/run_id"], echoes[4]["_meta"]["toolgate/run_id"],
+            "one period, one run"
         );
         // A list's hash named by a call that no longer matches is refused.
         let stale = send(

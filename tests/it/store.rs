@@ -2224,7 +2224,7 @@ async fn ended_at(
 }
 
 /// The operator's invocation list spans tenants, filters by tenant, tool,
-/// status and time, and pages newest first with a cursor that neither
+/// status, session and time, and pages newest first with a cursor that neither
 /// skips nor repeats a row when rows are inserted between pages.
 #[tokio::test]
 async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
@@ -2233,6 +2233,7 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
     for (name, store) in &backends.stores {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
         let mut ids = Vec::new();
+        let session = Uuid::new_v4();
         for (n, tenant) in ["tenant-a", "tenant-b", "tenant-a", "tenant-b", "tenant-a"]
             .into_iter()
             .enumerate()
@@ -2245,6 +2246,9 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
             );
             if n == 0 {
                 new.tool_name = "demo.echo".into();
+            }
+            if n >= 3 {
+                new.session_id = session;
             }
             insert(store.as_ref(), &new, worker_id).await;
             ids.push(new.id);
@@ -2288,6 +2292,12 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
         })
         .await;
         assert_eq!(echo, BTreeSet::from([ids[0]]), "{name}");
+        let of_session = only(OperatorFilter {
+            session_id: Some(session),
+            ..OperatorFilter::default()
+        })
+        .await;
+        assert_eq!(of_session, BTreeSet::from([ids[3], ids[4]]), "{name}");
         let running = only(OperatorFilter {
             status: Some(all.items[0].status().as_str().into()),
             ..OperatorFilter::default()

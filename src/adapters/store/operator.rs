@@ -5,7 +5,7 @@
 //! Every list binds the same parameters in the same order, so each adapter
 //! binds a filter once: `$1` tenant, `$2` tool (or server id), `$3` status,
 //! `$4` since, `$5` until, `$6` the cursor's time, `$7` its key, `$8` the
-//! rows to fetch. A `NULL` parameter filters nothing.
+//! rows to fetch, `$9` the session. A `NULL` parameter filters nothing.
 
 use super::parse;
 use super::rows::{Columns, invocation};
@@ -44,27 +44,40 @@ impl Dialect {
     }
 }
 
-/// The shared conditions over a list's tenant, tool and status columns
-/// (`None` where the list has none: the parameter is still referenced, so
-/// every list binds the same eight), its time column and its (time, id)
-/// cursor.
-fn conditions(
-    tenant: &str,
-    tool: Option<&str>,
-    status: Option<&str>,
-    time: &str,
-    id: &str,
-) -> String {
-    let optional = |parameter: &str, column: Option<&str>| match column {
-        Some(column) => format!("({parameter}::text IS NULL OR {column} = {parameter})"),
-        None => format!("({parameter}::text IS NULL OR TRUE)"),
+/// The columns a list's filters are over: its tenant, tool, status and
+/// session (`None` where the list has none: the parameter is still
+/// referenced, so every list binds the same nine), its time column and its
+/// (time, id) cursor's key.
+struct Filtered<'a> {
+    tenant: &'a str,
+    tool: Option<&'a str>,
+    status: Option<&'a str>,
+    session: Option<&'a str>,
+    time: &'a str,
+    id: &'a str,
+}
+
+/// The shared conditions over a list's [`Filtered`] columns.
+fn conditions(columns: Filtered<'_>) -> String {
+    let Filtered {
+        tenant,
+        tool,
+        status,
+        session,
+        time,
+        id,
+    } = columns;
+    let optional = |parameter: &str, column: Option<&str>, kind: &str| match column {
+        Some(column) => format!("({parameter}::{kind} IS NULL OR {column} = {parameter}::{kind})"),
+        None => format!("({parameter}::{kind} IS NULL OR TRUE)"),
     };
     format!(
-        "($1::text IS NULL OR {tenant} = $1) AND {} AND {} \
+        "($1::text IS NULL OR {tenant} = $1) AND {} AND {} AND {} \
          AND ($4::timestamptz IS NULL OR {time} >= $4) AND ($5::timestamptz IS NULL OR {time} < $5) \
          AND ($6::timestamptz IS NULL OR ({time}, {id}) < ($6, $7::uuid))",
-        optional("$2", tool),
-        optional("$3", status),
+        optional("$2", tool, "text"),
+        optional("$3", status, "text"),
+        optional("$9", session, "uuid"),
     )
 }
 
@@ -82,13 +95,14 @@ pub(super) fn invocations_sql(dialect: Dialect, columns: &str) -> String {
     dialect.render(&format!(
         "SELECT {columns} FROM tool_invocations WHERE {} \
          ORDER BY created_at DESC, id DESC LIMIT $8",
-        conditions(
-            "tenant_id",
-            Some("tool_name"),
-            Some("status"),
-            "created_at",
-            "id"
-        )
+        conditions(Filtered {
+            tenant: "tenant_id",
+            tool: Some("tool_name"),
+            status: Some("status"),
+            session: Some("session_id"),
+            time: "created_at",
+            id: "id",
+        })
     ))
 }
 
@@ -116,13 +130,14 @@ pub(super) fn approvals_sql(dialect: Dialect) -> String {
          i.session_id, i.run_id, i.step_number, i.call_id \
          FROM approvals a JOIN tool_invocations i ON i.id = a.invocation_id AND i.tenant_id = a.tenant_id \
          WHERE {} ORDER BY a.requested_at DESC, a.id DESC LIMIT $8",
-        conditions(
-            "a.tenant_id",
-            Some("a.tool_name"),
-            Some("a.status"),
-            "a.requested_at",
-            "a.id"
-        )
+        conditions(Filtered {
+            tenant: "a.tenant_id",
+            tool: Some("a.tool_name"),
+            status: Some("a.status"),
+            session: Some("i.session_id"),
+            time: "a.requested_at",
+            id: "a.id",
+        })
     ))
 }
 
@@ -138,13 +153,14 @@ pub(super) fn review_items_sql(dialect: Dialect, columns: &str) -> String {
               OR ($3 = 'resolved' AND r.invocation_id IS NOT NULL)) \
          ORDER BY i.completed_at DESC, i.id DESC LIMIT $8",
         qualified(columns, "i"),
-        conditions(
-            "i.tenant_id",
-            Some("i.tool_name"),
-            None,
-            "i.completed_at",
-            "i.id"
-        )
+        conditions(Filtered {
+            tenant: "i.tenant_id",
+            tool: Some("i.tool_name"),
+            status: None,
+            session: Some("i.session_id"),
+            time: "i.completed_at",
+            id: "i.id",
+        })
     ))
 }
 
@@ -152,7 +168,14 @@ pub(super) fn review_items_sql(dialect: Dialect, columns: &str) -> String {
 pub(super) fn sessions_sql(dialect: Dialect, columns: &str) -> String {
     dialect.render(&format!(
         "SELECT {columns} FROM sessions WHERE {} ORDER BY opened_at DESC, session_id DESC LIMIT $8",
-        conditions("tenant_id", None, None, "opened_at", "session_id")
+        conditions(Filtered {
+            tenant: "tenant_id",
+            tool: None,
+            status: None,
+            session: Some("session_id"),
+            time: "opened_at",
+            id: "session_id",
+        })
     ))
 }
 
@@ -162,7 +185,14 @@ pub(super) fn turns_sql(dialect: Dialect) -> String {
         "SELECT turn_id, tenant_id, session_id, run_id, step_number, script_sha256, state, calls, \
          opened_at, expires_at, closed_at FROM turns WHERE {} \
          ORDER BY opened_at DESC, turn_id DESC LIMIT $8",
-        conditions("tenant_id", None, Some("state"), "opened_at", "turn_id")
+        conditions(Filtered {
+            tenant: "tenant_id",
+            tool: None,
+            status: Some("state"),
+            session: Some("session_id"),
+            time: "opened_at",
+            id: "turn_id",
+        })
     ))
 }
 
@@ -184,7 +214,14 @@ pub(super) fn servers_sql(dialect: Dialect) -> String {
          LEFT JOIN events last ON last.id = s.last_event_id \
          ORDER BY s.created_at DESC, s.id DESC",
         dialect.field("last.payload", "reason_code"),
-        conditions("tenant_id", Some("server_id"), None, "created_at", "id")
+        conditions(Filtered {
+            tenant: "tenant_id",
+            tool: Some("server_id"),
+            status: None,
+            session: None,
+            time: "created_at",
+            id: "id",
+        })
     ))
 }
 
@@ -201,6 +238,7 @@ pub(super) fn generations_sql(dialect: Dialect) -> String {
          coalesce({aggregate}(registry_name) FILTER (WHERE withdrawn_at IS NOT NULL), '[]') AS withdrawn \
          FROM mcp_tool_catalog WHERE ($1::text IS NULL OR tenant_id = $1) \
          AND ($2::text IS NULL OR server_id = $2) AND ($3::text IS NULL OR TRUE) \
+         AND ($9::uuid IS NULL OR TRUE) \
          GROUP BY tenant_id, server_id, catalog_hash \
          HAVING ($4::timestamptz IS NULL OR min(discovered_at) >= $4) \
          AND ($5::timestamptz IS NULL OR min(discovered_at) < $5) \

@@ -35,6 +35,9 @@ pub struct OperatorFilter {
     pub tool_name: Option<String>,
     /// Only rows in this state, spelled as the list's `status` is.
     pub status: Option<String>,
+    /// Only rows of this session (invocations and approvals; the other
+    /// lists have no session to filter by).
+    pub session_id: Option<Uuid>,
     /// Only rows at or after this time.
     pub since: Option<DateTime<Utc>>,
     /// Only rows before this time.

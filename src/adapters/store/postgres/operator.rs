@@ -54,6 +54,7 @@ impl PostgresStore {
             .bind(page.after.map(|cursor| cursor.at))
             .bind(page.after.map(|cursor| cursor.key))
             .bind(page.fetch())
+            .bind(filter.session_id)
             .fetch_all(&mut *tx)
             .await
             .map_err(database_error)?;

@@ -53,6 +53,7 @@ impl SqliteStore {
                 .bind(page.after.map(|cursor| micros(cursor.at)))
                 .bind(page.after.map(|cursor| cursor.key.to_string()))
                 .bind(page.fetch())
+                .bind(filter.session_id.map(|id| id.to_string()))
                 .fetch_all(connection)
         })?;
         let items = rows.iter().map(decode).collect::<Result<Vec<T>, _>>()?;
