@@ -266,7 +266,7 @@ impl Front {
             if let Answer::Result(result) = &mut answer
                 && let Some(invocation_id) = render::invocation_of(result)
             {
-                render::mark_run(result, run_id);
+                render::mark_run(result, session_id, run_id);
                 if render::is_pending(result) {
                     delivery.pending();
                 }

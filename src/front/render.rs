@@ -22,6 +22,8 @@ pub const META_STEP: &str = "toolgate/step";
 pub const META_CALL_ID: &str = "toolgate/call_id";
 /// A trust below the credential's for what proposed the call.
 pub const META_ORIGIN_TRUST: &str = "toolgate/origin_trust";
+/// The session a result's call was asked in.
+pub const META_SESSION_ID: &str = "toolgate/session_id";
 /// The row a result or a pending answer is about.
 pub const META_INVOCATION_ID: &str = "toolgate/invocation_id";
 /// The pinned set's hash a list was answered from; a call naming it is
@@ -234,9 +236,11 @@ pub fn invocation_of(result: &Value) -> Option<Uuid> {
         .and_then(|id| id.parse().ok())
 }
 
-/// Names the run a call was recorded in, in its result's `_meta`.
-pub fn mark_run(result: &mut Value, run_id: Uuid) {
+/// Names the session and run a call was recorded in, in its result's
+/// `_meta`.
+pub fn mark_run(result: &mut Value, session_id: Uuid, run_id: Uuid) {
     if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.insert(META_SESSION_ID.into(), json!(session_id));
         meta.insert(META_RUN_ID.into(), json!(run_id));
     }
 }
