@@ -1388,3 +1388,31 @@ async fn preparations_hold_at_most_eight_handshakes_at_once() {
     );
     set.shutdown().await;
 }
+
+/// A server of 2026-07-28 alone (it refuses `initialize`) over HTTP: toolgate
+/// asks it `server/discover`, lists and calls it request by request, each
+/// carrying its revision, and no session is ever opened.
+#[tokio::test]
+async fn a_server_that_speaks_only_2026_is_discovered_and_called() {
+    let server = ScriptedHttp::start(&[("SCRIPTED_MODERN_ONLY", "1".into())]);
+    let (store, _db) = sqlite().await;
+    let live = live_reads(store, &server, no_auth()).await;
+    let prepared = live.prepare().await;
+    assert!(
+        prepared.registered.contains(&"mcp.reads.echo".to_owned()),
+        "{prepared:?}"
+    );
+    let outcome = live.call("mcp.reads.echo", json!({"text": "modern"})).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    assert!(text_of(finished(&outcome)).contains("modern"));
+    let requests = server.requests();
+    assert!(
+        requests.iter().any(|line| line.starts_with("POST")),
+        "{requests:?}"
+    );
+    live.servers.shutdown().await;
+}

@@ -1598,3 +1598,32 @@ async fn stdio_servers_start_two_at_a_time() {
     assert_eq!(most_at_once(&log), 2, "{log}");
     set.shutdown().await;
 }
+
+/// A stdio server of 2026-07-28 alone refuses `initialize`: toolgate starts
+/// it again and asks `server/discover`, and its tools are called through
+/// the pipeline like any other's.
+#[tokio::test]
+async fn a_stdio_server_that_speaks_only_2026_is_discovered_and_called() {
+    let (store, _db) = sqlite().await;
+    let live = live(store, |folder| {
+        let mut server = scripted("reads", "basic", reads("reads"), folder);
+        server
+            .env
+            .insert("SCRIPTED_MODERN_ONLY".to_owned(), "1".to_owned());
+        vec![server]
+    })
+    .await;
+    let prepared = live.prepare().await;
+    assert!(
+        prepared.registered.contains(&"mcp.reads.echo".to_owned()),
+        "{prepared:?}"
+    );
+    let outcome = live.call("mcp.reads.echo", json!({"text": "modern"})).await;
+    assert_eq!(
+        status(&outcome),
+        ToolOutcomeStatus::Succeeded,
+        "{outcome:?}"
+    );
+    assert!(text_of(finished(&outcome)).contains("modern"));
+    live.servers.shutdown().await;
+}

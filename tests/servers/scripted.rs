@@ -16,6 +16,9 @@
 //!   makes each `write` wait up to that long first, `SCRIPTED_WRITE_AFTER_MS`
 //!   that long after its effect, before it answers.
 //!
+//! - `SCRIPTED_MODERN_ONLY=1`: speaks 2026-07-28 alone (`server/discover`
+//!   and self-contained requests; `initialize` is refused).
+//!
 //! State that must outlive one process (the catalog generation after
 //! `change`) lives in `$HOME`, the per-server state folder.
 //!
@@ -49,8 +52,8 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CreateMessageRequestParams, ErrorData,
     GetPromptRequestParams, GetPromptResponse, ListPromptsResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
-    ServerConfig,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ServerHandler, ServiceExt as _};
@@ -446,6 +449,32 @@ fn nix_free_uid() -> u64 {
 }
 
 impl ServerHandler for Scripted {
+    // `SCRIPTED_MODERN_ONLY=1`: a server of 2026-07-28 alone, with no
+    // `initialize` to offer.
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        if std::env::var("SCRIPTED_MODERN_ONLY").is_ok_and(|value| value == "1") {
+            std::borrow::Cow::Owned(vec![ProtocolVersion::V_2026_07_28])
+        } else {
+            std::borrow::Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+        }
+    }
+
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, ErrorData> {
+        if std::env::var("SCRIPTED_MODERN_ONLY").is_ok_and(|value| value == "1") {
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                "initialize is not a method of 2026-07-28",
+                None,
+            ));
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
     fn get_info(&self) -> ServerConfig {
         parse(json!({
             "protocolVersion": "2025-11-25",

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 // Sampling and roots are deprecated upstream; we name them only to decline them.
+use rmcp::ClientHandler;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestMethod,
     ElicitRequestParams, ElicitResult, ElicitationCreateRequestMethod, ErrorData,
@@ -23,15 +24,14 @@ use rmcp::model::{
 #[allow(deprecated)]
 use rmcp::model::{CreateMessageRequestParams, CreateMessageResult, ListRootsResult};
 use rmcp::service::{
-    ClientInitializeError, NotificationContext, RequestContext, RoleClient, RunningService,
-    ServiceError,
+    ClientInitializeError, ClientLifecycleMode, ClientServiceExt as _, NotificationContext,
+    RequestContext, RoleClient, RunningService, ServiceError,
 };
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::common::client_side_sse::ExponentialBackoff;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
-use rmcp::{ClientHandler, ServiceExt as _};
 use serde_json::{Map, Value};
 use tokio::process::Child;
 use tokio::sync::watch;
@@ -401,6 +401,34 @@ impl ClientHandler for Client {
     }
 }
 
+/// A handshake that failed, and whether the server answered `initialize`
+/// with a JSON-RPC error, as a server of 2026-07-28 alone does.
+struct Unopened {
+    error: ClientError,
+    initialize_refused: bool,
+}
+
+impl From<ClientError> for Unopened {
+    fn from(error: ClientError) -> Self {
+        Unopened {
+            error,
+            initialize_refused: false,
+        }
+    }
+}
+
+fn refused_initialize(error: &ClientInitializeError) -> bool {
+    matches!(error, ClientInitializeError::JsonRpcError(_))
+}
+
+/// The handshake with a server of 2026-07-28 alone: `server/discover`, then
+/// every request carries its revision and toolgate's capabilities.
+fn discover() -> ClientLifecycleMode {
+    ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    }
+}
+
 /// A stdio server's process: what a connection over its pipes owns.
 struct Process {
     child: Child,
@@ -447,19 +475,46 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     /// Spawns the child from `spec` and runs the handshake within
-    /// `connect_timeout`. The stderr drain starts before the handshake so a
-    /// chatty child cannot block on a full pipe.
+    /// `connect_timeout`: `initialize`, and when the server refuses it, a
+    /// new child asked `server/discover` (a server of 2026-07-28 alone).
     pub async fn open(
         spec: &ChildSpec,
         connect_timeout: Duration,
         hard_ceiling: usize,
         metrics: Arc<dyn Metrics>,
     ) -> Result<Self, ClientError> {
+        let opened = Self::open_as(
+            spec,
+            connect_timeout,
+            hard_ceiling,
+            metrics.clone(),
+            ClientLifecycleMode::Initialize,
+        )
+        .await;
+        match opened {
+            Err(unopened) if unopened.initialize_refused => {
+                Self::open_as(spec, connect_timeout, hard_ceiling, metrics, discover())
+                    .await
+                    .map_err(|unopened| unopened.error)
+            }
+            opened => opened.map_err(|unopened| unopened.error),
+        }
+    }
+
+    /// One child and its handshake. The stderr drain starts before the
+    /// handshake so a chatty child cannot block on a full pipe.
+    async fn open_as(
+        spec: &ChildSpec,
+        connect_timeout: Duration,
+        hard_ceiling: usize,
+        metrics: Arc<dyn Metrics>,
+        lifecycle: ClientLifecycleMode,
+    ) -> Result<Self, Unopened> {
         let server_id = spec.server_id.clone();
-        let mut child = child::spawn(spec)?;
+        let mut child = child::spawn(spec).map_err(ClientError::from)?;
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
             child::terminate(&mut child, Duration::ZERO).await;
-            return Err(ClientError::Handshake { server_id });
+            return Err(ClientError::Handshake { server_id }.into());
         };
         if let Some(stderr) = child.stderr.take() {
             let secrets = spec
@@ -487,21 +542,28 @@ impl Connection {
         });
         let handshake = {
             let _listing = ceilings.listing();
-            tokio::time::timeout(connect_timeout, client.serve(transport)).await
+            tokio::time::timeout(
+                connect_timeout,
+                client.serve_with_lifecycle(transport, lifecycle),
+            )
+            .await
         };
         let service = match handshake {
             Ok(Ok(service)) => service,
-            Ok(Err(_)) => {
+            Ok(Err(error)) => {
                 child::terminate(&mut child, Duration::from_millis(200)).await;
-                return Err(if signals.declined.load(Ordering::Relaxed) {
-                    ClientError::CapabilityRequired { server_id }
-                } else {
-                    ClientError::Handshake { server_id }
+                return Err(Unopened {
+                    initialize_refused: refused_initialize(&error),
+                    error: if signals.declined.load(Ordering::Relaxed) {
+                        ClientError::CapabilityRequired { server_id }
+                    } else {
+                        ClientError::Handshake { server_id }
+                    },
                 });
             }
             Err(_) => {
                 child::terminate(&mut child, Duration::from_millis(200)).await;
-                return Err(ClientError::ConnectTimeout { server_id });
+                return Err(ClientError::ConnectTimeout { server_id }.into());
             }
         };
         let features = service
@@ -524,7 +586,9 @@ impl Connection {
     }
 
     /// Opens a streamable-HTTP session to `url` through `client` and runs
-    /// the handshake within `connect_timeout`. A 404 on a session is never
+    /// the handshake within `connect_timeout`: `initialize`, and when the
+    /// server refuses it, `server/discover` (a server of 2026-07-28 alone,
+    /// then asked request by request). A 404 on a session is never
     /// answered by re-initializing and re-sending: a call is sent once.
     pub async fn open_http(
         server_id: &str,
@@ -533,6 +597,38 @@ impl Connection {
         connect_timeout: Duration,
         ceilings: Arc<Ceilings>,
     ) -> Result<Self, ClientError> {
+        let opened = Self::open_http_as(
+            server_id,
+            client.clone(),
+            url,
+            connect_timeout,
+            ceilings.clone(),
+            ClientLifecycleMode::Initialize,
+        )
+        .await;
+        match opened {
+            Err(unopened) if unopened.initialize_refused => Self::open_http_as(
+                server_id,
+                client,
+                url,
+                connect_timeout,
+                ceilings,
+                discover(),
+            )
+            .await
+            .map_err(|unopened| unopened.error),
+            opened => opened.map_err(|unopened| unopened.error),
+        }
+    }
+
+    async fn open_http_as(
+        server_id: &str,
+        client: EgressClient,
+        url: &str,
+        connect_timeout: Duration,
+        ceilings: Arc<Ceilings>,
+        lifecycle: ClientLifecycleMode,
+    ) -> Result<Self, Unopened> {
         let mut config = StreamableHttpClientTransportConfig::with_uri(url);
         config.reinit_on_expired_session = false;
         let mut backoff = ExponentialBackoff::default();
@@ -546,15 +642,22 @@ impl Connection {
         };
         let handshake = {
             let _listing = ceilings.listing();
-            tokio::time::timeout(connect_timeout, handler.serve(transport)).await
+            tokio::time::timeout(
+                connect_timeout,
+                handler.serve_with_lifecycle(transport, lifecycle),
+            )
+            .await
         };
         let server_id = server_id.to_owned();
         let service = match handshake {
             Ok(Ok(service)) => service,
             Ok(Err(error)) => {
-                return Err(initialize_error(server_id, &error, &signals));
+                return Err(Unopened {
+                    initialize_refused: refused_initialize(&error),
+                    error: initialize_error(server_id, &error, &signals),
+                });
             }
-            Err(_) => return Err(ClientError::ConnectTimeout { server_id }),
+            Err(_) => return Err(ClientError::ConnectTimeout { server_id }.into()),
         };
         let features = service
             .peer()
