@@ -223,7 +223,11 @@ impl ControlApi {
             .get("traceparent")
             .and_then(|value| value.to_str().ok())
         {
-            (self.parts.continue_trace)(&span, traceparent);
+            let tracestate = request
+                .headers()
+                .get("tracestate")
+                .and_then(|value| value.to_str().ok());
+            (self.parts.continue_trace)(&span, traceparent, tracestate);
         }
         self.routed(request).instrument(span).await
     }

@@ -401,6 +401,7 @@ fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
         connections: ConnectionCap::new(config.front.connections),
         events: shared.store.clone(),
         clock: shared.clock.clone(),
+        continue_trace: crate::adapters::telemetry::otlp::continue_trace,
         settings: front_settings(&config.front, shared.limits),
     }))
 }

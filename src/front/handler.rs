@@ -17,6 +17,7 @@ use rmcp::model::{
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use super::reissue::{Attached, Reissue, reissue_key};
@@ -252,39 +253,66 @@ impl Front {
         let tenant_id = session.tenant_id.clone();
         let session_id = session.session_id;
         let run_id = identity.run_id;
-        tokio::spawn(async move {
-            // One run of a call on this node at a time: a re-issue waits
-            // for its twin's and then reads what it recorded.
-            let turn = match &attached {
-                Some(attached) => Some(front.reissues.take_turn(attached).await),
-                None => None,
-            };
-            let mut answer = front.run_call(call, progress, peer).await;
-            drop(turn);
-            drop(slot);
-            drop(counted);
-            if let Answer::Result(result) = &mut answer
-                && let Some(invocation_id) = render::invocation_of(result)
-            {
-                render::mark_run(result, session_id, run_id);
-                if render::is_pending(result) {
-                    delivery.pending();
+        let span = self.call_span(context);
+        tokio::spawn(
+            async move {
+                // One run of a call on this node at a time: a re-issue waits
+                // for its twin's and then reads what it recorded.
+                let turn = match &attached {
+                    Some(attached) => Some(front.reissues.take_turn(attached).await),
+                    None => None,
+                };
+                let mut answer = front.run_call(call, progress, peer).await;
+                drop(turn);
+                drop(slot);
+                drop(counted);
+                if let Answer::Result(result) = &mut answer
+                    && let Some(invocation_id) = render::invocation_of(result)
+                {
+                    render::mark_run(result, session_id, run_id);
+                    if render::is_pending(result) {
+                        delivery.pending();
+                    }
+                    let reissue = attached.as_ref().map_or(Reissue::New, |a| a.reissue);
+                    if reissue != Reissue::New {
+                        render::mark_reissue(result, reissue, front.reissues.window());
+                        front
+                            .record_reissue(&tenant_id, invocation_id, session_id, reissue)
+                            .await;
+                    }
+                    if let Some(undelivery) = delivery.recorded(invocation_id, session_id) {
+                        front.report_undelivered(&tenant_id, undelivery);
+                    }
                 }
-                let reissue = attached.as_ref().map_or(Reissue::New, |a| a.reissue);
-                if reissue != Reissue::New {
-                    render::mark_reissue(result, reissue, front.reissues.window());
-                    front
-                        .record_reissue(&tenant_id, invocation_id, session_id, reissue)
-                        .await;
-                }
-                if let Some(undelivery) = delivery.recorded(invocation_id, session_id) {
-                    front.report_undelivered(&tenant_id, undelivery);
-                }
+                answer
             }
-            answer
-        })
+            .instrument(span),
+        )
         .await
         .map_err(|_| McpError::internal_error("the call did not complete", None))
+    }
+
+    /// A call's span: the child of the caller's trace when the request
+    /// named one, in its `_meta` (2026-07-28) or its headers.
+    fn call_span(&self, context: &RequestContext<RoleServer>) -> tracing::Span {
+        let span = tracing::info_span!("front.call");
+        let headers = context
+            .extensions
+            .get::<hyper::http::request::Parts>()
+            .map(|parts| &parts.headers);
+        let header = |name: &str| {
+            headers
+                .and_then(|headers| headers.get(name))
+                .and_then(|value| value.to_str().ok())
+        };
+        let (traceparent, tracestate) = match context.meta.get_traceparent() {
+            Some(traceparent) => (Some(traceparent), context.meta.get_tracestate()),
+            None => (header("traceparent"), header("tracestate")),
+        };
+        if let Some(traceparent) = traceparent {
+            (self.parts.continue_trace)(&span, traceparent, tracestate);
+        }
+        span
     }
 
     /// Records that a call was asked again after its answer went

@@ -102,6 +102,9 @@ pub struct FrontParts {
     pub events: Arc<dyn EventStore>,
     /// The one clock.
     pub clock: Arc<dyn Clock>,
+    /// Continues a caller's trace from the `traceparent` in a request's
+    /// `_meta` (or its headers).
+    pub continue_trace: crate::ports::metrics::TraceContinuation,
     /// Its limits.
     pub settings: FrontSettings,
 }

@@ -27,6 +27,7 @@ pub trait Metrics: Send + Sync {
     fn render(&self) -> super::BoxFuture<'_, String>;
 }
 
-/// Makes a span the child of a caller's W3C `traceparent` (the trace
-/// exporter's; a no-op where traces are not exported).
-pub type TraceContinuation = fn(&tracing::Span, &str);
+/// Makes a span the child of a caller's W3C `traceparent`, with its
+/// `tracestate` when it sent one (the trace exporter's; a no-op where traces
+/// are not exported).
+pub type TraceContinuation = fn(&tracing::Span, &str, Option<&str>);

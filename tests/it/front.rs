@@ -2295,4 +2295,57 @@ mod stateless {
         assert_eq!(new["isError"], false, "{new}");
         assert_eq!(door.writes(), 3, "delivered: a new call");
     }
+
+    /// A 2026-07-28 request's `traceparent` and `tracestate` in `_meta`
+    /// continue the caller's trace: the call's span is the caller's span's
+    /// child, and `tool.execute` hangs under it.
+    #[test]
+    fn a_2026_calls_trace_continues_from_its_meta() {
+        let (address, bodies) = crate::operations::collector();
+        let port = free_port();
+        let served = Served::start_edited(
+            |_, config| {
+                format!(
+                    "{config}\n{}\n[telemetry]\notlp_endpoint = \"http://{address}/v1/traces\"\nservice_name = \"toolgate-test\"\n",
+                    front_table(port, "")
+                )
+            },
+            &[],
+        );
+        let mut door = Door::wait(served, port);
+        let (trace_id, parent_id) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+        let marker = "ARGUMENT-MARKER-2026";
+        let answer = send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "demo-echo", "arguments": {"text": marker},
+                   "_meta": request_meta(json!({
+                       "traceparent": format!("00-{trace_id}-{parent_id}-01"),
+                       "tracestate": "vendor=opaque"}))}),
+            &[],
+        );
+        assert_eq!(answer.last()["result"]["isError"], false, "{answer:?}");
+        assert!(door.served.stop(), "the drain exports what is buffered");
+        let spans = crate::operations::exported_spans(&bodies, marker);
+        let call = spans
+            .iter()
+            .find(|span| span["name"] == "front.call")
+            .unwrap_or_else(|| panic!("no front.call span: {spans:?}"));
+        assert_eq!(
+            call["traceId"].as_str().unwrap().to_lowercase(),
+            trace_id,
+            "{call}"
+        );
+        assert_eq!(
+            call["parentSpanId"].as_str().unwrap().to_lowercase(),
+            parent_id
+        );
+        assert_eq!(call["traceState"], "vendor=opaque", "{call}");
+        let execute = spans
+            .iter()
+            .find(|span| span["name"] == "tool.execute")
+            .unwrap_or_else(|| panic!("no tool.execute span: {spans:?}"));
+        assert_eq!(execute["traceId"], call["traceId"]);
+    }
 }

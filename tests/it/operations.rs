@@ -341,7 +341,7 @@ fn the_operations_listener_serves_metrics_and_probes_only() {
 }
 
 /// A collector stand-in: accepts OTLP/HTTP posts and keeps their bodies.
-fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+pub fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
     use std::io::{BufRead as _, Read as _, Write as _};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
@@ -372,6 +372,31 @@ fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
         }
     });
     (address, bodies)
+}
+
+/// The spans the collector was sent, once the first export arrived; no
+/// body holds `marker` (an argument's value).
+pub fn exported_spans(
+    bodies: &std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    marker: &str,
+) -> Vec<serde_json::Value> {
+    let started = Instant::now();
+    while bodies.lock().unwrap().is_empty() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let bodies = bodies.lock().unwrap().clone();
+    let mut spans = Vec::new();
+    for body in &bodies {
+        assert!(!body.contains(marker), "an argument left in a span: {body}");
+        let export: serde_json::Value = serde_json::from_str(body).unwrap();
+        for resource in export["resourceSpans"].as_array().unwrap() {
+            assert!(resource.to_string().contains("toolgate-test"), "{resource}");
+            for scope in resource["scopeSpans"].as_array().unwrap() {
+                spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    spans
 }
 
 /// Spans reach the collector over OTLP: a control request continues the
@@ -405,22 +430,7 @@ fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
     );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
     assert!(served.stop(), "the drain exports what is buffered");
-    let started = Instant::now();
-    while bodies.lock().unwrap().is_empty() && started.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let bodies = bodies.lock().unwrap().clone();
-    let mut spans = Vec::new();
-    for body in &bodies {
-        assert!(!body.contains(marker), "an argument left in a span: {body}");
-        let export: serde_json::Value = serde_json::from_str(body).unwrap();
-        for resource in export["resourceSpans"].as_array().unwrap() {
-            assert!(resource.to_string().contains("toolgate-test"), "{resource}");
-            for scope in resource["scopeSpans"].as_array().unwrap() {
-                spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
-            }
-        }
-    }
+    let spans = exported_spans(&bodies, marker);
     let named = |name: &str| {
         spans
             .iter()

@@ -175,9 +175,13 @@ where
 }
 
 /// Makes `span` a child of the W3C `traceparent` a caller sent, when it is
-/// one; anything else is ignored (the span starts a trace of its own).
-pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
-    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+/// one, carrying its `tracestate`; anything else is ignored (the span starts
+/// a trace of its own).
+pub fn continue_trace(span: &tracing::Span, traceparent: &str, tracestate: Option<&str>) {
+    let mut carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    if let Some(tracestate) = tracestate {
+        carrier.insert("tracestate".to_owned(), tracestate.to_owned());
+    }
     let context = TraceContextPropagator::new().extract(&carrier);
     let _ = span.set_parent(context);
 }
