@@ -400,6 +400,7 @@ fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.front.connections),
         events: shared.store.clone(),
+        invocations: shared.store.clone(),
         clock: shared.clock.clone(),
         continue_trace: crate::adapters::telemetry::otlp::continue_trace,
         settings: front_settings(&config.front, shared.limits),

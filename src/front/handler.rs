@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, GetPromptRequestParams,
-    GetPromptResponse, GetPromptResult, InitializeRequestParams, InitializeResult,
-    ListPromptsResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult,
+    DetailedTask, ErrorCode, GetPromptRequestParams, GetPromptResponse, GetPromptResult,
+    GetTaskParams, GetTaskResult, InitializeRequestParams, InitializeResult, ListPromptsResult,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, ServerConfig, Task, TaskPayload, TaskStatus,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -32,6 +33,9 @@ use crate::ports::PlatformEvent;
 /// How often a call held for approval tells a client that asked for
 /// progress that it still waits.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// How often a client is asked to poll a held call's task.
+const TASK_POLL_MS: u64 = 5_000;
 
 /// Stable JSON-RPC codes of the front door's own refusals.
 const TOO_MANY_SESSIONS: i32 = -32003;
@@ -68,6 +72,33 @@ fn stateless_request(context: &RequestContext<RoleServer>) -> bool {
         .is_some_and(|version| !version.has_initialize())
 }
 
+/// The task a held call is to a client of the tasks extension: its row's
+/// id, working, with how often to ask.
+fn held_task(
+    result: &Value,
+    created_at: chrono::DateTime<chrono::Utc>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Task {
+    let invocation_id = render::invocation_of(result)
+        .map(|id| id.to_string())
+        .unwrap_or_default();
+    let message = result
+        .pointer("/structuredContent/approval_id")
+        .and_then(Value::as_str)
+        .map_or_else(
+            || "the call is running".to_owned(),
+            |approval| format!("waiting for approval {approval}"),
+        );
+    Task::new(
+        invocation_id,
+        TaskStatus::Working,
+        created_at.to_rfc3339(),
+        now.to_rfc3339(),
+    )
+    .with_status_message(message)
+    .with_poll_interval_ms(TASK_POLL_MS)
+}
+
 fn session_of(request: &FrontRequest) -> Result<Arc<Session>, McpError> {
     request
         .session
@@ -87,6 +118,9 @@ struct Asked {
     origin_trust: crate::domain::TrustLevel,
     name: String,
     arguments: Value,
+    /// Whether a call that waits for an approval holds its request, or
+    /// answers pending at once (a task's client polls instead).
+    holds: bool,
 }
 
 /// What a held call ends as.
@@ -101,6 +135,7 @@ impl Front {
     async fn run_call(
         &self,
         call: CallRequest,
+        holds: bool,
         progress: Option<ProgressToken>,
         peer: Peer<RoleServer>,
     ) -> Answer {
@@ -108,12 +143,20 @@ impl Front {
         let withdrawn = call.caller.withdrawn.clone().unwrap_or_default();
         let mut outcome = pipeline.call(call.clone()).await;
         let started = tokio::time::Instant::now();
-        let held_until = started + self.parts.settings.approval_hold;
+        let hold = if holds {
+            self.parts.settings.approval_hold
+        } else {
+            std::time::Duration::ZERO
+        };
+        let held_until = started + hold;
         while let CallOutcome::Pending {
             invocation_id,
             approval_id,
         } = outcome
         {
+            if !holds {
+                return Answer::Result(render::pending(invocation_id, approval_id));
+            }
             let hold = held_until.saturating_duration_since(tokio::time::Instant::now());
             self.parts
                 .approvals
@@ -201,6 +244,7 @@ impl Front {
             origin_trust,
             name,
             arguments,
+            holds,
         } = asked;
         let delivery = front_request.delivery.clone();
         let attached = if identity.named {
@@ -262,7 +306,7 @@ impl Front {
                     Some(attached) => Some(front.reissues.take_turn(attached).await),
                     None => None,
                 };
-                let mut answer = front.run_call(call, progress, peer).await;
+                let mut answer = front.run_call(call, holds, progress, peer).await;
                 drop(turn);
                 drop(slot);
                 drop(counted);
@@ -377,7 +421,8 @@ impl ServerHandler for FrontHandler {
     fn get_info(&self) -> ServerConfig {
         serde_json::from_value(json!({
             "protocolVersion": ProtocolVersion::V_2025_11_25,
-            "capabilities": {"tools": {"listChanged": false}, "prompts": {"listChanged": false}},
+            "capabilities": {"tools": {"listChanged": false}, "prompts": {"listChanged": false},
+                             "extensions": {"io.modelcontextprotocol/tasks": {}}},
             "serverInfo": {"name": "toolgate", "version": env!("CARGO_PKG_VERSION")},
             "instructions": "Every call through toolgate is recorded before it runs. A result marked uncertain means the effect may have happened: do not repeat that call.",
         }))
@@ -492,6 +537,12 @@ impl ServerHandler for FrontHandler {
             .arguments
             .map(Value::Object)
             .unwrap_or_else(|| json!({}));
+        // A client of the tasks extension is given a task for a held call
+        // rather than a held request.
+        let as_task = stateless_request(&context)
+            && context
+                .client_capabilities()
+                .is_some_and(|capabilities| capabilities.supports_tasks());
         let answer = self
             .front
             .admitted_call(
@@ -503,11 +554,16 @@ impl ServerHandler for FrontHandler {
                     origin_trust,
                     name: request.name.into_owned(),
                     arguments,
+                    holds: !as_task,
                 },
                 &context,
             )
             .await?;
         match answer {
+            Answer::Result(result) if as_task && render::is_pending(&result) => {
+                let now = self.front.parts.clock.now();
+                Ok(CreateTaskResult::new(held_task(&result, now, now)).into())
+            }
             Answer::Result(mut result) => {
                 render::completed(&mut result, stateless_request(&context));
                 Ok(from_json::<CallToolResult>(result)?.into())
@@ -518,6 +574,100 @@ impl ServerHandler for FrontHandler {
                 None,
             )),
         }
+    }
+
+    /// A held call's task, by its row's id: the call asked again under its
+    /// own identity (the pipeline answers its state or, once approved, runs
+    /// it, once), so any node answers it. Only its own principal's.
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let front_request = front_request(&context)?;
+        let session = session_of(&front_request)?;
+        let unknown = || McpError::invalid_params("no task has this id", None);
+        let invocation_id = request.task_id.parse::<Uuid>().map_err(|_| unknown())?;
+        let row = self
+            .front
+            .parts
+            .invocations
+            .invocation(&session.tenant_id, invocation_id)
+            .await
+            .map_err(|_| McpError::internal_error("the task could not be read; retry", None))?
+            .filter(|row| row.principal.id == session.principal.id)
+            .ok_or_else(unknown)?;
+        let answer = self
+            .front
+            .admitted_call(
+                &session,
+                &front_request,
+                Asked {
+                    identity: CallIdentity {
+                        run_id: row.run_id,
+                        step_number: row.step_number,
+                        call_id: row.call_id.clone(),
+                        named: true,
+                        origin_trust: Some(row.origin_trust),
+                    },
+                    request_id: json!(format!("task:{invocation_id}")),
+                    origin_trust: row.origin_trust,
+                    name: row.tool_name.clone(),
+                    arguments: row.arguments.clone(),
+                    holds: false,
+                },
+                &context,
+            )
+            .await?;
+        let now = self.front.parts.clock.now();
+        let task = match answer {
+            Answer::Result(result)
+                if render::is_pending(&result) || render::is_in_progress(&result) =>
+            {
+                let mut working = held_task(&result, row.created_at, now);
+                working.task_id = invocation_id.to_string();
+                DetailedTask::new(working, TaskPayload::Working)
+            }
+            Answer::Result(mut result) => {
+                render::completed(&mut result, true);
+                let Value::Object(result) = result else {
+                    return Err(McpError::internal_error(
+                        "the answer could not be written",
+                        None,
+                    ));
+                };
+                DetailedTask::new(
+                    Task::new(
+                        invocation_id.to_string(),
+                        TaskStatus::Completed,
+                        row.created_at.to_rfc3339(),
+                        now.to_rfc3339(),
+                    ),
+                    TaskPayload::Completed { result },
+                )
+            }
+            Answer::Withdrawn => {
+                return Err(McpError::new(
+                    ErrorCode(REQUEST_CANCELLED),
+                    "the request was cancelled",
+                    None,
+                ));
+            }
+        };
+        Ok(GetTaskResult::new(task))
+    }
+
+    /// A held call ends by its approval's decision, never by its caller's
+    /// word: the approval stays for an approver.
+    async fn cancel_task(
+        &self,
+        _request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Err(McpError::invalid_request(
+            "a call waiting for approval ends by the approver's decision; toolgate does not cancel it for its caller",
+            None,
+        ))
     }
 
     async fn list_prompts(
@@ -584,6 +734,7 @@ impl ServerHandler for FrontHandler {
                     origin_trust: front_request.caller.origin_trust,
                     name: SKILL_LOAD.to_owned(),
                     arguments,
+                    holds: true,
                 },
                 &context,
             )

@@ -39,7 +39,7 @@ use crate::edge::{ConnectionCap, EdgeLimits, InFlight, Reply};
 use crate::pipeline::Pipeline;
 use crate::pipeline::approvals::Approvals;
 use crate::pipeline::sessions::{SESSION_IDLE, Session, SessionError, SessionRequest, Sessions};
-use crate::ports::{Clock, EventStore, PlatformEvent};
+use crate::ports::{Clock, EventStore, InvocationStore, PlatformEvent};
 use reissue::{Delivery, Reissues, Undelivery};
 
 /// The path the MCP endpoint answers on.
@@ -100,6 +100,8 @@ pub struct FrontParts {
     pub connections: ConnectionCap,
     /// Where an undelivered answer is recorded.
     pub events: Arc<dyn EventStore>,
+    /// The rows a held call's task is read from.
+    pub invocations: Arc<dyn InvocationStore>,
     /// The one clock.
     pub clock: Arc<dyn Clock>,
     /// Continues a caller's trace from the `traceparent` in a request's
@@ -482,8 +484,14 @@ fn owns(caller: &Caller, session: &Session) -> bool {
 }
 
 /// The methods a stateless request needs its credential's session for.
-const STATELESS_SESSION_METHODS: [&str; 4] =
-    ["tools/list", "tools/call", "prompts/list", "prompts/get"];
+const STATELESS_SESSION_METHODS: [&str; 6] = [
+    "tools/list",
+    "tools/call",
+    "prompts/list",
+    "prompts/get",
+    "tasks/get",
+    "tasks/cancel",
+];
 
 /// What a credential's stateless sessions are derived from: who calls and
 /// what they may use, never the secret.

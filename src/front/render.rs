@@ -199,6 +199,14 @@ pub fn suspended(invocation_id: Uuid, kind: &str, reference: &str) -> Value {
     })
 }
 
+/// Whether a result says its call is running elsewhere and was not
+/// recorded as this request's (another node or request holds it).
+pub fn is_in_progress(result: &Value) -> bool {
+    invocation_of(result).is_none()
+        && result.pointer("/structuredContent/reason_code")
+            == Some(&json!(ReasonCode::ToolConcurrencyConflict.as_str()))
+}
+
 /// Whether a result says its call waits for an approval.
 pub fn is_pending(result: &Value) -> bool {
     result.pointer("/structuredContent/status") == Some(&json!("pending"))

@@ -2020,6 +2020,7 @@ mod stateless {
         }
         let name = params
             .get("name")
+            .or_else(|| params.get("taskId"))
             .and_then(Value::as_str)
             .map(str::to_owned);
         let message = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
@@ -2347,5 +2348,96 @@ mod stateless {
             .find(|span| span["name"] == "tool.execute")
             .unwrap_or_else(|| panic!("no tool.execute span: {spans:?}"));
         assert_eq!(execute["traceId"], call["traceId"]);
+    }
+
+    /// A client that declares the tasks extension is given a held call as a
+    /// task: the row is the task, `tasks/get` polls it (any node, its own
+    /// principal only) and, once approved, it completes with the call's
+    /// outcome, run once.
+    #[test]
+    fn a_held_call_is_a_task_to_a_client_of_the_tasks_extension() {
+        let door = Door::start("", "");
+        let tasks_meta = request_meta(json!({
+            "io.modelcontextprotocol/clientCapabilities":
+                {"extensions": {"io.modelcontextprotocol/tasks": {}}}}));
+        let discovered = send(&door, KEY_A, "server/discover", json!({}), &[]);
+        assert!(
+            discovered.last()["result"]["capabilities"]["extensions"]
+                .get("io.modelcontextprotocol/tasks")
+                .is_some(),
+            "{discovered:?}"
+        );
+        let created = send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "demo-external_write", "arguments": {"line": "task"},
+                   "_meta": tasks_meta.clone()}),
+            &[],
+        );
+        let task = &created.last()["result"];
+        assert_eq!(task["resultType"], "task", "{created:?}");
+        assert_eq!(task["status"], "working", "{task}");
+        let task_id = task["taskId"].as_str().unwrap().to_owned();
+        // The task is the recorded row, waiting.
+        assert_eq!(
+            invocation(&door.served, &task_id)["status"],
+            "waiting_for_approval"
+        );
+        let get = |key: &str| {
+            send(
+                &door,
+                key,
+                "tasks/get",
+                json!({"taskId": task_id, "_meta": tasks_meta.clone()}),
+                &[],
+            )
+        };
+        let polled = get(KEY_A);
+        assert_eq!(polled.last()["result"]["status"], "working", "{polled:?}");
+        // Another principal, another tenant: no such task.
+        for other in [KEY_A2, KEY_B] {
+            let refused = get(other);
+            assert!(
+                refused.last().get("error").is_some(),
+                "{other}: {refused:?}"
+            );
+        }
+        let (_, approvals) = door
+            .served
+            .get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+        let approval = json_of(&approvals)["approvals"][0]["approval_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let (status, _) = door.served.post(
+            &format!("/v1/approvals/{approval}?tenant_id={TENANT}"),
+            &json!({"decision": "approve", "approver": "ops"}),
+        );
+        assert_eq!(status, 200);
+        let done = get(KEY_A);
+        let result = &done.last()["result"];
+        assert_eq!(result["status"], "completed", "{done:?}");
+        assert_eq!(result["result"]["isError"], false, "{result}");
+        assert_eq!(
+            result["result"]["_meta"]["toolgate/invocation_id"], task_id,
+            "{result}"
+        );
+        let again = get(KEY_A);
+        assert_eq!(again.last()["result"]["status"], "completed");
+        assert_eq!(door.served.external_writes(), 1, "run once");
+        // Without the extension, the same kind of call is held, then pending.
+        let held = send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "demo-external_write", "arguments": {"line": "held"}}),
+            &[],
+        );
+        assert_eq!(
+            held.last()["result"]["structuredContent"]["status"],
+            "pending",
+            "{held:?}"
+        );
     }
 }
