@@ -1,9 +1,11 @@
 //! Load driver for the MCP front door, against a real `toolgate serve`
 //! (release build): the same call, `demo.echo`, through `POST /v1/calls`
-//! on the control socket and through the front door's `tools/call` (an MCP
-//! client's request, authenticated with an API key, its session reloaded
-//! from memory), each on one kept-alive connection, in interleaved blocks
-//! of 50; on the embedded SQLite store and (with `DATABASE_URL`) on
+//! on the control socket, through the front door's `tools/call` in a 2025
+//! session (an MCP client's request, authenticated with an API key, its
+//! session reloaded from memory) and through a 2026-07-28 stateless
+//! `tools/call` (authenticated on its own, its credential's session found
+//! by derivation), each on one kept-alive connection, in interleaved
+//! blocks of 50; on the embedded SQLite store and (with `DATABASE_URL`) on
 //! PostgreSQL. Printed per path: p50, p99, the p50 added over `/v1/calls`
 //! and serve's CPU per call. `TOOLGATE_BENCH_ROUNDS` repeats the whole and
 //! prints the median of each figure over the rounds.
@@ -202,8 +204,11 @@ struct Figures {
     cpu_per_call: Duration,
 }
 
-/// One round on one store: both paths, interleaved; the figures per path.
-fn round(toolgate: &Path, store_url: &str, root: &Path, calls: usize) -> [Figures; 2] {
+/// The paths measured, in the order of a round's figures.
+const PATHS: [&str; 3] = ["/v1/calls", "session tools/call", "stateless call"];
+
+/// One round on one store: every path, interleaved; the figures per path.
+fn round(toolgate: &Path, store_url: &str, root: &Path, calls: usize) -> [Figures; 3] {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -236,33 +241,50 @@ fn round(toolgate: &Path, store_url: &str, root: &Path, calls: usize) -> [Figure
         ("Mcp-Session-Id", front_session.as_str()),
         ("MCP-Protocol-Version", "2025-06-18"),
     ];
+    let stateless_headers = [
+        ("Authorization", authorization.as_str()),
+        ("Accept", "application/json, text/event-stream"),
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "demo-echo"),
+    ];
+    let mut stateless = tcp(port);
     let run = Uuid::new_v4();
-    let mut latencies = [Vec::new(), Vec::new()];
-    let mut cpu = [0.0f64; 2];
+    let mut latencies = [Vec::new(), Vec::new(), Vec::new()];
+    let mut cpu = [0.0f64; 3];
     let mut next = 0usize;
     let call = |path: usize,
                 i: usize,
                 control: &mut Kept<UnixStream>,
-                front: &mut Kept<TcpStream>|
+                front: &mut Kept<TcpStream>,
+                stateless: &mut Kept<TcpStream>|
      -> Duration {
         let text = format!("hello {i}");
         let started = Instant::now();
-        let (status, body) = if path == 0 {
-            control.request(
+        let (status, body) = match path {
+            0 => control.request(
                 "/v1/calls",
                 &[],
                 &json!({"session_id": session, "run_id": run, "step_number": i, "origin_trust": "user",
                         "calls": [{"call_id": "c", "name": "demo.echo", "arguments": {"text": text}}]})
                 .to_string(),
-            )
-        } else {
-            front.request(
+            ),
+            1 => front.request(
                 "/mcp",
                 &front_headers,
                 &json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
                         "params": {"name": "demo-echo", "arguments": {"text": text}}})
                 .to_string(),
-            )
+            ),
+            _ => stateless.request(
+                "/mcp",
+                &stateless_headers,
+                &json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                        "params": {"name": "demo-echo", "arguments": {"text": text},
+                                   "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                             "io.modelcontextprotocol/clientCapabilities": {}}}})
+                .to_string(),
+            ),
         };
         let elapsed = started.elapsed();
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
@@ -275,26 +297,26 @@ fn round(toolgate: &Path, store_url: &str, root: &Path, calls: usize) -> [Figure
         assert!(ok, "{answer}");
         elapsed
     };
-    // Warm both paths, then alternate blocks of 50.
+    // Warm every path, then alternate blocks of 50.
     for _ in 0..50 {
-        next += 1;
-        call(0, next, &mut control, &mut front);
-        next += 1;
-        call(1, next, &mut control, &mut front);
+        for path in 0..PATHS.len() {
+            next += 1;
+            call(path, next, &mut control, &mut front, &mut stateless);
+        }
     }
     while latencies[0].len() < calls {
-        for path in 0..2 {
+        for path in 0..PATHS.len() {
             let before = cpu_seconds(pid);
             for _ in 0..50 {
                 next += 1;
-                let took = call(path, next, &mut control, &mut front);
+                let took = call(path, next, &mut control, &mut front, &mut stateless);
                 latencies[path].push(took);
             }
             cpu[path] += cpu_seconds(pid) - before;
         }
     }
     drop(served);
-    [0, 1].map(|path| {
+    [0, 1, 2].map(|path| {
         let mut sorted = latencies[path].clone();
         sorted.sort();
         Figures {
@@ -331,10 +353,10 @@ fn store(
         median(all.iter().map(|round| figure(&round[path])).collect())
     };
     let base = of(0, |f| f.p50);
-    for (path, name) in [(0, "/v1/calls"), (1, "front tools/call")] {
+    for (path, name) in PATHS.iter().enumerate() {
         let p50 = of(path, |f| f.p50);
         println!(
-            "{label:>8} | {name:>16} | {p50:>9.2?} | {:>9.2?} | {:>10} | {:>9.0?}",
+            "{label:>8} | {name:>18} | {p50:>9.2?} | {:>9.2?} | {:>10} | {:>9.0?}",
             of(path, |f| f.p99),
             if path == 0 {
                 "-".to_owned()
@@ -357,7 +379,7 @@ fn main() {
         .unwrap_or(1);
     let toolgate = toolgate();
     println!(
-        "{:>8} | {:>16} | {:>9} | {:>9} | {:>10} | {:>9}",
+        "{:>8} | {:>18} | {:>9} | {:>9} | {:>10} | {:>9}",
         "store", "path", "p50", "p99", "added p50", "cpu/call"
     );
     store(
