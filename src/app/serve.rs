@@ -403,7 +403,7 @@ fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
         invocations: shared.store.clone(),
         clock: shared.clock.clone(),
         continue_trace: crate::adapters::telemetry::otlp::continue_trace,
-        settings: front_settings(&config.front, shared.limits),
+        settings: front_settings(config, shared.limits),
     }))
 }
 
@@ -454,8 +454,10 @@ fn bridge_settings(config: &Config, limits: EdgeLimits) -> BridgeSettings {
     }
 }
 
-/// The front door's settings from `[front]`, with the edges' limits.
-fn front_settings(front: &crate::config::FrontConfig, limits: EdgeLimits) -> FrontSettings {
+/// The front door's settings from `[front]` (and the console's URL), with
+/// the edges' limits.
+fn front_settings(config: &Config, limits: EdgeLimits) -> FrontSettings {
+    let front = &config.front;
     FrontSettings {
         limits,
         allowed_hosts: front.hosts(),
@@ -468,6 +470,7 @@ fn front_settings(front: &crate::config::FrontConfig, limits: EdgeLimits) -> Fro
         sessions_per_credential: front.sessions_per_credential,
         keep_alive: front.keep_alive_seconds.duration(),
         reissue_window: front.reissue_window_seconds.duration(),
+        approval_pages: config.console.approval_pages(),
     }
 }
 

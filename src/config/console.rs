@@ -42,6 +42,10 @@ pub struct ConsoleConfig {
     /// Connections held at once.
     #[serde(deserialize_with = "count")]
     pub connections: usize,
+    /// The console's URL as people's browsers reach it
+    /// (`https://console.example.com`), where a held front-door call sends
+    /// its client's user to approve it; `http://` and `listen` when unset.
+    pub url: Option<String>,
 }
 
 impl Default for ConsoleConfig {
@@ -53,6 +57,7 @@ impl Default for ConsoleConfig {
             behind_tls: false,
             session_minutes: DEFAULT_CONSOLE_SESSION_MINUTES,
             connections: DEFAULT_CONSOLE_CONNECTIONS,
+            url: None,
         }
     }
 }
@@ -81,6 +86,17 @@ impl ConsoleConfig {
     /// Whether the console is served.
     pub fn enabled(&self) -> bool {
         self.listen.is_some()
+    }
+
+    /// The URL of one approval's page, less the tenant and id: the
+    /// console's URL with `/approvals/`; none while the console is off.
+    pub fn approval_pages(&self) -> Option<String> {
+        let listen = self.listen?;
+        let base = self
+            .url
+            .clone()
+            .unwrap_or_else(|| format!("http://{listen}"));
+        Some(format!("{}/approvals/", base.trim_end_matches('/')))
     }
 
     pub(super) fn resolve_paths(&mut self, resolve: &dyn Fn(&mut PathBuf)) {
@@ -117,6 +133,23 @@ impl ConsoleConfig {
             MAXIMUM_CONSOLE_SESSION_MINUTES,
         );
         problems.at_least_one("console.connections", self.connections);
+        if let Some(url) = &self.url {
+            let plain = url
+                .strip_prefix("https://")
+                .or_else(|| url.strip_prefix("http://"))
+                .is_some_and(|rest| {
+                    !rest.is_empty()
+                        && !rest.starts_with('/')
+                        && rest.bytes().all(|b| b.is_ascii_graphic())
+                        && !rest.contains(['?', '#', '"', '<', '>', '\\'])
+                });
+            if !plain {
+                problems.push(
+                    "console.url",
+                    "must be an http:// or https:// URL with a host, without query or fragment",
+                );
+            }
+        }
         validate_operators(&self.operators, "console.operators", problems);
         match self.all_operators() {
             Ok(all) => {

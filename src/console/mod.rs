@@ -292,6 +292,7 @@ impl Console {
             [""] => return Ok(html::see_other("/review")),
             ["review"] => self.review_page(&frame, query).await?,
             ["approvals"] => self.approvals_page(&frame, query).await?,
+            ["approvals", tenant, id] => self.approval_page(&frame, tenant, id).await?,
             ["invocations"] => self.invocations_page(query).await?,
             ["invocations", id] => self.story_page(id).await?,
             ["servers"] => self.servers_page(query).await?,
@@ -301,6 +302,7 @@ impl Console {
         let title = match segments {
             ["review"] => "Review queue",
             ["approvals"] => "Approvals",
+            ["approvals", _, _] => "Approval",
             ["invocations"] => "Invocations",
             ["invocations", _] => "Invocation",
             ["servers"] => "Servers",

@@ -381,6 +381,77 @@ impl Console {
         Ok(body)
     }
 
+    /// `GET /approvals/{tenant}/{id}`: one approval, the page a held call's
+    /// client sends its user to (URL-mode elicitation): the call it would
+    /// allow, with its arguments, and while pending the decision.
+    pub(super) async fn approval_page(
+        &self,
+        frame: &Frame<'_>,
+        tenant: &str,
+        id: &str,
+    ) -> Result<String, ConsoleError> {
+        let id: Uuid = id.parse().map_err(|_| ConsoleError::NotFound)?;
+        if !valid_tenant_id(tenant) {
+            return Err(ConsoleError::NotFound);
+        }
+        let approval = self
+            .parts
+            .approvals
+            .approval(tenant, id)
+            .await?
+            .ok_or(ConsoleError::NotFound)?;
+        let story = self
+            .parts
+            .operator
+            .invocation_with_events(approval.invocation_id)
+            .await?
+            .filter(|story| story.invocation.tenant_id == tenant)
+            .ok_or(ConsoleError::NotFound)?;
+        let row = &story.invocation;
+        let decision = if approval.status == ApprovalStatus::Pending {
+            format!(
+                "<form class=\"decide\" method=\"post\" action=\"/approvals/{tenant}/{id}\">{csrf}\
+                 <button type=\"submit\" name=\"decision\" value=\"approve\">Approve</button>\
+                 <button type=\"submit\" name=\"decision\" value=\"deny\">Deny</button></form>",
+                tenant = encode(tenant),
+                csrf = csrf_field(frame),
+            )
+        } else {
+            format!(
+                "{} by {} {}",
+                status_cell(approval.status.as_str()),
+                escape(approval.approver.as_deref().unwrap_or("—")),
+                time(approval.decided_at),
+            )
+        };
+        let mut body = String::new();
+        let _ = write!(
+            body,
+            "<table id=\"approval\" data-approval=\"{id}\">\
+             <tr><th>Call</th><td><a href=\"/invocations/{invocation}\">{invocation}</a></td></tr>\
+             <tr><th>Tenant</th><td>{tenant}</td></tr>\
+             <tr><th>Principal</th><td>{principal}</td></tr>\
+             <tr><th>Tool</th><td class=\"tool\">{tool}</td></tr>\
+             <tr><th>Classification</th><td>{effect}, {class}</td></tr>\
+             <tr><th>Origin</th><td>{trust}</td></tr>\
+             <tr><th>Why</th><td>{reason}</td></tr>\
+             <tr><th>Arguments</th><td>{arguments}</td></tr>\
+             <tr><th>Requested</th><td>{requested}</td></tr>\
+             <tr><th>Decision</th><td>{decision}</td></tr></table>",
+            invocation = row.id,
+            tenant = escape(tenant),
+            principal = escape(&row.principal.id),
+            tool = escape(&row.tool_name),
+            effect = escape(row.side_effect.as_str()),
+            class = escape(row.idempotency_class.as_str()),
+            trust = escape(row.origin_trust.as_str()),
+            reason = escape(approval.reason_code.as_str()),
+            arguments = json_block(&row.arguments),
+            requested = time(Some(approval.requested_at)),
+        );
+        Ok(body)
+    }
+
     /// `POST /approvals/{tenant}/{id}`: approve or deny, waking whoever
     /// holds the call, as the control API decides.
     pub(super) async fn decide(

@@ -11,9 +11,9 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult,
     DetailedTask, ErrorCode, GetPromptRequestParams, GetPromptResponse, GetPromptResult,
-    GetTaskParams, GetTaskResult, InitializeRequestParams, InitializeResult, ListPromptsResult,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ProtocolVersion, ServerConfig, Task, TaskPayload, TaskStatus,
+    GetTaskParams, GetTaskResult, InitializeRequestParams, InitializeResult, InputRequiredResult,
+    ListPromptsResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, ServerConfig, Task, TaskPayload, TaskStatus,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -359,6 +359,49 @@ impl Front {
         span
     }
 
+    /// The identity of the held call a retry's `requestState` names: its
+    /// row, when it is this caller's call of this tool with these
+    /// arguments (the state comes back from the client, so it is checked,
+    /// never trusted).
+    async fn held_identity(
+        &self,
+        session: &Session,
+        state: &str,
+        name: &str,
+        arguments: &Value,
+    ) -> Result<CallIdentity, McpError> {
+        let refused = || {
+            McpError::invalid_params(
+                "requestState does not name a held call of this caller with these arguments",
+                None,
+            )
+        };
+        let invocation_id = state.parse::<Uuid>().map_err(|_| refused())?;
+        let tool = session.pinned.resolve(name).ok_or_else(refused)?;
+        let hash = canonicalize(arguments.clone())
+            .map_err(|_| refused())?
+            .sha256;
+        let row = self
+            .parts
+            .invocations
+            .invocation(&session.tenant_id, invocation_id)
+            .await
+            .map_err(|_| McpError::internal_error("the held call could not be read; retry", None))?
+            .filter(|row| {
+                row.principal.id == session.principal.id
+                    && row.tool_name == tool.tool.spec.name
+                    && row.arguments_hash == hash
+            })
+            .ok_or_else(refused)?;
+        Ok(CallIdentity {
+            run_id: row.run_id,
+            step_number: row.step_number,
+            call_id: row.call_id,
+            named: true,
+            origin_trust: Some(row.origin_trust),
+        })
+    }
+
     /// Records that a call was asked again after its answer went
     /// undelivered, and how the rule placed it.
     async fn record_reissue(
@@ -523,7 +566,7 @@ impl ServerHandler for FrontHandler {
     ) -> Result<CallToolResponse, McpError> {
         let front_request = front_request(&context)?;
         let session = session_of(&front_request)?;
-        let (identity, request_id) = identity_of(
+        let (mut identity, request_id) = identity_of(
             &context,
             &session,
             front_request.stateless,
@@ -533,16 +576,52 @@ impl ServerHandler for FrontHandler {
         let origin_trust = identity.origin_trust.map_or(caller.origin_trust, |stated| {
             stated.min(caller.origin_trust)
         });
+        let name = request.name.into_owned();
         let arguments = request
             .arguments
             .map(Value::Object)
             .unwrap_or_else(|| json!({}));
-        // A client of the tasks extension is given a task for a held call
-        // rather than a held request.
-        let as_task = stateless_request(&context)
-            && context
-                .client_capabilities()
+        // A held call is given to a client of the tasks extension as a
+        // task, to one that opens URLs as the console's page for its
+        // approval; either way the request is not held.
+        let stateless = stateless_request(&context);
+        let capabilities = context.client_capabilities();
+        let as_task = stateless
+            && capabilities
+                .as_ref()
                 .is_some_and(|capabilities| capabilities.supports_tasks());
+        let pages = self.front.parts.settings.approval_pages.as_deref();
+        let elicits = stateless
+            && !as_task
+            && pages.is_some()
+            && capabilities
+                .as_ref()
+                .and_then(|capabilities| capabilities.elicitation.as_ref())
+                .is_some_and(|elicitation| elicitation.url.is_some());
+        // The retry of a call whose user was sent to approve it: its state
+        // names the held row, which must be this caller's same call.
+        let mut holds = !(as_task || elicits);
+        let mut declined = false;
+        if elicits && let Some(state) = &request.request_state {
+            identity = self
+                .front
+                .held_identity(&session, state, &name, &arguments)
+                .await?;
+            let action = request
+                .input_responses
+                .as_ref()
+                .and_then(|responses| serde_json::to_value(responses).ok())
+                .and_then(|responses| {
+                    responses
+                        .pointer("/approval/action")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                });
+            // Back from the page: the decision is most likely in, so the
+            // call waits for it as a held request would.
+            holds = action.as_deref() == Some("accept");
+            declined = !holds;
+        }
         let answer = self
             .front
             .admitted_call(
@@ -552,9 +631,9 @@ impl ServerHandler for FrontHandler {
                     identity,
                     request_id,
                     origin_trust,
-                    name: request.name.into_owned(),
+                    name,
                     arguments,
-                    holds: !as_task,
+                    holds,
                 },
                 &context,
             )
@@ -564,8 +643,19 @@ impl ServerHandler for FrontHandler {
                 let now = self.front.parts.clock.now();
                 Ok(CreateTaskResult::new(held_task(&result, now, now)).into())
             }
+            Answer::Result(result) if elicits && !declined && render::is_pending(&result) => {
+                let page = pages.unwrap_or_default();
+                Ok(
+                    from_json::<InputRequiredResult>(render::approval_elicitation(
+                        &result,
+                        &session.tenant_id,
+                        page,
+                    ))?
+                    .into(),
+                )
+            }
             Answer::Result(mut result) => {
-                render::completed(&mut result, stateless_request(&context));
+                render::completed(&mut result, stateless);
                 Ok(from_json::<CallToolResult>(result)?.into())
             }
             Answer::Withdrawn => Err(McpError::new(

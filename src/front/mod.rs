@@ -82,6 +82,10 @@ pub struct FrontSettings {
     /// How long a call whose answer was never delivered is the same call
     /// when its caller asks for it again.
     pub reissue_window: Duration,
+    /// The console's approval pages (`…/approvals/`), where a 2026-07-28
+    /// client that opens URLs sends its user for a held call; none without
+    /// a console.
+    pub approval_pages: Option<String>,
 }
 
 /// What the front door drives.

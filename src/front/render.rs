@@ -199,6 +199,29 @@ pub fn suspended(invocation_id: Uuid, kind: &str, reference: &str) -> Value {
     })
 }
 
+/// A held call as an `InputRequiredResult` for a client that opens URLs:
+/// the console's page for its approval (`pages` ends `/approvals/`), and
+/// the row's id as the state its retry carries back.
+pub fn approval_elicitation(pending: &Value, tenant_id: &str, pages: &str) -> Value {
+    let approval = pending
+        .pointer("/structuredContent/approval_id")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let invocation = invocation_of(pending)
+        .map(|id| id.to_string())
+        .unwrap_or_default();
+    json!({
+        "resultType": "input_required",
+        "inputRequests": {"approval": {"method": "elicitation/create", "params": {
+            "mode": "url",
+            "message": format!("This call waits for a human's approval ({approval}). Nothing has run. Open the page to see it and, if you may, decide; then continue."),
+            "url": format!("{pages}{tenant_id}/{approval}"),
+            "elicitationId": "",
+        }}},
+        "requestState": invocation,
+    })
+}
+
 /// Whether a result says its call is running elsewhere and was not
 /// recorded as this request's (another node or request holds it).
 pub fn is_in_progress(result: &Value) -> bool {

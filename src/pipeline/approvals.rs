@@ -54,6 +54,15 @@ impl Approvals {
         Ok(decided)
     }
 
+    /// One approval of a tenant, as recorded.
+    pub async fn approval(
+        &self,
+        tenant_id: &str,
+        id: Uuid,
+    ) -> Result<Option<ApprovalRecord>, StoreError> {
+        self.store.approval(tenant_id, id).await
+    }
+
     /// Records that a caller holds the call of a pending approval for
     /// `hold` from now (in `turn_id`, when a bridge turn holds it), so an
     /// approver sees when the caller stops waiting. A record that fails is

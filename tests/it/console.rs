@@ -363,6 +363,11 @@ struct Console {
 
 impl Console {
     fn start() -> Console {
+        Console::start_with("")
+    }
+
+    /// With `extra` whole tables beside the console's.
+    fn start_with(extra: &str) -> Console {
         let port = free_port();
         let token = format!("tgo_{}", Uuid::new_v4().simple());
         let console = format!(
@@ -370,7 +375,7 @@ impl Console {
              operators = [{{ name = \"ana\", sha256 = \"{}\" }}]\n",
             sha256(&token)
         );
-        let served = Served::start_configured(&console);
+        let served = Served::start_configured(&format!("{console}\n{extra}"));
         Console {
             served,
             port,
@@ -797,4 +802,88 @@ fn a_cross_site_form_in_the_operators_browser_decides_nothing() {
     let pending = console.control("/v1/approvals?status=pending").to_string();
     assert!(pending.contains(&approval), "still pending: {pending}");
     assert_eq!(console.served.external_writes(), 0);
+}
+
+/// A 2026-07-28 client that opens URLs is sent, for a held call, to the
+/// console's page for its approval: the operator signs in there (a real
+/// browser), sees the call with its arguments and approves it, and the
+/// client's retry with the state it was given runs the call, once; a retry
+/// naming another call's state is refused.
+#[test]
+fn a_held_calls_client_is_sent_to_its_approval_page_and_its_retry_runs_it_once() {
+    if !browser_installed() {
+        return;
+    }
+    let front_port = free_port();
+    let console = Console::start_with(&crate::front::front_table(front_port, ""));
+    let door = crate::front::Client { port: front_port };
+    let meta = crate::front::stateless::request_meta(json!({
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"url": {}}}}));
+    let ask = |params: Value| {
+        crate::front::stateless::send(&door, crate::front::KEY_A, "tools/call", params, &[])
+    };
+    let call = json!({"name": "demo-external_write", "arguments": {"line": "approve me"},
+                      "_meta": meta.clone()});
+    let asked = ask(call.clone());
+    let result = asked.last()["result"].clone();
+    assert_eq!(result["resultType"], "input_required", "{asked:?}");
+    let request = &result["inputRequests"]["approval"];
+    assert_eq!(request["method"], "elicitation/create", "{result}");
+    assert_eq!(request["params"]["mode"], "url", "{result}");
+    let url = request["params"]["url"].as_str().unwrap().to_owned();
+    let state = result["requestState"].as_str().unwrap().to_owned();
+    let approvals = console.control("/v1/approvals?status=pending");
+    let approval = approvals["approvals"][0]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        url,
+        console.url(&format!("/approvals/{}/{approval}", crate::serve::TENANT))
+    );
+    assert_eq!(approvals["approvals"][0]["invocation_id"], state);
+    assert_eq!(console.served.external_writes(), 0, "nothing ran");
+
+    // Not approved yet, the user comes back: still input required.
+    let mut retry = call.clone();
+    retry["requestState"] = json!(state);
+    retry["inputResponses"] = json!({"approval": {"action": "decline"}});
+    let early = ask(retry.clone());
+    assert_eq!(
+        early.last()["result"]["structuredContent"]["status"],
+        "pending",
+        "a declined page ends in the pending answer: {early:?}"
+    );
+    // Another call's state, or a forged one, is refused.
+    let mut forged = retry.clone();
+    forged["arguments"] = json!({"line": "something else"});
+    forged["inputResponses"] = json!({"approval": {"action": "accept"}});
+    let refused = ask(forged);
+    assert_eq!(refused.last()["error"]["code"], -32602, "{refused:?}");
+
+    let browser = Browser::start();
+    console.sign_in(&browser);
+    browser.open(&url);
+    assert_eq!(
+        browser.count(&format!("table#approval[data-approval=\"{approval}\"]")),
+        1,
+        "{}",
+        browser.text()
+    );
+    assert!(browser.text().contains("approve me"), "{}", browser.text());
+    browser.screenshot("6-approval-page-from-a-clients-url");
+    browser.click("table#approval button[value=approve]");
+    browser.wait_for("/approvals?status=approved");
+
+    retry["inputResponses"] = json!({"approval": {"action": "accept"}});
+    let done = ask(retry.clone());
+    let result = &done.last()["result"];
+    assert_eq!(result["isError"], false, "{done:?}");
+    assert_eq!(result["_meta"]["toolgate/invocation_id"], state, "{result}");
+    let again = ask(retry);
+    assert_eq!(
+        again.last()["result"]["_meta"]["toolgate/invocation_id"],
+        state
+    );
+    assert_eq!(console.served.external_writes(), 1, "run once");
 }

@@ -1987,7 +1987,7 @@ fn the_stdio_relay_reaches_the_front_door_on_its_unix_socket() {
 }
 
 /// Protocol revision 2026-07-28: no sessions, every request on its own.
-mod stateless {
+pub mod stateless {
     use super::*;
 
     pub const REVISION: &str = "2026-07-28";
