@@ -148,16 +148,18 @@ impl Door {
     /// A door whose writes server answers 1.5 s after its effect, so a
     /// client can lose the answer of a call that acted.
     pub fn slow_answers(front_extra: &str) -> Door {
+        Door::slow_answers_on(None, front_extra)
+    }
+
+    /// As [`Door::slow_answers`], on the database at `store_url` when given.
+    pub fn slow_answers_on(store_url: Option<&str>, front_extra: &str) -> Door {
         let port = free_port();
-        let served = Served::start_edited(
-            |_, config| {
-                config.replace(
+        let served = Served::start_edited_on(store_url, |_, config| {
+            config.replace(
                     "SCRIPTED_CATALOG = \"basic\", SCRIPTED_EFFECTS",
                     "SCRIPTED_CATALOG = \"basic\", SCRIPTED_WRITE_AFTER_MS = \"1500\", SCRIPTED_EFFECTS",
                 ) + &front_table(port, front_extra)
-            },
-            &[],
-        );
+        });
         Door::wait(served, port)
     }
 
@@ -846,6 +848,70 @@ fn a_call_whose_answer_was_never_delivered_is_the_same_call_asked_again() {
     assert_eq!(door.writes(), 5);
     let lines = std::fs::read_to_string(door.served.folder.path().join("writes.effects")).unwrap();
     assert_eq!(lines, "once\nonce\ntwice\ntwice\nthrice\n");
+}
+
+/// The re-issue rule on PostgreSQL, in both eras: a write whose stream
+/// broke after its effect, asked again with a new request id (a new
+/// session in the 2025 era, a request on its own in 2026-07-28), acts once.
+#[test]
+fn the_reissue_rule_holds_on_postgresql_in_both_eras() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(schema) = runtime.block_on(crate::store::PgSchema::create()) else {
+        eprintln!("DATABASE_URL unset: the PostgreSQL re-issue test runs on PostgreSQL only");
+        return;
+    };
+    let door = Door::slow_answers_on(Some(&schema.url), "");
+    let first = door.open(KEY_A);
+    send_then_break(&door, &first, KEY_A, &write_call(1, "pg-2025"), 1);
+    let second = door.open(KEY_A);
+    let result = door.call(
+        KEY_A,
+        &second,
+        json!(7),
+        "mcp-writes-write",
+        json!({"line": "pg-2025"}),
+        None,
+    );
+    assert_eq!(door.writes(), 1, "the 2025 re-issue ran it again: {result}");
+    assert_eq!(result["_meta"]["toolgate/reissue"], "same_call", "{result}");
+
+    let params = json!({"name": "mcp-writes-write", "arguments": {"line": "pg-2026"},
+                        "_meta": stateless::request_meta(json!({}))});
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).to_string();
+    let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+    stream
+        .write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
+                 Accept: application/json, text/event-stream\r\nAuthorization: Bearer {KEY_A}\r\n\
+                 MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: mcp-writes-write\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                door.port,
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let started = Instant::now();
+    while door.writes() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(30), "no effect");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    let again = stateless::send(
+        &door,
+        KEY_A,
+        "tools/call",
+        json!({"name": "mcp-writes-write", "arguments": {"line": "pg-2026"}}),
+        &[],
+    );
+    let again = &again.last()["result"];
+    assert_eq!(door.writes(), 2, "the 2026 re-issue ran it again: {again}");
+    assert_eq!(again["_meta"]["toolgate/reissue"], "same_call", "{again}");
+    // The sidecar stops before its schema is dropped.
+    drop(door);
+    drop(schema);
 }
 
 #[test]

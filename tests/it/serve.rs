@@ -132,6 +132,15 @@ impl Served {
         Served::build_with(30, None, None, "", None, edit, env)
     }
 
+    /// As [`Served::start_edited`], on the database at `store_url` when
+    /// given.
+    pub fn start_edited_on(
+        store_url: Option<&str>,
+        edit: impl FnOnce(&Path, String) -> String,
+    ) -> Served {
+        Served::build_with(30, None, store_url, "", None, edit, &[])
+    }
+
     fn build(
         hold: u32,
         tcp: Option<(&str, &str)>,
