@@ -622,13 +622,27 @@ impl App {
             serving_front.push(tokio::spawn(
                 front.credentials().clone().refresh(shutdown.clone()),
             ));
+            let protocol = crate::adapters::mcp::front::front_protocol(
+                front.methods(),
+                crate::adapters::mcp::front::ProtocolSettings {
+                    body_limit: front.settings().limits.body_limit,
+                    keep_alive: front.settings().keep_alive,
+                },
+                &shutdown,
+            );
             if let Some(tcp) = front_tcp {
-                serving_front.push(tokio::spawn(front.clone().serve_tcp(tcp, shutdown.clone())));
+                serving_front.push(tokio::spawn(front.clone().serve_tcp(
+                    tcp,
+                    protocol.clone(),
+                    shutdown.clone(),
+                )));
             }
             if let Some(unix) = front_unix {
-                serving_front.push(tokio::spawn(
-                    front.clone().serve_unix(unix, shutdown.clone()),
-                ));
+                serving_front.push(tokio::spawn(front.clone().serve_unix(
+                    unix,
+                    protocol,
+                    shutdown.clone(),
+                )));
             }
         }
         // Like the front door, the console stops taking connections when

@@ -1,22 +1,15 @@
 //! The MCP methods: `initialize` opens a toolgate session, `tools/list` is
 //! its pinned set, `tools/call` is a pipeline call (held while it waits for
-//! an approval), `prompts/*` are its skills loaded through `skill.load`.
-//! Sampling, roots and elicitation are never asked of the client; nothing
-//! is sent but answers and progress.
+//! an approval, or given as a task or the console's page), `prompts/*` are
+//! its skills loaded through `skill.load`, `tasks/*` its held calls.
+//! Sampling, roots and form elicitation are never asked of the client;
+//! nothing is sent but answers and progress. Each answers JSON as the
+//! protocol spells it; the protocol's side (`adapters::mcp`) parses and
+//! writes the messages.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult,
-    DetailedTask, ErrorCode, GetPromptRequestParams, GetPromptResponse, GetPromptResult,
-    GetTaskParams, GetTaskResult, InitializeRequestParams, InitializeResult, InputRequiredResult,
-    ListPromptsResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, ServerConfig, Task, TaskPayload, TaskStatus,
-};
-use rmcp::service::{Peer, RequestContext};
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tracing::Instrument as _;
 use uuid::Uuid;
@@ -29,6 +22,8 @@ use crate::domain::{IdempotencyClass, canonicalize};
 use crate::pipeline::sessions::{CallPlace, Session, SessionError, SessionRequest};
 use crate::pipeline::{CallOutcome, CallRequest, CallerTerms};
 use crate::ports::PlatformEvent;
+use crate::ports::front::{FrontContext, FrontError, FrontMethods, ProgressSink};
+use crate::ports::tool::BoxFuture;
 
 /// How often a call held for approval tells a client that asked for
 /// progress that it still waits.
@@ -43,72 +38,73 @@ const TOO_MANY_CALLS: i32 = -32004;
 const SERVERS_UNAVAILABLE: i32 = -32002;
 const REQUEST_CANCELLED: i32 = -32800;
 
-/// One request's handler (rmcp makes one per request).
-pub(crate) struct FrontHandler {
+/// The front door's methods, as the protocol's side calls them.
+pub(super) struct Methods {
     front: Arc<Front>,
 }
 
-impl FrontHandler {
+impl Methods {
     pub(super) fn new(front: Arc<Front>) -> Self {
-        FrontHandler { front }
+        Methods { front }
     }
 }
 
 /// What the listener resolved for the request.
-fn front_request(context: &RequestContext<RoleServer>) -> Result<FrontRequest, McpError> {
+fn front_request(context: &FrontContext) -> Result<FrontRequest, FrontError> {
     context
-        .extensions
-        .get::<hyper::http::request::Parts>()
+        .http
+        .as_ref()
         .and_then(|parts| parts.extensions.get::<FrontRequest>())
         .cloned()
-        .ok_or_else(|| McpError::internal_error("the request was not authenticated", None))
+        .ok_or_else(|| FrontError::internal("the request was not authenticated"))
 }
 
-/// Whether the request is of a revision without sessions (2026-07-28 on),
-/// whose results carry what such a client reads.
-fn stateless_request(context: &RequestContext<RoleServer>) -> bool {
-    context
-        .protocol_version()
-        .is_some_and(|version| !version.has_initialize())
+fn error(code: i32, message: &str) -> FrontError {
+    FrontError {
+        code,
+        message: message.to_owned(),
+    }
 }
 
 /// The task a held call is to a client of the tasks extension: its row's
-/// id, working, with how often to ask.
-fn held_task(
-    result: &Value,
+/// id, `status` as given, with how often to ask.
+fn task_of(
+    invocation_id: &str,
+    status: &str,
+    message: Option<String>,
     created_at: chrono::DateTime<chrono::Utc>,
     now: chrono::DateTime<chrono::Utc>,
-) -> Task {
-    let invocation_id = render::invocation_of(result)
-        .map(|id| id.to_string())
-        .unwrap_or_default();
-    let message = result
+) -> Value {
+    let mut task = json!({
+        "taskId": invocation_id,
+        "status": status,
+        "createdAt": created_at.to_rfc3339(),
+        "lastUpdatedAt": now.to_rfc3339(),
+        "ttlMs": null,
+        "pollIntervalMs": TASK_POLL_MS,
+    });
+    if let Some(message) = message {
+        task["statusMessage"] = json!(message);
+    }
+    task
+}
+
+/// What a held call's task says while it works.
+fn working_message(result: &Value) -> String {
+    result
         .pointer("/structuredContent/approval_id")
         .and_then(Value::as_str)
         .map_or_else(
             || "the call is running".to_owned(),
             |approval| format!("waiting for approval {approval}"),
-        );
-    Task::new(
-        invocation_id,
-        TaskStatus::Working,
-        created_at.to_rfc3339(),
-        now.to_rfc3339(),
-    )
-    .with_status_message(message)
-    .with_poll_interval_ms(TASK_POLL_MS)
+        )
 }
 
-fn session_of(request: &FrontRequest) -> Result<Arc<Session>, McpError> {
+fn session_of(request: &FrontRequest) -> Result<Arc<Session>, FrontError> {
     request
         .session
         .clone()
-        .ok_or_else(|| McpError::invalid_request("initialize a session first", None))
-}
-
-fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, McpError> {
-    serde_json::from_value(value)
-        .map_err(|_| McpError::internal_error("the answer could not be written", None))
+        .ok_or_else(|| FrontError::invalid_request("initialize a session first"))
 }
 
 /// One call as the client asked it.
@@ -136,8 +132,7 @@ impl Front {
         &self,
         call: CallRequest,
         holds: bool,
-        progress: Option<ProgressToken>,
-        peer: Peer<RoleServer>,
+        progress: Option<Arc<dyn ProgressSink>>,
     ) -> Answer {
         let pipeline = &self.parts.pipeline;
         let withdrawn = call.caller.withdrawn.clone().unwrap_or_default();
@@ -163,13 +158,13 @@ impl Front {
                 .record_hold(&call.tenant_id, approval_id, None, hold)
                 .await;
             let decided = loop {
-                if let Some(token) = &progress {
-                    let note = ProgressNotificationParam::new(
-                        token.clone(),
-                        started.elapsed().as_secs_f64(),
-                    )
-                    .with_message(format!("waiting for approval {approval_id}"));
-                    let _ = peer.notify_progress(note).await;
+                if let Some(progress) = &progress {
+                    progress
+                        .progress(
+                            started.elapsed().as_secs_f64(),
+                            format!("waiting for approval {approval_id}"),
+                        )
+                        .await;
                 }
                 let until = held_until.min(tokio::time::Instant::now() + PROGRESS_EVERY);
                 tokio::select! {
@@ -236,8 +231,8 @@ impl Front {
         session: &Arc<Session>,
         front_request: &FrontRequest,
         asked: Asked,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<Answer, McpError> {
+        context: &FrontContext,
+    ) -> Result<Answer, FrontError> {
         let Asked {
             mut identity,
             request_id,
@@ -266,10 +261,9 @@ impl Front {
             ) {
                 Ok(slot) => break slot,
                 Err(Busy::Full) => {
-                    return Err(McpError::new(
-                        ErrorCode(TOO_MANY_CALLS),
+                    return Err(error(
+                        TOO_MANY_CALLS,
                         "this session has its most calls in flight; wait for one to end",
-                        None,
                     ));
                 }
                 Err(Busy::Running(mut done)) => {
@@ -290,8 +284,7 @@ impl Front {
             resumes_waiting: !identity.named,
             replay: None,
         };
-        let progress = context.meta.get_progress_token();
-        let peer = context.peer.clone();
+        let progress = context.progress.clone();
         let front = self.clone();
         let counted = self.parts.in_flight.enter();
         let tenant_id = session.tenant_id.clone();
@@ -306,7 +299,7 @@ impl Front {
                     Some(attached) => Some(front.reissues.take_turn(attached).await),
                     None => None,
                 };
-                let mut answer = front.run_call(call, holds, progress, peer).await;
+                let mut answer = front.run_call(call, holds, progress).await;
                 drop(turn);
                 drop(slot);
                 drop(counted);
@@ -333,24 +326,22 @@ impl Front {
             .instrument(span),
         )
         .await
-        .map_err(|_| McpError::internal_error("the call did not complete", None))
+        .map_err(|_| FrontError::internal("the call did not complete"))
     }
 
     /// A call's span: the child of the caller's trace when the request
     /// named one, in its `_meta` (2026-07-28) or its headers.
-    fn call_span(&self, context: &RequestContext<RoleServer>) -> tracing::Span {
+    fn call_span(&self, context: &FrontContext) -> tracing::Span {
         let span = tracing::info_span!("front.call");
-        let headers = context
-            .extensions
-            .get::<hyper::http::request::Parts>()
-            .map(|parts| &parts.headers);
+        let headers = context.http.as_ref().map(|parts| &parts.headers);
         let header = |name: &str| {
             headers
                 .and_then(|headers| headers.get(name))
                 .and_then(|value| value.to_str().ok())
         };
-        let (traceparent, tracestate) = match context.meta.get_traceparent() {
-            Some(traceparent) => (Some(traceparent), context.meta.get_tracestate()),
+        let meta = |name: &str| context.meta.get(name).and_then(Value::as_str);
+        let (traceparent, tracestate) = match meta("traceparent") {
+            Some(traceparent) => (Some(traceparent), meta("tracestate")),
             None => (header("traceparent"), header("tracestate")),
         };
         if let Some(traceparent) = traceparent {
@@ -369,11 +360,10 @@ impl Front {
         state: &str,
         name: &str,
         arguments: &Value,
-    ) -> Result<CallIdentity, McpError> {
+    ) -> Result<CallIdentity, FrontError> {
         let refused = || {
-            McpError::invalid_params(
+            FrontError::invalid_params(
                 "requestState does not name a held call of this caller with these arguments",
-                None,
             )
         };
         let invocation_id = state.parse::<Uuid>().map_err(|_| refused())?;
@@ -386,7 +376,7 @@ impl Front {
             .invocations
             .invocation(&session.tenant_id, invocation_id)
             .await
-            .map_err(|_| McpError::internal_error("the held call could not be read; retry", None))?
+            .map_err(|_| FrontError::internal("the held call could not be read; retry"))?
             .filter(|row| {
                 row.principal.id == session.principal.id
                     && row.tool_name == tool.tool.spec.name
@@ -433,66 +423,64 @@ impl Front {
 /// credential counts from 1), so it stands for nothing: an unnamed call
 /// there is a new call unless the re-issue rule makes it its twin.
 fn identity_of(
-    context: &RequestContext<RoleServer>,
+    context: &FrontContext,
     session: &Session,
     stateless: bool,
     now: chrono::DateTime<chrono::Utc>,
-) -> Result<(CallIdentity, Value), McpError> {
-    let meta = serde_json::to_value(&context.meta).unwrap_or(Value::Null);
+) -> Result<(CallIdentity, Value), FrontError> {
+    let meta = &context.meta;
     if let Some(listed) = meta.get(render::META_TOOL_SCHEMA).and_then(Value::as_str)
         && listed != session.pinned.tool_schema_sha256()
     {
-        return Err(McpError::invalid_params(
+        return Err(FrontError::invalid_params(
             "the tools changed since they were listed (toolgate/tool_schema_sha256); list them again",
-            None,
         ));
     }
     let request_id = if stateless {
         json!(format!("r:{}", Uuid::new_v4().simple()))
     } else {
-        serde_json::to_value(&context.id).unwrap_or(Value::Null)
+        context.request_id.clone()
     };
-    let mut identity = render::identity(&meta, &request_id, session.session_id)
-        .map_err(|message| McpError::invalid_params(message, None))?;
+    let mut identity = render::identity(meta, &request_id, session.session_id)
+        .map_err(FrontError::invalid_params)?;
     if !identity.named {
         identity.run_id = render::unnamed_run(session.session_id, now);
     }
     Ok((identity, request_id))
 }
 
-impl ServerHandler for FrontHandler {
-    fn get_info(&self) -> ServerConfig {
-        serde_json::from_value(json!({
-            "protocolVersion": ProtocolVersion::V_2025_11_25,
-            "capabilities": {"tools": {"listChanged": false}, "prompts": {"listChanged": false},
-                             "extensions": {"io.modelcontextprotocol/tasks": {}}},
-            "serverInfo": {"name": "toolgate", "version": env!("CARGO_PKG_VERSION")},
-            "instructions": "Every call through toolgate is recorded before it runs. A result marked uncertain means the effect may have happened: do not repeat that call.",
-        }))
-        .unwrap_or_else(|_| InitializeResult::new(Default::default()))
-    }
+/// The server's description, as `initialize` and `server/discover` give it.
+fn info() -> Value {
+    json!({
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"tools": {"listChanged": false}, "prompts": {"listChanged": false},
+                         "extensions": {"io.modelcontextprotocol/tasks": {}}},
+        "serverInfo": {"name": "toolgate", "version": env!("CARGO_PKG_VERSION")},
+        "instructions": "Every call through toolgate is recorded before it runs. A result marked uncertain means the effect may have happened: do not repeat that call.",
+    })
+}
 
-    // Every revision: those with sessions through `initialize` (offered
-    // 2025-11-25 at most, `get_info`'s), 2026-07-28 per request.
-    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2026_07_28))
-    }
+/// What a call's answer is for a client that was not held: a task to a
+/// client of the tasks extension, the console's page to one that opens
+/// URLs, else the hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeldAs {
+    Hold,
+    Task,
+    Page,
+}
 
-    async fn initialize(
-        &self,
-        request: InitializeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<InitializeResult, McpError> {
+impl Methods {
+    async fn initialize(&self, context: FrontContext) -> Result<(), FrontError> {
         let front_request = front_request(&context)?;
         let caller = &front_request.caller;
         let Some((opening, abandoned)) = self.front.open.admit(
             &caller.credential,
             self.front.parts.settings.sessions_per_credential,
         ) else {
-            return Err(McpError::new(
-                ErrorCode(TOO_MANY_SESSIONS),
+            return Err(error(
+                TOO_MANY_SESSIONS,
                 "this credential holds its most open sessions on this node, all in recent use; end one (DELETE) first",
-                None,
             ));
         };
         if let Some(abandoned) = abandoned {
@@ -523,47 +511,56 @@ impl ServerHandler for FrontHandler {
                 agent: caller.agent.clone(),
             })
             .await
-            .map_err(|error| match error {
-                SessionError::ServersUnavailable => McpError::new(
-                    ErrorCode(SERVERS_UNAVAILABLE),
+            .map_err(|failure| match failure {
+                SessionError::ServersUnavailable => error(
+                    SERVERS_UNAVAILABLE,
                     "a tool server did not answer; initialize again",
-                    None,
                 ),
                 other => {
                     tracing::warn!(error = %other, "a front door session could not be opened");
-                    McpError::internal_error(
-                        "the session could not be opened; initialize again",
-                        None,
-                    )
+                    FrontError::internal("the session could not be opened; initialize again")
                 }
             })?;
         opening.fill(session_id);
         let _ = front_request.opened.set(session_id);
         tracing::info!(%session_id, credential = %caller.credential, "front door session opened");
-        context.peer.set_peer_info(request.clone());
-        self.negotiate_initialize(&request)
+        Ok(())
     }
 
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, McpError> {
+    async fn list_tools(&self, context: FrontContext) -> Result<Value, FrontError> {
         let session = session_of(&front_request(&context)?)?;
         let mut tools: Vec<&crate::pipeline::PinnedTool> = session.pinned.advertised().collect();
         tools.sort_by(|a, b| a.wire_name.cmp(&b.wire_name));
         let tools: Vec<Value> = tools.into_iter().map(render::tool).collect();
         let mut result = json!({"tools": tools, "_meta": {
             render::META_TOOL_SCHEMA: session.pinned.tool_schema_sha256()}});
-        render::listed(&mut result, stateless_request(&context));
-        from_json(result)
+        render::listed(&mut result, context.stateless);
+        Ok(result)
     }
 
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, McpError> {
+    /// How a held call is given to this request's client.
+    fn held_as(&self, context: &FrontContext) -> HeldAs {
+        if !context.stateless {
+            return HeldAs::Hold;
+        }
+        let declared = |pointer: &str| {
+            context
+                .client_capabilities
+                .as_ref()
+                .and_then(|capabilities| capabilities.pointer(pointer))
+                .is_some_and(|declared| !declared.is_null())
+        };
+        if declared("/extensions/io.modelcontextprotocol~1tasks") {
+            HeldAs::Task
+        } else if declared("/elicitation/url") && self.front.parts.settings.approval_pages.is_some()
+        {
+            HeldAs::Page
+        } else {
+            HeldAs::Hold
+        }
+    }
+
+    async fn call_tool(&self, params: Value, context: FrontContext) -> Result<Value, FrontError> {
         let front_request = front_request(&context)?;
         let session = session_of(&front_request)?;
         let (mut identity, request_id) = identity_of(
@@ -576,50 +573,36 @@ impl ServerHandler for FrontHandler {
         let origin_trust = identity.origin_trust.map_or(caller.origin_trust, |stated| {
             stated.min(caller.origin_trust)
         });
-        let name = request.name.into_owned();
-        let arguments = request
-            .arguments
-            .map(Value::Object)
-            .unwrap_or_else(|| json!({}));
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| FrontError::invalid_params("a call names its tool"))?
+            .to_owned();
+        let arguments = match params.get("arguments") {
+            None | Some(Value::Null) => json!({}),
+            Some(arguments) => arguments.clone(),
+        };
         // A held call is given to a client of the tasks extension as a
         // task, to one that opens URLs as the console's page for its
         // approval; either way the request is not held.
-        let stateless = stateless_request(&context);
-        let capabilities = context.client_capabilities();
-        let as_task = stateless
-            && capabilities
-                .as_ref()
-                .is_some_and(|capabilities| capabilities.supports_tasks());
-        let pages = self.front.parts.settings.approval_pages.as_deref();
-        let elicits = stateless
-            && !as_task
-            && pages.is_some()
-            && capabilities
-                .as_ref()
-                .and_then(|capabilities| capabilities.elicitation.as_ref())
-                .is_some_and(|elicitation| elicitation.url.is_some());
+        let held_as = self.held_as(&context);
         // The retry of a call whose user was sent to approve it: its state
         // names the held row, which must be this caller's same call.
-        let mut holds = !(as_task || elicits);
+        let mut holds = held_as == HeldAs::Hold;
         let mut declined = false;
-        if elicits && let Some(state) = &request.request_state {
+        if held_as == HeldAs::Page
+            && let Some(state) = params.get("requestState").and_then(Value::as_str)
+        {
             identity = self
                 .front
                 .held_identity(&session, state, &name, &arguments)
                 .await?;
-            let action = request
-                .input_responses
-                .as_ref()
-                .and_then(|responses| serde_json::to_value(responses).ok())
-                .and_then(|responses| {
-                    responses
-                        .pointer("/approval/action")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                });
+            let action = params
+                .pointer("/inputResponses/approval/action")
+                .and_then(Value::as_str);
             // Back from the page: the decision is most likely in, so the
             // call waits for it as a held request would.
-            holds = action.as_deref() == Some("accept");
+            holds = action == Some("accept");
             declined = !holds;
         }
         let answer = self
@@ -639,52 +622,60 @@ impl ServerHandler for FrontHandler {
             )
             .await?;
         match answer {
-            Answer::Result(result) if as_task && render::is_pending(&result) => {
+            Answer::Result(result) if held_as == HeldAs::Task && render::is_pending(&result) => {
                 let now = self.front.parts.clock.now();
-                Ok(CreateTaskResult::new(held_task(&result, now, now)).into())
+                let invocation = render::invocation_of(&result)
+                    .map(|id| id.to_string())
+                    .unwrap_or_default();
+                let mut task = task_of(
+                    &invocation,
+                    "working",
+                    Some(working_message(&result)),
+                    now,
+                    now,
+                );
+                task["resultType"] = json!("task");
+                Ok(task)
             }
-            Answer::Result(result) if elicits && !declined && render::is_pending(&result) => {
-                let page = pages.unwrap_or_default();
-                Ok(
-                    from_json::<InputRequiredResult>(render::approval_elicitation(
-                        &result,
-                        &session.tenant_id,
-                        page,
-                    ))?
-                    .into(),
-                )
+            Answer::Result(result)
+                if held_as == HeldAs::Page && !declined && render::is_pending(&result) =>
+            {
+                let pages = self
+                    .front
+                    .parts
+                    .settings
+                    .approval_pages
+                    .as_deref()
+                    .unwrap_or_default();
+                Ok(render::approval_elicitation(
+                    &result,
+                    &session.tenant_id,
+                    pages,
+                ))
             }
             Answer::Result(mut result) => {
-                render::completed(&mut result, stateless);
-                Ok(from_json::<CallToolResult>(result)?.into())
+                render::completed(&mut result, context.stateless);
+                Ok(result)
             }
-            Answer::Withdrawn => Err(McpError::new(
-                ErrorCode(REQUEST_CANCELLED),
-                "the request was cancelled",
-                None,
-            )),
+            Answer::Withdrawn => Err(error(REQUEST_CANCELLED, "the request was cancelled")),
         }
     }
 
     /// A held call's task, by its row's id: the call asked again under its
     /// own identity (the pipeline answers its state or, once approved, runs
     /// it, once), so any node answers it. Only its own principal's.
-    async fn get_task(
-        &self,
-        request: GetTaskParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<GetTaskResult, McpError> {
+    async fn get_task(&self, task_id: String, context: FrontContext) -> Result<Value, FrontError> {
         let front_request = front_request(&context)?;
         let session = session_of(&front_request)?;
-        let unknown = || McpError::invalid_params("no task has this id", None);
-        let invocation_id = request.task_id.parse::<Uuid>().map_err(|_| unknown())?;
+        let unknown = || FrontError::invalid_params("no task has this id");
+        let invocation_id = task_id.parse::<Uuid>().map_err(|_| unknown())?;
         let row = self
             .front
             .parts
             .invocations
             .invocation(&session.tenant_id, invocation_id)
             .await
-            .map_err(|_| McpError::internal_error("the task could not be read; retry", None))?
+            .map_err(|_| FrontError::internal("the task could not be read; retry"))?
             .filter(|row| row.principal.id == session.principal.id)
             .ok_or_else(unknown)?;
         let answer = self
@@ -710,61 +701,34 @@ impl ServerHandler for FrontHandler {
             )
             .await?;
         let now = self.front.parts.clock.now();
-        let task = match answer {
+        let id = invocation_id.to_string();
+        let mut task = match answer {
             Answer::Result(result)
                 if render::is_pending(&result) || render::is_in_progress(&result) =>
             {
-                let mut working = held_task(&result, row.created_at, now);
-                working.task_id = invocation_id.to_string();
-                DetailedTask::new(working, TaskPayload::Working)
+                task_of(
+                    &id,
+                    "working",
+                    Some(working_message(&result)),
+                    row.created_at,
+                    now,
+                )
             }
             Answer::Result(mut result) => {
                 render::completed(&mut result, true);
-                let Value::Object(result) = result else {
-                    return Err(McpError::internal_error(
-                        "the answer could not be written",
-                        None,
-                    ));
-                };
-                DetailedTask::new(
-                    Task::new(
-                        invocation_id.to_string(),
-                        TaskStatus::Completed,
-                        row.created_at.to_rfc3339(),
-                        now.to_rfc3339(),
-                    ),
-                    TaskPayload::Completed { result },
-                )
+                let mut task = task_of(&id, "completed", None, row.created_at, now);
+                task["result"] = result;
+                task
             }
             Answer::Withdrawn => {
-                return Err(McpError::new(
-                    ErrorCode(REQUEST_CANCELLED),
-                    "the request was cancelled",
-                    None,
-                ));
+                return Err(error(REQUEST_CANCELLED, "the request was cancelled"));
             }
         };
-        Ok(GetTaskResult::new(task))
+        task["resultType"] = json!("complete");
+        Ok(task)
     }
 
-    /// A held call ends by its approval's decision, never by its caller's
-    /// word: the approval stays for an approver.
-    async fn cancel_task(
-        &self,
-        _request: CancelTaskParams,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        Err(McpError::invalid_request(
-            "a call waiting for approval ends by the approver's decision; toolgate does not cancel it for its caller",
-            None,
-        ))
-    }
-
-    async fn list_prompts(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListPromptsResult, McpError> {
+    async fn list_prompts(&self, context: FrontContext) -> Result<Value, FrontError> {
         let session = session_of(&front_request(&context)?)?;
         let prompts: Vec<Value> = session
             .pinned
@@ -780,27 +744,28 @@ impl ServerHandler for FrontHandler {
             })
             .collect();
         let mut result = json!({"prompts": prompts});
-        render::listed(&mut result, stateless_request(&context));
-        from_json(result)
+        render::listed(&mut result, context.stateless);
+        Ok(result)
     }
 
     /// A skill's content, loaded through `skill.load` like any call: the
     /// load is recorded and its text reaches the client as the pipeline
     /// renders it.
-    async fn get_prompt(
-        &self,
-        request: GetPromptRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<GetPromptResponse, McpError> {
+    async fn get_prompt(&self, params: Value, context: FrontContext) -> Result<Value, FrontError> {
         let front_request = front_request(&context)?;
         let session = session_of(&front_request)?;
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
         let Some(skill) = session
             .pinned
             .skills()
             .iter()
-            .find(|skill| skill.metadata.name == request.name)
+            .find(|skill| skill.metadata.name == name)
         else {
-            return Err(McpError::invalid_params("no prompt has this name", None));
+            return Err(FrontError::invalid_params("no prompt has this name"));
         };
         let description = skill.metadata.description.clone();
         let (identity, request_id) = identity_of(
@@ -809,9 +774,9 @@ impl ServerHandler for FrontHandler {
             front_request.stateless,
             self.front.parts.clock.now(),
         )?;
-        let mut arguments = json!({"name": request.name});
-        if let Some(given) = request.arguments {
-            arguments["arguments"] = Value::Object(given);
+        let mut arguments = json!({"name": name});
+        if let Some(given) = params.get("arguments").filter(|given| given.is_object()) {
+            arguments["arguments"] = given.clone();
         }
         let answer = self
             .front
@@ -830,11 +795,7 @@ impl ServerHandler for FrontHandler {
             )
             .await?;
         let Answer::Result(result) = answer else {
-            return Err(McpError::new(
-                ErrorCode(REQUEST_CANCELLED),
-                "the request was cancelled",
-                None,
-            ));
+            return Err(error(REQUEST_CANCELLED, "the request was cancelled"));
         };
         if result["isError"] == true {
             let message = result
@@ -842,7 +803,7 @@ impl ServerHandler for FrontHandler {
                 .and_then(Value::as_str)
                 .unwrap_or("the skill could not be loaded")
                 .to_owned();
-            return Err(McpError::invalid_params(message, None));
+            return Err(FrontError::invalid_params(message));
         }
         let text: Vec<&str> = result["content"]
             .as_array()
@@ -854,8 +815,61 @@ impl ServerHandler for FrontHandler {
             "description": description,
             "messages": [{"role": "user", "content": {"type": "text", "text": text.join("\n")}}],
         });
-        render::completed(&mut prompt, stateless_request(&context));
-        let prompt: GetPromptResult = from_json(prompt)?;
-        Ok(GetPromptResponse::Complete(prompt))
+        render::completed(&mut prompt, context.stateless);
+        Ok(prompt)
+    }
+}
+
+impl FrontMethods for Methods {
+    fn info(&self) -> Value {
+        info()
+    }
+
+    fn initialize(&self, context: FrontContext) -> BoxFuture<'_, Result<(), FrontError>> {
+        Box::pin(Methods::initialize(self, context))
+    }
+
+    fn list_tools(&self, context: FrontContext) -> BoxFuture<'_, Result<Value, FrontError>> {
+        Box::pin(Methods::list_tools(self, context))
+    }
+
+    fn call_tool(
+        &self,
+        params: Value,
+        context: FrontContext,
+    ) -> BoxFuture<'_, Result<Value, FrontError>> {
+        Box::pin(Methods::call_tool(self, params, context))
+    }
+
+    fn list_prompts(&self, context: FrontContext) -> BoxFuture<'_, Result<Value, FrontError>> {
+        Box::pin(Methods::list_prompts(self, context))
+    }
+
+    fn get_prompt(
+        &self,
+        params: Value,
+        context: FrontContext,
+    ) -> BoxFuture<'_, Result<Value, FrontError>> {
+        Box::pin(Methods::get_prompt(self, params, context))
+    }
+
+    fn get_task(
+        &self,
+        task_id: String,
+        context: FrontContext,
+    ) -> BoxFuture<'_, Result<Value, FrontError>> {
+        Box::pin(Methods::get_task(self, task_id, context))
+    }
+
+    /// A held call ends by its approval's decision, never by its caller's
+    /// word: the approval stays for an approver.
+    fn cancel_task(
+        &self,
+        _task_id: String,
+        _context: FrontContext,
+    ) -> BoxFuture<'_, Result<(), FrontError>> {
+        Box::pin(std::future::ready(Err(FrontError::invalid_request(
+            "a call waiting for approval ends by the approver's decision; toolgate does not cancel it for its caller",
+        ))))
     }
 }

@@ -10,59 +10,41 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::http::uri::Authority;
 use hyper::{Method, Request, StatusCode};
-use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
-use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
-use rmcp::transport::streamable_http_server::tower::StreamableHttpService;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::Refusal;
-use super::handler::FrontHandler;
+use super::handler::Methods;
 use super::{Front, MCP_PATH, RESOURCE_METADATA_PATH};
 use crate::edge::{Reply, error, reply, serve_connection};
+use crate::ports::front::{FrontMethods, McpProtocol};
 
 /// After a failed accept (out of descriptors, most likely).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// One listener's protocol side.
 pub(super) struct Protocol {
-    /// rmcp's server, stateless: the sessions are toolgate's.
-    pub(super) service: StreamableHttpService<FrontHandler, NeverSessionManager>,
+    /// The protocol's server side (`adapters::mcp`), over the front
+    /// door's methods.
+    pub(super) mcp: Arc<dyn McpProtocol>,
     /// TCP, where `Host` and `Origin` are checked.
     tcp: bool,
 }
 
 impl Front {
-    fn protocol(self: &Arc<Self>, tcp: bool, shutdown: &CancellationToken) -> Arc<Protocol> {
-        let settings = &self.parts.settings;
-        let config = StreamableHttpServerConfig::default()
-            .with_legacy_session_mode(false)
-            .with_json_response(true)
-            .with_sse_keep_alive(Some(settings.keep_alive))
-            .with_sse_retry(None)
-            .with_max_request_body_bytes(settings.limits.body_limit)
-            .with_cancellation_token(shutdown.child_token())
-            // Checked here before authentication, for every path.
-            .disable_allowed_hosts()
-            .disable_allowed_origins();
-        let front = self.clone();
-        Arc::new(Protocol {
-            service: StreamableHttpService::new(
-                move || Ok(FrontHandler::new(front.clone())),
-                Arc::new(NeverSessionManager::default()),
-                config,
-            ),
-            tcp,
-        })
+    /// The methods the protocol's side calls, over this front door.
+    pub fn methods(self: &Arc<Self>) -> Arc<dyn FrontMethods> {
+        Arc::new(Methods::new(self.clone()))
     }
 
     /// Serves the front door on TCP until `shutdown` fires.
     pub async fn serve_tcp(
         self: Arc<Self>,
         listener: tokio::net::TcpListener,
+        mcp: Arc<dyn McpProtocol>,
         shutdown: CancellationToken,
     ) {
-        let protocol = self.protocol(true, &shutdown);
+        let protocol = Arc::new(Protocol { mcp, tcp: true });
         loop {
             let stream = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -84,9 +66,10 @@ impl Front {
     pub async fn serve_unix(
         self: Arc<Self>,
         listener: tokio::net::UnixListener,
+        mcp: Arc<dyn McpProtocol>,
         shutdown: CancellationToken,
     ) {
-        let protocol = self.protocol(false, &shutdown);
+        let protocol = Arc::new(Protocol { mcp, tcp: false });
         loop {
             let stream = tokio::select! {
                 _ = shutdown.cancelled() => return,

@@ -1,14 +1,17 @@
 //! The MCP front door: toolgate as an MCP server any MCP client connects
 //! to over streamable HTTP, every `tools/call` a pipeline call.
 //!
-//! rmcp's server side parses and answers the protocol, run statelessly per
+//! The protocol's server side (`adapters::mcp::front`, through
+//! `ports::front`) parses and answers the protocol, run statelessly per
 //! request; the sessions are toolgate's own. `initialize` opens a toolgate
 //! session (discovery, the pinned set, the recorded row) whose id is the
 //! `Mcp-Session-Id`, so a session continues on any node sharing the store.
-//! Before rmcp sees a request this module has authenticated it, read its
-//! body within the edge's limits, refused batches, resolved its session for
-//! its credential and handled what rmcp's stateless mode would drop
-//! (`DELETE`, `notifications/cancelled`).
+//! Before the protocol's side sees a request this module has authenticated
+//! it, read its body within the edge's limits, refused batches, resolved
+//! its session for its credential (a 2026-07-28 request's, the
+//! credential's own) and handled what a stateless server would drop
+//! (`DELETE`, `notifications/cancelled`); after, it knows whether the
+//! answer was delivered (the re-issue rule).
 
 pub mod auth;
 mod handler;
@@ -125,7 +128,7 @@ pub struct Front {
     stateless: Mutex<HashMap<String, u32>>,
 }
 
-/// What a request carries from this module to the rmcp handler, in the
+/// What a request carries from this module to its methods, in the
 /// HTTP request's extensions.
 #[derive(Clone)]
 struct FrontRequest {
@@ -159,7 +162,12 @@ impl Front {
         &self.parts.credentials
     }
 
-    /// One request to the MCP endpoint, authenticated as `caller`; `rmcp`
+    /// Its limits and advertised metadata.
+    pub fn settings(&self) -> &FrontSettings {
+        &self.parts.settings
+    }
+
+    /// One request to the MCP endpoint, authenticated as `caller`; the protocol's side
     /// answers it once its session is resolved.
     async fn mcp(
         self: &Arc<Self>,
@@ -236,7 +244,7 @@ impl Front {
                         Err(unserved) => return unserved.reply(id),
                     }
                 }
-                // `server/discover`, and what rmcp answers without toolgate
+                // `server/discover`, and what the protocol's side answers without toolgate
                 // (an unknown method is its 404).
                 _ => None,
             }
@@ -261,7 +269,7 @@ impl Front {
                     return accepted();
                 }
                 (Some("ping") | Some("server/discover"), true) if session_header.is_none() => None,
-                // A client's answer to a request toolgate never sends: rmcp
+                // A client's answer to a request toolgate never sends: the protocol's side
                 // refuses it without a session.
                 (None, _) => None,
                 _ => match self.session_for(&caller, session_header).await {
@@ -287,10 +295,10 @@ impl Front {
             stateless,
         });
         let request = hyper::Request::from_parts(parts, http_body_util::Full::new(bytes));
-        let response = protocol.service.handle(request).await;
+        let response = protocol.mcp.handle(request).await;
         let mut reply = response.map(|body| {
             http_body_util::BodyExt::boxed_unsync(DeliveredBody {
-                inner: http_body_util::BodyExt::boxed_unsync(body),
+                inner: body,
                 delivering: Some(delivery),
             })
         });

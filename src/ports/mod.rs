@@ -8,6 +8,7 @@
 
 pub mod clock;
 pub mod egress;
+pub mod front;
 pub mod mcp;
 pub mod metrics;
 pub mod policy;

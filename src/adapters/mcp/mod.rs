@@ -1,4 +1,5 @@
-//! MCP servers: the only module that names rmcp (in `client` and `http`).
+//! MCP: the only module that names rmcp, as a client of servers (`client`
+//! and `http`) and as the front door's server side (`front`).
 //! `child` starts and ends a stdio server's process (a built environment,
 //! its own process group, a drained stderr); `http` carries streamable HTTP
 //! through the egress dialer, with `auth` writing the credential at use;
@@ -12,6 +13,7 @@ pub mod catalog;
 pub mod child;
 pub mod client;
 pub mod framing;
+pub mod front;
 pub mod http;
 mod render;
 pub mod server;
