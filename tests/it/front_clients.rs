@@ -279,6 +279,37 @@ fn the_python_sdk_without_sessions_asks_again_after_a_broken_stream_and_the_tool
     python_sdk_asks_again_after_a_broken_stream("2026-07-28");
 }
 
+/// The TypeScript SDK's 2.x client, pinned to 2026-07-28 (its 1.x speaks
+/// the 2025 era only): the same runs, without a session.
+#[test]
+fn the_typescript_client_without_sessions_lists_calls_waits_for_approval_and_asks_again() {
+    let door = Door::start("", "");
+    let modules = installed().join("clients-node/node_modules");
+    assert!(
+        modules.join("@modelcontextprotocol/client").exists(),
+        "{} is missing: run the tests with scripts/test",
+        modules.display()
+    );
+    let run = Uuid::new_v4().to_string();
+    let phase = |phase: &str| {
+        let mut command = Command::new("node");
+        command
+            .arg(script("front_typescript_v2.cjs"))
+            .args([phase, &url(&door)])
+            .env("NODE_PATH", &modules)
+            .env("TOOLGATE_FRONT_KEY", KEY_A)
+            .env("TOOLGATE_RUN_ID", &run);
+        report(command)
+    };
+    let first = phase("first");
+    assert_eq!(first["protocol_version"], "2026-07-28", "{first}");
+    assert_eq!(first["session"], Value::Null, "no session: {first}");
+    judge_first(&door, &first);
+    approve_pending(&door);
+    let second = phase("second");
+    judge_second(&door, &first, &second);
+}
+
 /// What an agent framework must show: the tools loaded under the names the
 /// door gives, a call's model-ready result, and a denial said as such.
 fn judge_framework(report: &Value) {
