@@ -20,6 +20,7 @@ const summary = (result) => ({
   text: (result.content || []).map((block) => block.text || "").join(" "),
   structured: result.structuredContent ?? null,
   invocation_id: (result._meta || {})["toolgate/invocation_id"] ?? null,
+  reissue: (result._meta || {})["toolgate/reissue"] ?? null,
 });
 
 async function connect() {
@@ -65,9 +66,28 @@ async function second(report) {
   await client.close();
 }
 
+// The stream of this call breaks after its effect (a proxy cuts it); the
+// SDK rejects the call, and the application connects again and asks for the
+// same call, naming nothing, as the revision requires of a client.
+async function reissue(report) {
+  const { client } = await connect();
+  try {
+    await call(client, "mcp-writes-write", { line: "sdk" });
+    report.broken = null;
+  } catch (error) {
+    report.broken = String(error && error.message ? error.message : error).slice(0, 200);
+  }
+  await client.close().catch(() => {});
+  const again = await connect();
+  report.again = await call(again.client, "mcp-writes-write", { line: "sdk" });
+  // Delivered now: the application's next identical call is a new one.
+  report.new = await call(again.client, "mcp-writes-write", { line: "sdk" });
+  await again.client.close();
+}
+
 (async () => {
   const report = {};
-  await (phase === "first" ? first : second)(report);
+  await { first, second, reissue }[phase](report);
   console.log(JSON.stringify(report));
 })().catch((error) => {
   console.error(error);

@@ -255,6 +255,11 @@ fn python_sdk_asks_again_after_a_broken_stream(era: &str) {
         "the proxy broke the stream: {report}"
     );
     assert!(!report["broken"].is_null(), "the SDK saw it: {report}");
+    assert_eq!(
+        std::fs::read_to_string(door.served.folder.path().join("writes.effects")).unwrap(),
+        "sdk\nsdk\n",
+        "one effect for the broken call and its re-issue, one for the new call"
+    );
     assert_eq!(report["again"]["is_error"], false, "{report}");
     assert_eq!(report["again"]["reissue"], "same_call", "{report}");
     assert_eq!(report["new"]["reissue"], Value::Null, "{report}");
@@ -262,11 +267,50 @@ fn python_sdk_asks_again_after_a_broken_stream(era: &str) {
         report["new"]["invocation_id"],
         report["again"]["invocation_id"]
     );
+}
+
+/// The TypeScript SDK's `script` (1.x: the 2025 era; 2.x pinned to
+/// 2026-07-28) through the same breaking proxy: one effect for the broken
+/// call and its re-issue.
+fn typescript_asks_again_after_a_broken_stream(script_name: &str) {
+    let door = Door::slow_answers("");
+    let proxy = BreakingProxy::start(&door);
+    let modules = installed().join("clients-node/node_modules");
+    let mut command = Command::new("node");
+    command
+        .arg(script(script_name))
+        .args(["reissue", &proxy.url()])
+        .env("NODE_PATH", &modules)
+        .env("TOOLGATE_FRONT_KEY", KEY_A)
+        .env("TOOLGATE_RUN_ID", Uuid::new_v4().to_string());
+    let report = report(command);
+    assert!(
+        proxy.broken.load(std::sync::atomic::Ordering::SeqCst),
+        "the proxy broke the stream: {report}"
+    );
+    assert!(!report["broken"].is_null(), "the SDK saw it: {report}");
     assert_eq!(
         std::fs::read_to_string(door.served.folder.path().join("writes.effects")).unwrap(),
         "sdk\nsdk\n",
         "one effect for the broken call and its re-issue, one for the new call"
     );
+    assert_eq!(report["again"]["is_error"], false, "{report}");
+    assert_eq!(report["again"]["reissue"], "same_call", "{report}");
+    assert_ne!(
+        report["new"]["invocation_id"],
+        report["again"]["invocation_id"]
+    );
+}
+
+#[test]
+fn the_typescript_sdk_asks_again_after_a_broken_stream_and_the_tool_acts_once() {
+    typescript_asks_again_after_a_broken_stream("front_typescript.cjs");
+}
+
+#[test]
+fn the_typescript_client_without_sessions_asks_again_after_a_broken_stream_and_the_tool_acts_once()
+{
+    typescript_asks_again_after_a_broken_stream("front_typescript_v2.cjs");
 }
 
 #[test]
