@@ -850,6 +850,82 @@ fn a_call_whose_answer_was_never_delivered_is_the_same_call_asked_again() {
     assert_eq!(lines, "once\nonce\ntwice\ntwice\nthrice\n");
 }
 
+/// Past the window: a write whose answer never arrived is not run blind
+/// when asked again; the answer is its recorded outcome with a first block
+/// saying why, marked `past_window`. A read past the window is a new call.
+#[test]
+fn past_the_window_an_undelivered_write_answers_its_record_and_says_so() {
+    let door = Door::slow_answers("reissue_window_seconds = 1");
+    let session = door.open(KEY_A);
+    send_then_break(&door, &session, KEY_A, &write_call(1, "late"), 1);
+    // The write ends (its answer undelivered), then the window passes.
+    let started = Instant::now();
+    let undelivered = loop {
+        let (_, events) = door
+            .served
+            .get(&format!("/v1/events?after=0&tenant_id={TENANT}"));
+        let found = String::from_utf8_lossy(&events)
+            .lines()
+            .map(|line| json_of(line.as_bytes()))
+            .find(|event| event["event_type"] == "tool.call.answer_undelivered");
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the write did not end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(1100));
+    let late = door.call(
+        KEY_A,
+        &session,
+        json!(2),
+        "mcp-writes-write",
+        json!({"line": "late"}),
+        None,
+    );
+    assert_eq!(door.writes(), 1, "nothing ran again: {late}");
+    assert_eq!(late["_meta"]["toolgate/reissue"], "past_window", "{late}");
+    assert_eq!(
+        late["_meta"]["toolgate/invocation_id"], undelivered["payload"]["invocation_id"],
+        "{late}"
+    );
+    assert!(
+        late["content"][0]["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("nothing ran again")),
+        "{late}"
+    );
+    // A read's re-issue past the window is a new call: it changes nothing.
+    let read = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                      "params": {"name": "mcp-reads-echo", "arguments": {"text": "twice"}}});
+    let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+    let body = read.to_string();
+    let mut request = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n", door.port);
+    for (name, value) in Client::headers(Some(KEY_A), Some(&session)) {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).unwrap();
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let read_again = door.call(
+        KEY_A,
+        &session,
+        json!(4),
+        "mcp-reads-echo",
+        json!({"text": "twice"}),
+        None,
+    );
+    assert_eq!(read_again["isError"], false, "{read_again}");
+    assert!(
+        read_again["_meta"].get("toolgate/reissue").is_none(),
+        "{read_again}"
+    );
+}
+
 /// The re-issue rule on PostgreSQL, in both eras: a write whose stream
 /// broke after its effect, asked again with a new request id (a new
 /// session in the 2025 era, a request on its own in 2026-07-28), acts once.
