@@ -1,7 +1,9 @@
 //! The MCP conformance suite's client scenarios against toolgate's HTTP
-//! adapter (the `conformance_client` example), judged by the suite's own
-//! check ids rather than by the runner's exit code. `scripts/test` installs
-//! the suite and the Node 22 it needs beside the third-party servers.
+//! adapter (the `conformance_client` example) and its server scenarios
+//! against the front door (the 2025 revisions' from the suite's release,
+//! 2026-07-28's from its pre-release), judged by the suite's own check ids
+//! rather than by the runner's exit code. `scripts/test` installs both and
+//! the Node 22 they need beside the third-party servers.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
