@@ -25,6 +25,7 @@ use crate::domain::{
     valid_tenant_id,
 };
 use crate::edge::{bearer_token, constant_time_eq};
+use crate::pipeline::sessions::SessionRequest;
 use crate::ports::EgressDialer;
 
 /// The largest JWK set read.
@@ -51,6 +52,18 @@ pub struct Caller {
     pub agent: AgentSpec,
     /// The most trust a call of this caller is given.
     pub origin_trust: TrustLevel,
+}
+
+impl Caller {
+    /// What opens a session `session_id` of this caller.
+    pub fn session_request(&self, session_id: uuid::Uuid) -> SessionRequest {
+        SessionRequest {
+            session_id,
+            tenant_id: self.tenant_id.clone(),
+            principal: self.principal.clone(),
+            agent: self.agent.clone(),
+        }
+    }
 }
 
 /// One API key, as the operator configured it.

@@ -19,7 +19,7 @@ use super::render::{self, CallIdentity};
 use super::{Busy, Front, FrontRequest, request_key};
 use crate::domain::names::SKILL_LOAD;
 use crate::domain::{IdempotencyClass, canonicalize};
-use crate::pipeline::sessions::{CallPlace, Session, SessionError, SessionRequest};
+use crate::pipeline::sessions::{CallPlace, Session, SessionError};
 use crate::pipeline::{CallOutcome, CallRequest, CallerTerms};
 use crate::ports::PlatformEvent;
 use crate::ports::front::{FrontContext, FrontError, FrontMethods, ProgressSink};
@@ -504,12 +504,7 @@ impl Methods {
         self.front
             .parts
             .sessions
-            .open(SessionRequest {
-                session_id,
-                tenant_id: caller.tenant_id.clone(),
-                principal: caller.principal.clone(),
-                agent: caller.agent.clone(),
-            })
+            .open(caller.session_request(session_id))
             .await
             .map_err(|failure| match failure {
                 SessionError::ServersUnavailable => error(

@@ -41,7 +41,7 @@ pub use render::{META_CALL_ID, META_ORIGIN_TRUST, META_REISSUE, META_RUN_ID, MET
 use crate::edge::{ConnectionCap, EdgeLimits, InFlight, Reply};
 use crate::pipeline::Pipeline;
 use crate::pipeline::approvals::Approvals;
-use crate::pipeline::sessions::{SESSION_IDLE, Session, SessionError, SessionRequest, Sessions};
+use crate::pipeline::sessions::{SESSION_IDLE, Session, SessionError, Sessions};
 use crate::ports::{Clock, EventStore, InvocationStore, PlatformEvent};
 use reissue::{Delivery, Reissues, Undelivery};
 
@@ -374,12 +374,7 @@ impl Front {
                 Err(SessionError::Unknown) => {
                     self.parts
                         .sessions
-                        .open(SessionRequest {
-                            session_id,
-                            tenant_id: caller.tenant_id.clone(),
-                            principal: caller.principal.clone(),
-                            agent: caller.agent.clone(),
-                        })
+                        .open(caller.session_request(session_id))
                         .await
                 }
                 got => got,

@@ -677,14 +677,29 @@ fn a_client_that_drops_mid_call_and_asks_again_gets_the_one_execution() {
     );
 }
 
-/// Sends `message` on a connection of its own and closes that connection
-/// once `effects` effects are counted from outside: the call has acted
-/// and its answer is still to come.
-fn send_then_break(door: &Door, session: &str, key: &str, message: &Value, effects: usize) {
-    let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+/// Sends a `tools/call` of `message` on a connection of its own, in
+/// `session` (the 2025 era) or on its own (2026-07-28, when `None`), and
+/// closes that connection once `effects` effects are counted from outside:
+/// the call has acted and its answer is still to come.
+fn send_then_break(door: &Door, session: Option<&str>, key: &str, message: &Value, effects: usize) {
+    let mut message = message.clone();
+    let mut headers = Client::headers(Some(key), session);
+    if session.is_none() {
+        message["params"]["_meta"] = stateless::request_meta(json!({}));
+        let name = message["params"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        headers.extend([
+            ("MCP-Protocol-Version", stateless::REVISION.to_owned()),
+            ("Mcp-Method", "tools/call".to_owned()),
+            ("Mcp-Name", name),
+        ]);
+    }
     let body = message.to_string();
+    let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
     let mut request = format!("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n", door.port);
-    for (name, value) in Client::headers(Some(key), Some(session)) {
+    for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
@@ -742,7 +757,7 @@ fn events_of(served: &Served, invocation_id: &str, event_type: &str, count: usiz
 fn a_call_whose_answer_was_never_delivered_is_the_same_call_asked_again() {
     let door = Door::slow_answers("");
     let first = door.open(KEY_A);
-    send_then_break(&door, &first, KEY_A, &write_call(1, "once"), 1);
+    send_then_break(&door, Some(&first), KEY_A, &write_call(1, "once"), 1);
     // The client's reconnect: a new session, a new request id.
     let second = door.open(KEY_A);
     let result = door.call(
@@ -809,7 +824,7 @@ fn a_call_whose_answer_was_never_delivered_is_the_same_call_asked_again() {
 
     // Undelivered again; another tenant's principal and other arguments
     // are new calls, the same principal's same call is not.
-    send_then_break(&door, &second, KEY_A, &write_call(3, "twice"), 3);
+    send_then_break(&door, Some(&second), KEY_A, &write_call(3, "twice"), 3);
     let other = door.open(KEY_B);
     let theirs = door.call(
         KEY_B,
@@ -858,7 +873,7 @@ fn a_call_whose_answer_was_never_delivered_is_the_same_call_asked_again() {
 fn past_the_window_an_undelivered_write_answers_its_record_and_says_so() {
     let door = Door::slow_answers("reissue_window_seconds = 1");
     let session = door.open(KEY_A);
-    send_then_break(&door, &session, KEY_A, &write_call(1, "late"), 1);
+    send_then_break(&door, Some(&session), KEY_A, &write_call(1, "late"), 1);
     // The write ends (its answer undelivered), then the window passes.
     let started = Instant::now();
     let undelivered = loop {
@@ -913,7 +928,7 @@ fn the_reissue_rule_holds_on_postgresql_in_both_eras() {
     };
     let door = Door::slow_answers_on(Some(&schema.url), "");
     let first = door.open(KEY_A);
-    send_then_break(&door, &first, KEY_A, &write_call(1, "pg-2025"), 1);
+    send_then_break(&door, Some(&first), KEY_A, &write_call(1, "pg-2025"), 1);
     let second = door.open(KEY_A);
     let result = door.call(
         KEY_A,
@@ -926,30 +941,7 @@ fn the_reissue_rule_holds_on_postgresql_in_both_eras() {
     assert_eq!(door.writes(), 1, "the 2025 re-issue ran it again: {result}");
     assert_eq!(result["_meta"]["toolgate/reissue"], "same_call", "{result}");
 
-    let params = json!({"name": "mcp-writes-write", "arguments": {"line": "pg-2026"},
-                        "_meta": stateless::request_meta(json!({}))});
-    let body =
-        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).to_string();
-    let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
-    stream
-        .write_all(
-            format!(
-                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
-                 Accept: application/json, text/event-stream\r\nAuthorization: Bearer {KEY_A}\r\n\
-                 MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: mcp-writes-write\r\n\
-                 Content-Length: {}\r\n\r\n{body}",
-                door.port,
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .unwrap();
-    let started = Instant::now();
-    while door.writes() < 2 {
-        assert!(started.elapsed() < Duration::from_secs(30), "no effect");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    send_then_break(&door, None, KEY_A, &write_call(1, "pg-2026"), 2);
     let again = stateless::send(
         &door,
         KEY_A,
@@ -2383,26 +2375,7 @@ pub mod stateless {
     #[test]
     fn a_2026_call_whose_stream_broke_is_the_same_call_asked_again() {
         let door = Door::slow_answers("");
-        let params = json!({"name": "mcp-writes-write", "arguments": {"line": "modern"},
-                            "_meta": request_meta(json!({}))});
-        let body = json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": params})
-            .to_string();
-        let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
-        let request = format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nAuthorization: Bearer {KEY_A}\r\n\
-             MCP-Protocol-Version: {REVISION}\r\nMcp-Method: tools/call\r\nMcp-Name: mcp-writes-write\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            door.port,
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).unwrap();
-        let started = Instant::now();
-        while door.writes() < 1 {
-            assert!(started.elapsed() < Duration::from_secs(30), "no effect");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        stream.shutdown(std::net::Shutdown::Both).unwrap();
+        send_then_break(&door, None, KEY_A, &write_call(41, "modern"), 1);
         let again = call(&door, KEY_A, "modern");
         assert_eq!(door.writes(), 1, "the re-issue ran it again: {again}");
         assert_eq!(again["_meta"]["toolgate/reissue"], "same_call", "{again}");
