@@ -48,7 +48,13 @@ pub(super) struct Reissues {
     window: Duration,
     calls: Mutex<HashMap<String, Undelivered>>,
     next: Mutex<u64>,
+    /// When the expired calls were last forgotten: a sweep walks every
+    /// call, so it runs at most once per [`SWEEP_EVERY`], not per call.
+    swept: Mutex<Option<Instant>>,
 }
+
+/// How often the calls past what they are remembered for are forgotten.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// One call whose answer has not been delivered.
 struct Undelivered {
@@ -107,6 +113,7 @@ impl Reissues {
             window,
             calls: Mutex::new(HashMap::new()),
             next: Mutex::new(0),
+            swept: Mutex::new(None),
         }
     }
 
@@ -124,7 +131,20 @@ impl Reissues {
     pub(super) fn attach(&self, key: String, fresh: CallIdentity, acts: bool) -> Attached {
         let now = Instant::now();
         let mut calls = self.lock();
-        self.forget_expired(&mut calls, now);
+        {
+            let mut swept = self.swept.lock().unwrap_or_else(PoisonError::into_inner);
+            if swept.is_none_or(|at| now.duration_since(at) >= SWEEP_EVERY) {
+                *swept = Some(now);
+                self.forget_expired(&mut calls, now);
+            }
+        }
+        // A twin the sweep has not reached yet is judged as it would.
+        if calls
+            .get(&key)
+            .is_some_and(|twin| !self.remembered(twin, now))
+        {
+            calls.remove(&key);
+        }
         if let Some(twin) = calls.get_mut(&key) {
             let reissue = match twin.abandoned_at {
                 Some(at) if !twin.held && now.duration_since(at) >= self.window => {
@@ -249,17 +269,19 @@ impl Reissues {
     /// window for a tool that does not act, [`REMEMBERED`] for one that
     /// does or that waits for an approval.
     fn forget_expired(&self, calls: &mut HashMap<String, Undelivered>, now: Instant) {
-        let window = self.window;
-        calls.retain(|_, call| {
-            call.abandoned_at.is_none_or(|at| {
-                let kept = if call.acts || call.held {
-                    window.max(REMEMBERED)
-                } else {
-                    window
-                };
-                now.duration_since(at) < kept
-            })
-        });
+        calls.retain(|_, call| self.remembered(call, now));
+    }
+
+    /// Whether `call` is still remembered at `now`.
+    fn remembered(&self, call: &Undelivered, now: Instant) -> bool {
+        call.abandoned_at.is_none_or(|at| {
+            let kept = if call.acts || call.held {
+                self.window.max(REMEMBERED)
+            } else {
+                self.window
+            };
+            now.duration_since(at) < kept
+        })
     }
 }
 
