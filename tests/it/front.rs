@@ -2530,4 +2530,58 @@ pub mod stateless {
             "{held:?}"
         );
     }
+
+    /// A credential's pinned set holds across its stateless requests; when
+    /// its tools are no longer offered as pinned (a server's catalog changed
+    /// and a node pins again, here after a restart), the credential moves
+    /// to a new set with a new hash, and a call naming the hash it listed
+    /// before is refused rather than run against the changed set.
+    #[test]
+    fn a_credentials_pinned_set_changes_only_with_a_new_hash_its_clients_are_told() {
+        let mut door = Door::start("", "");
+        let listed = |door: &Door| {
+            let answer = send(door, KEY_A, "tools/list", json!({}), &[]);
+            let result = answer.last()["result"].clone();
+            let names: Vec<String> = result["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|tool| tool["name"].as_str().unwrap().to_owned())
+                .collect();
+            let hash = result["_meta"]["toolgate/tool_schema_sha256"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            (names, hash)
+        };
+        let (before, old_hash) = listed(&door);
+        assert!(before.contains(&"mcp-reads-echo".to_owned()), "{before:?}");
+        let changed = send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "mcp-reads-change", "arguments": {}}),
+            &[],
+        );
+        assert_eq!(changed.last()["result"]["isError"], false, "{changed:?}");
+        assert_eq!(listed(&door).1, old_hash, "not applied under the client");
+        door.served.restart();
+        let (after, new_hash) = listed(&door);
+        assert_ne!(new_hash, old_hash, "{after:?}");
+        assert!(!after.contains(&"mcp-reads-echo".to_owned()), "{after:?}");
+        let named = |hash: &str| {
+            send(
+                &door,
+                KEY_A,
+                "tools/call",
+                json!({"name": "demo-echo", "arguments": {"text": "hash"},
+                       "_meta": request_meta(json!({"toolgate/tool_schema_sha256": hash}))}),
+                &[],
+            )
+        };
+        let stale = named(&old_hash);
+        assert_eq!(stale.last()["error"]["code"], -32602, "{stale:?}");
+        let current = named(&new_hash);
+        assert_eq!(current.last()["result"]["isError"], false, "{current:?}");
+    }
 }
