@@ -255,7 +255,9 @@ impl Console {
                     html::STYLESHEET.to_owned(),
                 );
             }
-            (&Method::GET, ["sign-in"]) => return pages::sign_in_page(StatusCode::OK, None),
+            (&Method::GET, ["sign-in"]) => {
+                return pages::sign_in_page(StatusCode::OK, None, query.get("next"));
+            }
             (&Method::POST, ["sign-in"]) => {
                 return self
                     .sign_in(request)
@@ -265,7 +267,14 @@ impl Console {
             _ => {}
         }
         let Some(session) = self.sessions.session(request.headers()) else {
-            return html::see_other("/sign-in");
+            // An approval's page, where a client sends its user, is where
+            // signing in leads back to.
+            return match (&method, segments.as_slice()) {
+                (&Method::GET, ["approvals", _, _]) if pages::local_path(&path) => {
+                    html::see_other(&format!("/sign-in?next={}", html::encode(&path)))
+                }
+                _ => html::see_other("/sign-in"),
+            };
         };
         let result = if method == Method::POST {
             self.post(&session, &segments, request).await
@@ -357,12 +366,18 @@ impl Console {
             return Ok(pages::sign_in_page(
                 StatusCode::UNAUTHORIZED,
                 Some("That token does not sign anyone in."),
+                form.get("next"),
             ));
         };
         tracing::info!(operator = %operator, "console sign-in");
         let cookie = self.sessions.open(operator);
         let lifetime = self.sessions.lifetime().as_secs();
-        Ok(self.with_cookie(html::see_other("/review"), &cookie, lifetime))
+        // Only a path of this console, never another site.
+        let next = form
+            .get("next")
+            .filter(|next| pages::local_path(next))
+            .unwrap_or("/review");
+        Ok(self.with_cookie(html::see_other(next), &cookie, lifetime))
     }
 
     /// `reply` setting the session cookie to `value` for `max_age` seconds
@@ -408,5 +423,23 @@ mod tests {
         assert!(Fields::parse("a=1&a=2").is_err());
         assert!(Fields::parse("a=%zz").is_err());
         assert!(Fields::parse("a=%C3").is_err());
+    }
+
+    #[test]
+    fn signing_in_leads_back_only_to_this_consoles_paths() {
+        assert!(pages::local_path(
+            "/approvals/tenant-a/0b6e5a8e-3f57-4d2f-9a51-2c1d6f0e8a11"
+        ));
+        for elsewhere in [
+            "//evil.example/x",
+            "https://evil.example/",
+            "/\\evil.example",
+            "approvals",
+            "/approvals?x=1",
+            "/a\"><script>",
+            "",
+        ] {
+            assert!(!pages::local_path(elsewhere), "{elsewhere}");
+        }
     }
 }

@@ -21,18 +21,38 @@ use crate::ports::{Cursor, InvocationRecord, OperatorFilter, PageRequest, Review
 const MAXIMUM_NOTE_BYTES: usize = 4096;
 
 /// The sign-in page, with `problem` when a sign-in was refused.
-pub(super) fn sign_in_page(status: StatusCode, problem: Option<&str>) -> Reply {
+pub(super) fn sign_in_page(status: StatusCode, problem: Option<&str>, next: Option<&str>) -> Reply {
     let problem = problem
         .map(|text| format!("<p class=\"error\">{}</p>", escape(text)))
         .unwrap_or_default();
+    let next = next
+        .filter(|next| local_path(next))
+        .map(|next| {
+            format!(
+                "<input type=\"hidden\" name=\"next\" value=\"{}\">",
+                escape(next)
+            )
+        })
+        .unwrap_or_default();
     let body = format!(
         "<div class=\"signin\">{problem}\
-         <form method=\"post\" action=\"/sign-in\">\
+         <form method=\"post\" action=\"/sign-in\">{next}\
          <label for=\"token\">Operator token</label>\
          <input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"current-password\" required>\
          <p><button type=\"submit\" id=\"sign-in\">Sign in</button></p></form></div>"
     );
     html::html(status, html::page("Sign in", None, &body))
+}
+
+/// Whether `path` is a path of this console a sign-in may lead back to:
+/// absolute, never `//` (another host), plain characters only.
+pub(super) fn local_path(path: &str) -> bool {
+    path.starts_with('/')
+        && !path.starts_with("//")
+        && path.len() <= 512
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.'))
 }
 
 /// The filter a list page was asked for; `statuses` are the spellings its

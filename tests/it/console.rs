@@ -861,9 +861,17 @@ fn a_held_calls_client_is_sent_to_its_approval_page_and_its_retry_runs_it_once()
     let refused = ask(forged);
     assert_eq!(refused.last()["error"]["code"], -32602, "{refused:?}");
 
+    // The user is not signed in: the link leads to sign in, and signing
+    // in leads back to the approval.
     let browser = Browser::start();
-    console.sign_in(&browser);
     browser.open(&url);
+    browser.wait_for(&format!(
+        "/sign-in?next=%2Fapprovals%2F{}%2F{approval}",
+        crate::serve::TENANT
+    ));
+    browser.type_into("#token", &console.token);
+    browser.click("#sign-in");
+    browser.wait_for(&format!("/approvals/{}/{approval}", crate::serve::TENANT));
     assert_eq!(
         browser.count(&format!("table#approval[data-approval=\"{approval}\"]")),
         1,
