@@ -242,15 +242,6 @@ impl Front {
             holds,
         } = asked;
         let delivery = front_request.delivery.clone();
-        let attached = if identity.named {
-            None
-        } else {
-            self.place_unnamed(session, identity.clone(), &name, &arguments)
-        };
-        if let Some(attached) = &attached {
-            delivery.attach(self.reissues.clone(), attached);
-            identity = attached.identity.clone();
-        }
         let key = request_key(&request_id);
         let slot = loop {
             match self.calls.admit(
@@ -271,6 +262,17 @@ impl Front {
                 }
             }
         };
+        // Placed once admitted: a request refused before it runs anything
+        // says nothing of its twin's answer.
+        let attached = if identity.named {
+            None
+        } else {
+            self.place_unnamed(session, identity.clone(), &name, &arguments)
+        };
+        if let Some(attached) = &attached {
+            delivery.attach(self.reissues.clone(), attached);
+            identity = attached.identity.clone();
+        }
         let place = CallPlace {
             run_id: identity.run_id,
             step_number: identity.step_number,

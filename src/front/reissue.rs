@@ -12,6 +12,7 @@
 //! new one.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use crate::domain::sha256_hex;
 /// How long a non-idempotent call's undelivered answer is remembered past
 /// the window: an identical call then is answered that call's recorded
 /// outcome and told why, rather than run blind.
-pub const REMEMBERED: Duration = Duration::from_secs(24 * 3600);
+const REMEMBERED: Duration = Duration::from_secs(24 * 3600);
 
 /// Undelivered calls one node remembers at most; past it the oldest
 /// abandoned one is forgotten first.
@@ -47,7 +48,7 @@ pub fn reissue_key(
 pub(super) struct Reissues {
     window: Duration,
     calls: Mutex<HashMap<String, Undelivered>>,
-    next: Mutex<u64>,
+    next: AtomicU64,
     /// When the expired calls were last forgotten: a sweep walks every
     /// call, so it runs at most once per [`SWEEP_EVERY`], not per call.
     swept: Mutex<Option<Instant>>,
@@ -112,7 +113,7 @@ impl Reissues {
         Reissues {
             window,
             calls: Mutex::new(HashMap::new()),
-            next: Mutex::new(0),
+            next: AtomicU64::new(0),
             swept: Mutex::new(None),
         }
     }
@@ -170,11 +171,7 @@ impl Reissues {
         {
             calls.remove(&oldest);
         }
-        let generation = {
-            let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
-            *next += 1;
-            *next
-        };
+        let generation = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let (_, running) = watch::channel(true);
         calls.insert(
             key.clone(),
@@ -323,12 +320,10 @@ impl Delivery {
     /// The request waits on `attached`'s call.
     pub(super) fn attach(&self, reissues: Arc<Reissues>, attached: &Attached) {
         let mut state = self.lock();
-        match state.ended {
-            // Closed before the call was placed: the place is given back.
-            Some(false) => reissues.abandoned(&attached.key, attached.generation),
-            Some(true) if state.pending => reissues.held(&attached.key, attached.generation),
-            Some(true) => reissues.delivered(&attached.key, attached.generation),
-            None => {}
+        // Closed before the call was placed: the place is given back. (An
+        // answer is written only after its call is placed.)
+        if state.ended == Some(false) {
+            reissues.abandoned(&attached.key, attached.generation);
         }
         state.attached = Some((reissues, attached.key.clone(), attached.generation));
     }

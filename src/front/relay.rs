@@ -211,25 +211,7 @@ fn header_value(value: &str) -> String {
 
 /// `=?base64?…?=`: the value's UTF-8 in standard base64 with padding.
 fn sentinel(value: &str) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut encoded = String::with_capacity(value.len() * 4 / 3 + 12);
-    encoded.push_str("=?base64?");
-    for chunk in value.as_bytes().chunks(3) {
-        let bits = chunk.iter().enumerate().fold(0u32, |bits, (index, byte)| {
-            bits | (u32::from(*byte) << (16 - 8 * index))
-        });
-        for index in 0..4 {
-            if index <= chunk.len() {
-                encoded.push(char::from(
-                    ALPHABET[(bits >> (18 - 6 * index)) as usize & 63],
-                ));
-            } else {
-                encoded.push('=');
-            }
-        }
-    }
-    encoded.push_str("?=");
-    encoded
+    format!("=?base64?{}?=", crate::domain::base64(value.as_bytes()))
 }
 
 fn error_line(id: Value, code: i64, message: &str) -> String {

@@ -250,11 +250,10 @@ pub fn unnamed_run(session_id: Uuid, at: chrono::DateTime<chrono::Utc>) -> Uuid 
 
 /// A UUID (version 8) that `text` alone determines.
 pub fn derived_uuid(text: &str) -> Uuid {
-    let digest = sha256_hex(text.as_bytes());
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(text.as_bytes());
     let mut bytes = [0u8; 16];
-    for (index, byte) in bytes.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&digest[index * 2..index * 2 + 2], 16).unwrap_or(0);
-    }
+    bytes.copy_from_slice(&digest[..16]);
     uuid::Builder::from_custom_bytes(bytes).into_uuid()
 }
 

@@ -236,8 +236,9 @@ impl Authenticator {
             .reveal()
             .split_once(':')
             .ok_or(AuthError::Unresolved)?;
-        let basic =
-            base64_encode(format!("{}:{}", form_encode(id), form_encode(secret)).as_bytes());
+        let basic = crate::domain::base64(
+            format!("{}:{}", form_encode(id), form_encode(secret)).as_bytes(),
+        );
         let mut authorization =
             HeaderValue::from_str(&format!("Basic {basic}")).map_err(|_| AuthError::Malformed)?;
         authorization.set_sensitive(true);
@@ -357,28 +358,6 @@ fn form_encode(text: &str) -> String {
             }
             b' ' => out.push('+'),
             _ => out.push_str(&format!("%{byte:02X}")),
-        }
-    }
-    out
-}
-
-/// Standard base64 with padding.
-fn base64_encode(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for (index, shift) in [18, 12, 6, 0].into_iter().enumerate() {
-            if index <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
         }
     }
     out
@@ -560,11 +539,14 @@ mod tests {
 
     #[test]
     fn base64_and_form_encoding_follow_their_rfcs() {
-        assert_eq!(base64_encode(b""), "");
-        assert_eq!(base64_encode(b"f"), "Zg==");
-        assert_eq!(base64_encode(b"fo"), "Zm8=");
-        assert_eq!(base64_encode(b"foo"), "Zm9v");
-        assert_eq!(base64_encode(b"client:s3cr3t"), "Y2xpZW50OnMzY3IzdA==");
+        assert_eq!(crate::domain::base64(b""), "");
+        assert_eq!(crate::domain::base64(b"f"), "Zg==");
+        assert_eq!(crate::domain::base64(b"fo"), "Zm8=");
+        assert_eq!(crate::domain::base64(b"foo"), "Zm9v");
+        assert_eq!(
+            crate::domain::base64(b"client:s3cr3t"),
+            "Y2xpZW50OnMzY3IzdA=="
+        );
         assert_eq!(form_encode("read write:x/y"), "read+write%3Ax%2Fy");
         assert_eq!(path_of("https://a.example/t?x=1"), "/t?x=1");
         assert_eq!(path_of("https://a.example"), "/");
