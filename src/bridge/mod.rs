@@ -140,6 +140,9 @@ pub enum TurnError {
     /// Steps count from zero.
     #[error("step_number must not be negative")]
     NegativeStep,
+    /// The run was opened by another principal (or tenant).
+    #[error("this run belongs to another caller; start a run of your own")]
+    RunNotOwned,
     /// The session could not be used.
     #[error(transparent)]
     Session(#[from] SessionError),
@@ -187,6 +190,21 @@ impl Bridge {
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if !script_ok {
             return Err(TurnError::InvalidScriptHash);
+        }
+        // Before the run's recorded step is read: another principal's run
+        // tells this turn nothing.
+        let owned = self
+            .parts
+            .pipeline
+            .owns_run(
+                &session.tenant_id,
+                &session.principal.id,
+                session.session_id,
+                request.run_id,
+            )
+            .await?;
+        if !owned {
+            return Err(TurnError::RunNotOwned);
         }
         let lifetime = chrono::Duration::from_std(self.parts.settings.turn_lifetime)
             .unwrap_or(chrono::Duration::hours(1));

@@ -127,9 +127,16 @@ impl Tool for SkillManage {
             };
             if action == "delete" {
                 // Deleting twice leaves what deleting once does.
-                return match self.skills.delete_skill(&context.tenant_id, name).await {
+                // Only its author deletes a skill.
+                return match self
+                    .skills
+                    .delete_skill(&context.tenant_id, name, &context.principal.id)
+                    .await
+                {
                     Ok(true) => ToolResult::text(format!("skill {name} deleted")),
-                    Ok(false) => ToolResult::text(format!("skill {name} does not exist")),
+                    Ok(false) => ToolResult::text(format!(
+                        "no skill {name} of yours exists (another principal's is theirs to delete)"
+                    )),
                     Err(_) => ToolResult::failed(ToolFailure::new(
                         ToolFailureKind::Transport,
                         "the skill could not be deleted",
@@ -182,6 +189,10 @@ impl Tool for SkillManage {
                 Ok(SkillWritten::Exists) => refused(
                     ToolFailureKind::InvalidArguments,
                     "a skill of that name exists; update it instead",
+                ),
+                Ok(SkillWritten::OtherAuthor) => refused(
+                    ToolFailureKind::Permission,
+                    "that skill is another principal's; only its author changes it",
                 ),
                 Ok(SkillWritten::Missing) => refused(
                     ToolFailureKind::NotFound,

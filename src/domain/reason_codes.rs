@@ -105,6 +105,10 @@ reason_codes! {
     /// An identical call already ended uncertain in this run.
     PolicyBreakerUncertainRepeat => "policy.breaker.uncertain_repeat", Denied, retryable: false, None,
         "Not performed. An identical call has an unknown outcome and will not be repeated.";
+    /// The call names a run another principal (or tenant) opened: nothing
+    /// is recorded in that run, and nothing about it is told.
+    PolicyRunNotOwned => "policy.run.not_owned", Denied, retryable: false, None,
+        "Not performed. This run belongs to another caller; start a run of your own.";
     /// The identical call repeated without new evidence (ToolLoopDetected).
     ToolLoopDetected => "tool.loop_detected", Denied, retryable: false, None,
         "Not performed. This identical call keeps returning the same result. Answer from what you have.";
@@ -191,6 +195,11 @@ reason_codes! {
     /// The tool left its server's catalog after the session was pinned.
     ToolWithdrawn => "tool.withdrawn", Unavailable, retryable: false, None,
         "This capability was withdrawn by its provider.";
+    /// A rate limit the operator set (per credential, tenant, tool or
+    /// tenant server) has no call left right now: nothing was recorded, and
+    /// the answer says when to try again.
+    ToolRateLimited => "tool.rate_limited", Unavailable, retryable: true, None,
+        "Not performed. Too many calls right now; try again after the time given.";
     /// The device that hosts the tool is not connected.
     ToolDeviceOffline => "tool.device_offline", Unavailable, retryable: true, None,
         "This capability's device is not connected.";

@@ -17,6 +17,7 @@ pub mod output;
 pub mod preparation;
 mod records;
 pub mod registry;
+mod runs;
 pub mod sessions;
 mod settlement;
 pub mod tenant_servers;

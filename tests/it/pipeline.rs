@@ -24,6 +24,7 @@ use toolgate::pipeline::{
     Point, RegistryLimits, StepObserver, SweepBounds, ToolRegistry,
 };
 use toolgate::ports::{
+    RunOwner,
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
     InvocationStore, NewInvocation, PolicyEngine, Store, StoreError, SystemClock, TerminalRecord,
     Tool, ToolEvent, ToolExecutionContext, WorkerRegistration,
@@ -181,6 +182,7 @@ macro_rules! delegate {
 
 impl InvocationStore for FaultyWatermark {
     delegate! {
+        open_run(run: &'a RunOwner) -> Result<RunOwner, StoreError>;
         insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
         insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
         authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
@@ -1399,6 +1401,7 @@ async fn the_breaker_is_read_only_where_it_has_something_to_count() {
     }
     impl InvocationStore for Tallies {
         delegate! {
+            open_run(run: &'a RunOwner) -> Result<RunOwner, StoreError>;
             insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
             insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
@@ -2013,6 +2016,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
     }
     impl InvocationStore for SlowWatermark {
         delegate! {
+            open_run(run: &'a RunOwner) -> Result<RunOwner, StoreError>;
             insert_invocation(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<InsertOutcome, StoreError>;
             insert_uncounted(new: &'a NewInvocation, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
@@ -2091,6 +2095,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
     }
     impl InvocationStore for Recording {
         delegate! {
+            open_run(run: &'a RunOwner) -> Result<RunOwner, StoreError>;
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;

@@ -369,13 +369,18 @@ required_scopes = ["mcp.writes.use"]
 
     /// Opens a session for the e2e tenant with demo and MCP tools.
     pub fn session(&self) -> Uuid {
+        self.session_of("user-1")
+    }
+
+    /// As [`Served::session`], acting for principal `principal`.
+    pub fn session_of(&self, principal: &str) -> Uuid {
         let session_id = Uuid::new_v4();
         let (status, body) = self.post(
             "/v1/sessions",
             &json!({
                 "session_id": session_id,
                 "tenant_id": TENANT,
-                "principal": {"id": "user-1", "scopes": ["demo.use", "mcp.reads.use", "mcp.writes.use"]},
+                "principal": {"id": principal, "scopes": ["demo.use", "mcp.reads.use", "mcp.writes.use"]},
                 "agent": {"tools": ["demo.*", "mcp.*", "tool.call", "skill.load", "context.update_working_state",
                                      "conversation.ask_user", "delegate.run"]},
             }),
@@ -1320,6 +1325,91 @@ fn the_working_state_is_recorded_per_run_and_bounded() {
         read(run, TENANT)["working_state"],
         json!({"goal": "book a table", "done": ["search"]})
     );
+}
+
+/// A run is its opener's: another principal of the same tenant that names
+/// it is refused `policy.run.not_owned` on every call and turn, and changes
+/// nothing of it (not its working state, not its breaker, not its rows), on
+/// both stores.
+#[test]
+fn a_run_is_its_openers_and_another_principal_changes_nothing() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let schema = runtime.block_on(crate::store::PgSchema::create());
+    let mut stores = vec![None];
+    stores.extend(schema.as_ref().map(|schema| Some(schema.url.clone())));
+    for store in stores {
+        let served = match &store {
+            Some(url) => Served::start_on(url),
+            None => Served::start(),
+        };
+        let label = if store.is_some() { "postgres" } else { "sqlite" };
+        let (owner, intruder) = (served.session_of("user-1"), served.session_of("user-2"));
+        let run = Uuid::new_v4();
+        let call = |session: Uuid, step: i64, calls: Value| {
+            let (status, body) = served.post(
+                "/v1/calls",
+                &json!({"session_id": session, "run_id": run, "step_number": step,
+                        "origin_trust": "user", "calls": calls}),
+            );
+            assert_eq!(status, 200, "{label}: {body}");
+            body["results"].as_array().unwrap().clone()
+        };
+        let state = |text: &str| {
+            json!([{"call_id": format!("ws-{text}"), "name": "context.update_working_state",
+                    "arguments": {"state": {"goal": text}}}])
+        };
+        let first = call(owner, 1, state("mine"));
+        assert_eq!(first[0]["outcome"]["status"], "succeeded", "{label}: {first:?}");
+
+        // The working state is not the intruder's to write.
+        let refused = call(intruder, 2, state("theirs"));
+        assert_eq!(
+            refused[0]["outcome"]["reason_code"], "policy.run.not_owned",
+            "{label}: {refused:?}"
+        );
+        assert_eq!(refused[0]["invocation_id"], Value::Null, "{label}: nothing recorded");
+        let (_, read) = served.get(&format!("/v1/runs/{run}/working_state?tenant_id={TENANT}"));
+        assert_eq!(json_of(&read)["working_state"], json!({"goal": "mine"}), "{label}");
+
+        // Nor its breaker: the same read repeated by the intruder leaves no
+        // mark, and the owner's identical calls run as if it never came.
+        for step in 2..8 {
+            let echo = json!([{"call_id": format!("e-{step}"), "name": "demo.echo",
+                               "arguments": {"text": "same"}}]);
+            let theirs = call(intruder, step, echo);
+            assert_eq!(
+                theirs[0]["outcome"]["reason_code"], "policy.run.not_owned",
+                "{label}: {theirs:?}"
+            );
+        }
+        let echo = json!([{"call_id": "owner-echo", "name": "demo.echo", "arguments": {"text": "same"}}]);
+        let mine = call(owner, 8, echo);
+        assert_eq!(mine[0]["outcome"]["status"], "succeeded", "{label}: {mine:?}");
+
+        // Nor a turn in it: refused before the run's step is read.
+        let (status, body) = served.post(
+            "/v1/turns",
+            &json!({"session_id": intruder, "run_id": run, "step_number": 1,
+                    "script_sha256": sha256("print(1)"), "origin_trust": "user"}),
+        );
+        assert_eq!(status, 403, "{label}: {body}");
+        assert_eq!(body["error"]["code"], "run_not_owned", "{label}: {body}");
+
+        // Every row of the run is the owner's.
+        let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+        let rows = json_of(&rows);
+        let principals: std::collections::BTreeSet<String> = rows["invocations"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{label}: {rows}"))
+            .iter()
+            .map(|row| row["principal"]["id"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(principals, ["user-1".to_owned()].into(), "{label}: {rows}");
+        // The intruder's own run is its own.
+        let (status, body) = served.echo(intruder, Uuid::new_v4(), 1, "own", "demo.echo");
+        assert_eq!(status, 200);
+        assert_eq!(body["results"][0]["outcome"]["status"], "succeeded", "{label}: {body}");
+    }
 }
 
 /// A batch of slow reads runs at once; the same reads beside a write, or

@@ -2177,10 +2177,22 @@ async fn authored_skills_are_written_once_per_call_and_kept_per_tenant() {
         assert_eq!(skills.len(), 1, "{name}");
         assert_eq!(skills[0].body, "three");
         assert_eq!(skills[0].required_tools, vec!["demo.echo".to_owned()]);
+        // Another principal of the tenant neither updates nor deletes it.
+        let theirs = AuthoredSkill {
+            author: "user-2".into(),
+            ..skill("k4", "four")
+        };
+        assert_eq!(
+            put(theirs, SkillWrite::Update).await,
+            SkillWritten::OtherAuthor,
+            "{name}"
+        );
+        assert!(!store.delete_skill("tenant-a", "triage", "user-2").await.unwrap());
+        assert_eq!(store.skills("tenant-a").await.unwrap()[0].body, "three");
         assert!(store.skills("tenant-b").await.unwrap().is_empty(), "{name}");
-        assert!(!store.delete_skill("tenant-b", "triage").await.unwrap());
-        assert!(store.delete_skill("tenant-a", "triage").await.unwrap());
-        assert!(!store.delete_skill("tenant-a", "triage").await.unwrap());
+        assert!(!store.delete_skill("tenant-b", "triage", "user-1").await.unwrap());
+        assert!(store.delete_skill("tenant-a", "triage", "user-1").await.unwrap());
+        assert!(!store.delete_skill("tenant-a", "triage", "user-1").await.unwrap());
         assert!(store.skills("tenant-a").await.unwrap().is_empty(), "{name}");
     }
 }

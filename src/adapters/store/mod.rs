@@ -141,6 +141,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "the turns still open, by expiry",
         sql: include_str!("../../../migrations/postgres/0021_open_turns.sql"),
     },
+    Migration {
+        version: 22,
+        description: "runs and whose they are",
+        sql: include_str!("../../../migrations/postgres/0022_run_owners.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -244,6 +249,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 21,
         description: "the turns still open, by expiry",
         sql: include_str!("../../../migrations/sqlite/0021_open_turns.sql"),
+    },
+    Migration {
+        version: 22,
+        description: "runs and whose they are",
+        sql: include_str!("../../../migrations/sqlite/0022_run_owners.sql"),
     },
 ];
 

@@ -10,7 +10,9 @@ use uuid::Uuid;
 
 use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
-use crate::ports::{Ended, Held, InvocationRecord, InvocationState, StoreError, Suspension};
+use crate::ports::{
+    Ended, Held, InvocationRecord, InvocationState, RunOwner, StoreError, Suspension,
+};
 
 /// A row's columns as values, however the backend stores them.
 pub(super) trait Columns {
@@ -170,6 +172,17 @@ pub(super) fn invocation(row: &impl Columns) -> Result<InvocationRecord, StoreEr
 }
 
 /// A row the store just claimed for a worker: held, or the store is wrong.
+/// A `runs` row.
+pub(super) fn run_owner(row: &impl Columns) -> Result<RunOwner, StoreError> {
+    Ok(RunOwner {
+        run_id: row.uuid("run_id")?,
+        tenant_id: row.text("tenant_id")?,
+        principal_id: row.text("principal_id")?,
+        session_id: row.uuid("session_id")?,
+        opened_at: row.time("opened_at")?,
+    })
+}
+
 pub(super) fn held(row: InvocationRecord) -> Result<Held, StoreError> {
     row.held().map_err(|_| {
         StoreError::Decode("tool_invocations: a claimed row without its worker".into())

@@ -11,7 +11,7 @@ use crate::domain::{Durability, ReasonCode, ToolEventKind};
 use crate::ports::metrics::{Labels, Metrics};
 use crate::ports::{
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
-    InvocationStore, NewInvocation, StoreError, TerminalRecord, ToolEvent,
+    InvocationStore, NewInvocation, RunOwner, StoreError, TerminalRecord, ToolEvent,
 };
 
 /// Wraps the invocation store; every write that commits tool events counts
@@ -98,6 +98,7 @@ macro_rules! delegate {
 
 impl InvocationStore for MeteredInvocations {
     delegate! {
+        open_run(run: &'a RunOwner) -> Result<RunOwner, StoreError>;
         invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
         run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
         step_invocations(tenant: &'a str, run_id: Uuid, step: i64) -> Result<Vec<InvocationRecord>, StoreError>;

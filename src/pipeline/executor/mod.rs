@@ -25,6 +25,7 @@ use super::call::{CallOutcome, CallRequest, PipelineSettings, Point, StepObserve
 use super::output::RenderedPart;
 use super::records::unrecorded;
 use super::registry::ToolRegistry;
+use super::runs::{RunOwners, opener};
 use super::settlement::Settler;
 use super::worker::Lease;
 use crate::domain::ReasonCode;
@@ -49,6 +50,7 @@ pub struct Pipeline {
     lease: Arc<Lease>,
     settler: Settler,
     settings: PipelineSettings,
+    owners: RunOwners,
 }
 
 /// The parts of a pipeline, as the composition root wires them.
@@ -102,7 +104,22 @@ impl Pipeline {
             lease: parts.lease,
             settler: Settler::new(parts.invocations.clone()),
             settings: parts.settings,
+            owners: RunOwners::default(),
         }
+    }
+
+    /// Whether a call or turn of `principal_id` in `tenant_id` may write run
+    /// `run_id`: a run is its opener's, and is opened by this question
+    /// when nobody has opened it yet.
+    pub async fn owns_run(
+        &self,
+        tenant_id: &str,
+        principal_id: &str,
+        session_id: Uuid,
+        run_id: Uuid,
+    ) -> Result<bool, crate::ports::StoreError> {
+        let opener = opener(tenant_id, principal_id, session_id, run_id, self.clock.now());
+        self.owners.admits(self.invocations.as_ref(), &opener).await
     }
 
     /// This pipeline's worker.
@@ -187,6 +204,29 @@ impl Pipeline {
         // is renewed, or on another node) is served.
         if !self.lease.is_live() {
             return unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable);
+        }
+        // Another principal's run is refused before anything of it is read
+        // or written. A recovering row was admitted when it was first asked.
+        if request.recovering.is_none() {
+            match self
+                .owns_run(
+                    &request.tenant_id,
+                    &request.principal.id,
+                    request.session_id,
+                    request.run_id,
+                )
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(call_id = %request.call_id, "a call named another principal's run");
+                    return unrecorded(request.name.clone(), ReasonCode::PolicyRunNotOwned);
+                }
+                Err(error) => {
+                    tracing::error!(error = %error, call_id = %request.call_id, "store failure in the pipeline");
+                    return unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable);
+                }
+            }
         }
         match self.steps(request).await {
             Ok(outcome) => outcome,

@@ -462,6 +462,25 @@ pub struct ReviewRecord {
     pub resolved_at: DateTime<Utc>,
 }
 
+/// A `runs` row: whose a run is. Recorded by the run's first call or turn;
+/// never changed after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOwner {
+    pub run_id: Uuid,
+    pub tenant_id: String,
+    pub principal_id: String,
+    /// The session whose call or turn opened the run.
+    pub session_id: Uuid,
+    pub opened_at: DateTime<Utc>,
+}
+
+impl RunOwner {
+    /// Whether a call of `principal_id` in `tenant_id` may write this run.
+    pub fn admits(&self, tenant_id: &str, principal_id: &str) -> bool {
+        self.tenant_id == tenant_id && self.principal_id == principal_id
+    }
+}
+
 /// The invocation rows. Each write is one short transaction (with the
 /// events of its commit); none is held across tool I/O, and every write made
 /// for an attempt is conditional on its [`Fence`].
@@ -588,6 +607,10 @@ pub trait InvocationStore: Send + Sync {
         events: &'a [ToolEvent],
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Records `run` as its run's owner, unless the run is recorded already
+    /// (for any tenant); returns the recorded owner either way.
+    fn open_run<'a>(&'a self, run: &'a RunOwner) -> BoxFuture<'a, Result<RunOwner, StoreError>>;
 
     /// A row by id, within its tenant.
     fn invocation<'a>(

@@ -33,7 +33,7 @@ pub use catalog::{
 pub use events::{EventRecord, EventStore, PlatformEvent};
 pub use invocations::{
     ArtifactRecord, BreakerTally, Ended, Held, InsertOutcome, InvocationRecord, InvocationState,
-    InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, StoredArtifact,
+    InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, RunOwner, StoredArtifact,
     Suspension, TerminalRecord, ToolEvent,
 };
 pub use operator::{

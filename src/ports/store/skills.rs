@@ -52,6 +52,8 @@ pub enum SkillWritten {
     Exists,
     /// An update found no skill of the name.
     Missing,
+    /// The skill is another principal's: only its author changes it.
+    OtherAuthor,
 }
 
 /// The `skills` table.
@@ -70,6 +72,7 @@ pub trait SkillStore: Send + Sync {
         &'a self,
         tenant_id: &'a str,
         name: &'a str,
+        author: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// The tenant's skills, by name.

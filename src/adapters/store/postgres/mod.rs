@@ -3,7 +3,7 @@
 //! database safe. Each transaction sets the tenant (or the system scope) that
 //! row-level security checks.
 
-use super::rows::{held, invocation};
+use super::rows::{held, invocation, run_owner};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use crate::ports::{
     CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore,
     Fence, Held, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
     PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
-    ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten,
+    ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten,
     StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerRegistration,
     WorkerStore,
 };

@@ -28,8 +28,8 @@ impl SkillStore for PostgresStore {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             // Locked while it is decided, so two writes of one name are
             // told apart, not interleaved.
-            let current: Option<String> = sqlx::query_scalar(
-                "SELECT written_by_key FROM skills WHERE tenant_id = $1 AND name = $2 FOR UPDATE",
+            let current: Option<(String, String)> = sqlx::query_as(
+                "SELECT written_by_key, author FROM skills WHERE tenant_id = $1 AND name = $2 FOR UPDATE",
             )
             .bind(tenant_id)
             .bind(&skill.name)
@@ -37,8 +37,11 @@ impl SkillStore for PostgresStore {
             .await
             .map_err(database_error)?;
             let written = match (current, mode) {
-                (Some(key), _) if key == skill.written_by_key => SkillWritten::Repeated,
+                (Some((key, _)), _) if key == skill.written_by_key => SkillWritten::Repeated,
                 (Some(_), SkillWrite::Create) => SkillWritten::Exists,
+                (Some((_, author)), SkillWrite::Update) if author != skill.author => {
+                    SkillWritten::OtherAuthor
+                }
                 (None, SkillWrite::Update) => SkillWritten::Missing,
                 _ => {
                     sqlx::query(
@@ -74,12 +77,16 @@ impl SkillStore for PostgresStore {
         &'a self,
         tenant_id: &'a str,
         name: &'a str,
+        author: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let deleted = sqlx::query("DELETE FROM skills WHERE tenant_id = $1 AND name = $2")
+            let deleted = sqlx::query(
+                "DELETE FROM skills WHERE tenant_id = $1 AND name = $2 AND author = $3",
+            )
                 .bind(tenant_id)
                 .bind(name)
+                .bind(author)
                 .execute(&mut *tx)
                 .await
                 .map_err(database_error)?;

@@ -471,6 +471,30 @@ impl InvocationStore for SqliteStore {
         })
     }
 
+    fn open_run<'a>(&'a self, run: &'a RunOwner) -> BoxFuture<'a, Result<RunOwner, StoreError>> {
+        let run = run.clone();
+        Box::pin(async move {
+            self.flushed(move |connection| {
+                query(
+                    "INSERT INTO runs (run_id, tenant_id, principal_id, session_id, opened_at) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id) DO NOTHING",
+                )
+                .bind(run.run_id.to_string())
+                .bind(&run.tenant_id)
+                .bind(&run.principal_id)
+                .bind(run.session_id.to_string())
+                .bind(micros(run.opened_at))
+                .execute(connection)?;
+                run_owner(
+                    &query("SELECT * FROM runs WHERE run_id = $1")
+                        .bind(run.run_id.to_string())
+                        .fetch_one(connection)?,
+                )
+            })
+            .await
+        })
+    }
+
     fn invocation<'a>(
         &'a self,
         tenant_id: &'a str,

@@ -23,7 +23,7 @@ use uuid::Uuid;
 use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
-use super::rows::{held, invocation};
+use super::rows::{held, invocation, run_owner};
 use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
@@ -31,7 +31,7 @@ use crate::ports::{
     CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore,
     Fence, Held, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
     PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
-    ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten,
+    ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten,
     StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerRegistration,
     WorkerStore,
 };

@@ -31,18 +31,26 @@ impl SkillStore for SqliteStore {
         Box::pin(async move {
             self.flushed(move |connection| {
                 let current = query(
-                    "SELECT written_by_key FROM skills WHERE tenant_id = $1 AND name = $2",
+                    "SELECT written_by_key, author FROM skills WHERE tenant_id = $1 AND name = $2",
                 )
                 .bind(&tenant_id)
                 .bind(&skill.name)
                 .fetch_optional(connection)?
-                .map(|row| get::<String>(&row, "written_by_key"))
+                .map(|row| {
+                    Ok::<_, StoreError>((
+                        get::<String>(&row, "written_by_key")?,
+                        get::<String>(&row, "author")?,
+                    ))
+                })
                 .transpose()?;
                 match (current, mode) {
-                    (Some(key), _) if key == skill.written_by_key => {
+                    (Some((key, _)), _) if key == skill.written_by_key => {
                         return Ok(SkillWritten::Repeated);
                     }
                     (Some(_), SkillWrite::Create) => return Ok(SkillWritten::Exists),
+                    (Some((_, author)), SkillWrite::Update) if author != skill.author => {
+                        return Ok(SkillWritten::OtherAuthor);
+                    }
                     (None, SkillWrite::Update) => return Ok(SkillWritten::Missing),
                     _ => {}
                 }
@@ -75,13 +83,17 @@ impl SkillStore for SqliteStore {
         &'a self,
         tenant_id: &'a str,
         name: &'a str,
+        author: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let (tenant_id, name) = (tenant_id.to_owned(), name.to_owned());
+        let (tenant_id, name, author) = (tenant_id.to_owned(), name.to_owned(), author.to_owned());
         Box::pin(async move {
             self.flushed(move |connection| {
-                let deleted = query("DELETE FROM skills WHERE tenant_id = $1 AND name = $2")
+                let deleted = query(
+                    "DELETE FROM skills WHERE tenant_id = $1 AND name = $2 AND author = $3",
+                )
                     .bind(tenant_id)
                     .bind(name)
+                    .bind(author)
                     .execute(connection)?;
                 Ok(deleted == 1)
             })

@@ -1,0 +1,70 @@
+//! Whose a run is. A run belongs to the tenant and principal whose call or
+//! turn opened it; the store records that once, and this node remembers the
+//! runs it has seen so a call costs no read for it.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::ports::{InvocationStore, RunOwner, StoreError};
+
+/// Runs remembered at once; past this the memory starts again (a run not
+/// remembered costs one store round trip, nothing else).
+const REMEMBERED: usize = 65_536;
+
+/// The owners of the runs this node has seen.
+#[derive(Default)]
+pub(super) struct RunOwners {
+    known: Mutex<HashMap<Uuid, (String, String)>>,
+}
+
+impl RunOwners {
+    /// Whether `principal_id` of `tenant_id` may write run `run_id`:
+    /// recorded as its owner now when the run is new.
+    pub(super) async fn admits(
+        &self,
+        store: &dyn InvocationStore,
+        opener: &RunOwner,
+    ) -> Result<bool, StoreError> {
+        let remembered = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&opener.run_id)
+            .map(|(tenant, principal)| {
+                tenant == &opener.tenant_id && principal == &opener.principal_id
+            });
+        if let Some(admits) = remembered {
+            return Ok(admits);
+        }
+        let owner = store.open_run(opener).await?;
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if known.len() >= REMEMBERED {
+            known.clear();
+        }
+        known.insert(
+            owner.run_id,
+            (owner.tenant_id.clone(), owner.principal_id.clone()),
+        );
+        Ok(owner.admits(&opener.tenant_id, &opener.principal_id))
+    }
+}
+
+/// The owner a call or turn of this session would record for `run_id`.
+pub(super) fn opener(
+    tenant_id: &str,
+    principal_id: &str,
+    session_id: Uuid,
+    run_id: Uuid,
+    now: DateTime<Utc>,
+) -> RunOwner {
+    RunOwner {
+        run_id,
+        tenant_id: tenant_id.to_owned(),
+        principal_id: principal_id.to_owned(),
+        session_id,
+        opened_at: now,
+    }
+}
