@@ -58,6 +58,7 @@ impl ControlApi {
                     "content": rendered_content(&finished.content),
                     "synthesis_only": finished.synthesis_only,
                     "fails_run": finished.fails_run(),
+                    "retry_after_seconds": finished.retry_after_seconds,
                 }),
                 CallOutcome::Pending {
                     invocation_id,
@@ -91,11 +92,22 @@ impl ControlApi {
         };
         let synthesis_only = finished().any(|finished| finished.synthesis_only);
         let fails_run = finished().any(|finished| finished.fails_run());
-        Ok(reply(
+        let retry_after = finished()
+            .filter_map(|finished| finished.retry_after_seconds)
+            .max();
+        let mut answer = reply(
             StatusCode::OK,
             &json!({"parallel_group": ran.parallel_group, "parallel": ran.parallel,
                     "synthesis_only": synthesis_only,
                     "fails_run": fails_run, "results": results}),
-        ))
+        );
+        // A rate-limited call says when to ask again, as HTTP does.
+        if let Some(seconds) = retry_after {
+            answer.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from(seconds),
+            );
+        }
+        Ok(answer)
     }
 }

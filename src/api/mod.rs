@@ -205,11 +205,9 @@ impl ApiError {
                 "invalid_request",
                 "step_number must not be negative",
             ),
-            ApiError::Turn(failure @ TurnError::RunNotOwned) => error(
-                StatusCode::FORBIDDEN,
-                "run_not_owned",
-                &failure.to_string(),
-            ),
+            ApiError::Turn(failure @ TurnError::RunNotOwned) => {
+                error(StatusCode::FORBIDDEN, "run_not_owned", &failure.to_string())
+            }
             ApiError::Turn(TurnError::Session(failure)) => session(failure),
             ApiError::Turn(TurnError::Store(store)) => store_failed(store),
             ApiError::Turn(TurnError::Socket(failure)) => {

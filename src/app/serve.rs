@@ -130,24 +130,27 @@ pub async fn build(
     let lease = worker.lease();
     let artifact_files: Arc<dyn crate::ports::ArtifactStore> =
         Arc::new(FsArtifactStore::new(config.artifacts.directory.clone()));
-    let pipeline = Arc::new(Pipeline::new(PipelineParts {
-        registry: registry.clone(),
-        // The pipeline's writes are counted as they commit.
-        invocations: Arc::new(MeteredInvocations::new(store.clone(), metrics.clone())),
-        approvals: store.clone(),
-        events: store.clone(),
-        policy,
-        artifacts: artifact_files.clone(),
-        credentials: credential_resolver(&config, environment),
-        clock: clock.clone(),
-        observer: Arc::new(Unobserved),
-        mcp: Some(servers.clone()),
-        worker_id: worker.id(),
-        lease: lease.clone(),
-        settings: PipelineSettings {
-            inline_maximum_bytes: config.limits.inline_maximum_bytes,
-        },
-    }));
+    let pipeline = Arc::new(
+        Pipeline::new(PipelineParts {
+            registry: registry.clone(),
+            // The pipeline's writes are counted as they commit.
+            invocations: Arc::new(MeteredInvocations::new(store.clone(), metrics.clone())),
+            approvals: store.clone(),
+            events: store.clone(),
+            policy,
+            artifacts: artifact_files.clone(),
+            credentials: credential_resolver(&config, environment),
+            clock: clock.clone(),
+            observer: Arc::new(Unobserved),
+            mcp: Some(servers.clone()),
+            worker_id: worker.id(),
+            lease: lease.clone(),
+            settings: PipelineSettings {
+                inline_maximum_bytes: config.limits.inline_maximum_bytes,
+            },
+        })
+        .with_rate_limits(rate_limits(&config.limits.rate), metrics.clone()),
+    );
     let sessions = Arc::new(Sessions::new(SessionParts {
         registry,
         sessions: store.clone(),
@@ -867,5 +870,22 @@ pub(super) async fn sweep(
                 sessions.forget_idle(&bridge.sessions_in_use()).await;
             }
         }
+    }
+}
+
+/// The operator's rate limits, as the pipeline keeps them.
+fn rate_limits(rate: &crate::config::RateConfig) -> crate::pipeline::limits::RateLimitSettings {
+    crate::pipeline::limits::RateLimitSettings {
+        principal: rate.principal,
+        tenant: rate.tenant,
+        server: rate.server,
+        tools: rate
+            .tools
+            .iter()
+            .map(|entry| crate::pipeline::limits::ToolRateLimit {
+                tools: entry.tools.clone(),
+                limit: entry.limit(),
+            })
+            .collect(),
     }
 }

@@ -145,19 +145,29 @@ pub(super) async fn run(
                 "the approval was not decided within the hold; the turn is closed",
             );
         }
+        request.caller.rate_admitted = true;
         outcome = pipeline.call(request.clone()).await;
     }
     match outcome {
-        CallOutcome::Finished(Finished { outcome, .. })
-            if outcome.reason_code().is_some_and(ReasonCode::is_unsettled) =>
-        {
+        CallOutcome::Finished(Finished {
+            outcome,
+            retry_after_seconds,
+            ..
+        }) if outcome.reason_code().is_some_and(ReasonCode::is_unsettled) => {
             // No settled outcome: the call is in flight elsewhere (another
-            // node, or recovery), or its record could not be written. Its
-            // ordinal is given back, so the script's retry is the same call
-            // id and reads the outcome the call's row ends with; a new
-            // ordinal would make it a second call.
+            // node, or recovery), its record could not be written, or a
+            // rate limit held it back. Its ordinal is given back, so the
+            // script's retry is the same call id and reads the outcome the
+            // call's row ends with; a new ordinal would make it a second call.
             turn.return_ordinal(ordinal);
-            reply_text(StatusCode::OK, outcome_text(&outcome, &[], None))
+            let mut response = reply_text(StatusCode::OK, outcome_text(&outcome, &[], None));
+            if let Some(seconds) = retry_after_seconds {
+                response.headers_mut().insert(
+                    hyper::header::RETRY_AFTER,
+                    hyper::header::HeaderValue::from(seconds),
+                );
+            }
+            response
         }
         CallOutcome::Finished(Finished {
             outcome,

@@ -41,8 +41,8 @@ pub use sections::{
     DEFAULT_MAXIMUM_TIMEOUT_SECONDS, DEFAULT_REQUEST_BODY_BYTES,
     DEFAULT_REQUEST_BODY_TIMEOUT_SECONDS, DEFAULT_REQUEST_HEADER_TIMEOUT_SECONDS,
     DEFAULT_TURN_CALL_CAP, DEFAULT_TURN_CONNECTIONS, EgressConfig, LimitsConfig, LogConfig,
-    MINIMUM_INLINE_MAXIMUM_BYTES, NodeConfig, OpsConfig, PolicyConfig, RuntimeConfig, StoreConfig,
-    TelemetryConfig,
+    MINIMUM_INLINE_MAXIMUM_BYTES, NodeConfig, OpsConfig, PolicyConfig, RateConfig, RuntimeConfig,
+    StoreConfig, TelemetryConfig,
 };
 pub use values::{DEFAULT_SOCKET_MODE, RunAsUser, Seconds, SocketMode};
 

@@ -13,7 +13,7 @@ use super::{Problems, resolve_group, valid_log_filter};
 use crate::domain::egress::{AllowEntry, AllowedCidrs};
 use crate::domain::policy::ReplayDivergence;
 use crate::domain::secret::CredentialRef;
-use crate::domain::valid_tenant_id;
+use crate::domain::{RateLimit, valid_tenant_id};
 
 /// Default ceiling on an MCP server's tools' `timeout_seconds` (ten minutes).
 pub const DEFAULT_MAXIMUM_TIMEOUT_SECONDS: u32 = 600;
@@ -224,6 +224,71 @@ pub struct LimitsConfig {
     /// Connections the control API holds at once (socket and TCP).
     #[serde(deserialize_with = "count")]
     pub control_connections: usize,
+    /// Rate limits on tool calls, kept per node; each is off unless set.
+    pub rate: RateConfig,
+}
+
+/// Token-bucket limits on tool calls from every door (control API, bridge,
+/// front door), kept by each node.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateConfig {
+    /// Per tenant and principal (on the front door, a credential's).
+    pub principal: Option<RateLimit>,
+    /// Per tenant.
+    pub tenant: Option<RateLimit>,
+    /// Per tenant and MCP server (the operator's or the tenant's own).
+    pub server: Option<RateLimit>,
+    /// Per tenant and tool: the first entry whose `tools` globs match.
+    pub tools: Vec<ToolRateConfig>,
+}
+
+/// A limit on the tools whose registry names match `tools`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolRateConfig {
+    /// Globs over registry names (`mcp.acme.*`).
+    pub tools: Vec<String>,
+    /// Calls per second on average.
+    pub per_second: f64,
+    /// Calls at once from a full bucket.
+    pub burst: u32,
+}
+
+impl RateConfig {
+    fn validate(&self, problems: &mut Problems) {
+        for (path, limit) in [
+            ("limits.rate.principal", self.principal),
+            ("limits.rate.tenant", self.tenant),
+            ("limits.rate.server", self.server),
+        ] {
+            if let Some(problem) = limit.as_ref().and_then(RateLimit::problem) {
+                problems.push(path, problem);
+            }
+        }
+        for (index, entry) in self.tools.iter().enumerate() {
+            let path = format!("limits.rate.tools[{index}]");
+            if entry.tools.is_empty() || entry.tools.iter().any(|glob| glob.is_empty()) {
+                problems.push(
+                    format!("{path}.tools"),
+                    "must name at least one glob, none empty",
+                );
+            }
+            if let Some(problem) = entry.limit().problem() {
+                problems.push(path, problem);
+            }
+        }
+    }
+}
+
+impl ToolRateConfig {
+    /// The limit this entry sets.
+    pub fn limit(&self) -> RateLimit {
+        RateLimit {
+            per_second: self.per_second,
+            burst: self.burst,
+        }
+    }
 }
 
 impl Default for LimitsConfig {
@@ -239,6 +304,7 @@ impl Default for LimitsConfig {
             turn_connections: DEFAULT_TURN_CONNECTIONS,
             bridge_connections: DEFAULT_BRIDGE_CONNECTIONS,
             control_connections: DEFAULT_CONTROL_CONNECTIONS,
+            rate: RateConfig::default(),
         }
     }
 }
@@ -278,6 +344,7 @@ impl LimitsConfig {
         ] {
             problems.at_least_one(path, count);
         }
+        self.rate.validate(problems);
     }
 }
 

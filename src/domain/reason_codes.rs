@@ -218,7 +218,9 @@ impl ReasonCode {
     pub fn is_unsettled(self) -> bool {
         matches!(
             self,
-            ReasonCode::ToolConcurrencyConflict | ReasonCode::ToolRecordUnavailable
+            ReasonCode::ToolConcurrencyConflict
+                | ReasonCode::ToolRecordUnavailable
+                | ReasonCode::ToolRateLimited
         )
     }
 

@@ -63,6 +63,7 @@ fn error(code: i32, message: &str) -> FrontError {
     FrontError {
         code,
         message: message.to_owned(),
+        data: None,
     }
 }
 
@@ -122,6 +123,8 @@ struct Asked {
 /// What a held call ends as.
 enum Answer {
     Result(Value),
+    /// Answered as a JSON-RPC error (a rate-limited call).
+    Refused(FrontError),
     Withdrawn,
 }
 
@@ -130,7 +133,7 @@ impl Front {
     /// (with progress when the client asked for it).
     async fn run_call(
         &self,
-        call: CallRequest,
+        mut call: CallRequest,
         holds: bool,
         progress: Option<Arc<dyn ProgressSink>>,
     ) -> Answer {
@@ -184,9 +187,13 @@ impl Front {
             if !decided {
                 return Answer::Result(render::pending(invocation_id, approval_id));
             }
+            call.caller.rate_admitted = true;
             outcome = pipeline.call(call.clone()).await;
         }
         match outcome {
+            CallOutcome::Finished(finished) if finished.retry_after_seconds.is_some() => {
+                Answer::Refused(render::rate_limited(&finished))
+            }
             CallOutcome::Finished(finished) => Answer::Result(render::finished(&finished)),
             CallOutcome::Suspended {
                 invocation_id,
@@ -285,6 +292,7 @@ impl Front {
             withdrawn: Some(slot.withdrawn.clone()),
             resumes_waiting: !identity.named,
             replay: None,
+            rate_admitted: false,
         };
         let progress = context.progress.clone();
         let front = self.clone();
@@ -654,6 +662,7 @@ impl Methods {
                 render::completed(&mut result, context.stateless);
                 Ok(result)
             }
+            Answer::Refused(refused) => Err(refused),
             Answer::Withdrawn => Err(error(REQUEST_CANCELLED, "the request was cancelled")),
         }
     }
@@ -717,6 +726,7 @@ impl Methods {
                 task["result"] = result;
                 task
             }
+            Answer::Refused(refused) => return Err(refused),
             Answer::Withdrawn => {
                 return Err(error(REQUEST_CANCELLED, "the request was cancelled"));
             }
@@ -791,8 +801,12 @@ impl Methods {
                 &context,
             )
             .await?;
-        let Answer::Result(result) = answer else {
-            return Err(error(REQUEST_CANCELLED, "the request was cancelled"));
+        let result = match answer {
+            Answer::Result(result) => result,
+            Answer::Refused(refused) => return Err(refused),
+            Answer::Withdrawn => {
+                return Err(error(REQUEST_CANCELLED, "the request was cancelled"));
+            }
         };
         if result["isError"] == true {
             let message = result

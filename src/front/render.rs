@@ -13,6 +13,7 @@ use crate::domain::{
     TrustLevel, sha256_hex, valid_identifier,
 };
 use crate::pipeline::{Finished, PinnedTool, RenderedPart};
+use crate::ports::front::FrontError;
 
 /// `_meta` keys a client names its call with.
 pub const META_RUN_ID: &str = "toolgate/run_id";
@@ -161,6 +162,24 @@ pub fn finished(finished: &Finished) -> Value {
                 "_meta": meta,
             })
         }
+    }
+}
+
+/// JSON-RPC's code for a rate-limited request, as other MCP gateways
+/// answer one (ToolHive's `-32029`).
+pub const RATE_LIMITED: i32 = -32029;
+
+/// A rate-limited call, as a JSON-RPC error: when to ask again
+/// (`retryAfterSeconds`) and the six-field outcome. Nothing was recorded.
+pub fn rate_limited(finished: &Finished) -> FrontError {
+    let seconds = finished.retry_after_seconds.unwrap_or(1);
+    FrontError {
+        code: RATE_LIMITED,
+        message: format!("rate limited: try again in {seconds} s"),
+        data: Some(json!({
+            "retryAfterSeconds": seconds,
+            "outcome": finished.outcome,
+        })),
     }
 }
 
@@ -507,6 +526,7 @@ mod tests {
             content: Vec::new(),
             data: None,
             synthesis_only: false,
+            retry_after_seconds: None,
         };
         let result = finished(&end);
         assert_eq!(result["isError"], true);

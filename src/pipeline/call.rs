@@ -175,6 +175,10 @@ pub struct CallerTerms {
     /// from it (another tool, or other arguments) and may act is not
     /// silently a new call.
     pub replay: Option<Replay>,
+    /// The call passed the rate limits when it was first asked and is
+    /// asked again only to resume (its approval was decided while its
+    /// caller waited): it is not counted twice.
+    pub rate_admitted: bool,
 }
 
 /// What a replayed turn recorded at a call's ordinal, and what is done when
@@ -289,6 +293,9 @@ pub struct Finished {
     /// An identical-call count sits one below the loop threshold after this
     /// call: the next model turn must answer from what it has.
     pub synthesis_only: bool,
+    /// A rate-limited call's wait before the same call may be admitted:
+    /// whole seconds, at least one. Only `tool.rate_limited` carries it.
+    pub retry_after_seconds: Option<u64>,
 }
 
 impl Finished {

@@ -13,6 +13,7 @@ pub mod breaker;
 mod call;
 pub mod executor;
 mod guard;
+pub mod limits;
 pub mod output;
 pub mod preparation;
 mod records;

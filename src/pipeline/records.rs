@@ -115,6 +115,7 @@ pub(super) fn recorded(row: &InvocationRecord) -> CallOutcome {
         content,
         data,
         synthesis_only: false,
+        retry_after_seconds: None,
     })
 }
 
@@ -145,6 +146,7 @@ pub(super) fn unrecorded(action: String, code: ReasonCode) -> CallOutcome {
         content: Vec::new(),
         data: None,
         synthesis_only: false,
+        retry_after_seconds: None,
     })
 }
 

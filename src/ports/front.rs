@@ -23,6 +23,9 @@ pub struct FrontError {
     pub code: i32,
     /// What the client is told.
     pub message: String,
+    /// The error's `data`, when it has any (a rate limit's
+    /// `retryAfterSeconds`).
+    pub data: Option<serde_json::Value>,
 }
 
 impl FrontError {
@@ -31,6 +34,7 @@ impl FrontError {
         FrontError {
             code: -32602,
             message: message.into(),
+            data: None,
         }
     }
 
@@ -39,6 +43,7 @@ impl FrontError {
         FrontError {
             code: -32600,
             message: message.into(),
+            data: None,
         }
     }
 
@@ -47,6 +52,7 @@ impl FrontError {
         FrontError {
             code: -32603,
             message: message.into(),
+            data: None,
         }
     }
 }

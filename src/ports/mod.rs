@@ -26,10 +26,10 @@ pub use store::{
     ConnectionOutcome, Cursor, Ended, EventRecord, EventStore, Fence, Held, InsertOutcome,
     InvalidCursor, InvocationRecord, InvocationState, InvocationStore, InvocationStory,
     McpServerRow, NewInvocation, OperatorFilter, OperatorStore, Page, PageRequest, PlatformEvent,
-    PreparationRecord, QueueDepths, Registration, Renewal, ReviewItem, ReviewRecord, ReviewStore, RunOwner,
-    Schema, ServerItem, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten, Store,
-    StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent, ToolHealth, TurnRecord,
-    TurnStore, WorkerLease, WorkerRegistration, WorkerStore,
+    PreparationRecord, QueueDepths, Registration, Renewal, ReviewItem, ReviewRecord, ReviewStore,
+    RunOwner, Schema, ServerItem, SessionRecord, SessionStore, SkillStore, SkillWrite,
+    SkillWritten, Store, StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent,
+    ToolHealth, TurnRecord, TurnStore, WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use tool::{
     ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken,

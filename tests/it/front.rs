@@ -2585,3 +2585,119 @@ pub mod stateless {
         assert_eq!(current.last()["result"]["isError"], false, "{current:?}");
     }
 }
+
+/// A run named in `_meta` is its opener's: another key of the same tenant
+/// (another principal) naming it is refused `policy.run.not_owned` and
+/// records nothing in it; its own runs are its own.
+#[test]
+fn a_run_named_by_another_principal_is_refused_and_untouched() {
+    let door = Door::start("", "");
+    let (mine, theirs) = (door.open(KEY_A), door.open(KEY_A2));
+    let run = Uuid::new_v4();
+    let meta = |call: &str| {
+        Some(json!({"toolgate/run_id": run, "toolgate/step": 1, "toolgate/call_id": call}))
+    };
+    let first = door.call(
+        KEY_A,
+        &mine,
+        json!(1),
+        "demo.echo",
+        json!({"text": "a"}),
+        meta("c1"),
+    );
+    assert_eq!(first["isError"], false, "{first}");
+    let refused = door.call(
+        KEY_A2,
+        &theirs,
+        json!(1),
+        "demo.echo",
+        json!({"text": "a"}),
+        meta("c2"),
+    );
+    assert_eq!(refused["isError"], true, "{refused}");
+    assert_eq!(
+        refused["structuredContent"]["reason_code"], "policy.run.not_owned",
+        "{refused}"
+    );
+    assert!(
+        refused["_meta"].get("toolgate/invocation_id").is_none(),
+        "nothing recorded: {refused}"
+    );
+    // Even the owner's own call id, named by another, reads nothing.
+    let replayed = door.call(
+        KEY_A2,
+        &theirs,
+        json!(2),
+        "demo.echo",
+        json!({"text": "a"}),
+        meta("c1"),
+    );
+    assert_eq!(
+        replayed["structuredContent"]["reason_code"], "policy.run.not_owned",
+        "{replayed}"
+    );
+    let (_, rows) = door
+        .served
+        .get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+    let rows = json_of(&rows);
+    assert_eq!(
+        rows["invocations"].as_array().map(Vec::len),
+        Some(1),
+        "{rows}"
+    );
+    assert_eq!(rows["invocations"][0]["principal"]["id"], "user-1");
+}
+
+/// A rate limit per principal holds on the front door: past the burst a
+/// call is a JSON-RPC error `-32029` whose data says when to retry and
+/// carries the six-field outcome, with nothing recorded; another principal
+/// of the same tenant is not held back by it. (A bucket's refill is the
+/// domain's unit test; one token per ten seconds keeps this one from racing
+/// a loaded machine.)
+#[test]
+fn a_rate_limited_call_on_the_front_door_says_when_to_retry() {
+    let door = Door::start(
+        "",
+        "[limits.rate]\nprincipal = { per_second = 0.1, burst = 2 }\n",
+    );
+    let (mine, theirs) = (door.open(KEY_A), door.open(KEY_A2));
+    let run = Uuid::new_v4();
+    let call = |key: &str, session: &str, id: i64| {
+        door.call(
+            key,
+            session,
+            json!(id),
+            "demo.echo",
+            json!({"text": format!("t{id}")}),
+            Some(
+                json!({"toolgate/run_id": if key == KEY_A { run } else { Uuid::new_v4() },
+                        "toolgate/step": id, "toolgate/call_id": format!("c{id}")}),
+            ),
+        )
+    };
+    for id in 1..=2 {
+        let served = call(KEY_A, &mine, id);
+        assert_eq!(served["isError"], false, "{served}");
+    }
+    let limited = call(KEY_A, &mine, 3);
+    assert_eq!(limited["code"], -32029, "{limited}");
+    let retry = limited["data"]["retryAfterSeconds"].as_u64().unwrap_or(0);
+    assert!((1..=10).contains(&retry), "{limited}");
+    assert_eq!(
+        limited["data"]["outcome"]["reason_code"],
+        "tool.rate_limited"
+    );
+    assert_eq!(limited["data"]["outcome"]["retryable"], true);
+    // Another principal's bucket is its own.
+    let other = call(KEY_A2, &theirs, 4);
+    assert_eq!(other["isError"], false, "{other}");
+    let (_, rows) = door
+        .served
+        .get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+    let rows = json_of(&rows);
+    assert_eq!(
+        rows["invocations"].as_array().map(Vec::len),
+        Some(2),
+        "nothing recorded: {rows}"
+    );
+}

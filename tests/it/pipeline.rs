@@ -24,10 +24,9 @@ use toolgate::pipeline::{
     Point, RegistryLimits, StepObserver, SweepBounds, ToolRegistry,
 };
 use toolgate::ports::{
-    RunOwner,
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
-    InvocationStore, NewInvocation, PolicyEngine, Store, StoreError, SystemClock, TerminalRecord,
-    Tool, ToolEvent, ToolExecutionContext, WorkerRegistration,
+    InvocationStore, NewInvocation, PolicyEngine, RunOwner, Store, StoreError, SystemClock,
+    TerminalRecord, Tool, ToolEvent, ToolExecutionContext, WorkerRegistration,
 };
 
 /// A recovery sweep as the tests run it: every row at once.

@@ -1342,7 +1342,11 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
             Some(url) => Served::start_on(url),
             None => Served::start(),
         };
-        let label = if store.is_some() { "postgres" } else { "sqlite" };
+        let label = if store.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        };
         let (owner, intruder) = (served.session_of("user-1"), served.session_of("user-2"));
         let run = Uuid::new_v4();
         let call = |session: Uuid, step: i64, calls: Value| {
@@ -1359,7 +1363,10 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
                     "arguments": {"state": {"goal": text}}}])
         };
         let first = call(owner, 1, state("mine"));
-        assert_eq!(first[0]["outcome"]["status"], "succeeded", "{label}: {first:?}");
+        assert_eq!(
+            first[0]["outcome"]["status"], "succeeded",
+            "{label}: {first:?}"
+        );
 
         // The working state is not the intruder's to write.
         let refused = call(intruder, 2, state("theirs"));
@@ -1367,9 +1374,17 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
             refused[0]["outcome"]["reason_code"], "policy.run.not_owned",
             "{label}: {refused:?}"
         );
-        assert_eq!(refused[0]["invocation_id"], Value::Null, "{label}: nothing recorded");
+        assert_eq!(
+            refused[0]["invocation_id"],
+            Value::Null,
+            "{label}: nothing recorded"
+        );
         let (_, read) = served.get(&format!("/v1/runs/{run}/working_state?tenant_id={TENANT}"));
-        assert_eq!(json_of(&read)["working_state"], json!({"goal": "mine"}), "{label}");
+        assert_eq!(
+            json_of(&read)["working_state"],
+            json!({"goal": "mine"}),
+            "{label}"
+        );
 
         // Nor its breaker: the same read repeated by the intruder leaves no
         // mark, and the owner's identical calls run as if it never came.
@@ -1382,9 +1397,13 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
                 "{label}: {theirs:?}"
             );
         }
-        let echo = json!([{"call_id": "owner-echo", "name": "demo.echo", "arguments": {"text": "same"}}]);
+        let echo =
+            json!([{"call_id": "owner-echo", "name": "demo.echo", "arguments": {"text": "same"}}]);
         let mine = call(owner, 8, echo);
-        assert_eq!(mine[0]["outcome"]["status"], "succeeded", "{label}: {mine:?}");
+        assert_eq!(
+            mine[0]["outcome"]["status"], "succeeded",
+            "{label}: {mine:?}"
+        );
 
         // Nor a turn in it: refused before the run's step is read.
         let (status, body) = served.post(
@@ -1402,13 +1421,21 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
             .as_array()
             .unwrap_or_else(|| panic!("{label}: {rows}"))
             .iter()
-            .map(|row| row["principal"]["id"].as_str().unwrap_or_default().to_owned())
+            .map(|row| {
+                row["principal"]["id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
             .collect();
         assert_eq!(principals, ["user-1".to_owned()].into(), "{label}: {rows}");
         // The intruder's own run is its own.
         let (status, body) = served.echo(intruder, Uuid::new_v4(), 1, "own", "demo.echo");
         assert_eq!(status, 200);
-        assert_eq!(body["results"][0]["outcome"]["status"], "succeeded", "{label}: {body}");
+        assert_eq!(
+            body["results"][0]["outcome"]["status"], "succeeded",
+            "{label}: {body}"
+        );
     }
 }
 
@@ -2670,5 +2697,82 @@ fn an_agent_writes_a_skill_that_loads_as_untrusted() {
             .iter()
             .any(|skill| skill["name"] == "skill.authored.triage"),
         "{later}"
+    );
+}
+
+/// Rate limits on the control API: past a tool's limit a call answers
+/// `tool.rate_limited` (retryable) with `retry_after_seconds` and an HTTP
+/// `Retry-After`, nothing recorded and nothing counted by the breaker; a
+/// tenant's limit holds across its principals; another tool is not held
+/// back by a tool's limit.
+#[test]
+fn rate_limits_refuse_with_when_to_retry_and_record_nothing() {
+    let served = Served::start_configured(
+        "[limits.rate]\ntenant = { per_second = 0.1, burst = 4 }\n\
+         [[limits.rate.tools]]\ntools = [\"mcp.reads.*\"]\nper_second = 0.1\nburst = 1\n",
+    );
+    let (first, second) = (served.session_of("user-1"), served.session_of("user-2"));
+    let run = Uuid::new_v4();
+    let (status, body) = served.echo(first, run, 1, "r1", "mcp.reads.echo");
+    assert_eq!(status, 200);
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
+    let request =
+        json!({"session_id": first, "run_id": run, "step_number": 2, "origin_trust": "user",
+        "calls": [{"call_id": "r2", "name": "mcp.reads.echo", "arguments": {"text": "hi"}}]})
+        .to_string();
+    let (status, head, body) = exchange(
+        std::os::unix::net::UnixStream::connect(&served.socket).unwrap(),
+        "POST",
+        "/v1/calls",
+        &[("content-type", "application/json")],
+        Some(request.as_bytes()),
+    );
+    let body = json_of(&body);
+    assert_eq!(status, 200, "{body}");
+    let result = &body["results"][0];
+    assert_eq!(
+        result["outcome"]["reason_code"], "tool.rate_limited",
+        "{body}"
+    );
+    assert_eq!(result["outcome"]["retryable"], true);
+    assert_eq!(result["outcome"]["status"], "unavailable");
+    assert_eq!(result["invocation_id"], Value::Null, "nothing recorded");
+    let retry = result["retry_after_seconds"].as_u64().unwrap_or(0);
+    assert!((1..=10).contains(&retry), "{body}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains(&format!("retry-after: {retry}")),
+        "{head}"
+    );
+    // Another tool is not held back by that tool's limit.
+    let (_, body) = served.echo(first, run, 3, "e1", "demo.echo");
+    assert_eq!(
+        body["results"][0]["outcome"]["status"], "succeeded",
+        "{body}"
+    );
+    // The tenant's bucket (4) is shared by its principals: two calls spent
+    // it (the limited one spent nothing), two more pass, the next is held
+    // back whoever asks.
+    for call in ["e2", "e3"] {
+        let (_, body) = served.echo(second, Uuid::new_v4(), 1, call, "demo.echo");
+        assert_eq!(
+            body["results"][0]["outcome"]["status"], "succeeded",
+            "{body}"
+        );
+    }
+    let (_, body) = served.echo(second, Uuid::new_v4(), 1, "e4", "demo.echo");
+    assert_eq!(
+        body["results"][0]["outcome"]["reason_code"], "tool.rate_limited",
+        "{body}"
+    );
+    let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+    let rows = json_of(&rows);
+    assert_eq!(
+        rows["invocations"].as_array().map(Vec::len),
+        Some(2),
+        "{rows}"
     );
 }

@@ -2187,12 +2187,32 @@ async fn authored_skills_are_written_once_per_call_and_kept_per_tenant() {
             SkillWritten::OtherAuthor,
             "{name}"
         );
-        assert!(!store.delete_skill("tenant-a", "triage", "user-2").await.unwrap());
+        assert!(
+            !store
+                .delete_skill("tenant-a", "triage", "user-2")
+                .await
+                .unwrap()
+        );
         assert_eq!(store.skills("tenant-a").await.unwrap()[0].body, "three");
         assert!(store.skills("tenant-b").await.unwrap().is_empty(), "{name}");
-        assert!(!store.delete_skill("tenant-b", "triage", "user-1").await.unwrap());
-        assert!(store.delete_skill("tenant-a", "triage", "user-1").await.unwrap());
-        assert!(!store.delete_skill("tenant-a", "triage", "user-1").await.unwrap());
+        assert!(
+            !store
+                .delete_skill("tenant-b", "triage", "user-1")
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .delete_skill("tenant-a", "triage", "user-1")
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .delete_skill("tenant-a", "triage", "user-1")
+                .await
+                .unwrap()
+        );
         assert!(store.skills("tenant-a").await.unwrap().is_empty(), "{name}");
     }
 }

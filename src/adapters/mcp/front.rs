@@ -129,7 +129,7 @@ fn context_of(context: &RequestContext<RoleServer>) -> FrontContext {
 }
 
 fn error(error: FrontError) -> McpError {
-    McpError::new(ErrorCode(error.code), error.message, None)
+    McpError::new(ErrorCode(error.code), error.message, error.data)
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, McpError> {

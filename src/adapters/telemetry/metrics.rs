@@ -63,6 +63,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Bridge requests refused before any call",
     ),
     (
+        "rate_limited_total",
+        "Calls a rate limit refused (nothing recorded), by the limit's scope",
+    ),
+    (
         "mcp_stderr_dropped_bytes_total",
         "Bytes of MCP servers' stderr over the logging budget, dropped",
     ),

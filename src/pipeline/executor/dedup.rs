@@ -182,6 +182,7 @@ impl Pipeline {
                 content: Vec::new(),
                 data: None,
                 synthesis_only: false,
+                retry_after_seconds: None,
             })),
             None => Ok(unrecorded(
                 request.name.clone(),

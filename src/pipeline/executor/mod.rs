@@ -22,6 +22,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::call::{CallOutcome, CallRequest, PipelineSettings, Point, StepObserver};
+use super::limits::{RateLimitSettings, RateLimits};
 use super::output::RenderedPart;
 use super::records::unrecorded;
 use super::registry::ToolRegistry;
@@ -51,6 +52,7 @@ pub struct Pipeline {
     settler: Settler,
     settings: PipelineSettings,
     owners: RunOwners,
+    limits: RateLimits,
 }
 
 /// The parts of a pipeline, as the composition root wires them.
@@ -105,7 +107,18 @@ impl Pipeline {
             settler: Settler::new(parts.invocations.clone()),
             settings: parts.settings,
             owners: RunOwners::default(),
+            limits: RateLimits::new(RateLimitSettings::default(), None),
         }
+    }
+
+    /// This pipeline with the operator's rate limits, counted in `metrics`.
+    pub fn with_rate_limits(
+        mut self,
+        settings: RateLimitSettings,
+        metrics: Arc<dyn crate::ports::Metrics>,
+    ) -> Self {
+        self.limits = RateLimits::new(settings, Some(metrics));
+        self
     }
 
     /// Whether a call or turn of `principal_id` in `tenant_id` may write run
@@ -118,7 +131,13 @@ impl Pipeline {
         session_id: Uuid,
         run_id: Uuid,
     ) -> Result<bool, crate::ports::StoreError> {
-        let opener = opener(tenant_id, principal_id, session_id, run_id, self.clock.now());
+        let opener = opener(
+            tenant_id,
+            principal_id,
+            session_id,
+            run_id,
+            self.clock.now(),
+        );
         self.owners.admits(self.invocations.as_ref(), &opener).await
     }
 
@@ -205,8 +224,23 @@ impl Pipeline {
         if !self.lease.is_live() {
             return unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable);
         }
+        // A limited call is refused before anything is read or written. A
+        // recovering row was admitted when it was first asked.
+        if request.recovering.is_none() && !request.caller.rate_admitted {
+            let named = super::call::named_tool(&request.name, &request.arguments);
+            let spec = request
+                .pinned
+                .resolve(named)
+                .map(|pinned| &pinned.tool.spec);
+            if let Err(limited) =
+                self.limits
+                    .take(&request.tenant_id, &request.principal.id, named, spec)
+            {
+                return rate_limited(request.name.clone(), limited.retry_after_seconds);
+            }
+        }
         // Another principal's run is refused before anything of it is read
-        // or written. A recovering row was admitted when it was first asked.
+        // or written.
         if request.recovering.is_none() {
             match self
                 .owns_run(
@@ -239,6 +273,15 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// A call the rate limits refused: nothing recorded, and when to ask again.
+fn rate_limited(action: String, retry_after_seconds: u64) -> CallOutcome {
+    let mut outcome = unrecorded(action, ReasonCode::ToolRateLimited);
+    if let CallOutcome::Finished(finished) = &mut outcome {
+        finished.retry_after_seconds = Some(retry_after_seconds);
+    }
+    outcome
 }
 
 /// "In progress": the row is another worker's, or moved under this one;

@@ -154,6 +154,7 @@ impl Pipeline {
             content,
             data,
             synthesis_only: false,
+            retry_after_seconds: None,
         }))
     }
 
@@ -357,6 +358,7 @@ impl Pipeline {
             content: Vec::new(),
             data: None,
             synthesis_only: false,
+            retry_after_seconds: None,
         })
     }
 }

@@ -33,8 +33,8 @@ pub use catalog::{
 pub use events::{EventRecord, EventStore, PlatformEvent};
 pub use invocations::{
     ArtifactRecord, BreakerTally, Ended, Held, InsertOutcome, InvocationRecord, InvocationState,
-    InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, RunOwner, StoredArtifact,
-    Suspension, TerminalRecord, ToolEvent,
+    InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, RunOwner,
+    StoredArtifact, Suspension, TerminalRecord, ToolEvent,
 };
 pub use operator::{
     ApprovalItem, CatalogGenerationItem, ConnectionOutcome, Cursor, DEFAULT_PAGE, InvalidCursor,

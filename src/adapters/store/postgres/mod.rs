@@ -20,9 +20,9 @@ use crate::ports::{
     CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore,
     Fence, Held, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
     PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
-    ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten,
-    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerRegistration,
-    WorkerStore,
+    ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
+    SkillWritten, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
+    WorkerRegistration, WorkerStore,
 };
 
 /// Hot-path connections per node: the pipeline's commits are one short

@@ -84,12 +84,12 @@ impl SkillStore for PostgresStore {
             let deleted = sqlx::query(
                 "DELETE FROM skills WHERE tenant_id = $1 AND name = $2 AND author = $3",
             )
-                .bind(tenant_id)
-                .bind(name)
-                .bind(author)
-                .execute(&mut *tx)
-                .await
-                .map_err(database_error)?;
+            .bind(tenant_id)
+            .bind(name)
+            .bind(author)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
             Ok(deleted.rows_affected() == 1)
         })

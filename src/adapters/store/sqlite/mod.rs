@@ -31,9 +31,9 @@ use crate::ports::{
     CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore,
     Fence, Held, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
     PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
-    ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten,
-    StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease, WorkerRegistration,
-    WorkerStore,
+    ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
+    SkillWritten, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
+    WorkerRegistration, WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more

@@ -88,13 +88,12 @@ impl SkillStore for SqliteStore {
         let (tenant_id, name, author) = (tenant_id.to_owned(), name.to_owned(), author.to_owned());
         Box::pin(async move {
             self.flushed(move |connection| {
-                let deleted = query(
-                    "DELETE FROM skills WHERE tenant_id = $1 AND name = $2 AND author = $3",
-                )
-                    .bind(tenant_id)
-                    .bind(name)
-                    .bind(author)
-                    .execute(connection)?;
+                let deleted =
+                    query("DELETE FROM skills WHERE tenant_id = $1 AND name = $2 AND author = $3")
+                        .bind(tenant_id)
+                        .bind(name)
+                        .bind(author)
+                        .execute(connection)?;
                 Ok(deleted == 1)
             })
             .await
