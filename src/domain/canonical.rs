@@ -35,6 +35,22 @@ pub enum CanonicalError {
     /// Nested deeper than [`MAXIMUM_DEPTH`].
     #[error("{path}: nested deeper than {MAXIMUM_DEPTH}")]
     TooDeep { path: String },
+    /// A string or key holds U+0000, which no store records as text.
+    #[error("{path}: a string holds the character U+0000")]
+    Nul { path: String },
+}
+
+/// Whether any string or key of `value` holds U+0000: arguments that no
+/// store can record as they are, refused before anything is written.
+pub fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(text) => text.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(map) => map
+            .iter()
+            .any(|(key, item)| key.contains('\0') || holds_nul(item)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
 }
 
 /// The canonical document, its UTF-8 text and that text's hash.
@@ -162,6 +178,11 @@ impl<'a> Writer<'a> {
             Value::Bool(flag) => self.out.push_str(if *flag { "true" } else { "false" }),
             Value::Number(number) => self.number(number)?,
             Value::String(text) => {
+                if text.contains('\0') {
+                    return Err(CanonicalError::Nul {
+                        path: self.pointer(),
+                    });
+                }
                 let text = nfc(text);
                 self.changed |= matches!(text, Cow::Owned(_));
                 write_string(&text, &mut self.out);
@@ -203,6 +224,11 @@ impl<'a> Writer<'a> {
         for (index, (key, item)) in entries.into_iter().enumerate() {
             if index > 0 {
                 self.out.push(',');
+            }
+            if key.contains('\0') {
+                return Err(CanonicalError::Nul {
+                    path: self.pointer(),
+                });
             }
             write_string(&key, &mut self.out);
             self.out.push(':');
@@ -358,6 +384,22 @@ mod tests {
                 path: "/a/1".into()
             }
         );
+    }
+
+    #[test]
+    fn nul_in_a_string_or_key_is_refused() {
+        for value in [
+            json!({"a": "x\u{0}y"}),
+            json!({"a\u{0}": 1}),
+            json!([["\u{0}"]]),
+        ] {
+            assert!(holds_nul(&value), "{value}");
+            assert!(matches!(
+                canonicalize(value),
+                Err(CanonicalError::Nul { .. })
+            ));
+        }
+        assert!(!holds_nul(&json!({"a": "x\\u0000", "b": [1, null]})));
     }
 
     #[test]

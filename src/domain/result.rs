@@ -183,7 +183,60 @@ pub struct ToolResult {
     pub evidence_key: Option<String>,
 }
 
+/// `text` with every U+0000 replaced by U+FFFD: what a store can record.
+fn nul_replaced(text: &mut String) {
+    if text.contains('\0') {
+        *text = text.replace('\0', "\u{FFFD}");
+    }
+}
+
+fn value_nul_replaced(value: &mut Value) {
+    match value {
+        Value::String(text) => nul_replaced(text),
+        Value::Array(items) => items.iter_mut().for_each(value_nul_replaced),
+        Value::Object(map) => {
+            if map.keys().any(|key| key.contains('\0')) {
+                let entries = std::mem::take(map);
+                for (mut key, item) in entries {
+                    nul_replaced(&mut key);
+                    map.insert(key, item);
+                }
+            }
+            map.values_mut().for_each(value_nul_replaced);
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
 impl ToolResult {
+    /// The result with every U+0000 in its text replaced by U+FFFD. No
+    /// store records that character as text (PostgreSQL refuses it), and a
+    /// tool's or a server's answer must be recorded the same on both.
+    pub fn recordable(mut self) -> Self {
+        for part in &mut self.content {
+            if let ContentPart::Text { text } = part {
+                nul_replaced(text);
+            }
+        }
+        if let Some(structured) = &mut self.structured {
+            let mut value = Value::Object(std::mem::take(structured));
+            value_nul_replaced(&mut value);
+            if let Value::Object(map) = value {
+                *structured = map;
+            }
+        }
+        if let Some(failure) = &mut self.failure {
+            nul_replaced(&mut failure.detail);
+            for text in [&mut failure.external_text, &mut failure.partial_output]
+                .into_iter()
+                .flatten()
+            {
+                nul_replaced(text);
+            }
+        }
+        self
+    }
+
     /// A success carrying `content`.
     pub fn ok(content: Vec<ContentPart>) -> Self {
         ToolResult {
@@ -218,6 +271,25 @@ impl ToolResult {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_result_is_made_recordable_without_nul() {
+        let mut result = ToolResult::text("a\u{0}b");
+        let mut structured = serde_json::Map::new();
+        structured.insert("k\u{0}".into(), serde_json::json!(["x\u{0}"]));
+        result.structured = Some(structured);
+        let result = result.recordable();
+        assert_eq!(
+            result.content,
+            vec![ContentPart::Text {
+                text: "a\u{FFFD}b".into()
+            }]
+        );
+        assert_eq!(
+            serde_json::Value::Object(result.structured.unwrap_or_default()),
+            serde_json::json!({"k\u{FFFD}": ["x\u{FFFD}"]})
+        );
+    }
+
     use super::*;
 
     #[test]

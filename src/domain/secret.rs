@@ -162,6 +162,24 @@ pub fn scrub(text: &str, secrets: &[SecretValue]) -> String {
     out
 }
 
+/// A text cut at a cap (a log line, an oversized answer's head) may end in
+/// the beginning of a secret that the whole-value scrub cannot match; that
+/// beginning is redacted too.
+pub fn scrub_cut_prefix(mut text: String, secrets: &[SecretValue]) -> String {
+    for secret in secrets {
+        let value = secret.reveal();
+        let longest = (1..value.len())
+            .rev()
+            .filter(|end| value.is_char_boundary(*end))
+            .find(|end| text.ends_with(&value[..*end]));
+        if let Some(end) = longest {
+            text.truncate(text.len() - end);
+            text.push_str(REDACTED);
+        }
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

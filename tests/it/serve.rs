@@ -2776,3 +2776,54 @@ fn rate_limits_refuse_with_when_to_retry_and_record_nothing() {
         "{rows}"
     );
 }
+
+/// Arguments holding U+0000 are refused `tool.arguments_invalid` once, with
+/// nothing written, on both stores (PostgreSQL cannot record that character
+/// and answered "ask again" forever); through `tool.call` too.
+#[test]
+fn arguments_no_store_records_are_refused_alike_on_both_stores() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let schema = runtime.block_on(crate::store::PgSchema::create());
+    let mut stores = vec![None];
+    stores.extend(schema.as_ref().map(|schema| Some(schema.url.clone())));
+    for store in stores {
+        let served = match &store {
+            Some(url) => Served::start_on(url),
+            None => Served::start(),
+        };
+        let label = if store.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        };
+        let session = served.session();
+        let run = Uuid::new_v4();
+        for (step, call) in [
+            json!({"call_id": "n1", "name": "demo.echo", "arguments": {"text": "a\u{0}b"}}),
+            json!({"call_id": "n2", "name": "mcp.writes.write", "arguments": {"k\u{0}": "v"}}),
+            json!({"call_id": "n3", "name": "tool.call",
+                   "arguments": {"name": "demo.echo", "arguments": {"text": "\u{0}"}}}),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for attempt in 0..2 {
+                let (status, body) = served.post(
+                    "/v1/calls",
+                    &json!({"session_id": session, "run_id": run, "step_number": step,
+                            "origin_trust": "user", "calls": [call]}),
+                );
+                assert_eq!(status, 200, "{label}: {body}");
+                let result = &body["results"][0];
+                assert_eq!(
+                    result["outcome"]["reason_code"], "tool.arguments_invalid",
+                    "{label} attempt {attempt}: {body}"
+                );
+                assert_eq!(result["invocation_id"], Value::Null, "{label}: {body}");
+            }
+        }
+        let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+        assert_eq!(json_of(&rows)["invocations"], json!([]), "{label}");
+        assert_eq!(served.get("/readyz").0, 200, "{label}");
+    }
+}

@@ -312,7 +312,7 @@ pub async fn drain_stderr(
                 // never reaches a log line.
                 let mut text = scrub(&String::from_utf8_lossy(&line), &secrets);
                 if line.len() == MAXIMUM_STDERR_LINE {
-                    text = scrub_cut_prefix(text, &secrets);
+                    text = crate::domain::secret::scrub_cut_prefix(text, &secrets);
                 }
                 let text = escape_control(text.trim_end_matches(['\n', '\r']));
                 tracing::info!(server = %server_id, line = %text, "mcp server stderr");
@@ -373,23 +373,6 @@ pub fn escape_control(text: &str) -> String {
         }
     }
     out
-}
-
-/// A line cut at the cap may end in the beginning of a secret that the
-/// whole-value scrub cannot match; that beginning is redacted too.
-fn scrub_cut_prefix(mut text: String, secrets: &[SecretValue]) -> String {
-    for secret in secrets {
-        let value = secret.reveal();
-        let longest = (1..value.len())
-            .rev()
-            .filter(|end| value.is_char_boundary(*end))
-            .find(|end| text.ends_with(&value[..*end]));
-        if let Some(end) = longest {
-            text.truncate(text.len() - end);
-            text.push_str(crate::domain::secret::REDACTED);
-        }
-    }
-    text
 }
 
 async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(
@@ -574,10 +557,13 @@ mod tests {
         let secrets = [SecretValue::new("tok-SECRET-9876")];
         let line = format!("{}tok-SEC", "x".repeat(10));
         assert_eq!(
-            scrub_cut_prefix(line, &secrets),
+            crate::domain::secret::scrub_cut_prefix(line, &secrets),
             format!("{}[redacted]", "x".repeat(10))
         );
-        assert_eq!(scrub_cut_prefix("plain".into(), &secrets), "plain");
+        assert_eq!(
+            crate::domain::secret::scrub_cut_prefix("plain".into(), &secrets),
+            "plain"
+        );
     }
 
     #[tokio::test]

@@ -202,6 +202,7 @@ impl Conclusion {
         secrets: Vec<SecretValue>,
         may_have_escaped: bool,
     ) -> Conclusion {
+        let result = result.recordable();
         match result.failure {
             None => Conclusion::Succeeded { result, secrets },
             Some(mut failure) => {

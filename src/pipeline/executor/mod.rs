@@ -224,6 +224,11 @@ impl Pipeline {
         if !self.lease.is_live() {
             return unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable);
         }
+        // Arguments no store can record as text are refused as invalid,
+        // once and the same on every store, with nothing written.
+        if request.recovering.is_none() && crate::domain::canonical::holds_nul(&request.arguments) {
+            return unrecordable_arguments(request.name.clone());
+        }
         // A limited call is refused before anything is read or written. A
         // recovering row was admitted when it was first asked.
         if request.recovering.is_none() && !request.caller.rate_admitted {
@@ -273,6 +278,19 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// A call whose arguments hold U+0000: invalid, and nothing recorded.
+fn unrecordable_arguments(action: String) -> CallOutcome {
+    let mut outcome = unrecorded(action, ReasonCode::ToolArgumentsInvalid);
+    if let CallOutcome::Finished(finished) = &mut outcome {
+        finished.content = vec![RenderedPart::Text {
+            text: "a string of the arguments holds the character U+0000, which is never accepted"
+                .to_owned(),
+            trust: crate::domain::TrustLevel::Platform,
+        }];
+    }
+    outcome
 }
 
 /// A call the rate limits refused: nothing recorded, and when to ask again.

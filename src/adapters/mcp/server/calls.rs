@@ -332,6 +332,12 @@ impl McpServer {
                 .external_text
                 .as_deref()
                 .map(|text| scrub(text, &secrets));
+            failure.detail = scrub(&failure.detail, &secrets);
+            // The head of an oversized answer is kept as an artifact: cut at
+            // the ceiling, it may end in the credential's beginning.
+            failure.partial_output = failure.partial_output.take().map(|head| {
+                crate::domain::secret::scrub_cut_prefix(scrub(&head, &secrets), &secrets)
+            });
         }
         result
     }
