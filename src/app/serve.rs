@@ -464,6 +464,7 @@ fn front_settings(config: &Config, limits: EdgeLimits) -> FrontSettings {
     FrontSettings {
         limits,
         allowed_hosts: front.hosts(),
+        listen_port: front.listen.map(|address| address.port()),
         allowed_origins: front.allowed_origins.clone(),
         resource: front.resource.clone(),
         authorization_servers: front.authorization_servers.clone(),

@@ -207,9 +207,9 @@ impl FrontConfig {
         for (index, host) in self.allowed_hosts.iter().enumerate() {
             if host.is_empty()
                 || host.len() > 255
-                || host
-                    .bytes()
-                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b == b'/')
+                || host.bytes().any(|b| {
+                    b.is_ascii_whitespace() || b.is_ascii_control() || matches!(b, b'/' | b'@')
+                })
             {
                 problems.push(
                     format!("front.allowed_hosts[{index}]"),
@@ -546,6 +546,12 @@ impl JwtConfig {
                     "must be an http(s):// URL egress allows",
                 )
             }
+            // Keys fetched in the clear let anyone on the path mint tokens
+            // for every tenant.
+            (None, Some(url)) if !plain_url(url) => problems.push(
+                "front.jwt.jwks_url",
+                "must be https:// (http:// only for a loopback address), without credentials, query or fragment",
+            ),
             _ => {}
         }
         problems.between(
@@ -605,5 +611,51 @@ mod tests {
         assert!(!plain_url("https:///mcp"));
         assert!(!plain_url("ftp://tools.example.com"));
         assert!(!plain_url("http://[fe80::1]:8766/mcp"));
+    }
+
+    #[test]
+    fn a_key_set_in_the_clear_and_a_host_with_credentials_are_refused() {
+        let problems = |front: &str| {
+            let text = format!(
+                "[control]\nsocket = \"c.sock\"\n[store]\nurl = \"sqlite://t.db\"\n\
+                 [artifacts]\ndirectory = \"a\"\n{front}"
+            );
+            match crate::config::Config::parse(&text).and_then(|config| config.validate()) {
+                Ok(()) => Vec::new(),
+                Err(errors) => errors.0.iter().map(|error| error.path.clone()).collect(),
+            }
+        };
+        let jwt = |url: &str| {
+            format!(
+                "[front]\nlisten = \"127.0.0.1:8766\"\n[front.jwt]\nissuer = \"https://id.example.com\"\n\
+                 audiences = [\"toolgate\"]\njwks_url = \"{url}\"\ntenant_id = \"t\"\n\
+                 tools = [\"demo.*\"]\nalgorithms = [\"ES256\"]\n"
+            )
+        };
+        for refused in [
+            "http://id.example.com/jwks.json",
+            "http://10.0.0.1/jwks.json",
+            "https://user:pw@id.example.com/jwks.json",
+        ] {
+            assert!(
+                problems(&jwt(refused)).contains(&"front.jwt.jwks_url".to_owned()),
+                "{refused}"
+            );
+        }
+        for accepted in [
+            "https://id.example.com/jwks.json",
+            "http://127.0.0.1:9/jwks.json",
+        ] {
+            assert!(
+                !problems(&jwt(accepted)).contains(&"front.jwt.jwks_url".to_owned()),
+                "{accepted}"
+            );
+        }
+        assert!(
+            problems(
+                "[front]\nlisten = \"127.0.0.1:8766\"\nallowed_hosts = [\"user@localhost\"]\n"
+            )
+            .contains(&"front.allowed_hosts[0]".to_owned())
+        );
     }
 }

@@ -86,6 +86,32 @@ pub fn canonicalize(value: Value) -> Result<CanonicalArguments, CanonicalError> 
     })
 }
 
+/// The bytes of unpadded base64url `text` (RFC 4648 §5, as JOSE writes
+/// it), or `None` when it is not that.
+pub fn base64url_decode(text: &str) -> Option<Vec<u8>> {
+    let sextet = |byte: u8| match byte {
+        b'A'..=b'Z' => Some(byte - b'A'),
+        b'a'..=b'z' => Some(byte - b'a' + 26),
+        b'0'..=b'9' => Some(byte - b'0' + 52),
+        b'-' => Some(62),
+        b'_' => Some(63),
+        _ => None,
+    };
+    if text.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    for chunk in text.as_bytes().chunks(4) {
+        let mut n = 0u32;
+        for (index, byte) in chunk.iter().enumerate() {
+            n |= u32::from(sextet(*byte)?) << (18 - 6 * index);
+        }
+        let bytes = n.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    Some(out)
+}
+
 /// Lowercase hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
@@ -384,6 +410,19 @@ mod tests {
                 path: "/a/1".into()
             }
         );
+    }
+
+    #[test]
+    fn base64url_decodes_what_jose_writes() {
+        assert_eq!(
+            base64url_decode("eyJhIjoxfQ").as_deref(),
+            Some(&b"{\"a\":1}"[..])
+        );
+        assert_eq!(base64url_decode("_-8").as_deref(), Some(&[0xff, 0xef][..]));
+        assert_eq!(base64url_decode("").as_deref(), Some(&[][..]));
+        for bad in ["a", "ab=c", "a+bc", "abcde"] {
+            assert!(base64url_decode(bad).is_none(), "{bad}");
+        }
     }
 
     #[test]

@@ -346,10 +346,28 @@ fn usable_keys(
     Ok(keys)
 }
 
+/// Whether a token's protected header has `crit`: it names extensions the
+/// recipient must understand, and toolgate understands none (RFC 7515
+/// §4.1.11), so such a token is refused whatever its signature. A header
+/// that cannot be read is reported as critical too.
+fn names_critical_extensions(token: &str) -> bool {
+    let Some(header) = token
+        .split('.')
+        .next()
+        .and_then(crate::domain::canonical::base64url_decode)
+    else {
+        return true;
+    };
+    match serde_json::from_slice::<Value>(&header) {
+        Ok(Value::Object(fields)) => fields.contains_key("crit"),
+        _ => true,
+    }
+}
+
 impl Jwt {
     async fn verify(&self, token: &str) -> Result<Caller, Refusal> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| Refusal::Invalid)?;
-        if !self.settings.algorithms.contains(&header.alg) {
+        if !self.settings.algorithms.contains(&header.alg) || names_critical_extensions(token) {
             return Err(Refusal::Invalid);
         }
         let mut candidates = self.candidates(&header);

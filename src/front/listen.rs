@@ -159,6 +159,9 @@ impl Front {
             .headers()
             .get(hyper::header::HOST)
             .and_then(|value| value.to_str().ok())
+            // A host with user information names another host to anyone
+            // who reads it differently.
+            .filter(|value| !value.contains('@'))
             .and_then(|value| value.parse::<Authority>().ok());
         if !host.is_some_and(|authority| self.host_allowed(&authority)) {
             return Some(error(
@@ -189,26 +192,25 @@ impl Front {
         None
     }
 
-    /// Whether `authority` names a host the endpoint answers to: an entry
-    /// with a port matches that port only.
+    /// Whether `authority` names a host the endpoint answers to, port and
+    /// all: an entry with a port matches that port only; one without
+    /// matches no port (the scheme's own, behind a proxy) or the port the
+    /// endpoint listens on, never any other.
     fn host_allowed(&self, authority: &Authority) -> bool {
+        let settings = &self.parts.settings;
         let name = authority.host().trim_matches(['[', ']']);
-        self.parts
-            .settings
-            .allowed_hosts
-            .iter()
-            .any(|entry| match entry.parse::<Authority>() {
-                Ok(allowed) => {
-                    allowed
-                        .host()
-                        .trim_matches(['[', ']'])
-                        .eq_ignore_ascii_case(name)
-                        && allowed
-                            .port_u16()
-                            .is_none_or(|port| authority.port_u16() == Some(port))
-                }
-                Err(_) => entry.trim_matches(['[', ']']).eq_ignore_ascii_case(name),
-            })
+        let port = authority.port_u16();
+        settings.allowed_hosts.iter().any(|entry| {
+            let (host, entry_port) = match entry.parse::<Authority>() {
+                Ok(allowed) => (allowed.host().to_owned(), allowed.port_u16()),
+                Err(_) => (entry.clone(), None),
+            };
+            let ports_match = match entry_port {
+                Some(entry_port) => port == Some(entry_port),
+                None => port.is_none() || port == settings.listen_port,
+            };
+            host.trim_matches(['[', ']']).eq_ignore_ascii_case(name) && ports_match
+        })
     }
 
     /// The endpoint's URL: as configured, else as this request reached it.

@@ -66,6 +66,9 @@ pub struct FrontSettings {
     pub limits: EdgeLimits,
     /// `Host` values TCP requests may carry.
     pub allowed_hosts: Vec<String>,
+    /// The TCP port the endpoint listens on: a `Host` entry without a port
+    /// matches a `Host` without one, or with this one.
+    pub listen_port: Option<u16>,
     /// Browser origins allowed to send requests.
     pub allowed_origins: Vec<String>,
     /// The endpoint's public URL, when the operator states it.

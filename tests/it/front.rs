@@ -1249,6 +1249,25 @@ fn hostile_requests_at_the_door_get_clear_errors_record_nothing_and_leave_it_up(
         initialize.to_string().as_bytes(),
     );
     assert_eq!(status, 403);
+    // A Host with user information, and an allowed name on another port,
+    // are not the endpoint.
+    for host in [
+        format!("evil.example.com@127.0.0.1:{}", door.port),
+        format!("127.0.0.1:{}@evil.example.com", door.port),
+        "localhost:1".to_owned(),
+        "127.0.0.1:8080".to_owned(),
+    ] {
+        let (status, _, _) = door.raw(
+            "POST",
+            "/mcp",
+            &[
+                ("Host", host.clone()),
+                ("Authorization", format!("Bearer {KEY_A}")),
+            ],
+            initialize.to_string().as_bytes(),
+        );
+        assert_eq!(status, 403, "{host}");
+    }
     let (status, _, _) = door.raw(
         "POST",
         "/mcp",
@@ -1543,7 +1562,14 @@ pub mod jwt {
         }
 
         pub fn token(&self, claims: &Value) -> String {
-            let header = json!({"alg": "ES256", "typ": "JWT", "kid": self.kid});
+            self.token_with_header(
+                &json!({"alg": "ES256", "typ": "JWT", "kid": self.kid}),
+                claims,
+            )
+        }
+
+        /// A token with this protected header.
+        pub fn token_with_header(&self, header: &Value, claims: &Value) -> String {
             let signing_input = format!(
                 "{}.{}",
                 base64url(header.to_string().as_bytes()),
@@ -1659,6 +1685,14 @@ tools = ["demo.*"]
         ("signed by another key", stranger.token(&claims(json!({})))),
         ("alg none", forged_none),
         ("tampered", format!("{}x", &good[..good.len() - 1])),
+        (
+            "a critical extension toolgate does not understand",
+            signer.token_with_header(
+                &json!({"alg": "ES256", "typ": "JWT", "kid": "k1",
+                        "crit": ["exp-ext"], "exp-ext": true}),
+                &claims(json!({})),
+            ),
+        ),
     ] {
         let answer = door.rpc(Some(&token), None, &initialize);
         assert_eq!(answer.status, 401, "{what}: {answer:?}");
