@@ -71,6 +71,10 @@ pub(super) fn front_credentials(config: &Config) -> Result<Arc<Credentials>, App
             scopes_claim: jwt.scopes_claim.clone(),
             tools: jwt.tools.clone(),
             origin_trust: jwt.origin_trust,
+            origin_trust_claim: jwt
+                .origin_trust_claim
+                .clone()
+                .map(|claim| (claim, jwt.maximum_origin_trust)),
             keys: match (&jwt.jwks_file, &jwt.jwks_url) {
                 (Some(file), _) => KeySource::File(file.clone()),
                 (None, Some(url)) => KeySource::Url {

@@ -336,14 +336,20 @@ pub struct ApiKeyConfig {
     pub principal: Principal,
     /// The agent's tool patterns (globs over registry names).
     pub tools: Vec<String>,
-    /// The most trust a call through this key is given: `user` unless the
-    /// operator says the model behind it reads untrusted content
-    /// (`external_untrusted`).
+    /// The most trust a call through this key is given. An MCP client's
+    /// context is not known to be the user's, so the design's most
+    /// restrictive reading, `external_untrusted`, unless the operator
+    /// declares more (`user`: the model behind the key reads only what its
+    /// user wrote).
     #[serde(default = "default_origin_trust")]
     pub origin_trust: TrustLevel,
 }
 
 fn default_origin_trust() -> TrustLevel {
+    TrustLevel::ExternalUntrusted
+}
+
+fn default_maximum_origin_trust() -> TrustLevel {
     TrustLevel::User
 }
 
@@ -460,9 +466,17 @@ pub struct JwtConfig {
     pub scopes_claim: String,
     /// The agent's tool patterns for every token.
     pub tools: Vec<String>,
-    /// The most trust a call through a token is given.
+    /// The trust a call through a token is given when the token does not
+    /// say (as `api_keys[].origin_trust`).
     #[serde(default = "default_origin_trust")]
     pub origin_trust: TrustLevel,
+    /// A claim that states a token's origin trust (a trust label), when
+    /// the identity provider knows whose context the client runs in.
+    #[serde(default)]
+    pub origin_trust_claim: Option<String>,
+    /// The most that claim may raise a token's trust to.
+    #[serde(default = "default_maximum_origin_trust")]
+    pub maximum_origin_trust: TrustLevel,
 }
 
 /// The signature algorithms `jwt.algorithms` may name: asymmetric ones
@@ -560,6 +574,25 @@ impl JwtConfig {
             10,
             86_400,
         );
+        if self.origin_trust > self.maximum_origin_trust {
+            problems.push(
+                "front.jwt.origin_trust",
+                "must not exceed front.jwt.maximum_origin_trust",
+            );
+        }
+        if self.maximum_origin_trust > TrustLevel::User {
+            problems.push(
+                "front.jwt.maximum_origin_trust",
+                "must be at most user: a token's caller is never the platform or its configuration",
+            );
+        }
+        if self
+            .origin_trust_claim
+            .as_ref()
+            .is_some_and(|claim| claim.is_empty() || claim.len() > 256)
+        {
+            problems.push("front.jwt.origin_trust_claim", "must be 1 to 256 bytes");
+        }
         if self.algorithms.is_empty() {
             problems.push("front.jwt.algorithms", "must list the algorithms accepted");
         }

@@ -125,8 +125,11 @@ pub struct JwtSettings {
     pub scopes_claim: String,
     /// The agent's tool patterns.
     pub tools: Vec<String>,
-    /// The most trust a call is given.
+    /// The trust a call is given when its token does not state one.
     pub origin_trust: TrustLevel,
+    /// The claim a token states its origin trust in, and the most it may
+    /// state.
+    pub origin_trust_claim: Option<(String, TrustLevel)>,
     /// The JWK set.
     pub keys: KeySource,
 }
@@ -455,8 +458,25 @@ impl Jwt {
             agent: AgentSpec {
                 tools: self.settings.tools.clone(),
             },
-            origin_trust: self.settings.origin_trust,
+            origin_trust: self.origin_trust(claims)?,
         })
+    }
+
+    /// The token's origin trust: the one its trust claim states, up to the
+    /// operator's maximum, else the configured one. A claim that is not a
+    /// trust label refuses the token.
+    fn origin_trust(&self, claims: &Value) -> Option<TrustLevel> {
+        let Some((claim, maximum)) = &self.settings.origin_trust_claim else {
+            return Some(self.settings.origin_trust);
+        };
+        match claims.get(claim) {
+            None => Some(self.settings.origin_trust),
+            Some(Value::String(label)) => label
+                .parse::<TrustLevel>()
+                .ok()
+                .map(|stated| stated.min(*maximum)),
+            Some(_) => None,
+        }
     }
 
     /// Fetches the set through egress and keeps it when usable; how many

@@ -1613,6 +1613,7 @@ jwks_file = "jwks.json"
 algorithms = ["ES256"]
 leeway_seconds = 5
 tools = ["demo.*"]
+origin_trust_claim = "trust"
 "#
             )
         },
@@ -1648,6 +1649,26 @@ tools = ["demo.*"]
         result["_meta"]["toolgate/invocation_id"].as_str().unwrap(),
     );
     assert_eq!(row["tenant_id"], TENANT);
+    // A token that states no trust gets the most restrictive reading; one
+    // that states a trust gets it, never above the operator's maximum.
+    assert_eq!(row["origin_trust"], "external_untrusted", "{row}");
+    for (stated, given) in [("user", "user"), ("platform", "user")] {
+        let token = signer.token(&claims(json!({"trust": stated})));
+        let session = door.open(&token);
+        let result = door.call(
+            &token,
+            &session,
+            json!(1),
+            "demo-echo",
+            json!({"text": stated}),
+            None,
+        );
+        let row = invocation(
+            &door.served,
+            result["_meta"]["toolgate/invocation_id"].as_str().unwrap(),
+        );
+        assert_eq!(row["origin_trust"], given, "{stated}: {row}");
+    }
 
     let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
@@ -1685,6 +1706,10 @@ tools = ["demo.*"]
         ("signed by another key", stranger.token(&claims(json!({})))),
         ("alg none", forged_none),
         ("tampered", format!("{}x", &good[..good.len() - 1])),
+        (
+            "a trust claim that is no trust label",
+            signer.token(&claims(json!({"trust": "root"}))),
+        ),
         (
             "a critical extension toolgate does not understand",
             signer.token_with_header(
@@ -2680,6 +2705,9 @@ fn a_run_named_by_another_principal_is_refused_and_untouched() {
         "{rows}"
     );
     assert_eq!(rows["invocations"][0]["principal"]["id"], "user-1");
+    // A key that declares no trust gives its calls the most restrictive
+    // reading: an MCP client's context is not known to be its user's.
+    assert_eq!(rows["invocations"][0]["origin_trust"], "external_untrusted");
 }
 
 /// A rate limit per principal holds on the front door: past the burst a
