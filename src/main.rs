@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 
 use clap::{Parser, Subcommand};
 use hyper::Method;
+use toolgate::adapters::telemetry::LogBudget;
 use toolgate::adapters::telemetry::otlp::{OtlpError, TraceExport};
 use toolgate::api::client::{encode, send};
 use toolgate::ports::PlatformEvent;
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -369,14 +371,19 @@ fn init_logging(
                 tracing_subscriber::fmt::layer()
                     .json()
                     .with_current_span(true)
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(LogBudget::default()),
             )
             .with(targets)
             .init();
     } else {
         tracing_subscriber::registry()
             .with(traces)
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(LogBudget::default()),
+            )
             .with(targets)
             .init();
     }

@@ -471,6 +471,8 @@ fn front_settings(config: &Config, limits: EdgeLimits) -> FrontSettings {
         scopes_supported: front.scopes_supported.clone(),
         approval_hold: front.approval_hold_seconds.duration(),
         session_in_flight: front.session_in_flight,
+        credential_in_flight: front.credential_in_flight,
+        tenant_in_flight: front.tenant_in_flight,
         sessions_per_credential: front.sessions_per_credential,
         keep_alive: front.keep_alive_seconds.duration(),
         reissue_window: front.reissue_window_seconds.duration(),

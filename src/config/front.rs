@@ -21,6 +21,12 @@ use crate::domain::{
 pub const DEFAULT_FRONT_APPROVAL_HOLD_SECONDS: u32 = 30;
 /// Calls one MCP session may have in flight at once.
 pub const DEFAULT_FRONT_SESSION_IN_FLIGHT: usize = 8;
+/// Calls one credential may have in flight on a node, across its sessions:
+/// an eighth of the door's connections.
+pub const DEFAULT_FRONT_CREDENTIAL_IN_FLIGHT: usize = 32;
+/// Calls one tenant may have in flight on a node: a quarter of the door's
+/// connections, so the rest stay for other tenants and new connections.
+pub const DEFAULT_FRONT_TENANT_IN_FLIGHT: usize = 64;
 /// MCP sessions one credential may hold open on a node.
 pub const DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL: usize = 64;
 /// Connections the front door holds at once, both listeners together.
@@ -71,6 +77,12 @@ pub struct FrontConfig {
     /// Calls one session may have in flight.
     #[serde(deserialize_with = "count")]
     pub session_in_flight: usize,
+    /// Calls one credential may have in flight across its sessions.
+    #[serde(deserialize_with = "count")]
+    pub credential_in_flight: usize,
+    /// Calls one tenant may have in flight across its credentials.
+    #[serde(deserialize_with = "count")]
+    pub tenant_in_flight: usize,
     /// Sessions one credential may hold open on this node.
     #[serde(deserialize_with = "count")]
     pub sessions_per_credential: usize,
@@ -104,6 +116,8 @@ impl Default for FrontConfig {
             scopes_supported: Vec::new(),
             approval_hold_seconds: Seconds::new(DEFAULT_FRONT_APPROVAL_HOLD_SECONDS),
             session_in_flight: DEFAULT_FRONT_SESSION_IN_FLIGHT,
+            credential_in_flight: DEFAULT_FRONT_CREDENTIAL_IN_FLIGHT,
+            tenant_in_flight: DEFAULT_FRONT_TENANT_IN_FLIGHT,
             sessions_per_credential: DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL,
             connections: DEFAULT_FRONT_CONNECTIONS,
             keep_alive_seconds: Seconds::new(DEFAULT_FRONT_KEEP_ALIVE_SECONDS),
@@ -165,6 +179,26 @@ impl FrontConfig {
             100_000,
         );
         problems.between("front.connections", self.connections, 1, 65_536);
+        // Limits that add up: no credential's calls exceed its tenant's,
+        // and no tenant holds more than half the door's connections.
+        if self.session_in_flight > self.credential_in_flight {
+            problems.push(
+                "front.session_in_flight",
+                "must not exceed front.credential_in_flight",
+            );
+        }
+        if self.credential_in_flight > self.tenant_in_flight {
+            problems.push(
+                "front.credential_in_flight",
+                "must not exceed front.tenant_in_flight",
+            );
+        }
+        if self.tenant_in_flight > self.connections / 2 {
+            problems.push(
+                "front.tenant_in_flight",
+                "must be at most half of front.connections: the rest are other tenants' and new connections'",
+            );
+        }
         problems.between(
             "front.keep_alive_seconds",
             self.keep_alive_seconds.get(),

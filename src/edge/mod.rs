@@ -17,6 +17,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 /// A response of any edge.
 pub type Reply = Response<UnsyncBoxBody<Bytes, Infallible>>;
@@ -119,6 +120,15 @@ impl ConnectionCap {
     pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
         self.0.clone().try_acquire_owned().ok()
     }
+
+    /// A place for one more connection once one is given back within
+    /// `wait` (an idle connection asked to close), else none.
+    pub async fn admit_within(&self, wait: Duration) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(wait, self.0.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
 }
 
 /// Serves one connection under the header deadline (which also closes it
@@ -133,16 +143,56 @@ pub async fn serve_connection<S, F, R>(
     F: Fn(Request<Incoming>) -> R + Send + Sync + 'static,
     R: Future<Output = Reply> + Send + 'static,
 {
+    serve_connection_until(
+        stream,
+        header_timeout,
+        permits,
+        CancellationToken::new(),
+        handler,
+    )
+    .await;
+}
+
+/// As [`serve_connection`], and when `close` fires the connection ends: at
+/// once when it has not yet been given a whole request head (an idle or
+/// half-sent first request: hyper's graceful close would wait for its head
+/// until the deadline), else once the response in progress, if any, is
+/// written.
+pub async fn serve_connection_until<S, F, R>(
+    stream: S,
+    header_timeout: Duration,
+    permits: Vec<OwnedSemaphorePermit>,
+    close: CancellationToken,
+    handler: F,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> R + Send + Sync + 'static,
+    R: Future<Output = Reply> + Send + 'static,
+{
     let handler = Arc::new(handler);
-    let service = hyper::service::service_fn(move |request| {
-        let handler = handler.clone();
-        async move { Ok::<_, Infallible>(handler(request).await) }
-    });
-    let _ = hyper::server::conn::http1::Builder::new()
+    let dispatched = Arc::new(AtomicBool::new(false));
+    let service = {
+        let dispatched = dispatched.clone();
+        hyper::service::service_fn(move |request| {
+            dispatched.store(true, Ordering::Release);
+            let handler = handler.clone();
+            async move { Ok::<_, Infallible>(handler(request).await) }
+        })
+    };
+    let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
-        .serve_connection(TokioIo::new(stream), service)
-        .await;
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => {}
+        _ = close.cancelled() => {
+            if dispatched.load(Ordering::Acquire) {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+            }
+        }
+    }
     drop(permits);
 }
 

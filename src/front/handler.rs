@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use super::reissue::{Attached, Reissue, reissue_key};
 use super::render::{self, CallIdentity};
+use super::shares::ShareSpent;
 use super::{Busy, Front, FrontRequest, request_key};
 use crate::domain::names::SKILL_LOAD;
 use crate::domain::{IdempotencyClass, canonicalize};
@@ -250,6 +251,24 @@ impl Front {
         } = asked;
         let delivery = front_request.delivery.clone();
         let key = request_key(&request_id);
+        // The credential's and the tenant's shares of the door come first:
+        // a session's own cap alone lets one key hold every connection.
+        let share = self
+            .shares
+            .enter(&front_request.caller.credential, &session.tenant_id)
+            .map_err(|spent| {
+                error(
+                    TOO_MANY_CALLS,
+                    match spent {
+                        ShareSpent::Credential => {
+                            "this credential has its most calls in flight on this node; wait for one to end"
+                        }
+                        ShareSpent::Tenant => {
+                            "this tenant has its most calls in flight on this node; wait for one to end"
+                        }
+                    },
+                )
+            })?;
         let slot = loop {
             match self.calls.admit(
                 session.session_id,
@@ -312,6 +331,7 @@ impl Front {
                 let mut answer = front.run_call(call, holds, progress).await;
                 drop(turn);
                 drop(slot);
+                drop(share);
                 drop(counted);
                 if let Answer::Result(result) = &mut answer
                     && let Some(invocation_id) = render::invocation_of(result)

@@ -16,11 +16,13 @@ use tokio_util::sync::CancellationToken;
 use super::auth::Refusal;
 use super::handler::Methods;
 use super::{Front, MCP_PATH, RESOURCE_METADATA_PATH};
-use crate::edge::{Reply, error, reply, serve_connection};
+use crate::edge::{Reply, error, reply, serve_connection_until};
 use crate::ports::front::{FrontMethods, McpProtocol};
 
 /// After a failed accept (out of descriptors, most likely).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a connection waits for the place an idle one gives up.
+const EVICTION_WAIT: Duration = Duration::from_secs(2);
 
 /// One listener's protocol side.
 pub(super) struct Protocol {
@@ -90,20 +92,40 @@ impl Front {
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        // Past the cap the connection is closed as soon as accepted.
-        let Some(permit) = self.parts.connections.admit() else {
-            return;
-        };
         let header_timeout = self.parts.settings.limits.header_timeout;
-        tokio::spawn(serve_connection(
-            stream,
-            header_timeout,
-            vec![permit],
-            move |request| {
-                let (front, protocol) = (self.clone(), protocol.clone());
-                async move { front.request(request, &protocol).await }
-            },
-        ));
+        let admitted = self.parts.connections.admit();
+        tokio::spawn(async move {
+            // A full door asks its idlest connection to close and gives its
+            // place to this one; with none idle, this one is closed.
+            let permit = match admitted {
+                Some(permit) => permit,
+                None if self.live.evict_idle() => {
+                    match self.parts.connections.admit_within(EVICTION_WAIT).await {
+                        Some(permit) => permit,
+                        None => return,
+                    }
+                }
+                None => return,
+            };
+            let live = self.live.register();
+            let close = live.close.clone();
+            serve_connection_until(
+                stream,
+                header_timeout,
+                vec![permit],
+                close,
+                move |request| {
+                    let (front, protocol) = (self.clone(), protocol.clone());
+                    let busy = live.begin();
+                    async move {
+                        let reply = front.request(request, &protocol).await;
+                        drop(busy);
+                        reply
+                    }
+                },
+            )
+            .await;
+        });
     }
 
     async fn request(self: &Arc<Self>, request: Request<Incoming>, protocol: &Protocol) -> Reply {

@@ -16,10 +16,12 @@
 pub mod auth;
 mod handler;
 mod listen;
+mod live;
 
 mod reissue;
 pub mod relay;
 mod render;
+mod shares;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -81,6 +83,10 @@ pub struct FrontSettings {
     pub approval_hold: Duration,
     /// Calls one session may have in flight.
     pub session_in_flight: usize,
+    /// Calls one credential may have in flight, across its sessions.
+    pub credential_in_flight: usize,
+    /// Calls one tenant may have in flight, across its credentials.
+    pub tenant_in_flight: usize,
     /// Sessions one credential may hold open on this node.
     pub sessions_per_credential: usize,
     /// SSE keep-alive interval.
@@ -127,6 +133,10 @@ pub struct Front {
     open: OpenSessions,
     calls: Arc<CallsInFlight>,
     reissues: Arc<Reissues>,
+    /// The calls each credential and each tenant have in flight.
+    shares: Arc<shares::Shares>,
+    /// The connections of both listeners, to make room in a full door.
+    live: Arc<live::LiveConnections>,
     /// Each credential's stateless session generation this node last used.
     stateless: Mutex<HashMap<String, u32>>,
 }
@@ -151,10 +161,16 @@ impl Front {
     /// The front door over its parts.
     pub fn new(parts: FrontParts) -> Arc<Self> {
         let reissues = Arc::new(Reissues::new(parts.settings.reissue_window));
+        let shares = shares::Shares::new(
+            parts.settings.credential_in_flight,
+            parts.settings.tenant_in_flight,
+        );
         Arc::new(Front {
             parts,
             open: OpenSessions::default(),
             calls: Arc::new(CallsInFlight::default()),
+            shares,
+            live: Arc::default(),
             reissues,
             stateless: Mutex::new(HashMap::new()),
         })

@@ -73,11 +73,18 @@ pub(super) struct Limited {
     pub(super) retry_after_seconds: u64,
 }
 
+/// A bucket's key: its scope, tenant and subject (principal, server or
+/// tool; empty for the tenant's own).
+type BucketKey = (Scope, String, String);
+
+/// Each bucket, as it was when last taken from.
+type Buckets = HashMap<BucketKey, (TokenBucket, Instant)>;
+
 /// The buckets of this node.
 pub(super) struct RateLimits {
     settings: RateLimitSettings,
     metrics: Option<Arc<dyn Metrics>>,
-    buckets: Mutex<HashMap<(Scope, String, String), (TokenBucket, Instant)>>,
+    buckets: Mutex<Buckets>,
 }
 
 impl RateLimits {
@@ -168,11 +175,7 @@ impl RateLimits {
     }
 
     /// Drops the buckets that have refilled: they are what new ones are.
-    fn forget_full(
-        &self,
-        buckets: &mut HashMap<(Scope, String, String), (TokenBucket, Instant)>,
-        now: Instant,
-    ) {
+    fn forget_full(&self, buckets: &mut Buckets, now: Instant) {
         let settings = &self.settings;
         buckets.retain(|(scope, _, subject), (bucket, seen)| {
             let limit = match scope {

@@ -2763,3 +2763,104 @@ fn a_rate_limited_call_on_the_front_door_says_when_to_retry() {
         "nothing recorded: {rows}"
     );
 }
+
+/// No caller takes the door: one key holding calls in flight (held for
+/// approval, which costs it nothing) is stopped at its credential's share,
+/// and the door's connections held idle or half-sent by anyone are given up
+/// to newcomers, so another tenant's client is served throughout.
+#[test]
+fn one_key_and_idle_connections_cannot_take_the_door_from_another_tenant() {
+    let door = Door::start(
+        "approval_hold_seconds = 60\nsession_in_flight = 2\ncredential_in_flight = 2\n\
+         tenant_in_flight = 4\nconnections = 8",
+        "",
+    );
+    let hostile = door.open(KEY_A);
+    // Two held calls fill the key's share; they stay held while the test
+    // runs (their answers are never read).
+    let held: Vec<_> = (0..2)
+        .map(|id| {
+            let (port, session) = (door.port, hostile.clone());
+            std::thread::spawn(move || {
+                Client { port }.rpc(
+                    Some(KEY_A),
+                    Some(&session),
+                    &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                            "params": {"name": "demo-external_write",
+                                       "arguments": {"line": format!("held {id}")}}}),
+                )
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let approvals = loop {
+        let (_, body) = door
+            .served
+            .get(&format!("/v1/approvals?tenant_id={TENANT}"));
+        let approvals = json_of(&body)["approvals"].clone();
+        if approvals.as_array().map(Vec::len) == Some(2) {
+            break approvals;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the calls were not held"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // A third call of the key, in another session too, is refused at once.
+    let another = door.open(KEY_A);
+    for session in [&hostile, &another] {
+        let refused = door.call(
+            KEY_A,
+            session,
+            json!(9),
+            "demo-echo",
+            json!({"text": "x"}),
+            None,
+        );
+        assert_eq!(refused["code"], -32004, "{refused}");
+        assert!(
+            refused["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("credential"),
+            "{refused}"
+        );
+    }
+    // The door's eight places, taken by connections that send half a head
+    // and stop: each newcomer makes one of them give its place up.
+    let idle: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+            stream
+                .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .unwrap();
+            stream
+        })
+        .collect();
+    let other = door.open(KEY_B);
+    for id in 0..3 {
+        let served = door.call(
+            KEY_B,
+            &other,
+            json!(id),
+            "demo-echo",
+            json!({"text": "mine"}),
+            None,
+        );
+        assert_eq!(served["isError"], false, "{served}");
+    }
+    drop(idle);
+    // Denied, the held calls end and the door drains at once.
+    for approval in approvals.as_array().unwrap() {
+        let id = approval["approval_id"].as_str().unwrap();
+        let (status, body) = door.served.post(
+            &format!("/v1/approvals/{id}?tenant_id={TENANT}"),
+            &json!({"decision": "deny", "approver": "test"}),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    for call in held {
+        call.join().unwrap();
+    }
+}
