@@ -505,6 +505,7 @@ pub async fn discover(
     let registry = ToolRegistry::with_builtins(
         RegistryLimits {
             maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+            tenant_catalog_tools: config.limits.tenant_catalog_tools,
         },
         Vec::new(),
     )?;

@@ -293,6 +293,7 @@ fn tool_registry(
     Ok(Arc::new(ToolRegistry::with_builtins(
         RegistryLimits {
             maximum_output_bytes_ceiling: config.limits.maximum_output_bytes_ceiling,
+            tenant_catalog_tools: config.limits.tenant_catalog_tools,
         },
         builtins,
     )?))

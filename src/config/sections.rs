@@ -191,6 +191,10 @@ impl StoreConfig {
     }
 }
 
+/// Tool versions one tenant's own servers may hold registered at once:
+/// ten live versions of a 1,000-tool catalog.
+pub const DEFAULT_TENANT_CATALOG_TOOLS: usize = 10_000;
+
 /// Output and concurrency limits.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -224,6 +228,10 @@ pub struct LimitsConfig {
     /// Connections the control API holds at once (socket and TCP).
     #[serde(deserialize_with = "count")]
     pub control_connections: usize,
+    /// The tool versions one tenant's own servers may hold registered at
+    /// once (each catalog version its live sessions pin counts its tools).
+    #[serde(deserialize_with = "count")]
+    pub tenant_catalog_tools: usize,
     /// Rate limits on tool calls, kept per node; each is off unless set.
     pub rate: RateConfig,
 }
@@ -304,6 +312,7 @@ impl Default for LimitsConfig {
             turn_connections: DEFAULT_TURN_CONNECTIONS,
             bridge_connections: DEFAULT_BRIDGE_CONNECTIONS,
             control_connections: DEFAULT_CONTROL_CONNECTIONS,
+            tenant_catalog_tools: DEFAULT_TENANT_CATALOG_TOOLS,
             rate: RateConfig::default(),
         }
     }
@@ -341,6 +350,7 @@ impl LimitsConfig {
             ("limits.turn_connections", self.turn_connections),
             ("limits.bridge_connections", self.bridge_connections),
             ("limits.control_connections", self.control_connections),
+            ("limits.tenant_catalog_tools", self.tenant_catalog_tools),
         ] {
             problems.at_least_one(path, count);
         }

@@ -236,6 +236,7 @@ mod tests {
     fn pinned(tools: Vec<Arc<dyn Tool>>) -> Arc<PinnedToolSet> {
         let limits = RegistryLimits {
             maximum_output_bytes_ceiling: 1 << 20,
+            tenant_catalog_tools: 10_000,
         };
         let registry = ToolRegistry::with_builtins(limits, tools).expect("the tools register");
         registry.specs_for_session(

@@ -207,6 +207,7 @@ pub fn slug(reason: &RejectionReason) -> &'static str {
         RejectionReason::OutputSchema(_) => "output_schema",
         RejectionReason::OutputCeiling { .. } => "output_ceiling",
         RejectionReason::ZeroLimit => "zero_limit",
+        RejectionReason::TenantCatalogBudget { .. } => "tenant_catalog_budget",
         RejectionReason::SourceNotDynamic(_) => "source_not_dynamic",
         RejectionReason::SourceMismatch { .. } => "source_mismatch",
         RejectionReason::Duplicate => "duplicate",

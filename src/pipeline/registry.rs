@@ -29,6 +29,9 @@ use super::validation::{CompiledSchema, SchemaCache, SchemaError, SchemaOrigin};
 pub struct RegistryLimits {
     /// The global ceiling on any tool's `maximum_output_bytes`.
     pub maximum_output_bytes_ceiling: u64,
+    /// The tool versions one tenant's own servers may hold registered at
+    /// once, across the catalog versions its live sessions pin.
+    pub tenant_catalog_tools: usize,
 }
 
 /// Why one spec was not registered.
@@ -90,6 +93,15 @@ pub enum RejectionReason {
     /// A zero limit or timeout.
     #[error("timeout_seconds and maximum_output_bytes must be positive")]
     ZeroLimit,
+    /// The tenant's registered catalogs already hold its budget of tool
+    /// versions (the versions its live sessions pin).
+    #[error(
+        "the tenant's servers' catalogs hold {budget} tool versions already; sessions pinning older versions must end first"
+    )]
+    TenantCatalogBudget {
+        /// The budget.
+        budget: usize,
+    },
     /// `register_dynamic` accepts MCP and device tools only.
     #[error("source {0} cannot be registered at runtime")]
     SourceNotDynamic(ToolSource),
@@ -481,6 +493,18 @@ impl ToolRegistry {
         scope: Scope,
     ) -> RegistrationReport {
         let mut report = RegistrationReport::default();
+        if let Some(budget) = self.over_tenant_budget(&tools, &scope) {
+            for tool in tools {
+                let name = tool.spec().name.clone();
+                let cause = RejectionReason::TenantCatalogBudget { budget };
+                report.rejected.push(Rejection {
+                    name,
+                    reason: cause.to_string(),
+                    cause,
+                });
+            }
+            return report;
+        }
         for tool in tools {
             let declared = tool.spec().clone();
             let name = declared.name.clone();
@@ -494,6 +518,30 @@ impl ToolRegistry {
             }
         }
         report
+    }
+
+    /// The tenant's budget, when registering `tools` in a tenant's `scope`
+    /// would leave it holding more tool versions than it allows: the
+    /// versions its live sessions pin (held beyond the registry's own
+    /// references) and the new catalog. A version only the registry holds
+    /// is what collection drops, and the newest is what `tools` replaces.
+    fn over_tenant_budget(&self, tools: &[Arc<dyn Tool>], scope: &Scope) -> Option<usize> {
+        let tenant = scope.as_ref()?;
+        let budget = self.limits.tenant_catalog_tools;
+        let registered = read(&self.tools);
+        let latest = read(&self.latest);
+        let pinned: usize = registered
+            .iter()
+            .flat_map(|(name, versions)| versions.iter().map(move |(key, tool)| (name, key, tool)))
+            .filter(|(_, (tool_scope, _), _)| tool_scope.as_ref() == Some(tenant))
+            .filter(|(name, (tool_scope, _), tool)| {
+                let newest = latest
+                    .get(&(tool_scope.clone(), (*name).clone()))
+                    .is_some_and(|newest| Arc::ptr_eq(newest, tool));
+                Arc::strong_count(tool) > 1 + usize::from(newest)
+            })
+            .count();
+        (pinned + tools.len() > budget).then_some(budget)
     }
 
     fn admit(
@@ -545,12 +593,12 @@ impl ToolRegistry {
         };
         let input = self
             .schemas
-            .get_or_compile(&spec.name, &spec.version, &spec.input_schema, origin)
+            .get_or_compile(&spec.input_schema, origin)
             .map_err(RejectionReason::InputSchema)?;
         let output = match &spec.output_schema {
             Some(schema) => Some(
-                CompiledSchema::compile(schema, origin)
-                    .map(Arc::new)
+                self.schemas
+                    .get_or_compile(schema, origin)
                     .map_err(RejectionReason::OutputSchema)?,
             ),
             None => None,

@@ -26,7 +26,7 @@ pub const REMOTE_SCHEMA_MAXIMUM_BYTES: usize = 32 * 1024;
 const MAXIMUM_POINTER_LENGTH: usize = 256;
 
 /// Where a schema came from, which decides its caps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SchemaOrigin {
     /// Written by us; trusted to be sane in size.
     Local,
@@ -223,24 +223,23 @@ impl CompiledSchema {
     }
 }
 
-/// Compiled schemas keyed by tool name, version and schema digest: each
-/// version is compiled once however many sessions register it.
+/// Compiled schemas keyed by origin and schema digest: a schema is
+/// compiled once however many tools, versions and sessions declare it (a
+/// catalog that churns re-declares most of its schemas unchanged).
 #[derive(Default)]
 pub struct SchemaCache {
-    compiled: Mutex<HashMap<(String, String, String), Arc<CompiledSchema>>>,
+    compiled: Mutex<HashMap<(SchemaOrigin, String), Arc<CompiledSchema>>>,
 }
 
 impl SchemaCache {
-    /// The compiled schema for `name`@`version`, compiling on first use.
+    /// The compiled `schema` of `origin`, compiling on first use.
     pub fn get_or_compile(
         &self,
-        name: &str,
-        version: &str,
         schema: &Value,
         origin: SchemaOrigin,
     ) -> Result<Arc<CompiledSchema>, SchemaError> {
         let digest = sha256_hex(&serde_json::to_vec(schema).unwrap_or_default());
-        let key = (name.to_owned(), version.to_owned(), digest);
+        let key = (origin, digest);
         if let Some(found) = self.lock().get(&key) {
             return Ok(found.clone());
         }
@@ -267,7 +266,7 @@ impl SchemaCache {
 
     fn lock(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, String, String), Arc<CompiledSchema>>> {
+    ) -> std::sync::MutexGuard<'_, HashMap<(SchemaOrigin, String), Arc<CompiledSchema>>> {
         // A panic while holding the lock cannot leave the map half-written
         // (inserts are single calls), so a poisoned lock is still usable.
         self.compiled
@@ -696,19 +695,20 @@ mod tests {
     }
 
     #[test]
-    fn cache_compiles_each_version_once() {
+    fn cache_compiles_each_schema_once_whatever_declares_it() {
         let cache = SchemaCache::default();
         let schema = json!({"type": "object"});
-        let first = cache
-            .get_or_compile("demo.echo", "1", &schema, SchemaOrigin::Local)
-            .unwrap();
-        let again = cache
-            .get_or_compile("demo.echo", "1", &schema, SchemaOrigin::Local)
-            .unwrap();
+        let first = cache.get_or_compile(&schema, SchemaOrigin::Local).unwrap();
+        let again = cache.get_or_compile(&schema, SchemaOrigin::Local).unwrap();
         assert!(Arc::ptr_eq(&first, &again));
+        // Another origin has other caps: compiled apart.
+        cache.get_or_compile(&schema, SchemaOrigin::Remote).unwrap();
         cache
-            .get_or_compile("demo.echo", "2", &schema, SchemaOrigin::Local)
+            .get_or_compile(
+                &json!({"type": "object", "properties": {}}),
+                SchemaOrigin::Local,
+            )
             .unwrap();
-        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.len(), 3);
     }
 }

@@ -94,6 +94,7 @@ async fn run(job: Job) -> Result<Value, String> {
         ToolRegistry::with_builtins(
             RegistryLimits {
                 maximum_output_bytes_ceiling: DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+                tenant_catalog_tools: 10_000,
             },
             toolgate::builtin::demo::tools(&job.effects),
         )

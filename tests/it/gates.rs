@@ -33,6 +33,7 @@ type Expected = fn(&RejectionReason) -> bool;
 
 const LIMITS: RegistryLimits = RegistryLimits {
     maximum_output_bytes_ceiling: 65536,
+    tenant_catalog_tools: 10_000,
 };
 
 /// Gate 1: only specs passing registration validation are registered, and
@@ -121,6 +122,7 @@ async fn gate_01_the_builds_tool_set_passes_registration_validation() {
     ));
     let limits = RegistryLimits {
         maximum_output_bytes_ceiling: DEFAULT_MAXIMUM_OUTPUT_BYTES_CEILING,
+        tenant_catalog_tools: 10_000,
     };
     let build = || {
         toolgate::builtin::tools(

@@ -49,6 +49,7 @@ fn hostile_declarations_are_rejected_and_the_rest_registers() {
     let registry = ToolRegistry::with_builtins(
         RegistryLimits {
             maximum_output_bytes_ceiling: 1 << 20,
+            tenant_catalog_tools: 10_000,
         },
         Vec::new(),
     )

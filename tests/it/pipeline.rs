@@ -362,6 +362,7 @@ async fn build_harness(
         ToolRegistry::with_builtins(
             RegistryLimits {
                 maximum_output_bytes_ceiling: 1 << 20,
+                tenant_catalog_tools: 10_000,
             },
             tools,
         )

@@ -19,6 +19,7 @@ impl Tool for Fixed {
 
 const LIMITS: RegistryLimits = RegistryLimits {
     maximum_output_bytes_ceiling: 1 << 20,
+    tenant_catalog_tools: 10_000,
 };
 
 fn spec(name: &str) -> ToolSpec {
@@ -411,6 +412,52 @@ fn a_churning_catalog_costs_what_live_sessions_hold() {
         "the newest alone, for new sessions"
     );
     assert!(registry.schemas.len() <= 50);
+}
+
+/// What a tenant's churning catalog holds is bounded: versions whose
+/// schemas did not change share one compiled schema, and past the tenant's
+/// budget of pinned tool versions a new catalog version is refused (clearly,
+/// per tool) until sessions pinning older ones end; other tenants and the
+/// operator's servers are not held to it.
+#[test]
+fn a_tenants_pinned_catalogs_share_schemas_and_stay_within_its_budget() {
+    let limits = RegistryLimits {
+        tenant_catalog_tools: 120,
+        ..LIMITS
+    };
+    let registry = ToolRegistry::with_builtins(limits, Vec::new()).unwrap();
+    let (agent, principal, profile, environment) = everything();
+    let generation = |tenant: &str, version: usize| {
+        let specs: Vec<ToolSpec> = (0..50)
+            .map(|index| {
+                let mut spec = mcp("own", &format!("tool{index}"));
+                spec.version = version.to_string();
+                spec.description = format!("changed at every discovery: {version}");
+                spec
+            })
+            .collect();
+        registry.register_for_tenant(tenant, tools(specs), ToolSource::Mcp)
+    };
+    let mut sessions = Vec::new();
+    for version in 0..2 {
+        assert!(generation("t1", version).rejected.is_empty());
+        sessions.push(registry.specs_for_session("t1", &agent, &principal, &profile, &environment));
+    }
+    // 100 pinned; a third version of 50 would hold 150.
+    let refused = generation("t1", 2);
+    assert!(refused.registered.is_empty());
+    assert_eq!(refused.rejected.len(), 50);
+    assert!(matches!(
+        refused.rejected[0].cause,
+        RejectionReason::TenantCatalogBudget { budget: 120 }
+    ));
+    // Another tenant has a budget of its own.
+    assert!(generation("t2", 0).rejected.is_empty());
+    // A session ends: the version it pinned no longer counts.
+    sessions.remove(0);
+    assert!(generation("t1", 2).rejected.is_empty());
+    // Every version declared the same input schema: compiled once.
+    assert_eq!(registry.schemas.len(), 1);
 }
 
 #[test]
