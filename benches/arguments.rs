@@ -64,7 +64,7 @@ fn validate_canonicalize_hash_key(bencher: divan::Bencher) {
     let size = serde_json::to_vec(&arguments).unwrap().len();
     assert!((1000..1200).contains(&size), "{size} bytes");
     let compiled = cache
-        .get_or_compile("email.send", "1", &schema, SchemaOrigin::Local)
+        .get_or_compile(&schema, SchemaOrigin::Local)
         .expect("the schema compiles");
     bencher.bench_local(|| {
         let canonical = compiled
@@ -85,17 +85,10 @@ fn validate_canonicalize_hash_key(bencher: divan::Bencher) {
 fn cached_validator_lookup(bencher: divan::Bencher) {
     let cache = SchemaCache::default();
     let schema = schema();
-    cache
-        .get_or_compile("email.send", "1", &schema, SchemaOrigin::Local)
-        .unwrap();
+    cache.get_or_compile(&schema, SchemaOrigin::Local).unwrap();
     bencher.bench_local(|| {
         cache
-            .get_or_compile(
-                "email.send",
-                "1",
-                divan::black_box(&schema),
-                SchemaOrigin::Local,
-            )
+            .get_or_compile(divan::black_box(&schema), SchemaOrigin::Local)
             .unwrap()
     });
 }

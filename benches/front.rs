@@ -13,6 +13,15 @@
 //! `[DATABASE_URL=postgres://…] cargo bench --bench front`
 //! (`TOOLGATE_BENCH_CALLS` calls per path per round, default 1000;
 //! `TOOLGATE_BENCH_BINARY` measures another build of `toolgate`.)
+//!
+//! `TOOLGATE_BENCH_FAIRNESS=1 cargo bench --bench front` drives fairness
+//! instead, on SQLite: a well-behaved tenant's client making sequential
+//! `tools/call`s, alone, then beside a hostile tenant's credential at full
+//! tilt (`TOOLGATE_BENCH_HOSTILE` callers, default 48, each a kept-alive
+//! connection calling in a loop, plus 64 connections that send half a head
+//! and stop), then the same with a per-principal rate limit of 200 calls/s.
+//! Printed per scene, alternated over the rounds: the well-behaved client's
+//! p50 and p99, and what the hostile credential got done and was refused.
 
 // These time and pace real processes from outside them: the system's clock
 // is the one they share (clippy.toml keeps it out of `src`).
@@ -51,6 +60,27 @@ impl<S: std::io::Read + std::io::Write> Kept<S> {
         headers: &[(&str, &str)],
         body: &str,
     ) -> (u16, Option<String>, Vec<u8>) {
+        self.try_exchange(path, headers, body).expect("an answer")
+    }
+
+    /// As [`Kept::request`], or the connection's failure (closed by the
+    /// server, say).
+    fn try_request(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> std::io::Result<(u16, Vec<u8>)> {
+        let (status, _, body) = self.try_exchange(path, headers, body)?;
+        Ok((status, body))
+    }
+
+    fn try_exchange(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> std::io::Result<(u16, Option<String>, Vec<u8>)> {
         let mut request = format!(
             "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
             self.host,
@@ -61,17 +91,16 @@ impl<S: std::io::Read + std::io::Write> Kept<S> {
         }
         request.push_str("\r\n");
         request.push_str(body);
-        self.writer.write_all(request.as_bytes()).expect("writes");
+        self.writer.write_all(request.as_bytes())?;
         let mut status = 0;
         let mut length = 0;
         let mut session = None;
         let mut line = String::new();
         loop {
             line.clear();
-            assert!(
-                self.reader.read_line(&mut line).expect("reads") > 0,
-                "closed"
-            );
+            if self.reader.read_line(&mut line)? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
             let header = line.trim_end();
             if header.is_empty() {
                 break;
@@ -80,16 +109,26 @@ impl<S: std::io::Read + std::io::Write> Kept<S> {
                 status = code[..3].parse().unwrap_or(0);
             } else if let Some((name, value)) = header.split_once(':') {
                 if name.eq_ignore_ascii_case("content-length") {
-                    length = value.trim().parse().expect("a length");
+                    length = value.trim().parse().unwrap_or(0);
                 } else if name.eq_ignore_ascii_case("mcp-session-id") {
                     session = Some(value.trim().to_owned());
                 }
             }
         }
         let mut body = vec![0; length];
-        self.reader.read_exact(&mut body).expect("a body");
-        (status, session, body)
+        self.reader.read_exact(&mut body)?;
+        Ok((status, session, body))
     }
+}
+
+fn try_tcp(port: u16) -> std::io::Result<Kept<TcpStream>> {
+    let writer = TcpStream::connect(("127.0.0.1", port))?;
+    writer.set_nodelay(true)?;
+    Ok(Kept {
+        reader: BufReader::new(writer.try_clone()?),
+        writer,
+        host: format!("127.0.0.1:{port}"),
+    })
 }
 
 fn unix(socket: &Path) -> Kept<UnixStream> {
@@ -102,13 +141,7 @@ fn unix(socket: &Path) -> Kept<UnixStream> {
 }
 
 fn tcp(port: u16) -> Kept<TcpStream> {
-    let writer = TcpStream::connect(("127.0.0.1", port)).expect("connects");
-    writer.set_nodelay(true).expect("nodelay");
-    Kept {
-        reader: BufReader::new(writer.try_clone().expect("a second handle")),
-        writer,
-        host: format!("127.0.0.1:{port}"),
-    }
+    try_tcp(port).expect("connects")
 }
 
 fn cpu_seconds(pid: u32) -> f64 {
@@ -158,6 +191,12 @@ impl Drop for Stopped {
 }
 
 fn serve(toolgate: &Path, root: &Path, store_url: &str, port: u16) -> Stopped {
+    serve_with(toolgate, root, store_url, port, "")
+}
+
+/// As [`serve`], with `extra` appended to the configuration (whole tables,
+/// or entries of `[front]`'s keys).
+fn serve_with(toolgate: &Path, root: &Path, store_url: &str, port: u16, extra: &str) -> Stopped {
     std::fs::write(
         root.join("policy.toml"),
         "[[rules]]\ntools = [\"demo.echo\"]\ndecision = \"allow\"\n",
@@ -170,7 +209,7 @@ fn serve(toolgate: &Path, root: &Path, store_url: &str, port: u16) -> Stopped {
              [store]\nurl = \"{store_url}\"\n[artifacts]\ndirectory = \"state/artifacts\"\n\
              [policy]\nfile = \"policy.toml\"\n[front]\nlisten = \"127.0.0.1:{port}\"\n\
              [[front.api_keys]]\nid = \"bench\"\nsha256 = \"{}\"\ntenant_id = \"bench\"\n\
-             principal = {{ id = \"bench\", scopes = [\"demo.use\"] }}\ntools = [\"demo.echo\"]\n",
+             principal = {{ id = \"bench\", scopes = [\"demo.use\"] }}\ntools = [\"demo.echo\"]\n{extra}",
             toolgate::domain::sha256_hex(KEY.as_bytes())
         ),
     )
@@ -327,6 +366,171 @@ fn round(toolgate: &Path, store_url: &str, root: &Path, calls: usize) -> [Figure
     })
 }
 
+const HOSTILE_KEY: &str = "tgk_bench_0000000000000000000000000000000000000000000000000000000002";
+
+/// What the hostile credential did during a scene.
+#[derive(Default, Clone, Copy)]
+struct Hostile {
+    served: u64,
+    refused: u64,
+}
+
+/// One scene: the well-behaved client's latencies, with `hostile` callers
+/// of another tenant at full tilt (none: alone).
+fn scene(
+    toolgate: &Path,
+    calls: usize,
+    hostile: usize,
+    extra: &str,
+) -> (Duration, Duration, Hostile) {
+    let folder = tempfile::tempdir().expect("folder");
+    let root = folder.path();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let second_key = format!(
+        "[[front.api_keys]]\nid = \"hostile\"\nsha256 = \"{}\"\ntenant_id = \"hostile\"\n\
+         principal = {{ id = \"hostile\", scopes = [\"demo.use\"] }}\ntools = [\"demo.echo\"]\n{extra}",
+        toolgate::domain::sha256_hex(HOSTILE_KEY.as_bytes())
+    );
+    let store_url = format!("sqlite://{}", root.join("toolgate.db").display());
+    let served = serve_with(toolgate, root, &store_url, port, &second_key);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Hostile::default()));
+    let stateless = |key: &str| {
+        [
+            ("Authorization", format!("Bearer {key}")),
+            ("Accept", "application/json, text/event-stream".to_owned()),
+            ("MCP-Protocol-Version", "2026-07-28".to_owned()),
+            ("Mcp-Method", "tools/call".to_owned()),
+            ("Mcp-Name", "demo-echo".to_owned()),
+        ]
+    };
+    let body = |i: usize| {
+        json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+               "params": {"name": "demo-echo", "arguments": {"text": format!("t{i}")},
+                          "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                    "io.modelcontextprotocol/clientCapabilities": {}}}})
+        .to_string()
+    };
+    let mut threads = Vec::new();
+    for _ in 0..hostile {
+        let (stop, done) = (stop.clone(), done.clone());
+        let headers = stateless(HOSTILE_KEY);
+        threads.push(std::thread::spawn(move || {
+            let mut i = 0;
+            let mut mine = Hostile::default();
+            let mut connection: Option<Kept<TcpStream>> = None;
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let answer = match connection.as_mut() {
+                    Some(kept) => kept.try_request("/mcp", &headers, &body(i)),
+                    None => try_tcp(port).and_then(|kept| {
+                        connection
+                            .insert(kept)
+                            .try_request("/mcp", &headers, &body(i))
+                    }),
+                };
+                match answer {
+                    Ok((200, body)) if !String::from_utf8_lossy(&body).contains("\"error\"") => {
+                        mine.served += 1
+                    }
+                    Ok(_) => mine.refused += 1,
+                    // A refused or given-up connection is dialled again.
+                    Err(_) => {
+                        mine.refused += 1;
+                        connection = None;
+                    }
+                }
+            }
+            let mut total = done.lock().unwrap();
+            total.served += mine.served;
+            total.refused += mine.refused;
+        }));
+    }
+    // Connections that send half a head and stop, held by the hostile side.
+    let idle: Vec<TcpStream> = (0..if hostile > 0 { 64 } else { 0 })
+        .filter_map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+            std::io::Write::write_all(&mut stream, b"POST /mcp HTTP/1.1\r\n").ok()?;
+            Some(stream)
+        })
+        .collect();
+    let mut good = tcp(port);
+    let headers = stateless(KEY);
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let mut latencies = Vec::with_capacity(calls);
+    for i in 0..calls + 50 {
+        let started = Instant::now();
+        let (status, answer) = good
+            .try_request("/mcp", &headers, &body(i))
+            .unwrap_or_else(|_| {
+                // Its idle connection was given up to a newcomer: dial again.
+                good = tcp(port);
+                good.request("/mcp", &headers, &body(i))
+            });
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        let answer: Value = serde_json::from_slice(&answer).expect("JSON");
+        assert_eq!(answer["result"]["isError"], false, "{answer}");
+        if i >= 50 {
+            latencies.push(took);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for thread in threads {
+        let _ = thread.join();
+    }
+    drop(idle);
+    drop(served);
+    latencies.sort();
+    let hostile = *done.lock().unwrap();
+    (
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        hostile,
+    )
+}
+
+/// The fairness driver: three scenes alternated over the rounds.
+fn fairness(toolgate: &Path, calls: usize, rounds: usize) {
+    let hostile: usize = std::env::var("TOOLGATE_BENCH_HOSTILE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48);
+    let scenes = [
+        ("alone", 0, ""),
+        ("beside hostile", hostile, ""),
+        (
+            "hostile, rate-limited",
+            hostile,
+            "[limits.rate]\nprincipal = { per_second = 200, burst = 50 }\n",
+        ),
+    ];
+    let mut figures = vec![Vec::new(); scenes.len()];
+    for _ in 0..rounds {
+        for (index, (_, callers, extra)) in scenes.iter().enumerate() {
+            figures[index].push(scene(toolgate, calls, *callers, extra));
+        }
+    }
+    println!(
+        "{:>22} | {:>9} | {:>9} | {:>14} | {:>14}",
+        "scene", "p50", "p99", "hostile served", "hostile refused"
+    );
+    for (index, (name, _, _)) in scenes.iter().enumerate() {
+        let rounds = &figures[index];
+        let p50 = median(rounds.iter().map(|f| f.0).collect());
+        let p99 = median(rounds.iter().map(|f| f.1).collect());
+        let served: u64 = rounds.iter().map(|f| f.2.served).sum::<u64>() / rounds.len() as u64;
+        let refused: u64 = rounds.iter().map(|f| f.2.refused).sum::<u64>() / rounds.len() as u64;
+        println!("{name:>22} | {p50:>9.2?} | {p99:>9.2?} | {served:>14} | {refused:>14}");
+    }
+}
+
 fn median(mut values: Vec<Duration>) -> Duration {
     values.sort();
     values[values.len() / 2]
@@ -378,6 +582,10 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
     let toolgate = toolgate();
+    if std::env::var_os("TOOLGATE_BENCH_FAIRNESS").is_some() {
+        fairness(&toolgate, calls, rounds);
+        return;
+    }
     println!(
         "{:>8} | {:>18} | {:>9} | {:>9} | {:>10} | {:>9}",
         "store", "path", "p50", "p99", "added p50", "cpu/call"

@@ -317,6 +317,7 @@ fn main() {
             ToolRegistry::with_builtins(
                 RegistryLimits {
                     maximum_output_bytes_ceiling: 1 << 20,
+                    tenant_catalog_tools: 10_000,
                 },
                 toolgate::builtin::demo::tools(folder.path()),
             )
