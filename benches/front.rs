@@ -16,7 +16,7 @@
 //!
 //! `TOOLGATE_BENCH_FAIRNESS=1 cargo bench --bench front` drives fairness
 //! instead, on SQLite: a well-behaved tenant's client making sequential
-//! `tools/call`s, alone, then beside a hostile tenant's credential at full
+//! `tools/call`s at most a hundred a second, alone, then beside a hostile tenant's credential at full
 //! tilt (`TOOLGATE_BENCH_HOSTILE` callers, default 48, each a kept-alive
 //! connection calling in a loop, plus 64 connections that send half a head
 //! and stop), then the same with a per-principal rate limit of 200 calls/s.
@@ -465,6 +465,8 @@ fn scene(
     let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let mut latencies = Vec::with_capacity(calls);
     for i in 0..calls + 50 {
+        // Well-behaved: a hundred calls a second at most.
+        let paced = Instant::now() + Duration::from_millis(10);
         let started = Instant::now();
         let (status, answer) = good
             .try_request("/mcp", &headers, &body(i))
@@ -480,6 +482,7 @@ fn scene(
         if i >= 50 {
             latencies.push(took);
         }
+        std::thread::sleep(paced.saturating_duration_since(Instant::now()));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for thread in threads {

@@ -241,7 +241,9 @@ impl Pipeline {
                 self.limits
                     .take(&request.tenant_id, &request.principal.id, named, spec)
             {
-                return rate_limited(request.name.clone(), limited.retry_after_seconds);
+                // The action is the tool's registry name when it resolves.
+                let action = spec.map_or_else(|| request.name.clone(), |spec| spec.name.clone());
+                return rate_limited(action, limited.retry_after_seconds);
             }
         }
         // Another principal's run is refused before anything of it is read
