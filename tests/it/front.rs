@@ -2749,6 +2749,10 @@ fn a_rate_limited_call_on_the_front_door_says_when_to_retry() {
         limited["data"]["outcome"]["reason_code"],
         "tool.rate_limited"
     );
+    assert_eq!(
+        limited["data"]["outcome"]["action"], "demo.echo",
+        "the registry name"
+    );
     assert_eq!(limited["data"]["outcome"]["retryable"], true);
     // Another principal's bucket is its own.
     let other = call(KEY_A2, &theirs, 4);
