@@ -2695,19 +2695,12 @@ fn a_run_named_by_another_principal_is_refused_and_untouched() {
         replayed["structuredContent"]["reason_code"], "policy.run.not_owned",
         "{replayed}"
     );
-    let (_, rows) = door
-        .served
-        .get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
-    let rows = json_of(&rows);
-    assert_eq!(
-        rows["invocations"].as_array().map(Vec::len),
-        Some(1),
-        "{rows}"
-    );
-    assert_eq!(rows["invocations"][0]["principal"]["id"], "user-1");
+    let rows = door.served.run_invocations(run);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["principal"]["id"], "user-1");
     // A key that declares no trust gives its calls the most restrictive
     // reading: an MCP client's context is not known to be its user's.
-    assert_eq!(rows["invocations"][0]["origin_trust"], "external_untrusted");
+    assert_eq!(rows[0]["origin_trust"], "external_untrusted");
 }
 
 /// A rate limit per principal holds on the front door: past the burst a
@@ -2757,14 +2750,10 @@ fn a_rate_limited_call_on_the_front_door_says_when_to_retry() {
     // Another principal's bucket is its own.
     let other = call(KEY_A2, &theirs, 4);
     assert_eq!(other["isError"], false, "{other}");
-    let (_, rows) = door
-        .served
-        .get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
-    let rows = json_of(&rows);
     assert_eq!(
-        rows["invocations"].as_array().map(Vec::len),
-        Some(2),
-        "nothing recorded: {rows}"
+        door.served.run_invocations(run).len(),
+        2,
+        "nothing recorded"
     );
 }
 

@@ -389,6 +389,16 @@ required_scopes = ["mcp.writes.use"]
         session_id
     }
 
+    /// A run's recorded rows, as `GET /v1/runs/{run}/invocations` lists them.
+    pub fn run_invocations(&self, run: Uuid) -> Vec<Value> {
+        let (status, body) = self.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
+        assert_eq!(status, 200);
+        json_of(&body)["invocations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Opens a turn: (turn_id, socket_path, token).
     /// One step calling a tool that takes `{"text"}` (`demo.echo`,
     /// `mcp.reads.echo`) in a session.
@@ -1327,40 +1337,38 @@ fn the_working_state_is_recorded_per_run_and_bounded() {
     );
 }
 
+/// Runs `test` against a sidecar on SQLite, then (with `DATABASE_URL`) on
+/// a PostgreSQL schema of its own, with the store's name.
+fn on_both_stores(test: impl Fn(&Served, &str)) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let schema = runtime.block_on(crate::store::PgSchema::create());
+    test(&Served::start(), "sqlite");
+    if let Some(schema) = &schema {
+        test(&Served::start_on(&schema.url), "postgres");
+    }
+}
+
 /// A run is its opener's: another principal of the same tenant that names
 /// it is refused `policy.run.not_owned` on every call and turn, and changes
 /// nothing of it (not its working state, not its breaker, not its rows), on
 /// both stores.
 #[test]
 fn a_run_is_its_openers_and_another_principal_changes_nothing() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let schema = runtime.block_on(crate::store::PgSchema::create());
-    let mut stores = vec![None];
-    stores.extend(schema.as_ref().map(|schema| Some(schema.url.clone())));
-    for store in stores {
-        let served = match &store {
-            Some(url) => Served::start_on(url),
-            None => Served::start(),
-        };
-        let label = if store.is_some() {
-            "postgres"
-        } else {
-            "sqlite"
-        };
+    on_both_stores(|served, label| {
         let (owner, intruder) = (served.session_of("user-1"), served.session_of("user-2"));
         let run = Uuid::new_v4();
         let call = |session: Uuid, step: i64, calls: Value| {
             let (status, body) = served.post(
                 "/v1/calls",
                 &json!({"session_id": session, "run_id": run, "step_number": step,
-                        "origin_trust": "user", "calls": calls}),
+                    "origin_trust": "user", "calls": calls}),
             );
             assert_eq!(status, 200, "{label}: {body}");
             body["results"].as_array().unwrap().clone()
         };
         let state = |text: &str| {
             json!([{"call_id": format!("ws-{text}"), "name": "context.update_working_state",
-                    "arguments": {"state": {"goal": text}}}])
+                "arguments": {"state": {"goal": text}}}])
         };
         let first = call(owner, 1, state("mine"));
         assert_eq!(
@@ -1390,7 +1398,7 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
         // mark, and the owner's identical calls run as if it never came.
         for step in 2..8 {
             let echo = json!([{"call_id": format!("e-{step}"), "name": "demo.echo",
-                               "arguments": {"text": "same"}}]);
+                           "arguments": {"text": "same"}}]);
             let theirs = call(intruder, step, echo);
             assert_eq!(
                 theirs[0]["outcome"]["reason_code"], "policy.run.not_owned",
@@ -1409,26 +1417,18 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
         let (status, body) = served.post(
             "/v1/turns",
             &json!({"session_id": intruder, "run_id": run, "step_number": 1,
-                    "script_sha256": sha256("print(1)"), "origin_trust": "user"}),
+                "script_sha256": sha256("print(1)"), "origin_trust": "user"}),
         );
         assert_eq!(status, 403, "{label}: {body}");
         assert_eq!(body["error"]["code"], "run_not_owned", "{label}: {body}");
 
         // Every row of the run is the owner's.
-        let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
-        let rows = json_of(&rows);
-        let principals: std::collections::BTreeSet<String> = rows["invocations"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{label}: {rows}"))
+        let rows = served.run_invocations(run);
+        let principals: std::collections::BTreeSet<&str> = rows
             .iter()
-            .map(|row| {
-                row["principal"]["id"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned()
-            })
+            .map(|row| row["principal"]["id"].as_str().unwrap_or_default())
             .collect();
-        assert_eq!(principals, ["user-1".to_owned()].into(), "{label}: {rows}");
+        assert_eq!(principals, ["user-1"].into(), "{label}: {rows:?}");
         // The intruder's own run is its own.
         let (status, body) = served.echo(intruder, Uuid::new_v4(), 1, "own", "demo.echo");
         assert_eq!(status, 200);
@@ -1436,7 +1436,7 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
             body["results"][0]["outcome"]["status"], "succeeded",
             "{label}: {body}"
         );
-    }
+    });
 }
 
 /// A batch of slow reads runs at once; the same reads beside a write, or
@@ -2768,13 +2768,7 @@ fn rate_limits_refuse_with_when_to_retry_and_record_nothing() {
         body["results"][0]["outcome"]["reason_code"], "tool.rate_limited",
         "{body}"
     );
-    let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
-    let rows = json_of(&rows);
-    assert_eq!(
-        rows["invocations"].as_array().map(Vec::len),
-        Some(2),
-        "{rows}"
-    );
+    assert_eq!(served.run_invocations(run).len(), 2, "nothing recorded");
 }
 
 /// Arguments holding U+0000 are refused `tool.arguments_invalid` once, with
@@ -2782,27 +2776,14 @@ fn rate_limits_refuse_with_when_to_retry_and_record_nothing() {
 /// and answered "ask again" forever); through `tool.call` too.
 #[test]
 fn arguments_no_store_records_are_refused_alike_on_both_stores() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let schema = runtime.block_on(crate::store::PgSchema::create());
-    let mut stores = vec![None];
-    stores.extend(schema.as_ref().map(|schema| Some(schema.url.clone())));
-    for store in stores {
-        let served = match &store {
-            Some(url) => Served::start_on(url),
-            None => Served::start(),
-        };
-        let label = if store.is_some() {
-            "postgres"
-        } else {
-            "sqlite"
-        };
+    on_both_stores(|served, label| {
         let session = served.session();
         let run = Uuid::new_v4();
         for (step, call) in [
             json!({"call_id": "n1", "name": "demo.echo", "arguments": {"text": "a\u{0}b"}}),
             json!({"call_id": "n2", "name": "mcp.writes.write", "arguments": {"k\u{0}": "v"}}),
             json!({"call_id": "n3", "name": "tool.call",
-                   "arguments": {"name": "demo.echo", "arguments": {"text": "\u{0}"}}}),
+               "arguments": {"name": "demo.echo", "arguments": {"text": "\u{0}"}}}),
         ]
         .into_iter()
         .enumerate()
@@ -2811,7 +2792,7 @@ fn arguments_no_store_records_are_refused_alike_on_both_stores() {
                 let (status, body) = served.post(
                     "/v1/calls",
                     &json!({"session_id": session, "run_id": run, "step_number": step,
-                            "origin_trust": "user", "calls": [call]}),
+                        "origin_trust": "user", "calls": [call]}),
                 );
                 assert_eq!(status, 200, "{label}: {body}");
                 let result = &body["results"][0];
@@ -2822,8 +2803,7 @@ fn arguments_no_store_records_are_refused_alike_on_both_stores() {
                 assert_eq!(result["invocation_id"], Value::Null, "{label}: {body}");
             }
         }
-        let (_, rows) = served.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
-        assert_eq!(json_of(&rows)["invocations"], json!([]), "{label}");
+        assert_eq!(served.run_invocations(run), Vec::<Value>::new(), "{label}");
         assert_eq!(served.get("/readyz").0, 200, "{label}");
-    }
+    });
 }
