@@ -2857,3 +2857,68 @@ fn one_key_and_idle_connections_cannot_take_the_door_from_another_tenant() {
         call.join().unwrap();
     }
 }
+
+/// A flood of refused requests and of clients hanging up mid-call costs a
+/// few log lines, not one per request: each line of the code writes at most
+/// ten a minute, and the door goes on serving.
+#[test]
+fn a_flood_of_refusals_and_hang_ups_is_logged_at_a_bounded_rate() {
+    let door = Door::start("", "");
+    let session = door.open(KEY_A);
+    let lines = |message: &str| {
+        door.served
+            .logs
+            .lock()
+            .unwrap()
+            .lines()
+            .filter(|line| line.contains(message))
+            .count()
+    };
+    for id in 0..30 {
+        let unknown = door.rpc(
+            Some(KEY_A),
+            Some(&session),
+            &json!({"jsonrpc": "2.0", "id": id, "method": "nope/nope"}),
+        );
+        assert_eq!(unknown.status, 200, "{unknown:?}");
+        // A client that sends a call and hangs up.
+        let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+        let body = json!({"jsonrpc": "2.0", "id": 100 + id, "method": "tools/call",
+                          "params": {"name": "demo-echo", "arguments": {"text": "x"}}})
+        .to_string();
+        let _ = stream.write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {KEY_A}\r\n\
+                 Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+                 Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                door.port,
+                body.len()
+            )
+            .as_bytes(),
+        );
+        drop(stream);
+    }
+    // The first ten of each kind reach the log (they are written as they
+    // come); the door still serves.
+    let started = Instant::now();
+    while lines("response error") < 10 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the refusals were not logged at all"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let served = door.call(
+        KEY_A,
+        &session,
+        json!("after"),
+        "demo-echo",
+        json!({"text": "up"}),
+        None,
+    );
+    assert_eq!(served["isError"], false, "{served}");
+    for message in ["response error", "failed to send pending response"] {
+        assert!(lines(message) <= 10, "{message}: {}", lines(message));
+    }
+}
