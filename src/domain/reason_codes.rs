@@ -108,7 +108,7 @@ reason_codes! {
     /// The call names a run another principal (or tenant) opened: nothing
     /// is recorded in that run, and nothing about it is told.
     PolicyRunNotOwned => "policy.run.not_owned", Denied, retryable: false, None,
-        "Not performed. This run belongs to another caller; start a run of your own.";
+        "Not performed. This run belongs to another caller. Start a run of your own.";
     /// The identical call repeated without new evidence (ToolLoopDetected).
     ToolLoopDetected => "tool.loop_detected", Denied, retryable: false, None,
         "Not performed. This identical call keeps returning the same result. Answer from what you have.";
@@ -199,7 +199,7 @@ reason_codes! {
     /// tenant server) has no call left right now: nothing was recorded, and
     /// the answer says when to try again.
     ToolRateLimited => "tool.rate_limited", Unavailable, retryable: true, None,
-        "Not performed. Too many calls right now; try again after the time given.";
+        "Not performed. Too many calls right now. Try again after the time given.";
     /// The device that hosts the tool is not connected.
     ToolDeviceOffline => "tool.device_offline", Unavailable, retryable: true, None,
         "This capability's device is not connected.";
