@@ -21,12 +21,6 @@ use crate::domain::{
 pub const DEFAULT_FRONT_APPROVAL_HOLD_SECONDS: u32 = 30;
 /// Calls one MCP session may have in flight at once.
 pub const DEFAULT_FRONT_SESSION_IN_FLIGHT: usize = 8;
-/// Calls one credential may have in flight on a node, across its sessions:
-/// an eighth of the door's connections.
-pub const DEFAULT_FRONT_CREDENTIAL_IN_FLIGHT: usize = 32;
-/// Calls one tenant may have in flight on a node: a quarter of the door's
-/// connections, so the rest stay for other tenants and new connections.
-pub const DEFAULT_FRONT_TENANT_IN_FLIGHT: usize = 64;
 /// MCP sessions one credential may hold open on a node.
 pub const DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL: usize = 64;
 /// Connections the front door holds at once, both listeners together.
@@ -77,12 +71,12 @@ pub struct FrontConfig {
     /// Calls one session may have in flight.
     #[serde(deserialize_with = "count")]
     pub session_in_flight: usize,
-    /// Calls one credential may have in flight across its sessions.
-    #[serde(deserialize_with = "count")]
-    pub credential_in_flight: usize,
-    /// Calls one tenant may have in flight across its credentials.
-    #[serde(deserialize_with = "count")]
-    pub tenant_in_flight: usize,
+    /// Calls one credential may have in flight across its sessions; an
+    /// eighth of `connections` (at most the tenant's) when unset.
+    pub credential_in_flight: Option<usize>,
+    /// Calls one tenant may have in flight across its credentials; a
+    /// quarter of `connections` when unset.
+    pub tenant_in_flight: Option<usize>,
     /// Sessions one credential may hold open on this node.
     #[serde(deserialize_with = "count")]
     pub sessions_per_credential: usize,
@@ -116,8 +110,8 @@ impl Default for FrontConfig {
             scopes_supported: Vec::new(),
             approval_hold_seconds: Seconds::new(DEFAULT_FRONT_APPROVAL_HOLD_SECONDS),
             session_in_flight: DEFAULT_FRONT_SESSION_IN_FLIGHT,
-            credential_in_flight: DEFAULT_FRONT_CREDENTIAL_IN_FLIGHT,
-            tenant_in_flight: DEFAULT_FRONT_TENANT_IN_FLIGHT,
+            credential_in_flight: None,
+            tenant_in_flight: None,
             sessions_per_credential: DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL,
             connections: DEFAULT_FRONT_CONNECTIONS,
             keep_alive_seconds: Seconds::new(DEFAULT_FRONT_KEEP_ALIVE_SECONDS),
@@ -133,6 +127,21 @@ impl FrontConfig {
     /// Whether any listener is configured.
     pub fn enabled(&self) -> bool {
         self.listen.is_some() || self.socket.is_some()
+    }
+
+    /// Calls one tenant may have in flight: as set, else a quarter of the
+    /// door's connections, so the rest stay for other tenants and for new
+    /// connections.
+    pub fn tenant_in_flight(&self) -> usize {
+        self.tenant_in_flight
+            .unwrap_or((self.connections / 4).max(1))
+    }
+
+    /// Calls one credential may have in flight: as set, else an eighth of
+    /// the door's connections, never more than its tenant's.
+    pub fn credential_in_flight(&self) -> usize {
+        self.credential_in_flight
+            .unwrap_or((self.connections / 8).max(1).min(self.tenant_in_flight()))
     }
 
     /// The `Host` values TCP requests may carry.
@@ -181,19 +190,19 @@ impl FrontConfig {
         problems.between("front.connections", self.connections, 1, 65_536);
         // Limits that add up: no credential's calls exceed its tenant's,
         // and no tenant holds more than half the door's connections.
-        if self.session_in_flight > self.credential_in_flight {
-            problems.push(
-                "front.session_in_flight",
-                "must not exceed front.credential_in_flight",
-            );
+        if self.credential_in_flight == Some(0) {
+            problems.push("front.credential_in_flight", "must be at least 1");
         }
-        if self.credential_in_flight > self.tenant_in_flight {
+        if self.tenant_in_flight == Some(0) {
+            problems.push("front.tenant_in_flight", "must be at least 1");
+        }
+        if self.credential_in_flight() > self.tenant_in_flight() {
             problems.push(
                 "front.credential_in_flight",
                 "must not exceed front.tenant_in_flight",
             );
         }
-        if self.tenant_in_flight > self.connections / 2 {
+        if self.tenant_in_flight() > (self.connections / 2).max(1) {
             problems.push(
                 "front.tenant_in_flight",
                 "must be at most half of front.connections: the rest are other tenants' and new connections'",

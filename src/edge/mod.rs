@@ -120,15 +120,6 @@ impl ConnectionCap {
     pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
         self.0.clone().try_acquire_owned().ok()
     }
-
-    /// A place for one more connection once one is given back within
-    /// `wait` (an idle connection asked to close), else none.
-    pub async fn admit_within(&self, wait: Duration) -> Option<OwnedSemaphorePermit> {
-        tokio::time::timeout(wait, self.0.clone().acquire_owned())
-            .await
-            .ok()
-            .and_then(Result::ok)
-    }
 }
 
 /// Serves one connection under the header deadline (which also closes it

@@ -21,8 +21,6 @@ use crate::ports::front::{FrontMethods, McpProtocol};
 
 /// After a failed accept (out of descriptors, most likely).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// How long a connection waits for the place an idle one gives up.
-const EVICTION_WAIT: Duration = Duration::from_secs(2);
 
 /// One listener's protocol side.
 pub(super) struct Protocol {
@@ -93,39 +91,41 @@ impl Front {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let header_timeout = self.parts.settings.limits.header_timeout;
-        let admitted = self.parts.connections.admit();
-        tokio::spawn(async move {
-            // A full door asks its idlest connection to close and gives its
-            // place to this one; with none idle, this one is closed.
-            let permit = match admitted {
-                Some(permit) => permit,
-                None if self.live.evict_idle() => {
-                    match self.parts.connections.admit_within(EVICTION_WAIT).await {
-                        Some(permit) => permit,
-                        None => return,
-                    }
+        // A full door asks a connection serving no request to close and
+        // hands its place to this one; with none, this one is closed.
+        let Some(place) = self
+            .parts
+            .connections
+            .admit()
+            .or_else(|| self.live.evict_idle())
+        else {
+            return;
+        };
+        let live = self.live.register(Some(place));
+        let close = live.close.clone();
+        tokio::spawn(serve_connection_until(
+            stream,
+            header_timeout,
+            Vec::new(),
+            close,
+            move |request| {
+                let (front, protocol) = (self.clone(), protocol.clone());
+                let busy = live.begin();
+                async move {
+                    // Busy until the response's body is written: a streamed
+                    // answer is still a request in progress.
+                    front.request(request, &protocol).await.map(|body| {
+                        http_body_util::BodyExt::boxed_unsync(http_body_util::BodyExt::map_frame(
+                            body,
+                            move |frame| {
+                                let _busy = &busy;
+                                frame
+                            },
+                        ))
+                    })
                 }
-                None => return,
-            };
-            let live = self.live.register();
-            let close = live.close.clone();
-            serve_connection_until(
-                stream,
-                header_timeout,
-                vec![permit],
-                close,
-                move |request| {
-                    let (front, protocol) = (self.clone(), protocol.clone());
-                    let busy = live.begin();
-                    async move {
-                        let reply = front.request(request, &protocol).await;
-                        drop(busy);
-                        reply
-                    }
-                },
-            )
-            .await;
-        });
+            },
+        ));
     }
 
     async fn request(self: &Arc<Self>, request: Request<Incoming>, protocol: &Protocol) -> Reply {

@@ -1,13 +1,15 @@
 //! The door's live connections, so that a full door makes room: when every
-//! place is taken, the connection that has been idle longest (kept alive
-//! between requests, or still sending its first head) is asked to close,
-//! and the new one takes its place. A connection serving a request is never
-//! asked; so whoever holds connections without using them holds nothing.
+//! place is taken, a connection serving no request (one that never sent a
+//! whole head first, else the one idle longest) is asked to close and its
+//! place is handed to the new one at once. A connection serving a request
+//! is never asked; so whoever holds connections without using them holds
+//! nothing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +24,8 @@ pub(super) struct Live {
     used: std::sync::atomic::AtomicBool,
     /// Fired to ask it to close once idle.
     pub(super) close: CancellationToken,
+    /// Its place in the door, until it ends or gives the place up.
+    place: Mutex<Option<OwnedSemaphorePermit>>,
     table: Arc<LiveConnections>,
 }
 
@@ -64,9 +68,9 @@ pub(super) struct LiveConnections {
 }
 
 impl LiveConnections {
-    /// Registers a connection; it leaves the table when the last handle
-    /// to it drops.
-    pub(super) fn register(self: &Arc<Self>) -> Arc<Live> {
+    /// Registers a connection holding `place`; it leaves the table, and
+    /// gives the place back, when the last handle to it drops.
+    pub(super) fn register(self: &Arc<Self>, place: Option<OwnedSemaphorePermit>) -> Arc<Live> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let live = Arc::new(Live {
             id,
@@ -74,6 +78,7 @@ impl LiveConnections {
             active: Mutex::new(Instant::now()),
             used: std::sync::atomic::AtomicBool::new(false),
             close: CancellationToken::new(),
+            place: Mutex::new(place),
             table: self.clone(),
         });
         self.live
@@ -83,10 +88,10 @@ impl LiveConnections {
         live
     }
 
-    /// Asks a connection not serving a request to close: one that never
-    /// sent a whole request first, else the one idle longest; whether
-    /// there was one.
-    pub(super) fn evict_idle(&self) -> bool {
+    /// Asks a connection not serving a request to close (one that never
+    /// sent a whole request first, else the one idle longest) and takes its
+    /// place, if there is one.
+    pub(super) fn evict_idle(&self) -> Option<OwnedSemaphorePermit> {
         let candidates: Vec<Arc<Live>> = self
             .live
             .lock()
@@ -96,21 +101,25 @@ impl LiveConnections {
             .collect();
         let idlest = candidates
             .iter()
-            .filter(|live| live.busy.load(Ordering::Acquire) == 0 && !live.close.is_cancelled())
+            .filter(|live| {
+                live.busy.load(Ordering::Acquire) == 0
+                    && !live.close.is_cancelled()
+                    && lock(&live.place).is_some()
+            })
             .min_by_key(|live| {
                 (
                     live.used.load(Ordering::Acquire),
                     *live.active.lock().unwrap_or_else(PoisonError::into_inner),
                 )
             });
-        match idlest {
-            Some(live) => {
-                live.close.cancel();
-                true
-            }
-            None => false,
-        }
+        let live = idlest?;
+        live.close.cancel();
+        lock(&live.place).take()
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -120,20 +129,27 @@ mod tests {
     #[test]
     fn the_idlest_connection_is_asked_to_close_and_a_busy_one_never() {
         let table = Arc::new(LiveConnections::default());
-        let (old, busy, young) = (table.register(), table.register(), table.register());
+        let places = Arc::new(tokio::sync::Semaphore::new(4));
+        let place = || places.clone().try_acquire_owned().ok();
+        let (old, busy, young) = (
+            table.register(place()),
+            table.register(place()),
+            table.register(place()),
+        );
         let _request = busy.begin();
         drop(old.begin());
         drop(young.begin());
         // Never used goes first, however young.
-        let fresh = table.register();
-        assert!(table.evict_idle());
+        let fresh = table.register(place());
+        assert!(place().is_none(), "the door is full");
+        assert!(table.evict_idle().is_some(), "a place handed over");
         assert!(fresh.close.is_cancelled() && !old.close.is_cancelled());
         *young.active.lock().unwrap() = Instant::now() + std::time::Duration::from_secs(1);
-        assert!(table.evict_idle());
+        assert!(table.evict_idle().is_some());
         assert!(old.close.is_cancelled() && !busy.close.is_cancelled());
-        assert!(table.evict_idle());
+        assert!(table.evict_idle().is_some());
         assert!(young.close.is_cancelled());
-        assert!(!table.evict_idle(), "only a busy one is left");
+        assert!(table.evict_idle().is_none(), "only a busy one is left");
         assert!(!busy.close.is_cancelled());
         drop((old, fresh));
         assert_eq!(table.live.lock().unwrap().len(), 2);

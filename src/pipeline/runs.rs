@@ -17,7 +17,8 @@ const REMEMBERED: usize = 65_536;
 /// The owners of the runs this node has seen.
 #[derive(Default)]
 pub(super) struct RunOwners {
-    known: Mutex<HashMap<Uuid, (String, String)>>,
+    /// By tenant and run: the owning principal.
+    known: Mutex<HashMap<(String, Uuid), String>>,
 }
 
 impl RunOwners {
@@ -32,10 +33,8 @@ impl RunOwners {
             .known
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&opener.run_id)
-            .map(|(tenant, principal)| {
-                tenant == &opener.tenant_id && principal == &opener.principal_id
-            });
+            .get(&(opener.tenant_id.clone(), opener.run_id))
+            .map(|principal| principal == &opener.principal_id);
         if let Some(admits) = remembered {
             return Ok(admits);
         }
@@ -45,8 +44,8 @@ impl RunOwners {
             known.clear();
         }
         known.insert(
-            owner.run_id,
-            (owner.tenant_id.clone(), owner.principal_id.clone()),
+            (owner.tenant_id.clone(), owner.run_id),
+            owner.principal_id.clone(),
         );
         Ok(owner.admits(&opener.tenant_id, &opener.principal_id))
     }

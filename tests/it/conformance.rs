@@ -132,12 +132,13 @@ fn the_conformance_client_scenarios_pass_by_their_check_ids() {
 /// a configured client would; the suite itself sends none. Everything else
 /// (the `Host` and `Origin` the suite sends, the bodies, the streams) passes
 /// through unchanged.
-fn credential_forwarder(runtime: &tokio::runtime::Runtime, target: u16, key: &'static str) -> u16 {
+fn credential_forwarder(
+    runtime: &tokio::runtime::Runtime,
+    listener: tokio::net::TcpListener,
+    target: u16,
+    key: &'static str,
+) {
     use http_body_util::BodyExt as _;
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
     runtime.spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -171,7 +172,6 @@ fn credential_forwarder(runtime: &tokio::runtime::Runtime, target: u16, key: &'s
             });
         }
     });
-    port
 }
 
 /// The server scenarios that apply to a gateway, and the checks each must
@@ -266,9 +266,20 @@ const NOT_APPLICABLE_2026: &[&str] = &[
 /// check passes, and no check fails but one listed in `not_applicable`.
 fn server_scenarios(suite: &Path, scenarios: &[(&str, &[&str])], not_applicable: &[&str]) {
     let (node, _) = installed();
-    let door = crate::front::Door::start("", "");
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let forwarder = credential_forwarder(&runtime, door.port, crate::front::KEY_A);
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let forwarder = listener.local_addr().unwrap().port();
+    // The forwarder passes the suite's `Host` (its own address) through,
+    // and ports are exact: the door allows the forwarder's.
+    let door = crate::front::Door::start(
+        &format!(
+            "allowed_hosts = [\"127.0.0.1\", \"localhost\", \"localhost:{forwarder}\", \"127.0.0.1:{forwarder}\"]"
+        ),
+        "",
+    );
+    credential_forwarder(&runtime, listener, door.port, crate::front::KEY_A);
     let url = format!("http://localhost:{forwarder}/mcp");
     for (scenario, required) in scenarios {
         let output = tempfile::tempdir().unwrap();

@@ -1990,40 +1990,89 @@ fn skills_are_prompts_loaded_through_skill_load_and_recorded() {
 #[test]
 fn connections_past_the_cap_are_closed_and_streams_keep_alive() {
     let door = Door::start(
-        "connections = 4\nkeep_alive_seconds = 1\napproval_hold_seconds = 3",
+        "connections = 4\nkeep_alive_seconds = 1\napproval_hold_seconds = 3\n\
+         tenant_in_flight = 2\ncredential_in_flight = 2",
         "",
     );
-    // Four idle connections hold every place; one more is closed at once.
-    // An exchange that ended (the probe that found the port open, a
-    // closed request) may hold its place a moment longer: a connection
-    // that got such a place is kept, and the next one tried.
-    let mut held: Vec<TcpStream> = (0..4)
-        .map(|_| TcpStream::connect(("127.0.0.1", door.port)).unwrap())
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
-    let refused = (0..3).any(|_| {
-        let mut extra = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
-        extra
-            .set_read_timeout(Some(Duration::from_secs(2)))
+    let closed = |stream: &mut TcpStream| {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
-        let mut buffer = [0u8; 16];
-        let read = extra.read(&mut buffer);
-        let closed = matches!(read, Ok(0))
+        let mut buffer = [0u8; 256];
+        let read = stream.read(&mut buffer);
+        matches!(read, Ok(0))
             || read
                 .as_ref()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset);
-        if !closed {
-            held.push(extra);
-        }
-        closed
-    });
-    assert!(
-        refused,
-        "a connection past the cap is closed ({} held)",
-        held.len()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset)
+    };
+    // Four connections that never send a whole head hold every place: a
+    // fifth takes the place of one of them, which is closed, and is served.
+    let mut idle: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+            stream.write_all(b"POST /mcp HTTP/1.1\r\n").unwrap();
+            stream
+        })
+        .collect();
+    let (status, _, _) = door.raw("GET", "/.well-known/oauth-protected-resource", &[], b"");
+    assert_eq!(
+        status, 200,
+        "a newcomer is served in a door full of idle connections"
     );
-    drop(held);
-    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        closed(&mut idle[0]),
+        "the oldest idle connection gave up its place"
+    );
+    drop(idle);
+    // Four connections each serving a request (calls held for approval,
+    // two tenants' two each) hold every place: none gives it up, and a
+    // fifth is closed at once.
+    let held: Vec<_> = [
+        (KEY_A, TENANT),
+        (KEY_A, TENANT),
+        (KEY_B, "tenant-other"),
+        (KEY_B, "tenant-other"),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(id, (key, _))| {
+        let session = door.open(key);
+        let port = door.port;
+        std::thread::spawn(move || {
+            Client { port }.rpc(
+                Some(key),
+                Some(&session),
+                &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                            "params": {"name": "demo-external_write",
+                                       "arguments": {"line": format!("busy {id}")}}}),
+            )
+        })
+    })
+    .collect();
+    let started = Instant::now();
+    while [TENANT, "tenant-other"].iter().any(|tenant| {
+        let (_, body) = door
+            .served
+            .get(&format!("/v1/approvals?tenant_id={tenant}"));
+        json_of(&body)["approvals"].as_array().map(Vec::len) != Some(2)
+    }) {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the calls were not held"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut extra = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+    let _ = extra.write_all(
+        b"GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    );
+    assert!(
+        closed(&mut extra),
+        "a connection past a door of busy ones is closed"
+    );
+    for call in held {
+        call.join().unwrap();
+    }
     let session = door.open(KEY_A);
     // A held call that reports progress keeps its stream alive in between.
     let (_, head, body) = door.raw(

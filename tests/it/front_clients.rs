@@ -240,8 +240,9 @@ fn the_typescript_sdk_lists_calls_waits_for_approval_and_reconnects() {
 /// for the same call with a new request id, naming nothing, and the tool
 /// has acted once. Counted outside toolgate, in the server's effects file.
 fn python_sdk_asks_again_after_a_broken_stream(era: &str) {
-    let door = Door::slow_answers("");
-    let proxy = BreakingProxy::start(&door);
+    let place = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let door = Door::slow_answers(&BreakingProxy::allowed_hosts(&place));
+    let proxy = BreakingProxy::start(&door, place);
     let mut command = Command::new(python("clients"));
     command
         .arg(script("front_python.py"))
@@ -273,8 +274,9 @@ fn python_sdk_asks_again_after_a_broken_stream(era: &str) {
 /// 2026-07-28) through the same breaking proxy: one effect for the broken
 /// call and its re-issue.
 fn typescript_asks_again_after_a_broken_stream(script_name: &str) {
-    let door = Door::slow_answers("");
-    let proxy = BreakingProxy::start(&door);
+    let place = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let door = Door::slow_answers(&BreakingProxy::allowed_hosts(&place));
+    let proxy = BreakingProxy::start(&door, place);
     let modules = installed().join("clients-node/node_modules");
     let mut command = Command::new("node");
     command
@@ -406,12 +408,22 @@ pub struct BreakingProxy {
 }
 
 impl BreakingProxy {
-    pub fn start(door: &Door) -> BreakingProxy {
-        use std::net::{Shutdown, TcpListener, TcpStream};
+    /// The `[front]` entry a door behind the proxy listening at `place`
+    /// needs: the proxy passes the client's `Host` (the proxy's own
+    /// address) through, and ports are exact.
+    pub fn allowed_hosts(place: &std::net::TcpListener) -> String {
+        let port = place.local_addr().unwrap().port();
+        format!(
+            "allowed_hosts = [\"127.0.0.1\", \"localhost\", \"127.0.0.1:{port}\", \"localhost:{port}\"]"
+        )
+    }
+
+    /// The proxy at `listener` (reserved before the door started), to `door`.
+    pub fn start(door: &Door, listener: std::net::TcpListener) -> BreakingProxy {
+        use std::net::{Shutdown, TcpStream};
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
 
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let upstream = door.port;
         let effects = door.served.folder.path().join("writes.effects");

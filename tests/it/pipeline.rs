@@ -1821,10 +1821,11 @@ async fn row_of(store: &dyn Store, outcome: &CallOutcome) -> toolgate::ports::In
 }
 
 /// An idempotency key is never answered with another principal's record:
-/// the resubmission is a conflict, recorded as a row of its own (once,
-/// however often it is repeated), and nothing runs.
+/// another principal resubmitting the call names a run that is not theirs,
+/// and is refused `policy.run.not_owned` with nothing recorded in it (the
+/// run is its opener's), however often it is repeated; nothing runs.
 #[tokio::test]
-async fn a_key_held_by_another_principal_is_a_recorded_conflict() {
+async fn another_principal_resubmitting_a_call_names_a_run_not_theirs() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let harness = harness(store.clone(), allow_all()).await;
@@ -1859,24 +1860,23 @@ async fn a_key_held_by_another_principal_is_a_recorded_conflict() {
                 let done = finished(&outcome);
                 assert_eq!(
                     done.outcome.reason_code(),
-                    Some(ReasonCode::ToolIdempotencyConflict),
+                    Some(ReasonCode::PolicyRunNotOwned),
                     "{name}: {who} got {:?}",
                     done.outcome
                 );
-                assert!(done.invocation_id.is_some(), "{name}: {who}: recorded");
+                assert!(
+                    done.invocation_id.is_none(),
+                    "{name}: {who}: nothing recorded"
+                );
             }
             let rows = store
                 .run_invocations(&request.tenant_id, request.run_id)
                 .await
                 .unwrap();
-            let conflicts: Vec<_> = rows
-                .iter()
-                .filter(|row| row.principal.id == request.principal.id)
-                .collect();
-            assert_eq!(conflicts.len(), 1, "{name}: {who}: one conflict row");
-            assert_eq!(
-                conflicts[0].reason_code,
-                Some(ReasonCode::ToolIdempotencyConflict)
+            assert!(
+                rows.iter()
+                    .all(|row| row.principal.id == original.principal.id),
+                "{name}: {who}: every row of the run is its opener's"
             );
         }
         assert_eq!(effects(), 1, "{name}: nothing ran again");

@@ -462,7 +462,8 @@ pub struct ReviewRecord {
     pub resolved_at: DateTime<Utc>,
 }
 
-/// A `runs` row: whose a run is. Recorded by the run's first call or turn;
+/// A `runs` row: whose a run is, within its tenant (another tenant's run of
+/// the same id is another run). Recorded by the run's first call or turn;
 /// never changed after.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunOwner {
@@ -608,8 +609,8 @@ pub trait InvocationStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// Records `run` as its run's owner, unless the run is recorded already
-    /// (for any tenant); returns the recorded owner either way.
+    /// Records `run` as its run's owner, unless the tenant's run of that id
+    /// is recorded already; returns the recorded owner either way.
     fn open_run<'a>(&'a self, run: &'a RunOwner) -> BoxFuture<'a, Result<RunOwner, StoreError>>;
 
     /// A row by id, within its tenant.

@@ -362,12 +362,10 @@ impl InvocationStore for PostgresStore {
 
     fn open_run<'a>(&'a self, run: &'a RunOwner) -> BoxFuture<'a, Result<RunOwner, StoreError>> {
         Box::pin(async move {
-            // The system scope: a run another tenant holds must be seen to
-            // be refused, not inserted beside it.
-            let mut tx = self.begin(Scope::System).await?;
+            let mut tx = self.begin(Scope::Tenant(&run.tenant_id)).await?;
             sqlx::query(
                 "INSERT INTO runs (run_id, tenant_id, principal_id, session_id, opened_at) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id) DO NOTHING",
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, run_id) DO NOTHING",
             )
             .bind(run.run_id)
             .bind(&run.tenant_id)
@@ -379,7 +377,8 @@ impl InvocationStore for PostgresStore {
             .map_err(database_error)?;
             // A statement of its own: it sees a row another transaction
             // committed while the insert waited on it.
-            let row = sqlx::query("SELECT * FROM runs WHERE run_id = $1")
+            let row = sqlx::query("SELECT * FROM runs WHERE tenant_id = $1 AND run_id = $2")
+                .bind(&run.tenant_id)
                 .bind(run.run_id)
                 .fetch_one(&mut *tx)
                 .await

@@ -477,7 +477,7 @@ impl InvocationStore for SqliteStore {
             self.flushed(move |connection| {
                 query(
                     "INSERT INTO runs (run_id, tenant_id, principal_id, session_id, opened_at) \
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id) DO NOTHING",
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, run_id) DO NOTHING",
                 )
                 .bind(run.run_id.to_string())
                 .bind(&run.tenant_id)
@@ -486,7 +486,8 @@ impl InvocationStore for SqliteStore {
                 .bind(micros(run.opened_at))
                 .execute(connection)?;
                 run_owner(
-                    &query("SELECT * FROM runs WHERE run_id = $1")
+                    &query("SELECT * FROM runs WHERE tenant_id = $1 AND run_id = $2")
+                        .bind(&run.tenant_id)
                         .bind(run.run_id.to_string())
                         .fetch_one(connection)?,
                 )
