@@ -16,6 +16,7 @@ mod recovery;
 mod refusals;
 mod settle;
 mod suspended;
+mod unrecorded;
 
 use std::sync::Arc;
 
@@ -224,50 +225,8 @@ impl Pipeline {
         if !self.lease.is_live() {
             return unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable);
         }
-        // Arguments no store can record as text are refused as invalid,
-        // once and the same on every store, with nothing written.
-        if request.recovering.is_none() && crate::domain::canonical::holds_nul(&request.arguments) {
-            return unrecordable_arguments(request.name.clone());
-        }
-        // A limited call is refused before anything is read or written. A
-        // recovering row was admitted when it was first asked.
-        if request.recovering.is_none() && !request.caller.rate_admitted {
-            let named = super::call::named_tool(&request.name, &request.arguments);
-            let spec = request
-                .pinned
-                .resolve(named)
-                .map(|pinned| &pinned.tool.spec);
-            if let Err(limited) =
-                self.limits
-                    .take(&request.tenant_id, &request.principal.id, named, spec)
-            {
-                // The action is the tool's registry name when it resolves.
-                let action = spec.map_or_else(|| request.name.clone(), |spec| spec.name.clone());
-                return rate_limited(action, limited.retry_after_seconds);
-            }
-        }
-        // Another principal's run is refused before anything of it is read
-        // or written.
-        if request.recovering.is_none() {
-            match self
-                .owns_run(
-                    &request.tenant_id,
-                    &request.principal.id,
-                    request.session_id,
-                    request.run_id,
-                )
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::debug!(call_id = %request.call_id, "a call named another principal's run");
-                    return unrecorded(request.name.clone(), ReasonCode::PolicyRunNotOwned);
-                }
-                Err(error) => {
-                    tracing::error!(error = %error, call_id = %request.call_id, "store failure in the pipeline");
-                    return unrecorded(request.name.clone(), ReasonCode::ToolRecordUnavailable);
-                }
-            }
+        if let Some(refused) = self.refused_unrecorded(request).await {
+            return refused;
         }
         match self.steps(request).await {
             Ok(outcome) => outcome,
@@ -280,28 +239,6 @@ impl Pipeline {
             }
         }
     }
-}
-
-/// A call whose arguments hold U+0000: invalid, and nothing recorded.
-fn unrecordable_arguments(action: String) -> CallOutcome {
-    let mut outcome = unrecorded(action, ReasonCode::ToolArgumentsInvalid);
-    if let CallOutcome::Finished(finished) = &mut outcome {
-        finished.content = vec![RenderedPart::Text {
-            text: "a string of the arguments holds the character U+0000, which is never accepted"
-                .to_owned(),
-            trust: crate::domain::TrustLevel::Platform,
-        }];
-    }
-    outcome
-}
-
-/// A call the rate limits refused: nothing recorded, and when to ask again.
-fn rate_limited(action: String, retry_after_seconds: u64) -> CallOutcome {
-    let mut outcome = unrecorded(action, ReasonCode::ToolRateLimited);
-    if let CallOutcome::Finished(finished) = &mut outcome {
-        finished.retry_after_seconds = Some(retry_after_seconds);
-    }
-    outcome
 }
 
 /// "In progress": the row is another worker's, or moved under this one;
