@@ -122,6 +122,47 @@ impl ConnectionCap {
     }
 }
 
+/// A reply's body holding `guard` until the body is written and dropped
+/// (what a connection counts as its request in progress). Its size is the
+/// body's, so a reply keeps its `Content-Length`.
+pub struct GuardedBody<G> {
+    body: UnsyncBoxBody<Bytes, Infallible>,
+    _guard: G,
+}
+
+impl<G: Send + Unpin + 'static> GuardedBody<G> {
+    /// `reply` with its body holding `guard`.
+    pub fn around(reply: Reply, guard: G) -> Reply {
+        reply.map(|body| {
+            GuardedBody {
+                body,
+                _guard: guard,
+            }
+            .boxed_unsync()
+        })
+    }
+}
+
+impl<G: Unpin> hyper::body::Body for GuardedBody<G> {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Serves one connection under the header deadline (which also closes it
 /// when idle), holding `permits` until it ends.
 pub async fn serve_connection<S, F, R>(

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::Refusal;
 use super::handler::Methods;
 use super::{Front, MCP_PATH, RESOURCE_METADATA_PATH};
-use crate::edge::{Reply, error, reply, serve_connection_until};
+use crate::edge::{GuardedBody, Reply, error, reply, serve_connection_until};
 use crate::ports::front::{FrontMethods, McpProtocol};
 
 /// After a failed accept (out of descriptors, most likely).
@@ -114,15 +114,7 @@ impl Front {
                 async move {
                     // Busy until the response's body is written: a streamed
                     // answer is still a request in progress.
-                    front.request(request, &protocol).await.map(|body| {
-                        http_body_util::BodyExt::boxed_unsync(http_body_util::BodyExt::map_frame(
-                            body,
-                            move |frame| {
-                                let _busy = &busy;
-                                frame
-                            },
-                        ))
-                    })
+                    GuardedBody::around(front.request(request, &protocol).await, busy)
                 }
             },
         ));

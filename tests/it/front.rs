@@ -2930,6 +2930,12 @@ fn a_flood_of_refusals_and_hang_ups_is_logged_at_a_bounded_rate() {
             &json!({"jsonrpc": "2.0", "id": id, "method": "nope/nope"}),
         );
         assert_eq!(unknown.status, 200, "{unknown:?}");
+        // An answer's length is told (the body a connection counts as its
+        // request in progress keeps the size it wraps).
+        assert!(
+            header(&unknown.head, "content-length").is_some(),
+            "{unknown:?}"
+        );
         // A client that sends a call and hangs up.
         let mut stream = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
         let body = json!({"jsonrpc": "2.0", "id": 100 + id, "method": "tools/call",
