@@ -476,6 +476,7 @@ fn front_settings(config: &Config, limits: EdgeLimits) -> FrontSettings {
         tenant_in_flight: front.tenant_in_flight(),
         sessions_per_credential: front.sessions_per_credential,
         keep_alive: front.keep_alive_seconds.duration(),
+        first_request: front.first_request_seconds.duration(),
         reissue_window: front.reissue_window_seconds.duration(),
         approval_pages: config.console.approval_pages(),
     }

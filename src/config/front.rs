@@ -25,6 +25,8 @@ pub const DEFAULT_FRONT_SESSION_IN_FLIGHT: usize = 8;
 pub const DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL: usize = 64;
 /// Connections the front door holds at once, both listeners together.
 pub const DEFAULT_FRONT_CONNECTIONS: usize = 256;
+/// How long a new connection may take to send its first whole request head.
+pub const DEFAULT_FRONT_FIRST_REQUEST_SECONDS: u32 = 5;
 /// How often an SSE response with nothing to say sends a comment.
 pub const DEFAULT_FRONT_KEEP_ALIVE_SECONDS: u32 = 15;
 /// How long a call whose answer was never delivered is the same call when
@@ -85,6 +87,9 @@ pub struct FrontConfig {
     pub connections: usize,
     /// SSE keep-alive interval.
     pub keep_alive_seconds: Seconds,
+    /// A new connection that has not sent a whole request head within this
+    /// is closed: an unauthenticated peer holds a place this long at most.
+    pub first_request_seconds: Seconds,
     /// How long a call whose answer was never delivered is the same call
     /// when the same principal asks for it again.
     pub reissue_window_seconds: Seconds,
@@ -115,6 +120,7 @@ impl Default for FrontConfig {
             sessions_per_credential: DEFAULT_FRONT_SESSIONS_PER_CREDENTIAL,
             connections: DEFAULT_FRONT_CONNECTIONS,
             keep_alive_seconds: Seconds::new(DEFAULT_FRONT_KEEP_ALIVE_SECONDS),
+            first_request_seconds: Seconds::new(DEFAULT_FRONT_FIRST_REQUEST_SECONDS),
             reissue_window_seconds: Seconds::new(DEFAULT_FRONT_REISSUE_WINDOW_SECONDS),
             api_keys: Vec::new(),
             api_keys_file: None,
@@ -208,6 +214,12 @@ impl FrontConfig {
                 "must be at most half of front.connections: the rest are other tenants' and new connections'",
             );
         }
+        problems.between(
+            "front.first_request_seconds",
+            self.first_request_seconds.get(),
+            1,
+            60,
+        );
         problems.between(
             "front.keep_alive_seconds",
             self.keep_alive_seconds.get(),

@@ -103,6 +103,18 @@ impl Front {
         };
         let live = self.live.register(Some(place));
         let close = live.close.clone();
+        // An unauthenticated peer holds a place for a short time only: a
+        // connection with no whole request head by then is closed.
+        let first_request = self.parts.settings.first_request;
+        let watched = Arc::downgrade(&live);
+        tokio::spawn(async move {
+            tokio::time::sleep(first_request).await;
+            if let Some(live) = watched.upgrade()
+                && !live.used()
+            {
+                live.close.cancel();
+            }
+        });
         tokio::spawn(serve_connection_until(
             stream,
             header_timeout,

@@ -30,6 +30,11 @@ pub(super) struct Live {
 }
 
 impl Live {
+    /// Whether it has begun a request.
+    pub(super) fn used(&self) -> bool {
+        self.used.load(Ordering::Acquire)
+    }
+
     /// A request begins; it ends when the guard drops (with the response's
     /// body, once written).
     pub(super) fn begin(self: &Arc<Self>) -> Busy {

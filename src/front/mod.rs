@@ -91,6 +91,8 @@ pub struct FrontSettings {
     pub sessions_per_credential: usize,
     /// SSE keep-alive interval.
     pub keep_alive: Duration,
+    /// How long a new connection may take to send its first request head.
+    pub first_request: Duration,
     /// How long a call whose answer was never delivered is the same call
     /// when its caller asks for it again.
     pub reissue_window: Duration,

@@ -2977,3 +2977,53 @@ fn a_flood_of_refusals_and_hang_ups_is_logged_at_a_bounded_rate() {
         assert!(lines(message) <= 10, "{message}: {}", lines(message));
     }
 }
+
+/// An unauthenticated peer holds a place a short time only: a connection
+/// with no whole request head within `front.first_request_seconds` is
+/// closed (long before the header deadline), while a connection that has
+/// been served stays kept alive past it.
+#[test]
+fn a_connection_without_a_first_request_is_closed_soon() {
+    let door = Door::start("first_request_seconds = 1", "");
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+    silent.write_all(b"POST /mcp HTTP/1.1\r\n").unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(8)))
+        .unwrap();
+    let mut buffer = [0u8; 64];
+    let read = silent.read(&mut buffer);
+    assert!(
+        matches!(read, Ok(0))
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{read:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "closed before the header deadline (10 s)"
+    );
+    // A served connection is kept alive past the first-request deadline.
+    let mut kept = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let probe = format!(
+        "GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
+        door.port
+    );
+    for _ in 0..2 {
+        kept.write_all(probe.as_bytes()).unwrap();
+        let read = kept.read(&mut buffer).unwrap();
+        assert!(
+            buffer[..read].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buffer[..read])
+        );
+        // Past the first-request deadline, and within the idle one.
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut rest = vec![0u8; 4096];
+        kept.set_nonblocking(true).unwrap();
+        let _ = kept.read(&mut rest);
+        kept.set_nonblocking(false).unwrap();
+    }
+}
