@@ -101,7 +101,7 @@ impl Front {
         else {
             return;
         };
-        let live = self.live.register(Some(place));
+        let live = self.live.register(place);
         let close = live.close.clone();
         // An unauthenticated peer holds a place for a short time only: a
         // connection with no whole request head by then is closed.

@@ -75,7 +75,7 @@ pub(super) struct LiveConnections {
 impl LiveConnections {
     /// Registers a connection holding `place`; it leaves the table, and
     /// gives the place back, when the last handle to it drops.
-    pub(super) fn register(self: &Arc<Self>, place: Option<OwnedSemaphorePermit>) -> Arc<Live> {
+    pub(super) fn register(self: &Arc<Self>, place: OwnedSemaphorePermit) -> Arc<Live> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let live = Arc::new(Live {
             id,
@@ -83,7 +83,7 @@ impl LiveConnections {
             active: Mutex::new(Instant::now()),
             used: std::sync::atomic::AtomicBool::new(false),
             close: CancellationToken::new(),
-            place: Mutex::new(place),
+            place: Mutex::new(Some(place)),
             table: self.clone(),
         });
         self.live
@@ -135,7 +135,7 @@ mod tests {
     fn the_idlest_connection_is_asked_to_close_and_a_busy_one_never() {
         let table = Arc::new(LiveConnections::default());
         let places = Arc::new(tokio::sync::Semaphore::new(4));
-        let place = || places.clone().try_acquire_owned().ok();
+        let place = || places.clone().try_acquire_owned().unwrap();
         let (old, busy, young) = (
             table.register(place()),
             table.register(place()),
@@ -146,7 +146,10 @@ mod tests {
         drop(young.begin());
         // Never used goes first, however young.
         let fresh = table.register(place());
-        assert!(place().is_none(), "the door is full");
+        assert!(
+            places.clone().try_acquire_owned().is_err(),
+            "the door is full"
+        );
         assert!(table.evict_idle().is_some(), "a place handed over");
         assert!(fresh.close.is_cancelled() && !old.close.is_cancelled());
         *young.active.lock().unwrap() = Instant::now() + std::time::Duration::from_secs(1);

@@ -523,8 +523,9 @@ impl ToolRegistry {
     /// The tenant's budget, when registering `tools` in a tenant's `scope`
     /// would leave it holding more tool versions than it allows: the
     /// versions its live sessions pin (held beyond the registry's own
-    /// references) and the new catalog. A version only the registry holds
-    /// is what collection drops, and the newest is what `tools` replaces.
+    /// references) and what the new catalog adds. A version only the
+    /// registry holds is what collection drops, and the newest is what
+    /// `tools` replaces.
     fn over_tenant_budget(&self, tools: &[Arc<dyn Tool>], scope: &Scope) -> Option<usize> {
         let tenant = scope.as_ref()?;
         let budget = self.limits.tenant_catalog_tools;
@@ -541,7 +542,17 @@ impl ToolRegistry {
                 Arc::strong_count(tool) > 1 + usize::from(newest)
             })
             .count();
-        (pinned + tools.len() > budget).then_some(budget)
+        // A version already registered (the same catalog again) adds nothing.
+        let new = tools
+            .iter()
+            .filter(|tool| {
+                let spec = tool.spec();
+                registered.get(&spec.name).is_none_or(|versions| {
+                    !versions.contains_key(&(scope.clone(), spec.version.clone()))
+                })
+            })
+            .count();
+        (pinned + new > budget).then_some(budget)
     }
 
     fn admit(

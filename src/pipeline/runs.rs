@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::ports::{InvocationStore, RunOwner, StoreError};
@@ -22,8 +21,8 @@ pub(super) struct RunOwners {
 }
 
 impl RunOwners {
-    /// Whether `principal_id` of `tenant_id` may write run `run_id`:
-    /// recorded as its owner now when the run is new.
+    /// Whether `opener`'s principal may write its tenant's run: recorded as
+    /// its owner now when the run is new.
     pub(super) async fn admits(
         &self,
         store: &dyn InvocationStore,
@@ -43,27 +42,8 @@ impl RunOwners {
         if known.len() >= REMEMBERED {
             known.clear();
         }
-        known.insert(
-            (owner.tenant_id.clone(), owner.run_id),
-            owner.principal_id.clone(),
-        );
-        Ok(owner.admits(&opener.tenant_id, &opener.principal_id))
-    }
-}
-
-/// The owner a call or turn of this session would record for `run_id`.
-pub(super) fn opener(
-    tenant_id: &str,
-    principal_id: &str,
-    session_id: Uuid,
-    run_id: Uuid,
-    now: DateTime<Utc>,
-) -> RunOwner {
-    RunOwner {
-        run_id,
-        tenant_id: tenant_id.to_owned(),
-        principal_id: principal_id.to_owned(),
-        session_id,
-        opened_at: now,
+        let admits = owner.principal_id == opener.principal_id;
+        known.insert((owner.tenant_id, owner.run_id), owner.principal_id);
+        Ok(admits)
     }
 }

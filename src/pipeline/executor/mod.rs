@@ -27,7 +27,7 @@ use super::limits::{RateLimitSettings, RateLimits};
 use super::output::RenderedPart;
 use super::records::unrecorded;
 use super::registry::ToolRegistry;
-use super::runs::{RunOwners, opener};
+use super::runs::RunOwners;
 use super::settlement::Settler;
 use super::worker::Lease;
 use crate::domain::ReasonCode;
@@ -132,13 +132,13 @@ impl Pipeline {
         session_id: Uuid,
         run_id: Uuid,
     ) -> Result<bool, crate::ports::StoreError> {
-        let opener = opener(
-            tenant_id,
-            principal_id,
-            session_id,
+        let opener = crate::ports::RunOwner {
             run_id,
-            self.clock.now(),
-        );
+            tenant_id: tenant_id.to_owned(),
+            principal_id: principal_id.to_owned(),
+            session_id,
+            opened_at: self.clock.now(),
+        };
         self.owners.admits(self.invocations.as_ref(), &opener).await
     }
 

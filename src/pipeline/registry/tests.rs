@@ -456,6 +456,9 @@ fn a_tenants_pinned_catalogs_share_schemas_and_stay_within_its_budget() {
     // A session ends: the version it pinned no longer counts.
     sessions.remove(0);
     assert!(generation("t1", 2).rejected.is_empty());
+    // Pinned too, the same catalog discovered again adds nothing.
+    sessions.push(registry.specs_for_session("t1", &agent, &principal, &profile, &environment));
+    assert!(generation("t1", 2).rejected.is_empty());
     // Every version declared the same input schema: compiled once.
     assert_eq!(registry.schemas.len(), 1);
 }

@@ -475,13 +475,6 @@ pub struct RunOwner {
     pub opened_at: DateTime<Utc>,
 }
 
-impl RunOwner {
-    /// Whether a call of `principal_id` in `tenant_id` may write this run.
-    pub fn admits(&self, tenant_id: &str, principal_id: &str) -> bool {
-        self.tenant_id == tenant_id && self.principal_id == principal_id
-    }
-}
-
 /// The invocation rows. Each write is one short transaction (with the
 /// events of its commit); none is held across tool I/O, and every write made
 /// for an attempt is conditional on its [`Fence`].
