@@ -1052,15 +1052,10 @@ fn an_approval_holds_the_call_then_pends_and_the_same_call_asked_again_resumes_i
             )
         })
     };
-    let approval = loop {
-        let (_, body) = door
-            .served
-            .get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
-        if let Some(id) = json_of(&body)["approvals"][0]["approval_id"].as_str() {
-            break id.to_owned();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let approval = door.served.pending_approvals(TENANT, 1)[0]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     // Only the session's own caller withdraws its call: another tenant's
     // key and another principal of the same tenant are not it.
     for stranger in [KEY_B, KEY_A2] {
@@ -1150,15 +1145,10 @@ fn a_cancelled_held_call_ends_and_its_approval_waits_for_the_call_asked_again() 
             (answer, started.elapsed())
         })
     };
-    let approval = loop {
-        let (_, body) = door
-            .served
-            .get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
-        if let Some(id) = json_of(&body)["approvals"][0]["approval_id"].as_str() {
-            break id.to_owned();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let approval = door.served.pending_approvals(TENANT, 1)[0]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let cancelled = door.rpc(
         Some(KEY_A),
         Some(&session),
@@ -1990,7 +1980,7 @@ fn skills_are_prompts_loaded_through_skill_load_and_recorded() {
 #[test]
 fn connections_past_the_cap_are_closed_and_streams_keep_alive() {
     let door = Door::start(
-        "connections = 4\nkeep_alive_seconds = 1\napproval_hold_seconds = 3\n\
+        "connections = 4\nkeep_alive_seconds = 1\napproval_hold_seconds = 6\n\
          tenant_in_flight = 2\ncredential_in_flight = 2",
         "",
     );
@@ -2049,18 +2039,8 @@ fn connections_past_the_cap_are_closed_and_streams_keep_alive() {
         })
     })
     .collect();
-    let started = Instant::now();
-    while [TENANT, "tenant-other"].iter().any(|tenant| {
-        let (_, body) = door
-            .served
-            .get(&format!("/v1/approvals?tenant_id={tenant}"));
-        json_of(&body)["approvals"].as_array().map(Vec::len) != Some(2)
-    }) {
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "the calls were not held"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    for tenant in [TENANT, "tenant-other"] {
+        door.served.pending_approvals(tenant, 2);
     }
     let mut extra = TcpStream::connect(("127.0.0.1", door.port)).unwrap();
     let _ = extra.write_all(
@@ -2834,21 +2814,7 @@ fn one_key_and_idle_connections_cannot_take_the_door_from_another_tenant() {
             })
         })
         .collect();
-    let started = Instant::now();
-    let approvals = loop {
-        let (_, body) = door
-            .served
-            .get(&format!("/v1/approvals?tenant_id={TENANT}"));
-        let approvals = json_of(&body)["approvals"].clone();
-        if approvals.as_array().map(Vec::len) == Some(2) {
-            break approvals;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the calls were not held"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let approvals = door.served.pending_approvals(TENANT, 2);
     // A third call of the key, in another session too, is refused at once.
     let another = door.open(KEY_A);
     for session in [&hostile, &another] {
@@ -2894,7 +2860,7 @@ fn one_key_and_idle_connections_cannot_take_the_door_from_another_tenant() {
     }
     drop(idle);
     // Denied, the held calls end and the door drains at once.
-    for approval in approvals.as_array().unwrap() {
+    for approval in &approvals {
         let id = approval["approval_id"].as_str().unwrap();
         let (status, body) = door.served.post(
             &format!("/v1/approvals/{id}?tenant_id={TENANT}"),

@@ -389,6 +389,28 @@ required_scopes = ["mcp.writes.use"]
         session_id
     }
 
+    /// `tenant`'s approvals waiting for a decision, once there are `count`
+    /// of them (the calls that ask for them run on other threads).
+    pub fn pending_approvals(&self, tenant: &str, count: usize) -> Vec<Value> {
+        let started = Instant::now();
+        loop {
+            let (_, body) = self.get(&format!("/v1/approvals?status=pending&tenant_id={tenant}"));
+            let approvals = json_of(&body)["approvals"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if approvals.len() == count {
+                return approvals;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{tenant} has {} pending approvals, not {count}",
+                approvals.len()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// A run's recorded rows, as `GET /v1/runs/{run}/invocations` lists them.
     pub fn run_invocations(&self, run: Uuid) -> Vec<Value> {
         let (status, body) = self.get(&format!("/v1/runs/{run}/invocations?tenant_id={TENANT}"));
