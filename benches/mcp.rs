@@ -150,7 +150,6 @@ fn main() {
             clock: clock.clone(),
             observer: Arc::new(toolgate::pipeline::Unobserved),
             mcp: None,
-            worker_id: worker.id(),
             lease: worker.lease(),
             settings: PipelineSettings {
                 inline_maximum_bytes: 4096,

@@ -351,7 +351,6 @@ fn main() {
             clock,
             observer: Arc::new(toolgate::pipeline::Unobserved),
             mcp: None,
-            worker_id: worker.id(),
             lease: worker.lease(),
             settings: PipelineSettings {
                 inline_maximum_bytes: 4096,

@@ -664,7 +664,7 @@ fn runtime_with(threads: usize) -> Option<tokio::runtime::Runtime> {
 }
 
 /// `toolgate serve`: the node built from its checked configuration and
-/// served until SIGTERM or SIGINT, or until its lease is lost. The first
+/// served until SIGTERM or SIGINT, or until its lease is lost for good. The first
 /// signal drains; a second one forces the exit. SIGHUP reloads the policy
 /// and the front door's credentials.
 async fn serve(

@@ -199,7 +199,8 @@ impl Operations {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "lease_not_live",
-                "toolgate holds no live worker lease and takes no calls",
+                "toolgate holds no live worker lease (its store has not answered a renewal in \
+                 time) and takes no calls; it serves again once the store answers",
             );
         }
         if !self.warmed.is_cancelled() && tokio::time::Instant::now() < self.warm_up_bound {

@@ -108,9 +108,14 @@ pub enum AppError {
     /// The worker could not be registered.
     #[error("{0}")]
     Worker(#[from] crate::pipeline::WorkerError),
-    /// The worker's lease was lost while serving: the process drained and
-    /// stopped, so another worker may take its calls; start it again.
-    #[error("the worker lease was lost; toolgate drained and stopped (start it again)")]
+    /// The node's identity is held from another place (a copy of its node
+    /// folder registered while this process's lease had ended): this
+    /// process drained and stopped, and the other keeps the node.
+    #[error(
+        "this node's identity is now held by a worker registered from another host or folder (a \
+         copy of this node folder?); toolgate drained and stopped: give each process a node \
+         folder of its own"
+    )]
     LeaseLost,
 }
 

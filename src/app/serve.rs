@@ -143,7 +143,6 @@ pub async fn build(
             clock: clock.clone(),
             observer: Arc::new(Unobserved),
             mcp: Some(servers.clone()),
-            worker_id: worker.id(),
             lease: lease.clone(),
             settings: PipelineSettings {
                 inline_maximum_bytes: config.limits.inline_maximum_bytes,
@@ -704,8 +703,10 @@ pub(super) struct Tasks {
 }
 
 impl Running {
-    /// Cancelled when this node's lease is lost: another worker may take
-    /// its calls, so it must serve no more, drain, and stop.
+    /// Cancelled when this node's lease is lost for good (its identity is
+    /// held from another place): it must serve no more, drain, and stop. A
+    /// lease that merely ended (a store outage, a pause) is taken again by
+    /// a new incarnation and never fires this.
     pub fn lease_lost(&self) -> CancellationToken {
         self.node.lease.lost()
     }

@@ -6,9 +6,13 @@
 //! it. Every lease is judged by the store's clock; this process only keeps a
 //! conservative local view of it ([`Lease`]): live until one heartbeat
 //! before the store's expiry could fall, counted from when the renewal was
-//! sent. A process whose lease is not live claims nothing and is not ready;
-//! one whose lease was lost (released, or run out before it was renewed)
-//! stops for good, and the composition root drains it.
+//! sent. A process whose lease is not live claims nothing and is not ready.
+//! One whose lease was lost (released, or run out before it was renewed, as
+//! a store outage or a pause past the lease makes it) registers a new
+//! incarnation of its node as soon as the store answers: a new worker id,
+//! so its old claims are fenced as a restart's would be, and recovery
+//! settles them. Only a node whose identity another place holds (a copied
+//! node folder) stops for good, and the composition root drains it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -90,46 +94,77 @@ pub enum WorkerError {
     },
 }
 
-/// This process's view of its lease.
+/// This process's view of its lease: which worker holds it (the node's
+/// current incarnation) and until when.
 #[derive(Debug)]
 pub struct Lease {
-    /// Until when (monotonic) the lease certainly holds, less a heartbeat.
-    valid_until: Mutex<Instant>,
+    held: Mutex<Held>,
     lost: CancellationToken,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    worker_id: Uuid,
+    /// Until when (monotonic) the lease certainly holds, less a heartbeat.
+    valid_until: Instant,
+}
+
 impl Lease {
-    /// A lease known to hold until `valid_until`.
-    pub fn until(valid_until: Instant) -> Lease {
+    /// `worker_id`'s lease, known to hold until `valid_until`.
+    pub fn until(worker_id: Uuid, valid_until: Instant) -> Lease {
         Lease {
-            valid_until: Mutex::new(valid_until),
+            held: Mutex::new(Held {
+                worker_id,
+                valid_until,
+            }),
             lost: CancellationToken::new(),
         }
     }
 
     /// Whether this process may claim rows and serve calls now.
     pub fn is_live(&self) -> bool {
-        !self.lost.is_cancelled() && Instant::now() < self.valid_until()
+        !self.lost.is_cancelled() && Instant::now() < self.held().valid_until
     }
 
-    /// Fires once the lease is lost for good.
+    /// The worker new claims are made under: the node's current
+    /// incarnation.
+    pub fn worker_id(&self) -> Uuid {
+        self.held().worker_id
+    }
+
+    /// Fires once the lease is lost for good: the node's identity is held
+    /// from another place.
     pub fn lost(&self) -> CancellationToken {
         self.lost.clone()
     }
 
-    fn valid_until(&self) -> Instant {
+    fn held(&self) -> Held {
         *self
-            .valid_until
+            .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn extend(&self, valid_until: Instant) {
-        let mut current = self
-            .valid_until
+    fn extend(&self, worker_id: Uuid, valid_until: Instant) {
+        let mut held = self
+            .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *current = (*current).max(valid_until);
+        // A renewal sent by an incarnation already replaced extends nothing.
+        if held.worker_id == worker_id {
+            held.valid_until = held.valid_until.max(valid_until);
+        }
+    }
+
+    /// A new incarnation holds the lease from now on.
+    fn pass_to(&self, worker_id: Uuid, valid_until: Instant) {
+        *self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Held {
+            worker_id,
+            valid_until,
+        };
     }
 
     fn lose(&self) {
@@ -148,13 +183,17 @@ pub struct NodePlace {
     pub host: String,
 }
 
-/// A registered worker.
+/// A registered worker: the node's current incarnation, and the next
+/// ones when a lease is lost.
 pub struct Worker {
-    id: Uuid,
+    place: NodePlace,
     store: Arc<dyn WorkerStore>,
     clock: Arc<dyn Clock>,
     settings: WorkerSettings,
     lease: Arc<Lease>,
+    /// Told when a new incarnation holds the lease, so recovery settles
+    /// what the old one held at once.
+    incarnated: tokio::sync::Notify,
 }
 
 /// How far apart two instants are, in whole milliseconds.
@@ -178,61 +217,21 @@ impl Worker {
         place: &NodePlace,
         settings: WorkerSettings,
     ) -> Result<Worker, WorkerError> {
-        let before = clock.now();
-        let store_now = store.store_now().await?;
-        let after = clock.now();
-        // The store read its clock somewhere within the round trip.
-        let here = before + (after - before) / 2;
-        let uncertainty = (after - before).num_milliseconds() / 2;
-        let skew = apart(here, store_now).saturating_sub(uncertainty);
-        if skew > millis(settings.maximum_clock_skew) {
-            return Err(WorkerError::ClockSkew {
-                skew_ms: skew,
-                bound_ms: millis(settings.maximum_clock_skew),
-            });
-        }
-        let id = Uuid::new_v4();
-        let sent = Instant::now();
-        let registration = WorkerRegistration {
-            worker_id: id,
-            node: place.node.clone(),
-            host: place.host.clone(),
-            lease: settings.lease,
-        };
-        match store.register_worker(&registration).await? {
-            Registration::HeldElsewhere {
-                lease_expires_at, ..
-            } => return Err(WorkerError::NodeHeldElsewhere { lease_expires_at }),
-            Registration::Registered { released, moved } => {
-                if moved {
-                    tracing::warn!(
-                        "this node folder was last used from another host or folder (copied or \
-                         moved): its earlier worker's lease had ended, so this process holds the \
-                         node now; a copy left running elsewhere stops at its next heartbeat"
-                    );
-                }
-                if released > 0 {
-                    tracing::info!(
-                        released,
-                        "leases of this node's earlier process released; its calls recover now"
-                    );
-                }
-            }
-        }
+        let (id, valid_until) = incarnate(store.as_ref(), clock.as_ref(), place, settings).await?;
         Ok(Worker {
-            id,
+            place: place.clone(),
             store,
             clock,
             settings,
-            lease: Arc::new(Lease::until(
-                sent + settings.lease.saturating_sub(settings.heartbeat),
-            )),
+            lease: Arc::new(Lease::until(id, valid_until)),
+            incarnated: tokio::sync::Notify::new(),
         })
     }
 
-    /// The worker's id, which the pipeline claims rows under.
+    /// The current incarnation's worker id, which the pipeline claims rows
+    /// under.
     pub fn id(&self) -> Uuid {
-        self.id
+        self.lease.worker_id()
     }
 
     /// This process's view of the lease, which the pipeline and readiness
@@ -242,13 +241,17 @@ impl Worker {
     }
 
     /// Renews the lease once: `false` when it was lost (and the worker must
-    /// stop). A renewal that fails leaves the view as it was.
+    /// not claim under it again). A renewal that fails leaves the view as it
+    /// was.
     pub async fn heartbeat(&self) -> Result<bool, StoreError> {
         let sent = Instant::now();
-        match self.store.heartbeat(self.id, self.settings.lease).await? {
+        let id = self.lease.worker_id();
+        match self.store.heartbeat(id, self.settings.lease).await? {
             Renewal::Renewed { store_now } => {
-                self.lease
-                    .extend(sent + self.settings.lease.saturating_sub(self.settings.heartbeat));
+                self.lease.extend(
+                    id,
+                    sent + self.settings.lease.saturating_sub(self.settings.heartbeat),
+                );
                 let skew = apart(self.clock.now(), store_now);
                 if skew > millis(self.settings.maximum_clock_skew) {
                     tracing::warn!(
@@ -259,10 +262,33 @@ impl Worker {
                 }
                 Ok(true)
             }
-            Renewal::Lost => {
-                self.lease.lose();
-                Ok(false)
+            Renewal::Lost => Ok(false),
+        }
+    }
+
+    /// Registers the node's next incarnation after its lease was lost: the
+    /// old worker is released (its claims fenced, its rows recoverable) and
+    /// the new one holds the lease. Refused, and the lease lost for good,
+    /// when another place holds the node now.
+    pub async fn incarnate_again(&self) -> Result<(), WorkerError> {
+        match incarnate(
+            self.store.as_ref(),
+            self.clock.as_ref(),
+            &self.place,
+            self.settings,
+        )
+        .await
+        {
+            Ok((id, valid_until)) => {
+                self.lease.pass_to(id, valid_until);
+                self.incarnated.notify_one();
+                Ok(())
             }
+            Err(error @ WorkerError::NodeHeldElsewhere { .. }) => {
+                self.lease.lose();
+                Err(error)
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -285,47 +311,81 @@ impl Worker {
     async fn keep_lease(self: Arc<Self>, shutdown: CancellationToken) {
         let retry = RENEWAL_RETRY.min(self.settings.heartbeat / 4);
         let mut next = Instant::now() + self.settings.heartbeat;
+        let mut state = LeaseState::Renewing;
         let mut was_live = true;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(next) => {}
             }
-            let attempt = tokio::time::timeout(self.settings.heartbeat, self.heartbeat()).await;
-            next = match attempt {
-                Ok(Ok(true)) => Instant::now() + self.settings.heartbeat,
-                Ok(Ok(false)) => {
+            let attempt = tokio::time::timeout(self.settings.heartbeat, self.renew()).await;
+            let now = match attempt {
+                Ok(Ok(renewed)) => renewed,
+                Ok(Err(Refusal::HeldElsewhere(error))) => {
                     tracing::error!(
-                        worker = %self.id,
-                        "worker lease lost (released by another process, or run out before it was \
-                         renewed): this process stops claiming and stops"
+                        error = %error,
+                        "this node's lease is lost for good: this process claims nothing and stops"
                     );
                     return;
                 }
-                Ok(Err(error)) => {
-                    tracing::warn!(worker = %self.id, error = %error, "heartbeat failed");
-                    Instant::now() + retry
-                }
-                Err(_) => {
-                    tracing::warn!(worker = %self.id, "heartbeat timed out");
-                    Instant::now() + retry
-                }
+                Ok(Err(Refusal::Failed(error))) => LeaseState::Failing(error),
+                Err(_) => LeaseState::Failing("the store did not answer in time".into()),
             };
+            next = Instant::now()
+                + match now {
+                    LeaseState::Failing(_) => retry,
+                    _ => self.settings.heartbeat,
+                };
+            // Said once per change of state, never once a retry.
             let live = self.lease.is_live();
+            match (&state, &now) {
+                (LeaseState::Failing(_), LeaseState::Failing(_)) => {}
+                (_, LeaseState::Failing(error)) => tracing::warn!(
+                    worker = %self.lease.worker_id(),
+                    error = %error,
+                    live,
+                    "the lease cannot be renewed; calls are refused (retryable) once it is not live, \
+                     and this process serves again when the store answers"
+                ),
+                (_, LeaseState::Incarnated) => tracing::warn!(
+                    worker = %self.lease.worker_id(),
+                    "the lease had ended (a store outage or a pause outlasted it): this node \
+                     serves again as a new worker; recovery settles what the old one held"
+                ),
+                (LeaseState::Failing(_), LeaseState::Renewing) => {
+                    tracing::info!(worker = %self.lease.worker_id(), "the lease is renewed again")
+                }
+                (_, LeaseState::Renewing) => {}
+            }
             if was_live && !live {
                 tracing::error!(
-                    worker = %self.id,
+                    worker = %self.lease.worker_id(),
                     "the lease was not renewed in time: this process claims nothing and is not \
-                     ready until it is"
+                     ready until the store answers"
                 );
-            } else if !was_live && live {
-                tracing::info!(worker = %self.id, "the lease is renewed again");
             }
             was_live = live;
+            state = now;
         }
     }
 
-    /// The start-up sweep, then one per period, while the lease lives.
+    /// One renewal, or a new incarnation when the lease had ended.
+    async fn renew(&self) -> Result<LeaseState, Refusal> {
+        match self.heartbeat().await {
+            Ok(true) => Ok(LeaseState::Renewing),
+            Ok(false) => match self.incarnate_again().await {
+                Ok(()) => Ok(LeaseState::Incarnated),
+                Err(error @ WorkerError::NodeHeldElsewhere { .. }) => {
+                    Err(Refusal::HeldElsewhere(error))
+                }
+                Err(error) => Err(Refusal::Failed(error.to_string())),
+            },
+            Err(error) => Err(Refusal::Failed(error.to_string())),
+        }
+    }
+
+    /// The start-up sweep, then one per period and one as each new
+    /// incarnation begins, until the lease is lost for good.
     async fn sweeps(self: Arc<Self>, pipeline: Arc<Pipeline>, shutdown: CancellationToken) {
         let lost = self.lease.lost();
         self.sweep(&pipeline).await;
@@ -336,6 +396,7 @@ impl Worker {
                 _ = shutdown.cancelled() => return,
                 _ = lost.cancelled() => return,
                 _ = period.tick() => self.sweep(&pipeline).await,
+                _ = self.incarnated.notified() => self.sweep(&pipeline).await,
             }
         }
     }
@@ -361,6 +422,77 @@ impl Worker {
 
     /// Ends the lease now, so another worker can recover what is left.
     pub async fn release(&self) -> Result<(), StoreError> {
-        self.store.release_worker(self.id).await
+        self.store.release_worker(self.lease.worker_id()).await
     }
+}
+
+/// Where the lease stands after a renewal.
+enum LeaseState {
+    /// Renewed.
+    Renewing,
+    /// It had ended; a new incarnation holds the lease now.
+    Incarnated,
+    /// Neither: the store failed or did not answer.
+    Failing(String),
+}
+
+/// Why a renewal did not renew.
+enum Refusal {
+    /// Another place holds the node: this process stops for good.
+    HeldElsewhere(WorkerError),
+    /// The store failed; the next retry may succeed.
+    Failed(String),
+}
+
+/// Registers a new worker on `place` after checking this host's clock
+/// against the store's: its id, and until when its first lease certainly
+/// holds.
+async fn incarnate(
+    store: &dyn WorkerStore,
+    clock: &dyn Clock,
+    place: &NodePlace,
+    settings: WorkerSettings,
+) -> Result<(Uuid, Instant), WorkerError> {
+    let before = clock.now();
+    let store_now = store.store_now().await?;
+    let after = clock.now();
+    // The store read its clock somewhere within the round trip.
+    let here = before + (after - before) / 2;
+    let uncertainty = (after - before).num_milliseconds() / 2;
+    let skew = apart(here, store_now).saturating_sub(uncertainty);
+    if skew > millis(settings.maximum_clock_skew) {
+        return Err(WorkerError::ClockSkew {
+            skew_ms: skew,
+            bound_ms: millis(settings.maximum_clock_skew),
+        });
+    }
+    let id = Uuid::new_v4();
+    let sent = Instant::now();
+    let registration = WorkerRegistration {
+        worker_id: id,
+        node: place.node.clone(),
+        host: place.host.clone(),
+        lease: settings.lease,
+    };
+    match store.register_worker(&registration).await? {
+        Registration::HeldElsewhere {
+            lease_expires_at, ..
+        } => return Err(WorkerError::NodeHeldElsewhere { lease_expires_at }),
+        Registration::Registered { released, moved } => {
+            if moved {
+                tracing::warn!(
+                    "this node folder was last used from another host or folder (copied or \
+                     moved): its earlier worker's lease had ended, so this process holds the \
+                     node now; a copy left running elsewhere stops at its next heartbeat"
+                );
+            }
+            if released > 0 {
+                tracing::info!(
+                    released,
+                    "leases of this node's earlier workers released; their calls recover now"
+                );
+            }
+        }
+    }
+    Ok((id, sent + settings.lease.saturating_sub(settings.heartbeat)))
 }

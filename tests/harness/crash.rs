@@ -137,8 +137,10 @@ async fn run(job: Job) -> Result<Value, String> {
         clock,
         observer,
         mcp: None,
-        worker_id,
-        lease: Arc::new(Lease::until(tokio::time::Instant::now() + LEASE)),
+        lease: Arc::new(Lease::until(
+            worker_id,
+            tokio::time::Instant::now() + LEASE,
+        )),
         settings: PipelineSettings {
             inline_maximum_bytes: DEFAULT_INLINE_MAXIMUM_BYTES,
         },

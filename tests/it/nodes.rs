@@ -29,7 +29,8 @@ fn required() -> bool {
 }
 
 /// A file the writes servers of several nodes append their effects to,
-/// reachable by the unprivileged user stdio servers run as under root.
+/// reachable by the unprivileged user stdio servers run as under root;
+/// beside it their gate ([`Gate`]), open.
 fn effects_file() -> (tempfile::TempDir, PathBuf) {
     use std::os::unix::fs::PermissionsExt as _;
     let folder = tempfile::tempdir().unwrap();
@@ -37,7 +38,27 @@ fn effects_file() -> (tempfile::TempDir, PathBuf) {
     let effects = folder.path().join("effects");
     std::fs::write(&effects, "").unwrap();
     std::fs::set_permissions(&effects, std::fs::Permissions::from_mode(0o666)).unwrap();
+    Gate::of(&effects).open();
     (folder, effects)
+}
+
+/// The scripted servers' gate beside an effects file: while it is shut, a
+/// `write` waits before its effect and a `sleep` before its answer, so a
+/// test holds a call open until the moment it tests has happened.
+struct Gate(PathBuf);
+
+impl Gate {
+    fn of(effects: &Path) -> Gate {
+        Gate(effects.with_extension("gate"))
+    }
+
+    fn shut(&self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+
+    fn open(&self) {
+        std::fs::write(&self.0, "").unwrap();
+    }
 }
 
 /// A free loopback port.
@@ -112,14 +133,24 @@ fn node_with(
                     &format!("url = \"{url}\""),
                 )
                 .replace(
+                    "env = { SCRIPTED_CATALOG = \"basic\" }\nside_effect",
+                    &format!(
+                        "env = {{ SCRIPTED_CATALOG = \"basic\", SCRIPTED_GATE = \"{}\" }}\nside_effect",
+                        Gate::of(Path::new(&effects)).0.display()
+                    ),
+                )
+                .replace(
                     &format!(
                         "SCRIPTED_EFFECTS = \"{}\"",
                         root.join("writes.effects").display()
                     ),
                     &format!(
-                        "SCRIPTED_EFFECTS = \"{effects}\", SCRIPTED_WRITE_DELAY_MS = \"{write_delay_ms}\""
+                        "SCRIPTED_EFFECTS = \"{effects}\", SCRIPTED_WRITE_DELAY_MS = \"{write_delay_ms}\", \
+                         SCRIPTED_GATE = \"{}\"",
+                        Gate::of(Path::new(&effects)).0.display()
                     ),
                 );
+            assert_eq!(config.matches("SCRIPTED_GATE").count(), 2, "{config}");
             format!("{config}\n{extra}")
         },
         env,
@@ -450,10 +481,10 @@ async fn a_copied_node_folder_is_refused_while_its_original_lives() {
 
 /// A node paused past its lease: another node takes its call (uncertain,
 /// since its effect may have been sent), the paused node's answer is the
-/// row's truth, and once it runs again it serves nothing more: its lease is
-/// lost, and it drains and stops.
+/// row's truth, and once it runs again it serves again as a new worker of
+/// its node, without a restart; its old worker can write nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_node_answers_truly_and_stops_serving() {
+async fn a_paused_node_answers_truly_and_serves_again_as_a_new_worker() {
     let Some(schema) = PgSchema::create().await else {
         eprintln!("DATABASE_URL unset: the node tests run on PostgreSQL only");
         return;
@@ -465,6 +496,9 @@ async fn a_paused_node_answers_truly_and_stops_serving() {
     let session = a.session();
     let run_id = Uuid::new_v4();
     let script = "paused node script";
+    // The write's effect is held until the node is paused.
+    let gate = Gate::of(&effects);
+    gate.shut();
     let (status, turn) = a.post(
         "/v1/turns",
         &json!({"session_id": session, "run_id": run_id, "step_number": 1,
@@ -494,8 +528,12 @@ async fn a_paused_node_answers_truly_and_stops_serving() {
     })
     .await
     .expect("the write is under way");
+    let (before, _, _) = newest_worker(&schema, a.folder.path())
+        .await
+        .expect("a's worker");
     let pid = nix::unistd::Pid::from_raw(a.pid().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    gate.open();
     let taken = row_where(&store, run_id, Duration::from_secs(20), |row| {
         row.status().is_terminal()
     })
@@ -508,22 +546,30 @@ async fn a_paused_node_answers_truly_and_stops_serving() {
     assert_eq!(answer["status"], "uncertain", "the row's truth: {answer}");
     let written = std::fs::read_to_string(&effects).unwrap_or_default();
     assert_eq!(written.lines().count(), 1, "the effect once: {written}");
-    // The paused node stops by itself, with a failing status.
-    let child = a.child.as_mut().unwrap();
-    let started = Instant::now();
-    let exited = loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            break Some(status);
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let exited = exited.expect("the node that lost its lease stops");
-    assert!(!exited.success());
-    a.child = None;
-    assert!(a.logs.lock().unwrap().contains("lease lost"));
+    // The paused node serves again, as a new worker of its node, in the
+    // same process.
+    let served = eventually(Duration::from_secs(30), || async {
+        let (_, answer) = a.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user",
+                "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "again"}}]}),
+        );
+        (answer["results"][0]["outcome"]["status"] == "succeeded").then_some(answer)
+    })
+    .await;
+    assert!(served.is_some(), "{}", a.logs.lock().unwrap());
+    assert!(
+        a.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the same process serves"
+    );
+    let (after, _, released) = newest_worker(&schema, a.folder.path())
+        .await
+        .expect("a's worker");
+    assert_ne!(after, before, "a new incarnation holds the node");
+    assert!(!released);
+    let logs = a.logs.lock().unwrap().clone();
+    assert!(logs.contains("serves again as a new worker"), "{logs}");
     drop(b);
 }
 
@@ -778,7 +824,10 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
     );
     let session = a.session();
 
-    // A non-idempotent write: its effect lands while the database is down.
+    // A non-idempotent write: its effect lands while the database is down
+    // (held at the gate until it is).
+    let gate = Gate::of(&effects);
+    gate.shut();
     let run_id = Uuid::new_v4();
     let write = call_in_background(
         &a,
@@ -793,6 +842,7 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
     .await
     .expect("the write is under way");
     postgres.kill();
+    gate.open();
     let (status, answer) = write.join().unwrap();
     assert_eq!(status, 200, "{answer}");
     assert_eq!(
@@ -821,6 +871,8 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
     );
 
     // A read: "ask again", and asked again it is the result the node kept.
+    // It answers only once the database is down.
+    gate.shut();
     let run_id = Uuid::new_v4();
     let read = call_in_background(
         &a,
@@ -835,6 +887,7 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
     .await
     .expect("the read is under way");
     postgres.kill();
+    gate.open();
     let (status, answer) = read.join().unwrap();
     assert_eq!(status, 200, "{answer}");
     let outcome = &answer["results"][0]["outcome"];
@@ -864,7 +917,7 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
 /// A node that cannot renew its lease (its database gone) stops claiming and
 /// says it is not ready before the lease can run out on the store, so no
 /// other node takes a call it still serves; with the database back it
-/// either renews in time and serves again, or has stopped for good.
+/// serves again (renewed in time, or as a new worker), never restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_cannot_renew_stops_serving_before_its_lease_ends() {
     let Some(postgres) = OwnPostgres::start() else {
@@ -919,29 +972,26 @@ async fn a_node_that_cannot_renew_stops_serving_before_its_lease_ends() {
     );
     assert_eq!(answer["results"][0]["outcome"]["retryable"], true);
     postgres.up();
-    // Renewed in time (ready again), or the lease ran out first and the
-    // node stopped; never ready without a live lease.
-    let settled = eventually(Duration::from_secs(60), || async {
-        match get_tcp(ops, "/readyz") {
-            (200, _) => Some("renewed"),
-            (0, _) => Some("stopped"),
-            _ => None,
-        }
+    eventually(Duration::from_secs(30), || async {
+        (get_tcp(ops, "/readyz").0 == 200).then_some(())
     })
     .await
-    .expect("the node renews its lease or stops");
-    if settled == "renewed" {
-        let (_, answer) = a.post(
-            "/v1/calls",
-            &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
-                "origin_trust": "user",
-                "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "renewed"}}]}),
-        );
-        assert_eq!(
-            answer["results"][0]["outcome"]["status"], "succeeded",
-            "{answer}"
-        );
-    }
+    .expect("ready again once the store answers");
+    let (_, answer) = a.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+            "origin_trust": "user",
+            "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "renewed"}}]}),
+    );
+    assert_eq!(
+        answer["results"][0]["outcome"]["status"], "succeeded",
+        "{answer}"
+    );
+    let mut a = a;
+    assert!(
+        a.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the same process serves"
+    );
 }
 
 /// Ready means ready: not before the warm-up's first round (or its bound),
@@ -1007,4 +1057,228 @@ async fn readiness_waits_for_the_warm_up_within_its_bound() {
         "{events}"
     );
     assert!(!events.contains("mcp.server.connected"), "{events}");
+}
+
+/// What one call of a load was answered: the line it wrote, and its
+/// outcome's status (or what refused it).
+#[derive(Debug)]
+struct Answered {
+    line: String,
+    status: String,
+}
+
+/// A script on a turn held open throughout and a front-door client on a
+/// session of its own, each writing a line of its own per call until `stop`.
+fn load(
+    node: usize,
+    served: &Served,
+    front: crate::front::Client,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Vec<Answered>>> {
+    use std::sync::atomic::Ordering;
+    let session = served.session();
+    let (mut socket, mut token) = open_turn(served, session, Uuid::new_v4(), "outage script");
+    let control = served.socket.clone();
+    let script = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut answers = Vec::new();
+            let (mut written, mut in_turn) = (0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                if in_turn == 50 {
+                    // The next turn, before this one's call cap (64).
+                    let (status, turn) = crate::serve::post_json(
+                        &control,
+                        "/v1/turns",
+                        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                                "script_sha256": sha256("outage script"), "origin_trust": "user"}),
+                    );
+                    if status != 200 {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                    socket = PathBuf::from(turn["socket_path"].as_str().unwrap());
+                    token = turn["token"].as_str().unwrap().to_owned();
+                    in_turn = 0;
+                }
+                let line = format!("node{node}-script-{written}");
+                let body = json!({"call": "mcp.writes.write", "arguments": {"line": line}});
+                let (status, _, answer) = script_call(&socket, &token, &body);
+                // As a script does: the call asked again while its answer
+                // says to (its ordinal was given back: the same call).
+                if !(status == 200 && answer["retryable"] == true) {
+                    written += 1;
+                    in_turn += 1;
+                }
+                let status = match answer["status"].as_str() {
+                    Some(outcome) if status == 200 => {
+                        format!("script {outcome} {}", answer["reason_code"])
+                    }
+                    _ => format!("http {status} {}", answer["error"]["code"]),
+                };
+                answers.push(Answered { line, status });
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            answers
+        })
+    };
+    let mcp_session = front.open(crate::front::KEY_A);
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let line = format!("node{node}-front-{}", answers.len());
+                let answer = front.rpc(
+                    Some(crate::front::KEY_A),
+                    Some(&mcp_session),
+                    &json!({"jsonrpc": "2.0", "id": answers.len(), "method": "tools/call",
+                            "params": {"name": "mcp-writes-write", "arguments": {"line": line}}}),
+                );
+                let last = answer.last();
+                let status = match last["result"]["_meta"]["toolgate/status"].as_str() {
+                    Some(outcome) => format!(
+                        "front {outcome} {}",
+                        last["result"]["structuredContent"]["reason_code"]
+                    ),
+                    None => format!("front http {} rpc {}", answer.status, last["error"]["code"]),
+                };
+                answers.push(Answered { line, status });
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            answers
+        })
+    };
+    vec![script, client]
+}
+
+/// Whether `served` serves a call now.
+fn serves(served: &Served) -> bool {
+    let (_, answer) = served.post(
+        "/v1/calls",
+        &json!({"session_id": served.session(), "run_id": Uuid::new_v4(), "step_number": 1,
+            "origin_trust": "user",
+            "calls": [{"call_id": "c1", "name": "demo.echo", "arguments": {"text": "probe"}}]}),
+    );
+    answer["results"][0]["outcome"]["status"] == "succeeded"
+}
+
+/// The store stopped under load of scripts and front-door clients on
+/// `count` nodes, for less than, about and several times the lease: no
+/// node exits or is restarted, every answer is true, no effect happens
+/// twice, and every node serves again within seconds of the store's return.
+async fn a_store_outage_of_any_length_is_survived(count: usize) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(postgres) = OwnPostgres::start() else {
+        eprintln!("no PostgreSQL server binaries: the outage test is skipped");
+        return;
+    };
+    let setup = PostgresStore::connect(&postgres.url()).await.unwrap();
+    setup.migrate().await.unwrap();
+    let (_folder, effects) = effects_file();
+    let lease = Duration::from_secs(3);
+    let mut nodes: Vec<(Served, crate::front::Client)> = (0..count)
+        .map(|_| {
+            let port = free_port();
+            let served = node(
+                &postgres.url(),
+                &effects,
+                0,
+                &format!("{FAST_NODE}\n{}", crate::front::front_table(port, "")),
+                &[],
+            );
+            let door = crate::front::Door::wait(served, port);
+            let client = *door;
+            (door.served, client)
+        })
+        .collect();
+    let pids: Vec<Option<u32>> = nodes.iter().map(|(served, _)| served.pid()).collect();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(index, (served, front))| load(index, served, *front, &stop))
+        .collect();
+    let mut figures = Vec::new();
+    for outage in [lease / 3, lease, lease * 3] {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        postgres.kill();
+        tokio::time::sleep(outage).await;
+        postgres.up();
+        let back = Instant::now();
+        let mut again = Vec::new();
+        for (served, _) in &nodes {
+            let served_again = eventually(Duration::from_secs(30), || async {
+                serves(served).then_some(back.elapsed())
+            })
+            .await;
+            let Some(elapsed) = served_again else {
+                panic!(
+                    "a node does not serve {:?} after an outage of {outage:?}: {}",
+                    back.elapsed(),
+                    served.logs.lock().unwrap()
+                );
+            };
+            again.push(elapsed);
+        }
+        figures.push((outage, again));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let answers: Vec<Answered> = clients
+        .into_iter()
+        .flat_map(|client| client.join().unwrap())
+        .collect();
+
+    // Nothing exited or was restarted.
+    for ((served, _), pid) in nodes.iter_mut().zip(&pids) {
+        assert_eq!(served.pid(), *pid);
+        assert!(
+            served.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+            "a node exited: {}",
+            served.logs.lock().unwrap()
+        );
+        // Said once per change of state, not once a retry.
+        let logs = served.logs.lock().unwrap();
+        assert!(
+            logs.matches("the lease cannot be renewed").count() <= 3,
+            "{logs}"
+        );
+    }
+    // No effect twice, and every answer true: what succeeded happened once.
+    let written = std::fs::read_to_string(&effects).unwrap();
+    let mut times = std::collections::HashMap::<&str, usize>::new();
+    for line in written.lines() {
+        *times.entry(line).or_default() += 1;
+    }
+    let twice: Vec<_> = times.iter().filter(|(_, count)| **count > 1).collect();
+    assert!(twice.is_empty(), "effects applied twice: {twice:?}");
+    let mut by_status = std::collections::BTreeMap::<&str, usize>::new();
+    for answered in &answers {
+        *by_status.entry(answered.status.as_str()).or_default() += 1;
+        let applied = times.get(answered.line.as_str()).copied().unwrap_or(0);
+        if answered.status.contains(" succeeded ") {
+            assert_eq!(applied, 1, "{answered:?}");
+        }
+        assert!(
+            !answered.status.contains("turn_closed"),
+            "the turn stays open: {answered:?}"
+        );
+    }
+    assert!(by_status.keys().any(|status| status.contains(" succeeded ")));
+    eprintln!(
+        "outages on {count} node(s) (lease {lease:?}): served again after {figures:?}; \
+         answers {by_status:?}; {} effects, none twice",
+        written.lines().count()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_of_any_length_is_survived_by_one_node() {
+    a_store_outage_of_any_length_is_survived(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_of_any_length_is_survived_by_three_nodes() {
+    a_store_outage_of_any_length_is_survived(3).await;
 }

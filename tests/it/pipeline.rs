@@ -388,8 +388,8 @@ async fn build_harness(
         clock: Arc::new(SystemClock),
         observer: recorder.clone(),
         mcp: None,
-        worker_id,
         lease: Arc::new(Lease::until(
+            worker_id,
             tokio::time::Instant::now() + std::time::Duration::from_secs(3600),
         )),
         settings: PipelineSettings {

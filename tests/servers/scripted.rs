@@ -15,6 +15,9 @@
 //!   counts effects from outside both processes; `SCRIPTED_WRITE_DELAY_MS`
 //!   makes each `write` wait up to that long first, `SCRIPTED_WRITE_AFTER_MS`
 //!   that long after its effect, before it answers.
+//! - `SCRIPTED_GATE`: a file; while it is missing, each `write` (before its
+//!   effect) and each `sleep` (before it answers) waits for it, so a test
+//!   holds a call open across the moment it makes happen.
 //!
 //! - `SCRIPTED_MODERN_ONLY=1`: speaks 2026-07-28 alone (`server/discover`
 //!   and self-contained requests; `initialize` is refused).
@@ -628,6 +631,7 @@ impl ServerHandler for Scripted {
                 let home = std::env::var("HOME").unwrap_or_default();
                 let _ = std::fs::write(format!("{home}/sleeping"), "");
                 tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+                gate().await;
                 json!({"content": [{"type": "text", "text": "slept"}]})
             }
             "change" => {
@@ -669,6 +673,7 @@ impl ServerHandler for Scripted {
                         .unwrap_or(0);
                     tokio::time::sleep(Duration::from_millis(nanos % most)).await;
                 }
+                gate().await;
                 self.call("write", &arguments)?
             }
             name => self.call(name, &arguments)?,
@@ -1011,4 +1016,16 @@ async fn main() {
         std::process::exit(2);
     };
     let _ = service.waiting().await;
+}
+
+/// Waits while `SCRIPTED_GATE` names a file that does not exist (for at
+/// most two minutes, so a test that fails never leaves a server waiting).
+async fn gate() {
+    let Ok(gate) = std::env::var("SCRIPTED_GATE") else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    while !std::path::Path::new(&gate).exists() && started.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

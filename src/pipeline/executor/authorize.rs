@@ -243,7 +243,7 @@ impl Pipeline {
     ) -> Result<CallOutcome, StoreError> {
         let request = intent.request;
         let claim = Claim {
-            worker_id: self.worker_id,
+            worker_id: self.lease.worker_id(),
             now: self.clock.now(),
         };
         // Only a running intent's commit is the tool's; a denial or a row

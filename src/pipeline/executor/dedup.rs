@@ -62,7 +62,7 @@ impl Pipeline {
             }
             Deduplication::TakeOver => {
                 let claim = Claim {
-                    worker_id: self.worker_id,
+                    worker_id: self.lease.worker_id(),
                     now: self.clock.now(),
                 };
                 match self
@@ -125,7 +125,7 @@ impl Pipeline {
             }
             (ApprovalStatus::Approved, _) => {
                 let claim = Claim {
-                    worker_id: self.worker_id,
+                    worker_id: self.lease.worker_id(),
                     now,
                 };
                 let events = [row_event(row, ToolEventKind::Authorized)];

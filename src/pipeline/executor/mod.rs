@@ -48,7 +48,6 @@ pub struct Pipeline {
     clock: Arc<dyn Clock>,
     observer: Arc<dyn StepObserver>,
     mcp: Option<Arc<dyn McpServers>>,
-    worker_id: Uuid,
     lease: Arc<Lease>,
     settler: Settler,
     settings: PipelineSettings,
@@ -80,10 +79,8 @@ pub struct PipelineParts {
     /// The MCP servers recovery prepares, to re-run an MCP call whose tool
     /// no session has registered since the start; `None` without any.
     pub mcp: Option<Arc<dyn McpServers>>,
-    /// This process's worker (registered with a lease).
-    pub worker_id: Uuid,
-    /// That worker's lease as this process sees it: nothing is claimed
-    /// while it is not live.
+    /// This process's worker lease as it sees it: the worker new claims
+    /// are made under, and nothing is claimed while it is not live.
     pub lease: Arc<Lease>,
     /// Settings.
     pub settings: PipelineSettings,
@@ -103,7 +100,6 @@ impl Pipeline {
             clock: parts.clock,
             observer: parts.observer,
             mcp: parts.mcp,
-            worker_id: parts.worker_id,
             lease: parts.lease,
             settler: Settler::new(parts.invocations.clone()),
             settings: parts.settings,
@@ -142,9 +138,9 @@ impl Pipeline {
         self.owners.admits(self.invocations.as_ref(), &opener).await
     }
 
-    /// This pipeline's worker.
+    /// The worker this pipeline claims new rows under now.
     pub fn worker_id(&self) -> Uuid {
-        self.worker_id
+        self.lease.worker_id()
     }
 
     /// One step of a run's recorded calls, what a replayed turn compares

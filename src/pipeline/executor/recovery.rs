@@ -107,7 +107,7 @@ impl Pipeline {
                 break;
             }
             let claim = Claim {
-                worker_id: self.worker_id,
+                worker_id: self.lease.worker_id(),
                 now: self.clock.now(),
             };
             let rows = self.invocations.claim_expired(claim, bounds.batch).await?;

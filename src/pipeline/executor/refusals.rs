@@ -245,7 +245,7 @@ impl Pipeline {
         ended.reason_code = Some(code);
         let events = [intent.event(ToolEventKind::Proposed), ended];
         let claim = Claim {
-            worker_id: self.worker_id,
+            worker_id: self.lease.worker_id(),
             now: self.clock.now(),
         };
         self.invocations
