@@ -137,10 +137,7 @@ async fn run(job: Job) -> Result<Value, String> {
         clock,
         observer,
         mcp: None,
-        lease: Arc::new(Lease::until(
-            worker_id,
-            tokio::time::Instant::now() + LEASE,
-        )),
+        lease: Arc::new(Lease::until(worker_id, tokio::time::Instant::now() + LEASE)),
         settings: PipelineSettings {
             inline_maximum_bytes: DEFAULT_INLINE_MAXIMUM_BYTES,
         },

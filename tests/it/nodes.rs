@@ -1265,7 +1265,11 @@ async fn a_store_outage_of_any_length_is_survived(count: usize) {
             "the turn stays open: {answered:?}"
         );
     }
-    assert!(by_status.keys().any(|status| status.contains(" succeeded ")));
+    assert!(
+        by_status
+            .keys()
+            .any(|status| status.contains(" succeeded "))
+    );
     eprintln!(
         "outages on {count} node(s) (lease {lease:?}): served again after {figures:?}; \
          answers {by_status:?}; {} effects, none twice",

@@ -247,8 +247,6 @@ pub async fn harness_over(
     build_harness(store, Some(invocations), policy, None, None).await
 }
 
-/// A harness whose pipeline claims under `worker` (registered by the
-/// caller), or under a worker of its own.
 /// Registers a worker on a node of its own, its lease `lease` long.
 pub async fn register_worker(store: &dyn Store, lease: std::time::Duration) -> Uuid {
     let worker_id = Uuid::new_v4();
@@ -264,12 +262,30 @@ pub async fn register_worker(store: &dyn Store, lease: std::time::Duration) -> U
     worker_id
 }
 
+/// A harness whose pipeline claims under `worker` (registered by the
+/// caller), or under a worker of its own.
 pub async fn harness_for(
     store: Arc<dyn Store>,
     policy: Arc<dyn PolicyEngine>,
     worker: Option<Uuid>,
 ) -> Harness {
-    build_harness(store, None, policy, worker, None).await
+    let lease = worker.map(|worker_id| {
+        Arc::new(Lease::until(
+            worker_id,
+            tokio::time::Instant::now() + std::time::Duration::from_secs(3600),
+        ))
+    });
+    build_harness(store, None, policy, lease, None).await
+}
+
+/// A harness whose pipeline claims under `lease` as a worker keeps it (the
+/// node's incarnation of the moment).
+pub async fn harness_leased(
+    store: Arc<dyn Store>,
+    policy: Arc<dyn PolicyEngine>,
+    lease: Arc<Lease>,
+) -> Harness {
+    build_harness(store, None, policy, Some(lease), None).await
 }
 
 /// A harness whose artifact store is rooted at `artifacts` (one the test
@@ -286,7 +302,7 @@ async fn build_harness(
     store: Arc<dyn Store>,
     invocations: Option<Arc<dyn InvocationStore>>,
     policy: Arc<dyn PolicyEngine>,
-    worker: Option<Uuid>,
+    lease: Option<Arc<Lease>>,
     artifacts: Option<PathBuf>,
 ) -> Harness {
     let folder = tempfile::tempdir().unwrap();
@@ -368,9 +384,12 @@ async fn build_harness(
         )
         .expect("tools register"),
     );
-    let worker_id = match worker {
-        Some(worker_id) => worker_id,
-        None => register_worker(store.as_ref(), std::time::Duration::from_secs(3600)).await,
+    let lease = match lease {
+        Some(lease) => lease,
+        None => Arc::new(Lease::until(
+            register_worker(store.as_ref(), std::time::Duration::from_secs(3600)).await,
+            tokio::time::Instant::now() + std::time::Duration::from_secs(3600),
+        )),
     };
     let recorder = Arc::new(Recorder::default());
     let artifacts =
@@ -388,10 +407,7 @@ async fn build_harness(
         clock: Arc::new(SystemClock),
         observer: recorder.clone(),
         mcp: None,
-        lease: Arc::new(Lease::until(
-            worker_id,
-            tokio::time::Instant::now() + std::time::Duration::from_secs(3600),
-        )),
+        lease,
         settings: PipelineSettings {
             inline_maximum_bytes: 4096,
         },
@@ -1656,6 +1672,97 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
             !b.heartbeat().await.unwrap(),
             "{name}: a released worker's lease is gone"
         );
+    }
+}
+
+/// A worker whose lease ended (a store outage, a pause) is not revived: its
+/// node registers a new worker, which the pipeline claims under from then
+/// on, the old one's rows recover under the new one, and the old one can no
+/// longer start an effect. On both stores.
+#[tokio::test]
+async fn a_lease_that_ended_is_taken_again_by_a_new_incarnation() {
+    use toolgate::pipeline::{NodePlace, Worker, WorkerSettings};
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let place = NodePlace {
+            node: format!("node-{}", Uuid::new_v4()),
+            host: "test".into(),
+        };
+        let settings = WorkerSettings {
+            lease: std::time::Duration::from_millis(300),
+            heartbeat: std::time::Duration::from_millis(100),
+            ..WorkerSettings::default()
+        };
+        let clock: Arc<dyn toolgate::ports::Clock> = Arc::new(SystemClock);
+        let worker = Worker::register(store.clone(), clock, &place, settings)
+            .await
+            .unwrap();
+        let harness = harness_leased(store.clone(), allow_all(), worker.lease()).await;
+        let first = worker.id();
+        assert_eq!(harness.pipeline.worker_id(), first);
+        // A call the first incarnation claimed and never started.
+        let request = harness.request("demo.external_write", json!({"line": "kept"}));
+        let row = leave_running(&harness, store.as_ref(), &request, first).await;
+        // Nothing renews the lease until it has ended, as in an outage.
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        assert!(!worker.lease().is_live(), "{name}");
+        assert!(!worker.heartbeat().await.unwrap(), "{name}: not revived");
+        worker.incarnate_again().await.unwrap();
+        let second = worker.id();
+        assert_ne!(second, first, "{name}");
+        assert!(worker.lease().is_live(), "{name}");
+        assert!(!worker.lease().lost().is_cancelled(), "{name}");
+        assert_eq!(harness.pipeline.worker_id(), second, "{name}");
+        let old = store.worker(first).await.unwrap().unwrap();
+        assert!(old.released_at.is_some(), "{name}: the old worker released");
+        // The old claim is fenced: it cannot start its effect.
+        let fence = toolgate::ports::Fence {
+            worker_id: first,
+            lease_epoch: row.lease_epoch,
+        };
+        assert!(
+            !store
+                .mark_effect_sent(
+                    TENANT,
+                    row.id,
+                    fence,
+                    Utc::now(),
+                    toolgate::domain::Durability::Flushed
+                )
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        // Recovery under the new incarnation settles it: it ran once.
+        let report = harness
+            .pipeline
+            .recover(toolgate::pipeline::SweepBounds {
+                batch: 10,
+                rounds: 1,
+                time: std::time::Duration::from_secs(10),
+            })
+            .await
+            .unwrap();
+        assert_eq!(report.taken, 1, "{name}");
+        let settled = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        assert_eq!(settled.status(), InvocationStatus::Succeeded, "{name}");
+        assert_eq!(
+            settled.ended().and_then(|ended| ended.worker),
+            Some(second),
+            "{name}"
+        );
+        assert_eq!(harness.lines("external.log"), vec!["kept"], "{name}");
+        // A call now is claimed by the new incarnation.
+        let outcome = harness
+            .pipeline
+            .call(harness.request("demo.echo", json!({"text": "again"})))
+            .await;
+        assert_eq!(
+            finished(&outcome).outcome.status(),
+            ToolOutcomeStatus::Succeeded,
+            "{name}"
+        );
+        worker.release().await.unwrap();
     }
 }
 
