@@ -487,7 +487,7 @@ pub(super) async fn open_store(
     config: &Config,
     options: &ServeOptions,
 ) -> Result<Arc<dyn crate::ports::Store>, AppError> {
-    let store = store::connect(&config.store.url).await?;
+    let store = store::connect_with(&config.store.url, config.store.connections).await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
         if !options.migrate {

@@ -165,12 +165,25 @@ impl BridgeConfig {
     }
 }
 
+/// PostgreSQL connections a node holds by default.
+pub const DEFAULT_STORE_CONNECTIONS: u32 = 8;
+
 /// The durable store.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// `sqlite://path` (one node) or `postgres://…` (shared by nodes).
     pub url: String,
+    /// On PostgreSQL, the connections this node holds at most: one renews
+    /// its lease, half the rest carry the pipeline's commits, the others
+    /// everything else. Calls beyond them queue in arrival order, a tenant
+    /// within three quarters of each set.
+    #[serde(default = "default_store_connections")]
+    pub connections: u32,
+}
+
+fn default_store_connections() -> u32 {
+    DEFAULT_STORE_CONNECTIONS
 }
 
 impl StoreConfig {
@@ -186,6 +199,12 @@ impl StoreConfig {
             problems.push(
                 "store.url",
                 "must start with sqlite:, postgres:// or postgresql://",
+            );
+        }
+        if self.connections < 3 {
+            problems.push(
+                "store.connections",
+                "must be at least 3 (the lease's own, one for calls, one for the rest)",
             );
         }
     }

@@ -142,7 +142,7 @@ impl CatalogStore for PostgresStore {
 /// server; earlier names it lacks get `withdrawn_at`. Nothing is updated in
 /// place otherwise.
 async fn write_generation(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut super::Scoped,
     tenant_id: &str,
     generation: &CatalogGeneration,
     now: DateTime<Utc>,
@@ -217,7 +217,7 @@ pub const KEPT_GENERATIONS: i64 = 32;
 /// [`KEPT_GENERATIONS`] that no UNCERTAIN or unended call ran: a catalog
 /// that churns keeps a bounded history.
 async fn prune_history(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut super::Scoped,
     tenant_id: &str,
     server_id: &str,
 ) -> Result<(), StoreError> {
@@ -243,7 +243,7 @@ async fn prune_history(
 /// tenant wrote is never replaced by an operator server's (one the operator
 /// later gave the same id): the tenant's stays as it wrote it.
 async fn upsert_server(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut super::Scoped,
     tenant_id: &str,
     server: &McpServerRow,
     tenant_configured: bool,

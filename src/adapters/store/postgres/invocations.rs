@@ -190,7 +190,7 @@ impl InvocationStore for PostgresStore {
         durability: Durability,
     ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
-            let mut lease = self.hot.lease().await?;
+            let mut lease = self.hot.lease_for(tenant_id).await?;
             let (kinds, bodies) = event_arrays(events)?;
             let result = sqlx::query(
                 "SELECT * FROM toolgate_claim($1, $2, $3, $4, $5, $6, $7), \
@@ -224,7 +224,7 @@ impl InvocationStore for PostgresStore {
         durability: Durability,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut lease = self.hot.lease().await?;
+            let mut lease = self.hot.lease_for(tenant_id).await?;
             let result = sqlx::query_scalar(
                 "SELECT toolgate_mark_effect_sent($1, $2, $3, $4, $5), \
                  set_config('synchronous_commit', COALESCE($6, current_setting('synchronous_commit')), true)",
@@ -251,7 +251,7 @@ impl InvocationStore for PostgresStore {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut lease = self.hot.lease().await?;
+            let mut lease = self.hot.lease_for(tenant_id).await?;
             let (kinds, bodies) = event_arrays(events)?;
             let artifact = terminal.artifact.as_ref();
             let produced: Vec<serde_json::Value> = terminal
@@ -561,7 +561,7 @@ impl InvocationStore for PostgresStore {
         arguments_hash: &'a str,
     ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
         Box::pin(async move {
-            let mut lease = self.hot.lease().await?;
+            let mut lease = self.hot.lease_for(tenant_id).await?;
             let result = sqlx::query(
                 "SELECT t_status, t_code, t_count, t_base, t_synthesis FROM toolgate_tally($1, $2, $3, $4)",
             )
@@ -803,7 +803,7 @@ impl PostgresStore {
         claim: Claim,
         events: &[ToolEvent],
     ) -> Result<Option<InvocationRecord>, StoreError> {
-        let mut lease = self.hot.lease().await?;
+        let mut lease = self.hot.lease_for(&new.tenant_id).await?;
         let principal =
             serde_json::to_value(&new.principal).map_err(|e| StoreError::Decode(e.to_string()))?;
         let (kinds, bodies) = event_arrays(events)?;

@@ -8,9 +8,8 @@ use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{PgPool, Postgres, Row};
 use uuid::Uuid;
 
 use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
@@ -24,16 +23,8 @@ use crate::ports::{
     SkillWritten, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
     WorkerRegistration, WorkerStore,
 };
-
-/// Hot-path connections per node: the pipeline's commits are one short
-/// statement each, so a few suffice.
-const MAXIMUM_CONNECTIONS: u32 = 16;
-/// Pooled connections per node for everything else (migrations, reads,
-/// approvals, recovery sweeps).
-const MAXIMUM_POOLED_CONNECTIONS: u32 = 8;
-/// The heartbeat's own connection: a lease is never renewed behind calls,
-/// reads or a sweep waiting for a connection.
-const LEASE_CONNECTIONS: usize = 1;
+pub use connections::DEFAULT_CONNECTIONS;
+use connections::{HotConnections, Scoped, Split, TenantShares};
 
 /// Serializes concurrent `toolgate migrate` runs across nodes.
 const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
@@ -80,96 +71,29 @@ enum Scope<'a> {
     System,
 }
 
-/// The hot path's connections. sqlx's pool pings every connection it takes
-/// back, one more round trip per statement; the pipeline's one-statement
-/// commits use this set instead. A connection goes back only when its
-/// statement completed (or the server answered it with an error, which
-/// leaves the protocol in step); one dropped mid-statement, as a cancelled
-/// call drops it, is closed rather than reused in an unknown state.
-struct HotConnections {
-    options: PgConnectOptions,
-    idle: std::sync::Mutex<Vec<PgConnection>>,
-    permits: tokio::sync::Semaphore,
-}
-
-/// One connection of the set, held for one statement.
-struct Lease<'a> {
-    set: &'a HotConnections,
-    connection: Option<PgConnection>,
-    _permit: tokio::sync::SemaphorePermit<'a>,
-    reusable: bool,
-}
-
-impl HotConnections {
-    async fn lease(&self) -> Result<Lease<'_>, StoreError> {
-        let permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| StoreError::Unavailable("the connection set is closed".into()))?;
-        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
-        let connection = match idle {
-            Some(connection) => connection,
-            None => PgConnection::connect_with(&self.options)
-                .await
-                .map_err(database_error)?,
-        };
-        Ok(Lease {
-            set: self,
-            connection: Some(connection),
-            _permit: permit,
-            reusable: false,
-        })
-    }
-}
-
-impl Lease<'_> {
-    fn connection(&mut self) -> Result<&mut PgConnection, StoreError> {
-        self.connection
-            .as_mut()
-            .ok_or_else(|| StoreError::Unavailable("the connection was already returned".into()))
-    }
-
-    /// Marks the connection reusable when the statement ended in a known
-    /// protocol state, and passes the result on.
-    fn settle<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, StoreError> {
-        self.reusable = result.is_ok()
-            || matches!(&result, Err(error @ sqlx::Error::Database(_)) if !connection_lost(error));
-        if let Err(error) = &result
-            && connection_lost(error)
-            && let Ok(mut idle) = self.set.idle.lock()
-        {
-            // The server went away: the idle connections went with it, and
-            // the next statements open fresh ones rather than each find one.
-            idle.clear();
-        }
-        result.map_err(database_error)
-    }
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        if self.reusable
-            && let (Some(connection), Ok(mut idle)) = (self.connection.take(), self.set.idle.lock())
-        {
-            idle.push(connection);
-        }
-    }
-}
-
 /// The PostgreSQL store.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
     hot: Arc<HotConnections>,
     lease: Arc<HotConnections>,
+    /// Each tenant's share of the pool, as the hot set keeps its own.
+    pooled: Arc<TenantShares>,
+    pool_size: u32,
 }
 
 impl PostgresStore {
-    /// Connects; does not migrate.
+    /// Connects with the default number of connections; does not migrate.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        PostgresStore::connect_with(url, DEFAULT_CONNECTIONS).await
+    }
+
+    /// Connects holding at most `connections` to the server (at least
+    /// [`MINIMUM_CONNECTIONS`]); does not migrate.
+    pub async fn connect_with(url: &str, connections: u32) -> Result<Self, StoreError> {
+        let split = Split::of(connections);
         let pool = PgPoolOptions::new()
-            .max_connections(MAXIMUM_POOLED_CONNECTIONS)
+            .max_connections(split.pooled)
             // No ping before each use: it would add a round trip to every
             // commit, and a broken connection fails its query cleanly anyway.
             .test_before_acquire(false)
@@ -177,17 +101,12 @@ impl PostgresStore {
             .await
             .map_err(database_error)?;
         let options = PgConnectOptions::from_str(url).map_err(database_error)?;
-        let set = |options: PgConnectOptions, permits: usize| {
-            Arc::new(HotConnections {
-                options,
-                idle: std::sync::Mutex::new(Vec::new()),
-                permits: tokio::sync::Semaphore::new(permits),
-            })
-        };
         Ok(PostgresStore {
             pool,
-            hot: set(options.clone(), MAXIMUM_CONNECTIONS as usize),
-            lease: set(options, LEASE_CONNECTIONS),
+            hot: Arc::new(HotConnections::new(options.clone(), split.hot as usize)),
+            lease: Arc::new(HotConnections::new(options, 1)),
+            pooled: Arc::new(TenantShares::of(split.pooled as usize)),
+            pool_size: split.pooled,
         })
     }
 
@@ -195,10 +114,15 @@ impl PostgresStore {
     /// bound parameter, never text spliced into SQL. A pooled connection the
     /// server ended (a restart ends them all) fails here, before anything
     /// of the caller's ran, and is dropped; another is tried.
-    async fn begin(&self, scope: Scope<'_>) -> Result<Transaction<'static, Postgres>, StoreError> {
+    async fn begin(&self, scope: Scope<'_>) -> Result<Scoped, StoreError> {
         let (tenant, system) = match scope {
             Scope::Tenant(tenant) => (tenant, ""),
             Scope::System => ("", "system"),
+        };
+        // A tenant waits for its share before it waits for a connection.
+        let share = match scope {
+            Scope::Tenant(tenant) => Some(self.pooled.take(tenant).await?),
+            Scope::System => None,
         };
         let mut attempt = 0;
         loop {
@@ -215,8 +139,8 @@ impl PostgresStore {
             }
             .await;
             match begun {
-                Ok(tx) => return Ok(tx),
-                Err(error) if connection_lost(&error) && attempt < MAXIMUM_POOLED_CONNECTIONS => {
+                Ok(tx) => return Ok(Scoped::new(tx, share)),
+                Err(error) if connection_lost(&error) && attempt < self.pool_size => {
                     attempt += 1;
                 }
                 Err(error) => return Err(database_error(error)),
@@ -355,7 +279,7 @@ fn event_arrays(
 }
 
 async fn append_events(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Scoped,
     tenant_id: &str,
     events: &[ToolEvent],
     now: DateTime<Utc>,
@@ -385,6 +309,7 @@ async fn append_events(
 
 mod approvals;
 mod catalog;
+mod connections;
 mod events;
 mod invocations;
 mod operator;
@@ -458,7 +383,7 @@ impl Schema for PostgresStore {
 }
 
 async fn insert_platform_event(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut Scoped,
     tenant_id: Option<&str>,
     event: &PlatformEvent,
     now: DateTime<Utc>,
