@@ -426,6 +426,7 @@ fn console(config: &Config, shared: &Shared) -> Result<Arc<Console>, AppError> {
         reviews: shared.store.clone(),
         operator: shared.store.clone(),
         operators,
+        sign_ins: shared.store.clone(),
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.console.connections),
         clock: shared.clock.clone(),

@@ -1,26 +1,26 @@
 //! Who is signed in: operators' tokens checked against their hashes in
-//! constant time, sessions held in memory by the hash of their cookie, a
+//! constant time, sign-ins kept in the store by the hash of their cookie, a
 //! CSRF token per session, and the same-origin check on every POST.
 //!
-//! Sessions live on the node that signed the operator in: behind a load
-//! balancer the console needs sticky sessions, and a restart signs
-//! everyone out (the token is all it takes to sign in again).
+//! A sign-in is the store's, not a node's: it survives a restart and works
+//! on every node behind a load balancer. The store holds only the cookie's
+//! hash, and the CSRF token is derived from the cookie, so nothing in the
+//! store can be presented by a browser.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::HeaderMap;
 use hyper::header::{COOKIE, HOST, ORIGIN};
-use tokio::time::Instant;
 
 use crate::domain::sha256_hex;
 use crate::edge::constant_time_eq;
+use crate::ports::{Clock, ConsoleSignIn, ConsoleSignInStore, StoreError};
 
 /// The cookie's name.
 pub(super) const COOKIE_NAME: &str = "toolgate_console";
-/// Sessions held at once; past it the oldest is signed out, so signing in
-/// in a loop cannot grow memory.
+/// Sign-ins kept at once; past it the one ending soonest is signed out, so
+/// signing in in a loop cannot grow the store.
 const MAXIMUM_SESSIONS: usize = 1024;
 
 /// An operator who may sign in: a name and the sha256 of their token.
@@ -39,15 +39,14 @@ pub(super) struct Session {
     pub(super) operator: String,
     /// What each of its forms carries.
     pub(super) csrf: String,
-    expires: Instant,
 }
 
-/// The operators and their sessions.
+/// The operators and their sign-ins.
 pub(super) struct Sessions {
     operators: Vec<Operator>,
     lifetime: Duration,
-    /// By the sha256 of the cookie's value: the memory holds no cookie.
-    held: Mutex<HashMap<String, Session>>,
+    sign_ins: Arc<dyn ConsoleSignInStore>,
+    clock: Arc<dyn Clock>,
 }
 
 /// 244 random bits, hex: two v4 UUIDs, which come from the operating
@@ -61,78 +60,67 @@ fn random_token() -> String {
 }
 
 impl Sessions {
-    pub(super) fn new(operators: Vec<Operator>, lifetime: Duration) -> Self {
+    pub(super) fn new(
+        operators: Vec<Operator>,
+        lifetime: Duration,
+        sign_ins: Arc<dyn ConsoleSignInStore>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Sessions {
             operators,
             lifetime,
-            held: Mutex::new(HashMap::new()),
+            sign_ins,
+            clock,
         }
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
-        self.held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The operator whose token this is. Every operator's hash is compared,
-    /// each in constant time, so the time taken says nothing of which
-    /// matched.
+    /// The operator whose token this is.
     pub(super) fn operator(&self, token: &str) -> Option<String> {
-        let presented = sha256_hex(token.as_bytes());
-        let mut found = None;
-        for operator in &self.operators {
-            if constant_time_eq(presented.as_bytes(), operator.sha256.as_bytes()) {
-                found = Some(operator.name.clone());
-            }
-        }
-        found
+        operator_of(&self.operators, token)
     }
 
-    /// A new session for `operator`: the cookie's value.
-    pub(super) fn open(&self, operator: String) -> String {
+    /// A new sign-in for `operator`: the cookie's value.
+    pub(super) async fn open(&self, operator: String) -> Result<String, StoreError> {
         let cookie = random_token();
-        let now = Instant::now();
-        let mut held = self.held();
-        held.retain(|_, session| session.expires > now);
-        if held.len() >= MAXIMUM_SESSIONS
-            && let Some(oldest) = held
-                .iter()
-                .min_by_key(|(_, session)| session.expires)
-                .map(|(key, _)| key.clone())
-        {
-            held.remove(&oldest);
-        }
-        held.insert(
-            sha256_hex(cookie.as_bytes()),
-            Session {
-                operator,
-                csrf: random_token(),
-                expires: now + self.lifetime,
-            },
-        );
-        cookie
+        let now = self.clock.now();
+        let lifetime = chrono::Duration::from_std(self.lifetime).unwrap_or(chrono::Duration::MAX);
+        let sign_in = ConsoleSignIn {
+            cookie_sha256: sha256_hex(cookie.as_bytes()),
+            operator,
+            signed_in_at: now,
+            expires_at: now.checked_add_signed(lifetime).unwrap_or(now),
+        };
+        self.sign_ins.sign_in(&sign_in, MAXIMUM_SESSIONS).await?;
+        Ok(cookie)
     }
 
-    /// The live session the request's cookie names.
-    pub(super) fn session(&self, headers: &HeaderMap) -> Option<Session> {
-        let cookie = cookie(headers)?;
-        let key = sha256_hex(cookie.as_bytes());
-        let mut held = self.held();
-        match held.get(&key) {
-            Some(session) if session.expires > Instant::now() => Some(session.clone()),
-            Some(_) => {
-                held.remove(&key);
-                None
-            }
-            None => None,
-        }
+    /// The live session the request's cookie names. An operator no longer
+    /// configured is signed in no more.
+    pub(super) async fn session(&self, headers: &HeaderMap) -> Result<Option<Session>, StoreError> {
+        let Some(cookie) = cookie(headers) else {
+            return Ok(None);
+        };
+        let found = self
+            .sign_ins
+            .signed_in(&sha256_hex(cookie.as_bytes()), self.clock.now())
+            .await?;
+        Ok(found
+            .filter(|sign_in| {
+                self.operators
+                    .iter()
+                    .any(|operator| operator.name == sign_in.operator)
+            })
+            .map(|sign_in| Session {
+                operator: sign_in.operator,
+                csrf: csrf_of(cookie),
+            }))
     }
 
-    /// Ends the session the request's cookie names.
-    pub(super) fn close(&self, headers: &HeaderMap) {
-        if let Some(cookie) = cookie(headers) {
-            self.held().remove(&sha256_hex(cookie.as_bytes()));
+    /// Ends the sign-in the request's cookie names.
+    pub(super) async fn close(&self, headers: &HeaderMap) -> Result<(), StoreError> {
+        match cookie(headers) {
+            Some(cookie) => self.sign_ins.sign_out(&sha256_hex(cookie.as_bytes())).await,
+            None => Ok(()),
         }
     }
 
@@ -140,6 +128,25 @@ impl Sessions {
     pub(super) fn lifetime(&self) -> Duration {
         self.lifetime
     }
+}
+
+/// The operator whose token this is. Every operator's hash is compared,
+/// each in constant time, so the time taken says nothing of which matched.
+fn operator_of(operators: &[Operator], token: &str) -> Option<String> {
+    let presented = sha256_hex(token.as_bytes());
+    let mut found = None;
+    for operator in operators {
+        if constant_time_eq(presented.as_bytes(), operator.sha256.as_bytes()) {
+            found = Some(operator.name.clone());
+        }
+    }
+    found
+}
+
+/// A session's CSRF token: derived from its cookie, which another site can
+/// neither read nor guess, and never the key the store holds.
+fn csrf_of(cookie: &str) -> String {
+    sha256_hex(format!("toolgate console csrf\n{cookie}").as_bytes())
 }
 
 /// The console cookie's value, if the request carries it.
@@ -195,14 +202,11 @@ mod tests {
     use super::*;
     use hyper::header::HeaderValue;
 
-    fn sessions() -> Sessions {
-        Sessions::new(
-            vec![Operator {
-                name: "ana".into(),
-                sha256: sha256_hex(b"right"),
-            }],
-            Duration::from_secs(60),
-        )
+    fn operators() -> Vec<Operator> {
+        vec![Operator {
+            name: "ana".into(),
+            sha256: sha256_hex(b"right"),
+        }]
     }
 
     fn with(pairs: &[(&'static str, &str)]) -> HeaderMap {
@@ -215,38 +219,30 @@ mod tests {
 
     #[test]
     fn only_a_configured_token_names_an_operator() {
-        let sessions = sessions();
-        assert_eq!(sessions.operator("right").as_deref(), Some("ana"));
-        assert_eq!(sessions.operator("wrong"), None);
-        assert_eq!(sessions.operator(""), None);
+        let operators = operators();
+        assert_eq!(operator_of(&operators, "right").as_deref(), Some("ana"));
+        assert_eq!(operator_of(&operators, "wrong"), None);
+        assert_eq!(operator_of(&operators, ""), None);
     }
 
     #[test]
-    fn a_session_is_found_by_its_cookie_and_ends_when_closed() {
-        let sessions = sessions();
-        let cookie = sessions.open("ana".into());
-        let headers = with(&[("cookie", &format!("a=b; {COOKIE_NAME}={cookie}"))]);
-        let session = sessions.session(&headers).unwrap();
-        assert_eq!(session.operator, "ana");
-        assert!(csrf_matches(&session, Some(&session.csrf.clone())));
+    fn the_csrf_token_is_the_cookies_own_and_checked_whole() {
+        let session = Session {
+            operator: "ana".into(),
+            csrf: csrf_of("cookie-one"),
+        };
+        assert_ne!(csrf_of("cookie-one"), csrf_of("cookie-two"));
+        assert_ne!(csrf_of("cookie-one"), sha256_hex(b"cookie-one"));
+        assert!(csrf_matches(&session, Some(&csrf_of("cookie-one"))));
+        assert!(!csrf_matches(&session, Some(&csrf_of("cookie-two"))));
         assert!(!csrf_matches(&session, Some("forged")));
         assert!(!csrf_matches(&session, None));
-        sessions.close(&headers);
-        assert!(sessions.session(&headers).is_none());
-        assert!(
-            sessions
-                .session(&with(&[("cookie", "toolgate_console=guess")]))
-                .is_none()
+        let headers = with(&[("cookie", &format!("a=b; {COOKIE_NAME}=value"))]);
+        assert_eq!(cookie(&headers), Some("value"));
+        assert_eq!(
+            cookie(&with(&[("cookie", &format!("{COOKIE_NAME}="))])),
+            None
         );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_session_ends_with_its_lifetime() {
-        let sessions = sessions();
-        let cookie = sessions.open("ana".into());
-        let headers = with(&[("cookie", &format!("{COOKIE_NAME}={cookie}"))]);
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert!(sessions.session(&headers).is_none());
     }
 
     #[test]

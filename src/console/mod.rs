@@ -29,7 +29,7 @@ pub use html::{CONTENT_SECURITY_POLICY, escape};
 
 use crate::edge::{BodyError, ConnectionCap, EdgeLimits, InFlight, Reply, serve_connection};
 use crate::pipeline::approvals::Approvals;
-use crate::ports::{Clock, OperatorStore, ReviewStore, StoreError};
+use crate::ports::{Clock, ConsoleSignInStore, OperatorStore, ReviewStore, StoreError};
 
 /// The pause after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -55,6 +55,8 @@ pub struct ConsoleParts {
     pub operator: Arc<dyn OperatorStore>,
     /// Who may sign in.
     pub operators: Vec<Operator>,
+    /// Where sign-ins are kept, for every node.
+    pub sign_ins: Arc<dyn ConsoleSignInStore>,
     /// Requests in flight on every edge, for the drain.
     pub in_flight: Arc<InFlight>,
     /// Connections held at once.
@@ -190,8 +192,12 @@ fn decode(component: &str) -> Option<String> {
 impl Console {
     /// The console over its parts.
     pub fn new(parts: ConsoleParts) -> Arc<Self> {
-        let sessions =
-            auth::Sessions::new(parts.operators.clone(), parts.settings.session_lifetime);
+        let sessions = auth::Sessions::new(
+            parts.operators.clone(),
+            parts.settings.session_lifetime,
+            parts.sign_ins.clone(),
+            parts.clock.clone(),
+        );
         Arc::new(Console { parts, sessions })
     }
 
@@ -266,7 +272,11 @@ impl Console {
             }
             _ => {}
         }
-        let Some(session) = self.sessions.session(request.headers()) else {
+        let session = match self.sessions.session(request.headers()).await {
+            Ok(session) => session,
+            Err(error) => return ConsoleError::Store(error).reply(),
+        };
+        let Some(session) = session else {
             // An approval's page, where a client sends its user, is where
             // signing in leads back to.
             return match (&method, segments.as_slice()) {
@@ -340,7 +350,7 @@ impl Console {
             return Err(ConsoleError::Forged);
         }
         if segments == ["sign-out"] {
-            self.sessions.close(&headers);
+            self.sessions.close(&headers).await?;
             return Ok(self.with_cookie(html::see_other("/sign-in"), "", 0));
         }
         if self.parts.in_flight.draining() {
@@ -370,7 +380,7 @@ impl Console {
             ));
         };
         tracing::info!(operator = %operator, "console sign-in");
-        let cookie = self.sessions.open(operator);
+        let cookie = self.sessions.open(operator).await?;
         let lifetime = self.sessions.lifetime().as_secs();
         // Only a path of this console, never another site.
         let next = form

@@ -23,11 +23,11 @@ pub use policy::PolicyEngine;
 pub use store::{
     ApprovalItem, ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BreakerTally,
     CatalogEntry, CatalogGeneration, CatalogGenerationItem, CatalogRow, CatalogStore, Claim,
-    ConnectionOutcome, Cursor, Ended, EventRecord, EventStore, Fence, Held, InsertOutcome,
-    InvalidCursor, InvocationRecord, InvocationState, InvocationStore, InvocationStory,
-    McpServerRow, NewInvocation, OperatorFilter, OperatorStore, Page, PageRequest, PlatformEvent,
-    PreparationRecord, QueueDepths, Registration, Renewal, ReviewItem, ReviewRecord, ReviewStore,
-    RunOwner, Schema, ServerItem, SessionRecord, SessionStore, SkillStore, SkillWrite,
+    ConnectionOutcome, ConsoleSignIn, ConsoleSignInStore, Cursor, Ended, EventRecord, EventStore,
+    Fence, Held, InsertOutcome, InvalidCursor, InvocationRecord, InvocationState, InvocationStore,
+    InvocationStory, McpServerRow, NewInvocation, OperatorFilter, OperatorStore, Page, PageRequest,
+    PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewItem, ReviewRecord,
+    ReviewStore, RunOwner, Schema, ServerItem, SessionRecord, SessionStore, SkillStore, SkillWrite,
     SkillWritten, Store, StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent,
     ToolHealth, TurnRecord, TurnStore, WorkerLease, WorkerRegistration, WorkerStore,
 };

@@ -895,3 +895,101 @@ fn a_held_calls_client_is_sent_to_its_approval_page_and_its_retry_runs_it_once()
     );
     assert_eq!(console.served.external_writes(), 1, "run once");
 }
+
+/// Waits until something listens on 127.0.0.1:`port`.
+fn wait_listening(port: u16) {
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Signs in with `token` over plain HTTP: the cookie header to present.
+fn signed_in(port: u16, token: &str) -> String {
+    let (status, head, _) = exchange(
+        port,
+        "POST",
+        "/sign-in",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        format!("token={token}").as_bytes(),
+    );
+    assert_eq!(status, 303, "{head}");
+    let value = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("set-cookie")
+                .then(|| value.trim().split(';').next().unwrap_or("").to_owned())
+        })
+        .expect("a cookie");
+    assert!(value.starts_with("toolgate_console="), "{value}");
+    value
+}
+
+/// A page with `cookie`: (status, body).
+fn page(port: u16, cookie: &str, path: &str) -> (u16, String) {
+    let (status, _, body) = exchange(port, "GET", path, &[("Cookie", cookie)], b"");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A sign-in is the store's, not a node's: it outlives a restart of the
+/// node that made it, opens pages on another node of the same database, and
+/// signing out on one node ends it on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sign_in_survives_a_restart_and_works_on_every_node() {
+    let mut console = Console::start();
+    wait_listening(console.port);
+    let cookie = signed_in(console.port, &console.token);
+    let (status, body) = page(console.port, &cookie, "/review");
+    assert_eq!(status, 200, "{body}");
+    console.served.restart();
+    wait_listening(console.port);
+    let (status, body) = page(console.port, &cookie, "/review");
+    assert_eq!(status, 200, "signed in after a restart: {body}");
+
+    let Some(schema) = crate::store::PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the two-node part runs on PostgreSQL only");
+        return;
+    };
+    let token = format!("tgo_{}", Uuid::new_v4().simple());
+    let node = |port: u16| {
+        let table = format!(
+            "\n[console]\nlisten = \"127.0.0.1:{port}\"\n\
+             operators = [{{ name = \"ana\", sha256 = \"{}\" }}]\n",
+            sha256(&token)
+        );
+        Served::start_edited_on(Some(&schema.url), move |_, config| {
+            format!("{config}\n{table}")
+        })
+    };
+    let (port_a, port_b) = (free_port(), free_port());
+    let (_a, _b) = (node(port_a), node(port_b));
+    wait_listening(port_a);
+    wait_listening(port_b);
+    let cookie = signed_in(port_a, &token);
+    let (status, body) = page(port_b, &cookie, "/review");
+    assert_eq!(status, 200, "signed in on the other node: {body}");
+    let csrf = body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the page's CSRF token")
+        .to_owned();
+    let (status, head, _) = exchange(
+        port_b,
+        "POST",
+        "/sign-out",
+        &[
+            ("Cookie", &cookie),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        format!("csrf={csrf}").as_bytes(),
+    );
+    assert_eq!(status, 303, "{head}");
+    let (status, _) = page(port_a, &cookie, "/review");
+    assert_eq!(status, 303, "signed out on every node");
+}

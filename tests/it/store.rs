@@ -2899,3 +2899,43 @@ async fn operator_lists_show_servers_generations_and_sessions() {
         assert_eq!(sessions, vec![session], "{name}");
     }
 }
+
+/// A console sign-in is the store's: found by its cookie's hash until it
+/// expires, ended by signing out, and bounded in number (the ones ending
+/// soonest go first). On both stores.
+#[tokio::test]
+async fn console_sign_ins_are_kept_until_they_expire_and_bounded() {
+    use toolgate::ports::{ConsoleSignIn, ConsoleSignInStore as _};
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        // Whole milliseconds: what both stores keep exactly.
+        let now = DateTime::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap();
+        let sign_in = |key: &str, minutes: i64| ConsoleSignIn {
+            cookie_sha256: key.to_owned(),
+            operator: "ana".into(),
+            signed_in_at: now,
+            expires_at: now + chrono::Duration::minutes(minutes),
+        };
+        store.sign_in(&sign_in("one", 60), 3).await.unwrap();
+        let found = store.signed_in("one", now).await.unwrap();
+        assert_eq!(found, Some(sign_in("one", 60)), "{name}");
+        assert_eq!(store.signed_in("other", now).await.unwrap(), None, "{name}");
+        // Past its expiry it is not found.
+        let later = now + chrono::Duration::minutes(61);
+        assert_eq!(store.signed_in("one", later).await.unwrap(), None, "{name}");
+        // Three at most: a fourth signs out the one ending soonest.
+        store.sign_in(&sign_in("two", 30), 3).await.unwrap();
+        store.sign_in(&sign_in("three", 90), 3).await.unwrap();
+        store.sign_in(&sign_in("four", 120), 3).await.unwrap();
+        assert_eq!(store.signed_in("two", now).await.unwrap(), None, "{name}");
+        for kept in ["one", "three", "four"] {
+            assert!(
+                store.signed_in(kept, now).await.unwrap().is_some(),
+                "{name}: {kept}"
+            );
+        }
+        store.sign_out("three").await.unwrap();
+        assert_eq!(store.signed_in("three", now).await.unwrap(), None, "{name}");
+        store.sign_out("never").await.unwrap();
+    }
+}

@@ -146,6 +146,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "runs and whose they are",
         sql: include_str!("../../../migrations/postgres/0022_run_owners.sql"),
     },
+    Migration {
+        version: 23,
+        description: "operators' console sign-ins",
+        sql: include_str!("../../../migrations/postgres/0023_console_sign_ins.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -254,6 +259,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 22,
         description: "runs and whose they are",
         sql: include_str!("../../../migrations/sqlite/0022_run_owners.sql"),
+    },
+    Migration {
+        version: 23,
+        description: "operators' console sign-ins",
+        sql: include_str!("../../../migrations/sqlite/0023_console_sign_ins.sql"),
     },
 ];
 

@@ -41,7 +41,7 @@ pub use operator::{
     InvocationStory, MAXIMUM_PAGE, OperatorFilter, OperatorStore, Page, PageRequest, ReviewItem,
     ServerItem, ToolHealth, TurnRecord, TurnStore,
 };
-pub use sessions::{SessionRecord, SessionStore};
+pub use sessions::{ConsoleSignIn, ConsoleSignInStore, SessionRecord, SessionStore};
 pub use skills::{AuthoredSkill, SkillStore, SkillWrite, SkillWritten};
 pub use workers::{Registration, Renewal, WorkerLease, WorkerRegistration, WorkerStore};
 
@@ -120,6 +120,7 @@ pub trait Store:
     + ReviewStore
     + ApprovalStore
     + SessionStore
+    + ConsoleSignInStore
     + SkillStore
     + CatalogStore
     + EventStore
@@ -135,6 +136,7 @@ impl<T> Store for T where
         + ReviewStore
         + ApprovalStore
         + SessionStore
+        + ConsoleSignInStore
         + SkillStore
         + CatalogStore
         + EventStore

@@ -1,4 +1,5 @@
-//! Sessions as recorded, so any node can pin a session's tool set again.
+//! Sessions as recorded, so any node can pin a session's tool set again;
+//! operators' console sign-ins, so any node knows who is signed in.
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -59,4 +60,38 @@ pub trait SessionStore: Send + Sync {
 
     /// Deletes the sessions last used before `before`; how many.
     fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>>;
+}
+
+/// An operator's console sign-in, kept by the sha256 of its cookie: the
+/// store holds nothing a browser could present.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleSignIn {
+    /// Lowercase hex sha256 of the cookie's value.
+    pub cookie_sha256: String,
+    /// Who signed in.
+    pub operator: String,
+    pub signed_in_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The `console_sign_ins` table.
+pub trait ConsoleSignInStore: Send + Sync {
+    /// Records a sign-in. Those expired by its time are deleted; past
+    /// `maximum` held, the ones ending soonest are too, so signing in in a
+    /// loop cannot grow the table.
+    fn sign_in<'a>(
+        &'a self,
+        sign_in: &'a ConsoleSignIn,
+        maximum: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The sign-in of that cookie, if it has not expired by `now`.
+    fn signed_in<'a>(
+        &'a self,
+        cookie_sha256: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ConsoleSignIn>, StoreError>>;
+
+    /// Ends the sign-in of that cookie.
+    fn sign_out<'a>(&'a self, cookie_sha256: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 }

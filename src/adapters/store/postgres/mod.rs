@@ -16,12 +16,12 @@ use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_option
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
-    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore,
-    Fence, Held, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
-    PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
-    ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
-    SkillWritten, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
-    WorkerRegistration, WorkerStore,
+    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, ConsoleSignIn,
+    ConsoleSignInStore, EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord,
+    InvocationStore, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths,
+    Registration, Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord,
+    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, StoredArtifact, TerminalRecord,
+    ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use connections::DEFAULT_CONNECTIONS;
 use connections::{HotConnections, Scoped, Split, TenantShares};

@@ -120,3 +120,79 @@ impl SessionStore for PostgresStore {
         })
     }
 }
+
+impl ConsoleSignInStore for PostgresStore {
+    fn sign_in<'a>(
+        &'a self,
+        sign_in: &'a ConsoleSignIn,
+        maximum: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let keep = i64::try_from(maximum.saturating_sub(1)).unwrap_or(i64::MAX);
+            let mut tx = self.begin(Scope::System).await?;
+            sqlx::query(
+                "DELETE FROM console_sign_ins WHERE expires_at <= $1 OR cookie_sha256 IN (\
+                 SELECT cookie_sha256 FROM console_sign_ins WHERE expires_at > $1 \
+                 ORDER BY expires_at DESC OFFSET $2)",
+            )
+            .bind(sign_in.signed_in_at)
+            .bind(keep)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            sqlx::query(
+                "INSERT INTO console_sign_ins (cookie_sha256, operator, signed_in_at, expires_at) \
+                 VALUES ($1, $2, $3, $4)",
+            )
+            .bind(&sign_in.cookie_sha256)
+            .bind(&sign_in.operator)
+            .bind(sign_in.signed_in_at)
+            .bind(sign_in.expires_at)
+            .execute(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)
+        })
+    }
+
+    fn signed_in<'a>(
+        &'a self,
+        cookie_sha256: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ConsoleSignIn>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            let row = sqlx::query(
+                "SELECT cookie_sha256, operator, signed_in_at, expires_at FROM console_sign_ins \
+                 WHERE cookie_sha256 = $1 AND expires_at > $2",
+            )
+            .bind(cookie_sha256)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            row.map(|row| {
+                Ok(ConsoleSignIn {
+                    cookie_sha256: get(&row, "cookie_sha256")?,
+                    operator: get(&row, "operator")?,
+                    signed_in_at: get(&row, "signed_in_at")?,
+                    expires_at: get(&row, "expires_at")?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    fn sign_out<'a>(&'a self, cookie_sha256: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
+            sqlx::query("DELETE FROM console_sign_ins WHERE cookie_sha256 = $1")
+                .bind(cookie_sha256)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)
+        })
+    }
+}

@@ -28,12 +28,12 @@ use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
-    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, EventRecord, EventStore,
-    Fence, Held, InsertOutcome, InvocationRecord, InvocationStore, McpServerRow, NewInvocation,
-    PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewRecord,
-    ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
-    SkillWritten, StoreError, StoredArtifact, TerminalRecord, ToolEvent, WorkerLease,
-    WorkerRegistration, WorkerStore,
+    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, ConsoleSignIn,
+    ConsoleSignInStore, EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord,
+    InvocationStore, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths,
+    Registration, Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord,
+    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, StoredArtifact, TerminalRecord,
+    ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more

@@ -1,6 +1,7 @@
 //! SqliteStore: Recorded sessions.
 
 use super::*;
+use crate::adapters::store::rows::Columns as _;
 
 impl SessionStore for SqliteStore {
     fn open_session<'a>(
@@ -102,6 +103,80 @@ impl SessionStore for SqliteStore {
                     .bind(micros(before))
                     .execute(connection)?;
                 Ok(u64::try_from(deleted).unwrap_or(u64::MAX))
+            })
+            .await
+        })
+    }
+}
+
+impl ConsoleSignInStore for SqliteStore {
+    fn sign_in<'a>(
+        &'a self,
+        sign_in: &'a ConsoleSignIn,
+        maximum: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let sign_in = sign_in.clone();
+        let keep = i64::try_from(maximum.saturating_sub(1)).unwrap_or(i64::MAX);
+        Box::pin(async move {
+            self.flushed(move |connection| {
+                query(
+                    "DELETE FROM console_sign_ins WHERE expires_at <= $1 OR cookie_sha256 IN (\
+                     SELECT cookie_sha256 FROM console_sign_ins WHERE expires_at > $1 \
+                     ORDER BY expires_at DESC LIMIT -1 OFFSET $2)",
+                )
+                .bind(micros(sign_in.signed_in_at))
+                .bind(keep)
+                .execute(connection)?;
+                query(
+                    "INSERT INTO console_sign_ins (cookie_sha256, operator, signed_in_at, expires_at) \
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(&sign_in.cookie_sha256)
+                .bind(&sign_in.operator)
+                .bind(micros(sign_in.signed_in_at))
+                .bind(micros(sign_in.expires_at))
+                .execute(connection)?;
+                Ok(())
+            })
+            .await
+        })
+    }
+
+    fn signed_in<'a>(
+        &'a self,
+        cookie_sha256: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ConsoleSignIn>, StoreError>> {
+        Box::pin(async move {
+            self.read(|connection| {
+                query(
+                    "SELECT cookie_sha256, operator, signed_in_at, expires_at FROM console_sign_ins \
+                     WHERE cookie_sha256 = $1 AND expires_at > $2",
+                )
+                .bind(cookie_sha256)
+                .bind(micros(now))
+                .fetch_optional(connection)?
+                .map(|row| {
+                    Ok(ConsoleSignIn {
+                        cookie_sha256: row.text("cookie_sha256")?,
+                        operator: row.text("operator")?,
+                        signed_in_at: row.time("signed_in_at")?,
+                        expires_at: row.time("expires_at")?,
+                    })
+                })
+                .transpose()
+            })
+        })
+    }
+
+    fn sign_out<'a>(&'a self, cookie_sha256: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        let cookie_sha256 = cookie_sha256.to_owned();
+        Box::pin(async move {
+            self.flushed(move |connection| {
+                query("DELETE FROM console_sign_ins WHERE cookie_sha256 = $1")
+                    .bind(cookie_sha256)
+                    .execute(connection)?;
+                Ok(())
             })
             .await
         })
