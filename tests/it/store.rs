@@ -2905,7 +2905,7 @@ async fn operator_lists_show_servers_generations_and_sessions() {
 /// soonest go first). On both stores.
 #[tokio::test]
 async fn console_sign_ins_are_kept_until_they_expire_and_bounded() {
-    use toolgate::ports::{ConsoleSignIn, ConsoleSignInStore as _};
+    use toolgate::ports::ConsoleSignIn;
     let backends = backends().await;
     for (name, store) in &backends.stores {
         // Whole milliseconds: what both stores keep exactly.
