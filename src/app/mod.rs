@@ -192,7 +192,14 @@ pub async fn migrate(
     environment: &BTreeMap<String, String>,
 ) -> Result<Vec<i64>, AppError> {
     let config = Config::load(path, environment)?;
-    let store = store::connect_with(&config.store.url, config.store.connections).await?;
+    let store = store::connect_with(
+        &config.store.url,
+        store::PostgresSettings {
+            connections: config.store.connections,
+            transaction_pooling: config.store.transaction_pooling,
+        },
+    )
+    .await?;
     Ok(store.migrate().await?)
 }
 
@@ -498,7 +505,14 @@ pub async fn discover(
     environment: &BTreeMap<String, String>,
 ) -> Result<Vec<ServerReport>, AppError> {
     let config = Config::load(path, environment)?;
-    let store = store::connect_with(&config.store.url, config.store.connections).await?;
+    let store = store::connect_with(
+        &config.store.url,
+        store::PostgresSettings {
+            connections: config.store.connections,
+            transaction_pooling: config.store.transaction_pooling,
+        },
+    )
+    .await?;
     children_reach_state(&config)?;
     let servers = mcp_servers(
         &config,

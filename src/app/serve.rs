@@ -488,7 +488,14 @@ pub(super) async fn open_store(
     config: &Config,
     options: &ServeOptions,
 ) -> Result<Arc<dyn crate::ports::Store>, AppError> {
-    let store = store::connect_with(&config.store.url, config.store.connections).await?;
+    let store = store::connect_with(
+        &config.store.url,
+        store::PostgresSettings {
+            connections: config.store.connections,
+            transaction_pooling: config.store.transaction_pooling,
+        },
+    )
+    .await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
         if !options.migrate {

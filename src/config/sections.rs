@@ -180,6 +180,12 @@ pub struct StoreConfig {
     /// within three quarters of each set.
     #[serde(default = "default_store_connections")]
     pub connections: u32,
+    /// On PostgreSQL, whether the server is reached through a pooler that
+    /// shares connections per transaction (PgBouncer's `pool_mode =
+    /// transaction`): statements are then prepared unnamed, each within a
+    /// transaction.
+    #[serde(default)]
+    pub transaction_pooling: bool,
 }
 
 fn default_store_connections() -> u32 {

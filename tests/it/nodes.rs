@@ -1286,3 +1286,219 @@ async fn a_store_outage_of_any_length_is_survived_by_one_node() {
 async fn a_store_outage_of_any_length_is_survived_by_three_nodes() {
     a_store_outage_of_any_length_is_survived(3).await;
 }
+
+/// Debian's PgBouncer in front of the shared PostgreSQL, run as its
+/// `postgres` user: database `transaction` pools per transaction, database
+/// `session` per session, both onto a database of the test's own, with two
+/// servers each so a client's statements hop between them.
+struct PgBouncer {
+    folder: tempfile::TempDir,
+    port: u16,
+    child: std::process::Child,
+    database: String,
+    admin_url: String,
+}
+
+impl PgBouncer {
+    fn start() -> Option<PgBouncer> {
+        let binary = Path::new("/usr/sbin/pgbouncer");
+        if !binary.exists() {
+            assert!(
+                !required(),
+                "pgbouncer is not installed (apt-get install pgbouncer)"
+            );
+            return None;
+        }
+        let Ok(admin_url) = std::env::var("DATABASE_URL") else {
+            assert!(
+                !required(),
+                "DATABASE_URL is unset and this run requires PostgreSQL"
+            );
+            return None;
+        };
+        let database = format!("bouncer_{}", Uuid::new_v4().simple());
+        let created = Command::new("psql")
+            .args([
+                admin_url.as_str(),
+                "-q",
+                "-c",
+                &format!("CREATE DATABASE {database}"),
+            ])
+            .output()
+            .expect("psql runs");
+        assert!(created.status.success(), "{created:?}");
+        let (host, server_port) = {
+            let rest = admin_url.split('@').nth(1).expect("a host in DATABASE_URL");
+            let address = rest.split('/').next().unwrap_or(rest);
+            let (host, port) = address.split_once(':').unwrap_or((address, "5432"));
+            (host.to_owned(), port.to_owned())
+        };
+        let folder = tempfile::tempdir().unwrap();
+        let (uid, gid) = postgres_user();
+        std::os::unix::fs::chown(folder.path(), Some(uid), Some(gid)).unwrap();
+        let port = free_port();
+        let at = |name: &str| folder.path().join(name).display().to_string();
+        let target = format!("host={host} port={server_port} dbname={database} user=postgres");
+        std::fs::write(
+            at("pgbouncer.ini"),
+            format!(
+                "[databases]\ntransaction = {target} pool_mode=transaction\n\
+                 session = {target} pool_mode=session\n\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+                 auth_type = trust\nauth_file = {users}\ndefault_pool_size = 2\n\
+                 max_client_conn = 200\nlogfile = {log}\npidfile = {pid}\n",
+                users = at("users.txt"),
+                log = at("pgbouncer.log"),
+                pid = at("pgbouncer.pid"),
+            ),
+        )
+        .unwrap();
+        std::fs::write(at("users.txt"), "\"postgres\" \"\"\n").unwrap();
+        for name in ["pgbouncer.ini", "users.txt"] {
+            std::os::unix::fs::chown(folder.path().join(name), Some(uid), Some(gid)).unwrap();
+        }
+        let child = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(binary)
+            .arg(at("pgbouncer.ini"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("pgbouncer starts");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "pgbouncer listens"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(PgBouncer {
+            folder,
+            port,
+            child,
+            database,
+            admin_url,
+        })
+    }
+
+    fn url(&self, mode: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{mode}", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("psql")
+            .args([
+                self.admin_url.as_str(),
+                "-q",
+                "-c",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.database),
+            ])
+            .output();
+    }
+}
+
+/// toolgate behind PgBouncer. Pooling per transaction, undeclared, is
+/// refused at start with what to change; declared
+/// (`store.transaction_pooling`), a node migrates and serves calls and
+/// scripts from several clients at once, its statements hopping between
+/// two servers, every answer whole and every effect once. Pooling per
+/// session needs nothing declared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toolgate_works_behind_pgbouncer() {
+    let Some(bouncer) = PgBouncer::start() else {
+        eprintln!("no pgbouncer or PostgreSQL: the pooler test is skipped");
+        return;
+    };
+    let refused = PostgresStore::connect(&bouncer.url("transaction")).await;
+    let Err(error) = refused else {
+        panic!("pooling per transaction, undeclared, was accepted");
+    };
+    assert!(
+        error.to_string().contains("store.transaction_pooling"),
+        "{error}"
+    );
+    // Per session: nothing to declare.
+    let session = PostgresStore::connect(&bouncer.url("session"))
+        .await
+        .unwrap();
+    assert!(session.pending_migrations().await.is_ok());
+    drop(session);
+
+    let (_folder, effects) = effects_file();
+    let url = bouncer.url("transaction");
+    let served = Served::start_edited(
+        {
+            let effects = effects.display().to_string();
+            move |root, config| {
+                let config = config
+                    .replace(
+                        "url = \"sqlite://toolgate.db\"",
+                        &format!("url = \"{url}\"\ntransaction_pooling = true"),
+                    )
+                    .replace(
+                        &format!(
+                            "SCRIPTED_EFFECTS = \"{}\"",
+                            root.join("writes.effects").display()
+                        ),
+                        &format!("SCRIPTED_EFFECTS = \"{effects}\""),
+                    );
+                assert!(config.contains("transaction_pooling"), "{config}");
+                config
+            }
+        },
+        &[],
+    );
+    let session = served.session();
+    // Eight clients at once: calls through the control API and a script.
+    let clients: Vec<_> = (0..8)
+        .map(|client| {
+            let control = served.socket.clone();
+            std::thread::spawn(move || {
+                let mut answers = Vec::new();
+                for call in 0..10 {
+                    let line = format!("client{client}-{call}");
+                    let (status, answer) = crate::serve::post_json(
+                        &control,
+                        "/v1/calls",
+                        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                            "origin_trust": "user",
+                            "calls": [{"call_id": "c1", "name": "mcp.writes.write", "arguments": {"line": line}},
+                                      {"call_id": "c2", "name": "demo.echo", "arguments": {"text": line}}]}),
+                    );
+                    answers.push((line, status, answer));
+                }
+                answers
+            })
+        })
+        .collect();
+    let (socket, token) = open_turn(&served, session, Uuid::new_v4(), "bouncer script");
+    for call in 0..10 {
+        let line = format!("script-{call}");
+        let (status, _, answer) = script_call(
+            &socket,
+            &token,
+            &json!({"call": "mcp.writes.write", "arguments": {"line": line}}),
+        );
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["status"], "succeeded", "{answer}");
+    }
+    let mut lines = 10;
+    for client in clients {
+        for (line, status, answer) in client.join().unwrap() {
+            assert_eq!(status, 200, "{line}: {answer}");
+            for result in answer["results"].as_array().unwrap() {
+                assert_eq!(result["outcome"]["status"], "succeeded", "{line}: {answer}");
+            }
+            lines += 1;
+        }
+    }
+    let written = std::fs::read_to_string(&effects).unwrap();
+    assert_eq!(written.lines().count(), lines, "every effect once");
+    let unique: std::collections::BTreeSet<&str> = written.lines().collect();
+    assert_eq!(unique.len(), lines);
+}

@@ -18,7 +18,7 @@ mod postgres;
 mod rows;
 mod sqlite;
 
-pub use postgres::{DEFAULT_CONNECTIONS, PostgresStore};
+pub use postgres::{DEFAULT_CONNECTIONS, PostgresSettings, PostgresStore};
 pub use sqlite::SqliteStore;
 
 /// One embedded migration.
@@ -270,18 +270,16 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
 /// Opens the store a URL names: `postgres://…`/`postgresql://…` or
 /// `sqlite://path` (created if missing).
 pub async fn connect(url: &str) -> Result<Arc<dyn crate::ports::Store>, StoreError> {
-    connect_with(url, DEFAULT_CONNECTIONS).await
+    connect_with(url, PostgresSettings::default()).await
 }
 
-/// [`connect`], holding at most `connections` to PostgreSQL.
+/// [`connect`], with `settings` for PostgreSQL.
 pub async fn connect_with(
     url: &str,
-    connections: u32,
+    settings: PostgresSettings,
 ) -> Result<Arc<dyn crate::ports::Store>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(
-            PostgresStore::connect_with(url, connections).await?,
-        ))
+        Ok(Arc::new(PostgresStore::connect_with(url, settings).await?))
     } else if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::connect(url).await?))
     } else {

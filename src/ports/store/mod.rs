@@ -60,6 +60,10 @@ pub enum StoreError {
     /// The schema is behind this build.
     #[error("{0} migration(s) pending; run `toolgate migrate`")]
     MigrationsPending(usize),
+    /// The store is set up in a way toolgate cannot work with; the message
+    /// says what to change.
+    #[error("the store cannot be used as it is set up: {0}")]
+    Unsupported(String),
     /// A migration failed or an applied one differs from this build's.
     #[error("migration {version}: {reason}")]
     Migration {

@@ -17,7 +17,7 @@ impl ApprovalStore for PostgresStore {
             ))
             .bind(id)
             .bind(tenant_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -45,7 +45,7 @@ impl ApprovalStore for PostgresStore {
             .bind(status.as_str())
             .bind(approver)
             .bind(now)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             let decided = row.as_ref().map(approval).transpose()?;
@@ -80,7 +80,7 @@ impl ApprovalStore for PostgresStore {
             .bind(tenant_id)
             .bind(hold_ends_at)
             .bind(turn_id)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?
             .rows_affected();

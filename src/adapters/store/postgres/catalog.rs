@@ -39,7 +39,7 @@ impl CatalogStore for PostgresStore {
             )
             .bind(tenant_id)
             .bind(server_id)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -88,7 +88,7 @@ impl CatalogStore for PostgresStore {
             )
             .bind(tenant_id)
             .bind(server_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -109,7 +109,7 @@ impl CatalogStore for PostgresStore {
                  ORDER BY server_id",
             )
             .bind(tenant_id)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -128,7 +128,7 @@ impl CatalogStore for PostgresStore {
                 sqlx::query("DELETE FROM mcp_servers WHERE tenant_id = $1 AND server_id = $2 AND tenant_configured")
                     .bind(tenant_id)
                     .bind(server_id)
-                    .execute(&mut *tx)
+                    .execute(tx.statements())
                     .await
                     .map_err(database_error)?
                     .rows_affected();
@@ -153,7 +153,7 @@ async fn write_generation(
     .bind(tenant_id)
     .bind(&generation.server_id)
     .bind(&generation.catalog_hash)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.statements())
     .await
     .map_err(database_error)?;
     if written.is_some() {
@@ -172,7 +172,7 @@ async fn write_generation(
         .bind(&entry.registry_name)
         .bind(&entry.input_schema)
         .bind(now)
-        .execute(&mut **tx)
+        .execute(tx.statements())
         .await
         .map_err(database_error)?;
     }
@@ -189,7 +189,7 @@ async fn write_generation(
     .bind(tenant_id)
     .bind(&generation.server_id)
     .bind(&generation.catalog_hash)
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.statements())
     .await
     .map_err(database_error)?;
     for (id, remote_name) in earlier {
@@ -199,7 +199,7 @@ async fn write_generation(
             )
             .bind(now)
             .bind(id)
-            .execute(&mut **tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
         }
@@ -233,7 +233,7 @@ async fn prune_history(
     .bind(tenant_id)
     .bind(server_id)
     .bind(KEPT_GENERATIONS)
-    .execute(&mut **tx)
+    .execute(tx.statements())
     .await
     .map_err(database_error)?;
     Ok(())
@@ -282,7 +282,7 @@ async fn upsert_server(
     .bind(server.enabled)
     .bind(now)
     .bind(tenant_configured)
-    .execute(&mut **tx)
+    .execute(tx.statements())
     .await
     .map_err(database_error)?;
     Ok(())

@@ -7,12 +7,26 @@
 //! queues (first come, first served) rather than timing out; a tenant
 //! queues first for its share, at most three quarters of a set, so one
 //! tenant's load always leaves connections for the others.
+//!
+//! Behind a pooler that hands a server to another client between
+//! transactions (PgBouncer's `pool_mode = transaction`), a statement
+//! prepared by name on one server is missing, or another client's, on the
+//! next. There every statement is prepared unnamed and runs inside a
+//! transaction ([`Statements`]), so its parse and its execution meet the
+//! same server. toolgate uses nothing else a session holds: its advisory
+//! locks are the transaction's (`pg_advisory_xact_lock`), its settings are
+//! the transaction's (`set_config(…, true)`), and it neither `LISTEN`s nor
+//! keeps temporary tables or cursors.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection, Postgres, Transaction};
+use futures::future::BoxFuture;
+use futures::stream::{BoxStream, StreamExt as _};
+use sqlx::postgres::{
+    PgArguments, PgConnectOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
+};
+use sqlx::{Connection, Either, Execute, Executor, PgConnection, Postgres, SqlStr, Transaction};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{connection_lost, database_error};
@@ -100,6 +114,7 @@ pub(super) struct HotConnections {
     idle: Mutex<Vec<PgConnection>>,
     permits: Semaphore,
     shares: TenantShares,
+    unnamed: bool,
 }
 
 /// One connection of the set, held for one statement.
@@ -112,12 +127,14 @@ pub(super) struct Lease<'a> {
 }
 
 impl HotConnections {
-    pub fn new(options: PgConnectOptions, size: usize) -> HotConnections {
+    /// `size` connections; `unnamed` behind a pooler per transaction.
+    pub fn new(options: PgConnectOptions, size: usize, unnamed: bool) -> HotConnections {
         HotConnections {
             options,
             idle: Mutex::new(Vec::new()),
             permits: Semaphore::new(size),
             shares: TenantShares::of(size),
+            unnamed,
         }
     }
 
@@ -156,10 +173,19 @@ impl HotConnections {
 }
 
 impl Lease<'_> {
-    pub fn connection(&mut self) -> Result<&mut PgConnection, StoreError> {
-        self.connection
+    /// What the connection's one statement runs on: a transaction of its
+    /// own behind a pooler per transaction.
+    pub fn statements(&mut self) -> Result<Statements<'_>, StoreError> {
+        let unnamed = self.set.unnamed;
+        let connection = self
+            .connection
             .as_mut()
-            .ok_or_else(|| StoreError::Unavailable("the connection was already returned".into()))
+            .ok_or_else(|| StoreError::Unavailable("the connection was already returned".into()))?;
+        Ok(Statements {
+            connection,
+            unnamed,
+            own_transaction: unnamed,
+        })
     }
 
     /// Marks the connection reusable when the statement ended in a known
@@ -194,11 +220,32 @@ impl Drop for Lease<'_> {
 pub(super) struct Scoped {
     tx: Transaction<'static, Postgres>,
     _share: Option<OwnedSemaphorePermit>,
+    unnamed: bool,
 }
 
 impl Scoped {
-    pub fn new(tx: Transaction<'static, Postgres>, share: Option<OwnedSemaphorePermit>) -> Scoped {
-        Scoped { tx, _share: share }
+    pub fn new(tx: Transaction<'static, Postgres>, unnamed: bool) -> Scoped {
+        Scoped {
+            tx,
+            _share: None,
+            unnamed,
+        }
+    }
+
+    /// This transaction, holding its place in a tenant's share until it
+    /// ends.
+    pub fn within(mut self, share: Option<OwnedSemaphorePermit>) -> Scoped {
+        self._share = share;
+        self
+    }
+
+    /// What the transaction's statements run on.
+    pub fn statements(&mut self) -> Statements<'_> {
+        Statements {
+            connection: &mut self.tx,
+            unnamed: self.unnamed,
+            own_transaction: false,
+        }
     }
 
     pub async fn commit(self) -> Result<(), sqlx::Error> {
@@ -206,18 +253,129 @@ impl Scoped {
     }
 }
 
-impl std::ops::Deref for Scoped {
-    type Target = PgConnection;
+/// A connection as the store's statements use it: as it is, or behind a
+/// pooler per transaction with every statement prepared unnamed, inside
+/// a transaction (its own when the caller holds none).
+#[derive(Debug)]
+pub(super) struct Statements<'c> {
+    connection: &'c mut PgConnection,
+    unnamed: bool,
+    own_transaction: bool,
+}
 
-    fn deref(&self) -> &PgConnection {
-        &self.tx
+/// A statement prepared unnamed: no server keeps it past its use.
+struct Unnamed<E>(E);
+
+impl<'q, E: Execute<'q, Postgres>> Execute<'q, Postgres> for Unnamed<E> {
+    fn sql(self) -> SqlStr {
+        self.0.sql()
+    }
+
+    fn statement(&self) -> Option<&PgStatement> {
+        self.0.statement()
+    }
+
+    fn take_arguments(&mut self) -> Result<Option<PgArguments>, sqlx::error::BoxDynError> {
+        self.0.take_arguments()
+    }
+
+    fn persistent(&self) -> bool {
+        false
     }
 }
 
-impl std::ops::DerefMut for Scoped {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.tx
+type Step = Either<PgQueryResult, PgRow>;
+
+impl<'c> Executor<'c> for Statements<'c> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, Result<Step, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        match (self.unnamed, self.own_transaction) {
+            (false, _) => self.connection.fetch_many(query),
+            (true, false) => self.connection.fetch_many(Unnamed(query)),
+            (true, true) => {
+                let connection = self.connection;
+                // The steps are gathered within the transaction, then given.
+                futures::stream::once(async move {
+                    let mut tx = connection.begin().await?;
+                    let steps: Vec<Step> =
+                        futures::TryStreamExt::try_collect((&mut *tx).fetch_many(Unnamed(query)))
+                            .await?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(steps)
+                })
+                .flat_map(|gathered| {
+                    futures::stream::iter(match gathered {
+                        Ok(steps) => steps.into_iter().map(Ok).collect::<Vec<_>>(),
+                        Err(error) => vec![Err(error)],
+                    })
+                })
+                .boxed()
+            }
+        }
     }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        match (self.unnamed, self.own_transaction) {
+            (false, _) => self.connection.fetch_optional(query),
+            (true, false) => self.connection.fetch_optional(Unnamed(query)),
+            (true, true) => {
+                let connection = self.connection;
+                Box::pin(async move {
+                    let mut tx = connection.begin().await?;
+                    let row = (&mut *tx).fetch_optional(Unnamed(query)).await?;
+                    tx.commit().await?;
+                    Ok(row)
+                })
+            }
+        }
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.connection.prepare_with(sql, parameters)
+    }
+}
+
+/// Whether the server behind `options` is shared between client
+/// connections per transaction: two client connections open at once are
+/// served by one backend, which neither PostgreSQL nor a pooler per
+/// session does. (Simple queries: nothing is prepared to find this out.)
+pub(super) async fn pooled_per_transaction(options: &PgConnectOptions) -> Result<bool, StoreError> {
+    let mut one = PgConnection::connect_with(options)
+        .await
+        .map_err(database_error)?;
+    let mut two = PgConnection::connect_with(options)
+        .await
+        .map_err(database_error)?;
+    let backend = async |connection: &mut PgConnection| {
+        let row = sqlx::raw_sql("SELECT pg_backend_pid()")
+            .fetch_one(&mut *connection)
+            .await
+            .map_err(database_error)?;
+        sqlx::Row::try_get::<i32, _>(&row, 0).map_err(database_error)
+    };
+    let (first, second) = (backend(&mut one).await?, backend(&mut two).await?);
+    let _ = one.close().await;
+    let _ = two.close().await;
+    Ok(first == second)
 }
 
 #[cfg(test)]

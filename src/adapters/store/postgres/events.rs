@@ -38,7 +38,7 @@ impl EventStore for PostgresStore {
             .bind(after)
             .bind(limit)
             .bind(tenant_id)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;

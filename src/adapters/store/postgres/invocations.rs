@@ -150,7 +150,7 @@ impl InvocationStore for PostgresStore {
                 .bind(id)
                 .bind(claim.worker_id)
                 .bind(tenant_id)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(tx.statements())
                 .await
                 .map_err(database_error)?;
             let record = row.as_ref().map(invocation).transpose()?;
@@ -204,7 +204,7 @@ impl InvocationStore for PostgresStore {
                 .bind(kinds)
                 .bind(bodies)
                 .bind(synchronous_commit(durability))
-                .fetch_optional(lease.connection()?)
+                .fetch_optional(lease.statements()?)
                 .await;
             let row = lease.settle(result)?;
             row.as_ref()
@@ -235,7 +235,7 @@ impl InvocationStore for PostgresStore {
                 .bind(fence.lease_epoch)
                 .bind(now)
                 .bind(synchronous_commit(durability))
-                .fetch_one(lease.connection()?)
+                .fetch_one(lease.statements()?)
                 .await;
             lease.settle(result)
         })
@@ -287,7 +287,7 @@ impl InvocationStore for PostgresStore {
             .bind(bodies)
             .bind(serde_json::Value::Array(produced))
             .bind(synchronous_commit(terminal.durability))
-            .fetch_one(lease.connection()?)
+            .fetch_one(lease.statements()?)
                 .await;
             lease.settle(result)
         })
@@ -306,7 +306,7 @@ impl InvocationStore for PostgresStore {
                 .bind(tenant_id)
                 .bind(fence.worker_id)
                 .bind(fence.lease_epoch)
-                .execute(&mut *tx)
+                .execute(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -334,7 +334,7 @@ impl InvocationStore for PostgresStore {
                 .bind(tenant_id)
                 .bind(fence.worker_id)
                 .bind(fence.lease_epoch)
-                .execute(&mut *tx)
+                .execute(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -372,7 +372,7 @@ impl InvocationStore for PostgresStore {
             .bind(&run.principal_id)
             .bind(run.session_id)
             .bind(run.opened_at)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             // A statement of its own: it sees a row another transaction
@@ -380,7 +380,7 @@ impl InvocationStore for PostgresStore {
             let row = sqlx::query("SELECT * FROM runs WHERE tenant_id = $1 AND run_id = $2")
                 .bind(&run.tenant_id)
                 .bind(run.run_id)
-                .fetch_one(&mut *tx)
+                .fetch_one(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -402,7 +402,7 @@ impl InvocationStore for PostgresStore {
             ))
             .bind(id)
             .bind(tenant_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -427,7 +427,7 @@ impl InvocationStore for PostgresStore {
             .bind(tenant_id)
             .bind(run_id)
             .bind(step_number)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -449,7 +449,7 @@ impl InvocationStore for PostgresStore {
             ))
             .bind(tenant_id)
             .bind(run_id)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -477,7 +477,7 @@ impl InvocationStore for PostgresStore {
             .bind(run_id)
             .bind(tool_name)
             .bind(arguments_hash)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -503,7 +503,7 @@ impl InvocationStore for PostgresStore {
             .bind(tenant_id)
             .bind(run_id)
             .bind(tool_name)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -521,7 +521,7 @@ impl InvocationStore for PostgresStore {
             let rows = sqlx::query(CLAIM_EXPIRED_SQL.as_str())
                 .bind(claim.worker_id)
                 .bind(limit)
-                .fetch_all(&mut *tx)
+                .fetch_all(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -541,7 +541,7 @@ impl InvocationStore for PostgresStore {
                 .bind(id)
                 .bind(tenant_id)
                 .bind(claim.worker_id)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -569,7 +569,7 @@ impl InvocationStore for PostgresStore {
             .bind(run_id)
             .bind(tool_name)
             .bind(arguments_hash)
-            .fetch_all(lease.connection()?)
+            .fetch_all(lease.statements()?)
             .await;
             let rows = lease.settle(result)?;
             let mut tally = BreakerTally::default();
@@ -611,7 +611,7 @@ impl InvocationStore for PostgresStore {
             .bind(run_id)
             .bind(tool_name)
             .bind(arguments_hash)
-            .fetch_one(&mut *tx)
+            .fetch_one(tx.statements())
             .await
             .map_err(database_error)?;
             let last: Option<(String, i64)> = sqlx::query_as(
@@ -622,7 +622,7 @@ impl InvocationStore for PostgresStore {
             .bind(run_id)
             .bind(tool_name)
             .bind(arguments_hash)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             let restarted = match last {
@@ -636,7 +636,7 @@ impl InvocationStore for PostgresStore {
                     .bind(tool_name)
                     .bind(arguments_hash)
                     .bind(evidence_key)
-                    .execute(&mut *tx)
+                    .execute(tx.statements())
                     .await
                     .map_err(database_error)?;
                     false
@@ -654,7 +654,7 @@ impl InvocationStore for PostgresStore {
                         .bind(tenant_id)
                         .bind(run_id)
                         .bind(maximum_restarts)
-                        .execute(&mut *tx)
+                        .execute(tx.statements())
                         .await
                         .map_err(database_error)?
                         .rows_affected()
@@ -670,7 +670,7 @@ impl InvocationStore for PostgresStore {
                     .bind(arguments_hash)
                     .bind(evidence_key)
                     .bind(new_base)
-                    .execute(&mut *tx)
+                    .execute(tx.statements())
                     .await
                     .map_err(database_error)?;
                     granted
@@ -697,7 +697,7 @@ impl InvocationStore for PostgresStore {
             .bind(tenant_id)
             .bind(run_id)
             .bind(step)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)
@@ -714,7 +714,7 @@ impl InvocationStore for PostgresStore {
             let row = sqlx::query("SELECT id, run_id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
                 .bind(id)
                 .bind(tenant_id)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -752,7 +752,7 @@ impl InvocationStore for PostgresStore {
                 .bind(tenant_id)
                 .bind(fence.worker_id)
                 .bind(fence.lease_epoch)
-                .execute(&mut *tx)
+                .execute(tx.statements())
                 .await
                 .map_err(database_error)?;
             if moved.rows_affected() != 1 {
@@ -768,7 +768,7 @@ impl InvocationStore for PostgresStore {
             .bind(now)
             .bind(id)
             .bind(tenant_id)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -847,7 +847,7 @@ impl PostgresStore {
             .bind(bodies)
             .bind(synchronous_commit(new.durability))
             .bind(argument_trust)
-            .fetch_optional(lease.connection()?)
+            .fetch_optional(lease.statements()?)
             .await;
         let row = lease.settle(result)?;
         row.as_ref().map(invocation).transpose()
@@ -879,7 +879,7 @@ impl PostgresStore {
             .bind(terminal.artifact.as_ref().map(|artifact| artifact.id))
             .bind(now)
             .bind(tenant_id.to_owned())
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
         let ended = result.rows_affected() == 1;

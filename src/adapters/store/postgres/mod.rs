@@ -24,7 +24,7 @@ use crate::ports::{
     ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use connections::DEFAULT_CONNECTIONS;
-use connections::{HotConnections, Scoped, Split, TenantShares};
+use connections::{HotConnections, Scoped, Split, TenantShares, pooled_per_transaction};
 
 /// Serializes concurrent `toolgate migrate` runs across nodes.
 const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
@@ -80,33 +80,76 @@ pub struct PostgresStore {
     /// Each tenant's share of the pool, as the hot set keeps its own.
     pooled: Arc<TenantShares>,
     pool_size: u32,
+    /// Statements are prepared unnamed, each within a transaction: the
+    /// server sits behind a pooler per transaction.
+    unnamed: bool,
+}
+
+/// How a node connects to PostgreSQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostgresSettings {
+    /// The connections it holds at most (at least three).
+    pub connections: u32,
+    /// Whether the server sits behind a pooler that shares its connections
+    /// between clients per transaction (PgBouncer's `pool_mode =
+    /// transaction`).
+    pub transaction_pooling: bool,
+}
+
+impl Default for PostgresSettings {
+    fn default() -> Self {
+        PostgresSettings {
+            connections: DEFAULT_CONNECTIONS,
+            transaction_pooling: false,
+        }
+    }
 }
 
 impl PostgresStore {
-    /// Connects with the default number of connections; does not migrate.
+    /// Connects with the default settings; does not migrate.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        PostgresStore::connect_with(url, DEFAULT_CONNECTIONS).await
+        PostgresStore::connect_with(url, PostgresSettings::default()).await
     }
 
-    /// Connects holding at most `connections` to the server (at least
-    /// [`MINIMUM_CONNECTIONS`]); does not migrate.
-    pub async fn connect_with(url: &str, connections: u32) -> Result<Self, StoreError> {
-        let split = Split::of(connections);
+    /// Connects as `settings` say; does not migrate. A server found shared
+    /// per transaction that the settings do not declare is refused: its
+    /// prepared statements would go astray.
+    pub async fn connect_with(url: &str, settings: PostgresSettings) -> Result<Self, StoreError> {
+        let split = Split::of(settings.connections);
+        let unnamed = settings.transaction_pooling;
+        // sqlx's one startup parameter a pooler refuses unless told to
+        // ignore it; the server's default serves toolgate as well (its
+        // values travel in binary).
+        let options = PgConnectOptions::from_str(url)
+            .map_err(database_error)?
+            .extra_float_digits(None);
+        if !unnamed && pooled_per_transaction(&options).await? {
+            return Err(StoreError::Unsupported(
+                "the store's connections are shared between clients per transaction (PgBouncer's \
+                 pool_mode = transaction, or another such pooler): set store.transaction_pooling = \
+                 true, or pool per session"
+                    .into(),
+            ));
+        }
         let pool = PgPoolOptions::new()
             .max_connections(split.pooled)
             // No ping before each use: it would add a round trip to every
             // commit, and a broken connection fails its query cleanly anyway.
             .test_before_acquire(false)
-            .connect(url)
+            .connect_with(options.clone())
             .await
             .map_err(database_error)?;
-        let options = PgConnectOptions::from_str(url).map_err(database_error)?;
         Ok(PostgresStore {
             pool,
-            hot: Arc::new(HotConnections::new(options.clone(), split.hot as usize)),
-            lease: Arc::new(HotConnections::new(options, 1)),
+            hot: Arc::new(HotConnections::new(
+                options.clone(),
+                split.hot as usize,
+                unnamed,
+            )),
+            lease: Arc::new(HotConnections::new(options, 1, unnamed)),
             pooled: Arc::new(TenantShares::of(split.pooled as usize)),
             pool_size: split.pooled,
+            unnamed,
         })
     }
 
@@ -127,19 +170,19 @@ impl PostgresStore {
         let mut attempt = 0;
         loop {
             let begun = async {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = Scoped::new(self.pool.begin().await?, self.unnamed);
                 sqlx::query(
                     "SELECT set_config('toolgate.tenant_id', $1, true), set_config('toolgate.scope', $2, true)",
                 )
                 .bind(tenant)
                 .bind(system)
-                .execute(&mut *tx)
+                .execute(tx.statements())
                 .await?;
                 Ok::<_, sqlx::Error>(tx)
             }
             .await;
             match begun {
-                Ok(tx) => return Ok(Scoped::new(tx, share)),
+                Ok(tx) => return Ok(tx.within(share)),
                 Err(error) if connection_lost(&error) && attempt < self.pool_size => {
                     attempt += 1;
                 }
@@ -149,11 +192,12 @@ impl PostgresStore {
     }
 
     async fn applied(&self) -> Result<Vec<(i64, String)>, StoreError> {
+        let mut tx = self.begin(Scope::System).await?;
         // Created only when missing: a role that may only use the tables
         // (as `serve` should run) can still read what is applied.
         let exists: bool =
             sqlx::query_scalar("SELECT to_regclass('toolgate_migrations') IS NOT NULL")
-                .fetch_one(&self.pool)
+                .fetch_one(tx.statements())
                 .await
                 .map_err(database_error)?;
         if !exists {
@@ -162,15 +206,16 @@ impl PostgresStore {
                     version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
                     checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
             )
-            .execute(&self.pool)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
         }
         let rows =
             sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
-                .fetch_all(&self.pool)
+                .fetch_all(tx.statements())
                 .await
                 .map_err(database_error)?;
+        tx.commit().await.map_err(database_error)?;
         rows.iter()
             .map(|row| Ok((get(row, "version")?, get(row, "checksum")?)))
             .collect()
@@ -301,7 +346,7 @@ async fn append_events(
     .bind(kinds)
     .bind(bodies)
     .bind(now)
-    .execute(&mut **tx)
+    .execute(tx.statements())
     .await
     .map_err(database_error)?;
     Ok(())
@@ -332,16 +377,16 @@ impl Schema for PostgresStore {
     fn migrate(&self) -> BoxFuture<'_, Result<Vec<i64>, StoreError>> {
         Box::pin(async move {
             self.applied().await?;
-            let mut tx = self.pool.begin().await.map_err(database_error)?;
+            let mut tx = self.begin(Scope::System).await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(MIGRATION_LOCK)
-                .execute(&mut *tx)
+                .execute(tx.statements())
                 .await
                 .map_err(database_error)?;
             // Read again under the lock: another node may have just migrated.
             let rows =
                 sqlx::query("SELECT version, checksum FROM toolgate_migrations ORDER BY version")
-                    .fetch_all(&mut *tx)
+                    .fetch_all(tx.statements())
                     .await
                     .map_err(database_error)?;
             let applied = rows
@@ -351,7 +396,7 @@ impl Schema for PostgresStore {
             let pending = plan(POSTGRES_MIGRATIONS, &applied)?;
             for migration in &pending {
                 sqlx::raw_sql(migration.sql)
-                    .execute(&mut *tx)
+                    .execute(tx.statements())
                     .await
                     .map_err(|error| StoreError::Migration {
                         version: migration.version,
@@ -361,7 +406,7 @@ impl Schema for PostgresStore {
                     .bind(migration.version)
                     .bind(migration.description)
                     .bind(migration.checksum())
-                    .execute(&mut *tx)
+                    .execute(tx.statements())
                     .await
                     .map_err(database_error)?;
             }
@@ -372,12 +417,15 @@ impl Schema for PostgresStore {
 
     fn row_security_bypassed(&self) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
-            sqlx::query_scalar(
+            let mut tx = self.begin(Scope::System).await?;
+            let bypassed = sqlx::query_scalar(
                 "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user",
             )
-            .fetch_one(&self.pool)
+            .fetch_one(tx.statements())
             .await
-            .map_err(database_error)
+            .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(bypassed)
         })
     }
 }
@@ -395,7 +443,7 @@ async fn insert_platform_event(
     .bind(event.event_type())
     .bind(event.payload())
     .bind(now)
-    .execute(&mut **tx)
+    .execute(tx.statements())
     .await
     .map_err(database_error)?;
     Ok(())

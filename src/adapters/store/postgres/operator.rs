@@ -55,7 +55,7 @@ impl PostgresStore {
             .bind(page.after.map(|cursor| cursor.key))
             .bind(page.fetch())
             .bind(filter.session_id)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.statements())
             .await
             .map_err(database_error)?;
         tx.commit().await.map_err(database_error)?;
@@ -88,7 +88,7 @@ impl OperatorStore for PostgresStore {
             let mut tx = self.begin(Scope::System).await?;
             let row = sqlx::query(INVOCATION_SQL.as_str())
                 .bind(id)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(tx.statements())
                 .await
                 .map_err(database_error)?;
             let Some(row) = row else {
@@ -97,7 +97,7 @@ impl OperatorStore for PostgresStore {
             };
             let events = sqlx::query(INVOCATION_EVENTS_SQL.as_str())
                 .bind(id.to_string())
-                .fetch_all(&mut *tx)
+                .fetch_all(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -238,11 +238,11 @@ impl OperatorStore for PostgresStore {
                     .bind(since)
             };
             let rows = bind(&HEALTH_SQL)
-                .fetch_all(&mut *tx)
+                .fetch_all(tx.statements())
                 .await
                 .map_err(database_error)?;
             let failed = bind(&FAILURES_SQL)
-                .fetch_all(&mut *tx)
+                .fetch_all(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -297,7 +297,7 @@ impl TurnStore for PostgresStore {
             .bind(turn.opened_at)
             .bind(turn.expires_at)
             .bind(turn.closed_at)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)
@@ -323,7 +323,7 @@ impl TurnStore for PostgresStore {
             .bind(state.as_str())
             .bind(calls)
             .bind(now)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?
             .rows_affected();
@@ -343,7 +343,7 @@ impl TurnStore for PostgresStore {
                  WHERE state = 'open' AND expires_at < $1",
             )
             .bind(before)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?
             .rows_affected();

@@ -12,7 +12,7 @@ impl ReviewStore for PostgresStore {
                  AND r.invocation_id = i.id)) AS uncertain, \
                  (SELECT count(*) FROM approvals WHERE status = 'pending') AS pending",
             )
-            .fetch_one(&mut *tx)
+            .fetch_one(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -43,7 +43,7 @@ impl ReviewStore for PostgresStore {
             .bind(&review.resolver)
             .bind(&review.note)
             .bind(review.resolved_at)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?
             .rows_affected();

@@ -32,7 +32,7 @@ impl SessionStore for PostgresStore {
             .bind(session.opened_at)
             .bind(session.last_used_at)
             .bind(tool_names)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             let row = sqlx::query(concat!(
@@ -41,7 +41,7 @@ impl SessionStore for PostgresStore {
                 " FROM sessions WHERE session_id = $1"
             ))
             .bind(session.session_id)
-            .fetch_one(&mut *tx)
+            .fetch_one(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -61,7 +61,7 @@ impl SessionStore for PostgresStore {
                 " FROM sessions WHERE session_id = $1"
             ))
             .bind(session_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -81,7 +81,7 @@ impl SessionStore for PostgresStore {
             )
             .bind(session_id)
             .bind(now)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)
@@ -99,7 +99,7 @@ impl SessionStore for PostgresStore {
                 sqlx::query("DELETE FROM sessions WHERE session_id = $1 AND tenant_id = $2")
                     .bind(session_id)
                     .bind(tenant_id)
-                    .execute(&mut *tx)
+                    .execute(tx.statements())
                     .await
                     .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -112,7 +112,7 @@ impl SessionStore for PostgresStore {
             let mut tx = self.begin(Scope::System).await?;
             let deleted = sqlx::query("DELETE FROM sessions WHERE last_used_at < $1")
                 .bind(before)
-                .execute(&mut *tx)
+                .execute(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -137,7 +137,7 @@ impl ConsoleSignInStore for PostgresStore {
             )
             .bind(sign_in.signed_in_at)
             .bind(keep)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             sqlx::query(
@@ -148,7 +148,7 @@ impl ConsoleSignInStore for PostgresStore {
             .bind(&sign_in.operator)
             .bind(sign_in.signed_in_at)
             .bind(sign_in.expires_at)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)
@@ -168,7 +168,7 @@ impl ConsoleSignInStore for PostgresStore {
             )
             .bind(cookie_sha256)
             .bind(now)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -189,7 +189,7 @@ impl ConsoleSignInStore for PostgresStore {
             let mut tx = self.begin(Scope::System).await?;
             sqlx::query("DELETE FROM console_sign_ins WHERE cookie_sha256 = $1")
                 .bind(cookie_sha256)
-                .execute(&mut *tx)
+                .execute(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)

@@ -33,7 +33,7 @@ impl SkillStore for PostgresStore {
             )
             .bind(tenant_id)
             .bind(&skill.name)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             let written = match (current, mode) {
@@ -62,7 +62,7 @@ impl SkillStore for PostgresStore {
                     .bind(&skill.author)
                     .bind(&skill.written_by_key)
                     .bind(skill.updated_at)
-                    .execute(&mut *tx)
+                    .execute(tx.statements())
                     .await
                     .map_err(database_error)?;
                     SkillWritten::Written
@@ -87,7 +87,7 @@ impl SkillStore for PostgresStore {
             .bind(tenant_id)
             .bind(name)
             .bind(author)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -106,7 +106,7 @@ impl SkillStore for PostgresStore {
                  created_at, updated_at FROM skills WHERE tenant_id = $1 ORDER BY name",
             )
             .bind(tenant_id)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;

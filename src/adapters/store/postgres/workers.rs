@@ -11,10 +11,13 @@ fn micros(duration: std::time::Duration) -> i64 {
 impl WorkerStore for PostgresStore {
     fn store_now(&self) -> BoxFuture<'_, Result<DateTime<Utc>, StoreError>> {
         Box::pin(async move {
-            sqlx::query_scalar("SELECT now()")
-                .fetch_one(&self.pool)
+            let mut tx = self.begin(Scope::System).await?;
+            let now = sqlx::query_scalar("SELECT now()")
+                .fetch_one(tx.statements())
                 .await
-                .map_err(database_error)
+                .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
+            Ok(now)
         })
     }
 
@@ -23,12 +26,12 @@ impl WorkerStore for PostgresStore {
         registration: &'a WorkerRegistration,
     ) -> BoxFuture<'a, Result<Registration, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.pool.begin().await.map_err(database_error)?;
+            let mut tx = self.begin(Scope::System).await?;
             // Registrations of one node are serialized, so two copies of a
             // node folder starting together cannot both see it free.
             sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
                 .bind(&registration.node)
-                .execute(&mut *tx)
+                .execute(tx.statements())
                 .await
                 .map_err(database_error)?;
             let holders = sqlx::query(
@@ -36,7 +39,7 @@ impl WorkerStore for PostgresStore {
                  FROM workers WHERE node = $1 AND released_at IS NULL",
             )
             .bind(&registration.node)
-            .fetch_all(&mut *tx)
+            .fetch_all(tx.statements())
             .await
             .map_err(database_error)?;
             // The folder was copied or moved when the node's newest worker,
@@ -45,7 +48,7 @@ impl WorkerStore for PostgresStore {
                 "SELECT host FROM workers WHERE node = $1 ORDER BY started_at DESC LIMIT 1",
             )
             .bind(&registration.node)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
             let moved = newest.is_some_and(|host| host != registration.host);
@@ -55,7 +58,7 @@ impl WorkerStore for PostgresStore {
                     continue;
                 }
                 if get::<bool>(holder, "live")? {
-                    tx.rollback().await.map_err(database_error)?;
+                    drop(tx);
                     return Ok(Registration::HeldElsewhere {
                         worker_id: get(holder, "worker_id")?,
                         lease_expires_at: get(holder, "lease_expires_at")?,
@@ -67,7 +70,7 @@ impl WorkerStore for PostgresStore {
                  WHERE node = $1 AND released_at IS NULL",
             )
             .bind(&registration.node)
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?
             .rows_affected();
@@ -79,7 +82,7 @@ impl WorkerStore for PostgresStore {
             .bind(&registration.node)
             .bind(&registration.host)
             .bind(micros(registration.lease))
-            .execute(&mut *tx)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
@@ -101,7 +104,7 @@ impl WorkerStore for PostgresStore {
             )
             .bind(worker_id)
             .bind(micros(lease))
-            .fetch_optional(connection.connection()?)
+            .fetch_optional(connection.statements()?)
             .await;
             Ok(match connection.settle(result)? {
                 Some(store_now) => Renewal::Renewed { store_now },
@@ -112,28 +115,31 @@ impl WorkerStore for PostgresStore {
 
     fn release_worker(&self, worker_id: Uuid) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
             sqlx::query(
                 "UPDATE workers SET released_at = now(), lease_expires_at = LEAST(lease_expires_at, now()) \
                  WHERE worker_id = $1 AND released_at IS NULL",
             )
             .bind(worker_id)
-            .execute(&self.pool)
+            .execute(tx.statements())
             .await
             .map_err(database_error)?;
-            Ok(())
+            tx.commit().await.map_err(database_error)
         })
     }
 
     fn worker(&self, worker_id: Uuid) -> BoxFuture<'_, Result<Option<WorkerLease>, StoreError>> {
         Box::pin(async move {
+            let mut tx = self.begin(Scope::System).await?;
             let row = sqlx::query(
                 "SELECT worker_id, node, host, started_at, lease_expires_at, released_at \
                  FROM workers WHERE worker_id = $1",
             )
             .bind(worker_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(tx.statements())
             .await
             .map_err(database_error)?;
+            tx.commit().await.map_err(database_error)?;
             row.map(|row| {
                 Ok(WorkerLease {
                     worker_id: get(&row, "worker_id")?,
