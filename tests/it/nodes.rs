@@ -1292,7 +1292,8 @@ async fn a_store_outage_of_any_length_is_survived_by_three_nodes() {
 /// `session` per session, both onto a database of the test's own, with two
 /// servers each so a client's statements hop between them.
 struct PgBouncer {
-    folder: tempfile::TempDir,
+    /// Its configuration and log, kept while it runs.
+    _folder: tempfile::TempDir,
     port: u16,
     child: std::process::Child,
     database: String,
@@ -1374,7 +1375,7 @@ impl PgBouncer {
             std::thread::sleep(Duration::from_millis(50));
         }
         Some(PgBouncer {
-            folder,
+            _folder: folder,
             port,
             child,
             database,
