@@ -66,7 +66,7 @@ fn three_nodes_killed_in_turn_apply_no_effect_twice_and_answer_truly() {
         scripts: 48,
         calls: 6,
         duration: Duration::from_secs(75),
-        kill_every: (Duration::from_secs(2), Duration::from_secs(3)),
+        kill_every: Some((Duration::from_secs(2), Duration::from_secs(3))),
         // A pause past the nodes' 10-second lease, now and then.
         pause: Some((5, Duration::from_secs(13))),
         seed: 0x6e6f_6465,

@@ -44,8 +44,9 @@ pub struct Cluster {
     pub calls: usize,
     /// How long scripts keep starting and nodes keep dying.
     pub duration: Duration,
-    /// A node is killed every so often: uniformly within this range.
-    pub kill_every: (Duration, Duration),
+    /// A node is killed every so often: uniformly within this range;
+    /// `None` kills nothing (a run that measures what nodes serve).
+    pub kill_every: Option<(Duration, Duration)>,
     /// Every `pause_one_in`-th fault, when set, is a pause (SIGSTOP) of this
     /// long instead of a kill: longer than a lease, so the other nodes take
     /// the paused node's calls while it still holds them.
@@ -98,6 +99,11 @@ pub struct ClusterFigures {
     pub per_node: Vec<usize>,
     /// The most PostgreSQL connections each node held at once (sampled).
     pub connections: Vec<i64>,
+    /// CPU each node's `serve` process spent over the run (its MCP
+    /// servers not counted).
+    pub node_cpu: Vec<Duration>,
+    /// CPU the nodes' PostgreSQL backends spent over the run, when counted.
+    pub postgres_cpu: Option<Duration>,
     /// The run's length.
     pub elapsed: Duration,
 }
@@ -129,12 +135,26 @@ impl std::fmt::Display for ClusterFigures {
             .iter()
             .map(|count| format!("{:.1}", *count as f64 / seconds))
             .collect();
+        let per_call =
+            |cpu: Duration, calls: usize| cpu.as_secs_f64() * 1000.0 / calls.max(1) as f64;
+        let node_cpu: Vec<String> = self
+            .node_cpu
+            .iter()
+            .zip(&self.per_node)
+            .map(|(cpu, calls)| format!("{:.2}", per_call(*cpu, *calls)))
+            .collect();
+        let answered: usize = self.per_node.iter().sum();
+        let postgres_cpu = self
+            .postgres_cpu
+            .map(|cpu| format!("{:.2} ms", per_call(cpu, answered)))
+            .unwrap_or_else(|| "not counted".into());
         write!(
             f,
             "kills {}, pauses {}, self-stops {}, scripts {}, calls {}, replays {}, duplicates {}, \
              succeeded/applied {}, succeeded/missing {}, uncertain/applied {}, uncertain/none {}, \
              failed/none {}, failed/applied {}, drifted {}, contradicted {}, unsettled {}, \
              settle after a death p50 {} ms max {} ms (n={}), calls/s per node [{}], \
+             serve CPU per call per node [{}] ms, PostgreSQL CPU per call {}, \
              PostgreSQL connections per node (max) {:?}, {:.0} s",
             self.kills,
             self.pauses,
@@ -156,6 +176,8 @@ impl std::fmt::Display for ClusterFigures {
             self.percentile(1.0),
             self.settle_ms.len(),
             per_node.join(", "),
+            node_cpu.join(", "),
+            postgres_cpu,
             self.connections,
             seconds,
         )
@@ -499,6 +521,45 @@ impl Shared {
     }
 }
 
+/// CPU a process has spent (user and system), from `/proc`; zero once it
+/// is gone.
+fn cpu_of(pid: u32) -> Duration {
+    // Linux counts /proc times in USER_HZ, which is 100 everywhere.
+    const TICKS_PER_SECOND: u64 = 100;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 14th and 15th of the whole line.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |index: usize| {
+        fields
+            .get(index)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Duration::from_millis((ticks(11) + ticks(12)) * 1000 / TICKS_PER_SECOND)
+}
+
+/// The nodes' PostgreSQL backends now: (pid, CPU so far).
+fn backends(admin_url: &str) -> BTreeMap<u32, Duration> {
+    let output = Command::new("psql")
+        .arg(admin_url)
+        .args([
+            "-Atc",
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'toolgate-node-%'",
+        ])
+        .output();
+    output
+        .map(|output| {
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .filter_map(|pid| pid.trim().parse::<u32>().ok())
+                .map(|pid| (pid, cpu_of(pid)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Connections each node's role holds now, by application name.
 fn connections(admin_url: &str, nodes: usize) -> Vec<i64> {
     let output = Command::new("psql")
@@ -638,6 +699,21 @@ required_scopes = ["mcp.writes.use"]
         contradicted: AtomicUsize::new(0),
     });
     let started = Instant::now();
+    let serve_cpu = |nodes: &[Arc<Node>]| -> Vec<Duration> {
+        nodes
+            .iter()
+            .map(|node| {
+                node.child
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .map(|child| cpu_of(child.id()))
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let cpu_before = serve_cpu(&nodes);
+    let backends_before = cluster.admin_url.as_deref().map(backends);
     let runners: Vec<_> = (0..cluster.scripts)
         .map(|_| {
             let shared = shared.clone();
@@ -654,11 +730,13 @@ required_scopes = ["mcp.writes.use"]
     let mut rng = Lcg(cluster.seed);
     let (mut kills, mut pauses, mut self_stops) = (0, 0, 0);
     let mut most = vec![0i64; cluster.nodes];
-    let (low, high) = cluster.kill_every;
+    let (low, high) = cluster
+        .kill_every
+        .unwrap_or((cluster.duration, cluster.duration));
     let span = u64::try_from(high.saturating_sub(low).as_millis()).unwrap_or(0);
     while started.elapsed() < cluster.duration {
         let pause = low + Duration::from_millis(rng.next(span + 1));
-        let until = Instant::now() + pause;
+        let until = (Instant::now() + pause).min(started + cluster.duration);
         while Instant::now() < until {
             std::thread::sleep(Duration::from_millis(100));
             for node in &nodes {
@@ -672,6 +750,9 @@ required_scopes = ["mcp.writes.use"]
                     most[index] = most[index].max(count);
                 }
             }
+        }
+        if cluster.kill_every.is_none() || started.elapsed() >= cluster.duration {
+            continue;
         }
         let victim = usize::try_from(rng.next(cluster.nodes as u64)).unwrap_or(0);
         match cluster.pause {
@@ -694,6 +775,23 @@ required_scopes = ["mcp.writes.use"]
         runner.join().expect("a script runner");
     }
     let elapsed = started.elapsed();
+    let node_cpu: Vec<Duration> = serve_cpu(&nodes)
+        .into_iter()
+        .zip(&cpu_before)
+        .map(|(after, before)| after.saturating_sub(*before))
+        .collect();
+    // Backends that lived through the run, and those opened during it.
+    let postgres_cpu = match (cluster.admin_url.as_deref(), backends_before) {
+        (Some(admin), Some(before)) => Some(
+            backends(admin)
+                .into_iter()
+                .map(|(pid, after)| {
+                    after.saturating_sub(before.get(&pid).copied().unwrap_or_default())
+                })
+                .sum(),
+        ),
+        _ => None,
+    };
     for node in &nodes {
         if node.stopped_by_itself() {
             self_stops += 1;
@@ -723,6 +821,8 @@ required_scopes = ["mcp.writes.use"]
             .map(|count| count.load(Ordering::SeqCst))
             .collect(),
         connections: most,
+        node_cpu,
+        postgres_cpu,
         elapsed,
         ..ClusterFigures::default()
     };
