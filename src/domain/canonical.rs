@@ -365,6 +365,25 @@ mod tests {
         canonicalize(value).unwrap().text
     }
 
+    /// What PostgreSQL's `jsonb` refuses and SQLite would keep never
+    /// becomes arguments: a lone surrogate or a number past a double does
+    /// not parse, so every door refuses it as bad JSON, the same on both
+    /// stores; U+0000 parses and is refused here.
+    #[test]
+    fn texts_one_store_refuses_never_become_arguments() {
+        for refused in [
+            r#"{"t":"\ud800"}"#,
+            r#"{"t":"\udc00x"}"#,
+            r#"{"n":1e400}"#,
+            r#"{"n":-1e400}"#,
+        ] {
+            assert!(serde_json::from_str::<Value>(refused).is_err(), "{refused}");
+        }
+        let nul: Value = serde_json::from_str(r#"{"t":"a\u0000b"}"#).unwrap();
+        assert!(holds_nul(&nul));
+        assert!(canonicalize(nul).is_err());
+    }
+
     #[test]
     fn sorts_keys_by_code_point_without_whitespace() {
         assert_eq!(

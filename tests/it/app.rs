@@ -66,6 +66,7 @@ directory = "state/node"
         .await
         .unwrap()
     };
+    let run_id = Uuid::new_v4();
     let call = {
         let socket = socket.clone();
         tokio::task::spawn_blocking(move || {
@@ -73,16 +74,36 @@ directory = "state/node"
                 &socket,
                 "/v1/calls",
                 &json!({
-                    "session_id": opened, "run_id": Uuid::new_v4(), "step_number": 1,
+                    "session_id": opened, "run_id": run_id, "step_number": 1,
                     "origin_trust": "user",
                     "calls": [{"call_id": "slow", "name": "demo.wait", "arguments": {"milliseconds": 1500}}]
                 }),
             )
         })
     };
-    // The call is in flight when the drain starts; the drain waits for it,
-    // and nothing forces it to stop.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The call is in flight when the drain starts (its row says it
+    // runs); the drain waits for it, and nothing forces it to stop.
+    let waited = tokio::time::Instant::now();
+    loop {
+        let socket = socket.clone();
+        let running = tokio::task::spawn_blocking(move || {
+            let (_, _, rows) = crate::serve::http(
+                &socket,
+                "GET",
+                &format!("/v1/runs/{run_id}/invocations?tenant_id={TENANT}"),
+                &[],
+                None,
+            );
+            crate::serve::json_of(&rows)["invocations"][0]["status"] == "running"
+        })
+        .await
+        .unwrap();
+        if running {
+            break;
+        }
+        assert!(waited.elapsed() < Duration::from_secs(30), "the call runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let started = tokio::time::Instant::now();
     running
         .drain(std::future::pending(), false)

@@ -267,9 +267,18 @@ fn finished_calls_are_logged_once_and_the_level_is_configurable() {
         |_, config| format!("{config}\n[log]\nlevel = \"warn\"\n"),
         &[("RUST_LOG", "info".to_owned())],
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // Both serve: the loud one says so, the quiet one (which started first
+    // and is past the same point) does not.
+    let started = Instant::now();
+    while !loud.logs.lock().unwrap().contains("toolgate serving") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the loud node says it serves"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    quiet.wait_ready();
     assert!(!quiet.logs.lock().unwrap().contains("toolgate serving"));
-    assert!(loud.logs.lock().unwrap().contains("toolgate serving"));
 }
 
 /// A GET over TCP: (status, body).

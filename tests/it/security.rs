@@ -725,8 +725,16 @@ fn a_servers_stderr_is_escaped_and_bounded_in_the_log() {
     let served = Served::start_configured(&probe_server(None));
     let flooded = probe(&served, "mcp.probe.stderr", json!({"bytes": 8 << 20}));
     assert!(flooded.as_str().unwrap().contains("flooded"));
-    // The drain finishes its budget well before the call's answer returns.
-    std::thread::sleep(Duration::from_millis(500));
+    // The forged line is written first and the flood after it: the log is
+    // read once that line is in it, and the budget bounds what follows.
+    let started = std::time::Instant::now();
+    while !served.logs.lock().unwrap().contains("fake operator line") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the server's stderr reaches the log"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let logs = served.logs.lock().unwrap().clone();
     // The log is JSON lines: what matters is the text they decode to.
     let lines: Vec<String> = logs
