@@ -119,6 +119,20 @@ pub enum AppError {
     LeaseLost,
 }
 
+/// The store the configuration names, connected as it says.
+async fn connect_store(
+    config: &Config,
+) -> Result<std::sync::Arc<dyn crate::ports::Store>, crate::ports::StoreError> {
+    store::connect_with(
+        &config.store.url,
+        store::PostgresSettings {
+            connections: config.store.connections,
+            transaction_pooling: config.store.transaction_pooling,
+        },
+    )
+    .await
+}
+
 /// What `toolgate check-config` reports about a valid file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigSummary {
@@ -192,14 +206,7 @@ pub async fn migrate(
     environment: &BTreeMap<String, String>,
 ) -> Result<Vec<i64>, AppError> {
     let config = Config::load(path, environment)?;
-    let store = store::connect_with(
-        &config.store.url,
-        store::PostgresSettings {
-            connections: config.store.connections,
-            transaction_pooling: config.store.transaction_pooling,
-        },
-    )
-    .await?;
+    let store = connect_store(&config).await?;
     Ok(store.migrate().await?)
 }
 
@@ -505,14 +512,7 @@ pub async fn discover(
     environment: &BTreeMap<String, String>,
 ) -> Result<Vec<ServerReport>, AppError> {
     let config = Config::load(path, environment)?;
-    let store = store::connect_with(
-        &config.store.url,
-        store::PostgresSettings {
-            connections: config.store.connections,
-            transaction_pooling: config.store.transaction_pooling,
-        },
-    )
-    .await?;
+    let store = connect_store(&config).await?;
     children_reach_state(&config)?;
     let servers = mcp_servers(
         &config,

@@ -17,7 +17,6 @@ use crate::adapters::artifacts::FsArtifactStore;
 use crate::adapters::credentials::EnvFileResolver;
 use crate::adapters::mcp::{McpServerSet, WarmUp};
 use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
-use crate::adapters::store;
 use crate::adapters::telemetry::{
     LabelBounds, MeteredInvocations, MetricsRegistry, Sample, Sampler,
 };
@@ -488,14 +487,7 @@ pub(super) async fn open_store(
     config: &Config,
     options: &ServeOptions,
 ) -> Result<Arc<dyn crate::ports::Store>, AppError> {
-    let store = store::connect_with(
-        &config.store.url,
-        store::PostgresSettings {
-            connections: config.store.connections,
-            transaction_pooling: config.store.transaction_pooling,
-        },
-    )
-    .await?;
+    let store = super::connect_store(config).await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
         if !options.migrate {
