@@ -251,6 +251,17 @@ enum ReviewCommand {
     },
 }
 
+/// A line on standard output. A reader that went away (`| head`) ends the
+/// command quietly: nothing more it prints is read.
+macro_rules! out {
+    ($($line:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout().lock(), $($line)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Before any file, socket or child exists, and while the process has one
@@ -299,36 +310,48 @@ fn main() -> ExitCode {
         }
         Command::Key => {
             let key = toolgate::front::auth::new_api_key().map(|(key, sha256)| {
-                println!("key: {key}");
-                println!("sha256: {sha256}");
+                out!("key: {key}");
+                out!("sha256: {sha256}");
             });
             exit("toolgate", key)
         }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "toolgate",
-                &mut std::io::stdout(),
-            );
-            ExitCode::SUCCESS
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "toolgate", &mut script);
+            emit(&script)
         }
         Command::Man { out_dir } => {
             use clap::CommandFactory as _;
             // The pages list no `help` subcommand: no page is made for it,
             // and every page has its options already.
             let command = Cli::command().disable_help_subcommand(true);
-            let written = match out_dir {
-                Some(folder) => clap_mangen::generate_to(command, folder),
-                None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
-            };
-            exit("toolgate", written)
+            match out_dir {
+                Some(folder) => exit("toolgate", clap_mangen::generate_to(command, folder)),
+                None => {
+                    let mut page = Vec::new();
+                    match clap_mangen::Man::new(command).render(&mut page) {
+                        Ok(()) => emit(&page),
+                        Err(error) => exit("toolgate", Err(error)),
+                    }
+                }
+            }
         }
         Command::Migrate { config } => migrate(&config, &environment),
         Command::Invocations { command } => invocations(command, &environment),
         Command::Approvals { command } => approvals(command, &environment),
         Command::Review { command } => review(command, &environment),
+    }
+}
+
+/// `bytes` on standard output; a reader that went away ends it quietly.
+fn emit(bytes: &[u8]) -> ExitCode {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(error) => exit("toolgate", Err(error)),
     }
 }
 
@@ -394,7 +417,7 @@ fn init_logging(
 fn check_config(file: &std::path::Path, environment: &BTreeMap<String, String>) -> ExitCode {
     match toolgate::app::check_config(file, environment) {
         Ok(summary) => {
-            println!(
+            out!(
                 "{}: ok (store: {}, stdio servers: {}, http servers: {}, egress entries: {})",
                 file.display(),
                 summary.store_backend,
@@ -423,16 +446,16 @@ fn discover(config: &std::path::Path, environment: &BTreeMap<String, String>) ->
         Ok(reports) => {
             let mut failed = false;
             for report in reports {
-                println!("{}", report.server_id);
+                out!("{}", report.server_id);
                 for event in &report.events {
                     failed |= matches!(event, PlatformEvent::ServerDisconnected { .. });
-                    println!("  {} {}", event.event_type(), event.payload());
+                    out!("  {} {}", event.event_type(), event.payload());
                 }
                 for name in &report.registered {
-                    println!("  registered {name}");
+                    out!("  registered {name}");
                 }
                 for name in &report.skills {
-                    println!("  skill {name}");
+                    out!("  skill {name}");
                 }
             }
             if failed {
@@ -455,12 +478,12 @@ fn migrate(config: &std::path::Path, environment: &BTreeMap<String, String>) -> 
     };
     match runtime.block_on(toolgate::app::migrate(config, environment)) {
         Ok(applied) if applied.is_empty() => {
-            println!("store is current");
+            out!("store is current");
             ExitCode::SUCCESS
         }
         Ok(applied) => {
             let versions: Vec<String> = applied.iter().map(i64::to_string).collect();
-            println!("applied migration(s): {}", versions.join(", "));
+            out!("applied migration(s): {}", versions.join(", "));
             ExitCode::SUCCESS
         }
         Err(error) => {
@@ -604,7 +627,7 @@ fn ask(
     };
     match runtime.block_on(send(&socket, method, &target, body.as_ref())) {
         Ok(answer) if (200..300).contains(&answer.status) => {
-            println!(
+            out!(
                 "{}",
                 serde_json::to_string_pretty(&answer.body).unwrap_or_default()
             );

@@ -169,6 +169,23 @@ impl Problems {
 /// Environment variables that override the file, applied before validation.
 pub const ENVIRONMENT_OVERRIDES: &[&str] = &["TOOLGATE_STORE_URL", "TOOLGATE_CONTROL_SOCKET"];
 
+/// `relative` from `base`, its leading `..` climbing `base` itself: the
+/// configuration's folder, resolved, so no link makes that climb mean
+/// something else.
+fn beneath(base: &Path, relative: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut joined = base.to_path_buf();
+    let mut rest = relative.components().peekable();
+    while let Some(step @ (Component::ParentDir | Component::CurDir)) = rest.peek().copied() {
+        if step == Component::ParentDir {
+            joined.pop();
+        }
+        rest.next();
+    }
+    joined.extend(rest);
+    joined
+}
+
 impl Config {
     /// Reads, overrides and validates `path`. `environment` is the process
     /// environment as the composition root passes it in.
@@ -184,8 +201,17 @@ impl Config {
         })?;
         let mut config = Config::parse(&text)?;
         config.apply_environment(environment);
-        let base = path.parent().unwrap_or_else(|| Path::new("."));
-        config.resolve_paths(base);
+        // Absolute, so a path handed to a child (its HOME, its TMPDIR) means
+        // the same in the child's own working folder.
+        let base = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        let base = base
+            .canonicalize()
+            .or_else(|_| std::path::absolute(base))
+            .unwrap_or_else(|_| base.to_path_buf());
+        config.resolve_paths(&base);
         config.validate()?;
         Ok(config)
     }
@@ -225,7 +251,7 @@ impl Config {
     fn resolve_paths(&mut self, base: &Path) {
         let resolve = |path: &mut PathBuf| {
             if path.is_relative() {
-                *path = base.join(&*path);
+                *path = beneath(base, path);
             }
         };
         resolve(&mut self.control.socket);
@@ -248,7 +274,7 @@ impl Config {
             && !rest.starts_with('/')
             && !rest.starts_with(":memory:")
         {
-            self.store.url = format!("sqlite://{}", base.join(rest).display());
+            self.store.url = format!("sqlite://{}", beneath(base, Path::new(rest)).display());
         }
     }
 
@@ -379,6 +405,43 @@ mod tests {
 
     const BASE: &str = "[control]\nsocket = \"s\"\n[store]\nurl = \"sqlite://x\"\n\
                         [artifacts]\ndirectory = \"a\"\n";
+
+    /// The example configuration named by a relative path, as README's
+    /// quickstart names it: every path it resolves (a child's HOME and
+    /// TMPDIR come from `mcp.state_directory`) is absolute, without a `..`.
+    #[test]
+    fn paths_from_a_relative_configuration_are_absolute_and_plain() {
+        let config = Config::load(Path::new("config/toolgate.toml"), &BTreeMap::new()).unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .canonicalize()
+            .unwrap();
+        for path in [
+            &config.mcp.state_directory,
+            &config.bridge.directory,
+            &config.artifacts.directory,
+            &config.node.directory,
+            &config.control.socket,
+        ] {
+            assert!(path.is_absolute(), "{}", path.display());
+            assert!(
+                !path
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir),
+                "{}",
+                path.display()
+            );
+            assert!(path.starts_with(&root), "{}", path.display());
+        }
+        assert_eq!(config.mcp.state_directory, root.join("var/mcp"));
+        assert_eq!(
+            config.store.url,
+            format!("sqlite://{}", root.join("var/toolgate.db").display())
+        );
+        assert_eq!(
+            beneath(Path::new("/a/b"), Path::new("./../../c/d")),
+            PathBuf::from("/c/d")
+        );
+    }
 
     /// Every problem in `BASE` followed by `text`, as `check-config` prints them.
     fn problems(text: &str) -> Vec<String> {

@@ -504,6 +504,71 @@ fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
 
 /// `--version` names the build's revision; completions and the manual page
 /// come from the command line's own definition.
+/// A PostgreSQL that does not listen is said at once, with the address
+/// dialled and what to check, not after a pool's thirty-second wait.
+#[test]
+fn an_unreachable_database_is_named_at_once() {
+    let folder = tempfile::tempdir().unwrap();
+    let port = crate::front::free_port();
+    let config = folder.path().join("toolgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[control]\nsocket = \"s\"\n[store]\nurl = \"postgres://toolgate@127.0.0.1:{port}/toolgate\"\n\
+             [artifacts]\ndirectory = \"a\"\n"
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["migrate", "--config"])
+        .arg(&config)
+        .env_remove("TOOLGATE_STORE_URL")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("cannot reach PostgreSQL at 127.0.0.1:{port}"))
+            && said.contains("check that the server runs"),
+        "{said}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A command whose reader has gone (`| head` that read enough) ends
+/// quietly: no panic, no error, success.
+#[test]
+fn no_command_panics_on_a_closed_pipe() {
+    for args in [
+        &["key"][..],
+        &["completions", "bash"],
+        &["man"],
+        &["--help"],
+    ] {
+        // The reader is gone before the command starts.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            output.status.success(),
+            "{args:?}: {:?} {stderr}",
+            output.status
+        );
+    }
+}
+
 #[test]
 fn version_completions_and_manual_page() {
     let run = |args: &[&str]| {

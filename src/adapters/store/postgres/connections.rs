@@ -354,17 +354,31 @@ impl<'c> Executor<'c> for Statements<'c> {
     }
 }
 
+/// A first connection to the server `options` name. One that cannot be
+/// made says at once where it was dialled and what to check, rather than
+/// after a pool's wait.
+pub(super) async fn reach(options: &PgConnectOptions) -> Result<PgConnection, StoreError> {
+    PgConnection::connect_with(options).await.map_err(|error| {
+        let cause = database_error(error);
+        StoreError::Unavailable(format!(
+            "cannot reach PostgreSQL at {}:{} ({cause}): check that the server runs and listens \
+             there (listen_addresses, port, pg_hba.conf) and that store.url names it",
+            options.get_host(),
+            options.get_port()
+        ))
+    })
+}
+
 /// Whether the server behind `options` is shared between client
-/// connections per transaction: two client connections open at once are
-/// served by one backend, which neither PostgreSQL nor a pooler per
-/// session does. (Simple queries: nothing is prepared to find this out.)
-pub(super) async fn pooled_per_transaction(options: &PgConnectOptions) -> Result<bool, StoreError> {
-    let mut one = PgConnection::connect_with(options)
-        .await
-        .map_err(database_error)?;
-    let mut two = PgConnection::connect_with(options)
-        .await
-        .map_err(database_error)?;
+/// connections per transaction: two client connections open at once (`one`
+/// and another) are served by one backend, which neither PostgreSQL nor a
+/// pooler per session does. (Simple queries: nothing is prepared to find
+/// this out.)
+pub(super) async fn pooled_per_transaction(
+    options: &PgConnectOptions,
+    mut one: PgConnection,
+) -> Result<bool, StoreError> {
+    let mut two = reach(options).await?;
     let backend = async |connection: &mut PgConnection| {
         let row = sqlx::raw_sql("SELECT pg_backend_pid()")
             .fetch_one(&mut *connection)

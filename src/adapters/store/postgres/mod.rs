@@ -24,7 +24,7 @@ use crate::ports::{
     ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use connections::DEFAULT_CONNECTIONS;
-use connections::{HotConnections, Scoped, Split, TenantShares, pooled_per_transaction};
+use connections::{HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach};
 
 /// Serializes concurrent `toolgate migrate` runs across nodes.
 const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
@@ -123,7 +123,8 @@ impl PostgresStore {
         let options = PgConnectOptions::from_str(url)
             .map_err(database_error)?
             .extra_float_digits(None);
-        if !unnamed && pooled_per_transaction(&options).await? {
+        let first = reach(&options).await?;
+        if !unnamed && pooled_per_transaction(&options, first).await? {
             return Err(StoreError::Unsupported(
                 "the store's connections are shared between clients per transaction (PgBouncer's \
                  pool_mode = transaction, or another such pooler): set store.transaction_pooling = \
