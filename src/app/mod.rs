@@ -504,6 +504,33 @@ pub struct ServerReport {
     pub skills: Vec<String>,
 }
 
+/// A scratch SQLite file in the system's temporary folder, removed (with
+/// its journal) when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch(std::env::temp_dir().join(format!(
+            "toolgate-discover-{}.db",
+            uuid::Uuid::new_v4().simple()
+        )))
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.0.display())
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.0.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// `toolgate discover`: connects to every configured server (stdio and HTTP), lists and
 /// maps its catalog and registers it into a scratch registry, exactly as a
 /// session's preparation would, and reports per server; records nothing.
@@ -512,7 +539,12 @@ pub async fn discover(
     environment: &BTreeMap<String, String>,
 ) -> Result<Vec<ServerReport>, AppError> {
     let config = Config::load(path, environment)?;
-    let store = connect_store(&config).await?;
+    // What a discovery writes (its catalog rows, its events) goes to a
+    // scratch store of its own, removed after: the configured store is
+    // neither opened nor created.
+    let scratch = Scratch::new();
+    let store = store::connect(&scratch.url()).await?;
+    store.migrate().await?;
     children_reach_state(&config)?;
     let servers = mcp_servers(
         &config,

@@ -234,6 +234,11 @@ fn discover_reports_each_servers_catalog_from_the_file() {
     assert!(stdout.contains("mcp.catalog.conflict"), "{stdout}");
     assert!(!stdout.contains("IGNORE ALL PREVIOUS"), "{stdout}");
     assert!(dir.path().join("mcp-state/hostile/tmp").is_dir());
+    // Nothing is recorded: the configured store is not even created, and
+    // nothing complains of a missing table.
+    assert!(!dir.path().join("toolgate.db").exists());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("no such table"), "{stderr}");
 
     let failing = text.replace("\"hostile\" }", "\"requires_roots\" }");
     let file = write(&dir, &failing);
