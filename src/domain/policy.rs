@@ -31,6 +31,8 @@ pub struct ProposedAction<'a> {
     /// Where each argument came from (an argument nobody labelled is the
     /// model's, `ExternalUntrusted`).
     pub argument_trust: &'a super::ArgumentTrust,
+    /// The call's arguments, in canonical form.
+    pub arguments: &'a serde_json::Value,
 }
 
 /// Policy's answer.

@@ -62,10 +62,11 @@ pub enum Origin {
 pub struct Rule {
     /// Globs over registry names.
     pub tools: Vec<String>,
-    /// When given, the rule covers only a call in which one of these
-    /// arguments did not come from the user (its label is below `user`,
-    /// as an unlabelled argument's is): a recipient an injected page
-    /// supplied is not the user's choice.
+    /// When given, the rule covers only a call that has one of these
+    /// arguments and did not get it from the user (its label is below
+    /// `user`, as an unlabelled argument's is): a recipient an injected page
+    /// supplied is not the user's choice. A call without any of them is
+    /// not covered: it names no recipient to doubt.
     #[serde(default)]
     pub untrusted_arguments: Vec<String>,
     /// The decision for a match.
@@ -84,8 +85,8 @@ pub struct MatrixRow {
     /// The origin it covers.
     #[serde(default)]
     pub origin: Origin,
-    /// As a rule's: when given, the row covers only a call in which one of
-    /// these arguments did not come from the user.
+    /// As a rule's: when given, the row covers only a call that has one of
+    /// these arguments and did not get it from the user.
     #[serde(default)]
     pub untrusted_arguments: Vec<String>,
     /// The decision for a match.
@@ -96,9 +97,10 @@ pub struct MatrixRow {
 /// labelled below `user` in `action`.
 fn arguments_match(names: &[String], action: &ProposedAction<'_>) -> bool {
     names.is_empty()
-        || names
-            .iter()
-            .any(|name| action.argument_trust.of(name) < TrustLevel::User)
+        || names.iter().any(|name| {
+            action.arguments.get(name).is_some()
+                && action.argument_trust.of(name) < TrustLevel::User
+        })
 }
 
 /// The rule file.
@@ -284,6 +286,8 @@ mod tests {
 
     static UNLABELLED: std::sync::LazyLock<ArgumentTrust> =
         std::sync::LazyLock::new(ArgumentTrust::default);
+    static MAIL: std::sync::LazyLock<serde_json::Value> =
+        std::sync::LazyLock::new(|| serde_json::json!({"to": "a@example.com", "body": "hi"}));
 
     #[test]
     fn a_rule_on_arguments_covers_a_call_whose_named_argument_the_user_did_not_give() {
@@ -319,6 +323,21 @@ mod tests {
             PolicyDecision::Allow,
             "the user's recipient: the next rule"
         );
+        // A call that names no recipient at all has none to doubt.
+        let no_recipient = serde_json::json!({"body": "hi"});
+        let mut action = action(
+            &p,
+            "mail.send",
+            SideEffectClass::ExternalWrite,
+            RiskLevel::High,
+            TrustLevel::User,
+        );
+        action.arguments = &no_recipient;
+        assert_eq!(
+            policy.decide(&action),
+            PolicyDecision::Allow,
+            "no recipient: the next rule"
+        );
     }
 
     fn action<'a>(
@@ -339,6 +358,7 @@ mod tests {
             idempotency: IdempotencyClass::NonIdempotent,
             origin_trust: origin,
             argument_trust: &UNLABELLED,
+            arguments: &MAIL,
         }
     }
 

@@ -222,6 +222,7 @@ impl Pipeline {
             idempotency: spec.idempotency,
             origin_trust: request.origin_trust,
             argument_trust: &request.argument_trust,
+            arguments: &intent.arguments,
         };
         self.policy
             .evaluate(&action)
