@@ -442,3 +442,69 @@ fn the_release_archive_holds_what_it_says_with_checksums() {
         .unwrap();
     succeeded("check-config", &checked);
 }
+
+/// What ships is what was committed: in a checkout whose example
+/// configuration was edited (an operator's keys, say), the archive still
+/// holds the committed file, taken from the commit its binary names.
+#[test]
+fn the_release_archive_ships_the_commit_not_the_working_tree() {
+    for tool in ["git", "tar", "sha256sum"] {
+        if !required_tool(tool) {
+            return;
+        }
+    }
+    let revision = revision_of(Path::new(toolgate()));
+    let checkout = tempfile::tempdir().unwrap();
+    let cloned = Command::new("git")
+        .args(["clone", "--quiet"])
+        .arg(repository())
+        .arg(checkout.path())
+        .output()
+        .unwrap();
+    succeeded("git clone", &cloned);
+    let config = checkout.path().join("config/toolgate.toml");
+    let committed = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{committed}\n# an operator's edit: tgk_secret\n"),
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let archive = run(
+        checkout.path().join("scripts/release"),
+        &[
+            "--binary",
+            toolgate(),
+            "--out",
+            out.path().to_str().unwrap(),
+        ],
+    );
+    let unpacked = tempfile::tempdir().unwrap();
+    run(
+        "tar",
+        &[
+            "-xzf",
+            archive.trim(),
+            "-C",
+            unpacked.path().to_str().unwrap(),
+        ],
+    );
+    let name = format!(
+        "toolgate-{}-{revision}-{}-linux",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::ARCH
+    );
+    let shipped =
+        std::fs::read_to_string(unpacked.path().join(&name).join("config/toolgate.toml")).unwrap();
+    let at_revision = run(
+        "git",
+        &[
+            "-C",
+            checkout.path().to_str().unwrap(),
+            "show",
+            &format!("{revision}:config/toolgate.toml"),
+        ],
+    );
+    assert_eq!(shipped, at_revision);
+    assert!(!shipped.contains("tgk_secret"));
+}
