@@ -18,7 +18,7 @@ mod postgres;
 mod rows;
 mod sqlite;
 
-pub use postgres::{DEFAULT_CONNECTIONS, PostgresSettings, PostgresStore};
+pub use postgres::{PostgresSettings, PostgresStore};
 pub use sqlite::SqliteStore;
 
 /// One embedded migration.

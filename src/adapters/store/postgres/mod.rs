@@ -23,7 +23,7 @@ use crate::ports::{
     SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, StoredArtifact, TerminalRecord,
     ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
 };
-pub use connections::DEFAULT_CONNECTIONS;
+use connections::DEFAULT_CONNECTIONS;
 use connections::{HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach};
 
 /// Serializes concurrent `toolgate migrate` runs across nodes.
