@@ -1200,8 +1200,23 @@ async fn a_store_outage_of_any_length_is_survived(count: usize) {
         .flat_map(|(index, (served, front))| load(index, served, *front, &stop))
         .collect();
     let mut figures = Vec::new();
+    // The clients' writes land, each a line: the load is served.
+    let written = || {
+        std::fs::read_to_string(&effects)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let load_served = |since: usize| {
+        let needed = since + 2 * count;
+        eventually(Duration::from_secs(60), move || async move {
+            (written() >= needed).then_some(())
+        })
+    };
     for outage in [lease / 3, lease, lease * 3] {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        load_served(written())
+            .await
+            .expect("the load is served before the outage");
         postgres.kill();
         tokio::time::sleep(outage).await;
         postgres.up();
@@ -1223,7 +1238,9 @@ async fn a_store_outage_of_any_length_is_survived(count: usize) {
         }
         figures.push((outage, again));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    load_served(written())
+        .await
+        .expect("the load is served again after the last outage");
     stop.store(true, Ordering::Relaxed);
     let answers: Vec<Answered> = clients
         .into_iter()

@@ -303,7 +303,7 @@ mod tests {
         let labelled = |to: TrustLevel| {
             ArgumentTrust::from_pointers([("/to", to), ("/body", TrustLevel::User)]).unwrap()
         };
-        let decide = |trust: &ArgumentTrust| {
+        let decide = |trust: &ArgumentTrust, arguments: &serde_json::Value| {
             let mut action = action(
                 &p,
                 "mail.send",
@@ -312,29 +312,28 @@ mod tests {
                 TrustLevel::User,
             );
             action.argument_trust = trust;
+            action.arguments = arguments;
             policy.decide(&action)
         };
         let required = PolicyDecision::RequireApproval(ReasonCode::PolicyRuleApprovalRequired);
-        assert_eq!(decide(&UNLABELLED), required, "unlabelled: the model's");
-        assert_eq!(decide(&labelled(TrustLevel::ExternalUntrusted)), required);
-        assert_eq!(decide(&labelled(TrustLevel::InternalTool)), required);
         assert_eq!(
-            decide(&labelled(TrustLevel::User)),
+            decide(&UNLABELLED, &MAIL),
+            required,
+            "unlabelled: the model's"
+        );
+        assert_eq!(
+            decide(&labelled(TrustLevel::ExternalUntrusted), &MAIL),
+            required
+        );
+        assert_eq!(decide(&labelled(TrustLevel::InternalTool), &MAIL), required);
+        assert_eq!(
+            decide(&labelled(TrustLevel::User), &MAIL),
             PolicyDecision::Allow,
             "the user's recipient: the next rule"
         );
         // A call that names no recipient at all has none to doubt.
-        let no_recipient = serde_json::json!({"body": "hi"});
-        let mut action = action(
-            &p,
-            "mail.send",
-            SideEffectClass::ExternalWrite,
-            RiskLevel::High,
-            TrustLevel::User,
-        );
-        action.arguments = &no_recipient;
         assert_eq!(
-            policy.decide(&action),
+            decide(&UNLABELLED, &serde_json::json!({"body": "hi"})),
             PolicyDecision::Allow,
             "no recipient: the next rule"
         );

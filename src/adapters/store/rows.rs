@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
 use crate::ports::{
-    Ended, Held, InvocationRecord, InvocationState, RunOwner, StoreError, Suspension,
+    ConsoleSignIn, Ended, Held, InvocationRecord, InvocationState, RunOwner, StoreError, Suspension,
 };
 
 /// A row's columns as values, however the backend stores them.
@@ -180,6 +180,15 @@ pub(super) fn run_owner(row: &impl Columns) -> Result<RunOwner, StoreError> {
         principal_id: row.text("principal_id")?,
         session_id: row.uuid("session_id")?,
         opened_at: row.time("opened_at")?,
+    })
+}
+
+pub(super) fn console_sign_in(row: &impl Columns) -> Result<ConsoleSignIn, StoreError> {
+    Ok(ConsoleSignIn {
+        cookie_sha256: row.text("cookie_sha256")?,
+        operator: row.text("operator")?,
+        signed_in_at: row.time("signed_in_at")?,
+        expires_at: row.time("expires_at")?,
     })
 }
 

@@ -32,8 +32,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::{connection_lost, database_error};
 use crate::ports::StoreError;
 
-/// Connections a node holds by default: five such nodes and room to spare
-/// fit PostgreSQL's default `max_connections` of 100.
+/// Connections a node holds by default: eleven such nodes fit PostgreSQL's
+/// default `max_connections` of 100, with room for the operators' own.
 pub const DEFAULT_CONNECTIONS: u32 = 8;
 /// The fewest that work: the lease's own, one for the hot path, one pooled.
 pub const MINIMUM_CONNECTIONS: u32 = 3;

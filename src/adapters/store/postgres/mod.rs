@@ -3,7 +3,7 @@
 //! database safe. Each transaction sets the tenant (or the system scope) that
 //! row-level security checks.
 
-use super::rows::{held, invocation, run_owner};
+use super::rows::{console_sign_in, held, invocation, run_owner};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -23,8 +23,9 @@ use crate::ports::{
     SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, StoredArtifact, TerminalRecord,
     ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
 };
-use connections::DEFAULT_CONNECTIONS;
-use connections::{HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach};
+use connections::{
+    DEFAULT_CONNECTIONS, HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach,
+};
 
 /// Serializes concurrent `toolgate migrate` runs across nodes.
 const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
@@ -79,7 +80,6 @@ pub struct PostgresStore {
     lease: Arc<HotConnections>,
     /// Each tenant's share of the pool, as the hot set keeps its own.
     pooled: Arc<TenantShares>,
-    pool_size: u32,
     /// Statements are prepared unnamed, each within a transaction: the
     /// server sits behind a pooler per transaction.
     unnamed: bool,
@@ -149,7 +149,6 @@ impl PostgresStore {
             )),
             lease: Arc::new(HotConnections::new(options, 1, unnamed)),
             pooled: Arc::new(TenantShares::of(split.pooled as usize)),
-            pool_size: split.pooled,
             unnamed,
         })
     }
@@ -184,7 +183,10 @@ impl PostgresStore {
             .await;
             match begun {
                 Ok(tx) => return Ok(tx.within(share)),
-                Err(error) if connection_lost(&error) && attempt < self.pool_size => {
+                Err(error)
+                    if connection_lost(&error)
+                        && attempt < self.pool.options().get_max_connections() =>
+                {
                     attempt += 1;
                 }
                 Err(error) => return Err(database_error(error)),

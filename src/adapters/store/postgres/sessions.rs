@@ -172,15 +172,7 @@ impl ConsoleSignInStore for PostgresStore {
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            row.map(|row| {
-                Ok(ConsoleSignIn {
-                    cookie_sha256: get(&row, "cookie_sha256")?,
-                    operator: get(&row, "operator")?,
-                    signed_in_at: get(&row, "signed_in_at")?,
-                    expires_at: get(&row, "expires_at")?,
-                })
-            })
-            .transpose()
+            row.as_ref().map(console_sign_in).transpose()
         })
     }
 

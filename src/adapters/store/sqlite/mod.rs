@@ -23,7 +23,7 @@ use uuid::Uuid;
 use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
-use super::rows::{held, invocation, run_owner};
+use super::rows::{console_sign_in, held, invocation, run_owner};
 use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{

@@ -1,7 +1,6 @@
 //! SqliteStore: Recorded sessions.
 
 use super::*;
-use crate::adapters::store::rows::Columns as _;
 
 impl SessionStore for SqliteStore {
     fn open_session<'a>(
@@ -156,14 +155,7 @@ impl ConsoleSignInStore for SqliteStore {
                 .bind(cookie_sha256)
                 .bind(micros(now))
                 .fetch_optional(connection)?
-                .map(|row| {
-                    Ok(ConsoleSignIn {
-                        cookie_sha256: row.text("cookie_sha256")?,
-                        operator: row.text("operator")?,
-                        signed_in_at: row.time("signed_in_at")?,
-                        expires_at: row.time("expires_at")?,
-                    })
-                })
+                .map(|row| console_sign_in(&row))
                 .transpose()
             })
         })
