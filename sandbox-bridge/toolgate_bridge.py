@@ -56,6 +56,9 @@ __all__ = [
 #: the bridge closes idle connections (after 10 s by default), and a request
 #: on a connection it has closed could not be told from one it received.
 IDLE_REUSE_SECONDS = 2.0
+# A call unanswered this long is asked about: a call held for an approval
+# is told on standard error, so a blocked script says why.
+WAIT_NOTICE_SECONDS = 2.0
 
 
 def call_id(script_sha256: str, ordinal: int) -> str:
@@ -224,10 +227,38 @@ class Bridge:
             raise BridgeError(status, error.get("code"), error.get("message"))
         return parsed, ordinal
 
+    def _tell_waiting(self) -> None:
+        """Asks the turn what its call in flight waits for, on a second
+        connection, and says so on standard error when it is an approval."""
+        connection = _UnixConnection(self.socket_path, 10.0)
+        try:
+            connection.request("GET", "/v1/waiting", headers={"Authorization": "Bearer " + self.token})
+            response = connection.getresponse()
+            waiting = json.loads(response.read() or b"{}").get("waiting") if response.status == 200 else None
+        except (OSError, http.client.HTTPException, ValueError):
+            return
+        finally:
+            connection.close()
+        if isinstance(waiting, dict):
+            sys.stderr.write(
+                "toolgate: the call to {} waits for a human's approval ({}); this script blocks "
+                "for up to {} s more (until {}), then its turn is suspended\n".format(
+                    waiting.get("call"), waiting.get("approval_id"),
+                    waiting.get("seconds_left"), waiting.get("held_until"),
+                )
+            )
+            sys.stderr.flush()
+
     def call_result(self, name: str, /, **arguments: Any) -> Result:
         """Calls ``name``; returns its ``Result``, or raises per status."""
+        notice = threading.Timer(WAIT_NOTICE_SECONDS, self._tell_waiting)
+        notice.daemon = True
         with self._lock:
-            body, _ = self._request("POST", "/v1/call", {"call": name, "arguments": arguments})
+            notice.start()
+            try:
+                body, _ = self._request("POST", "/v1/call", {"call": name, "arguments": arguments})
+            finally:
+                notice.cancel()
         status = body.get("status")
         if status == "succeeded":
             return Result(body.get("action", name), body.get("result") or {})

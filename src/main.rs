@@ -62,8 +62,9 @@ enum Command {
         #[arg(long)]
         migrate: bool,
     },
-    /// Connect to every configured stdio MCP server and report what its
-    /// catalog registers, what is rejected and why; records nothing.
+    /// Connect to every configured MCP server (stdio servers started, HTTP
+    /// servers dialled through egress) and report what its catalog
+    /// registers, what is rejected and why; records nothing.
     Discover {
         /// The TOML file.
         #[arg(long, default_value = "config/toolgate.toml")]
@@ -442,7 +443,13 @@ fn discover(config: &std::path::Path, environment: &BTreeMap<String, String>) ->
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(toolgate::app::discover(config, environment)) {
+    // Progress goes to standard error, so the report on standard output
+    // stays what a pipe reads; a closed standard error is not a failure.
+    let progress = |line: String| {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "toolgate: {line}");
+    };
+    match runtime.block_on(toolgate::app::discover(config, environment, &progress)) {
         Ok(reports) => {
             let mut failed = false;
             for report in reports {

@@ -25,6 +25,9 @@ import { pathToFileURL } from "node:url";
 
 /** A kept connection idle longer than this is replaced before a request. */
 export const IDLE_REUSE_MS = 2000;
+// A call unanswered this long is asked about: a call held for an approval
+// is told on standard error, so a blocked script says why.
+const WAIT_NOTICE_MS = 2000;
 
 /** The bridge's call id for the `ordinal`-th call (from 0) of a script. */
 export function callId(scriptSha256, ordinal) {
@@ -163,10 +166,50 @@ export class Bridge {
     return parsed;
   }
 
+  /** Asks the turn, on a connection of its own, what its call in flight
+   * waits for; says so on standard error when it is an approval. */
+  tellWaiting() {
+    const request = http.request(
+      { socketPath: this.socketPath, path: "/v1/waiting", method: "GET", agent: false, timeout: 10000,
+        headers: { Authorization: "Bearer " + this.token } },
+      (response) => {
+        const chunks = [];
+        response.on("data", (chunk) => chunks.push(chunk));
+        response.on("end", () => {
+          let waiting = null;
+          try {
+            waiting = response.statusCode === 200 ? JSON.parse(Buffer.concat(chunks).toString("utf8")).waiting : null;
+          } catch {
+            // not JSON: nothing to tell
+          }
+          if (waiting) {
+            process.stderr.write(
+              `toolgate: the call to ${waiting.call} waits for a human's approval (${waiting.approval_id}); ` +
+                `this script blocks for up to ${waiting.seconds_left} s more (until ${waiting.held_until}), ` +
+                "then its turn is suspended\n",
+            );
+          }
+        });
+        response.on("error", () => {});
+      },
+    );
+    request.on("timeout", () => request.destroy());
+    request.on("error", () => {});
+    request.end();
+  }
+
   /** Calls `name`; resolves to its Result, or rejects per status. */
   callResult(name, args = {}) {
     return this.serialized(async () => {
-      const body = await this.request("POST", "/v1/call", { call: name, arguments: args });
+      const notice = setTimeout(() => this.tellWaiting(), WAIT_NOTICE_MS);
+      // The timer alone never keeps a finished script alive.
+      notice.unref();
+      let body;
+      try {
+        body = await this.request("POST", "/v1/call", { call: name, arguments: args });
+      } finally {
+        clearTimeout(notice);
+      }
       if (body.status === "succeeded") return new Result(body.action || name, body.result || {});
       const { content = [], ...outcome } = body;
       const Raised = RAISES[body.status] || ToolError;

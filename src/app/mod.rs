@@ -531,12 +531,17 @@ impl Drop for Scratch {
     }
 }
 
+/// How often a discovery still under way says so.
+const DISCOVERY_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// `toolgate discover`: connects to every configured server (stdio and HTTP), lists and
 /// maps its catalog and registers it into a scratch registry, exactly as a
 /// session's preparation would, and reports per server; records nothing.
+/// What it is doing goes to `progress` as it goes.
 pub async fn discover(
     path: &Path,
     environment: &BTreeMap<String, String>,
+    progress: &(dyn Fn(String) + Sync),
 ) -> Result<Vec<ServerReport>, AppError> {
     let config = Config::load(path, environment)?;
     // What a discovery writes (its catalog rows, its events) goes to a
@@ -560,8 +565,44 @@ pub async fn discover(
         },
         Vec::new(),
     )?;
-    // No tenant: the operator's servers only.
-    let (prepared, _) = register_discoveries(&registry, "", servers.discover("").await);
+    let enabled = |servers: &[&crate::config::CommonServerConfig]| {
+        servers.iter().filter(|server| server.enabled).count()
+    };
+    let stdio = enabled(
+        &config
+            .mcp
+            .servers
+            .iter()
+            .map(|server| &server.common)
+            .collect::<Vec<_>>(),
+    );
+    let http = enabled(
+        &config
+            .mcp
+            .http_servers
+            .iter()
+            .map(|server| &server.common)
+            .collect::<Vec<_>>(),
+    );
+    progress(format!(
+        "starting {stdio} stdio server(s) and dialling {http} HTTP server(s); a server fetched on first use (as npx and uvx do) can take a while"
+    ));
+    // No tenant: the operator's servers only. Long work says it is still
+    // going, so a first fetch is not mistaken for a hang.
+    let started = tokio::time::Instant::now();
+    let discovery = servers.discover("");
+    tokio::pin!(discovery);
+    let mut ticks = tokio::time::interval_at(started + DISCOVERY_NOTICE, DISCOVERY_NOTICE);
+    let discovered = loop {
+        tokio::select! {
+            discovered = &mut discovery => break discovered,
+            _ = ticks.tick() => progress(format!(
+                "still waiting for the servers' catalogs ({} s)",
+                started.elapsed().as_secs()
+            )),
+        }
+    };
+    let (prepared, _) = register_discoveries(&registry, "", discovered);
     servers.shutdown().await;
     let enabled = config
         .mcp

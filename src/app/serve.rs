@@ -402,6 +402,7 @@ fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.front.connections),
         events: shared.store.clone(),
+        artifacts: shared.artifacts.clone(),
         invocations: shared.store.clone(),
         clock: shared.clock.clone(),
         continue_trace: crate::adapters::telemetry::otlp::continue_trace,

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::Bridge;
 use super::server::refuse;
-use super::turn::{Admission, Turn, call_id};
+use super::turn::{Admission, CallInFlight, Turn, Waiting, call_id};
 use crate::domain::{ReasonCode, ToolOutcome};
 use crate::edge::{Reply, error, reply_text};
 use crate::pipeline::sessions::{CallPlace, Session};
@@ -67,6 +67,7 @@ fn outcome_text(
 pub(super) async fn run(
     bridge: &Arc<Bridge>,
     turn: &Arc<Turn>,
+    in_flight: &CallInFlight,
     session: &Session,
     script_call: ScriptCall,
 ) -> Reply {
@@ -102,6 +103,7 @@ pub(super) async fn run(
         arguments_hash: recorded.arguments_hash.clone(),
         divergence: settings.replay_divergence,
     });
+    let name = script_call.call.clone();
     let mut request = session.call_request(place, call_id, script_call.call, script_call.arguments);
     request.caller.replay = replay;
     let pipeline = &bridge.parts.pipeline;
@@ -112,6 +114,8 @@ pub(super) async fn run(
         .copied()
         .unwrap_or(settings.approval_hold);
     let held_until = tokio::time::Instant::now() + hold;
+    let held_until_at = bridge.parts.clock.now()
+        + chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX);
     let mut recorded = None;
     while let CallOutcome::Pending { approval_id, .. } = outcome {
         // Held, not failed: the script blocks while a human decides.
@@ -127,6 +131,12 @@ pub(super) async fn run(
                 )
                 .await;
             recorded = Some(approval_id);
+            // What the script's client tells its reader while it blocks.
+            in_flight.wait(Waiting {
+                approval_id,
+                call: name.clone(),
+                held_until: held_until_at,
+            });
         }
         let decided = bridge
             .parts

@@ -131,6 +131,20 @@ async fn handle(bridge: &Arc<Bridge>, turn: &Arc<Turn>, request: Request<Incomin
                 .collect();
             reply(StatusCode::OK, &json!({"tools": tools}))
         }
+        (Method::GET, "/v1/waiting") => {
+            // Asked on a second connection while a call blocks: what it
+            // waits for, so the script's reader is told.
+            let now = bridge.parts.clock.now();
+            let waiting = turn.waiting().map(|waiting| {
+                json!({
+                    "approval_id": waiting.approval_id,
+                    "call": waiting.call,
+                    "held_until": waiting.held_until,
+                    "seconds_left": (waiting.held_until - now).num_seconds().max(0),
+                })
+            });
+            reply(StatusCode::OK, &json!({"waiting": waiting}))
+        }
         (Method::GET, path) if path.starts_with("/v1/artifacts/") => {
             // The turn's run's artifacts only; another run's or another
             // tenant's id is not found.
@@ -183,7 +197,7 @@ async fn handle(bridge: &Arc<Bridge>, turn: &Arc<Turn>, request: Request<Incomin
                 );
             };
             let answer = match json_body(request, &bridge.parts.settings.limits).await {
-                Ok(script_call) => call::run(bridge, turn, &session, script_call).await,
+                Ok(script_call) => call::run(bridge, turn, &in_flight, &session, script_call).await,
                 Err(refused) => {
                     bridge.parts.metrics.increment(
                         "bridge_refusals_total",

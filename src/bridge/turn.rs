@@ -126,6 +126,19 @@ struct TurnState {
     /// A call is being served: one at a time per turn, so the ordinals are
     /// the script's order.
     busy: bool,
+    /// The approval the call in flight waits for, when it waits.
+    waiting: Option<Waiting>,
+}
+
+/// A call of the turn held for a human's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// The approval.
+    pub approval_id: Uuid,
+    /// The tool the call asked for.
+    pub call: String,
+    /// When the hold ends and the turn is suspended.
+    pub held_until: DateTime<Utc>,
 }
 
 /// Why a call was not admitted on its turn.
@@ -141,9 +154,18 @@ pub enum Admission {
 #[derive(Debug)]
 pub struct CallInFlight(Arc<Turn>);
 
+impl CallInFlight {
+    /// Marks the call as waiting for `waiting`'s approval.
+    pub fn wait(&self, waiting: Waiting) {
+        self.0.lock().waiting = Some(waiting);
+    }
+}
+
 impl Drop for CallInFlight {
     fn drop(&mut self) {
-        self.0.lock().busy = false;
+        let mut state = self.0.lock();
+        state.busy = false;
+        state.waiting = None;
     }
 }
 
@@ -213,6 +235,11 @@ impl Turn {
         if state.ordinals == ordinal + 1 {
             state.ordinals = ordinal;
         }
+    }
+
+    /// The approval the turn's call in flight waits for, if any.
+    pub fn waiting(&self) -> Option<Waiting> {
+        self.lock().waiting.clone()
     }
 
     /// Calls made so far.

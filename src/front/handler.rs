@@ -195,7 +195,17 @@ impl Front {
             CallOutcome::Finished(finished) if finished.retry_after_seconds.is_some() => {
                 Answer::Refused(render::rate_limited(&finished))
             }
-            CallOutcome::Finished(finished) => Answer::Result(render::finished(&finished)),
+            CallOutcome::Finished(finished) => {
+                let mut result = render::finished(&finished, call.run_id);
+                // The call's own output limit bounds what comes inline.
+                let budget = call
+                    .pinned
+                    .resolve(&call.name)
+                    .map_or(0, |tool| tool.tool.spec.maximum_output_bytes);
+                self.inline_artifacts(&mut result, &call.tenant_id, budget)
+                    .await;
+                Answer::Result(result)
+            }
             CallOutcome::Suspended {
                 invocation_id,
                 kind,
@@ -484,6 +494,7 @@ fn info() -> Value {
     json!({
         "protocolVersion": "2025-11-25",
         "capabilities": {"tools": {"listChanged": false}, "prompts": {"listChanged": false},
+                         "resources": {"listChanged": false, "subscribe": false},
                          "extensions": {"io.modelcontextprotocol/tasks": {}}},
         "serverInfo": {"name": "toolgate", "version": env!("CARGO_PKG_VERSION")},
         "instructions": "Every call through toolgate is recorded before it runs. A result marked uncertain means the effect may have happened: do not repeat that call.",

@@ -21,6 +21,7 @@ mod live;
 mod reissue;
 pub mod relay;
 mod render;
+mod resources;
 mod shares;
 
 use std::collections::HashMap;
@@ -118,6 +119,8 @@ pub struct FrontParts {
     pub connections: ConnectionCap,
     /// Where an undelivered answer is recorded.
     pub events: Arc<dyn EventStore>,
+    /// Artifacts, read through the links results carry.
+    pub artifacts: Arc<crate::pipeline::artifacts::Artifacts>,
     /// The rows a held call's task is read from.
     pub invocations: Arc<dyn InvocationStore>,
     /// The one clock.
@@ -299,6 +302,13 @@ impl Front {
                 },
             }
         };
+        // An artifact is streamed from here: the protocol's side would
+        // hold the whole of it as one value.
+        if is_request && rpc_method == Some("resources/read") {
+            return self
+                .read_resource(&caller, id, fields.get("params"), stateless)
+                .await;
+        }
         let opened = Arc::new(OnceLock::new());
         // Held until the answer is written: dropped first (the connection
         // closed under the request or its body), the call's answer was

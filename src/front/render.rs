@@ -8,11 +8,12 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::reissue::Reissue;
+use super::resources;
 use crate::domain::{
     IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, ToolOutcome, ToolSource, ToolSpec,
     TrustLevel, sha256_hex, valid_identifier,
 };
-use crate::pipeline::{Finished, PinnedTool, RenderedPart};
+use crate::pipeline::{DataArtifact, DataPart, Finished, PinnedTool, RenderedPart};
 use crate::ports::front::FrontError;
 
 /// `_meta` keys a client names its call with.
@@ -109,34 +110,77 @@ fn text_block(text: String, trust: Option<TrustLevel>) -> Value {
     }
 }
 
-fn rendered(content: &[RenderedPart]) -> Vec<Value> {
-    content
-        .iter()
-        .map(|part| match part {
-            RenderedPart::Text { text, trust } => text_block(text.clone(), Some(*trust)),
-            RenderedPart::Artifact { artifact_id, bytes } => text_block(
-                format!(
-                    "The whole result ({bytes} bytes) is kept as artifact {artifact_id}; the part above is an excerpt."
-                ),
-                Some(TrustLevel::Platform),
-            ),
-        })
-        .collect()
+/// What the model reads, with a link in place of each artifact it names
+/// (the whole of an excerpted result, whose marker the text carries; an
+/// image, audio or blob).
+fn rendered(content: &[RenderedPart], run_id: Uuid, produced: &[DataArtifact]) -> Vec<Value> {
+    let mut blocks = Vec::with_capacity(content.len());
+    for part in content {
+        match part {
+            RenderedPart::Text { text, trust } => {
+                blocks.push(text_block(text.clone(), Some(*trust)));
+            }
+            RenderedPart::Artifact { artifact_id, bytes } => {
+                let known = produced.iter().find(|a| a.artifact_id == *artifact_id);
+                blocks.push(resources::link(
+                    run_id,
+                    artifact_id,
+                    known.map_or("text/plain", |a| a.media_type.as_str()),
+                    *bytes,
+                    known.map_or(TrustLevel::ExternalUntrusted, |a| a.trust),
+                ));
+            }
+        }
+    }
+    blocks
 }
 
-/// A finished call as a `CallToolResult`: on success the model-ready
-/// content and the structured result; otherwise `isError` with the
-/// outcome's fixed message as text and the six-field outcome as structured
-/// content.
-pub fn finished(finished: &Finished) -> Value {
+/// A finished call of `run_id` as a `CallToolResult`: on success the
+/// model-ready content, a link to each artifact the call produced (its
+/// images, audio and blobs), and the structured result; otherwise
+/// `isError` with the outcome's fixed message as text and the six-field
+/// outcome as structured content.
+pub fn finished(finished: &Finished, run_id: Uuid) -> Value {
     let mut meta = Map::new();
     if let Some(id) = finished.invocation_id {
         meta.insert(META_INVOCATION_ID.into(), json!(id));
     }
     meta.insert("toolgate/status".into(), json!(finished.outcome.status()));
+    let produced = finished
+        .data
+        .as_ref()
+        .map_or(&[][..], |data| data.artifacts.as_slice());
     match &finished.outcome {
         ToolOutcome::Succeeded { .. } => {
-            let mut content = rendered(&finished.content);
+            let mut content = rendered(&finished.content, run_id, produced);
+            let parts = finished
+                .data
+                .as_ref()
+                .map_or(&[][..], |data| data.content.as_slice());
+            for part in parts {
+                let DataPart::Artifact {
+                    artifact_id,
+                    media_type,
+                    bytes,
+                    trust,
+                } = part
+                else {
+                    continue;
+                };
+                let uri = resources::artifact_uri(run_id, artifact_id);
+                let linked = content
+                    .iter()
+                    .any(|block| block.get("uri").and_then(Value::as_str) == Some(uri.as_str()));
+                if !linked {
+                    content.push(resources::link(
+                        run_id,
+                        artifact_id,
+                        media_type,
+                        *bytes,
+                        *trust,
+                    ));
+                }
+            }
             if content.is_empty() {
                 content.push(text_block(String::new(), None));
             }
@@ -154,7 +198,7 @@ pub fn finished(finished: &Finished) -> Value {
             let mut content = vec![text_block(message(*reason_code), None)];
             // What the model would have read beside the outcome (a denial's
             // or a failure's detail), rendered as on success.
-            content.extend(rendered(&finished.content));
+            content.extend(rendered(&finished.content, run_id, produced));
             json!({
                 "content": content,
                 "structuredContent": serde_json::to_value(&finished.outcome).unwrap_or(Value::Null),
@@ -519,6 +563,64 @@ mod tests {
     }
 
     #[test]
+    fn a_results_artifacts_are_linked_once_each_in_order() {
+        let run = Uuid::new_v4();
+        let artifact = |id: &str, media_type: &str, bytes: u64| DataArtifact {
+            artifact_id: id.into(),
+            media_type: media_type.into(),
+            bytes,
+            trust: TrustLevel::ExternalUntrusted,
+        };
+        let capture = artifact("5b0d7a44-0000-4000-8000-000000000001", "text/plain", 90_000);
+        let image = artifact("5b0d7a44-0000-4000-8000-000000000002", "image/png", 68);
+        let blob = artifact("5b0d7a44-0000-4000-8000-000000000003", "text/html", 10);
+        let end = Finished {
+            invocation_id: Some(Uuid::new_v4()),
+            outcome: ToolOutcome::Succeeded {
+                action: "mcp.files.read".into(),
+            },
+            content: vec![
+                RenderedPart::Text {
+                    text: "head … tail".into(),
+                    trust: TrustLevel::ExternalUntrusted,
+                },
+                RenderedPart::Artifact {
+                    artifact_id: capture.artifact_id.clone(),
+                    bytes: capture.bytes,
+                },
+            ],
+            data: Some(crate::pipeline::ResultData {
+                content: vec![
+                    DataPart::artifact(&capture),
+                    DataPart::artifact(&image),
+                    DataPart::artifact(&blob),
+                ],
+                structured: None,
+                artifacts: vec![image.clone(), blob.clone(), capture.clone()],
+            }),
+            synthesis_only: false,
+            retry_after_seconds: None,
+        };
+        let result = finished(&end, run);
+        let content = result["content"].as_array().unwrap();
+        let links: Vec<&Value> = content
+            .iter()
+            .filter(|block| block["type"] == "resource_link")
+            .collect();
+        assert_eq!(links.len(), 3, "{content:?}");
+        assert_eq!(
+            links[0]["uri"],
+            format!("toolgate://runs/{run}/artifacts/{}", capture.artifact_id)
+        );
+        assert_eq!(content[1], *links[0], "the link stands where the artifact was");
+        assert_eq!(links[0]["mimeType"], "text/plain");
+        assert_eq!(links[0]["size"], 90_000);
+        assert_eq!(links[1]["mimeType"], "image/png");
+        // A type a browser could run is named as opaque bytes.
+        assert_eq!(links[2]["mimeType"], "application/octet-stream");
+    }
+
+    #[test]
     fn an_uncertain_end_says_do_not_repeat_in_both_parts() {
         let end = Finished {
             invocation_id: Some(Uuid::new_v4()),
@@ -528,7 +630,7 @@ mod tests {
             synthesis_only: false,
             retry_after_seconds: None,
         };
-        let result = finished(&end);
+        let result = finished(&end, Uuid::new_v4());
         assert_eq!(result["isError"], true);
         assert!(
             result["content"][0]["text"]

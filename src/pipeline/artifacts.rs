@@ -1,7 +1,8 @@
 //! Reading an artifact back, for its owner only: the tenant's record first
 //! (another tenant's id is simply not found), then its bytes as a stream.
-//! The edges serve it: a turn's socket for the turn's tenant, the control
-//! API for the tenant a request names.
+//! The edges serve it: a turn's socket for the turn's run, the control
+//! API for the tenant a request names, the MCP front door for the
+//! principal whose run it is.
 
 use std::sync::Arc;
 
@@ -61,6 +62,22 @@ impl Artifacts {
     ) -> Result<Option<OpenArtifact>, ArtifactReadError> {
         self.open_where(tenant_id, id, |record| record.run_id == run_id)
             .await
+    }
+
+    /// An artifact of a run of one principal: what a front-door caller
+    /// reads through a link its result carried. An artifact of another
+    /// run, or a run of another principal, is not found.
+    pub async fn open_for_principal(
+        &self,
+        tenant_id: &str,
+        principal_id: &str,
+        run_id: Uuid,
+        id: Uuid,
+    ) -> Result<Option<OpenArtifact>, ArtifactReadError> {
+        self.open_where(tenant_id, id, |record| {
+            record.run_id == run_id && record.run_principal_id.as_deref() == Some(principal_id)
+        })
+        .await
     }
 
     async fn open_where(

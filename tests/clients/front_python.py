@@ -2,8 +2,10 @@
 as an application uses it. Prints one JSON report; the Rust test judges it.
 
     front_python.py PHASE URL
-    PHASE: first, second, or reissue (a call whose stream a proxy breaks,
-    asked again after the application reconnects, as the SDK leaves it to)
+    PHASE: first, second, reissue (a call whose stream a proxy breaks,
+    asked again after the application reconnects, as the SDK leaves it to),
+    or artifacts (results read whole through their resource links;
+    TOOLGATE_OTHER_KEY: another principal's credential)
     TOOLGATE_FRONT_KEY: the bearer credential; TOOLGATE_RUN_ID: the run
     the named calls are in; TOOLGATE_BIN, TOOLGATE_KEY_FILE: for the relay;
     TOOLGATE_ERA: the SDK's mode, "legacy" (initialize and a session, the
@@ -11,6 +13,7 @@ as an application uses it. Prints one JSON report; the Rust test judges it.
 """
 
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -106,9 +109,52 @@ async def reissue(report):
         report["new"] = summary(await session.call_tool("mcp-writes-write", {"line": "sdk"}))
 
 
+def blocks(result):
+    return [block.model_dump(by_alias=True, exclude_none=True) for block in result.content]
+
+
+async def read(session, uri):
+    """The bytes a resource link reads, or the error the client met."""
+    try:
+        contents = (await session.read_resource(uri)).contents
+        return {"bytes": base64.b64decode(contents[0].blob), "mime_type": contents[0].mime_type}
+    except Exception as error:  # McpError, as an application meets it
+        return {"error": str(error)}
+
+
+async def artifacts(report):
+    # A result too large to carry, an image that fits the call's limit and
+    # one that does not: what the client reads of each.
+    async with client() as session:
+        huge = blocks(await session.call_tool("mcp-media-huge", {"bytes": 200000}))
+        report["huge_types"] = [block["type"] for block in huge]
+        link = next(block for block in huge if block["type"] == "resource_link")
+        report["huge_link"] = {key: link.get(key) for key in ("uri", "mimeType", "size")}
+        whole = await read(session, link["uri"])
+        report["huge_read"] = {"length": len(whole.get("bytes", b"")), "distinct": sorted(set(whole.get("bytes", b"").decode())),
+                               "mime_type": whole.get("mime_type"), "error": whole.get("error")}
+        small = blocks(await session.call_tool("mcp-media-image", {"bytes": 300}))
+        report["small_image"] = [{"type": block["type"], "mimeType": block.get("mimeType"),
+                                  "length": len(base64.b64decode(block.get("data", "")))} for block in small]
+        large = blocks(await session.call_tool("mcp-media-image", {"bytes": 100000}))
+        report["large_image"] = [{key: block.get(key) for key in ("type", "mimeType", "size", "uri")} for block in large]
+        large_read = await read(session, large[0].get("uri", ""))
+        report["large_read"] = {"length": len(large_read.get("bytes", b"")), "mime_type": large_read.get("mime_type"),
+                                "error": large_read.get("error")}
+        report["listed"] = len((await session.list_resources()).resources)
+        # Another run's link with this artifact's id names nothing.
+        forged = link["uri"].replace(link["uri"].split("/")[3], "00000000-0000-4000-8000-000000000000")
+        report["forged"] = (await read(session, forged)).get("error")
+    # Another principal of the same tenant, with the very link.
+    other = Client(streamable_http_client(URL, http_client=create_mcp_http_client(
+        headers={"Authorization": f"Bearer {os.environ['TOOLGATE_OTHER_KEY']}"})), mode=ERA)
+    async with other as session:
+        report["other"] = (await read(session, link["uri"])).get("error")
+
+
 async def main():
     report = {}
-    await {"first": first, "second": second, "reissue": reissue}[PHASE](report)
+    await {"first": first, "second": second, "reissue": reissue, "artifacts": artifacts}[PHASE](report)
     print(json.dumps(report))
 
 

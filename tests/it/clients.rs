@@ -155,6 +155,92 @@ fn in_turn(command: &mut Command, socket: &Path, token: &str) -> Output {
         .expect("the script runs")
 }
 
+/// A script blocked on an approval says so: each client, two seconds into
+/// a call still unanswered, asks the turn and writes one line on standard
+/// error naming the tool, the approval and the wait left. The approval is
+/// decided only once the line is read, so the line is what the test waits
+/// for, not a time.
+#[test]
+fn both_clients_say_on_standard_error_what_a_blocked_call_waits_for() {
+    use std::io::BufRead as _;
+    let served = Served::start();
+    let session = session(&served);
+    let folder = tempfile::tempdir().unwrap();
+    let client = sandbox_bridge().join("typescript/toolgate_bridge.mjs");
+    let script_file = folder.path().join("wait.mjs");
+    std::fs::write(
+        &script_file,
+        format!(
+            "import {{ call, close }} from \"file://{}\";\nconsole.log(JSON.stringify(await call(\"demo.external_write\", {{ line: \"waited\" }})));\nclose();\n",
+            client.display()
+        ),
+    )
+    .unwrap();
+    let python = "import json\nfrom toolgate_bridge import call\nprint(json.dumps(call(\"demo.external_write\", line=\"waited\")))\n";
+    for language in ["python", "typescript"] {
+        let (_, socket, token) = served.turn(session, Uuid::new_v4(), "wait", None);
+        let mut command = match language {
+            "python" => {
+                let mut command = Command::new("python3");
+                command.arg("-c").arg(python);
+                command
+            }
+            _ => {
+                let mut command = Command::new("node");
+                command.arg(&script_file);
+                command
+            }
+        };
+        let mut child = command
+            .env("PYTHONPATH", sandbox_bridge())
+            .env("TOOLGATE_BRIDGE_SOCKET", &socket)
+            .env("TOOLGATE_BRIDGE_TOKEN", &token)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        let prefix = "toolgate: the call to demo.external_write waits for a human's approval (";
+        let approval = line
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split_once(')'))
+            .map(|(id, _)| id.to_owned())
+            .unwrap_or_else(|| panic!("{language}: {line:?}"));
+        assert!(
+            line.contains("this script blocks for up to"),
+            "{language}: {line}"
+        );
+        let seconds: u64 = line
+            .split("up to ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|seconds| seconds.parse().ok())
+            .unwrap_or_else(|| panic!("{language}: {line}"));
+        assert!((1..=30).contains(&seconds), "{language}: {line}");
+        let (_, body) = served.get(&format!("/v1/approvals?status=pending&tenant_id={TENANT}"));
+        assert_eq!(
+            json_of(&body)["approvals"][0]["approval_id"],
+            approval,
+            "{language}: the line names the pending approval: {}",
+            json_of(&body)
+        );
+        let (status, _) = served.post(
+            &format!("/v1/approvals/{approval}?tenant_id={TENANT}"),
+            &json!({"decision": "approve", "approver": "ops"}),
+        );
+        assert_eq!(status, 200);
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{language}: {output:?}");
+        assert!(
+            !output.stdout.is_empty(),
+            "{language}: the call's value: {output:?}"
+        );
+    }
+    assert_eq!(served.external_writes(), 2);
+}
+
 /// The shared protocol test: a Python and a TypeScript script make the same
 /// calls through their turns and read the same values.
 #[test]

@@ -201,6 +201,57 @@ fn an_invalid_policy_file_is_reported_at_its_field() {
     );
 }
 
+/// A discovery that takes long says so as it goes, on standard error: what
+/// it starts, then that it is still waiting. The server here starts only
+/// once the test has read the second line, so the wait is the test's doing.
+#[test]
+fn a_long_discovery_says_what_it_is_doing() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let text = format!(
+        "{BASE}\n[mcp]\nstate_directory = \"mcp-state\"\n\n\
+         [[mcp.servers]]\nserver_id = \"slow\"\ncommand = \"/bin/sh\"\n\
+         args = [\"-c\", \"while [ ! -e {gate} ]; do /bin/sleep 0.05; done; exec {server}\"]\n\
+         side_effect = \"external_read\"\nrisk = \"low\"\nidempotency = \"read_only\"\n",
+        gate = gate.display(),
+        server = crate::mcp::scripted_server().display(),
+    );
+    let file = write(&dir, &text);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["discover", "--config"])
+        .arg(&file)
+        .env_remove("TOOLGATE_STORE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("toolgate runs");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = Vec::new();
+    while !said
+        .iter()
+        .any(|line: &String| line.contains("still waiting for the servers' catalogs"))
+    {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "discover ended without saying it waits: {said:?}"
+        );
+        said.push(line);
+    }
+    assert!(
+        said[0].starts_with("toolgate: starting 1 stdio server(s) and dialling 0 HTTP server(s)"),
+        "{said:?}"
+    );
+    std::fs::write(&gate, "").unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout} {output:?}");
+    assert!(stdout.contains("registered mcp.slow.echo"), "{stdout}");
+    // The report itself stays on standard output alone.
+    assert!(!stdout.contains("still waiting"), "{stdout}");
+}
+
 /// `toolgate discover` on a file naming the scripted server: the operator's
 /// settings reach the child (the catalog it is told to serve, its state
 /// folder under `mcp.state_directory`), rejections are reported with their

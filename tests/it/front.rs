@@ -43,7 +43,7 @@ listen = "127.0.0.1:{port}"
 id = "alpha"
 sha256 = "{a}"
 tenant_id = "{TENANT}"
-principal = {{ id = "user-1", scopes = ["demo.use", "mcp.reads.use", "mcp.writes.use"] }}
+principal = {{ id = "user-1", scopes = ["demo.use", "mcp.reads.use", "mcp.writes.use", "mcp.media.use"] }}
 tools = ["demo.*", "mcp.*", "skill.load"]
 
 [[front.api_keys]]

@@ -189,6 +189,102 @@ fn python_sdk(era: &str) {
     );
 }
 
+/// The Python SDK reading what toolgate kept of its results: a text too
+/// large to carry and an image too large to inline, through their links;
+/// a small image inline. Another principal's client reads nothing.
+fn python_sdk_reads_artifacts(era: &str) {
+    let media = format!(
+        r#"
+[[mcp.servers]]
+server_id = "media"
+command = "{server}"
+env = {{ SCRIPTED_CATALOG = "probe" }}
+side_effect = "external_read"
+risk = "low"
+idempotency = "read_only"
+maximum_output_bytes = 65536
+required_scopes = ["mcp.media.use"]
+"#,
+        server = crate::mcp::scripted_server().display(),
+    );
+    let door = Door::start("", &media);
+    let mut command = Command::new(python("clients"));
+    command
+        .arg(script("front_python.py"))
+        .args(["artifacts", &url(&door)])
+        .env("TOOLGATE_FRONT_KEY", KEY_A)
+        .env("TOOLGATE_OTHER_KEY", crate::front::KEY_A2)
+        .env("TOOLGATE_RUN_ID", Uuid::new_v4().to_string())
+        .env("TOOLGATE_ERA", era);
+    let report = report(command);
+    // The excerpt's head, its marker and its tail, and the link that reads
+    // the whole (the server sends whole chunks: 4 × 64 KiB).
+    assert_eq!(
+        report["huge_types"],
+        json!(["text", "text", "text", "resource_link"]),
+        "{report}"
+    );
+    let whole = 262_144;
+    assert_eq!(
+        report["huge_link"]["mimeType"], "text/plain; charset=utf-8",
+        "{report}"
+    );
+    assert_eq!(report["huge_link"]["size"], whole, "{report}");
+    assert!(
+        report["huge_link"]["uri"]
+            .as_str()
+            .unwrap()
+            .starts_with("toolgate://runs/"),
+        "{report}"
+    );
+    assert_eq!(report["huge_read"]["error"], Value::Null, "{report}");
+    assert_eq!(report["huge_read"]["length"], whole, "{report}");
+    assert_eq!(report["huge_read"]["distinct"], json!(["x"]), "{report}");
+    assert_eq!(
+        report["huge_read"]["mime_type"], "text/plain; charset=utf-8",
+        "{report}"
+    );
+    assert_eq!(
+        report["small_image"],
+        json!([{"type": "image", "mimeType": "image/png", "length": 300}]),
+        "{report}"
+    );
+    assert_eq!(
+        report["large_image"][0]["type"], "resource_link",
+        "{report}"
+    );
+    assert_eq!(
+        report["large_image"][0]["mimeType"], "image/png",
+        "{report}"
+    );
+    // base64 of 100,000 bytes, as the server rounds it: 100,002.
+    assert_eq!(report["large_image"][0]["size"], 100_002, "{report}");
+    assert_eq!(
+        report["large_read"],
+        json!({"length": 100_002, "mime_type": "image/png", "error": null}),
+        "{report}"
+    );
+    assert_eq!(report["listed"], 0, "{report}");
+    for refused in ["forged", "other"] {
+        assert!(
+            report[refused]
+                .as_str()
+                .is_some_and(|error| error.contains("Resource not found")),
+            "{refused}: {report}"
+        );
+    }
+}
+
+#[test]
+fn the_python_sdk_reads_a_large_result_and_images_through_the_front_door() {
+    python_sdk_reads_artifacts("legacy");
+}
+
+#[test]
+fn the_python_sdk_without_sessions_reads_a_large_result_and_images() {
+    python_sdk_reads_artifacts("2026-07-28");
+}
+
 #[test]
 fn the_python_sdk_lists_calls_waits_for_approval_and_reconnects() {
     python_sdk("legacy");

@@ -314,7 +314,8 @@ required_scopes = ["mcp.writes.use"]
         while UnixStream::connect(&self.socket).is_err() {
             assert!(
                 started.elapsed() < Duration::from_secs(30),
-                "toolgate serve did not listen"
+                "toolgate serve did not listen: {}",
+                self.logs.lock().unwrap()
             );
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -11,7 +11,8 @@ use uuid::Uuid;
 use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
 use crate::ports::{
-    ConsoleSignIn, Ended, Held, InvocationRecord, InvocationState, RunOwner, StoreError, Suspension,
+    ArtifactRecord, ConsoleSignIn, Ended, Held, InvocationRecord, InvocationState, RunOwner,
+    StoreError, StoredArtifact, Suspension,
 };
 
 /// A row's columns as values, however the backend stores them.
@@ -180,6 +181,25 @@ pub(super) fn run_owner(row: &impl Columns) -> Result<RunOwner, StoreError> {
         principal_id: row.text("principal_id")?,
         session_id: row.uuid("session_id")?,
         opened_at: row.time("opened_at")?,
+    })
+}
+
+/// An artifact's row and its run's owner, by id within a tenant.
+pub(super) const ARTIFACT_WITH_OWNER: &str = "SELECT a.id, a.run_id, a.media_type, a.bytes, a.trust, \
+     r.principal_id FROM artifacts a LEFT JOIN runs r \
+     ON r.tenant_id = a.tenant_id AND r.run_id = a.run_id \
+     WHERE a.id = $1 AND a.tenant_id = $2";
+
+pub(super) fn artifact(row: &impl Columns) -> Result<ArtifactRecord, StoreError> {
+    Ok(ArtifactRecord {
+        artifact: StoredArtifact {
+            id: row.uuid("id")?,
+            media_type: row.text("media_type")?,
+            bytes: row.integer("bytes")?,
+            trust: parse(&row.text("trust")?, "trust")?,
+        },
+        run_id: row.uuid("run_id")?,
+        run_principal_id: row.optional_text("principal_id")?,
     })
 }
 

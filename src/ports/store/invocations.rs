@@ -138,6 +138,8 @@ pub struct ArtifactRecord {
     pub artifact: StoredArtifact,
     /// The run whose call produced it.
     pub run_id: Uuid,
+    /// Whose that run is (none for a run recorded before runs had owners).
+    pub run_principal_id: Option<String>,
 }
 
 /// A `tool_invocations` row: the call's identity and classification

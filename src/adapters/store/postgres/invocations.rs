@@ -711,25 +711,14 @@ impl InvocationStore for PostgresStore {
     ) -> BoxFuture<'a, Result<Option<ArtifactRecord>, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
-            let row = sqlx::query("SELECT id, run_id, media_type, bytes, trust FROM artifacts WHERE id = $1 AND tenant_id = $2")
+            let row = sqlx::query(ARTIFACT_WITH_OWNER)
                 .bind(id)
                 .bind(tenant_id)
                 .fetch_optional(tx.statements())
                 .await
                 .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            row.map(|row| {
-                Ok(ArtifactRecord {
-                    artifact: StoredArtifact {
-                        id: get(&row, "id")?,
-                        media_type: get(&row, "media_type")?,
-                        bytes: get(&row, "bytes")?,
-                        trust: parse(&get::<String>(&row, "trust")?, "trust")?,
-                    },
-                    run_id: get(&row, "run_id")?,
-                })
-            })
-            .transpose()
+            row.as_ref().map(artifact).transpose()
         })
     }
 

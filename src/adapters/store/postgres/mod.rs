@@ -3,7 +3,7 @@
 //! database safe. Each transaction sets the tenant (or the system scope) that
 //! row-level security checks.
 
-use super::rows::{console_sign_in, held, invocation, run_owner};
+use super::rows::{ARTIFACT_WITH_OWNER, artifact, console_sign_in, held, invocation, run_owner};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -20,8 +20,8 @@ use crate::ports::{
     ConsoleSignInStore, EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord,
     InvocationStore, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths,
     Registration, Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord,
-    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, StoredArtifact, TerminalRecord,
-    ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
+    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, TerminalRecord, ToolEvent,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 use connections::{
     DEFAULT_CONNECTIONS, HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach,

@@ -837,26 +837,12 @@ impl InvocationStore for SqliteStore {
     ) -> BoxFuture<'a, Result<Option<ArtifactRecord>, StoreError>> {
         Box::pin(async move {
             let row = self.read(|connection| {
-                query(
-                    "SELECT id, run_id, media_type, bytes, trust FROM artifacts \
-                     WHERE id = $1 AND tenant_id = $2",
-                )
-                .bind(id.to_string())
-                .bind(tenant_id)
-                .fetch_optional(connection)
+                query(ARTIFACT_WITH_OWNER)
+                    .bind(id.to_string())
+                    .bind(tenant_id)
+                    .fetch_optional(connection)
             })?;
-            row.map(|row| {
-                Ok(ArtifactRecord {
-                    artifact: StoredArtifact {
-                        id: uuid(&row, "id")?,
-                        media_type: get(&row, "media_type")?,
-                        bytes: get(&row, "bytes")?,
-                        trust: parse(&get::<String>(&row, "trust")?, "trust")?,
-                    },
-                    run_id: uuid(&row, "run_id")?,
-                })
-            })
-            .transpose()
+            row.as_ref().map(artifact).transpose()
         })
     }
 

@@ -23,7 +23,7 @@ use uuid::Uuid;
 use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
-use super::rows::{console_sign_in, held, invocation, run_owner};
+use super::rows::{ARTIFACT_WITH_OWNER, artifact, console_sign_in, held, invocation, run_owner};
 use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
@@ -32,8 +32,8 @@ use crate::ports::{
     ConsoleSignInStore, EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord,
     InvocationStore, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths,
     Registration, Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord,
-    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, StoredArtifact, TerminalRecord,
-    ToolEvent, WorkerLease, WorkerRegistration, WorkerStore,
+    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, TerminalRecord, ToolEvent,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more
