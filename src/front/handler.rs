@@ -887,6 +887,17 @@ impl FrontMethods for Methods {
         Box::pin(Methods::list_prompts(self, context))
     }
 
+    fn list_resources(&self, templates: bool, context: FrontContext) -> Value {
+        let key = if templates {
+            "resourceTemplates"
+        } else {
+            "resources"
+        };
+        let mut result = json!({ key: [] });
+        render::listed(&mut result, context.stateless);
+        result
+    }
+
     fn get_prompt(
         &self,
         params: Value,

@@ -612,7 +612,10 @@ mod tests {
             links[0]["uri"],
             format!("toolgate://runs/{run}/artifacts/{}", capture.artifact_id)
         );
-        assert_eq!(content[1], *links[0], "the link stands where the artifact was");
+        assert_eq!(
+            content[1], *links[0],
+            "the link stands where the artifact was"
+        );
         assert_eq!(links[0]["mimeType"], "text/plain");
         assert_eq!(links[0]["size"], 90_000);
         assert_eq!(links[1]["mimeType"], "image/png");

@@ -106,6 +106,11 @@ pub trait FrontMethods: Send + Sync {
     /// `prompts/list`.
     fn list_prompts(&self, context: FrontContext) -> BoxFuture<'_, Result<Value, FrontError>>;
 
+    /// `resources/list` (`templates`: `resources/templates/list`): what a
+    /// client may enumerate, which is nothing; artifacts are reached by
+    /// the links results carry.
+    fn list_resources(&self, templates: bool, context: FrontContext) -> Value;
+
     /// `prompts/get`.
     fn get_prompt(
         &self,

@@ -178,8 +178,8 @@ fn credential_forwarder(
 /// pass. The others need a reference server's own tools, prompts and
 /// resources under fixed names (`test_simple_text`, `json_schema_2020_12_tool`,
 /// `test_simple_prompt`), which a gateway's tools are not, or features
-/// toolgate never offers a client (logging, completion, resources,
-/// sampling, elicitation). `tools-call-error` is here because toolgate
+/// toolgate never offers a client (logging, completion, sampling,
+/// elicitation; its resources are the artifacts its results link to). `tools-call-error` is here because toolgate
 /// answers every call that does not succeed as an `isError` result, never a
 /// protocol error; the suite's tool not being one of toolgate's is such a
 /// call.
@@ -232,6 +232,8 @@ const SERVER_SCENARIOS_2026: &[(&str, &[&str])] = &[
         &[
             "sep-2549-tools-list-caching-hints",
             "sep-2549-prompts-list-caching-hints",
+            "sep-2549-resources-list-caching-hints",
+            "sep-2549-resources-templates-list-caching-hints",
             "sep-2549-ttl-non-negative",
             "sep-2549-cache-scope-valid",
         ],
@@ -251,14 +253,11 @@ const SERVER_SCENARIOS_2026: &[(&str, &[&str])] = &[
 ];
 
 /// Checks of those scenarios that cannot apply to a gateway, and why: they
-/// call the reference server's own diagnostic tool, or read resources,
-/// which toolgate reads through its read tool, not `resources/*`.
+/// call the reference server's own diagnostic tool.
 const NOT_APPLICABLE_2026: &[&str] = &[
     // `test_missing_capability`, a tool of the reference server's.
     "sep-2575-server-rejects-undeclared-capability",
     "sep-2575-missing-capability-http-400",
-    "sep-2549-resources-list-caching-hints",
-    "sep-2549-resources-templates-list-caching-hints",
 ];
 
 /// Runs `scenarios` of the suite at `suite` against the front door (through

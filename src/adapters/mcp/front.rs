@@ -15,8 +15,9 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult,
     ErrorCode, GetPromptRequestParams, GetPromptResponse, GetPromptResult, GetTaskParams,
     GetTaskResult, InitializeRequestParams, InitializeResult, InputRequiredResult,
-    ListPromptsResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, ServerConfig,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    ServerConfig,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
@@ -199,6 +200,22 @@ impl ServerHandler for Handler {
     ) -> Result<ListPromptsResult, McpError> {
         let listed = self.methods.list_prompts(context_of(&context)).await;
         from_json(listed.map_err(error)?)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        from_json(self.methods.list_resources(false, context_of(&context)))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        from_json(self.methods.list_resources(true, context_of(&context)))
     }
 
     async fn get_prompt(
