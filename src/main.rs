@@ -106,6 +106,18 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// Reload the running sidecar this configuration names (through its
+    /// control socket): the policy rules and the front door's credentials
+    /// are put in force; any other section changed in the file is reported
+    /// as waiting for a restart.
+    Reload {
+        /// The TOML file the sidecar was started with.
+        #[arg(long, default_value = "config/toolgate.toml")]
+        config: PathBuf,
+        /// The control socket, instead of the one the configuration names.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
 }
 
 /// Where an operator command finds the sidecar, and whose records it reads.
@@ -290,7 +302,10 @@ fn main() -> ExitCode {
             let Some(runtime) = runtime_with(threads) else {
                 return ExitCode::FAILURE;
             };
-            let options = toolgate::app::ServeOptions { migrate };
+            let options = toolgate::app::ServeOptions {
+                migrate,
+                config_path: Some(config.clone()),
+            };
             let served = runtime.block_on(serve(&config, &environment, options));
             // What spans are buffered go to the collector before the exit.
             if let Some(export) = &export {
@@ -342,6 +357,75 @@ fn main() -> ExitCode {
         Command::Invocations { command } => invocations(command, &environment),
         Command::Approvals { command } => approvals(command, &environment),
         Command::Review { command } => review(command, &environment),
+        Command::Reload { config, socket } => reload(&config, socket, &environment),
+    }
+}
+
+/// `toolgate reload`: asks the sidecar on the configuration's control
+/// socket to reload, and prints what it did, a line per section or file.
+/// Fails when anything was refused, or no sidecar answered.
+fn reload(
+    config: &std::path::Path,
+    socket: Option<PathBuf>,
+    environment: &BTreeMap<String, String>,
+) -> ExitCode {
+    let socket = match socket {
+        Some(socket) => socket,
+        None => match toolgate::app::control_socket(config, environment) {
+            Ok(socket) => socket,
+            Err(errors) => {
+                for error in &errors.0 {
+                    eprintln!("{}: {error}", config.display());
+                }
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let answer = match runtime.block_on(send(&socket, Method::POST, "/v1/reload", None)) {
+        Ok(answer) if answer.status == 200 => answer.body,
+        Ok(answer) => {
+            eprintln!("toolgate: {}", answer.refusal());
+            return ExitCode::FAILURE;
+        }
+        Err(error) => {
+            eprintln!(
+                "toolgate: {error}; is the sidecar of {} running?",
+                config.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let lines = |key: &str| -> Vec<String> {
+        answer[key]
+            .as_array()
+            .map(|lines| {
+                lines
+                    .iter()
+                    .filter_map(|line| line.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for line in lines("reloaded") {
+        out!("reloaded: {line}");
+    }
+    for line in lines("unchanged") {
+        out!("unchanged: {line}");
+    }
+    for line in lines("restart_required") {
+        out!("restart required: {line} (changed in the file; in force after the next start)");
+    }
+    let refused = lines("refused");
+    for line in &refused {
+        out!("refused: {line}");
+    }
+    if refused.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -717,7 +801,7 @@ async fn serve(
             _ = terminate.recv() => break false,
             _ = interrupt.recv() => break false,
             _ = lost.cancelled() => break true,
-            _ = hangup.recv() => running.reload(),
+            _ = hangup.recv() => running.reload().await,
         }
     };
     let force = async {

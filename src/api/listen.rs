@@ -260,6 +260,10 @@ impl ControlApi {
         }
         let routed = Routed { query, request };
         let result = match (method, segments.as_slice()) {
+            (Method::POST, ["v1", "reload"]) => Ok(reply(
+                StatusCode::OK,
+                &json!(self.parts.reload.reload().await),
+            )),
             (Method::GET, ["healthz"]) => Ok(reply(StatusCode::OK, &json!({"status": "ok"}))),
             (Method::GET, ["readyz"]) => Ok(self.parts.readiness.readiness().await),
             (Method::GET, ["metrics"]) => Ok(self.metrics().await),

@@ -77,6 +77,8 @@ pub struct ApiParts {
     pub connections: ConnectionCap,
     /// What `/readyz` answers, as the operations listener does.
     pub readiness: Arc<ops::Operations>,
+    /// Reloads the node from its configuration (`POST /v1/reload`).
+    pub reload: Arc<dyn crate::ports::Reload>,
     /// Now.
     pub clock: Arc<dyn Clock>,
     /// Limits.

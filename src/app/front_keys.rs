@@ -6,27 +6,7 @@ use jsonwebtoken::Algorithm;
 
 use super::{AppError, egress_dialer};
 use crate::config::{Config, ConfigErrors, JwtAlgorithm};
-use crate::front::{ApiKey, Credentials, Front, JwtSettings, KeySource, TenantSource};
-
-/// SIGHUP: the front door's API keys file and JWK set file are read again;
-/// what does not validate leaves the credentials in force as they were.
-pub(super) fn reload_front_credentials(front: &Front, config: &crate::config::FrontConfig) {
-    if config.api_keys_file.is_some() {
-        match all_front_keys(config) {
-            Ok(keys) => {
-                let count = keys.len();
-                front.credentials().replace_keys(keys);
-                tracing::info!(keys = count, "front door API keys reloaded");
-            }
-            Err(errors) => {
-                tracing::warn!(error = %errors, "front door API keys not reloaded; the keys in force stay")
-            }
-        }
-    }
-    if let Err(error) = front.credentials().reload_key_file() {
-        tracing::warn!(error = %error, "front door key set not reloaded; the set in force stays");
-    }
-}
+use crate::front::{ApiKey, Credentials, JwtSettings, KeySource, TenantSource};
 
 /// The front door's API keys as the front door holds them.
 pub(super) fn front_keys(keys: &[crate::config::ApiKeyConfig]) -> Vec<ApiKey> {

@@ -5,6 +5,7 @@
 
 mod front_keys;
 mod identity;
+mod reload;
 mod serve;
 mod sockets;
 
@@ -191,12 +192,12 @@ pub fn check_config(
 }
 
 /// The control socket the configuration at `path` names, for the operator
-/// commands that talk to a running sidecar.
+/// commands that talk to a running sidecar: its `[control]` is enough.
 pub fn control_socket(
     path: &Path,
     environment: &BTreeMap<String, String>,
 ) -> Result<PathBuf, ConfigErrors> {
-    Ok(Config::load(path, environment)?.control.socket)
+    Config::control_socket_of(path, environment)
 }
 
 /// `toolgate migrate`: applies the store's pending migrations and returns

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::front_keys::{front_credentials, reload_front_credentials};
+use super::front_keys::front_credentials;
+use super::reload::Reloader;
 use super::identity::NodeIdentity;
 use super::sockets::{bind_control, bind_socket};
 use super::{
@@ -36,13 +37,17 @@ use crate::pipeline::{
     Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
     WorkerSettings,
 };
-use crate::ports::{Clock, CredentialResolver, Metrics, PolicyEngine, SystemClock};
+use crate::ports::{Clock, CredentialResolver, Metrics, PolicyEngine, Reload as _, SystemClock};
 
 /// How `toolgate serve` runs.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
     /// Apply pending migrations instead of refusing to start.
     pub migrate: bool,
+    /// Where the configuration was read from: a reload reads it again.
+    /// Without it a reload reads only the files the configuration names
+    /// (the policy rules, the front door's keys).
+    pub config_path: Option<std::path::PathBuf>,
 }
 
 /// A node built from its validated configuration: its identity held, its
@@ -72,7 +77,7 @@ pub(super) struct Node {
     bridge: Arc<Bridge>,
     front: Option<Arc<Front>>,
     in_flight: Arc<InFlight>,
-    reloadable: Option<Arc<ReloadablePolicy>>,
+    reloader: Arc<Reloader>,
 }
 
 /// Every listener a node serves, bound before any is served.
@@ -175,12 +180,19 @@ pub async fn build(
     let warmed = CancellationToken::new();
     let warm_up = warm_up(&config.mcp);
     let operations = operations(&shared, &lease, &warmed, &warm_up);
-    let api = control_api(&config, &shared, &bridge, operations.clone());
     let front = if config.front.enabled() {
         Some(front(&config, &shared)?)
     } else {
         None
     };
+    let reloader = Arc::new(Reloader::new(
+        &config,
+        options.config_path.clone(),
+        environment,
+        reloadable,
+        front.clone(),
+    ));
+    let api = control_api(&config, &shared, &bridge, operations.clone(), reloader.clone());
     let console = if config.console.enabled() {
         Some(console(&config, &shared)?)
     } else {
@@ -212,7 +224,7 @@ pub async fn build(
             bridge,
             front,
             in_flight: shared.in_flight,
-            reloadable,
+            reloader,
         },
         sessions: shared.sessions,
         api,
@@ -353,6 +365,7 @@ fn control_api(
     shared: &Shared,
     bridge: &Arc<Bridge>,
     readiness: Arc<Operations>,
+    reload: Arc<dyn crate::ports::Reload>,
 ) -> Arc<ControlApi> {
     let (store, clock) = (&shared.store, &shared.clock);
     ControlApi::new(ApiParts {
@@ -385,6 +398,7 @@ fn control_api(
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.limits.control_connections),
         readiness,
+        reload,
         clock: clock.clone(),
         settings: ApiSettings {
             limits: shared.limits,
@@ -712,23 +726,20 @@ impl Running {
         self.node.lease.lost()
     }
 
-    /// What SIGHUP asks for: the policy file and the front door's
-    /// credentials read again; what does not validate leaves what is in
-    /// force.
-    pub fn reload(&self) {
-        match &self.node.reloadable {
-            // The file is the operator's: its error names a line, never a
-            // secret.
-            Some(reloadable) => match reloadable.reload() {
-                Ok(()) => tracing::info!("policy reloaded"),
-                Err(error) => {
-                    tracing::warn!(error = %error, "policy not reloaded; the rules in force stay")
-                }
-            },
-            None => tracing::info!("no policy file to reload"),
+    /// What SIGHUP asks for, as `toolgate reload` does: the configuration
+    /// and the files it names read again, what may change while the node
+    /// runs put in force, the rest reported; what does not validate leaves
+    /// what is in force. Each line of the report is logged.
+    pub async fn reload(&self) {
+        let report = self.node.reloader.reload().await;
+        for line in &report.reloaded {
+            tracing::info!(what = %line, "reloaded");
         }
-        if let Some(front) = &self.node.front {
-            reload_front_credentials(front, &self.node.config.front);
+        for line in &report.restart_required {
+            tracing::warn!(section = %line, "changed in the configuration file; in force only after a restart");
+        }
+        for line in &report.refused {
+            tracing::warn!(problem = %line, "not reloaded; what is in force stays");
         }
     }
 

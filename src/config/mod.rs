@@ -169,6 +169,19 @@ impl Problems {
 /// Environment variables that override the file, applied before validation.
 pub const ENVIRONMENT_OVERRIDES: &[&str] = &["TOOLGATE_STORE_URL", "TOOLGATE_CONTROL_SOCKET"];
 
+/// The folder a configuration's relative paths are under: the file's own,
+/// absolute, so a path handed to a child (its HOME, its TMPDIR) means the
+/// same in the child's own working folder.
+fn folder_of(path: &Path) -> PathBuf {
+    let base = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    base.canonicalize()
+        .or_else(|_| std::path::absolute(base))
+        .unwrap_or_else(|_| base.to_path_buf())
+}
+
 /// `relative` from `base`, its leading `..` climbing `base` itself: the
 /// configuration's folder, resolved, so no link makes that climb mean
 /// something else.
@@ -201,19 +214,37 @@ impl Config {
         })?;
         let mut config = Config::parse(&text)?;
         config.apply_environment(environment);
-        // Absolute, so a path handed to a child (its HOME, its TMPDIR) means
-        // the same in the child's own working folder.
-        let base = match path.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => parent,
-            _ => Path::new("."),
-        };
-        let base = base
-            .canonicalize()
-            .or_else(|_| std::path::absolute(base))
-            .unwrap_or_else(|_| base.to_path_buf());
-        config.resolve_paths(&base);
+        config.resolve_paths(&folder_of(path));
         config.validate()?;
         Ok(config)
+    }
+
+    /// The control socket the file at `path` names, read from its
+    /// `[control]` alone: an operator command still reaches the node when
+    /// another section of the file does not validate (a reload then says
+    /// what). The whole file's errors when even that cannot be read.
+    pub fn control_socket_of(
+        path: &Path,
+        environment: &BTreeMap<String, String>,
+    ) -> Result<PathBuf, ConfigErrors> {
+        let whole = match Config::load(path, environment) {
+            Ok(config) => return Ok(config.control.socket),
+            Err(errors) => errors,
+        };
+        let named = environment
+            .get("TOOLGATE_CONTROL_SOCKET")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let text = std::fs::read_to_string(path).ok()?;
+                let table: toml::Table = toml::from_str(&text).ok()?;
+                let control: ControlConfig = table.get("control")?.clone().try_into().ok()?;
+                Some(control.socket)
+            });
+        match named {
+            Some(socket) if socket.is_relative() => Ok(beneath(&folder_of(path), &socket)),
+            Some(socket) => Ok(socket),
+            None => Err(whole),
+        }
     }
 
     /// Parses TOML into the typed schema: the configuration, or the first

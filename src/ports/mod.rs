@@ -12,6 +12,7 @@ pub mod front;
 pub mod mcp;
 pub mod metrics;
 pub mod policy;
+pub mod reload;
 pub mod store;
 pub mod tool;
 
@@ -20,6 +21,7 @@ pub use egress::{DialError, Dialed, EgressDialer, EgressStream};
 pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerDiscovery};
 pub use metrics::{Labels, Metrics};
 pub use policy::PolicyEngine;
+pub use reload::{Reload, ReloadReport};
 pub use store::{
     ApprovalItem, ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BreakerTally,
     CatalogEntry, CatalogGeneration, CatalogGenerationItem, CatalogRow, CatalogStore, Claim,

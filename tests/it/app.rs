@@ -39,7 +39,14 @@ directory = "state/node"
     let environment = BTreeMap::new();
     let config = Config::load(&path, &environment).unwrap();
     let socket = config.control.socket.clone();
-    let built = app::build(config, &environment, ServeOptions { migrate: true })
+    let built = app::build(
+        config,
+        &environment,
+        ServeOptions {
+            migrate: true,
+            ..ServeOptions::default()
+        },
+    )
         .await
         .unwrap();
     // Built is not served: the socket is bound, nothing answers on it yet.

@@ -125,6 +125,7 @@ fn a_tenant_approval_hold_overrides_the_default() {
 /// one is refused and the rules in force stay.
 #[test]
 fn the_policy_is_reloaded_on_sighup_and_a_bad_file_keeps_the_old() {
+    const REFUSED: &str = "\"problem\":\"policy rules";
     let served = Served::start();
     let session = served.session();
     let policy = served.folder.path().join("policy.toml");
@@ -160,11 +161,15 @@ fn the_policy_is_reloaded_on_sighup_and_a_bad_file_keeps_the_old() {
     )
     .unwrap();
     hangup();
-    assert!(logged("policy reloaded"));
+    assert!(
+        logged("\"what\":\"policy rules"),
+        "{}",
+        served.logs.lock().unwrap()
+    );
     assert_eq!(echo(2), "denied");
     std::fs::write(&policy, "[[rules]]\ntools = 42\n").unwrap();
     hangup();
-    assert!(logged("policy not reloaded"));
+    assert!(logged(REFUSED));
     assert_eq!(echo(3), "denied", "the rules in force stayed");
     // An emptied file (comments only) never fails open: refused like a
     // broken one, unless it says it has no rules.
@@ -172,7 +177,7 @@ fn the_policy_is_reloaded_on_sighup_and_a_bad_file_keeps_the_old() {
         .logs
         .lock()
         .unwrap()
-        .matches("policy not reloaded")
+        .matches(REFUSED)
         .count();
     std::fs::write(&policy, "# every rule removed\n").unwrap();
     hangup();
@@ -181,7 +186,7 @@ fn the_policy_is_reloaded_on_sighup_and_a_bad_file_keeps_the_old() {
         .logs
         .lock()
         .unwrap()
-        .matches("policy not reloaded")
+        .matches(REFUSED)
         .count()
         == before
     {
@@ -204,6 +209,107 @@ fn the_policy_is_reloaded_on_sighup_and_a_bad_file_keeps_the_old() {
     }
     let (status, _) = served.post("/v1/sessions", &json!({}));
     assert_eq!(status, 400, "still serving");
+}
+
+/// `toolgate reload` reaches the one node its configuration names, puts in
+/// force what may change while it runs (the rules, the front door's keys)
+/// and says so line by line; a section that waits for a restart is named,
+/// and a file that does not validate changes nothing.
+#[test]
+fn toolgate_reload_reloads_its_node_and_says_what_changed() {
+    let door = crate::front::Door::start("", "");
+    let other = Served::start();
+    let folder = door.served.folder.path();
+    let config = folder.join("toolgate.toml");
+    let reload = || {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["reload", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (succeeded, said) = reload();
+    assert!(succeeded, "{said}");
+    assert!(said.contains("unchanged: policy rules ("), "{said}");
+    assert!(said.contains("unchanged: front API keys (3)"), "{said}");
+    assert!(!said.contains("restart required"), "{said}");
+
+    // A new key, new rules, and a bridge setting that needs a restart.
+    let new_key = "tgk_front_alpha_0000000000000000000000000000000000000000000000000009";
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace("turn_call_cap = 64", "turn_call_cap = 65")
+        + &format!(
+            "\n[[front.api_keys]]\nid = \"late\"\nsha256 = \"{}\"\ntenant_id = \"{TENANT}\"\n\
+             principal = {{ id = \"user-9\", scopes = [\"demo.use\"] }}\ntools = [\"demo.*\"]\n",
+            toolgate::domain::sha256_hex(new_key.as_bytes())
+        );
+    std::fs::write(&config, text).unwrap();
+    std::fs::write(
+        folder.join("policy.toml"),
+        "[[rules]]\ntools = [\"demo.echo\"]\ndecision = \"deny\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        door.rpc(Some(new_key), None, &json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+            .status,
+        401,
+        "not in force before the reload"
+    );
+    let (succeeded, said) = reload();
+    assert!(succeeded, "{said}");
+    assert!(said.contains("reloaded: policy rules ("), "{said}");
+    assert!(
+        said.contains("reloaded: front API keys (4 in force; added late)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("restart required: bridge (changed in the file"),
+        "{said}"
+    );
+    door.open(new_key);
+    let session = door.open(crate::front::KEY_A);
+    let denied = door.call(
+        crate::front::KEY_A,
+        &session,
+        json!(1),
+        "demo-echo",
+        json!({"text": "x"}),
+        None,
+    );
+    assert_eq!(
+        denied["structuredContent"]["reason_code"], "policy.rule.denied",
+        "{denied}"
+    );
+    // Only the named node: the other one read nothing again.
+    assert!(
+        !other.logs.lock().unwrap().contains("reloaded"),
+        "{}",
+        other.logs.lock().unwrap()
+    );
+
+    // Asked again, what is in force is unchanged; the restart still waits.
+    let (_, said) = reload();
+    assert!(said.contains("unchanged: front API keys (4)"), "{said}");
+    assert!(said.contains("restart required: bridge"), "{said}");
+
+    // A file that does not validate: refused, named by field, and the keys
+    // and rules in force stay.
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("turn_call_cap = 65", "turn_call_cap = \"many\"")).unwrap();
+    let (succeeded, said) = reload();
+    assert!(!succeeded, "{said}");
+    assert!(said.contains("refused: "), "{said}");
+    assert!(said.contains("bridge.turn_call_cap"), "{said}");
+    door.open(new_key);
+
+    // No node on the socket: said, and a failure.
+    drop(door);
+    let (succeeded, _) = reload();
+    assert!(!succeeded);
 }
 
 /// The store reaches PostgreSQL over TLS when the URL asks for it.

@@ -255,6 +255,11 @@ impl ReloadablePolicy {
         })
     }
 
+    /// The rules file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Reads the file again; on any error the old rules stay in force.
     pub fn reload(&self) -> Result<(), PolicyFileError> {
         let fresh = std::sync::Arc::new(RuleFilePolicy::load(&self.path)?);
