@@ -100,7 +100,10 @@ impl Reloader {
             // What a reload puts in force becomes the configuration it
             // compares with; the rest stays as the node started.
             if let (Some(running), Some(read)) = (
-                state.sections.get_mut("front").and_then(Value::as_object_mut),
+                state
+                    .sections
+                    .get_mut("front")
+                    .and_then(Value::as_object_mut),
                 sections.get("front").and_then(Value::as_object),
             ) && self.front.is_some()
             {
@@ -147,9 +150,9 @@ impl Reloader {
         };
         // Put in force whole or not at all: a key that does not validate
         // leaves every key in force as it was.
-        match key_digests(&state.front).and_then(|digests| {
-            all_front_keys(&state.front).map(|keys| (digests, keys))
-        }) {
+        match key_digests(&state.front)
+            .and_then(|digests| all_front_keys(&state.front).map(|keys| (digests, keys)))
+        {
             Ok((digests, keys)) => {
                 front.credentials().replace_keys(keys);
                 let change = key_change(&state.keys, &digests);
@@ -172,7 +175,12 @@ impl Reloader {
                     .map(|error| format!("front API keys (those in force stay): {error}")),
             ),
         }
-        if let Some(file) = state.front.jwt.as_ref().and_then(|jwt| jwt.jwks_file.as_ref()) {
+        if let Some(file) = state
+            .front
+            .jwt
+            .as_ref()
+            .and_then(|jwt| jwt.jwks_file.as_ref())
+        {
             let name = format!("front JWK set ({})", file.display());
             match front.credentials().reload_key_file() {
                 Ok(()) => report.reloaded.push(format!("{name}, read again")),
@@ -254,12 +262,16 @@ fn key_change(before: &BTreeMap<String, String>, after: &BTreeMap<String, String
         .filter(|(id, digest)| before.get(*id).is_some_and(|was| was != *digest))
         .map(|(id, _)| id.as_str())
         .collect();
-    [("added", added), ("removed", removed), ("replaced", replaced)]
-        .into_iter()
-        .filter(|(_, ids)| !ids.is_empty())
-        .map(|(what, ids)| format!("{what} {}", ids.join(", ")))
-        .collect::<Vec<_>>()
-        .join("; ")
+    [
+        ("added", added),
+        ("removed", removed),
+        ("replaced", replaced),
+    ]
+    .into_iter()
+    .filter(|(_, ids)| !ids.is_empty())
+    .map(|(what, ids)| format!("{what} {}", ids.join(", ")))
+    .collect::<Vec<_>>()
+    .join("; ")
 }
 
 fn policy_digest(config: &Config) -> Option<String> {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::front_keys::front_credentials;
-use super::reload::Reloader;
 use super::identity::NodeIdentity;
+use super::reload::Reloader;
 use super::sockets::{bind_control, bind_socket};
 use super::{
     AppError, SWEEP_INTERVAL, children_reach_state, credential_resolver, mcp_servers,
@@ -192,7 +192,13 @@ pub async fn build(
         reloadable,
         front.clone(),
     ));
-    let api = control_api(&config, &shared, &bridge, operations.clone(), reloader.clone());
+    let api = control_api(
+        &config,
+        &shared,
+        &bridge,
+        operations.clone(),
+        reloader.clone(),
+    );
     let console = if config.console.enabled() {
         Some(console(&config, &shared)?)
     } else {

@@ -47,8 +47,8 @@ directory = "state/node"
             ..ServeOptions::default()
         },
     )
-        .await
-        .unwrap();
+    .await
+    .unwrap();
     // Built is not served: the socket is bound, nothing answers on it yet.
     assert!(socket.exists());
     let running = built.spawn();

@@ -1459,7 +1459,14 @@ fn api_keys_from_their_file_rotate_on_sighup() {
     let session = door.open(first);
     // Each reload here changes the keys or refuses them, and logs it: the
     // test waits for that line, not for a time.
-    let said = || door.served.logs.lock().unwrap().matches("front API keys").count();
+    let said = || {
+        door.served
+            .logs
+            .lock()
+            .unwrap()
+            .matches("front API keys")
+            .count()
+    };
     let hangup = || {
         let before = said();
         nix::sys::signal::kill(
@@ -1469,7 +1476,10 @@ fn api_keys_from_their_file_rotate_on_sighup() {
         .unwrap();
         let started = std::time::Instant::now();
         while said() == before {
-            assert!(started.elapsed() < Duration::from_secs(10), "no reload logged");
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no reload logged"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     };

@@ -22,6 +22,7 @@ mod nodes;
 mod operations;
 mod operator;
 mod pipeline;
+mod readme;
 mod recovery;
 mod security;
 mod serve;

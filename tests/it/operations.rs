@@ -173,23 +173,11 @@ fn the_policy_is_reloaded_on_sighup_and_a_bad_file_keeps_the_old() {
     assert_eq!(echo(3), "denied", "the rules in force stayed");
     // An emptied file (comments only) never fails open: refused like a
     // broken one, unless it says it has no rules.
-    let before = served
-        .logs
-        .lock()
-        .unwrap()
-        .matches(REFUSED)
-        .count();
+    let before = served.logs.lock().unwrap().matches(REFUSED).count();
     std::fs::write(&policy, "# every rule removed\n").unwrap();
     hangup();
     let started = Instant::now();
-    while served
-        .logs
-        .lock()
-        .unwrap()
-        .matches(REFUSED)
-        .count()
-        == before
-    {
+    while served.logs.lock().unwrap().matches(REFUSED).count() == before {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the empty file is refused"
@@ -254,8 +242,12 @@ fn toolgate_reload_reloads_its_node_and_says_what_changed() {
     )
     .unwrap();
     assert_eq!(
-        door.rpc(Some(new_key), None, &json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
-            .status,
+        door.rpc(
+            Some(new_key),
+            None,
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        )
+        .status,
         401,
         "not in force before the reload"
     );
@@ -299,7 +291,11 @@ fn toolgate_reload_reloads_its_node_and_says_what_changed() {
     // A file that does not validate: refused, named by field, and the keys
     // and rules in force stay.
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace("turn_call_cap = 65", "turn_call_cap = \"many\"")).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("turn_call_cap = 65", "turn_call_cap = \"many\""),
+    )
+    .unwrap();
     let (succeeded, said) = reload();
     assert!(!succeeded, "{said}");
     assert!(said.contains("refused: "), "{said}");
