@@ -200,7 +200,7 @@ pub async fn build(
         reloader.clone(),
     );
     let console = if config.console.enabled() {
-        Some(console(&config, &shared)?)
+        Some(console(&config, &shared, servers.clone())?)
     } else {
         None
     };
@@ -431,7 +431,11 @@ fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
 }
 
 /// The operators' console, with who may sign in.
-fn console(config: &Config, shared: &Shared) -> Result<Arc<Console>, AppError> {
+fn console(
+    config: &Config,
+    shared: &Shared,
+    servers: Arc<McpServerSet>,
+) -> Result<Arc<Console>, AppError> {
     let operators = config
         .console
         .all_operators()?
@@ -447,6 +451,7 @@ fn console(config: &Config, shared: &Shared) -> Result<Arc<Console>, AppError> {
         operator: shared.store.clone(),
         operators,
         sign_ins: shared.store.clone(),
+        servers,
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.console.connections),
         clock: shared.clock.clone(),

@@ -60,6 +60,30 @@ pub(super) fn json_block(value: &serde_json::Value) -> String {
 pub(super) struct Frame<'a> {
     pub(super) operator: &'a str,
     pub(super) csrf: &'a str,
+    /// The review queue's and the approvals' depths, when read.
+    pub(super) depths: Option<crate::ports::QueueDepths>,
+}
+
+/// A queue's count beside its link, marked when something waits.
+fn count(id: &str, depth: Option<i64>) -> String {
+    match depth {
+        Some(depth) => format!(
+            " <span id=\"{id}\" class=\"count{waiting}\">{depth}</span>",
+            waiting = if depth > 0 { " waiting" } else { "" },
+        ),
+        None => String::new(),
+    }
+}
+
+/// An id as its first eight characters, the whole of it on hover.
+pub(super) fn short_id(id: impl std::fmt::Display) -> String {
+    let id = escape(&id.to_string());
+    let short: String = id.chars().take(8).collect();
+    if short.len() == id.len() {
+        id
+    } else {
+        format!("<span class=\"id\" title=\"{id}\">{short}…</span>")
+    }
 }
 
 /// A whole page: the navigation, who is signed in with a sign-out form,
@@ -68,8 +92,8 @@ pub(super) fn page(title: &str, frame: Option<&Frame<'_>>, body: &str) -> String
     let navigation = match frame {
         Some(frame) => format!(
             "<header><strong>toolgate</strong>\
-             <a href=\"/review\">Review queue</a>\
-             <a href=\"/approvals\">Approvals</a>\
+             <a href=\"/review\">Review queue{review}</a>\
+             <a href=\"/approvals\">Approvals{approvals}</a>\
              <a href=\"/invocations\">Invocations</a>\
              <a href=\"/servers\">Servers</a>\
              <a href=\"/health\">Tool health</a>\
@@ -79,6 +103,14 @@ pub(super) fn page(title: &str, frame: Option<&Frame<'_>>, body: &str) -> String
              <button type=\"submit\">Sign out</button></form></header>",
             operator = escape(frame.operator),
             csrf = escape(frame.csrf),
+            review = count(
+                "review-count",
+                frame.depths.as_ref().map(|d| d.unresolved_uncertain)
+            ),
+            approvals = count(
+                "approvals-count",
+                frame.depths.as_ref().map(|d| d.pending_approvals)
+            ),
         ),
         None => "<header><strong>toolgate</strong></header>".to_owned(),
     };

@@ -57,6 +57,8 @@ pub struct ConsoleParts {
     pub operators: Vec<Operator>,
     /// Where sign-ins are kept, for every node.
     pub sign_ins: Arc<dyn ConsoleSignInStore>,
+    /// The MCP servers, asked whether each is connected now.
+    pub servers: Arc<dyn crate::ports::McpServers>,
     /// Requests in flight on every edge, for the drain.
     pub in_flight: Arc<InFlight>,
     /// Connections held at once.
@@ -303,9 +305,13 @@ impl Console {
         segments: &[&str],
         query: &Fields,
     ) -> Result<Reply, ConsoleError> {
+        // The queues' depths in the navigation: a count the store cannot
+        // give now is left out, never a page refused for it.
+        let depths = self.parts.reviews.queue_depths().await.ok();
         let frame = html::Frame {
             operator: &session.operator,
             csrf: &session.csrf,
+            depths,
         };
         let body = match segments {
             [""] => return Ok(html::see_other("/review")),

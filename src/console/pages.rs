@@ -8,7 +8,7 @@ use std::str::FromStr as _;
 use hyper::StatusCode;
 use uuid::Uuid;
 
-use super::html::{Frame, encode, escape, json_block};
+use super::html::{Frame, encode, escape, json_block, short_id};
 use super::{Console, ConsoleError, Fields, auth, html};
 use crate::domain::{
     ApprovalStatus, HealthWindow, InvocationStatus, ReviewResolution, valid_identifier,
@@ -166,7 +166,22 @@ fn status_cell(status: &str) -> String {
 }
 
 fn invocation_link(row: &InvocationRecord) -> String {
-    format!("<a href=\"/invocations/{id}\">{id}</a>", id = row.id)
+    call_link(row.id)
+}
+
+/// A link to a call's story, its id short.
+fn call_link(id: Uuid) -> String {
+    format!("<a href=\"/invocations/{id}\">{}</a>", short_id(id))
+}
+
+/// What a decision just did, said on the page it led to; an id that does
+/// not parse says nothing.
+fn confirmation(query: &Fields, key: &str, say: impl FnOnce(Uuid) -> String) -> String {
+    query
+        .get(key)
+        .and_then(|id| id.parse::<Uuid>().ok())
+        .map(|id| format!("<p class=\"notice\" id=\"confirmation\">{}</p>", say(id)))
+        .unwrap_or_default()
 }
 
 /// A hidden CSRF field.
@@ -204,6 +219,12 @@ impl Console {
             false,
             "Tool",
         );
+        body.push_str(&confirmation(query, "resolved", |id| {
+            format!(
+                "Resolved: {}. It stays listed under resolved, with your name and note.",
+                call_link(id)
+            )
+        }));
         body.push_str(
             "<p class=\"muted\">Each row is a call whose effect may have happened: toolgate \
              sent it and never heard how it ended. Find out in the remote system, then say \
@@ -252,7 +273,7 @@ impl Console {
                     id = row.id,
                     link = invocation_link(row),
                     tenant = escape(&row.tenant_id),
-                    run = row.run_id,
+                    run = short_id(row.run_id),
                     step = row.step_number,
                     reason = row
                         .reason_code
@@ -314,7 +335,9 @@ impl Console {
             resolution = resolution.as_str(),
             "review item resolved in the console"
         );
-        Ok(html::see_other("/review?status=resolved"))
+        Ok(html::see_other(&format!(
+            "/review?status=resolved&resolved={invocation_id}"
+        )))
     }
 
     /// `GET /approvals`: held calls with the arguments the approver is
@@ -342,6 +365,14 @@ impl Console {
             false,
             "Tool",
         );
+        if let Some(status) = filter.status.as_deref().filter(|s| *s != "pending") {
+            body.push_str(&confirmation(query, "decided", |id| {
+                format!(
+                    "Approval {} {status}. A call held for it goes on at once; one no longer held goes on when its caller asks for it again.",
+                    short_id(id)
+                )
+            }));
+        }
         if page.items.is_empty() {
             body.push_str("<p id=\"empty\">Nothing here.</p>");
         } else {
@@ -370,20 +401,20 @@ impl Console {
                 let _ = write!(
                     body,
                     "<tr class=\"approval\" data-approval=\"{approval}\"><td>\
-                     <a href=\"/invocations/{invocation}\">{invocation}</a><br>tenant {tenant}<br>\
+                     {invocation}<br>tenant {tenant}<br>\
                      principal {principal}<br>run {run} step {step}<br>{turn}</td>\
                      <td><span class=\"tool\">{tool}</span><br>{effect}, {class}<br>origin {trust}<br>\
                      why: {reason}</td><td>{arguments}</td>\
                      <td>{requested}<br>hold ends {hold}</td><td>{decision}</td></tr>",
                     approval = item.approval_id,
-                    invocation = item.invocation_id,
+                    invocation = call_link(item.invocation_id),
                     tenant = escape(&item.tenant_id),
                     principal = escape(&item.principal.id),
-                    run = item.run_id,
+                    run = short_id(item.run_id),
                     step = item.step_number,
                     turn = item
                         .turn_id
-                        .map(|turn| format!("turn {turn}"))
+                        .map(|turn| format!("turn {}", short_id(turn)))
                         .unwrap_or_default(),
                     tool = escape(&item.tool_name),
                     effect = escape(item.side_effect.as_str()),
@@ -505,7 +536,7 @@ impl Console {
             "approval decided in the console"
         );
         Ok(html::see_other(&format!(
-            "/approvals?status={}",
+            "/approvals?status={}&decided={id}",
             status.as_str()
         )))
     }
@@ -559,7 +590,7 @@ impl Console {
                         .map(|code| escape(code.as_str()))
                         .unwrap_or_default(),
                     created = time(Some(row.created_at)),
-                    run = row.run_id,
+                    run = short_id(row.run_id),
                     step = row.step_number,
                 );
             }
@@ -686,7 +717,7 @@ impl Console {
         let mut body = filter_form("/servers", query, &[], None, false, "Server id");
         body.push_str(
             "<table id=\"servers\"><tr><th>Server</th><th>Tenant</th><th>Whose</th>\
-             <th>Transport</th><th>Last connection</th></tr>",
+             <th>Transport</th><th>Now (this node)</th><th>Last connection</th></tr>",
         );
         for item in &servers.items {
             let last = match &item.last_connection {
@@ -701,10 +732,24 @@ impl Console {
                 ),
                 None => "<span class=\"muted\">not connected yet</span>".into(),
             };
+            let now = match self
+                .parts
+                .servers
+                .connected_now(&item.tenant_id, &item.server.server_id)
+                .await
+            {
+                Some(true) => "<span class=\"now up\" data-now=\"connected\">connected</span>",
+                Some(false) => {
+                    "<span class=\"now down\" data-now=\"not_connected\">not connected</span>"
+                }
+                None => {
+                    "<span class=\"now muted\" data-now=\"not_open\">not open on this node</span>"
+                }
+            };
             let _ = write!(
                 body,
-                "<tr><td>{server}<br><span class=\"muted\">{endpoint}</span></td><td>{tenant}</td>\
-                 <td>{whose}</td><td>{transport}</td><td>{last}</td></tr>",
+                "<tr class=\"server\" data-server=\"{server}\"><td>{server}<br><span class=\"muted\">{endpoint}</span></td><td>{tenant}</td>\
+                 <td>{whose}</td><td>{transport}</td><td>{now}</td><td>{last}</td></tr>",
                 server = escape(&item.server.server_id),
                 endpoint = escape(&item.server.endpoint),
                 tenant = escape(&item.tenant_id),

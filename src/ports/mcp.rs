@@ -88,4 +88,13 @@ pub trait McpServers: Send + Sync {
         name: &'a str,
         arguments: Map<String, Value>,
     ) -> BoxFuture<'a, Result<LoadedSkill, ToolFailure>>;
+
+    /// Whether `server_id` (the operator's, or `tenant_id`'s own) has a
+    /// live connection on this node now; `None` when this node holds no
+    /// such server (a tenant's server no session of it has used here).
+    fn connected_now<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Option<bool>>;
 }

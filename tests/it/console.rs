@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::front::free_port;
-use crate::serve::{Served, TENANT, json_of, sha256};
+use crate::serve::{Served, TENANT, http, json_of, sha256};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -322,6 +322,30 @@ impl Browser {
         )
     }
 
+    /// The window's width, as an operator's laptop has it.
+    fn resize(&self, width: u32) {
+        self.must(
+            "POST",
+            "/window/rect",
+            Some(json!({"width": width, "height": 900})),
+        );
+    }
+
+    /// Whether the page fits the window's width: nothing scrolls sideways.
+    fn fits(&self) -> bool {
+        self.script("return document.documentElement.scrollWidth <= window.innerWidth")
+            == json!(true)
+    }
+
+    /// An element's attribute (or text, for `textContent`).
+    fn attribute(&self, css: &str, name: &str) -> Value {
+        self.script(&format!(
+            "const e = document.querySelector({css}); return e && (e.getAttribute({name}) ?? e[{name}]);",
+            css = json!(css),
+            name = json!(name),
+        ))
+    }
+
     /// Whether an alert is open (a script ran).
     fn alert_open(&self) -> bool {
         self.command("GET", "/alert/text", None).is_ok()
@@ -495,7 +519,18 @@ fn an_operator_signs_in_and_resolves_the_uncertain_row_a_kill_left() {
         "checked the remote: no effect",
     );
     browser.click(&format!("{row} button[type=submit]"));
-    browser.wait_for("/review?status=resolved");
+    browser.wait_for(&format!("/review?status=resolved&resolved={invocation}"));
+    assert_eq!(
+        browser.attribute(
+            &format!("#confirmation span.id[title=\"{invocation}\"]"),
+            "title"
+        ),
+        json!(invocation)
+    );
+    assert_eq!(
+        browser.attribute("#review-count", "textContent"),
+        json!("0")
+    );
     let text = browser.text();
     assert!(text.contains("effect_not_applied"), "{text}");
     assert!(text.contains("checked the remote: no effect"), "{text}");
@@ -542,9 +577,37 @@ fn an_operator_approves_a_held_call_and_sees_it_complete() {
     );
     assert!(!browser.alert_open(), "a script ran");
     browser.screenshot("4-approval-pending-hostile-arguments");
+    // The navigation counts what waits.
+    assert_eq!(
+        browser.attribute("#approvals-count", "textContent"),
+        json!("1")
+    );
+    assert_eq!(
+        browser.attribute("#approvals-count", "class"),
+        json!("count waiting")
+    );
     browser.click(&format!("{row} button[value=approve]"));
-    browser.wait_for("/approvals?status=approved");
+    browser.wait_for(&format!("/approvals?status=approved&decided={approval}"));
     assert!(browser.text().contains("approved"), "{}", browser.text());
+    // The decision is confirmed on the page it led to, and nothing waits.
+    let confirmed = browser.attribute("#confirmation", "textContent");
+    assert!(
+        confirmed
+            .as_str()
+            .is_some_and(|text| text.contains(&approval[..8]) && text.contains("approved")),
+        "{confirmed}"
+    );
+    assert_eq!(
+        browser.attribute(
+            &format!("#confirmation span.id[title=\"{approval}\"]"),
+            "title"
+        ),
+        json!(approval)
+    );
+    assert_eq!(
+        browser.attribute("#approvals-count", "textContent"),
+        json!("0")
+    );
 
     // The runtime asks again, and the call completes.
     let (status, body) = console.served.post("/v1/calls", &batch);
@@ -711,8 +774,25 @@ fn what_servers_and_tenants_wrote_stays_text_on_every_page() {
         .as_str()
         .unwrap()
         .to_owned();
+    // A tenant's server whose address is one long word: the servers page
+    // still fits an operator's 1280 px.
+    let wide = format!("https://mcp.example.com/{}", "w".repeat(400));
+    let (status, _, answer) = http(
+        &console.served.socket,
+        "PUT",
+        &format!("/v1/tenants/{TENANT}/mcp-servers/wide"),
+        &[],
+        Some(
+            json!({"endpoint": wide, "side_effect": "none", "risk": "low",
+                   "idempotency": "read_only", "required_scopes": ["mcp.wide.use"]})
+            .to_string()
+            .as_bytes(),
+        ),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
     let browser = Browser::start();
     console.sign_in(&browser);
+    browser.resize(1280);
     let pages = [
         ("/invocations?tool_name=mcp.reads.echo", "invocation"),
         (&*format!("/invocations/{invocation}"), "story"),
@@ -723,12 +803,26 @@ fn what_servers_and_tenants_wrote_stays_text_on_every_page() {
         browser.open(&console.url(path));
         let text = browser.text();
         match *name {
-            "invocation" => assert!(text.contains(&invocation), "{text}"),
+            // The id short, the whole of it on hover.
+            "invocation" => assert_eq!(
+                browser.attribute(&format!("span.id[title=\"{invocation}\"]"), "title"),
+                json!(invocation),
+                "{text}"
+            ),
             // The argument, and the server's echo of it in the result.
             "story" => assert!(text.matches(HOSTILE).count() >= 2, "{text}"),
-            "servers" => assert!(text.contains("reads") && text.contains("echo"), "{text}"),
+            "servers" => {
+                assert!(text.contains("reads") && text.contains("echo"), "{text}");
+                // The server the call used is up on this node now.
+                assert_eq!(
+                    browser.attribute("tr.server[data-server=reads] .now", "data-now"),
+                    json!("connected"),
+                    "{text}"
+                );
+            }
             _ => assert!(text.contains("mcp.reads.echo"), "{text}"),
         }
+        assert!(browser.fits(), "{path} is wider than 1280 px");
         assert_eq!(browser.count("img"), 0, "{path}");
         assert_eq!(browser.count("script"), 0, "{path}");
         assert!(!browser.alert_open(), "a script ran on {path}");
@@ -881,7 +975,7 @@ fn a_held_calls_client_is_sent_to_its_approval_page_and_its_retry_runs_it_once()
     assert!(browser.text().contains("approve me"), "{}", browser.text());
     browser.screenshot("6-approval-page-from-a-clients-url");
     browser.click("table#approval button[value=approve]");
-    browser.wait_for("/approvals?status=approved");
+    browser.wait_for(&format!("/approvals?status=approved&decided={approval}"));
 
     retry["inputResponses"] = json!({"approval": {"action": "accept"}});
     let done = ask(retry.clone());

@@ -393,6 +393,22 @@ impl McpServerSet {
 }
 
 impl McpServers for McpServerSet {
+    fn connected_now<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(async move {
+            if let Some(server) = self.operator.iter().find(|s| s.server_id() == server_id) {
+                return Some(server.is_connected().await);
+            }
+            let server = lock(&self.tenants)
+                .get(tenant_id)
+                .and_then(|servers| servers.iter().find(|s| s.server_id() == server_id).cloned())?;
+            Some(server.is_connected().await)
+        })
+    }
+
     fn discover<'a>(&'a self, tenant_id: &'a str) -> BoxFuture<'a, Vec<ServerDiscovery>> {
         Box::pin(async move {
             let operator = self.operator.iter().filter(|server| server.enabled());
