@@ -253,6 +253,12 @@ fn every_block_of_the_readme_runs_as_written() {
     let opened = stdout(&checkout.shell(&blocks[session].text));
     assert!(opened.contains("mcp.everything.get_sum"), "{opened}");
     ran[session] = true;
+    // The stdio server ran with its HOME and TMPDIR absolute and existing:
+    // npm's cache is in its state folder, not one level deeper.
+    let state = checkout.dir().join("var/mcp/everything");
+    assert!(state.join("tmp").is_dir());
+    assert!(state.join(".npm").is_dir(), "npx's cache is under HOME");
+    assert!(!state.join("var").exists(), "nothing nests a relative HOME");
     let turn = position("SCRIPT=sandbox-bridge/example.py");
     let printed = stdout(&checkout.shell(&blocks[turn].text));
     ran[turn] = true;
