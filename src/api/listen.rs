@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
@@ -17,10 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::{ApiError, ControlApi, wire};
 use crate::domain::{SecretValue, sha256_hex};
 use crate::edge::constant_time_eq;
-use crate::edge::{Reply, bearer_token, error, reply, serve_connection};
-
-/// The pause after a failed accept.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+use crate::edge::{Reply, accept_until, bearer_token, error, reply, serve_connection};
 
 /// A request's query: percent-decoded, each key at most once, and only the
 /// keys its route takes.
@@ -126,26 +122,13 @@ impl ControlApi {
         listener: UnixListener,
         shutdown: CancellationToken,
     ) {
-        loop {
-            let stream = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(error) => {
-                        // Out of descriptors, most likely: back off rather
-                        // than spin.
-                        tracing::warn!(error = %error, "control accept failed");
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
-                        continue;
-                    }
-                },
-            };
+        accept_until(listener, "control", shutdown, |stream| {
             // Past the cap the connection is closed as soon as accepted.
-            let Some(permit) = self.parts.connections.admit() else {
-                continue;
-            };
-            tokio::spawn(self.clone().connection(stream, None, permit));
-        }
+            if let Some(permit) = self.parts.connections.admit() {
+                tokio::spawn(self.clone().connection(stream, None, permit));
+            }
+        })
+        .await;
     }
 
     /// Serves the control API on a loopback TCP listener, where every
@@ -157,23 +140,12 @@ impl ControlApi {
         shutdown: CancellationToken,
     ) {
         let token = Arc::new(sha256_hex(token.reveal().as_bytes()));
-        loop {
-            let stream = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(error) => {
-                        tracing::warn!(error = %error, "control accept failed");
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
-                        continue;
-                    }
-                },
-            };
-            let Some(permit) = self.parts.connections.admit() else {
-                continue;
-            };
-            tokio::spawn(self.clone().connection(stream, Some(token.clone()), permit));
-        }
+        accept_until(listener, "control tcp", shutdown, |stream| {
+            if let Some(permit) = self.parts.connections.admit() {
+                tokio::spawn(self.clone().connection(stream, Some(token.clone()), permit));
+            }
+        })
+        .await;
     }
 
     /// One control connection. With `token_sha256`, a request without the

@@ -11,7 +11,7 @@ use hyper::{Method, StatusCode};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::edge::{InFlight, Reply, error, reply, serve_connection};
+use crate::edge::{InFlight, Reply, accept_until, error, reply, serve_connection};
 use crate::pipeline::Lease;
 use crate::ports::{Metrics, Schema};
 
@@ -118,20 +118,9 @@ impl Operations {
         listener: tokio::net::TcpListener,
         shutdown: CancellationToken,
     ) {
-        loop {
-            let stream = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(failure) => {
-                        tracing::warn!(error = %failure, "operations accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
+        accept_until(listener, "operations", shutdown, |stream| {
             let Some(place) = self.connections.admit() else {
-                continue;
+                return;
             };
             let operations = self.clone();
             tokio::spawn(async move {
@@ -156,7 +145,8 @@ impl Operations {
                 }
                 operations.connections.leave(id);
             });
-        }
+        })
+        .await;
     }
 
     async fn answer(&self, method: &Method, path: &str) -> Reply {

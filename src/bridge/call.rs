@@ -11,10 +11,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Bridge;
-use super::server::refuse;
+use super::refusal::Refusal;
 use super::turn::{Admission, CallInFlight, Turn, Waiting, call_id};
 use crate::domain::{ReasonCode, ToolOutcome};
-use crate::edge::{Reply, error, reply_text};
+use crate::edge::{Reply, reply_text};
 use crate::pipeline::sessions::{CallPlace, Session};
 use crate::pipeline::{CallOutcome, Finished, RenderedPart, Replay, ResultData};
 
@@ -70,23 +70,19 @@ pub(super) async fn run(
     in_flight: &CallInFlight,
     session: &Session,
     script_call: ScriptCall,
-) -> Reply {
+) -> Result<Reply, Refusal> {
     let settings = &bridge.parts.settings;
     // Admitted only now that the whole request has arrived: a turn closed
     // (or expired) meanwhile runs and records nothing.
     let ordinal = match turn.admit(settings.turn_call_cap, bridge.parts.clock.now()) {
         Ok(ordinal) => ordinal,
-        Err(Admission::Closed) => {
-            return refuse(
-                bridge,
-                StatusCode::GONE,
-                "turn_closed",
-                "the turn is closed",
-            );
-        }
+        Err(Admission::Closed) => return Err(Refusal::TurnClosed),
         Err(Admission::CapReached) => {
             let outcome = ToolOutcome::not_succeeded(script_call.call, ReasonCode::BridgeCallLimit);
-            return reply_text(StatusCode::OK, outcome_text(&outcome, &[], None));
+            return Ok(reply_text(
+                StatusCode::OK,
+                outcome_text(&outcome, &[], None),
+            ));
         }
     };
     let place = CallPlace {
@@ -149,11 +145,7 @@ pub(super) async fn run(
             bridge
                 .close_turn(turn.id, crate::domain::TurnState::Suspended)
                 .await;
-            return error(
-                StatusCode::CONFLICT,
-                "turn_suspended",
-                "the approval was not decided within the hold; the turn is closed",
-            );
+            return Err(Refusal::TurnSuspended);
         }
         request.caller.rate_admitted = true;
         outcome = pipeline.call(request.clone()).await;
@@ -177,7 +169,7 @@ pub(super) async fn run(
                     hyper::header::HeaderValue::from(seconds),
                 );
             }
-            response
+            Ok(response)
         }
         CallOutcome::Finished(Finished {
             outcome,
@@ -192,19 +184,11 @@ pub(super) async fn run(
             if let Ok(value) = HeaderValue::from_str(&ordinal.to_string()) {
                 response.headers_mut().insert("Toolgate-Ordinal", value);
             }
-            response
+            Ok(response)
         }
         // A script cannot take a call back, so neither ends it here.
-        CallOutcome::Pending { .. } | CallOutcome::Withdrawn => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "the call is still pending",
-        ),
+        CallOutcome::Pending { .. } | CallOutcome::Withdrawn => Err(Refusal::StillPending),
         // A script cannot wait hours for a user or a child run.
-        CallOutcome::Suspended { .. } => error(
-            StatusCode::CONFLICT,
-            "call_suspended",
-            "the call suspended the run; it completes through the control API",
-        ),
+        CallOutcome::Suspended { .. } => Err(Refusal::CallSuspended),
     }
 }

@@ -8,6 +8,7 @@
 //! never uses the API.
 
 mod call;
+mod refusal;
 mod server;
 mod turn;
 

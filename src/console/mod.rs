@@ -27,12 +27,11 @@ use tokio_util::sync::CancellationToken;
 pub use auth::Operator;
 pub use html::{CONTENT_SECURITY_POLICY, escape};
 
-use crate::edge::{BodyError, ConnectionCap, EdgeLimits, InFlight, Reply, serve_connection};
+use crate::edge::{
+    BodyError, ConnectionCap, EdgeLimits, InFlight, Reply, accept_until, serve_connection,
+};
 use crate::pipeline::approvals::Approvals;
 use crate::ports::{Clock, ConsoleSignInStore, OperatorStore, ReviewStore, StoreError};
-
-/// The pause after a failed accept.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What the console is configured with.
 #[derive(Debug, Clone)]
@@ -209,23 +208,10 @@ impl Console {
         listener: tokio::net::TcpListener,
         shutdown: CancellationToken,
     ) {
-        loop {
-            let stream = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(error) => {
-                        // Out of descriptors, most likely: back off rather
-                        // than spin.
-                        tracing::warn!(error = %error, "console accept failed");
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
-                        continue;
-                    }
-                },
-            };
+        accept_until(listener, "console", shutdown, |stream| {
             // Past the cap the connection is closed as soon as accepted.
             let Some(permit) = self.parts.connections.admit() else {
-                continue;
+                return;
             };
             let console = self.clone();
             let header_timeout = self.parts.settings.limits.header_timeout;
@@ -243,7 +229,8 @@ impl Console {
                     }
                 },
             ));
-        }
+        })
+        .await;
     }
 
     /// The route table, and the rescue point.

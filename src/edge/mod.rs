@@ -163,6 +163,59 @@ impl<G: Unpin> hyper::body::Body for GuardedBody<G> {
     }
 }
 
+/// The pause after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A listener connections are accepted from: TCP or a unix socket.
+pub trait Listener: Send + 'static {
+    /// A connection.
+    type Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    /// The next connection.
+    fn next(&self) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn next(&self) -> std::io::Result<Self::Stream> {
+        let (stream, _) = self.accept().await?;
+        // Answers are small and written whole: no waiting to coalesce them.
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+}
+
+impl Listener for tokio::net::UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn next(&self) -> std::io::Result<Self::Stream> {
+        Ok(self.accept().await?.0)
+    }
+}
+
+/// Every listener's accept loop: takes connections from `listener` until
+/// `shutdown` fires and hands each to `serve` (which admits it under its
+/// caps, or drops it, closing it). A failed accept (out of descriptors,
+/// most likely) is logged as `name`'s and backed off from rather than spun
+/// on.
+pub async fn accept_until<L: Listener>(
+    listener: L,
+    name: &'static str,
+    shutdown: CancellationToken,
+    mut serve: impl FnMut(L::Stream),
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.next() => match accepted {
+                Ok(stream) => serve(stream),
+                Err(error) => {
+                    tracing::warn!(listener = name, error = %error, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+        }
+    }
+}
+
 /// Serves one connection under the header deadline (which also closes it
 /// when idle), holding `permits` until it ends.
 pub async fn serve_connection<S, F, R>(

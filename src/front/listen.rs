@@ -4,7 +4,6 @@
 //! anyone, and every request to the endpoint authenticated.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
@@ -16,11 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::auth::Refusal;
 use super::handler::Methods;
 use super::{Front, MCP_PATH, RESOURCE_METADATA_PATH};
-use crate::edge::{GuardedBody, Reply, error, reply, serve_connection_until};
+use crate::edge::{GuardedBody, Reply, accept_until, error, reply, serve_connection_until};
 use crate::ports::front::{FrontMethods, McpProtocol};
-
-/// After a failed accept (out of descriptors, most likely).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// One listener's protocol side.
 pub(super) struct Protocol {
@@ -45,21 +41,10 @@ impl Front {
         shutdown: CancellationToken,
     ) {
         let protocol = Arc::new(Protocol { mcp, tcp: true });
-        loop {
-            let stream = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(failure) => {
-                        tracing::warn!(error = %failure, "front door accept failed");
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = stream.set_nodelay(true);
+        accept_until(listener, "front door", shutdown, |stream| {
             self.clone().connection(stream, protocol.clone());
-        }
+        })
+        .await;
     }
 
     /// Serves the front door on a unix socket until `shutdown` fires.
@@ -70,20 +55,10 @@ impl Front {
         shutdown: CancellationToken,
     ) {
         let protocol = Arc::new(Protocol { mcp, tcp: false });
-        loop {
-            let stream = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(failure) => {
-                        tracing::warn!(error = %failure, "front door accept failed");
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
-                        continue;
-                    }
-                },
-            };
+        accept_until(listener, "front door socket", shutdown, |stream| {
             self.clone().connection(stream, protocol.clone());
-        }
+        })
+        .await;
     }
 
     fn connection<S>(self: Arc<Self>, stream: S, protocol: Arc<Protocol>)

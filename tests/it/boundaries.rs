@@ -911,3 +911,48 @@ fn only_egress_dials_out() {
         "dials outside adapters::egress: {dialling:?}"
     );
 }
+
+/// The sibling files of `src/bridge/` each name the ones they use through
+/// `super::`; no two name each other (the request's route and a call's run
+/// once did, through the refusal they shared).
+#[test]
+fn no_two_files_of_the_bridge_import_each_other() {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bridge");
+    let siblings: Vec<String> = std::fs::read_dir(&folder)
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            let stem = name.strip_suffix(".rs")?;
+            (stem != "mod").then(|| stem.to_owned())
+        })
+        .collect();
+    let uses = |file: &str| -> BTreeSet<String> {
+        let text = std::fs::read_to_string(folder.join(format!("{file}.rs"))).unwrap();
+        let mut named = BTreeSet::new();
+        for (index, _) in text.match_indices("super::") {
+            let rest = &text[index + "super::".len()..];
+            let names = match rest.strip_prefix('{') {
+                Some(group) => group.split('}').next().unwrap_or_default(),
+                None => rest
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap_or_default(),
+            };
+            for name in names.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+                if siblings.iter().any(|sibling| sibling == name) {
+                    named.insert(name.to_owned());
+                }
+            }
+        }
+        named
+    };
+    let mut circles = Vec::new();
+    for a in &siblings {
+        for b in uses(a) {
+            if a < &b && uses(&b).contains(a) {
+                circles.push(format!("{a} <-> {b}"));
+            }
+        }
+    }
+    assert!(circles.is_empty(), "{circles:?}");
+}
