@@ -15,8 +15,10 @@ use super::refusal::Refusal;
 use super::turn::{Admission, CallInFlight, Turn, Waiting, call_id};
 use crate::domain::{ReasonCode, ToolOutcome};
 use crate::edge::{Reply, reply_text};
+use crate::pipeline::approvals::{Held, Hold, HoldObserver};
 use crate::pipeline::sessions::{CallPlace, Session};
 use crate::pipeline::{CallOutcome, Finished, RenderedPart, Replay, ResultData};
+use crate::ports::BoxFuture;
 
 /// The bridge's `POST /v1/call`.
 #[derive(Debug, Deserialize)]
@@ -63,6 +65,30 @@ fn outcome_text(
     text
 }
 
+/// What the script's client is told while its call is held: the approval,
+/// the tool, and when the hold ends (`GET /v1/waiting`).
+struct Blocked<'a> {
+    in_flight: &'a CallInFlight,
+    call: String,
+    held_until: chrono::DateTime<chrono::Utc>,
+}
+
+impl HoldObserver for Blocked<'_> {
+    fn waiting(
+        &self,
+        approval_id: uuid::Uuid,
+        _waited: std::time::Duration,
+        _until: tokio::time::Instant,
+    ) -> BoxFuture<'_, ()> {
+        self.in_flight.wait(Waiting {
+            approval_id,
+            call: self.call.clone(),
+            held_until: self.held_until,
+        });
+        Box::pin(std::future::ready(()))
+    }
+}
+
 /// Runs one script call through the pipeline.
 pub(super) async fn run(
     bridge: &Arc<Bridge>,
@@ -102,44 +128,37 @@ pub(super) async fn run(
     let name = script_call.call.clone();
     let mut request = session.call_request(place, call_id, script_call.call, script_call.arguments);
     request.caller.replay = replay;
-    let pipeline = &bridge.parts.pipeline;
-    let mut outcome = pipeline.call(request.clone()).await;
     let hold = settings
         .tenant_approval_holds
         .get(&session.tenant_id)
         .copied()
         .unwrap_or(settings.approval_hold);
-    let held_until = tokio::time::Instant::now() + hold;
-    let held_until_at = bridge.parts.clock.now()
-        + chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX);
-    let mut recorded = None;
-    while let CallOutcome::Pending { approval_id, .. } = outcome {
-        // Held, not failed: the script blocks while a human decides.
-        if recorded != Some(approval_id) {
-            bridge
-                .parts
-                .approvals
-                .record_hold(
-                    &session.tenant_id,
-                    approval_id,
-                    Some(turn.id),
-                    held_until.saturating_duration_since(tokio::time::Instant::now()),
-                )
-                .await;
-            recorded = Some(approval_id);
-            // What the script's client tells its reader while it blocks.
-            in_flight.wait(Waiting {
-                approval_id,
-                call: name.clone(),
-                held_until: held_until_at,
-            });
-        }
-        let decided = bridge
-            .parts
-            .approvals
-            .wait_decided(&session.tenant_id, approval_id, held_until)
-            .await;
-        if !decided {
+    // Held, not failed: the script blocks while a human decides.
+    let held = bridge
+        .parts
+        .approvals
+        .call_held(
+            &bridge.parts.pipeline,
+            request,
+            Hold {
+                until: tokio::time::Instant::now() + hold,
+                turn_id: Some(turn.id),
+                every: hold,
+                withdrawn: None,
+                observer: &Blocked {
+                    in_flight,
+                    call: name,
+                    held_until: bridge.parts.clock.now()
+                        + chrono::Duration::from_std(hold).unwrap_or(chrono::Duration::MAX),
+                },
+            },
+        )
+        .await;
+    let outcome = match held {
+        Held::Outcome(outcome) => outcome,
+        // A script cannot take a call back.
+        Held::Withdrawn => return Err(Refusal::StillPending),
+        Held::Undecided { .. } => {
             // Past the hold the turn is suspended and closed; the same
             // script in a new turn resumes through deduplication.
             bridge
@@ -147,9 +166,7 @@ pub(super) async fn run(
                 .await;
             return Err(Refusal::TurnSuspended);
         }
-        request.caller.rate_admitted = true;
-        outcome = pipeline.call(request.clone()).await;
-    }
+    };
     match outcome {
         CallOutcome::Finished(Finished {
             outcome,

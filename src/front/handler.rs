@@ -20,6 +20,7 @@ use super::shares::ShareSpent;
 use super::{Busy, Front, FrontRequest, request_key};
 use crate::domain::names::SKILL_LOAD;
 use crate::domain::{IdempotencyClass, canonicalize};
+use crate::pipeline::approvals::{Held, Hold, HoldObserver};
 use crate::pipeline::sessions::{CallPlace, Session, SessionError};
 use crate::pipeline::{CallOutcome, CallRequest, CallerTerms};
 use crate::ports::PlatformEvent;
@@ -134,63 +135,35 @@ impl Front {
     /// (with progress when the client asked for it).
     async fn run_call(
         &self,
-        mut call: CallRequest,
+        call: CallRequest,
         holds: bool,
         progress: Option<Arc<dyn ProgressSink>>,
     ) -> Answer {
         let pipeline = &self.parts.pipeline;
-        let withdrawn = call.caller.withdrawn.clone().unwrap_or_default();
-        let mut outcome = pipeline.call(call.clone()).await;
-        let started = tokio::time::Instant::now();
-        let hold = if holds {
-            self.parts.settings.approval_hold
-        } else {
-            std::time::Duration::ZERO
-        };
-        let held_until = started + hold;
-        while let CallOutcome::Pending {
-            invocation_id,
-            approval_id,
-        } = outcome
-        {
-            if !holds {
-                return Answer::Result(render::pending(invocation_id, approval_id));
-            }
-            let hold = held_until.saturating_duration_since(tokio::time::Instant::now());
-            self.parts
-                .approvals
-                .record_hold(&call.tenant_id, approval_id, None, hold)
-                .await;
-            let decided = loop {
-                if let Some(progress) = &progress {
-                    progress
-                        .progress(
-                            started.elapsed().as_secs_f64(),
-                            format!("waiting for approval {approval_id}"),
-                        )
-                        .await;
-                }
-                let until = held_until.min(tokio::time::Instant::now() + PROGRESS_EVERY);
-                tokio::select! {
-                    decided = self.parts.approvals.wait_decided(&call.tenant_id, approval_id, until) => {
-                        if decided {
-                            break true;
-                        }
-                        if tokio::time::Instant::now() >= held_until {
-                            break false;
-                        }
-                    }
-                    // The hold ends; the approval and its row stay, and the
-                    // same call asked again resumes them.
-                    _ = withdrawn.cancelled() => return Answer::Withdrawn,
-                }
+        let outcome = if holds {
+            let hold = Hold {
+                until: tokio::time::Instant::now() + self.parts.settings.approval_hold,
+                turn_id: None,
+                every: PROGRESS_EVERY,
+                withdrawn: call.caller.withdrawn.clone(),
+                observer: &Progressing(progress),
             };
-            if !decided {
-                return Answer::Result(render::pending(invocation_id, approval_id));
+            match self
+                .parts
+                .approvals
+                .call_held(pipeline, call.clone(), hold)
+                .await
+            {
+                Held::Outcome(outcome) => outcome,
+                Held::Undecided {
+                    invocation_id,
+                    approval_id,
+                } => return Answer::Result(render::pending(invocation_id, approval_id)),
+                Held::Withdrawn => return Answer::Withdrawn,
             }
-            call.caller.rate_admitted = true;
-            outcome = pipeline.call(call.clone()).await;
-        }
+        } else {
+            pipeline.call(call.clone()).await
+        };
         match outcome {
             CallOutcome::Finished(finished) if finished.retry_after_seconds.is_some() => {
                 Answer::Refused(render::rate_limited(&finished))
@@ -499,6 +472,30 @@ fn info() -> Value {
         "serverInfo": {"name": "toolgate", "version": env!("CARGO_PKG_VERSION")},
         "instructions": "Every call through toolgate is recorded before it runs. A result marked uncertain means the effect may have happened: do not repeat that call.",
     })
+}
+
+/// A client that sent a progress token is told, while its call is held,
+/// what it waits for.
+struct Progressing(Option<Arc<dyn ProgressSink>>);
+
+impl HoldObserver for Progressing {
+    fn waiting(
+        &self,
+        approval_id: Uuid,
+        waited: Duration,
+        _until: tokio::time::Instant,
+    ) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(progress) = &self.0 {
+                progress
+                    .progress(
+                        waited.as_secs_f64(),
+                        format!("waiting for approval {approval_id}"),
+                    )
+                    .await;
+            }
+        })
+    }
 }
 
 /// What a call's answer is for a client that was not held: a task to a

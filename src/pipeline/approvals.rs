@@ -1,5 +1,7 @@
-//! Approval decisions, and waiting for one: a bridge call held for an
-//! approval is woken by the decision itself, not by polling the store.
+//! Approval decisions, and waiting for one: a call held for an approval
+//! (a script's on the bridge, a client's on the front door) is woken by the
+//! decision itself, not by polling the store, and is held by one loop,
+//! [`Approvals::call_held`], whichever edge holds it.
 //!
 //! A decision taken through this node wakes its waiters at once. One taken
 //! on another node sharing the database is seen at the next re-check
@@ -8,10 +10,54 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::{CallOutcome, CallRequest, Pipeline};
 use crate::domain::ApprovalStatus;
-use crate::ports::{ApprovalRecord, ApprovalStore, Clock, StoreError};
+use crate::ports::{ApprovalRecord, ApprovalStore, BoxFuture, Clock, StoreError};
+
+/// How a call is held while its approval waits for a human.
+pub struct Hold<'a> {
+    /// When the hold ends, decided or not.
+    pub until: Instant,
+    /// The bridge turn holding it, recorded for the approver.
+    pub turn_id: Option<Uuid>,
+    /// How often the observer is told the call still waits.
+    pub every: Duration,
+    /// Cancelled when the caller takes the call back (a front door client
+    /// that closed its request): the hold ends, the approval and its row
+    /// stay.
+    pub withdrawn: Option<CancellationToken>,
+    /// Told when the call starts to wait, and every `every` after.
+    pub observer: &'a (dyn HoldObserver + Sync),
+}
+
+/// What the edge holding a call says to its caller while it waits.
+pub trait HoldObserver {
+    /// The call waits for `approval_id`, has waited `waited`, and is held
+    /// until `until`.
+    fn waiting(&self, approval_id: Uuid, waited: Duration, until: Instant) -> BoxFuture<'_, ()>;
+}
+
+/// What a held call came to.
+#[derive(Debug)]
+pub enum Held {
+    /// It ended, or a control tool suspended it: what the pipeline
+    /// answered once no approval held it.
+    Outcome(CallOutcome),
+    /// The hold ended undecided; the approval and the row stay, and the
+    /// same call asked again resumes them.
+    Undecided {
+        /// The held row.
+        invocation_id: Uuid,
+        /// The approval it waits for.
+        approval_id: Uuid,
+    },
+    /// The caller took it back while it was held.
+    Withdrawn,
+}
 
 /// How often a waiter looks at the store itself, for a decision another node
 /// took.
@@ -86,6 +132,65 @@ impl Approvals {
         {
             tracing::warn!(error = %failure, "an approval's hold was not recorded");
         }
+    }
+
+    /// Runs `call` through `pipeline` and, while it waits for an approval,
+    /// holds it as `hold` says: the hold is recorded for the approver, the
+    /// observer is told, and once decided the same call is asked again
+    /// (admitted past the rate limit it was already admitted by), which
+    /// runs it or answers its outcome.
+    pub async fn call_held(
+        &self,
+        pipeline: &Pipeline,
+        mut call: CallRequest,
+        hold: Hold<'_>,
+    ) -> Held {
+        let started = Instant::now();
+        let withdrawn = hold.withdrawn.clone().unwrap_or_default();
+        let mut outcome = pipeline.call(call.clone()).await;
+        let mut recorded = None;
+        while let CallOutcome::Pending {
+            invocation_id,
+            approval_id,
+        } = outcome
+        {
+            if recorded != Some(approval_id) {
+                self.record_hold(
+                    &call.tenant_id,
+                    approval_id,
+                    hold.turn_id,
+                    hold.until.saturating_duration_since(Instant::now()),
+                )
+                .await;
+                recorded = Some(approval_id);
+            }
+            let decided = loop {
+                hold.observer
+                    .waiting(approval_id, started.elapsed(), hold.until)
+                    .await;
+                let until = hold.until.min(Instant::now() + hold.every);
+                tokio::select! {
+                    decided = self.wait_decided(&call.tenant_id, approval_id, until) => {
+                        if decided {
+                            break true;
+                        }
+                        if Instant::now() >= hold.until {
+                            break false;
+                        }
+                    }
+                    _ = withdrawn.cancelled() => return Held::Withdrawn,
+                }
+            };
+            if !decided {
+                return Held::Undecided {
+                    invocation_id,
+                    approval_id,
+                };
+            }
+            call.caller.rate_admitted = true;
+            outcome = pipeline.call(call.clone()).await;
+        }
+        Held::Outcome(outcome)
     }
 
     /// Waits until the approval is no longer pending or `until` passes;
