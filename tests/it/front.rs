@@ -71,6 +71,25 @@ tools = ["demo.*", "mcp.*"]
     )
 }
 
+/// A server of images and large results (the scripted server's probe
+/// catalog), whose calls the first key's principal may make.
+pub fn media_server() -> String {
+    format!(
+        r#"
+[[mcp.servers]]
+server_id = "media"
+command = "{server}"
+env = {{ SCRIPTED_CATALOG = "probe" }}
+side_effect = "external_read"
+risk = "low"
+idempotency = "read_only"
+maximum_output_bytes = 65536
+required_scopes = ["mcp.media.use"]
+"#,
+        server = crate::mcp::scripted_server().display(),
+    )
+}
+
 /// One answer of the front door.
 #[derive(Debug)]
 pub struct Answer {
@@ -3015,4 +3034,114 @@ fn a_connection_without_a_first_request_is_closed_soon() {
         let _ = kept.read(&mut rest);
         kept.set_nonblocking(false).unwrap();
     }
+}
+
+/// `resources/read` at its edges: the link a result carried reads the
+/// whole artifact, its length stated; another tenant's key, a link
+/// toolgate did not write, or no link at all read nothing; a file cut
+/// short on disk is an answer cut short, never one that parses; the door
+/// stays up.
+#[test]
+fn resources_read_gives_only_the_callers_artifact_and_never_a_cut_one_whole() {
+    let door = Door::start("", &media_server());
+    let session = door.open(KEY_A);
+    let result = door.call(
+        KEY_A,
+        &session,
+        json!(1),
+        "mcp-media-huge",
+        json!({"bytes": 100_000}),
+        None,
+    );
+    let link = result["content"]
+        .as_array()
+        .and_then(|blocks| blocks.iter().find(|block| block["type"] == "resource_link"))
+        .and_then(|block| block["uri"].as_str())
+        .unwrap_or_else(|| panic!("no link: {result}"))
+        .to_owned();
+    let read = |key: &str, session: Option<&str>, params: Value| {
+        door.rpc(
+            Some(key),
+            session,
+            &json!({"jsonrpc": "2.0", "id": 7, "method": "resources/read", "params": params}),
+        )
+    };
+    let code = |answer: &Answer| answer.last()["error"]["code"].clone();
+
+    // The whole: two chunks of 64 KiB, base64 in one blob.
+    let whole = read(KEY_A, Some(&session), json!({"uri": link}));
+    assert_eq!(whole.status, 200, "{whole:?}");
+    let contents = &whole.last()["result"]["contents"][0];
+    assert_eq!(contents["uri"], link.as_str());
+    assert_eq!(contents["mimeType"], "text/plain; charset=utf-8");
+    let blob = contents["blob"].as_str().unwrap();
+    assert_eq!(blob.len(), 131_072_usize.div_ceil(3) * 4);
+    assert!(blob.starts_with("eHh4"), "base64 of the server's x's");
+    assert!(
+        header(&whole.head, "content-length").is_some(),
+        "{}",
+        whole.head
+    );
+
+    // Not the caller's, not a link, no link: nothing read.
+    let other = door.open(KEY_B);
+    assert_eq!(
+        code(&read(KEY_B, Some(&other), json!({"uri": link}))),
+        -32002
+    );
+    let (run, artifact) = link
+        .strip_prefix("toolgate://runs/")
+        .and_then(|rest| rest.split_once("/artifacts/"))
+        .unwrap();
+    for forged in [
+        format!("toolgate://runs/{}/artifacts/{artifact}", Uuid::new_v4()),
+        format!("toolgate://runs/{run}/artifacts/{}", Uuid::new_v4()),
+        format!("toolgate://runs/{run}/../artifacts/{artifact}"),
+        format!(
+            "toolgate://runs/{run}/artifacts/{}",
+            artifact.to_uppercase()
+        ),
+        format!("file:///{artifact}"),
+        "x".repeat(10_000),
+    ] {
+        assert_eq!(
+            code(&read(KEY_A, Some(&session), json!({"uri": forged}))),
+            -32002,
+            "{forged}"
+        );
+    }
+    for params in [json!({}), json!({"uri": 7}), json!(null)] {
+        assert_eq!(
+            code(&read(KEY_A, Some(&session), params.clone())),
+            -32602,
+            "{params}"
+        );
+    }
+    // After initialize, a request needs its session.
+    assert_eq!(read(KEY_A, None, json!({"uri": link})).status, 400);
+
+    // The file cut short under the door: the answer is cut short too.
+    let file = door
+        .served
+        .folder
+        .path()
+        .join("state/artifacts")
+        .join(TENANT)
+        .join(run)
+        .join(format!("{artifact}.bin"));
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..1000]).unwrap();
+    let body =
+        json!({"jsonrpc": "2.0", "id": 8, "method": "resources/read", "params": {"uri": link}});
+    let (status, head, answer) = door.raw(
+        "POST",
+        "/mcp",
+        &Client::headers(Some(KEY_A), Some(&session)),
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{head}");
+    let stated: usize = header(&head, "content-length").unwrap().parse().unwrap();
+    assert!(answer.len() < stated, "{} of {stated}", answer.len());
+    assert!(serde_json::from_slice::<Value>(&answer).is_err());
+    assert_eq!(door.served.get("/healthz").0, 200);
 }

@@ -193,21 +193,7 @@ fn python_sdk(era: &str) {
 /// large to carry and an image too large to inline, through their links;
 /// a small image inline. Another principal's client reads nothing.
 fn python_sdk_reads_artifacts(era: &str) {
-    let media = format!(
-        r#"
-[[mcp.servers]]
-server_id = "media"
-command = "{server}"
-env = {{ SCRIPTED_CATALOG = "probe" }}
-side_effect = "external_read"
-risk = "low"
-idempotency = "read_only"
-maximum_output_bytes = 65536
-required_scopes = ["mcp.media.use"]
-"#,
-        server = crate::mcp::scripted_server().display(),
-    );
-    let door = Door::start("", &media);
+    let door = Door::start("", &crate::front::media_server());
     let mut command = Command::new(python("clients"));
     command
         .arg(script("front_python.py"))
