@@ -566,25 +566,18 @@ pub async fn discover(
         },
         Vec::new(),
     )?;
-    let enabled = |servers: &[&crate::config::CommonServerConfig]| {
-        servers.iter().filter(|server| server.enabled).count()
-    };
-    let stdio = enabled(
-        &config
-            .mcp
-            .servers
-            .iter()
-            .map(|server| &server.common)
-            .collect::<Vec<_>>(),
-    );
-    let http = enabled(
-        &config
-            .mcp
-            .http_servers
-            .iter()
-            .map(|server| &server.common)
-            .collect::<Vec<_>>(),
-    );
+    let stdio = config
+        .mcp
+        .servers
+        .iter()
+        .filter(|s| s.common.enabled)
+        .count();
+    let http = config
+        .mcp
+        .http_servers
+        .iter()
+        .filter(|s| s.common.enabled)
+        .count();
     progress(format!(
         "starting {stdio} stdio server(s) and dialling {http} HTTP server(s); a server fetched on first use (as npx and uvx do) can take a while"
     ));
