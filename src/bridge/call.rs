@@ -74,12 +74,7 @@ struct Blocked<'a> {
 }
 
 impl HoldObserver for Blocked<'_> {
-    fn waiting(
-        &self,
-        approval_id: uuid::Uuid,
-        _waited: std::time::Duration,
-        _until: tokio::time::Instant,
-    ) -> BoxFuture<'_, ()> {
+    fn waiting(&self, approval_id: uuid::Uuid, _waited: std::time::Duration) -> BoxFuture<'_, ()> {
         self.in_flight.wait(Waiting {
             approval_id,
             call: self.call.clone(),

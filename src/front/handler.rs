@@ -479,12 +479,7 @@ fn info() -> Value {
 struct Progressing(Option<Arc<dyn ProgressSink>>);
 
 impl HoldObserver for Progressing {
-    fn waiting(
-        &self,
-        approval_id: Uuid,
-        waited: Duration,
-        _until: tokio::time::Instant,
-    ) -> BoxFuture<'_, ()> {
+    fn waiting(&self, approval_id: Uuid, waited: Duration) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             if let Some(progress) = &self.0 {
                 progress

@@ -100,9 +100,10 @@ fn inline_kind(media_type: &str) -> Option<&'static str> {
 }
 
 impl Front {
-    /// Puts the images and audio a result links to inline, in order, while
-    /// their bytes together fit `budget` (the call's output limit); the
-    /// rest stay links. An artifact that cannot be read stays a link.
+    /// Puts the images and audio a result links to inline, in order, each
+    /// that fits what those before it left of `budget` (the call's output
+    /// limit); the rest stay links. An artifact that cannot be read stays
+    /// a link.
     pub(super) async fn inline_artifacts(&self, result: &mut Value, tenant_id: &str, budget: u64) {
         let Some(blocks) = result.get_mut("content").and_then(Value::as_array_mut) else {
             return;

@@ -36,9 +36,8 @@ pub struct Hold<'a> {
 
 /// What the edge holding a call says to its caller while it waits.
 pub trait HoldObserver {
-    /// The call waits for `approval_id`, has waited `waited`, and is held
-    /// until `until`.
-    fn waiting(&self, approval_id: Uuid, waited: Duration, until: Instant) -> BoxFuture<'_, ()>;
+    /// The call waits for `approval_id`, and has waited `waited`.
+    fn waiting(&self, approval_id: Uuid, waited: Duration) -> BoxFuture<'_, ()>;
 }
 
 /// What a held call came to.
@@ -165,9 +164,7 @@ impl Approvals {
                 recorded = Some(approval_id);
             }
             let decided = loop {
-                hold.observer
-                    .waiting(approval_id, started.elapsed(), hold.until)
-                    .await;
+                hold.observer.waiting(approval_id, started.elapsed()).await;
                 let until = hold.until.min(Instant::now() + hold.every);
                 tokio::select! {
                     decided = self.wait_decided(&call.tenant_id, approval_id, until) => {
