@@ -11,8 +11,8 @@ use uuid::Uuid;
 use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
 use crate::ports::{
-    ArtifactRecord, ConsoleSignIn, Ended, Held, InvocationRecord, InvocationState, RunOwner,
-    StoreError, StoredArtifact, Suspension,
+    ArtifactRecord, AuthoredSkill, CatalogEntry, CatalogRow, ConsoleSignIn, Ended, EventRecord,
+    Held, InvocationRecord, InvocationState, RunOwner, StoreError, StoredArtifact, Suspension,
 };
 
 /// A row's columns as values, however the backend stores them.
@@ -200,6 +200,47 @@ pub(super) fn artifact(row: &impl Columns) -> Result<ArtifactRecord, StoreError>
         },
         run_id: row.uuid("run_id")?,
         run_principal_id: row.optional_text("principal_id")?,
+    })
+}
+
+/// An agent-written skill.
+pub(super) fn authored_skill(row: &impl Columns) -> Result<AuthoredSkill, StoreError> {
+    Ok(AuthoredSkill {
+        name: row.text("name")?,
+        description: row.text("description")?,
+        body: row.text("body")?,
+        required_tools: serde_json::from_value(row.json("required_tools")?)
+            .map_err(|e| StoreError::Decode(format!("required_tools: {e}")))?,
+        version: row.text("version")?,
+        author: row.text("author")?,
+        written_by_key: row.text("written_by_key")?,
+        created_at: row.time("created_at")?,
+        updated_at: row.time("updated_at")?,
+    })
+}
+
+/// One tool of a server's recorded catalog.
+pub(super) fn catalog_row(row: &impl Columns) -> Result<CatalogRow, StoreError> {
+    Ok(CatalogRow {
+        catalog_hash: row.text("catalog_hash")?,
+        entry: CatalogEntry {
+            remote_name: row.text("remote_name")?,
+            registry_name: row.text("registry_name")?,
+            input_schema: row.json("input_schema")?,
+        },
+        discovered_at: row.time("discovered_at")?,
+        withdrawn_at: row.optional_time("withdrawn_at")?,
+    })
+}
+
+/// An event of the outbox.
+pub(super) fn event_record(row: &impl Columns) -> Result<EventRecord, StoreError> {
+    Ok(EventRecord {
+        id: row.integer("id")?,
+        tenant_id: row.optional_text("tenant_id")?,
+        event_type: row.text("event_type")?,
+        payload: row.json("payload")?,
+        created_at: row.time("created_at")?,
     })
 }
 

@@ -43,20 +43,7 @@ impl CatalogStore for PostgresStore {
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            rows.iter()
-                .map(|row| {
-                    Ok(CatalogRow {
-                        catalog_hash: get(row, "catalog_hash")?,
-                        entry: CatalogEntry {
-                            remote_name: get(row, "remote_name")?,
-                            registry_name: get(row, "registry_name")?,
-                            input_schema: get(row, "input_schema")?,
-                        },
-                        discovered_at: get(row, "discovered_at")?,
-                        withdrawn_at: get(row, "withdrawn_at")?,
-                    })
-                })
-                .collect()
+            rows.iter().map(catalog_row).collect()
         })
     }
 

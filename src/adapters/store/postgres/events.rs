@@ -42,17 +42,7 @@ impl EventStore for PostgresStore {
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            rows.iter()
-                .map(|row| {
-                    Ok(EventRecord {
-                        id: get(row, "id")?,
-                        tenant_id: get(row, "tenant_id")?,
-                        event_type: get(row, "event_type")?,
-                        payload: get(row, "payload")?,
-                        created_at: get(row, "created_at")?,
-                    })
-                })
-                .collect()
+            rows.iter().map(event_record).collect()
         })
     }
 }

@@ -3,7 +3,10 @@
 //! database safe. Each transaction sets the tenant (or the system scope) that
 //! row-level security checks.
 
-use super::rows::{ARTIFACT_WITH_OWNER, artifact, console_sign_in, held, invocation, run_owner};
+use super::rows::{
+    ARTIFACT_WITH_OWNER, artifact, authored_skill, catalog_row, console_sign_in, event_record,
+    held, invocation, run_owner,
+};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -16,12 +19,12 @@ use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_option
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
-    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, ConsoleSignIn,
-    ConsoleSignInStore, EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord,
-    InvocationStore, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths,
-    Registration, Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord,
-    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, TerminalRecord, ToolEvent,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    CatalogGeneration, CatalogRow, CatalogStore, Claim, ConsoleSignIn, ConsoleSignInStore,
+    EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord, InvocationStore,
+    McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths, Registration,
+    Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore,
+    SkillWrite, SkillWritten, StoreError, TerminalRecord, ToolEvent, WorkerLease,
+    WorkerRegistration, WorkerStore,
 };
 use connections::{
     DEFAULT_CONNECTIONS, HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach,

@@ -103,15 +103,7 @@ impl OperatorStore for PostgresStore {
             tx.commit().await.map_err(database_error)?;
             let events = events
                 .iter()
-                .map(|row| {
-                    Ok(EventRecord {
-                        id: get(row, "id")?,
-                        tenant_id: get(row, "tenant_id")?,
-                        event_type: get(row, "event_type")?,
-                        payload: get(row, "payload")?,
-                        created_at: get(row, "created_at")?,
-                    })
-                })
+                .map(event_record)
                 .collect::<Result<Vec<_>, StoreError>>()?;
             Ok(Some(InvocationStory {
                 invocation: invocation(&row)?,

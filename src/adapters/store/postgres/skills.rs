@@ -2,21 +2,6 @@
 
 use super::*;
 
-fn skill_row(row: &PgRow) -> Result<AuthoredSkill, StoreError> {
-    Ok(AuthoredSkill {
-        name: get(row, "name")?,
-        description: get(row, "description")?,
-        body: get(row, "body")?,
-        required_tools: serde_json::from_value(get(row, "required_tools")?)
-            .map_err(|e| StoreError::Decode(format!("required_tools: {e}")))?,
-        version: get(row, "version")?,
-        author: get(row, "author")?,
-        written_by_key: get(row, "written_by_key")?,
-        created_at: get(row, "created_at")?,
-        updated_at: get(row, "updated_at")?,
-    })
-}
-
 impl SkillStore for PostgresStore {
     fn put_skill<'a>(
         &'a self,
@@ -110,7 +95,7 @@ impl SkillStore for PostgresStore {
             .await
             .map_err(database_error)?;
             tx.commit().await.map_err(database_error)?;
-            rows.iter().map(skill_row).collect()
+            rows.iter().map(authored_skill).collect()
         })
     }
 }

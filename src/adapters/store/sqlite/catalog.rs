@@ -43,20 +43,7 @@ impl CatalogStore for SqliteStore {
                 .bind(server_id)
                 .fetch_all(connection)
             })?;
-            rows.iter()
-                .map(|row| {
-                    Ok(CatalogRow {
-                        catalog_hash: get(row, "catalog_hash")?,
-                        entry: CatalogEntry {
-                            remote_name: get(row, "remote_name")?,
-                            registry_name: get(row, "registry_name")?,
-                            input_schema: json(row, "input_schema")?,
-                        },
-                        discovered_at: time(row, "discovered_at")?,
-                        withdrawn_at: optional_time(row, "withdrawn_at")?,
-                    })
-                })
-                .collect()
+            rows.iter().map(catalog_row).collect()
         })
     }
 

@@ -35,15 +35,7 @@ impl EventStore for SqliteStore {
                 .bind(tenant_id)
                 .fetch_all(connection)?
                 .iter()
-                .map(|row| {
-                    Ok(EventRecord {
-                        id: get(row, "id")?,
-                        tenant_id: get(row, "tenant_id")?,
-                        event_type: get(row, "event_type")?,
-                        payload: json(row, "payload")?,
-                        created_at: time(row, "created_at")?,
-                    })
-                })
+                .map(event_record)
                 .collect()
             })
         })

@@ -23,17 +23,20 @@ use uuid::Uuid;
 use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
-use super::rows::{ARTIFACT_WITH_OWNER, artifact, console_sign_in, held, invocation, run_owner};
+use super::rows::{
+    ARTIFACT_WITH_OWNER, artifact, authored_skill, catalog_row, console_sign_in, event_record,
+    held, invocation, run_owner,
+};
 use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, parse_optional, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
-    CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, Claim, ConsoleSignIn,
-    ConsoleSignInStore, EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord,
-    InvocationStore, McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths,
-    Registration, Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord,
-    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError, TerminalRecord, ToolEvent,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    CatalogGeneration, CatalogRow, CatalogStore, Claim, ConsoleSignIn, ConsoleSignInStore,
+    EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord, InvocationStore,
+    McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths, Registration,
+    Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore,
+    SkillWrite, SkillWritten, StoreError, TerminalRecord, ToolEvent, WorkerLease,
+    WorkerRegistration, WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more

@@ -61,16 +61,6 @@ impl SqliteStore {
     }
 }
 
-fn event_record(row: &Row) -> Result<EventRecord, StoreError> {
-    Ok(EventRecord {
-        id: get(row, "id")?,
-        tenant_id: get(row, "tenant_id")?,
-        event_type: get(row, "event_type")?,
-        payload: json(row, "payload")?,
-        created_at: time(row, "created_at")?,
-    })
-}
-
 impl OperatorStore for SqliteStore {
     fn list_invocations<'a>(
         &'a self,

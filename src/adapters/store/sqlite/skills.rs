@@ -5,21 +5,6 @@ use super::*;
 const SKILL_COLUMNS: &str = "name, description, body, required_tools, version, author, \
                              written_by_key, created_at, updated_at";
 
-fn skill_row(row: &Row) -> Result<AuthoredSkill, StoreError> {
-    Ok(AuthoredSkill {
-        name: get(row, "name")?,
-        description: get(row, "description")?,
-        body: get(row, "body")?,
-        required_tools: serde_json::from_value(json(row, "required_tools")?)
-            .map_err(|e| StoreError::Decode(format!("required_tools: {e}")))?,
-        version: get(row, "version")?,
-        author: get(row, "author")?,
-        written_by_key: get(row, "written_by_key")?,
-        created_at: time(row, "created_at")?,
-        updated_at: time(row, "updated_at")?,
-    })
-}
-
 impl SkillStore for SqliteStore {
     fn put_skill<'a>(
         &'a self,
@@ -112,7 +97,7 @@ impl SkillStore for SqliteStore {
                 .bind(tenant_id)
                 .fetch_all(connection)?
                 .iter()
-                .map(skill_row)
+                .map(authored_skill)
                 .collect()
             })
         })
