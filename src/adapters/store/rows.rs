@@ -11,8 +11,9 @@ use uuid::Uuid;
 use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
 use crate::ports::{
-    ArtifactRecord, AuthoredSkill, CatalogEntry, CatalogRow, ConsoleSignIn, Ended, EventRecord,
-    Held, InvocationRecord, InvocationState, RunOwner, StoreError, StoredArtifact, Suspension,
+    ArtifactRecord, AuthoredSkill, BreakerTally, CatalogEntry, CatalogRow, ConsoleSignIn, Ended,
+    EventRecord, Held, InvocationRecord, InvocationState, RunOwner, StoreError, StoredArtifact,
+    Suspension, ToolHealth,
 };
 
 /// A row's columns as values, however the backend stores them.
@@ -25,6 +26,8 @@ pub(super) trait Columns {
     fn integer(&self, column: &str) -> Result<i64, StoreError>;
     /// A nullable 64-bit integer column.
     fn optional_integer(&self, column: &str) -> Result<Option<i64>, StoreError>;
+    /// A nullable floating-point column.
+    fn optional_float(&self, column: &str) -> Result<Option<f64>, StoreError>;
     /// A boolean column.
     fn flag(&self, column: &str) -> Result<bool, StoreError>;
     /// A UUID column.
@@ -242,6 +245,64 @@ pub(super) fn event_record(row: &impl Columns) -> Result<EventRecord, StoreError
         payload: row.json("payload")?,
         created_at: row.time("created_at")?,
     })
+}
+
+/// A run's tally of identical calls: the counts by outcome, then the
+/// evidence base and the synthesis step, each a row of its own with the
+/// count NULL (`toolgate_tally`'s columns, and SQLite's query's).
+pub(super) fn breaker_tally(rows: &[impl Columns]) -> Result<BreakerTally, StoreError> {
+    let mut tally = BreakerTally::default();
+    for row in rows {
+        if let Some(step) = row.optional_integer("t_synthesis")? {
+            tally.synthesis_after_step = Some(step);
+            continue;
+        }
+        if let Some(base) = row.optional_integer("t_base")? {
+            tally.evidence_base = base;
+            continue;
+        }
+        tally.counts.push((
+            parse(&row.text("t_status")?, "outcome_status")?,
+            parse_optional(row.optional_text("t_code")?, "reason_code")?,
+            row.integer("t_count")?,
+        ));
+    }
+    Ok(tally)
+}
+
+/// Each tool's health: its counts and latencies (`rows`), with the
+/// failures by reason that `failed` lists for it.
+pub(super) fn tool_health(
+    rows: &[impl Columns],
+    failed: &[impl Columns],
+) -> Result<Vec<ToolHealth>, StoreError> {
+    let failed = failed
+        .iter()
+        .map(|row| {
+            Ok((
+                row.text("tool_name")?,
+                row.text("reason_code")?,
+                row.integer("failures")?,
+            ))
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    rows.iter()
+        .map(|row| {
+            let tool_name = row.text("tool_name")?;
+            Ok(ToolHealth {
+                failures: failed
+                    .iter()
+                    .filter(|(tool, _, _)| *tool == tool_name)
+                    .map(|(_, code, n)| (code.clone(), *n))
+                    .collect(),
+                calls: row.integer("calls")?,
+                uncertain: row.integer("uncertain")?,
+                p50_ms: row.optional_float("p50_ms")?,
+                p99_ms: row.optional_float("p99_ms")?,
+                tool_name,
+            })
+        })
+        .collect()
 }
 
 pub(super) fn console_sign_in(row: &impl Columns) -> Result<ConsoleSignIn, StoreError> {

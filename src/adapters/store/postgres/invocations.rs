@@ -572,23 +572,7 @@ impl InvocationStore for PostgresStore {
             .fetch_all(lease.statements()?)
             .await;
             let rows = lease.settle(result)?;
-            let mut tally = BreakerTally::default();
-            for row in &rows {
-                if let Some(step) = get::<Option<i64>>(row, "t_synthesis")? {
-                    tally.synthesis_after_step = Some(step);
-                    continue;
-                }
-                if let Some(base) = get::<Option<i64>>(row, "t_base")? {
-                    tally.evidence_base = base;
-                    continue;
-                }
-                tally.counts.push((
-                    parse(&get::<String>(row, "t_status")?, "outcome_status")?,
-                    parse_optional(get(row, "t_code")?, "reason_code")?,
-                    get::<i64>(row, "t_count")?,
-                ));
-            }
-            Ok(tally)
+            breaker_tally(&rows)
         })
     }
 

@@ -4,8 +4,8 @@
 //! row-level security checks.
 
 use super::rows::{
-    ARTIFACT_WITH_OWNER, artifact, authored_skill, catalog_row, console_sign_in, event_record,
-    held, invocation, run_owner,
+    ARTIFACT_WITH_OWNER, artifact, authored_skill, breaker_tally, catalog_row, console_sign_in,
+    event_record, held, invocation, run_owner, tool_health,
 };
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
@@ -15,7 +15,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row};
 use uuid::Uuid;
 
-use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, parse_optional, plan};
+use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
@@ -253,6 +253,10 @@ impl super::rows::Columns for PgRow {
     fn optional_integer(&self, column: &str) -> Result<Option<i64>, StoreError> {
         get::<Option<i64>>(self, column)
             .or_else(|_| get::<Option<i32>>(self, column).map(|value| value.map(i64::from)))
+    }
+
+    fn optional_float(&self, column: &str) -> Result<Option<f64>, StoreError> {
+        get(self, column)
     }
 
     fn flag(&self, column: &str) -> Result<bool, StoreError> {

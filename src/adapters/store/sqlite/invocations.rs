@@ -673,10 +673,12 @@ impl InvocationStore for SqliteStore {
     ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
         Box::pin(async move {
             // One statement, so one snapshot: the counts, then the evidence
-            // base as a row of its own (`n` NULL).
+            // base as a row of its own (`t_count` NULL), named as
+            // PostgreSQL's `toolgate_tally` names them.
             let rows = self.read(|connection| {
                 query(
-                    "SELECT outcome_status, reason_code, count(*) AS n, NULL AS base, NULL AS synthesis \
+                    "SELECT outcome_status AS t_status, reason_code AS t_code, count(*) AS t_count, \
+                     NULL AS t_base, NULL AS t_synthesis \
                      FROM tool_invocations \
                      WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
                        AND outcome_status IS NOT NULL \
@@ -694,23 +696,7 @@ impl InvocationStore for SqliteStore {
                 .bind(arguments_hash)
                 .fetch_all(connection)
             })?;
-            let mut tally = BreakerTally::default();
-            for row in &rows {
-                if let Some(step) = get::<Option<i64>>(row, "synthesis")? {
-                    tally.synthesis_after_step = Some(step);
-                    continue;
-                }
-                if let Some(base) = get::<Option<i64>>(row, "base")? {
-                    tally.evidence_base = base;
-                    continue;
-                }
-                tally.counts.push((
-                    parse(&get::<String>(row, "outcome_status")?, "outcome_status")?,
-                    parse_optional(get(row, "reason_code")?, "reason_code")?,
-                    get::<i64>(row, "n")?,
-                ));
-            }
-            Ok(tally)
+            breaker_tally(&rows)
         })
     }
 

@@ -24,10 +24,10 @@ use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
 use super::rows::{
-    ARTIFACT_WITH_OWNER, artifact, authored_skill, catalog_row, console_sign_in, event_record,
-    held, invocation, run_owner,
+    ARTIFACT_WITH_OWNER, artifact, authored_skill, breaker_tally, catalog_row, console_sign_in,
+    event_record, held, invocation, run_owner, tool_health,
 };
-use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, parse_optional, plan};
+use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
     ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
@@ -455,6 +455,10 @@ impl super::rows::Columns for Row {
     }
 
     fn optional_integer(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        get(self, column)
+    }
+
+    fn optional_float(&self, column: &str) -> Result<Option<f64>, StoreError> {
         get(self, column)
     }
 

@@ -218,33 +218,7 @@ impl OperatorStore for SqliteStore {
                     bind(&FAILURES_SQL).fetch_all(connection)?,
                 ))
             })?;
-            let failed = failed
-                .iter()
-                .map(|row| {
-                    Ok((
-                        get::<String>(row, "tool_name")?,
-                        get::<String>(row, "reason_code")?,
-                        get::<i64>(row, "failures")?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            rows.iter()
-                .map(|row| {
-                    let tool_name: String = get(row, "tool_name")?;
-                    Ok(ToolHealth {
-                        failures: failed
-                            .iter()
-                            .filter(|(tool, _, _)| *tool == tool_name)
-                            .map(|(_, code, n)| (code.clone(), *n))
-                            .collect(),
-                        calls: get(row, "calls")?,
-                        uncertain: get(row, "uncertain")?,
-                        p50_ms: get(row, "p50_ms")?,
-                        p99_ms: get(row, "p99_ms")?,
-                        tool_name,
-                    })
-                })
-                .collect()
+            tool_health(&rows, &failed)
         })
     }
 }
