@@ -22,15 +22,22 @@ pub(super) fn front_keys(keys: &[crate::config::ApiKeyConfig]) -> Vec<ApiKey> {
         .collect()
 }
 
-/// Every API key the configuration names: its own and its file's.
+/// Every API key entry the configuration names: its own and its file's.
+pub(super) fn key_entries(
+    front: &crate::config::FrontConfig,
+) -> Result<Vec<crate::config::ApiKeyConfig>, ConfigErrors> {
+    let mut entries = front.api_keys.clone();
+    if let Some(file) = &front.api_keys_file {
+        entries.extend(crate::config::read_api_keys_file(file)?);
+    }
+    Ok(entries)
+}
+
+/// Every API key the configuration names, as the front door holds them.
 pub(super) fn all_front_keys(
     front: &crate::config::FrontConfig,
 ) -> Result<Vec<ApiKey>, ConfigErrors> {
-    let mut keys = front_keys(&front.api_keys);
-    if let Some(file) = &front.api_keys_file {
-        keys.extend(front_keys(&crate::config::read_api_keys_file(file)?));
-    }
-    Ok(keys)
+    Ok(front_keys(&key_entries(front)?))
 }
 
 /// The front door's credentials, from `[front]`.

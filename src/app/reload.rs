@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::Value;
 
-use super::front_keys::all_front_keys;
+use super::front_keys::{front_keys, key_entries};
 use crate::adapters::policy::ReloadablePolicy;
-use crate::config::{Config, FrontConfig, read_api_keys_file};
+use crate::config::{ApiKeyConfig, Config, FrontConfig};
 use crate::domain::sha256_hex;
 use crate::front::Front;
 use crate::ports::tool::BoxFuture;
@@ -60,7 +60,9 @@ impl Reloader {
                 sections: serde_json::to_value(config).unwrap_or(Value::Null),
                 front: config.front.clone(),
                 policy_sha256: policy_digest(config),
-                keys: key_digests(&config.front).unwrap_or_default(),
+                keys: key_entries(&config.front)
+                    .map(|entries| key_digests(&entries))
+                    .unwrap_or_default(),
             }),
             policy,
             front,
@@ -150,11 +152,10 @@ impl Reloader {
         };
         // Put in force whole or not at all: a key that does not validate
         // leaves every key in force as it was.
-        match key_digests(&state.front)
-            .and_then(|digests| all_front_keys(&state.front).map(|keys| (digests, keys)))
-        {
-            Ok((digests, keys)) => {
-                front.credentials().replace_keys(keys);
+        match key_entries(&state.front) {
+            Ok(entries) => {
+                let digests = key_digests(&entries);
+                front.credentials().replace_keys(front_keys(&entries));
                 let change = key_change(&state.keys, &digests);
                 if change.is_empty() {
                     report
@@ -228,21 +229,15 @@ fn changed_sections(running: &Value, read: &Value) -> Vec<String> {
     changed
 }
 
-/// Each key id and a digest of its whole entry, inline and in its file.
-fn key_digests(
-    front: &FrontConfig,
-) -> Result<BTreeMap<String, String>, crate::config::ConfigErrors> {
-    let mut keys = front.api_keys.clone();
-    if let Some(file) = &front.api_keys_file {
-        keys.extend(read_api_keys_file(file)?);
-    }
-    Ok(keys
+/// Each key id and a digest of its whole entry.
+fn key_digests(entries: &[ApiKeyConfig]) -> BTreeMap<String, String> {
+    entries
         .iter()
         .map(|key| {
             let entry = serde_json::to_string(key).unwrap_or_default();
             (key.id.clone(), sha256_hex(entry.as_bytes()))
         })
-        .collect())
+        .collect()
 }
 
 /// "added a; removed b; replaced c", by key id; empty when nothing changed.

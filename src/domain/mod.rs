@@ -83,7 +83,10 @@ pub use idempotency::idempotency_key;
 pub use outcome::{InvocationStatus, Remediation, ToolOutcome, ToolOutcomeStatus};
 pub use rate::{RateLimit, TokenBucket};
 pub use reason_codes::ReasonCode;
-pub use result::{ArtifactRef, ContentPart, ToolFailure, ToolFailureKind, ToolResult};
+pub use result::{
+    ArtifactRef, ContentPart, OPAQUE_MEDIA_TYPE, ToolFailure, ToolFailureKind, ToolResult,
+    shown_media_type,
+};
 pub use secret::SecretValue;
 pub use session::{
     AgentSpec, MAXIMUM_LIST_ENTRIES, PolicyProfile, Principal, RuntimeEnvironment, glob_matches,

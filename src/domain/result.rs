@@ -12,6 +12,21 @@ use serde_json::{Map, Value};
 use super::reason_codes::ReasonCode;
 use super::trust::TrustLevel;
 
+/// What an artifact's bytes are served as when nothing says better.
+pub const OPAQUE_MEDIA_TYPE: &str = "application/octet-stream";
+
+/// A declared image or audio media type a browser shows as such and never
+/// runs: plain lower-case, no parameters, no SVG. `None` for anything else.
+pub fn shown_media_type(declared: &str) -> Option<&str> {
+    let plain = declared.len() <= 100
+        && (declared.starts_with("image/") || declared.starts_with("audio/"))
+        && declared
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"/.+-".contains(&b))
+        && !declared.contains("svg");
+    plain.then_some(declared)
+}
+
 /// A reference to bytes held by the artifact store; tools return references,
 /// never inline blobs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

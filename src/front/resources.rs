@@ -13,7 +13,7 @@ use tokio::io::AsyncReadExt as _;
 use uuid::Uuid;
 
 use super::{Caller, Front, rpc_error};
-use crate::domain::{TrustLevel, base64};
+use crate::domain::{OPAQUE_MEDIA_TYPE, TrustLevel, base64, shown_media_type};
 use crate::edge::Reply;
 use crate::pipeline::artifacts::OpenArtifact;
 
@@ -49,23 +49,11 @@ pub fn artifact_address(uri: &str) -> Option<(Uuid, Uuid)> {
 /// type as stored; anything else, and anything a browser could run, as
 /// opaque bytes.
 pub fn served_media_type(media_type: &str) -> &str {
-    // What toolgate itself keeps: the whole of a text result.
-    if media_type == "text/plain; charset=utf-8" {
-        return media_type;
-    }
-    let plain = media_type.len() <= 100
-        && media_type
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"/.+-".contains(&b))
-        && (media_type.starts_with("image/")
-            || media_type.starts_with("audio/")
-            || media_type == "text/plain"
-            || media_type == "application/json")
-        && !media_type.contains("svg");
-    if plain {
-        media_type
-    } else {
-        "application/octet-stream"
+    match media_type {
+        // What toolgate itself keeps (the whole of a text result), and
+        // a server's blocks kept as the JSON they came as.
+        "text/plain; charset=utf-8" | "text/plain" | "application/json" => media_type,
+        _ => shown_media_type(media_type).unwrap_or(OPAQUE_MEDIA_TYPE),
     }
 }
 
@@ -228,7 +216,11 @@ fn streamed(id: Value, uri: &str, open: OpenArtifact, stateless: bool) -> Reply 
             "_meta": {"toolgate/trust": artifact.trust},
         }],
     });
-    super::render::completed(&mut result, stateless);
+    // Without sessions a result says it is complete; rmcp takes that off
+    // for the others, and this answer does not pass through rmcp.
+    if stateless {
+        super::render::completed(&mut result, true);
+    }
     let answer = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
     let Some((head, tail)) = answer.split_once(&format!("\"{marker}\"")) else {
         return rpc_error(

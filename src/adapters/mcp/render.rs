@@ -11,9 +11,9 @@ use super::client::{RemoteCall, RemotePrompt};
 use crate::domain::mcp_server::ServerClassification;
 use crate::domain::names::mcp_registry_name;
 use crate::domain::{
-    ContentPart, IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, SkillMetadata,
-    TargetKind, ToolFailure, ToolFailureKind, ToolKind, ToolResult, ToolSource, ToolSpec,
-    TrustLevel, canonicalize, sha256_hex,
+    ContentPart, IdempotencyClass, OPAQUE_MEDIA_TYPE, ReasonCode, RiskLevel, SideEffectClass,
+    SkillMetadata, TargetKind, ToolFailure, ToolFailureKind, ToolKind, ToolResult, ToolSource,
+    ToolSpec, TrustLevel, canonicalize, sha256_hex, shown_media_type,
 };
 use crate::ports::ToolExecutionContext;
 
@@ -180,17 +180,9 @@ fn binary(block: &Value) -> Option<(&str, Vec<u8>)> {
 /// such and never runs; anything else (SVG, HTML, a malformed type) as
 /// opaque bytes.
 fn served_media_type(declared: Option<&str>) -> &str {
-    const OPAQUE: &str = "application/octet-stream";
-    let Some(declared) = declared else {
-        return OPAQUE;
-    };
-    let plain = declared.len() <= 100
-        && (declared.starts_with("image/") || declared.starts_with("audio/"))
-        && declared
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"/.+-".contains(&b))
-        && !declared.contains("svg");
-    if plain { declared } else { OPAQUE }
+    declared
+        .and_then(shown_media_type)
+        .unwrap_or(OPAQUE_MEDIA_TYPE)
 }
 
 /// Standard base64 (RFC 4648 §4, padding optional); `None` when the text
