@@ -9,6 +9,16 @@
 
 use super::InvocationStatus;
 
+closed_enum! {
+    /// Why a control tool's row is suspended, and what answers it.
+    pub enum SuspensionKind {
+        /// `conversation.ask_user`: the user's reply.
+        UserInput => "user_input",
+        /// `delegate.run`: the child run's result.
+        ChildRun => "child_run",
+    }
+}
+
 /// Where a row is. RUNNING is two phases: a call a worker runs, and a
 /// control tool suspended until it is answered (its lease let go, which no
 /// sweep takes).

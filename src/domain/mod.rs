@@ -80,6 +80,7 @@ pub use canonical::{CanonicalArguments, CanonicalError, base64, canonicalize, sh
 pub use durability::Durability;
 pub use event::ToolEventKind;
 pub use idempotency::idempotency_key;
+pub use invocation::SuspensionKind;
 pub use outcome::{InvocationStatus, Remediation, ToolOutcome, ToolOutcomeStatus};
 pub use rate::{RateLimit, TokenBucket};
 pub use reason_codes::ReasonCode;

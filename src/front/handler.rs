@@ -183,7 +183,7 @@ impl Front {
                 invocation_id,
                 kind,
                 reference,
-            } => Answer::Result(render::suspended(invocation_id, &kind, &reference)),
+            } => Answer::Result(render::suspended(invocation_id, kind.as_str(), &reference)),
             CallOutcome::Withdrawn => Answer::Withdrawn,
             CallOutcome::Pending {
                 invocation_id,

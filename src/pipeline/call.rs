@@ -11,7 +11,8 @@ use uuid::Uuid;
 use super::output::RenderedPart;
 use super::registry::PinnedToolSet;
 use crate::domain::{
-    AgentSpec, ArgumentTrust, Principal, ReasonCode, ToolOutcome, ToolOutcomeStatus, TrustLevel,
+    AgentSpec, ArgumentTrust, Principal, ReasonCode, SuspensionKind, ToolOutcome,
+    ToolOutcomeStatus, TrustLevel,
 };
 use crate::ports::Fence;
 
@@ -317,8 +318,8 @@ pub enum CallOutcome {
     Suspended {
         /// The suspended row.
         invocation_id: Uuid,
-        /// `user_input` or `child_run`.
-        kind: String,
+        /// What answers it.
+        kind: SuspensionKind,
         /// The question or child run the answer must name.
         reference: String,
     },
@@ -386,9 +387,9 @@ pub enum Completion {
 }
 
 /// The control tools that suspend, and the marker each leaves on its row.
-pub const SUSPENDING: &[(&str, &str)] = &[
-    ("conversation.ask_user", "user_input"),
-    ("delegate.run", "child_run"),
+pub const SUSPENDING: &[(&str, SuspensionKind)] = &[
+    ("conversation.ask_user", SuspensionKind::UserInput),
+    ("delegate.run", SuspensionKind::ChildRun),
 ];
 
 /// The registry name of the wrapper ADR-0123 adds.

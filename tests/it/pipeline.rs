@@ -15,8 +15,8 @@ use toolgate::domain::secret::CredentialRef;
 use toolgate::domain::{
     AgentSpec, ApprovalStatus, ArgumentTrust, Durability, IdempotencyClass, InvocationStatus,
     PolicyProfile, Principal, ReasonCode, RiskLevel, RuntimeEnvironment, SideEffectClass,
-    TargetKind, ToolFailure, ToolFailureKind, ToolOutcome, ToolOutcomeStatus, ToolResult, ToolSpec,
-    TrustLevel,
+    SuspensionKind, TargetKind, ToolFailure, ToolFailureKind, ToolOutcome, ToolOutcomeStatus,
+    ToolResult, ToolSpec, TrustLevel,
 };
 use toolgate::pipeline::output::RenderedPart;
 use toolgate::pipeline::{
@@ -189,7 +189,7 @@ impl InvocationStore for FaultyWatermark {
         claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<Held>, StoreError>;
         complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
-        suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+        suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: SuspensionKind, reference: &'a str) -> Result<bool, StoreError>;
         complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
         invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
         run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
@@ -1426,7 +1426,7 @@ async fn the_breaker_is_read_only_where_it_has_something_to_count() {
             mark_effect_sent(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, durability: Durability) -> Result<bool, StoreError>;
             complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
-            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: SuspensionKind, reference: &'a str) -> Result<bool, StoreError>;
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
@@ -2131,7 +2131,7 @@ async fn the_watermark_commits_within_the_calls_one_deadline() {
             claim_invocation(tenant: &'a str, id: Uuid, fence: Fence, now: chrono::DateTime<Utc>, events: &'a [ToolEvent], durability: Durability) -> Result<Option<Held>, StoreError>;
             complete_invocation(tenant: &'a str, id: Uuid, fence: Fence, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
-            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: SuspensionKind, reference: &'a str) -> Result<bool, StoreError>;
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;
@@ -2206,7 +2206,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             authorize_waiting(tenant: &'a str, id: Uuid, claim: Claim, events: &'a [ToolEvent]) -> Result<Option<Held>, StoreError>;
             settle_waiting(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
-            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+            suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: SuspensionKind, reference: &'a str) -> Result<bool, StoreError>;
             complete_suspended(tenant: &'a str, id: Uuid, terminal: &'a TerminalRecord, events: &'a [ToolEvent], now: chrono::DateTime<Utc>) -> Result<bool, StoreError>;
             invocation(tenant: &'a str, id: Uuid) -> Result<Option<InvocationRecord>, StoreError>;
             run_invocations(tenant: &'a str, run_id: Uuid) -> Result<Vec<InvocationRecord>, StoreError>;

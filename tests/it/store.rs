@@ -11,7 +11,8 @@ use sqlx::Connection;
 use toolgate::adapters::store::{PostgresStore, SqliteStore};
 use toolgate::domain::{
     ApprovalStatus, ArgumentTrust, Durability, IdempotencyClass, InvocationStatus, Principal,
-    ReasonCode, SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
+    ReasonCode, SideEffectClass, SuspensionKind, ToolEventKind, ToolOutcomeStatus, ToolSource,
+    TrustLevel,
 };
 use toolgate::ports::{
     Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Renewal, Schema, SessionRecord,
@@ -247,7 +248,6 @@ pub fn event(kind: ToolEventKind, record: &NewInvocation) -> ToolEvent {
 
 pub fn succeeded() -> TerminalRecord {
     TerminalRecord {
-        status: InvocationStatus::Succeeded,
         outcome_status: ToolOutcomeStatus::Succeeded,
         reason_code: None,
         result: Some(json!({"content": [{"type": "text", "text": "ok"}]})),
@@ -679,7 +679,6 @@ async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
             let terminal = match outcome {
                 InvocationStatus::Succeeded => succeeded(),
                 _ => TerminalRecord {
-                    status: InvocationStatus::Failed,
                     outcome_status: ToolOutcomeStatus::Failed,
                     reason_code: Some(ReasonCode::ToolUpstreamError),
                     result: None,
@@ -1115,7 +1114,6 @@ async fn approvals_wait_resume_and_settle() {
             .await
             .unwrap();
         let terminal = TerminalRecord {
-            status: InvocationStatus::Denied,
             outcome_status: ToolOutcomeStatus::Denied,
             reason_code: Some(ReasonCode::PolicyApprovalDenied),
             result: None,
@@ -1778,14 +1776,14 @@ async fn suspended_invocations_are_not_recovered() {
         let fence = running.fence().unwrap();
         assert!(
             store
-                .suspend_invocation("tenant-a", new.id, fence, "user_input", "q-1")
+                .suspend_invocation("tenant-a", new.id, fence, SuspensionKind::UserInput, "q-1")
                 .await
                 .unwrap(),
             "{name}"
         );
         assert!(
             !store
-                .suspend_invocation("tenant-a", new.id, fence, "user_input", "q-2")
+                .suspend_invocation("tenant-a", new.id, fence, SuspensionKind::UserInput, "q-2")
                 .await
                 .unwrap(),
             "{name}: suspended once"

@@ -6,7 +6,7 @@
 //! are held to it as well as the adapters' own statements.
 
 use chrono::Duration;
-use toolgate::domain::invocation::{Guard, Holder, Phase, TRANSITIONS, Transition};
+use toolgate::domain::invocation::{Guard, Holder, Phase, SuspensionKind, TRANSITIONS, Transition};
 use toolgate::domain::{Durability, InvocationStatus, ReasonCode};
 use toolgate::ports::{Claim, Fence, InvocationRecord, Store, TerminalRecord};
 use uuid::Uuid;
@@ -51,7 +51,7 @@ async fn row_in(store: &dyn Store, phase: Phase, holder: Uuid) -> InvocationReco
             let fence = row.fence().expect("held");
             assert!(
                 store
-                    .suspend_invocation(TENANT, row.id, fence, "user_input", "q")
+                    .suspend_invocation(TENANT, row.id, fence, SuspensionKind::UserInput, "q")
                     .await
                     .unwrap()
             );
@@ -111,7 +111,7 @@ async fn perform(
             .unwrap(),
         "release_invocation" => store.release_invocation(TENANT, id, fence).await.unwrap(),
         "suspend_invocation" => store
-            .suspend_invocation(TENANT, id, fence, "child_run", "r")
+            .suspend_invocation(TENANT, id, fence, SuspensionKind::ChildRun, "r")
             .await
             .unwrap(),
         "complete_suspended" => store

@@ -13,6 +13,32 @@ use crate::domain::invocation::{Phase, Transition};
 use crate::domain::{InvocationStatus, sha256_hex};
 use crate::ports::{StoreError, ToolEvent};
 
+// The columns each backend reads, in one order: `invocation_columns!()`
+// and its kin, for `concat!`.
+macro_rules! invocation_columns {
+    () => {
+        "id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, \
+         server_id, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, \
+         principal, origin_trust, parallel_group, deadline_at, approval_id, effect_sent_at, attempt_number, \
+         worker_id, lease_epoch, suspended_kind, suspended_ref, outcome_status, reason_code, result, error, \
+         output_bytes, truncated, artifact_id, created_at, started_at, completed_at, argument_trust"
+    };
+}
+
+macro_rules! approval_columns {
+    () => {
+        "id, tenant_id, invocation_id, tool_name, reason_code, status, approver, requested_at, decided_at"
+    };
+}
+
+macro_rules! session_columns {
+    () => {
+        "session_id, tenant_id, principal, agent, tool_schema_sha256, tool_contract_sha256, opened_at, \
+         last_used_at, tool_names"
+    };
+}
+
+mod invocations;
 mod operator;
 mod postgres;
 mod rows;

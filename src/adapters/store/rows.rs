@@ -66,7 +66,10 @@ impl StateColumns {
     pub(super) fn state(self) -> Result<InvocationState, StoreError> {
         let invalid = |why: &str| Err(StoreError::Decode(format!("tool_invocations: {why}")));
         let suspension = match (self.suspended_kind, self.suspended_ref) {
-            (Some(kind), Some(reference)) => Some(Suspension { kind, reference }),
+            (Some(kind), Some(reference)) => Some(Suspension {
+                kind: parse(&kind, "suspended_kind")?,
+                reference,
+            }),
             (None, None) => None,
             _ => return invalid("a suspension without its kind or reference"),
         };
@@ -100,6 +103,9 @@ impl StateColumns {
                 else {
                     return invalid("an ended row without its outcome or completion");
                 };
+                if outcome_status.invocation_status() != status {
+                    return invalid("an ended row whose status is not its outcome's");
+                }
                 Ok(InvocationState::Ended(Box::new(Ended {
                     status,
                     outcome_status,
@@ -323,6 +329,7 @@ pub(super) fn held(row: InvocationRecord) -> Result<Held, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::SuspensionKind;
 
     fn columns(status: InvocationStatus) -> StateColumns {
         StateColumns {
@@ -377,6 +384,11 @@ mod tests {
                 outcome_status: Some(ToolOutcomeStatus::Failed),
                 ..columns(InvocationStatus::Failed)
             },
+            StateColumns {
+                outcome_status: Some(ToolOutcomeStatus::Failed),
+                completed_at: now,
+                ..columns(InvocationStatus::Succeeded)
+            },
         ];
         for row in refused {
             assert!(
@@ -392,7 +404,7 @@ mod tests {
         let approval = Uuid::new_v4();
         let now = Utc::now();
         let suspension = Suspension {
-            kind: "child_run".into(),
+            kind: SuspensionKind::ChildRun,
             reference: "r".into(),
         };
         let cases = [

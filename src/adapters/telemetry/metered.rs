@@ -7,7 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::domain::{Durability, ReasonCode, ToolEventKind};
+use crate::domain::{Durability, ReasonCode, SuspensionKind, ToolEventKind};
 use crate::ports::metrics::{Labels, Metrics};
 use crate::ports::{
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
@@ -111,7 +111,7 @@ impl InvocationStore for MeteredInvocations {
         artifact(tenant: &'a str, id: Uuid) -> Result<Option<ArtifactRecord>, StoreError>;
         mark_synthesis_only(tenant: &'a str, run_id: Uuid, step: i64) -> Result<(), StoreError>;
         release_invocation(tenant: &'a str, id: Uuid, fence: Fence) -> Result<bool, StoreError>;
-        suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: &'a str, reference: &'a str) -> Result<bool, StoreError>;
+        suspend_invocation(tenant: &'a str, id: Uuid, fence: Fence, kind: SuspensionKind, reference: &'a str) -> Result<bool, StoreError>;
         reopen_approval(tenant: &'a str, id: Uuid, fence: Fence, approval: Uuid, code: ReasonCode, now: DateTime<Utc>) -> Result<bool, StoreError>;
     }
 

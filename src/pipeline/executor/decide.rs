@@ -272,6 +272,8 @@ mod tests {
     use serde_json::json;
     use uuid::Uuid;
 
+    use crate::domain::SuspensionKind;
+
     use super::*;
     use crate::domain::{Principal, SideEffectClass, ToolSource, TrustLevel};
 
@@ -356,7 +358,7 @@ mod tests {
             unreachable!("a waiting row")
         };
         let suspension = Suspension {
-            kind: "user_input".into(),
+            kind: SuspensionKind::UserInput,
             reference: "r".into(),
         };
         let mut suspended = row(Running, N);

@@ -48,7 +48,7 @@ impl Pipeline {
             }
             Deduplication::Suspended(suspension) => Ok(CallOutcome::Suspended {
                 invocation_id: row.id,
-                kind: suspension.kind.clone(),
+                kind: suspension.kind,
                 reference: suspension.reference.clone(),
             }),
             Deduplication::Recorded => Ok(recorded(&row)),

@@ -8,7 +8,8 @@ use uuid::Uuid;
 use super::Pipeline;
 use super::decide::{Conclusion, Execution, may_have_escaped};
 use crate::domain::{
-    Durability, SecretValue, ToolEventKind, ToolFailure, ToolFailureKind, ToolKind, ToolSpec,
+    Durability, SecretValue, SuspensionKind, ToolEventKind, ToolFailure, ToolFailureKind, ToolKind,
+    ToolSpec,
 };
 use crate::pipeline::breaker;
 use crate::pipeline::call::{CallOutcome, CallRequest, Point, SUSPENDING};
@@ -205,7 +206,7 @@ impl Pipeline {
         &self,
         request: &CallRequest,
         row: &Held,
-        kind: &str,
+        kind: SuspensionKind,
     ) -> Result<CallOutcome, StoreError> {
         let reference = Uuid::new_v4().to_string();
         let suspended = self
@@ -217,7 +218,7 @@ impl Pipeline {
         }
         Ok(CallOutcome::Suspended {
             invocation_id: row.id,
-            kind: kind.to_owned(),
+            kind,
             reference,
         })
     }
@@ -349,7 +350,7 @@ enum Watermark {
     NotCommitted(ToolFailure),
 }
 
-pub(super) fn suspension(spec: &ToolSpec) -> Option<&'static str> {
+pub(super) fn suspension(spec: &ToolSpec) -> Option<SuspensionKind> {
     if spec.kind != ToolKind::Control {
         return None;
     }

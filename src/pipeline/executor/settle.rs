@@ -104,7 +104,6 @@ impl Pipeline {
         // 13. Persist the result.
         self.reached(Point::PersistResult, request);
         let terminal = TerminalRecord {
-            status: outcome_status.invocation_status(),
             outcome_status,
             reason_code,
             result: Some(json!({ "content": content, "data": data })),

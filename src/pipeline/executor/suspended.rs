@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use super::Pipeline;
 use crate::domain::{
-    Durability, InvocationStatus, ReasonCode, ToolEventKind, ToolOutcome, ToolOutcomeStatus,
+    Durability, ReasonCode, SuspensionKind, ToolEventKind, ToolOutcome, ToolOutcomeStatus,
     TrustLevel,
 };
 use crate::pipeline::call::{Completion, DataPart, Finished, ResultData};
@@ -37,7 +37,7 @@ impl Pipeline {
         };
         let (terminal, outcome, content, data, event) = match completion {
             Completion::Answered { text } => {
-                let trust = if kind.as_str() == "user_input" {
+                let trust = if *kind == SuspensionKind::UserInput {
                     TrustLevel::User
                 } else {
                     TrustLevel::ExternalUntrusted
@@ -62,7 +62,6 @@ impl Pipeline {
                 let output_bytes = i64::try_from(text.len()).unwrap_or(i64::MAX);
                 let content = vec![RenderedPart::Text { text, trust }];
                 let terminal = TerminalRecord {
-                    status: InvocationStatus::Succeeded,
                     outcome_status: ToolOutcomeStatus::Succeeded,
                     reason_code: None,
                     result: Some(json!({ "content": content, "data": data })),

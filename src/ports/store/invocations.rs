@@ -8,7 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Claim, Fence, StoreError};
-use crate::domain::invocation::Phase;
+use crate::domain::invocation::{Phase, SuspensionKind};
 use crate::domain::{
     ArgumentTrust, Durability, IdempotencyClass, InvocationStatus, Principal, ReasonCode,
     ReviewResolution, SideEffectClass, ToolEventKind, ToolOutcomeStatus, ToolSource, TrustLevel,
@@ -74,9 +74,8 @@ pub struct NewInvocation {
 /// How a row ended, written at step 13 (or by recovery).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TerminalRecord {
-    /// SUCCEEDED, FAILED, DENIED or UNCERTAIN.
-    pub status: InvocationStatus,
-    /// The outcome status the model read.
+    /// The outcome status the model read; the row's status follows from it
+    /// ([`TerminalRecord::status`]).
     pub outcome_status: ToolOutcomeStatus,
     /// Absent on success.
     pub reason_code: Option<ReasonCode>,
@@ -99,12 +98,17 @@ pub struct TerminalRecord {
 }
 
 impl TerminalRecord {
+    /// SUCCEEDED, FAILED, DENIED or UNCERTAIN, as the outcome says: never
+    /// stored beside it unchecked.
+    pub fn status(&self) -> InvocationStatus {
+        self.outcome_status.invocation_status()
+    }
+
     /// The end of a call that produced no result: a refusal, an expiry, an
     /// uncertain recovery. Its status follows from the code.
     pub fn without_result(code: ReasonCode) -> TerminalRecord {
         let status = code.status();
         TerminalRecord {
-            status: status.invocation_status(),
             outcome_status: status,
             reason_code: Some(code),
             result: None,
@@ -237,8 +241,8 @@ pub enum InvocationState {
 /// What a suspended control tool waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Suspension {
-    /// `user_input` or `child_run`.
-    pub kind: String,
+    /// What answers it.
+    pub kind: SuspensionKind,
     /// The question or child run.
     pub reference: String,
 }
@@ -589,7 +593,7 @@ pub trait InvocationStore: Send + Sync {
         tenant_id: &'a str,
         id: Uuid,
         fence: Fence,
-        kind: &'a str,
+        kind: SuspensionKind,
         reference: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 

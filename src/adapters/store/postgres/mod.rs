@@ -4,8 +4,7 @@
 //! row-level security checks.
 
 use super::rows::{
-    ARTIFACT_WITH_OWNER, artifact, authored_skill, breaker_tally, catalog_row, console_sign_in,
-    event_record, held, invocation, run_owner, tool_health,
+    authored_skill, catalog_row, console_sign_in, event_record, invocation, tool_health,
 };
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
@@ -15,16 +14,14 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row};
 use uuid::Uuid;
 
-use super::{POSTGRES_MIGRATIONS, database_error, event_body, parse, plan};
-use crate::domain::{ApprovalStatus, Durability, ReasonCode};
+use super::{POSTGRES_MIGRATIONS, database_error, parse, plan};
+use crate::domain::{ApprovalStatus, ReasonCode};
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
-    CatalogGeneration, CatalogRow, CatalogStore, Claim, ConsoleSignIn, ConsoleSignInStore,
-    EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord, InvocationStore,
-    McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths, Registration,
-    Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore,
-    SkillWrite, SkillWritten, StoreError, TerminalRecord, ToolEvent, WorkerLease,
-    WorkerRegistration, WorkerStore,
+    ApprovalRecord, ApprovalStore, AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow,
+    CatalogStore, ConsoleSignIn, ConsoleSignInStore, EventRecord, EventStore, InvocationRecord,
+    McpServerRow, PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal,
+    ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
+    SkillWritten, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
 };
 use connections::{
     DEFAULT_CONNECTIONS, HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach,
@@ -32,29 +29,6 @@ use connections::{
 
 /// Serializes concurrent `toolgate migrate` runs across nodes.
 const MIGRATION_LOCK: i64 = 0x746f_6f6c_6761_7465;
-
-macro_rules! invocation_columns {
-    () => {
-        "id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, \
-         server_id, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, \
-         principal, origin_trust, parallel_group, deadline_at, approval_id, effect_sent_at, attempt_number, \
-         worker_id, lease_epoch, suspended_kind, suspended_ref, outcome_status, reason_code, result, error, \
-         output_bytes, truncated, artifact_id, created_at, started_at, completed_at, argument_trust"
-    };
-}
-
-macro_rules! approval_columns {
-    () => {
-        "id, tenant_id, invocation_id, tool_name, reason_code, status, approver, requested_at, decided_at"
-    };
-}
-
-macro_rules! session_columns {
-    () => {
-        "session_id, tenant_id, principal, agent, tool_schema_sha256, tool_contract_sha256, opened_at, \
-         last_used_at, tool_names"
-    };
-}
 
 /// Whether an error says the connection failed rather than the statement:
 /// what a server restart does to every connection it had.
@@ -321,33 +295,18 @@ fn approval(row: &PgRow) -> Result<ApprovalRecord, StoreError> {
     })
 }
 
-/// A commit's events as the two arrays the database functions take.
-fn event_arrays(
-    events: &[ToolEvent],
-) -> Result<(Vec<&'static str>, Vec<serde_json::Value>), StoreError> {
-    let kinds = events.iter().map(|event| event.kind.as_str()).collect();
-    let bodies = events
-        .iter()
-        .map(event_body)
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((kinds, bodies))
-}
-
+/// Appends a commit's events, given as their kinds and bodies, in order:
+/// one round trip for all of them.
 async fn append_events(
     tx: &mut Scoped,
     tenant_id: &str,
-    events: &[ToolEvent],
+    kinds: &[&'static str],
+    bodies: &[serde_json::Value],
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    if events.is_empty() {
+    if kinds.is_empty() {
         return Ok(());
     }
-    // One round trip for all of a commit's events.
-    let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
-    let bodies = events
-        .iter()
-        .map(event_body)
-        .collect::<Result<Vec<_>, _>>()?;
     sqlx::query(
         "INSERT INTO events (tenant_id, event_type, payload, created_at) \
          SELECT $1, kind, body, $4 FROM UNNEST($2::text[], $3::jsonb[]) WITH ORDINALITY AS e(kind, body, n) ORDER BY n",

@@ -111,6 +111,24 @@ impl Bind for &Option<String> {
     }
 }
 
+impl Bind for &crate::adapters::store::invocations::Value {
+    fn value(self) -> Value {
+        use crate::adapters::store::invocations::Value as Plain;
+        match self {
+            Plain::Text(text) => text.clone().map_or(Value::Null, Value::Text),
+            Plain::Integer(number) => number.map_or(Value::Null, Value::Integer),
+            Plain::Flag(flag) => Value::Integer(i64::from(*flag)),
+            Plain::Uuid(id) => id.map_or(Value::Null, |id| Value::Text(id.to_string())),
+            Plain::Time(at) => at.map_or(Value::Null, |at| Value::Integer(at.timestamp_micros())),
+            Plain::Json(json) => json
+                .as_ref()
+                .map_or(Value::Null, |json| Value::Text(json.to_string())),
+            // PostgreSQL's arrays: no SQLite statement names them.
+            Plain::Kinds(_) | Plain::Bodies(_) => Value::Null,
+        }
+    }
+}
+
 /// One statement and the values of its `$N` parameters, in order.
 pub(super) struct Query<'q> {
     sql: &'q str,
@@ -201,7 +219,7 @@ impl Query<'_> {
 
 /// A row read back, its columns by name.
 #[derive(Debug, Clone)]
-pub(super) struct Row {
+pub(in crate::adapters::store) struct Row {
     names: Arc<[String]>,
     values: Vec<Value>,
 }

@@ -24,19 +24,16 @@ use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
 use super::rows::{
-    ARTIFACT_WITH_OWNER, artifact, authored_skill, breaker_tally, catalog_row, console_sign_in,
-    event_record, held, invocation, run_owner, tool_health,
+    authored_skill, catalog_row, console_sign_in, event_record, invocation, tool_health,
 };
-use super::{SQLITE_MIGRATIONS, event_body, leaves, parse, plan};
+use super::{SQLITE_MIGRATIONS, parse, plan};
 use crate::domain::{ApprovalStatus, Durability, ReasonCode};
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BoxFuture, BreakerTally,
-    CatalogGeneration, CatalogRow, CatalogStore, Claim, ConsoleSignIn, ConsoleSignInStore,
-    EventRecord, EventStore, Fence, Held, InsertOutcome, InvocationRecord, InvocationStore,
-    McpServerRow, NewInvocation, PlatformEvent, PreparationRecord, QueueDepths, Registration,
-    Renewal, ReviewRecord, ReviewStore, RunOwner, Schema, SessionRecord, SessionStore, SkillStore,
-    SkillWrite, SkillWritten, StoreError, TerminalRecord, ToolEvent, WorkerLease,
-    WorkerRegistration, WorkerStore,
+    ApprovalRecord, ApprovalStore, AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow,
+    CatalogStore, ConsoleSignIn, ConsoleSignInStore, EventRecord, EventStore, InvocationRecord,
+    McpServerRow, PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal,
+    ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
+    SkillWritten, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more
@@ -46,29 +43,6 @@ const KEPT_READERS: usize = 8;
 /// How long a writer waits for the database lock before the store reports
 /// busy.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-
-macro_rules! invocation_columns {
-    () => {
-        "id, tenant_id, session_id, run_id, step_number, call_id, tool_name, tool_version, tool_source, \
-         server_id, arguments, arguments_hash, idempotency_key, status, idempotency_class, side_effect, \
-         principal, origin_trust, parallel_group, deadline_at, approval_id, effect_sent_at, attempt_number, \
-         worker_id, lease_epoch, suspended_kind, suspended_ref, outcome_status, reason_code, result, error, \
-         output_bytes, truncated, artifact_id, created_at, started_at, completed_at, argument_trust"
-    };
-}
-
-macro_rules! approval_columns {
-    () => {
-        "id, tenant_id, invocation_id, tool_name, reason_code, status, approver, requested_at, decided_at"
-    };
-}
-
-macro_rules! session_columns {
-    () => {
-        "session_id, tenant_id, principal, agent, tool_schema_sha256, tool_contract_sha256, opened_at, \
-         last_used_at, tool_names"
-    };
-}
 
 // After the column macros, which they use.
 mod approvals;
@@ -506,13 +480,6 @@ fn approval(row: &Row) -> Result<ApprovalRecord, StoreError> {
 }
 
 /// A commit's events, as the rows they become: kind and body.
-fn event_rows(events: &[ToolEvent]) -> Result<Vec<(&'static str, String)>, StoreError> {
-    events
-        .iter()
-        .map(|event| Ok((event.kind.as_str(), text(&event_body(event)?))))
-        .collect()
-}
-
 /// Appends a commit's events, in order.
 fn append_events(
     connection: &Connection,

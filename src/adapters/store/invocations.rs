@@ -1,0 +1,1291 @@
+//! The invocation rows, written once for both backends. Every method of the
+//! port is a [`Plan`]: its statement, rendered for the backend's
+//! [`Dialect`] (a transition's whole conditional write from the transition
+//! table: the phases it may leave, its fence or its owner gone, the columns
+//! the phase it enters needs, what becomes of the holder), what follows it
+//! in the same transaction, and its events. A backend is only a [`Driver`]:
+//! it binds a plan's values and runs it in one transaction of its kind.
+//! PostgreSQL's hot path (the intent, the claim, the watermark, the
+//! terminal write) calls its functions, one round trip each; the transition
+//! contract test holds them to the same table.
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::operator::Dialect;
+use super::rows::{
+    ARTIFACT_WITH_OWNER, Columns, artifact, breaker_tally, held, invocation, run_owner,
+};
+use super::{event_body, leaves};
+use crate::domain::invocation::{
+    AUTHORIZE_WAITING, CLAIM, CLAIM_EXPIRED, COMPLETE, COMPLETE_SUSPENDED, Guard, Holder,
+    MARK_EFFECT_SENT, Phase, RELEASE, REOPEN_APPROVAL, SETTLE_WAITING, SUSPEND, SuspensionKind,
+    TAKE_OVER, Transition,
+};
+use crate::domain::{Durability, InvocationStatus, ReasonCode};
+use crate::ports::{
+    ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
+    InvocationStore, NewInvocation, RunOwner, StoreError, TerminalRecord, ToolEvent,
+};
+
+/// One parameter's value, as both drivers bind it (PostgreSQL natively;
+/// SQLite keeps ids and JSON as text and times as microseconds).
+#[derive(Debug, Clone)]
+pub(super) enum Value {
+    Text(Option<String>),
+    Integer(Option<i64>),
+    Flag(bool),
+    Uuid(Option<Uuid>),
+    Time(Option<DateTime<Utc>>),
+    Json(Option<serde_json::Value>),
+    /// A commit's event kinds, as PostgreSQL's functions take them.
+    Kinds(Vec<&'static str>),
+    /// A commit's event bodies, likewise.
+    Bodies(Vec<serde_json::Value>),
+}
+
+impl From<&str> for Value {
+    fn from(text: &str) -> Value {
+        Value::Text(Some(text.to_owned()))
+    }
+}
+
+impl From<Option<&str>> for Value {
+    fn from(text: Option<&str>) -> Value {
+        Value::Text(text.map(str::to_owned))
+    }
+}
+
+impl From<i64> for Value {
+    fn from(number: i64) -> Value {
+        Value::Integer(Some(number))
+    }
+}
+
+impl From<Option<i64>> for Value {
+    fn from(number: Option<i64>) -> Value {
+        Value::Integer(number)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(flag: bool) -> Value {
+        Value::Flag(flag)
+    }
+}
+
+impl From<Uuid> for Value {
+    fn from(id: Uuid) -> Value {
+        Value::Uuid(Some(id))
+    }
+}
+
+impl From<Option<Uuid>> for Value {
+    fn from(id: Option<Uuid>) -> Value {
+        Value::Uuid(id)
+    }
+}
+
+impl From<DateTime<Utc>> for Value {
+    fn from(at: DateTime<Utc>) -> Value {
+        Value::Time(Some(at))
+    }
+}
+
+impl From<Option<DateTime<Utc>>> for Value {
+    fn from(at: Option<DateTime<Utc>>) -> Value {
+        Value::Time(at)
+    }
+}
+
+impl From<Option<serde_json::Value>> for Value {
+    fn from(json: Option<serde_json::Value>) -> Value {
+        Value::Json(json)
+    }
+}
+
+/// One statement and its `$N` values, in order. A statement need not use
+/// every number: each driver binds by number, with each value's type.
+#[derive(Debug, Clone)]
+pub(super) struct Statement {
+    pub(super) sql: &'static str,
+    pub(super) values: Vec<Value>,
+}
+
+/// How a plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Run {
+    /// A read of committed rows.
+    Read,
+    /// A read on every call's path (PostgreSQL's hot connections).
+    HotRead,
+    /// A flushed commit in a transaction of its own.
+    Flushed,
+    /// A hot-path commit as durable as it says: SQLite's group writer or
+    /// relaxed connection; on PostgreSQL one statement on a hot connection
+    /// (a function that writes the commit's events itself) under its
+    /// `synchronous_commit`.
+    Hot(Durability),
+}
+
+/// How a plan's first statement says that it moved a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Moved {
+    /// It changed rows.
+    Count,
+    /// It returned rows (each is the plan's).
+    Rows,
+    /// It returned one row whose `moved` column says.
+    Flag,
+}
+
+/// A commit's events: their kinds and bodies, in order.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Events {
+    pub(super) kinds: Vec<&'static str>,
+    pub(super) bodies: Vec<serde_json::Value>,
+}
+
+impl Events {
+    fn of(events: &[ToolEvent]) -> Result<Events, StoreError> {
+        Ok(Events {
+            kinds: events.iter().map(|event| event.kind.as_str()).collect(),
+            bodies: events
+                .iter()
+                .map(event_body)
+                .collect::<Result<Vec<_>, _>>()?,
+        })
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+}
+
+/// What one port method does to the store, in one transaction.
+#[derive(Debug, Clone)]
+pub(super) struct Plan {
+    /// Whose rows; `None`: every tenant's (recovery's sweep).
+    pub(super) tenant_id: Option<String>,
+    pub(super) run: Run,
+    /// The guarded write, or the read.
+    pub(super) first: Statement,
+    pub(super) moved: Moved,
+    /// Run after it, in the same transaction, once it moved a row (or
+    /// always, with `always`); the rows they return are the plan's too.
+    pub(super) then: Vec<Statement>,
+    pub(super) always: bool,
+    /// Appended once the first statement moved a row.
+    pub(super) events: Events,
+    /// The events' time.
+    pub(super) now: DateTime<Utc>,
+}
+
+impl Plan {
+    fn new(
+        tenant_id: Option<&str>,
+        run: Run,
+        moved: Moved,
+        sql: &'static str,
+        values: Vec<Value>,
+    ) -> Plan {
+        Plan {
+            tenant_id: tenant_id.map(str::to_owned),
+            run,
+            first: Statement { sql, values },
+            moved,
+            then: Vec::new(),
+            always: false,
+            events: Events::default(),
+            now: Utc::now(),
+        }
+    }
+
+    fn read(tenant_id: &str, sql: &'static str, values: Vec<Value>) -> Plan {
+        Plan::new(Some(tenant_id), Run::Read, Moved::Rows, sql, values)
+    }
+
+    fn then(mut self, sql: &'static str, values: Vec<Value>) -> Plan {
+        self.then.push(Statement { sql, values });
+        self
+    }
+
+    fn with_events(mut self, events: Events, now: DateTime<Utc>) -> Plan {
+        self.events = events;
+        self.now = now;
+        self
+    }
+}
+
+/// What a plan did: whether its first statement moved a row, and the rows
+/// its statements returned.
+pub(super) struct Ran<R> {
+    pub(super) moved: bool,
+    pub(super) rows: Vec<R>,
+}
+
+/// A backend: what runs a plan. The rest of the invocation store is
+/// written once, below.
+pub(super) trait Driver: Send + Sync {
+    const DIALECT: Dialect;
+    type Row: Columns + Send + 'static;
+
+    /// Runs `plan` in one transaction as its `run` says.
+    fn run(&self, plan: Plan) -> BoxFuture<'_, Result<Ran<Self::Row>, StoreError>>;
+
+    /// The breaker's evidence: reads, then writes what they decide, in one
+    /// transaction.
+    fn evidence<'a>(&'a self, evidence: Evidence<'a>) -> BoxFuture<'a, Result<bool, StoreError>>;
+}
+
+/// What `record_evidence` is asked.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Evidence<'a> {
+    pub(super) tenant_id: &'a str,
+    pub(super) run_id: Uuid,
+    pub(super) tool_name: &'a str,
+    pub(super) arguments_hash: &'a str,
+    pub(super) evidence_key: &'a str,
+    pub(super) maximum_restarts: i32,
+}
+
+/// A text rendered once for each dialect.
+struct Rendered {
+    postgres: String,
+    sqlite: String,
+}
+
+impl Rendered {
+    fn of(render: impl Fn(Dialect) -> String) -> Rendered {
+        Rendered {
+            postgres: render(Dialect::Postgres),
+            sqlite: render(Dialect::Sqlite),
+        }
+    }
+
+    fn sql(&'static self, dialect: Dialect) -> &'static str {
+        match dialect {
+            Dialect::Postgres => &self.postgres,
+            Dialect::Sqlite => &self.sqlite,
+        }
+    }
+}
+
+// Every transition's write takes the same first five parameters: $1 the
+// row's id, $2 its tenant, $3 the worker (the fence's, or the claimant),
+// $4 the fence's lease epoch, $5 the node's clock where SQLite judges a
+// lease by it (PostgreSQL judges by its own). What the entered phase sets
+// starts at $6.
+
+/// The terminal columns, `$6` to `$14`.
+const ENDS: &str = "status = $6, outcome_status = $7, reason_code = $8, result = $9, error = $10, \
+                    output_bytes = $11, truncated = $12, artifact_id = $13, completed_at = $14";
+
+/// A claim to run counts an attempt when the row had started before.
+const NEXT_ATTEMPT: &str =
+    "attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END";
+
+/// What a row entering `transition`'s phase must have set.
+fn entered(transition: &Transition) -> &'static str {
+    match transition.enters {
+        None => "",
+        Some(Phase::Waiting) => {
+            "status = 'waiting_for_approval', approval_id = $6, reason_code = $7"
+        }
+        Some(Phase::Authorized) => "status = 'authorized'",
+        Some(Phase::Running) => "status = 'running', started_at = $6",
+        Some(Phase::Suspended) => "suspended_kind = $6, suspended_ref = $7",
+        Some(Phase::Ended) => ENDS,
+    }
+}
+
+/// What the holder becomes.
+fn holder(transition: &Transition) -> &'static str {
+    match transition.holder {
+        Holder::Keeps => "",
+        Holder::Claims => "worker_id = $3, lease_epoch = lease_epoch + 1",
+        Holder::LetsGo => "worker_id = NULL",
+    }
+}
+
+/// What a transition sets besides its phase and its holder.
+fn besides(transition: &Transition) -> &'static str {
+    if *transition == MARK_EFFECT_SENT {
+        // The watermark is set once.
+        "effect_sent_at = COALESCE(effect_sent_at, $6)"
+    } else if *transition == RELEASE {
+        "lease_epoch = lease_epoch + 1"
+    } else if [CLAIM, CLAIM_EXPIRED, TAKE_OVER].contains(transition) {
+        NEXT_ATTEMPT
+    } else {
+        ""
+    }
+}
+
+/// Every column `transition` sets.
+fn sets(transition: &Transition) -> String {
+    [entered(transition), holder(transition), besides(transition)]
+        .into_iter()
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A row whose worker is gone: none, released, or its lease run out.
+/// SQLite judges the lease by the node's clock (`$5`); PostgreSQL by its
+/// own, and names the dead workers positively: a row another sweeper just
+/// took, rechecked against its new version under `SKIP LOCKED`, has a live
+/// owner and is not among them (a `NOT EXISTS` over live workers would pass
+/// that recheck vacuously and steal the row).
+fn owner_gone(dialect: Dialect, alias: &str) -> String {
+    match dialect {
+        Dialect::Postgres => format!(
+            "({alias}worker_id IS NULL OR {alias}worker_id IN (SELECT w.worker_id FROM workers w \
+             WHERE w.released_at IS NOT NULL OR w.lease_expires_at < now()))"
+        ),
+        Dialect::Sqlite => format!(
+            "NOT EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = {alias}worker_id \
+             AND w.released_at IS NULL AND w.lease_expires_at >= $5)"
+        ),
+    }
+}
+
+/// What a write must hold besides the row's phase.
+fn guard(dialect: Dialect, transition: &Transition, alias: &str) -> String {
+    let fence = format!("{alias}worker_id = $3 AND {alias}lease_epoch = $4");
+    match transition.guard {
+        Guard::Phase => String::new(),
+        Guard::Fence => format!(" AND {fence}"),
+        Guard::FenceAndLiveLease => {
+            let now = match dialect {
+                Dialect::Postgres => "now()",
+                Dialect::Sqlite => "$5",
+            };
+            format!(
+                " AND {fence} AND EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = $3 \
+                 AND w.released_at IS NULL AND w.lease_expires_at > {now})"
+            )
+        }
+        Guard::OwnerGone => format!(" AND {}", owner_gone(dialect, alias)),
+    }
+}
+
+/// `transition`'s whole conditional write of one row, returning the row
+/// when `returning`.
+fn write(dialect: Dialect, transition: &Transition, returning: bool) -> String {
+    format!(
+        "UPDATE tool_invocations SET {} WHERE id = $1 AND tenant_id = $2 AND {}{}{}",
+        sets(transition),
+        leaves(transition, ""),
+        guard(dialect, transition, "tool_invocations."),
+        if returning {
+            concat!(" RETURNING ", invocation_columns!())
+        } else {
+            ""
+        }
+    )
+}
+
+/// A transition's write, rendered once per dialect.
+macro_rules! transition_write {
+    ($name:ident = $transition:expr, returning: $returning:expr) => {
+        static $name: LazyLock<Rendered> =
+            LazyLock::new(|| Rendered::of(|dialect| write(dialect, &$transition, $returning)));
+    };
+}
+
+transition_write!(AUTHORIZE_WAITING_SQL = AUTHORIZE_WAITING, returning: true);
+transition_write!(SETTLE_WAITING_SQL = SETTLE_WAITING, returning: false);
+transition_write!(CLAIM_SQL = CLAIM, returning: true);
+transition_write!(MARK_EFFECT_SENT_SQL = MARK_EFFECT_SENT, returning: false);
+transition_write!(COMPLETE_SQL = COMPLETE, returning: false);
+transition_write!(RELEASE_SQL = RELEASE, returning: false);
+transition_write!(SUSPEND_SQL = SUSPEND, returning: false);
+transition_write!(COMPLETE_SUSPENDED_SQL = COMPLETE_SUSPENDED, returning: false);
+transition_write!(TAKE_OVER_SQL = TAKE_OVER, returning: true);
+transition_write!(REOPEN_APPROVAL_SQL = REOPEN_APPROVAL, returning: false);
+
+// Recovery's sweep: the oldest `$6` rows whose owner is gone. PostgreSQL
+// chooses its candidates once (a materialized CTE) and locks them with SKIP
+// LOCKED, so two sweepers never wait on, or take, one row.
+static CLAIM_EXPIRED_SQL: LazyLock<Rendered> = LazyLock::new(|| {
+    Rendered::of(|dialect| {
+        let candidates = format!(
+            "SELECT i.id FROM tool_invocations i WHERE {}{} ORDER BY i.created_at LIMIT $6",
+            leaves(&CLAIM_EXPIRED, "i."),
+            guard(dialect, &CLAIM_EXPIRED, "i."),
+        );
+        let sets = sets(&CLAIM_EXPIRED);
+        match dialect {
+            Dialect::Postgres => format!(
+                "WITH candidates AS MATERIALIZED ({candidates} FOR UPDATE SKIP LOCKED) \
+                 UPDATE tool_invocations SET {sets} FROM candidates c \
+                 WHERE tool_invocations.id = c.id RETURNING {}",
+                qualified_columns("tool_invocations.")
+            ),
+            Dialect::Sqlite => format!(
+                "UPDATE tool_invocations SET {sets} WHERE id IN ({candidates}) RETURNING {}",
+                invocation_columns!()
+            ),
+        }
+    })
+});
+
+/// The row's columns, each named with `alias`.
+fn qualified_columns(alias: &str) -> String {
+    invocation_columns!()
+        .split(", ")
+        .map(|column| format!("{alias}{}", column.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+// SQLite's intent; PostgreSQL's functions take the same values ($1 to $29)
+// and commit as `$30` says. With `$31` (uncounted), a row is inserted only
+// while no identical call of the run has an outcome and the breaker has
+// nothing to count.
+const SQLITE_INTENT: &str = concat!(
+    "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
+     tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
+     idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
+     reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at, \
+     argument_trust) \
+     SELECT $2, $1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
+     $21, $22, $23, $24, 0, $25, $26, $32, $29 \
+     WHERE NOT $31 OR (NOT EXISTS (SELECT 1 FROM tool_invocations WHERE tenant_id = $1 AND run_id = $4 \
+     AND tool_name = $7 AND arguments_hash = $12 AND outcome_status IS NOT NULL) \
+     AND NOT EXISTS (SELECT 1 FROM breaker_synthesis WHERE tenant_id = $1 AND run_id = $4 \
+     AND after_step < $5)) \
+     ON CONFLICT (idempotency_key, tenant_id) DO NOTHING RETURNING ",
+    invocation_columns!()
+);
+
+macro_rules! postgres_intent {
+    ($function:literal) => {
+        concat!(
+            "SELECT * FROM ",
+            $function,
+            "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
+             $20, $21, $22, $23, $24, $25, $26, $27, $28, $29), \
+             set_config('synchronous_commit', COALESCE($30, current_setting('synchronous_commit')), true)"
+        )
+    };
+}
+
+const POSTGRES_INTENT: &str = postgres_intent!("toolgate_insert");
+const POSTGRES_INTENT_UNCOUNTED: &str = postgres_intent!("toolgate_insert_uncounted");
+
+const INSERT_APPROVAL: &str = "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, \
+     reason_code, status, requested_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6)";
+
+// A reopened approval names the row's own tool.
+const REOPENED_APPROVAL: &str = "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, \
+     reason_code, status, requested_at) SELECT $1, tenant_id, id, tool_name, $2, 'pending', $3 \
+     FROM tool_invocations WHERE id = $4 AND tenant_id = $5";
+
+const INSERT_ARTIFACT: &str = "INSERT INTO artifacts (id, tenant_id, run_id, invocation_id, \
+     media_type, bytes, trust, created_at) \
+     SELECT $1, tenant_id, run_id, id, $3, $4, $5, $6 FROM tool_invocations WHERE id = $2";
+
+// PostgreSQL's hot-path functions take the values of the transition's
+// write (the row, its tenant, the fence, the entered phase's columns), then
+// the commit's events, and commit as the last value says.
+const POSTGRES_CLAIM: &str = "SELECT * FROM toolgate_claim($2, $1, $3, $4, $6, $7, $8), \
+     set_config('synchronous_commit', COALESCE($9, current_setting('synchronous_commit')), true)";
+
+const POSTGRES_MARK_EFFECT_SENT: &str = "SELECT toolgate_mark_effect_sent($2, $1, $3, $4, $6) AS moved, \
+     set_config('synchronous_commit', COALESCE($7, current_setting('synchronous_commit')), true)";
+
+const POSTGRES_COMPLETE: &str = "SELECT toolgate_complete($2, $1, $3, $4, $6, $7, $8, $9, $10, $11, \
+     $12, $13, $15, $16, $17, $14, $18, $19, $20) AS moved, \
+     set_config('synchronous_commit', COALESCE($21, current_setting('synchronous_commit')), true)";
+
+const OPEN_RUN: &str = "INSERT INTO runs (run_id, tenant_id, principal_id, session_id, opened_at) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, run_id) DO NOTHING";
+
+// A statement of its own: it sees a row another transaction committed
+// while the insert waited on it.
+const RUN_OWNER: &str = "SELECT * FROM runs WHERE tenant_id = $2 AND run_id = $1";
+
+const BY_ID: &str = concat!(
+    "SELECT ",
+    invocation_columns!(),
+    " FROM tool_invocations WHERE id = $1 AND tenant_id = $2"
+);
+
+const BY_KEY: &str = concat!(
+    "SELECT ",
+    invocation_columns!(),
+    " FROM tool_invocations WHERE idempotency_key = $1 AND tenant_id = $2"
+);
+
+const OF_RUN: &str = concat!(
+    "SELECT ",
+    invocation_columns!(),
+    " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 ORDER BY step_number, created_at, id"
+);
+
+const OF_STEP: &str = concat!(
+    "SELECT ",
+    invocation_columns!(),
+    " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND step_number = $3 \
+     ORDER BY created_at, id"
+);
+
+const WAITING_CALL: &str = concat!(
+    "SELECT ",
+    invocation_columns!(),
+    " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
+     AND arguments_hash = $4 AND status = 'waiting_for_approval' ORDER BY created_at, id LIMIT 1"
+);
+
+const LATEST_SUCCEEDED: &str = concat!(
+    "SELECT ",
+    invocation_columns!(),
+    " FROM tool_invocations WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 \
+     AND outcome_status = 'succeeded' ORDER BY step_number DESC, created_at DESC, id DESC LIMIT 1"
+);
+
+// One statement, so one snapshot: the counts, then the evidence base as a
+// row of its own (`t_count` NULL), then the run's synthesis-only step.
+// PostgreSQL's `toolgate_tally` is the same query, one round trip.
+const SQLITE_TALLY: &str = "SELECT outcome_status AS t_status, reason_code AS t_code, \
+     count(*) AS t_count, NULL AS t_base, NULL AS t_synthesis FROM tool_invocations \
+     WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
+       AND outcome_status IS NOT NULL GROUP BY outcome_status, reason_code \
+     UNION ALL SELECT NULL, NULL, NULL, base, NULL FROM breaker_evidence \
+     WHERE tenant_id = $1 AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 \
+     UNION ALL SELECT NULL, NULL, NULL, NULL, after_step FROM breaker_synthesis \
+     WHERE tenant_id = $1 AND run_id = $2";
+
+const POSTGRES_TALLY: &str =
+    "SELECT t_status, t_code, t_count, t_base, t_synthesis FROM toolgate_tally($1, $2, $3, $4)";
+
+static MARK_SYNTHESIS_ONLY_SQL: LazyLock<Rendered> = LazyLock::new(|| {
+    Rendered::of(|dialect| {
+        let least = match dialect {
+            Dialect::Postgres => "LEAST",
+            Dialect::Sqlite => "MIN",
+        };
+        format!(
+            "INSERT INTO breaker_synthesis (tenant_id, run_id, after_step) VALUES ($1, $2, $3) \
+             ON CONFLICT (run_id, tenant_id) DO UPDATE \
+             SET after_step = {least}(breaker_synthesis.after_step, excluded.after_step)"
+        )
+    })
+});
+
+/// A transition's first five values: the row, its tenant, the worker, the
+/// fence's epoch and the node's clock.
+fn row_values(
+    id: Uuid,
+    tenant_id: &str,
+    worker_id: Option<Uuid>,
+    lease_epoch: Option<i64>,
+    clock: Option<DateTime<Utc>>,
+) -> Vec<Value> {
+    vec![
+        id.into(),
+        tenant_id.into(),
+        worker_id.into(),
+        lease_epoch.into(),
+        clock.into(),
+    ]
+}
+
+/// The first five values of a write under `fence`.
+fn fenced(id: Uuid, tenant_id: &str, fence: Fence) -> Vec<Value> {
+    row_values(
+        id,
+        tenant_id,
+        Some(fence.worker_id),
+        Some(fence.lease_epoch),
+        None,
+    )
+}
+
+/// The terminal columns' values, `$6` to `$14`.
+fn ends(terminal: &TerminalRecord, now: DateTime<Utc>) -> [Value; 9] {
+    [
+        terminal.status().as_str().into(),
+        terminal.outcome_status.as_str().into(),
+        terminal.reason_code.map(ReasonCode::as_str).into(),
+        terminal.result.clone().into(),
+        terminal.error.clone().into(),
+        terminal.output_bytes.into(),
+        terminal.truncated.into(),
+        terminal.artifact.as_ref().map(|made| made.id).into(),
+        now.into(),
+    ]
+}
+
+/// The `synchronous_commit` a hot-path commit runs under on PostgreSQL:
+/// off for a relaxed one (that transaction only), the session's own
+/// setting otherwise (never weaker than the operator's, e.g.
+/// `remote_apply` on a replicated primary).
+fn synchronous_commit(durability: Durability) -> Value {
+    match durability {
+        Durability::Relaxed => "off".into(),
+        Durability::Flushed => Value::Text(None),
+    }
+}
+
+/// A hot-path commit's events: in its statement's values on PostgreSQL
+/// (`$kinds`, `$bodies`), appended by the driver on SQLite.
+fn carried<D: Driver>(events: Events) -> ([Value; 2], Events) {
+    match D::DIALECT {
+        Dialect::Postgres => (
+            [Value::Kinds(events.kinds), Value::Bodies(events.bodies)],
+            Events::default(),
+        ),
+        Dialect::Sqlite => (
+            [Value::Kinds(Vec::new()), Value::Bodies(Vec::new())],
+            events,
+        ),
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, StoreError> {
+    serde_json::to_value(value).map_err(|error| StoreError::Decode(error.to_string()))
+}
+
+/// The intent's plan for `new`: the row it inserted, or the one already
+/// holding its key (PostgreSQL's function returns it; SQLite's insert
+/// returns nothing).
+fn intent<D: Driver>(
+    new: &NewInvocation,
+    claim: Claim,
+    events: &[ToolEvent],
+    uncounted: bool,
+) -> Result<Plan, StoreError> {
+    // No labels at all is NULL: every argument the model's.
+    let argument_trust = (!new.argument_trust.labels().is_empty())
+        .then(|| json(&new.argument_trust))
+        .transpose()?;
+    let sql = match (D::DIALECT, uncounted) {
+        (Dialect::Sqlite, _) => SQLITE_INTENT,
+        (Dialect::Postgres, false) => POSTGRES_INTENT,
+        (Dialect::Postgres, true) => POSTGRES_INTENT_UNCOUNTED,
+    };
+    let outcome_status = new.status.outcome_status(new.reason_code);
+    let ([kinds, bodies], events) = carried::<D>(Events::of(events)?);
+    let values = vec![
+        new.tenant_id.as_str().into(),
+        new.id.into(),
+        new.session_id.into(),
+        new.run_id.into(),
+        new.step_number.into(),
+        new.call_id.as_str().into(),
+        new.tool_name.as_str().into(),
+        new.tool_version.as_str().into(),
+        new.tool_source.as_str().into(),
+        new.server_id.as_deref().into(),
+        Some(new.arguments.clone()).into(),
+        new.arguments_hash.as_str().into(),
+        new.idempotency_key.as_str().into(),
+        new.status.as_str().into(),
+        new.idempotency_class.as_str().into(),
+        new.side_effect.as_str().into(),
+        Some(json(&new.principal)?).into(),
+        new.origin_trust.as_str().into(),
+        new.parallel_group.into(),
+        new.deadline_at.into(),
+        new.approval_id.into(),
+        new.reason_code.map(ReasonCode::as_str).into(),
+        outcome_status.map(|status| status.as_str()).into(),
+        claim.worker_id.into(),
+        claim.now.into(),
+        new.status.is_terminal().then_some(claim.now).into(),
+        kinds,
+        bodies,
+        argument_trust.into(),
+        synchronous_commit(new.durability),
+        uncounted.into(),
+        (new.status == InvocationStatus::Running)
+            .then_some(claim.now)
+            .into(),
+    ];
+    let hot = Run::Hot(new.durability);
+    let mut plan = Plan::new(Some(&new.tenant_id), hot, Moved::Rows, sql, values)
+        .with_events(events, claim.now);
+    // PostgreSQL's function records the approval itself.
+    if let (Dialect::Sqlite, Some(approval_id), Some(reason_code)) =
+        (D::DIALECT, new.approval_id, new.reason_code)
+    {
+        plan = plan.then(
+            INSERT_APPROVAL,
+            vec![
+                approval_id.into(),
+                new.tenant_id.as_str().into(),
+                new.id.into(),
+                new.tool_name.as_str().into(),
+                reason_code.as_str().into(),
+                claim.now.into(),
+            ],
+        );
+    }
+    Ok(plan)
+}
+
+/// A terminal write of a row no worker holds (a waiting or suspended
+/// call), with its events.
+fn end_unfenced<D: Driver>(
+    rendered: &'static LazyLock<Rendered>,
+    tenant_id: &str,
+    id: Uuid,
+    terminal: &TerminalRecord,
+    events: &[ToolEvent],
+    now: DateTime<Utc>,
+) -> Result<Plan, StoreError> {
+    let mut values = row_values(id, tenant_id, None, None, None);
+    values.extend(ends(terminal, now));
+    let sql = rendered.sql(D::DIALECT);
+    Ok(
+        Plan::new(Some(tenant_id), Run::Flushed, Moved::Count, sql, values)
+            .with_events(Events::of(events)?, now),
+    )
+}
+
+/// A flushed write of one row by `sql`: whether it moved.
+async fn flushed<D: Driver>(
+    store: &D,
+    tenant_id: &str,
+    sql: &'static str,
+    values: Vec<Value>,
+) -> Result<bool, StoreError> {
+    let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Count, sql, values);
+    Ok(store.run(plan).await?.moved)
+}
+
+/// The rows a read returns, as invocation records.
+async fn read<D: Driver>(
+    store: &D,
+    tenant_id: &str,
+    sql: &'static str,
+    values: Vec<Value>,
+) -> Result<Vec<InvocationRecord>, StoreError> {
+    let rows = store.run(Plan::read(tenant_id, sql, values)).await?.rows;
+    rows.iter().map(invocation).collect()
+}
+
+fn first_record<R: Columns>(rows: &[R]) -> Result<Option<InvocationRecord>, StoreError> {
+    rows.first().map(invocation).transpose()
+}
+
+fn first_held<R: Columns>(rows: &[R]) -> Result<Option<Held>, StoreError> {
+    first_record(rows)?.map(held).transpose()
+}
+
+impl<D: Driver> InvocationStore for D {
+    fn insert_invocation<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
+        Box::pin(async move {
+            let ran = self.run(intent::<D>(new, claim, events, false)?).await?;
+            if let Some(record) = first_record(&ran.rows)? {
+                return Ok(if record.id == new.id {
+                    InsertOutcome::Inserted(record)
+                } else {
+                    InsertOutcome::Existing(record)
+                });
+            }
+            // The key is held within the tenant: that row is the call's.
+            let key = vec![
+                new.idempotency_key.as_str().into(),
+                new.tenant_id.as_str().into(),
+            ];
+            match read(self, &new.tenant_id, BY_KEY, key).await?.pop() {
+                Some(record) => Ok(InsertOutcome::Existing(record)),
+                None => Err(StoreError::Query("the row holding the key is gone".into())),
+            }
+        })
+    }
+
+    fn insert_uncounted<'a>(
+        &'a self,
+        new: &'a NewInvocation,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
+        Box::pin(async move {
+            let ran = self.run(intent::<D>(new, claim, events, true)?).await?;
+            first_held(&ran.rows)
+        })
+    }
+
+    fn authorize_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+        events: &'a [ToolEvent],
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
+        Box::pin(async move {
+            let values = row_values(id, tenant_id, Some(claim.worker_id), None, None);
+            let sql = AUTHORIZE_WAITING_SQL.sql(D::DIALECT);
+            let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Rows, sql, values)
+                .with_events(Events::of(events)?, claim.now);
+            first_held(&self.run(plan).await?.rows)
+        })
+    }
+
+    fn settle_waiting<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let plan =
+                end_unfenced::<D>(&SETTLE_WAITING_SQL, tenant_id, id, terminal, events, now)?;
+            Ok(self.run(plan).await?.moved)
+        })
+    }
+
+    fn claim_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+        events: &'a [ToolEvent],
+        durability: Durability,
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
+        Box::pin(async move {
+            let ([kinds, bodies], events) = carried::<D>(Events::of(events)?);
+            let mut values = fenced(id, tenant_id, fence);
+            values.extend([now.into(), kinds, bodies, synchronous_commit(durability)]);
+            let sql = match D::DIALECT {
+                Dialect::Postgres => POSTGRES_CLAIM,
+                Dialect::Sqlite => CLAIM_SQL.sql(D::DIALECT),
+            };
+            let plan = Plan::new(
+                Some(tenant_id),
+                Run::Hot(durability),
+                Moved::Rows,
+                sql,
+                values,
+            )
+            .with_events(events, now);
+            first_held(&self.run(plan).await?.rows)
+        })
+    }
+
+    fn mark_effect_sent<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        now: DateTime<Utc>,
+        durability: Durability,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            // SQLite judges the lease by the clock it is renewed by.
+            let mut values = row_values(
+                id,
+                tenant_id,
+                Some(fence.worker_id),
+                Some(fence.lease_epoch),
+                Some(Utc::now()),
+            );
+            values.extend([now.into(), synchronous_commit(durability)]);
+            let (sql, moved) = match D::DIALECT {
+                Dialect::Postgres => (POSTGRES_MARK_EFFECT_SENT, Moved::Flag),
+                Dialect::Sqlite => (MARK_EFFECT_SENT_SQL.sql(D::DIALECT), Moved::Count),
+            };
+            let plan = Plan::new(Some(tenant_id), Run::Hot(durability), moved, sql, values);
+            Ok(self.run(plan).await?.moved)
+        })
+    }
+
+    fn complete_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let ([kinds, bodies], events) = carried::<D>(Events::of(events)?);
+            let artifact = terminal.artifact.as_ref();
+            let produced: Vec<serde_json::Value> = terminal
+                .produced
+                .iter()
+                .map(|made| {
+                    serde_json::json!({"id": made.id, "media_type": made.media_type,
+                                       "bytes": made.bytes, "trust": made.trust.as_str()})
+                })
+                .collect();
+            let mut values = fenced(id, tenant_id, fence);
+            values.extend(ends(terminal, now));
+            values.extend([
+                artifact.map(|made| made.media_type.as_str()).into(),
+                artifact.map(|made| made.bytes).into(),
+                artifact.map(|made| made.trust.as_str()).into(),
+                kinds,
+                bodies,
+                Some(serde_json::Value::Array(produced)).into(),
+                synchronous_commit(terminal.durability),
+            ]);
+            let (sql, moved) = match D::DIALECT {
+                Dialect::Postgres => (POSTGRES_COMPLETE, Moved::Flag),
+                Dialect::Sqlite => (COMPLETE_SQL.sql(D::DIALECT), Moved::Count),
+            };
+            let hot = Run::Hot(terminal.durability);
+            let mut plan =
+                Plan::new(Some(tenant_id), hot, moved, sql, values).with_events(events, now);
+            // PostgreSQL's function records the artifacts itself.
+            if D::DIALECT == Dialect::Sqlite {
+                for made in artifact.into_iter().chain(terminal.produced.iter()) {
+                    let values = vec![
+                        made.id.into(),
+                        id.into(),
+                        made.media_type.as_str().into(),
+                        made.bytes.into(),
+                        made.trust.as_str().into(),
+                        now.into(),
+                    ];
+                    plan = plan.then(INSERT_ARTIFACT, values);
+                }
+            }
+            Ok(self.run(plan).await?.moved)
+        })
+    }
+
+    fn release_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let values = fenced(id, tenant_id, fence);
+        Box::pin(flushed(
+            self,
+            tenant_id,
+            RELEASE_SQL.sql(D::DIALECT),
+            values,
+        ))
+    }
+
+    fn suspend_invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        kind: SuspensionKind,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        // The lease is let go with the row: a suspended call is not a dead
+        // worker's, and no sweep may take it.
+        let mut values = fenced(id, tenant_id, fence);
+        values.extend([kind.as_str().into(), reference.into()]);
+        Box::pin(flushed(
+            self,
+            tenant_id,
+            SUSPEND_SQL.sql(D::DIALECT),
+            values,
+        ))
+    }
+
+    fn complete_suspended<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        terminal: &'a TerminalRecord,
+        events: &'a [ToolEvent],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let plan = end_unfenced::<D>(
+                &COMPLETE_SUSPENDED_SQL,
+                tenant_id,
+                id,
+                terminal,
+                events,
+                now,
+            )?;
+            Ok(self.run(plan).await?.moved)
+        })
+    }
+
+    fn open_run<'a>(&'a self, run: &'a RunOwner) -> BoxFuture<'a, Result<RunOwner, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                run.run_id.into(),
+                run.tenant_id.as_str().into(),
+                run.principal_id.as_str().into(),
+                run.session_id.into(),
+                run.opened_at.into(),
+            ];
+            let key = vec![run.run_id.into(), run.tenant_id.as_str().into()];
+            let mut plan = Plan::new(
+                Some(&run.tenant_id),
+                Run::Flushed,
+                Moved::Count,
+                OPEN_RUN,
+                values,
+            )
+            .then(RUN_OWNER, key);
+            plan.always = true;
+            match self.run(plan).await?.rows.first() {
+                Some(row) => run_owner(row),
+                None => Err(StoreError::Query("the run's row is gone".into())),
+            }
+        })
+    }
+
+    fn invocation<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![id.into(), tenant_id.into()];
+            Ok(read(self, tenant_id, BY_ID, values).await?.pop())
+        })
+    }
+
+    fn run_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
+        let values = vec![tenant_id.into(), run_id.into()];
+        Box::pin(read(self, tenant_id, OF_RUN, values))
+    }
+
+    fn step_invocations<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        step_number: i64,
+    ) -> BoxFuture<'a, Result<Vec<InvocationRecord>, StoreError>> {
+        let values = vec![tenant_id.into(), run_id.into(), step_number.into()];
+        Box::pin(read(self, tenant_id, OF_STEP, values))
+    }
+
+    fn waiting_call<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                tenant_id.into(),
+                run_id.into(),
+                tool_name.into(),
+                arguments_hash.into(),
+            ];
+            Ok(read(self, tenant_id, WAITING_CALL, values).await?.pop())
+        })
+    }
+
+    fn latest_succeeded<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<InvocationRecord>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![tenant_id.into(), run_id.into(), tool_name.into()];
+            Ok(read(self, tenant_id, LATEST_SUCCEEDED, values).await?.pop())
+        })
+    }
+
+    fn claim_expired(
+        &self,
+        claim: Claim,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Vec<Held>, StoreError>> {
+        Box::pin(async move {
+            let mut values = vec![Value::Uuid(None), Value::Text(None)];
+            values.extend([
+                claim.worker_id.into(),
+                Value::Integer(None),
+                claim.now.into(),
+                limit.into(),
+            ]);
+            let sql = CLAIM_EXPIRED_SQL.sql(D::DIALECT);
+            let plan = Plan::new(None, Run::Flushed, Moved::Rows, sql, values);
+            let rows = self.run(plan).await?.rows;
+            rows.iter().map(|row| held(invocation(row)?)).collect()
+        })
+    }
+
+    fn take_over<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        claim: Claim,
+    ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
+        Box::pin(async move {
+            let values = row_values(id, tenant_id, Some(claim.worker_id), None, Some(claim.now));
+            let sql = TAKE_OVER_SQL.sql(D::DIALECT);
+            let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Rows, sql, values);
+            first_held(&self.run(plan).await?.rows)
+        })
+    }
+
+    fn breaker_tally<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+    ) -> BoxFuture<'a, Result<BreakerTally, StoreError>> {
+        Box::pin(async move {
+            let sql = match D::DIALECT {
+                Dialect::Postgres => POSTGRES_TALLY,
+                Dialect::Sqlite => SQLITE_TALLY,
+            };
+            let values = vec![
+                tenant_id.into(),
+                run_id.into(),
+                tool_name.into(),
+                arguments_hash.into(),
+            ];
+            let plan = Plan::new(Some(tenant_id), Run::HotRead, Moved::Rows, sql, values);
+            breaker_tally(&self.run(plan).await?.rows)
+        })
+    }
+
+    fn record_evidence<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+        evidence_key: &'a str,
+        maximum_restarts: i32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.evidence(Evidence {
+            tenant_id,
+            run_id,
+            tool_name,
+            arguments_hash,
+            evidence_key,
+            maximum_restarts,
+        })
+    }
+
+    fn mark_synthesis_only<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        step: i64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let values = vec![tenant_id.into(), run_id.into(), step.into()];
+        let sql = MARK_SYNTHESIS_ONLY_SQL.sql(D::DIALECT);
+        Box::pin(async move { flushed(self, tenant_id, sql, values).await.map(|_| ()) })
+    }
+
+    fn artifact<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<ArtifactRecord>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![id.into(), tenant_id.into()];
+            let plan = Plan::read(tenant_id, ARTIFACT_WITH_OWNER, values);
+            self.run(plan).await?.rows.first().map(artifact).transpose()
+        })
+    }
+
+    fn reopen_approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        fence: Fence,
+        approval_id: Uuid,
+        reason_code: ReasonCode,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut values = fenced(id, tenant_id, fence);
+            values.extend([approval_id.into(), reason_code.as_str().into()]);
+            let approval = vec![
+                approval_id.into(),
+                reason_code.as_str().into(),
+                now.into(),
+                id.into(),
+                tenant_id.into(),
+            ];
+            let sql = REOPEN_APPROVAL_SQL.sql(D::DIALECT);
+            let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Count, sql, values)
+                .then(REOPENED_APPROVAL, approval);
+            Ok(self.run(plan).await?.moved)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_write_is_rendered_whole_from_the_table() {
+        assert_eq!(
+            write(Dialect::Sqlite, &CLAIM, true)
+                .split(" RETURNING ")
+                .next(),
+            Some(
+                "UPDATE tool_invocations SET status = 'running', started_at = $6, worker_id = $3, \
+                 lease_epoch = lease_epoch + 1, attempt_number = CASE WHEN started_at IS NULL \
+                 THEN attempt_number ELSE attempt_number + 1 END WHERE id = $1 AND tenant_id = $2 \
+                 AND status = 'authorized' AND tool_invocations.worker_id = $3 \
+                 AND tool_invocations.lease_epoch = $4"
+            )
+        );
+        assert_eq!(
+            write(Dialect::Postgres, &SUSPEND, false),
+            "UPDATE tool_invocations SET suspended_kind = $6, suspended_ref = $7, worker_id = NULL \
+             WHERE id = $1 AND tenant_id = $2 AND status = 'running' AND suspended_kind IS NULL \
+             AND tool_invocations.worker_id = $3 AND tool_invocations.lease_epoch = $4"
+        );
+        assert!(
+            write(Dialect::Postgres, &TAKE_OVER, true).contains("lease_expires_at < now()"),
+            "PostgreSQL judges a lease by its own clock"
+        );
+        assert!(write(Dialect::Sqlite, &TAKE_OVER, true).contains("lease_expires_at >= $5"));
+    }
+
+    #[test]
+    fn every_transition_sets_its_holder_and_guards_its_fence() {
+        for transition in crate::domain::invocation::TRANSITIONS {
+            for dialect in [Dialect::Postgres, Dialect::Sqlite] {
+                let sql = write(dialect, &transition, false);
+                let fenced = sql.contains("worker_id = $3 AND tool_invocations.lease_epoch = $4");
+                assert_eq!(
+                    fenced,
+                    matches!(transition.guard, Guard::Fence | Guard::FenceAndLiveLease),
+                    "{}",
+                    transition.name
+                );
+                let claims = sql.contains("SET") && sql.contains("worker_id = $3, lease_epoch");
+                assert_eq!(
+                    claims,
+                    transition.holder == Holder::Claims,
+                    "{}",
+                    transition.name
+                );
+                assert_eq!(
+                    sql.contains("worker_id = NULL"),
+                    transition.holder == Holder::LetsGo,
+                    "{}",
+                    transition.name
+                );
+            }
+        }
+    }
+}
