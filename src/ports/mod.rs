@@ -30,7 +30,7 @@ pub use store::{
     InvocationStory, McpServerRow, NewInvocation, OperatorFilter, OperatorStore, Page, PageRequest,
     PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewItem, ReviewRecord,
     ReviewStore, RunOwner, Schema, ServerItem, SessionRecord, SessionStore, SkillStore, SkillWrite,
-    SkillWritten, Store, StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent,
+    SkillWritten, Start, Store, StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent,
     ToolHealth, TurnRecord, TurnStore, WorkerLease, WorkerRegistration, WorkerStore,
 };
 pub use tool::{

@@ -25,7 +25,7 @@ use toolgate::pipeline::{
 };
 use toolgate::ports::{
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
-    InvocationStore, NewInvocation, PolicyEngine, RunOwner, Store, StoreError, SystemClock,
+    InvocationStore, NewInvocation, PolicyEngine, RunOwner, Start, Store, StoreError, SystemClock,
     TerminalRecord, Tool, ToolEvent, ToolExecutionContext, WorkerRegistration,
 };
 
@@ -1806,9 +1806,7 @@ async fn leave_running(
         principal: request.principal.clone(),
         parallel_group: None,
         deadline_at: Some(now + Duration::seconds(60)),
-        status: InvocationStatus::Authorized,
-        reason_code: None,
-        approval_id: None,
+        start: Start::Running,
         durability: Durability::Flushed,
     };
     let InsertOutcome::Inserted(row) = store
@@ -1825,19 +1823,7 @@ async fn leave_running(
     else {
         panic!("a fresh row");
     };
-    store
-        .claim_invocation(
-            TENANT,
-            row.id,
-            row.fence().unwrap(),
-            now,
-            &[],
-            Durability::Flushed,
-        )
-        .await
-        .unwrap()
-        .expect("claimed")
-        .row
+    row
 }
 
 /// Recovery re-checks authority before re-executing: a row whose caller no
@@ -2229,7 +2215,7 @@ async fn each_commit_is_as_durable_as_the_table_says() {
             events: &'a [ToolEvent],
         ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
             self.note(
-                if new.status == InvocationStatus::Running {
+                if new.start == Start::Running {
                     "intent, claimed"
                 } else {
                     "intent"

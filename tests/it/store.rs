@@ -16,7 +16,7 @@ use toolgate::domain::{
 };
 use toolgate::ports::{
     Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Renewal, Schema, SessionRecord,
-    Store, TerminalRecord, ToolEvent, WorkerRegistration,
+    Start, Store, TerminalRecord, ToolEvent, WorkerRegistration,
 };
 use uuid::Uuid;
 
@@ -187,12 +187,7 @@ pub async fn worker(store: &dyn Store, lease: Duration) -> Uuid {
     worker_id
 }
 
-pub fn new_invocation(
-    tenant: &str,
-    run_id: Uuid,
-    call_id: &str,
-    status: InvocationStatus,
-) -> NewInvocation {
+pub fn new_invocation(tenant: &str, run_id: Uuid, call_id: &str, start: Start) -> NewInvocation {
     NewInvocation {
         id: Uuid::new_v4(),
         tenant_id: tenant.into(),
@@ -218,9 +213,7 @@ pub fn new_invocation(
         },
         parallel_group: None,
         deadline_at: Some(now() + Duration::seconds(60)),
-        status,
-        reason_code: None,
-        approval_id: None,
+        start,
         durability: Durability::Flushed,
     }
 }
@@ -244,6 +237,29 @@ pub fn event(kind: ToolEventKind, record: &NewInvocation) -> ToolEvent {
         truncated: false,
         parallel_group: None,
     }
+}
+
+/// A row that waits for an approval asked with it.
+pub fn waiting() -> Start {
+    Start::Waiting {
+        approval_id: Uuid::new_v4(),
+        reason_code: ReasonCode::PolicyMatrixExternalWrite,
+    }
+}
+
+/// `new` (waiting) inserted, then approved: AUTHORIZED under `owner`.
+pub async fn authorized(store: &dyn Store, new: &NewInvocation, owner: Uuid) -> InvocationRecord {
+    insert(store, new, owner).await;
+    let claim = Claim {
+        worker_id: owner,
+        now: now(),
+    };
+    store
+        .authorize_waiting(&new.tenant_id, new.id, claim, &[])
+        .await
+        .unwrap()
+        .expect("authorized")
+        .row
 }
 
 pub fn succeeded() -> TerminalRecord {
@@ -331,14 +347,9 @@ async fn insert_deduplicates_on_the_key() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
-        let new = new_invocation(
-            "tenant-a",
-            Uuid::new_v4(),
-            "call-1",
-            InvocationStatus::Authorized,
-        );
+        let new = new_invocation("tenant-a", Uuid::new_v4(), "call-1", Start::Running);
         let record = insert(store.as_ref(), &new, worker_id).await;
-        assert_eq!(record.status(), InvocationStatus::Authorized, "{name}");
+        assert_eq!(record.status(), InvocationStatus::Running, "{name}");
         assert_eq!(record.attempt_number, 1);
         assert_eq!(
             record.fence(),
@@ -414,13 +425,8 @@ async fn claim_watermark_and_completion_are_fenced() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
-        let new = new_invocation(
-            "tenant-a",
-            Uuid::new_v4(),
-            "call-1",
-            InvocationStatus::Authorized,
-        );
-        let record = insert(store.as_ref(), &new, worker_id).await;
+        let new = new_invocation("tenant-a", Uuid::new_v4(), "call-1", waiting());
+        let record = authorized(store.as_ref(), &new, worker_id).await;
         let inserted_fence = record.fence().unwrap();
         let started = [event(ToolEventKind::Started, &new)];
 
@@ -439,7 +445,7 @@ async fn claim_watermark_and_completion_are_fenced() {
         assert_eq!(running.status(), InvocationStatus::Running, "{name}");
         assert_eq!(running.attempt_number, 1);
         let fence = running.fence().unwrap();
-        assert_eq!(fence.lease_epoch, 1);
+        assert_eq!(fence.lease_epoch, inserted_fence.lease_epoch + 1);
         // A second claim, or one under the old fence, changes nothing.
         assert!(
             store
@@ -572,7 +578,7 @@ async fn a_read_is_inserted_claimed_in_one_commit() {
             idempotency_class: IdempotencyClass::ReadOnly,
             side_effect: SideEffectClass::None,
             durability: Durability::Relaxed,
-            ..new_invocation("tenant-a", run_id, call, InvocationStatus::Running)
+            ..new_invocation("tenant-a", run_id, call, Start::Running)
         };
         let new = read("r1");
         let row = insert(store.as_ref(), &new, live).await;
@@ -621,7 +627,7 @@ async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
         let ended = |tenant: &str, run_id: Uuid, call: &str, step: i64, tool: &str| NewInvocation {
             tool_name: tool.into(),
             step_number: step,
-            ..new_invocation(tenant, run_id, call, InvocationStatus::Running)
+            ..new_invocation(tenant, run_id, call, Start::Running)
         };
         let mut ids = Vec::new();
         for (tenant, run, call, step, tool, outcome) in [
@@ -736,12 +742,7 @@ async fn the_breakers_evidence_and_restarts_are_kept_per_tenant() {
             for step in 1..=3 {
                 let new = NewInvocation {
                     step_number: step,
-                    ..new_invocation(
-                        tenant,
-                        run_id,
-                        &format!("c{step}"),
-                        InvocationStatus::Running,
-                    )
+                    ..new_invocation(tenant, run_id, &format!("c{step}"), Start::Running)
                 };
                 let row = insert(store.as_ref(), &new, live).await;
                 assert!(
@@ -809,12 +810,7 @@ async fn the_breakers_evidence_and_restarts_are_kept_per_tenant() {
         for step in 4..=5 {
             let new = NewInvocation {
                 step_number: step,
-                ..new_invocation(
-                    "tenant-a",
-                    run_id,
-                    &format!("c{step}"),
-                    InvocationStatus::Running,
-                )
+                ..new_invocation("tenant-a", run_id, &format!("c{step}"), Start::Running)
             };
             let row = insert(store.as_ref(), &new, live).await;
             store
@@ -866,7 +862,7 @@ async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count
             }
         };
         let call = |tenant: &str, run_id: Uuid, call: &str| {
-            new_invocation(tenant, run_id, call, InvocationStatus::Running)
+            new_invocation(tenant, run_id, call, Start::Running)
         };
 
         let (first, row) = uncounted(call("tenant-a", run_id, "c1")).await;
@@ -968,13 +964,12 @@ async fn denials_are_terminal_rows() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
-        let mut new = new_invocation(
+        let new = new_invocation(
             "tenant-a",
             Uuid::new_v4(),
             "call-1",
-            InvocationStatus::Denied,
+            Start::Denied(ReasonCode::PolicyScopeMissing),
         );
-        new.reason_code = Some(ReasonCode::PolicyScopeMissing);
         let record = insert(store.as_ref(), &new, worker_id).await;
         assert_eq!(record.status(), InvocationStatus::Denied, "{name}");
         assert_eq!(record.outcome_status(), Some(ToolOutcomeStatus::Denied));
@@ -1000,22 +995,8 @@ async fn approvals_wait_resume_and_settle() {
     for (name, store) in &backends.stores {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
         let run_id = Uuid::new_v4();
-        let mut approved = new_invocation(
-            "tenant-a",
-            run_id,
-            "call-1",
-            InvocationStatus::WaitingForApproval,
-        );
-        approved.approval_id = Some(Uuid::new_v4());
-        approved.reason_code = Some(ReasonCode::PolicyMatrixExternalWrite);
-        let mut denied = new_invocation(
-            "tenant-a",
-            run_id,
-            "call-2",
-            InvocationStatus::WaitingForApproval,
-        );
-        denied.approval_id = Some(Uuid::new_v4());
-        denied.reason_code = Some(ReasonCode::PolicyMatrixExternalWrite);
+        let approved = new_invocation("tenant-a", run_id, "call-1", waiting());
+        let denied = new_invocation("tenant-a", run_id, "call-2", waiting());
         insert(store.as_ref(), &approved, worker_id).await;
         insert(store.as_ref(), &denied, worker_id).await;
 
@@ -1027,7 +1008,7 @@ async fn approvals_wait_resume_and_settle() {
         );
         assert_eq!(pending[0].status, ApprovalStatus::Pending);
 
-        let approval_id = approved.approval_id.unwrap();
+        let approval_id = approved.start.approval_id().unwrap();
         let decision = store
             .decide_approval(
                 "tenant-a",
@@ -1106,7 +1087,7 @@ async fn approvals_wait_resume_and_settle() {
         store
             .decide_approval(
                 "tenant-a",
-                denied.approval_id.unwrap(),
+                denied.start.approval_id().unwrap(),
                 ApprovalStatus::Denied,
                 "ops",
                 now(),
@@ -1163,21 +1144,14 @@ async fn recovery_takes_only_rows_of_dead_workers() {
             ("c", live, true),
             ("d", released, true),
         ] {
-            let new = new_invocation("tenant-a", run_id, call, InvocationStatus::Authorized);
-            let record = insert(store.as_ref(), &new, owner).await;
+            // A claimed row is inserted running, as a call's intent is; the
+            // other stays authorized.
+            let start = if claim { Start::Running } else { waiting() };
+            let new = new_invocation("tenant-a", run_id, call, start);
             if claim {
-                store
-                    .claim_invocation(
-                        "tenant-a",
-                        new.id,
-                        record.fence().unwrap(),
-                        now(),
-                        &[],
-                        Durability::Flushed,
-                    )
-                    .await
-                    .unwrap()
-                    .unwrap();
+                insert(store.as_ref(), &new, owner).await;
+            } else {
+                authorized(store.as_ref(), &new, owner).await;
             }
             if owner != live {
                 expected.insert(new.id);
@@ -1226,7 +1200,7 @@ async fn recovery_takes_only_rows_of_dead_workers() {
             a.fence(),
             Some(Fence {
                 worker_id: sweeper,
-                lease_epoch: 2
+                lease_epoch: 1
             })
         );
         assert_eq!(
@@ -1236,7 +1210,7 @@ async fn recovery_takes_only_rows_of_dead_workers() {
         // The dead worker's late completion changes nothing.
         let stale = Fence {
             worker_id: dead,
-            lease_epoch: 1,
+            lease_epoch: 0,
         };
         assert!(
             !store
@@ -1265,7 +1239,7 @@ async fn tenants_cannot_read_each_other() {
     for (name, store) in &backends.stores {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
         let run_id = Uuid::new_v4();
-        let new = new_invocation("tenant-a", run_id, "call-1", InvocationStatus::Authorized);
+        let new = new_invocation("tenant-a", run_id, "call-1", Start::Running);
         insert(store.as_ref(), &new, worker_id).await;
         assert!(
             store
@@ -1313,7 +1287,7 @@ async fn postgres_row_level_security_isolates_tenants() {
     for tenant in ["tenant-a", "tenant-b"] {
         insert(
             store.as_ref(),
-            &new_invocation(tenant, Uuid::new_v4(), "call", InvocationStatus::Authorized),
+            &new_invocation(tenant, Uuid::new_v4(), "call", Start::Running),
             worker_id,
         )
         .await;
@@ -1384,12 +1358,7 @@ async fn postgres_sweepers_skip_each_others_rows() {
     let run_id = Uuid::new_v4();
     let mut all = BTreeSet::new();
     for call in 0..40 {
-        let new = new_invocation(
-            "tenant-a",
-            run_id,
-            &format!("call-{call}"),
-            InvocationStatus::Authorized,
-        );
+        let new = new_invocation("tenant-a", run_id, &format!("call-{call}"), Start::Running);
         insert(store.as_ref(), &new, dead).await;
         all.insert(new.id);
     }
@@ -1463,13 +1432,16 @@ async fn a_churning_catalog_keeps_a_bounded_history() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
-        let mut reviewed =
-            new_invocation("tenant-a", Uuid::new_v4(), "r", InvocationStatus::Uncertain);
+        let mut reviewed = new_invocation(
+            "tenant-a",
+            Uuid::new_v4(),
+            "r",
+            Start::Ended(ReasonCode::ToolOutcomeUnknown),
+        );
         reviewed.tool_source = ToolSource::Mcp;
         reviewed.server_id = Some("churn".into());
         reviewed.tool_name = "mcp.churn.tool".into();
         reviewed.tool_version = "gen-0".into();
-        reviewed.reason_code = Some(ReasonCode::ToolOutcomeUnknown);
         store
             .insert_invocation(
                 &reviewed,
@@ -1483,26 +1455,23 @@ async fn a_churning_catalog_keeps_a_bounded_history() {
             .unwrap();
         // A call still running on gen-1 (its generation stays), and one
         // that succeeded on gen-2 (nothing keeps its generation).
-        for (call, version, status) in [
-            ("running", "gen-1", InvocationStatus::Running),
-            ("done", "gen-2", InvocationStatus::Succeeded),
-        ] {
-            let mut row = new_invocation("tenant-a", Uuid::new_v4(), call, status);
+        for (call, version, done) in [("running", "gen-1", false), ("done", "gen-2", true)] {
+            let mut row = new_invocation("tenant-a", Uuid::new_v4(), call, Start::Running);
             row.tool_source = ToolSource::Mcp;
             row.server_id = Some("churn".into());
             row.tool_name = "mcp.churn.tool".into();
             row.tool_version = version.into();
-            store
-                .insert_invocation(
-                    &row,
-                    Claim {
-                        worker_id,
-                        now: now(),
-                    },
-                    &[],
-                )
-                .await
-                .unwrap();
+            let inserted = insert(store.as_ref(), &row, worker_id).await;
+            if done {
+                let fence = inserted.fence().unwrap();
+                let terminal = succeeded();
+                assert!(
+                    store
+                        .complete_invocation("tenant-a", row.id, fence, &terminal, &[], now())
+                        .await
+                        .unwrap()
+                );
+            }
         }
         let first = now();
         for generation in 0..60 {
@@ -1653,13 +1622,8 @@ async fn the_review_queue_records_resolutions_beside_the_row() {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
         let mut ended = Vec::new();
         for (call, outcome) in [("uncertain", true), ("succeeded", false)] {
-            let new = new_invocation(
-                "tenant-a",
-                Uuid::new_v4(),
-                call,
-                InvocationStatus::Authorized,
-            );
-            let fence = insert(store.as_ref(), &new, worker_id)
+            let new = new_invocation("tenant-a", Uuid::new_v4(), call, waiting());
+            let fence = authorized(store.as_ref(), &new, worker_id)
                 .await
                 .fence()
                 .unwrap();
@@ -1758,13 +1722,8 @@ async fn suspended_invocations_are_not_recovered() {
     for (name, store) in &backends.stores {
         // A worker whose lease is already over.
         let worker_id = worker(store.as_ref(), Duration::seconds(-5)).await;
-        let new = new_invocation(
-            "tenant-a",
-            Uuid::new_v4(),
-            "ask",
-            InvocationStatus::Authorized,
-        );
-        let fence = insert(store.as_ref(), &new, worker_id)
+        let new = new_invocation("tenant-a", Uuid::new_v4(), "ask", waiting());
+        let fence = authorized(store.as_ref(), &new, worker_id)
             .await
             .fence()
             .unwrap();
@@ -1982,12 +1941,7 @@ async fn postgres_tenant_ids_are_bound_never_spliced() {
     let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
     let victim = insert(
         store.as_ref(),
-        &new_invocation(
-            "victim",
-            Uuid::new_v4(),
-            "call",
-            InvocationStatus::Authorized,
-        ),
+        &new_invocation("victim", Uuid::new_v4(), "call", Start::Running),
         worker_id,
     )
     .await;
@@ -2119,7 +2073,7 @@ async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
     assert!(store.pending_migrations().await.unwrap().is_empty());
     assert!(store.migrate().await.unwrap().is_empty());
     let worker_id = worker(&store, Duration::seconds(30)).await;
-    let new = new_invocation("tenant-a", Uuid::new_v4(), "c", InvocationStatus::Running);
+    let new = new_invocation("tenant-a", Uuid::new_v4(), "c", Start::Running);
     let row = insert(&store, &new, worker_id).await;
     assert_eq!(row.status(), InvocationStatus::Running);
     store.close().await;
@@ -2225,7 +2179,7 @@ async fn ended_at(
     latency_ms: i64,
     terminal: &TerminalRecord,
 ) {
-    let fence = insert(store, new, worker_id).await.fence().unwrap();
+    let fence = authorized(store, new, worker_id).await.fence().unwrap();
     let running = store
         .claim_invocation(
             &new.tenant_id,
@@ -2268,12 +2222,8 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
             .into_iter()
             .enumerate()
         {
-            let mut new = new_invocation(
-                tenant,
-                Uuid::new_v4(),
-                &format!("call-{n}"),
-                InvocationStatus::Authorized,
-            );
+            let mut new =
+                new_invocation(tenant, Uuid::new_v4(), &format!("call-{n}"), Start::Running);
             if n == 0 {
                 new.tool_name = "demo.echo".into();
             }
@@ -2371,12 +2321,7 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
             assert!(page.items.len() <= 2, "{name}");
             seen.extend(page.items.iter().map(|row| row.id));
             if seen.len() == 2 {
-                let late = new_invocation(
-                    "tenant-c",
-                    Uuid::new_v4(),
-                    "late",
-                    InvocationStatus::Authorized,
-                );
+                let late = new_invocation("tenant-c", Uuid::new_v4(), "late", Start::Running);
                 insert(store.as_ref(), &late, worker_id).await;
             }
             match page.next_cursor {
@@ -2398,16 +2343,9 @@ async fn operator_lists_keep_decisions_and_their_events() {
     let backends = backends().await;
     for (name, store) in &backends.stores {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
-        let mut held = new_invocation(
-            "tenant-a",
-            Uuid::new_v4(),
-            "held",
-            InvocationStatus::WaitingForApproval,
-        );
-        held.approval_id = Some(Uuid::new_v4());
-        held.reason_code = Some(ReasonCode::PolicyMatrixExternalWrite);
+        let held = new_invocation("tenant-a", Uuid::new_v4(), "held", waiting());
         insert(store.as_ref(), &held, worker_id).await;
-        let approval_id = held.approval_id.unwrap();
+        let approval_id = held.start.approval_id().unwrap();
         let turn_id = Uuid::new_v4();
         let hold_ends_at = now() + Duration::seconds(300);
         assert!(
@@ -2496,12 +2434,7 @@ async fn operator_lists_keep_decisions_and_their_events() {
         );
 
         // A review item leaves the queue and stays listable, resolved.
-        let uncertain = new_invocation(
-            "tenant-b",
-            Uuid::new_v4(),
-            "uncertain",
-            InvocationStatus::Authorized,
-        );
+        let uncertain = new_invocation("tenant-b", Uuid::new_v4(), "uncertain", waiting());
         ended_at(
             store.as_ref(),
             &uncertain,
@@ -2652,12 +2585,7 @@ async fn tool_health_counts_the_window_from_the_rows() {
         let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
         let started = now() - Duration::minutes(1);
         for (n, latency) in [40, 10, 30, 20].into_iter().enumerate() {
-            let new = new_invocation(
-                "tenant-a",
-                Uuid::new_v4(),
-                &format!("ok-{n}"),
-                InvocationStatus::Authorized,
-            );
+            let new = new_invocation("tenant-a", Uuid::new_v4(), &format!("ok-{n}"), waiting());
             ended_at(
                 store.as_ref(),
                 &new,
@@ -2668,12 +2596,7 @@ async fn tool_health_counts_the_window_from_the_rows() {
             )
             .await;
         }
-        let uncertain = new_invocation(
-            "tenant-b",
-            Uuid::new_v4(),
-            "uncertain",
-            InvocationStatus::Authorized,
-        );
+        let uncertain = new_invocation("tenant-b", Uuid::new_v4(), "uncertain", waiting());
         ended_at(
             store.as_ref(),
             &uncertain,
@@ -2684,12 +2607,7 @@ async fn tool_health_counts_the_window_from_the_rows() {
         )
         .await;
         // Ended before the window: not counted.
-        let old = new_invocation(
-            "tenant-a",
-            Uuid::new_v4(),
-            "old",
-            InvocationStatus::Authorized,
-        );
+        let old = new_invocation("tenant-a", Uuid::new_v4(), "old", waiting());
         ended_at(
             store.as_ref(),
             &old,

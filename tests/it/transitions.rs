@@ -7,8 +7,8 @@
 
 use chrono::Duration;
 use toolgate::domain::invocation::{Guard, Holder, Phase, SuspensionKind, TRANSITIONS, Transition};
-use toolgate::domain::{Durability, InvocationStatus, ReasonCode};
-use toolgate::ports::{Claim, Fence, InvocationRecord, Store, TerminalRecord};
+use toolgate::domain::{Durability, ReasonCode};
+use toolgate::ports::{Claim, Fence, InvocationRecord, Start, Store, TerminalRecord};
 use uuid::Uuid;
 
 use crate::store::{backends, insert, new_invocation, now, succeeded, worker};
@@ -19,20 +19,15 @@ const TENANT: &str = "tenant-a";
 /// that holds it where a phase has one).
 async fn row_in(store: &dyn Store, phase: Phase, holder: Uuid) -> InvocationRecord {
     let waiting = phase == Phase::Waiting || phase == Phase::Authorized;
-    let mut new = new_invocation(
-        TENANT,
-        Uuid::new_v4(),
-        "call",
-        if waiting {
-            InvocationStatus::WaitingForApproval
-        } else {
-            InvocationStatus::Running
-        },
-    );
-    if waiting {
-        new.approval_id = Some(Uuid::new_v4());
-        new.reason_code = Some(ReasonCode::PolicyRuleApprovalRequired);
-    }
+    let start = if waiting {
+        Start::Waiting {
+            approval_id: Uuid::new_v4(),
+            reason_code: ReasonCode::PolicyRuleApprovalRequired,
+        }
+    } else {
+        Start::Running
+    };
+    let new = new_invocation(TENANT, Uuid::new_v4(), "call", start);
     let row = insert(store, &new, holder).await;
     let claim = Claim {
         worker_id: holder,

@@ -27,7 +27,7 @@ use crate::domain::invocation::{
 use crate::domain::{Durability, InvocationStatus, ReasonCode};
 use crate::ports::{
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
-    InvocationStore, NewInvocation, RunOwner, StoreError, TerminalRecord, ToolEvent,
+    InvocationStore, NewInvocation, RunOwner, Start, StoreError, TerminalRecord, ToolEvent,
 };
 
 /// One parameter's value, as both drivers bind it (PostgreSQL natively;
@@ -669,7 +669,8 @@ fn intent<D: Driver>(
         (Dialect::Postgres, false) => POSTGRES_INTENT,
         (Dialect::Postgres, true) => POSTGRES_INTENT_UNCOUNTED,
     };
-    let outcome_status = new.status.outcome_status(new.reason_code);
+    let status = new.start.status();
+    let outcome_status = status.outcome_status(new.start.reason_code());
     let ([kinds, bodies], events) = carried::<D>(Events::of(events)?);
     let values = vec![
         new.tenant_id.as_str().into(),
@@ -685,25 +686,25 @@ fn intent<D: Driver>(
         Some(new.arguments.clone()).into(),
         new.arguments_hash.as_str().into(),
         new.idempotency_key.as_str().into(),
-        new.status.as_str().into(),
+        new.start.status().as_str().into(),
         new.idempotency_class.as_str().into(),
         new.side_effect.as_str().into(),
         Some(json(&new.principal)?).into(),
         new.origin_trust.as_str().into(),
         new.parallel_group.into(),
         new.deadline_at.into(),
-        new.approval_id.into(),
-        new.reason_code.map(ReasonCode::as_str).into(),
+        new.start.approval_id().into(),
+        new.start.reason_code().map(ReasonCode::as_str).into(),
         outcome_status.map(|status| status.as_str()).into(),
         claim.worker_id.into(),
         claim.now.into(),
-        new.status.is_terminal().then_some(claim.now).into(),
+        status.is_terminal().then_some(claim.now).into(),
         kinds,
         bodies,
         argument_trust.into(),
         synchronous_commit(new.durability),
         uncounted.into(),
-        (new.status == InvocationStatus::Running)
+        (status == InvocationStatus::Running)
             .then_some(claim.now)
             .into(),
     ];
@@ -711,8 +712,13 @@ fn intent<D: Driver>(
     let mut plan = Plan::new(Some(&new.tenant_id), hot, Moved::Rows, sql, values)
         .with_events(events, claim.now);
     // PostgreSQL's function records the approval itself.
-    if let (Dialect::Sqlite, Some(approval_id), Some(reason_code)) =
-        (D::DIALECT, new.approval_id, new.reason_code)
+    if let (
+        Dialect::Sqlite,
+        Start::Waiting {
+            approval_id,
+            reason_code,
+        },
+    ) = (D::DIALECT, new.start)
     {
         plan = plan.then(
             INSERT_APPROVAL,

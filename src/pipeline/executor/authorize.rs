@@ -15,11 +15,10 @@ use super::intent::{Intent, RecordedAs};
 use super::refusals::Unwrap;
 use crate::domain::policy::{PolicyDecision, ProposedAction};
 use crate::domain::{
-    CanonicalArguments, Durability, IdempotencyClass, InvocationStatus, ReasonCode, ToolEventKind,
-    TrustLevel,
+    CanonicalArguments, Durability, IdempotencyClass, ReasonCode, ToolEventKind, TrustLevel,
 };
 use crate::ports::{
-    BreakerTally, Claim, InsertOutcome, InvocationState, PlatformEvent, StoreError,
+    BreakerTally, Claim, InsertOutcome, InvocationState, PlatformEvent, Start, StoreError,
 };
 
 /// What steps 1 to 5 made of a call.
@@ -249,12 +248,7 @@ impl Pipeline {
         };
         // Only a running intent's commit is the tool's; a denial or a row
         // waiting for approval is flushed.
-        let running = intent.row(
-            InvocationStatus::Running,
-            None,
-            None,
-            Durability::of_tool(&tool.spec),
-        );
+        let running = intent.row(Start::Running, Durability::of_tool(&tool.spec));
         let running_events = [
             intent.event(ToolEventKind::Proposed),
             intent.event(ToolEventKind::Authorized),
@@ -319,12 +313,7 @@ impl Pipeline {
                     intent.event(ToolEventKind::Proposed),
                     denied_event(&intent.identity(), code),
                 ];
-                let denied = intent.row(
-                    InvocationStatus::Denied,
-                    Some(code),
-                    None,
-                    Durability::Flushed,
-                );
+                let denied = intent.row(Start::Denied(code), Durability::Flushed);
                 self.invocations
                     .insert_invocation(&denied, claim, &events)
                     .await?
@@ -337,9 +326,10 @@ impl Pipeline {
                 self.reached(Point::Approval, request);
                 let events = [intent.event(ToolEventKind::Proposed)];
                 let waiting = intent.row(
-                    InvocationStatus::WaitingForApproval,
-                    Some(code),
-                    Some(Uuid::new_v4()),
+                    Start::Waiting {
+                        approval_id: Uuid::new_v4(),
+                        reason_code: code,
+                    },
                     Durability::Flushed,
                 );
                 self.invocations

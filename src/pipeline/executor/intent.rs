@@ -8,10 +8,10 @@ use uuid::Uuid;
 use super::super::call::CallRequest;
 use super::super::records::Identity;
 use crate::domain::{
-    Durability, IdempotencyClass, InvocationStatus, ReasonCode, SideEffectClass, ToolEventKind,
-    ToolSource, ToolSpec, idempotency_key,
+    Durability, IdempotencyClass, SideEffectClass, ToolEventKind, ToolSource, ToolSpec,
+    idempotency_key,
 };
-use crate::ports::{NewInvocation, ToolEvent};
+use crate::ports::{NewInvocation, Start, ToolEvent};
 
 /// The classification a call is recorded under.
 #[derive(Clone)]
@@ -105,14 +105,8 @@ impl<'a> Intent<'a> {
         self.identity().event(kind)
     }
 
-    /// The row this intent inserts in `status`.
-    pub(super) fn row(
-        &self,
-        status: InvocationStatus,
-        reason_code: Option<ReasonCode>,
-        approval_id: Option<Uuid>,
-        durability: Durability,
-    ) -> NewInvocation {
+    /// The row this intent inserts, starting as `start` says.
+    pub(super) fn row(&self, start: Start, durability: Durability) -> NewInvocation {
         let request = self.request;
         NewInvocation {
             id: self.id,
@@ -135,9 +129,7 @@ impl<'a> Intent<'a> {
             principal: request.principal.clone(),
             parallel_group: request.parallel_group,
             deadline_at: request.deadline_at,
-            status,
-            reason_code,
-            approval_id,
+            start,
             durability,
         }
     }

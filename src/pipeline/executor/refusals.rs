@@ -17,7 +17,9 @@ use crate::pipeline::call::{CallOutcome, CallRequest, TOOL_CALL};
 use crate::pipeline::output::RenderedPart;
 use crate::pipeline::records::{ended_event, recorded, terminal_event_kind};
 use crate::pipeline::registry::RegisteredTool;
-use crate::ports::{Claim, Held, InsertOutcome, InvocationState, StoreError, TerminalRecord};
+use crate::ports::{
+    Claim, Held, InsertOutcome, InvocationState, Start, StoreError, TerminalRecord,
+};
 
 /// Who an approval is recorded as expired by when its call was refused
 /// before anyone decided it.
@@ -234,12 +236,7 @@ impl Pipeline {
         code: ReasonCode,
     ) -> Result<InsertOutcome, StoreError> {
         let status = code.status();
-        let new = intent.row(
-            status.invocation_status(),
-            Some(code),
-            None,
-            Durability::Flushed,
-        );
+        let new = intent.row(Start::Ended(code), Durability::Flushed);
         let mut ended = intent.event(terminal_event_kind(status));
         ended.outcome_status = Some(status);
         ended.reason_code = Some(code);

@@ -15,8 +15,55 @@ use crate::domain::{
 };
 use crate::ports::tool::BoxFuture;
 
-/// A row to insert at step 8 (AUTHORIZED), step 7 (WAITING_FOR_APPROVAL,
-/// with its approval) or on a denial (DENIED, terminal).
+/// How a new row starts: its status, and what that status needs, together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// RUNNING under the inserting worker: step 8's intent, claimed.
+    Running,
+    /// WAITING_FOR_APPROVAL (step 7), with the approval asked in the same
+    /// commit and why.
+    Waiting {
+        approval_id: Uuid,
+        reason_code: ReasonCode,
+    },
+    /// DENIED by policy before anything ran.
+    Denied(ReasonCode),
+    /// Ended before anything ran, as its code's status says (a refusal
+    /// after policy: a budget, the breaker, a withdrawn argument).
+    Ended(ReasonCode),
+}
+
+impl Start {
+    /// The row's status.
+    pub fn status(self) -> InvocationStatus {
+        match self {
+            Start::Running => InvocationStatus::Running,
+            Start::Waiting { .. } => InvocationStatus::WaitingForApproval,
+            Start::Denied(_) => InvocationStatus::Denied,
+            Start::Ended(code) => code.status().invocation_status(),
+        }
+    }
+
+    /// Why it waits or ended.
+    pub fn reason_code(self) -> Option<ReasonCode> {
+        match self {
+            Start::Running => None,
+            Start::Waiting { reason_code, .. } => Some(reason_code),
+            Start::Denied(code) | Start::Ended(code) => Some(code),
+        }
+    }
+
+    /// The approval a waiting row asks.
+    pub fn approval_id(self) -> Option<Uuid> {
+        match self {
+            Start::Waiting { approval_id, .. } => Some(approval_id),
+            _ => None,
+        }
+    }
+}
+
+/// A row to insert: the call's intent (step 8), a call waiting for approval
+/// (step 7) or one ended before it ran.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewInvocation {
     /// The row id.
@@ -61,12 +108,8 @@ pub struct NewInvocation {
     pub parallel_group: Option<Uuid>,
     /// The run's deadline for this call.
     pub deadline_at: Option<DateTime<Utc>>,
-    /// AUTHORIZED, WAITING_FOR_APPROVAL or DENIED.
-    pub status: InvocationStatus,
-    /// For a DENIED row, why.
-    pub reason_code: Option<ReasonCode>,
-    /// For a WAITING_FOR_APPROVAL row, the approval opened with it.
-    pub approval_id: Option<Uuid>,
+    /// How it starts.
+    pub start: Start,
     /// How durable the insert's commit must be.
     pub durability: Durability,
 }

@@ -33,7 +33,7 @@ pub use catalog::{
 pub use events::{EventRecord, EventStore, PlatformEvent};
 pub use invocations::{
     ArtifactRecord, BreakerTally, Ended, Held, InsertOutcome, InvocationRecord, InvocationState,
-    InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, RunOwner,
+    InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, RunOwner, Start,
     StoredArtifact, Suspension, TerminalRecord, ToolEvent,
 };
 pub use operator::{
