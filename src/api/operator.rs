@@ -63,7 +63,7 @@ impl ControlApi {
             .filter(|story| {
                 tenant
                     .as_ref()
-                    .is_none_or(|tenant| *tenant == story.invocation.tenant_id)
+                    .is_none_or(|tenant| *tenant == story.invocation.identity.tenant_id)
             })
             .ok_or(ApiError::NotFound)?;
         let mut view = invocation_view(&story.invocation);
@@ -105,9 +105,9 @@ impl ControlApi {
             StatusCode::OK,
             &json!({
                 "run_id": id,
-                "working_state": latest.and_then(|row| row.arguments.get("state")),
-                "invocation_id": latest.map(|row| row.id),
-                "step_number": latest.map(|row| row.step_number),
+                "working_state": latest.and_then(|row| row.identity.arguments.get("state")),
+                "invocation_id": latest.map(|row| row.identity.id),
+                "step_number": latest.map(|row| row.identity.step_number),
                 "updated_at": latest.and_then(|row| row.ended()).map(|ended| ended.completed_at),
             }),
         ))

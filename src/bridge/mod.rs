@@ -222,14 +222,14 @@ impl Bridge {
             .step_calls(&session.tenant_id, request.run_id, request.step_number)
             .await?
             .into_iter()
-            .filter(|row| row.call_id.starts_with(turn::CALL_ID_PREFIX))
+            .filter(|row| row.identity.call_id.starts_with(turn::CALL_ID_PREFIX))
             .map(|row| {
                 (
-                    row.call_id,
+                    row.identity.call_id,
                     turn::RecordedCall {
-                        invocation_id: row.id,
-                        tool_name: row.tool_name,
-                        arguments_hash: row.arguments_hash,
+                        invocation_id: row.identity.id,
+                        tool_name: row.identity.tool_name,
+                        arguments_hash: row.identity.arguments_hash,
                     },
                 )
             })

@@ -166,7 +166,7 @@ fn status_cell(status: &str) -> String {
 }
 
 fn invocation_link(row: &InvocationRecord) -> String {
-    call_link(row.id)
+    call_link(row.identity.id)
 }
 
 /// A link to a call's story, its id short.
@@ -259,8 +259,8 @@ impl Console {
                          not applied</label>\
                          <textarea name=\"note\" maxlength=\"4096\" placeholder=\"What you found\"></textarea>\
                          <button type=\"submit\">Resolve</button></form>",
-                        tenant = encode(&row.tenant_id),
-                        id = row.id,
+                        tenant = encode(&row.identity.tenant_id),
+                        id = row.identity.id,
                         csrf = csrf_field(frame),
                     ),
                 };
@@ -270,20 +270,20 @@ impl Console {
                      run {run} step {step}<br>{reason}</td>\
                      <td><span class=\"tool\">{tool}</span><br>server {server}<br>{effect}, {class}</td>\
                      <td>{arguments}</td><td>{sent}<br>attempt {attempt}</td><td>{decision}</td></tr>",
-                    id = row.id,
+                    id = row.identity.id,
                     link = invocation_link(row),
-                    tenant = escape(&row.tenant_id),
-                    run = short_id(row.run_id),
-                    step = row.step_number,
+                    tenant = escape(&row.identity.tenant_id),
+                    run = short_id(row.identity.run_id),
+                    step = row.identity.step_number,
                     reason = row
                         .reason_code
                         .map(|code| escape(code.as_str()))
                         .unwrap_or_default(),
-                    tool = escape(&row.tool_name),
-                    server = escape(row.server_id.as_deref().unwrap_or("builtin")),
-                    effect = escape(row.side_effect.as_str()),
-                    class = escape(row.idempotency_class.as_str()),
-                    arguments = json_block(&row.arguments),
+                    tool = escape(&row.identity.tool_name),
+                    server = escape(row.identity.server_id.as_deref().unwrap_or("builtin")),
+                    effect = escape(row.identity.side_effect.as_str()),
+                    class = escape(row.identity.idempotency_class.as_str()),
+                    arguments = json_block(&row.identity.arguments),
                     sent = time(row.effect_sent_at),
                     attempt = row.attempt_number,
                 );
@@ -456,7 +456,7 @@ impl Console {
             .operator
             .invocation_with_events(approval.invocation_id)
             .await?
-            .filter(|story| story.invocation.tenant_id == tenant)
+            .filter(|story| story.invocation.identity.tenant_id == tenant)
             .ok_or(ConsoleError::NotFound)?;
         let row = &story.invocation;
         let decision = if approval.status == ApprovalStatus::Pending {
@@ -489,15 +489,15 @@ impl Console {
              <tr><th>Arguments</th><td>{arguments}</td></tr>\
              <tr><th>Requested</th><td>{requested}</td></tr>\
              <tr><th>Decision</th><td>{decision}</td></tr></table>",
-            invocation = row.id,
+            invocation = row.identity.id,
             tenant = escape(tenant),
-            principal = escape(&row.principal.id),
-            tool = escape(&row.tool_name),
-            effect = escape(row.side_effect.as_str()),
-            class = escape(row.idempotency_class.as_str()),
-            trust = escape(row.origin_trust.as_str()),
+            principal = escape(&row.identity.principal.id),
+            tool = escape(&row.identity.tool_name),
+            effect = escape(row.identity.side_effect.as_str()),
+            class = escape(row.identity.idempotency_class.as_str()),
+            trust = escape(row.identity.origin_trust.as_str()),
             reason = escape(approval.reason_code.as_str()),
-            arguments = json_block(&row.arguments),
+            arguments = json_block(&row.identity.arguments),
             requested = time(Some(approval.requested_at)),
         );
         Ok(body)
@@ -582,16 +582,16 @@ impl Console {
                     "<tr><td>{link}</td><td>{tenant}</td><td class=\"tool\">{tool}</td>\
                      <td>{status}</td><td>{reason}</td><td>{created}</td><td>{run} / {step}</td></tr>",
                     link = invocation_link(row),
-                    tenant = escape(&row.tenant_id),
-                    tool = escape(&row.tool_name),
+                    tenant = escape(&row.identity.tenant_id),
+                    tool = escape(&row.identity.tool_name),
                     status = status_cell(row.status().as_str()),
                     reason = row
                         .reason_code
                         .map(|code| escape(code.as_str()))
                         .unwrap_or_default(),
                     created = time(Some(row.created_at)),
-                    run = short_id(row.run_id),
-                    step = row.step_number,
+                    run = short_id(row.identity.run_id),
+                    step = row.identity.step_number,
                 );
             }
             body.push_str("</table>");
@@ -629,28 +629,28 @@ impl Console {
              <tr><th>Started</th><td>{started}</td></tr>\
              <tr><th>Effect sent (watermark)</th><td>{sent}</td></tr>\
              <tr><th>Attempts</th><td>attempt {attempt}, lease epoch {epoch}</td></tr>",
-            id = row.id,
-            tenant = escape(&row.tenant_id),
-            tool = escape(&row.tool_name),
-            version = escape(&row.tool_version),
-            source = escape(row.tool_source.as_str()),
-            server = escape(row.server_id.as_deref().unwrap_or("—")),
-            effect = escape(row.side_effect.as_str()),
-            class = escape(row.idempotency_class.as_str()),
-            origin = escape(row.origin_trust.as_str()),
+            id = row.identity.id,
+            tenant = escape(&row.identity.tenant_id),
+            tool = escape(&row.identity.tool_name),
+            version = escape(&row.identity.tool_version),
+            source = escape(row.identity.tool_source.as_str()),
+            server = escape(row.identity.server_id.as_deref().unwrap_or("—")),
+            effect = escape(row.identity.side_effect.as_str()),
+            class = escape(row.identity.idempotency_class.as_str()),
+            origin = escape(row.identity.origin_trust.as_str()),
             argument_trust =
-                json_block(&serde_json::to_value(&row.argument_trust).unwrap_or_default()),
-            principal = escape(&row.principal.id),
-            run = row.run_id,
-            step = row.step_number,
-            call = escape(&row.call_id),
+                json_block(&serde_json::to_value(&row.identity.argument_trust).unwrap_or_default()),
+            principal = escape(&row.identity.principal.id),
+            run = row.identity.run_id,
+            step = row.identity.step_number,
+            call = escape(&row.identity.call_id),
             status = status_cell(row.status().as_str()),
             reason = row
                 .reason_code
                 .map(|code| escape(code.as_str()))
                 .unwrap_or_default(),
-            arguments = json_block(&row.arguments),
-            key = escape(&row.idempotency_key),
+            arguments = json_block(&row.identity.arguments),
+            key = escape(&row.identity.idempotency_key),
             created = time(Some(row.created_at)),
             started = time(row.started_at),
             sent = time(row.effect_sent_at),

@@ -391,17 +391,17 @@ impl Front {
             .await
             .map_err(|_| FrontError::internal("the held call could not be read; retry"))?
             .filter(|row| {
-                row.principal.id == session.principal.id
-                    && row.tool_name == tool.tool.spec.name
-                    && row.arguments_hash == hash
+                row.identity.principal.id == session.principal.id
+                    && row.identity.tool_name == tool.tool.spec.name
+                    && row.identity.arguments_hash == hash
             })
             .ok_or_else(refused)?;
         Ok(CallIdentity {
-            run_id: row.run_id,
-            step_number: row.step_number,
-            call_id: row.call_id,
+            run_id: row.identity.run_id,
+            step_number: row.identity.step_number,
+            call_id: row.identity.call_id,
             named: true,
-            origin_trust: Some(row.origin_trust),
+            origin_trust: Some(row.identity.origin_trust),
         })
     }
 
@@ -705,7 +705,7 @@ impl Methods {
             .invocation(&session.tenant_id, invocation_id)
             .await
             .map_err(|_| FrontError::internal("the task could not be read; retry"))?
-            .filter(|row| row.principal.id == session.principal.id)
+            .filter(|row| row.identity.principal.id == session.principal.id)
             .ok_or_else(unknown)?;
         let answer = self
             .front
@@ -714,16 +714,16 @@ impl Methods {
                 &front_request,
                 Asked {
                     identity: CallIdentity {
-                        run_id: row.run_id,
-                        step_number: row.step_number,
-                        call_id: row.call_id.clone(),
+                        run_id: row.identity.run_id,
+                        step_number: row.identity.step_number,
+                        call_id: row.identity.call_id.clone(),
                         named: true,
-                        origin_trust: Some(row.origin_trust),
+                        origin_trust: Some(row.identity.origin_trust),
                     },
                     request_id: json!(format!("task:{invocation_id}")),
-                    origin_trust: row.origin_trust,
-                    name: row.tool_name.clone(),
-                    arguments: row.arguments.clone(),
+                    origin_trust: row.identity.origin_trust,
+                    name: row.identity.tool_name.clone(),
+                    arguments: row.identity.arguments.clone(),
                     holds: false,
                 },
                 &context,

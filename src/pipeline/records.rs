@@ -4,46 +4,12 @@
 
 use uuid::Uuid;
 
-use super::call::{CallOutcome, CallRequest, Finished, ResultData};
+use super::call::{CallOutcome, Finished, ResultData};
 use super::output::{self, Attribution, RenderedPart};
 use crate::domain::{
-    ContentPart, IdempotencyClass, ReasonCode, ToolEventKind, ToolOutcome, ToolOutcomeStatus,
-    ToolSource, TrustLevel,
+    ContentPart, ReasonCode, ToolEventKind, ToolOutcome, ToolOutcomeStatus, TrustLevel,
 };
-use crate::ports::{InvocationRecord, ToolEvent};
-
-/// Identity fields every event and row of one call shares.
-pub(super) struct Identity<'a> {
-    pub(super) request: &'a CallRequest,
-    pub(super) id: Uuid,
-    pub(super) tool_name: &'a str,
-    pub(super) tool_version: &'a str,
-    pub(super) tool_source: ToolSource,
-    pub(super) class: IdempotencyClass,
-}
-
-impl Identity<'_> {
-    pub(super) fn event(&self, kind: ToolEventKind) -> ToolEvent {
-        ToolEvent {
-            kind,
-            invocation_id: self.id,
-            run_id: self.request.run_id,
-            step_number: self.request.step_number,
-            call_id: self.request.call_id.clone(),
-            tool_name: self.tool_name.to_owned(),
-            tool_source: self.tool_source,
-            tool_version: self.tool_version.to_owned(),
-            outcome_status: None,
-            reason_code: None,
-            idempotency_class: self.class,
-            effect_sent: false,
-            duration_ms: None,
-            output_bytes: None,
-            truncated: false,
-            parallel_group: self.request.parallel_group,
-        }
-    }
-}
+use crate::ports::{CallIdentity, InvocationRecord, ToolEvent};
 
 pub(super) fn terminal_event_kind(kind_of: ToolOutcomeStatus) -> ToolEventKind {
     match kind_of {
@@ -55,24 +21,13 @@ pub(super) fn terminal_event_kind(kind_of: ToolOutcomeStatus) -> ToolEventKind {
 }
 
 pub(super) fn row_event(row: &InvocationRecord, kind: ToolEventKind) -> ToolEvent {
-    ToolEvent {
-        kind,
-        invocation_id: row.id,
-        run_id: row.run_id,
-        step_number: row.step_number,
-        call_id: row.call_id.clone(),
-        tool_name: row.tool_name.clone(),
-        tool_source: row.tool_source,
-        tool_version: row.tool_version.clone(),
-        outcome_status: row.outcome_status(),
-        reason_code: row.reason_code,
-        idempotency_class: row.idempotency_class,
-        effect_sent: row.effect_sent_at.is_some(),
-        duration_ms: None,
-        output_bytes: row.ended().and_then(|ended| ended.output_bytes),
-        truncated: row.ended().is_some_and(|ended| ended.truncated),
-        parallel_group: row.parallel_group,
-    }
+    let mut event = row.identity.event(kind);
+    event.outcome_status = row.outcome_status();
+    event.reason_code = row.reason_code;
+    event.effect_sent = row.effect_sent_at.is_some();
+    event.output_bytes = row.ended().and_then(|ended| ended.output_bytes);
+    event.truncated = row.ended().is_some_and(|ended| ended.truncated);
+    event
 }
 
 /// The terminal event of a row that ends with `code` and no result.
@@ -84,7 +39,7 @@ pub(super) fn ended_event(row: &InvocationRecord, code: ReasonCode) -> ToolEvent
     event
 }
 
-pub(super) fn denied_event(identity: &Identity<'_>, code: ReasonCode) -> ToolEvent {
+pub(super) fn denied_event(identity: &CallIdentity, code: ReasonCode) -> ToolEvent {
     let mut event = identity.event(ToolEventKind::Denied);
     event.outcome_status = Some(ToolOutcomeStatus::Denied);
     event.reason_code = Some(code);
@@ -96,10 +51,13 @@ pub(super) fn recorded(row: &InvocationRecord) -> CallOutcome {
     let result = row.ended().and_then(|ended| ended.result.as_ref());
     let outcome = match (row.outcome_status(), row.reason_code) {
         (Some(ToolOutcomeStatus::Succeeded), _) => ToolOutcome::Succeeded {
-            action: row.tool_name.clone(),
+            action: row.identity.tool_name.clone(),
         },
-        (_, Some(code)) => ToolOutcome::not_succeeded(row.tool_name.clone(), code),
-        _ => ToolOutcome::not_succeeded(row.tool_name.clone(), ReasonCode::ToolInternalError),
+        (_, Some(code)) => ToolOutcome::not_succeeded(row.identity.tool_name.clone(), code),
+        _ => ToolOutcome::not_succeeded(
+            row.identity.tool_name.clone(),
+            ReasonCode::ToolInternalError,
+        ),
     };
     let content = result
         .and_then(|result| result.get("content"))
@@ -110,7 +68,7 @@ pub(super) fn recorded(row: &InvocationRecord) -> CallOutcome {
         .and_then(|result| result.get("data"))
         .and_then(|data| serde_json::from_value::<ResultData>(data.clone()).ok());
     CallOutcome::Finished(Finished {
-        invocation_id: Some(row.id),
+        invocation_id: Some(row.identity.id),
         outcome,
         content,
         data,

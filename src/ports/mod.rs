@@ -24,14 +24,15 @@ pub use policy::PolicyEngine;
 pub use reload::{Reload, ReloadReport};
 pub use store::{
     ApprovalItem, ApprovalRecord, ApprovalStore, ArtifactRecord, AuthoredSkill, BreakerTally,
-    CatalogEntry, CatalogGeneration, CatalogGenerationItem, CatalogRow, CatalogStore, Claim,
-    ConnectionOutcome, ConsoleSignIn, ConsoleSignInStore, Cursor, Ended, EventRecord, EventStore,
-    Fence, Held, InsertOutcome, InvalidCursor, InvocationRecord, InvocationState, InvocationStore,
-    InvocationStory, McpServerRow, NewInvocation, OperatorFilter, OperatorStore, Page, PageRequest,
-    PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal, ReviewItem, ReviewRecord,
-    ReviewStore, RunOwner, Schema, ServerItem, SessionRecord, SessionStore, SkillStore, SkillWrite,
-    SkillWritten, Start, Store, StoreError, StoredArtifact, Suspension, TerminalRecord, ToolEvent,
-    ToolHealth, TurnRecord, TurnStore, WorkerLease, WorkerRegistration, WorkerStore,
+    CallIdentity, CatalogEntry, CatalogGeneration, CatalogGenerationItem, CatalogRow, CatalogStore,
+    Claim, ConnectionOutcome, ConsoleSignIn, ConsoleSignInStore, Cursor, Ended, EventRecord,
+    EventStore, Fence, Held, InsertOutcome, InvalidCursor, InvocationRecord, InvocationState,
+    InvocationStore, InvocationStory, McpServerRow, NewInvocation, OperatorFilter, OperatorStore,
+    Page, PageRequest, PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal,
+    ReviewItem, ReviewRecord, ReviewStore, RunOwner, Schema, ServerItem, SessionRecord,
+    SessionStore, SkillStore, SkillWrite, SkillWritten, Start, Store, StoreError, StoredArtifact,
+    Suspension, TerminalRecord, ToolEvent, ToolHealth, TurnRecord, TurnStore, WorkerLease,
+    WorkerRegistration, WorkerStore,
 };
 pub use tool::{
     ArtifactError, ArtifactReader, ArtifactStore, ArtifactWriter, BoxFuture, CancellationToken,

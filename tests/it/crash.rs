@@ -392,7 +392,7 @@ async fn crash_matrix(name: &str, store_url: &str, store: &dyn Store) {
                 }
                 assert_eq!(
                     replay["invocation_id"],
-                    json!(recorded[0].id),
+                    json!(recorded[0].identity.id),
                     "{case}: replay found the row"
                 );
             }
@@ -573,7 +573,7 @@ async fn a_read_whose_commits_were_lost_runs_again() {
     let (ok, replay) = run(&job("call", None));
     assert!(ok);
     assert_eq!(replay["outcome"]["status"], "succeeded", "{replay}");
-    assert_eq!(replay["invocation_id"], json!(before[0].id));
+    assert_eq!(replay["invocation_id"], json!(before[0].identity.id));
     let after = rows(run_id).await;
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].status(), InvocationStatus::Succeeded);
@@ -614,6 +614,6 @@ async fn a_read_whose_commits_were_lost_runs_again() {
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].status(), InvocationStatus::Succeeded);
     assert_eq!(after[0].attempt_number, 1);
-    assert_eq!(replay["invocation_id"], json!(after[0].id));
+    assert_eq!(replay["invocation_id"], json!(after[0].identity.id));
     assert_ne!(replay["invocation_id"], first_id, "a new row, run anew");
 }

@@ -1178,7 +1178,7 @@ async fn decision_26_covers_conditionally_idempotent_failures_and_keys_reach_the
     assert!(
         meta.contains(&format!(
             "\"toolgate/idempotency-key\":\"{}\"",
-            row.idempotency_key
+            row.identity.idempotency_key
         )),
         "{meta}"
     );

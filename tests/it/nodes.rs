@@ -867,7 +867,7 @@ async fn the_database_dying_mid_call_never_makes_an_answer_false() {
     let (status, queue) = a.get(&format!("/v1/review?tenant_id={TENANT}"));
     assert_eq!(status, 200);
     assert!(
-        String::from_utf8_lossy(&queue).contains(&settled.id.to_string()),
+        String::from_utf8_lossy(&queue).contains(&settled.identity.id.to_string()),
         "the review queue shows it without a restart"
     );
 

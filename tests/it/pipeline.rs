@@ -24,9 +24,10 @@ use toolgate::pipeline::{
     Point, RegistryLimits, StepObserver, SweepBounds, ToolRegistry,
 };
 use toolgate::ports::{
-    ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
-    InvocationStore, NewInvocation, PolicyEngine, RunOwner, Start, Store, StoreError, SystemClock,
-    TerminalRecord, Tool, ToolEvent, ToolExecutionContext, WorkerRegistration,
+    ArtifactRecord, BoxFuture, BreakerTally, CallIdentity, Claim, Fence, Held, InsertOutcome,
+    InvocationRecord, InvocationStore, NewInvocation, PolicyEngine, RunOwner, Start, Store,
+    StoreError, SystemClock, TerminalRecord, Tool, ToolEvent, ToolExecutionContext,
+    WorkerRegistration,
 };
 
 /// A recovery sweep as the tests run it: every row at once.
@@ -529,7 +530,7 @@ async fn a_read_succeeds_and_is_recorded_with_its_events() {
         let events = crate::store::events_settled(store.as_ref(), 4).await;
         let kinds: Vec<&str> = events
             .iter()
-            .filter(|e| e.payload["invocation_id"] == json!(row.id))
+            .filter(|e| e.payload["invocation_id"] == json!(row.identity.id))
             .map(|e| e.event_type.as_str())
             .collect();
         assert_eq!(
@@ -1327,12 +1328,12 @@ async fn recovery_applies_the_table() {
         for (tool, arguments, watermark) in cases {
             let request = harness.request(tool, arguments.clone());
             let running = leave_running(&harness, store.as_ref(), &request, dead).await;
-            let key = running.idempotency_key.clone();
+            let key = running.identity.idempotency_key.clone();
             if watermark {
                 store
                     .mark_effect_sent(
                         TENANT,
-                        running.id,
+                        running.identity.id,
                         running.fence().unwrap(),
                         now,
                         Durability::Flushed,
@@ -1346,7 +1347,7 @@ async fn recovery_applies_the_table() {
                 std::fs::write(harness.effects.join("keyed.log"), format!("{key} keyed\n"))
                     .unwrap();
             }
-            ids.push(running.id);
+            ids.push(running.identity.id);
         }
         store.release_worker(dead).await.unwrap();
         // A sweep whose time is up begins no round: it takes nothing.
@@ -1630,7 +1631,11 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
         let task_b = b.clone().spawn(harness_b.pipeline.clone(), stop_b.clone());
         // Two leases long: a's heartbeat keeps the row a's.
         tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
-        let held = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        let held = store
+            .invocation(TENANT, row.identity.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(held.status(), InvocationStatus::Running, "{name}");
         assert_eq!(
             held.state.worker(),
@@ -1643,7 +1648,11 @@ async fn heartbeats_hold_rows_and_sweeps_take_them_after() {
         let mut recovered = None;
         for _ in 0..100 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            let row = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+            let row = store
+                .invocation(TENANT, row.identity.id)
+                .await
+                .unwrap()
+                .unwrap();
             if row.status().is_terminal() {
                 recovered = Some(row);
                 break;
@@ -1724,7 +1733,7 @@ async fn a_lease_that_ended_is_taken_again_by_a_new_incarnation() {
             !store
                 .mark_effect_sent(
                     TENANT,
-                    row.id,
+                    row.identity.id,
                     fence,
                     Utc::now(),
                     toolgate::domain::Durability::Flushed
@@ -1744,7 +1753,11 @@ async fn a_lease_that_ended_is_taken_again_by_a_new_incarnation() {
             .await
             .unwrap();
         assert_eq!(report.taken, 1, "{name}");
-        let settled = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        let settled = store
+            .invocation(TENANT, row.identity.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(settled.status(), InvocationStatus::Succeeded, "{name}");
         assert_eq!(
             settled.ended().and_then(|ended| ended.worker),
@@ -1786,26 +1799,28 @@ async fn leave_running(
     );
     let now = Utc::now();
     let new = NewInvocation {
-        id: Uuid::new_v4(),
-        tenant_id: TENANT.into(),
-        session_id: request.session_id,
-        run_id: request.run_id,
-        step_number: 1,
-        call_id: request.call_id.clone(),
-        tool_name: request.name.clone(),
-        tool_version: tool.spec.version.clone(),
-        tool_source: tool.spec.source,
-        server_id: None,
-        arguments: canonical.value,
-        arguments_hash: canonical.sha256,
-        idempotency_key: key,
-        idempotency_class: tool.spec.idempotency,
-        side_effect: tool.spec.side_effect,
-        origin_trust: TrustLevel::User,
-        argument_trust: request.argument_trust.clone(),
-        principal: request.principal.clone(),
-        parallel_group: None,
-        deadline_at: Some(now + Duration::seconds(60)),
+        identity: CallIdentity {
+            id: Uuid::new_v4(),
+            tenant_id: TENANT.into(),
+            session_id: request.session_id,
+            run_id: request.run_id,
+            step_number: 1,
+            call_id: request.call_id.clone(),
+            tool_name: request.name.clone(),
+            tool_version: tool.spec.version.clone(),
+            tool_source: tool.spec.source,
+            server_id: None,
+            arguments: canonical.value,
+            arguments_hash: canonical.sha256,
+            idempotency_key: key,
+            idempotency_class: tool.spec.idempotency,
+            side_effect: tool.spec.side_effect,
+            origin_trust: TrustLevel::User,
+            argument_trust: request.argument_trust.clone(),
+            principal: request.principal.clone(),
+            parallel_group: None,
+            deadline_at: Some(now + Duration::seconds(60)),
+        },
         start: Start::Running,
         durability: Durability::Flushed,
     };
@@ -1842,7 +1857,7 @@ async fn recovery_refused_by_authority_settles_the_row() {
         let taken = store
             .take_over(
                 TENANT,
-                row.id,
+                row.identity.id,
                 Claim {
                     worker_id: harness.pipeline.worker_id(),
                     now: Utc::now(),
@@ -1859,7 +1874,11 @@ async fn recovery_refused_by_authority_settles_the_row() {
             Some(ReasonCode::PolicyScopeMissing),
             "{name}"
         );
-        let settled = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        let settled = store
+            .invocation(TENANT, row.identity.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(settled.status(), InvocationStatus::Denied, "{name}");
         assert!(
             harness.lines("external.log").is_empty(),
@@ -1886,11 +1905,18 @@ async fn recovery_decides_on_the_argument_labels_the_call_came_with() {
         request.argument_trust =
             ArgumentTrust::from_pointers([("/line", TrustLevel::User)]).unwrap();
         let row = leave_running(&harness, store.as_ref(), &request, dead).await;
-        assert_eq!(row.argument_trust, request.argument_trust, "{name}");
+        assert_eq!(
+            row.identity.argument_trust, request.argument_trust,
+            "{name}"
+        );
         store.release_worker(dead).await.unwrap();
         let report = harness.pipeline.recover(SWEEP).await.unwrap();
         assert_eq!(report.taken, 1, "{name}");
-        let ran = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        let ran = store
+            .invocation(TENANT, row.identity.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             ran.outcome_status(),
             Some(ToolOutcomeStatus::Succeeded),
@@ -1968,7 +1994,7 @@ async fn another_principal_resubmitting_a_call_names_a_run_not_theirs() {
                 .unwrap();
             assert!(
                 rows.iter()
-                    .all(|row| row.principal.id == original.principal.id),
+                    .all(|row| row.identity.principal.id == original.principal.id),
                 "{name}: {who}: every row of the run is its opener's"
             );
         }
@@ -2005,7 +2031,11 @@ async fn recovery_without_standing_authority_asks_a_human_again() {
         assert_eq!(harness.pipeline.recover(spent).await.unwrap().taken, 0);
         let report = harness.pipeline.recover(SWEEP).await.unwrap();
         assert_eq!(report.taken, 1, "{name}");
-        let waiting = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+        let waiting = store
+            .invocation(TENANT, row.identity.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             waiting.status(),
             InvocationStatus::WaitingForApproval,
@@ -2026,7 +2056,7 @@ async fn recovery_without_standing_authority_asks_a_human_again() {
         assert_eq!(
             outcome,
             CallOutcome::Pending {
-                invocation_id: row.id,
+                invocation_id: row.identity.id,
                 approval_id
             },
             "{name}"

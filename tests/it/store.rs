@@ -15,8 +15,8 @@ use toolgate::domain::{
     TrustLevel,
 };
 use toolgate::ports::{
-    Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Renewal, Schema, SessionRecord,
-    Start, Store, TerminalRecord, ToolEvent, WorkerRegistration,
+    CallIdentity, Claim, Fence, InsertOutcome, InvocationRecord, NewInvocation, Renewal, Schema,
+    SessionRecord, Start, Store, TerminalRecord, ToolEvent, WorkerRegistration,
 };
 use uuid::Uuid;
 
@@ -189,54 +189,42 @@ pub async fn worker(store: &dyn Store, lease: Duration) -> Uuid {
 
 pub fn new_invocation(tenant: &str, run_id: Uuid, call_id: &str, start: Start) -> NewInvocation {
     NewInvocation {
-        id: Uuid::new_v4(),
-        tenant_id: tenant.into(),
-        session_id: Uuid::new_v4(),
-        run_id,
-        step_number: 1,
-        call_id: call_id.into(),
-        tool_name: "demo.external_write".into(),
-        tool_version: "1".into(),
-        tool_source: ToolSource::Builtin,
-        server_id: None,
-        arguments: json!({"line": "secret customer text"}),
-        arguments_hash: "ab".repeat(32),
-        idempotency_key: format!("{tenant}:{run_id}:{call_id}"),
-        idempotency_class: IdempotencyClass::NonIdempotent,
-        side_effect: SideEffectClass::ExternalWrite,
-        origin_trust: TrustLevel::User,
-        argument_trust: ArgumentTrust::from_pointers([("/line", TrustLevel::ExternalUntrusted)])
+        identity: CallIdentity {
+            id: Uuid::new_v4(),
+            tenant_id: tenant.into(),
+            session_id: Uuid::new_v4(),
+            run_id,
+            step_number: 1,
+            call_id: call_id.into(),
+            tool_name: "demo.external_write".into(),
+            tool_version: "1".into(),
+            tool_source: ToolSource::Builtin,
+            server_id: None,
+            arguments: json!({"line": "secret customer text"}),
+            arguments_hash: "ab".repeat(32),
+            idempotency_key: format!("{tenant}:{run_id}:{call_id}"),
+            idempotency_class: IdempotencyClass::NonIdempotent,
+            side_effect: SideEffectClass::ExternalWrite,
+            origin_trust: TrustLevel::User,
+            argument_trust: ArgumentTrust::from_pointers([(
+                "/line",
+                TrustLevel::ExternalUntrusted,
+            )])
             .expect("one label by pointer"),
-        principal: Principal {
-            id: "p1".into(),
-            scopes: ["demo.use".to_owned()].into(),
+            principal: Principal {
+                id: "p1".into(),
+                scopes: ["demo.use".to_owned()].into(),
+            },
+            parallel_group: None,
+            deadline_at: Some(now() + Duration::seconds(60)),
         },
-        parallel_group: None,
-        deadline_at: Some(now() + Duration::seconds(60)),
         start,
         durability: Durability::Flushed,
     }
 }
 
 pub fn event(kind: ToolEventKind, record: &NewInvocation) -> ToolEvent {
-    ToolEvent {
-        kind,
-        invocation_id: record.id,
-        run_id: record.run_id,
-        step_number: record.step_number,
-        call_id: record.call_id.clone(),
-        tool_name: record.tool_name.clone(),
-        tool_source: record.tool_source,
-        tool_version: record.tool_version.clone(),
-        outcome_status: None,
-        reason_code: None,
-        idempotency_class: record.idempotency_class,
-        effect_sent: false,
-        duration_ms: None,
-        output_bytes: None,
-        truncated: false,
-        parallel_group: None,
-    }
+    record.identity.event(kind)
 }
 
 /// A row that waits for an approval asked with it.
@@ -255,7 +243,7 @@ pub async fn authorized(store: &dyn Store, new: &NewInvocation, owner: Uuid) -> 
         now: now(),
     };
     store
-        .authorize_waiting(&new.tenant_id, new.id, claim, &[])
+        .authorize_waiting(&new.identity.tenant_id, new.identity.id, claim, &[])
         .await
         .unwrap()
         .expect("authorized")
@@ -358,12 +346,15 @@ async fn insert_deduplicates_on_the_key() {
                 lease_epoch: 0
             })
         );
-        assert_eq!(record.arguments, new.arguments);
-        assert_eq!(record.principal, new.principal);
-        assert_eq!(record.argument_trust, new.argument_trust, "{name}");
+        assert_eq!(record.identity.arguments, new.identity.arguments);
+        assert_eq!(record.identity.principal, new.identity.principal);
+        assert_eq!(
+            record.identity.argument_trust, new.identity.argument_trust,
+            "{name}"
+        );
 
         let mut again = new.clone();
-        again.id = Uuid::new_v4();
+        again.identity.id = Uuid::new_v4();
         let events = [event(ToolEventKind::Authorized, &again)];
         let outcome = store
             .insert_invocation(
@@ -381,8 +372,8 @@ async fn insert_deduplicates_on_the_key() {
         // The same key in another tenant is that tenant's own call: a row of
         // its own, and the first tenant's row is neither shown nor touched.
         let mut foreign = new.clone();
-        foreign.id = Uuid::new_v4();
-        foreign.tenant_id = "tenant-b".into();
+        foreign.identity.id = Uuid::new_v4();
+        foreign.identity.tenant_id = "tenant-b".into();
         let outcome = store
             .insert_invocation(
                 &foreign,
@@ -397,10 +388,10 @@ async fn insert_deduplicates_on_the_key() {
         let InsertOutcome::Inserted(theirs) = outcome else {
             panic!("{name}: another tenant's key is its own: {outcome:?}");
         };
-        assert_eq!(theirs.id, foreign.id, "{name}");
-        assert_eq!(theirs.tenant_id, "tenant-b", "{name}");
+        assert_eq!(theirs.identity.id, foreign.identity.id, "{name}");
+        assert_eq!(theirs.identity.tenant_id, "tenant-b", "{name}");
         assert_eq!(
-            store.invocation("tenant-a", new.id).await.unwrap(),
+            store.invocation("tenant-a", new.identity.id).await.unwrap(),
             Some(record.clone()),
             "{name}"
         );
@@ -409,7 +400,7 @@ async fn insert_deduplicates_on_the_key() {
         let events = events_settled(store.as_ref(), 2).await;
         let mine: Vec<_> = events
             .iter()
-            .filter(|e| e.payload["invocation_id"] == json!(new.id))
+            .filter(|e| e.payload["invocation_id"] == json!(new.identity.id))
             .collect();
         assert_eq!(mine.len(), 1, "{name}");
         assert_eq!(mine[0].event_type, "tool.call.authorized");
@@ -433,7 +424,7 @@ async fn claim_watermark_and_completion_are_fenced() {
         let running = store
             .claim_invocation(
                 "tenant-a",
-                new.id,
+                new.identity.id,
                 inserted_fence,
                 now(),
                 &started,
@@ -451,7 +442,7 @@ async fn claim_watermark_and_completion_are_fenced() {
             store
                 .claim_invocation(
                     "tenant-a",
-                    new.id,
+                    new.identity.id,
                     inserted_fence,
                     now(),
                     &started,
@@ -465,7 +456,7 @@ async fn claim_watermark_and_completion_are_fenced() {
             store
                 .claim_invocation(
                     "tenant-a",
-                    new.id,
+                    new.identity.id,
                     fence,
                     now(),
                     &started,
@@ -480,7 +471,13 @@ async fn claim_watermark_and_completion_are_fenced() {
         let first = now();
         assert!(
             store
-                .mark_effect_sent("tenant-a", new.id, fence, first, Durability::Flushed)
+                .mark_effect_sent(
+                    "tenant-a",
+                    new.identity.id,
+                    fence,
+                    first,
+                    Durability::Flushed
+                )
                 .await
                 .unwrap(),
             "{name}"
@@ -489,7 +486,7 @@ async fn claim_watermark_and_completion_are_fenced() {
             store
                 .mark_effect_sent(
                     "tenant-a",
-                    new.id,
+                    new.identity.id,
                     fence,
                     first + Duration::seconds(5),
                     Durability::Relaxed
@@ -497,14 +494,18 @@ async fn claim_watermark_and_completion_are_fenced() {
                 .await
                 .unwrap()
         );
-        let row = store.invocation("tenant-a", new.id).await.unwrap().unwrap();
+        let row = store
+            .invocation("tenant-a", new.identity.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(row.effect_sent_at, Some(first), "{name}");
         // Under a stale fence the watermark is refused: the tool must not start.
         assert!(
             !store
                 .mark_effect_sent(
                     "tenant-a",
-                    new.id,
+                    new.identity.id,
                     inserted_fence,
                     now(),
                     Durability::Flushed
@@ -515,7 +516,13 @@ async fn claim_watermark_and_completion_are_fenced() {
         // Another tenant cannot touch the row.
         assert!(
             !store
-                .mark_effect_sent("tenant-b", new.id, fence, now(), Durability::Relaxed)
+                .mark_effect_sent(
+                    "tenant-b",
+                    new.identity.id,
+                    fence,
+                    now(),
+                    Durability::Relaxed
+                )
                 .await
                 .unwrap()
         );
@@ -525,7 +532,7 @@ async fn claim_watermark_and_completion_are_fenced() {
             !store
                 .complete_invocation(
                     "tenant-a",
-                    new.id,
+                    new.identity.id,
                     inserted_fence,
                     &succeeded(),
                     &completed,
@@ -536,24 +543,49 @@ async fn claim_watermark_and_completion_are_fenced() {
         );
         assert!(
             !store
-                .complete_invocation("tenant-b", new.id, fence, &succeeded(), &completed, now())
+                .complete_invocation(
+                    "tenant-b",
+                    new.identity.id,
+                    fence,
+                    &succeeded(),
+                    &completed,
+                    now()
+                )
                 .await
                 .unwrap()
         );
         assert!(
             store
-                .complete_invocation("tenant-a", new.id, fence, &succeeded(), &completed, now())
+                .complete_invocation(
+                    "tenant-a",
+                    new.identity.id,
+                    fence,
+                    &succeeded(),
+                    &completed,
+                    now()
+                )
                 .await
                 .unwrap()
         );
         assert!(
             !store
-                .complete_invocation("tenant-a", new.id, fence, &succeeded(), &completed, now())
+                .complete_invocation(
+                    "tenant-a",
+                    new.identity.id,
+                    fence,
+                    &succeeded(),
+                    &completed,
+                    now()
+                )
                 .await
                 .unwrap(),
             "{name}: terminal is final"
         );
-        let row = store.invocation("tenant-a", new.id).await.unwrap().unwrap();
+        let row = store
+            .invocation("tenant-a", new.identity.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(row.status(), InvocationStatus::Succeeded);
         assert_eq!(row.outcome_status(), Some(ToolOutcomeStatus::Succeeded));
         assert_eq!(row.ended().unwrap().result, succeeded().result);
@@ -573,12 +605,13 @@ async fn a_read_is_inserted_claimed_in_one_commit() {
         let dead = worker(store.as_ref(), Duration::milliseconds(-1)).await;
         let live = worker(store.as_ref(), Duration::seconds(60)).await;
         let run_id = Uuid::new_v4();
-        let read = |call: &str| NewInvocation {
-            tool_name: "demo.echo".into(),
-            idempotency_class: IdempotencyClass::ReadOnly,
-            side_effect: SideEffectClass::None,
-            durability: Durability::Relaxed,
-            ..new_invocation("tenant-a", run_id, call, Start::Running)
+        let read = |call: &str| {
+            let mut new = new_invocation("tenant-a", run_id, call, Start::Running);
+            new.identity.tool_name = "demo.echo".into();
+            new.identity.idempotency_class = IdempotencyClass::ReadOnly;
+            new.identity.side_effect = SideEffectClass::None;
+            new.durability = Durability::Relaxed;
+            new
         };
         let new = read("r1");
         let row = insert(store.as_ref(), &new, live).await;
@@ -588,7 +621,7 @@ async fn a_read_is_inserted_claimed_in_one_commit() {
         let fence = row.fence().unwrap();
         assert!(
             store
-                .complete_invocation("tenant-a", new.id, fence, &succeeded(), &[], now())
+                .complete_invocation("tenant-a", new.identity.id, fence, &succeeded(), &[], now())
                 .await
                 .unwrap(),
             "{name}: completes under the insert's fence"
@@ -609,7 +642,7 @@ async fn a_read_is_inserted_claimed_in_one_commit() {
         let taken: Vec<&InvocationRecord> = taken
             .iter()
             .map(|held| &held.row)
-            .filter(|r| r.id == orphan.id)
+            .filter(|r| r.identity.id == orphan.identity.id)
             .collect();
         assert_eq!(taken.len(), 1, "{name}");
         assert_eq!(taken[0].attempt_number, 2, "{name}");
@@ -624,10 +657,11 @@ async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
     for (name, store) in &backends.stores {
         let live = worker(store.as_ref(), Duration::seconds(60)).await;
         let run_id = Uuid::new_v4();
-        let ended = |tenant: &str, run_id: Uuid, call: &str, step: i64, tool: &str| NewInvocation {
-            tool_name: tool.into(),
-            step_number: step,
-            ..new_invocation(tenant, run_id, call, Start::Running)
+        let ended = |tenant: &str, run_id: Uuid, call: &str, step: i64, tool: &str| {
+            let mut new = new_invocation(tenant, run_id, call, Start::Running);
+            new.identity.tool_name = tool.into();
+            new.identity.step_number = step;
+            new
         };
         let mut ids = Vec::new();
         for (tenant, run, call, step, tool, outcome) in [
@@ -695,7 +729,7 @@ async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
                 store
                     .complete_invocation(
                         tenant,
-                        new.id,
+                        new.identity.id,
                         row.fence().unwrap(),
                         &terminal,
                         &[],
@@ -705,13 +739,13 @@ async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
                     .unwrap(),
                 "{name}"
             );
-            ids.push(new.id);
+            ids.push(new.identity.id);
         }
         let latest = store
             .latest_succeeded("tenant-a", run_id, "demo.state")
             .await
             .unwrap();
-        assert_eq!(latest.map(|row| row.id), Some(ids[1]), "{name}");
+        assert_eq!(latest.map(|row| row.identity.id), Some(ids[1]), "{name}");
         let none = store
             .latest_succeeded("tenant-b", Uuid::new_v4(), "demo.state")
             .await
@@ -721,7 +755,11 @@ async fn the_latest_succeeded_call_of_a_tool_is_read_alone() {
             .latest_succeeded("tenant-b", run_id, "demo.state")
             .await
             .unwrap();
-        assert_eq!(own.map(|row| row.id), Some(ids[5]), "{name}: only its own");
+        assert_eq!(
+            own.map(|row| row.identity.id),
+            Some(ids[5]),
+            "{name}: only its own"
+        );
     }
 }
 
@@ -740,16 +778,14 @@ async fn the_breakers_evidence_and_restarts_are_kept_per_tenant() {
         // Three successful identical calls of the same run id in each tenant.
         for tenant in ["tenant-a", "tenant-b"] {
             for step in 1..=3 {
-                let new = NewInvocation {
-                    step_number: step,
-                    ..new_invocation(tenant, run_id, &format!("c{step}"), Start::Running)
-                };
+                let mut new = new_invocation(tenant, run_id, &format!("c{step}"), Start::Running);
+                new.identity.step_number = step;
                 let row = insert(store.as_ref(), &new, live).await;
                 assert!(
                     store
                         .complete_invocation(
                             tenant,
-                            new.id,
+                            new.identity.id,
                             row.fence().unwrap(),
                             &succeeded(),
                             &[],
@@ -808,15 +844,13 @@ async fn the_breakers_evidence_and_restarts_are_kept_per_tenant() {
         // Tenant A's budget is spent: two more successes and new evidence do
         // not restart it again, nor does tenant B's restart give it one.
         for step in 4..=5 {
-            let new = NewInvocation {
-                step_number: step,
-                ..new_invocation("tenant-a", run_id, &format!("c{step}"), Start::Running)
-            };
+            let mut new = new_invocation("tenant-a", run_id, &format!("c{step}"), Start::Running);
+            new.identity.step_number = step;
             let row = insert(store.as_ref(), &new, live).await;
             store
                 .complete_invocation(
                     "tenant-a",
-                    new.id,
+                    new.identity.id,
                     row.fence().unwrap(),
                     &succeeded(),
                     &[],
@@ -867,7 +901,7 @@ async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count
 
         let (first, row) = uncounted(call("tenant-a", run_id, "c1")).await;
         let row = row.unwrap_or_else(|| panic!("{name}: the first call goes in"));
-        assert_eq!(row.id, first.id, "{name}");
+        assert_eq!(row.identity.id, first.identity.id, "{name}");
         assert_eq!(row.status(), InvocationStatus::Running, "{name}");
         assert_eq!(
             row.fence(),
@@ -886,15 +920,13 @@ async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count
         // Its key is held, and a held key is never answered from (nor its
         // row started again): nothing comes back, and the caller inserts as
         // usual.
-        let (held, row) = uncounted(NewInvocation {
-            id: Uuid::new_v4(),
-            ..second.clone()
-        })
-        .await;
+        let mut again = second.clone();
+        again.identity.id = Uuid::new_v4();
+        let (held, row) = uncounted(again).await;
         assert!(row.is_none(), "{name}: a held key");
         assert!(
             store
-                .invocation("tenant-a", held.id)
+                .invocation("tenant-a", held.identity.id)
                 .await
                 .unwrap()
                 .is_none(),
@@ -905,7 +937,7 @@ async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count
             store
                 .complete_invocation(
                     "tenant-a",
-                    first.id,
+                    first.identity.id,
                     Fence {
                         worker_id: live,
                         lease_epoch: 0
@@ -922,20 +954,16 @@ async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count
         assert!(row.is_none(), "{name}: an identical call has an outcome");
         assert!(
             store
-                .invocation("tenant-a", refused.id)
+                .invocation("tenant-a", refused.identity.id)
                 .await
                 .unwrap()
                 .is_none(),
             "{name}: no row written"
         );
-        let other_arguments = NewInvocation {
-            arguments_hash: "cd".repeat(32),
-            ..call("tenant-a", run_id, "c4")
-        };
-        let other_tool = NewInvocation {
-            tool_name: "demo.other".into(),
-            ..call("tenant-a", run_id, "c5")
-        };
+        let mut other_arguments = call("tenant-a", run_id, "c4");
+        other_arguments.identity.arguments_hash = "cd".repeat(32);
+        let mut other_tool = call("tenant-a", run_id, "c5");
+        other_tool.identity.tool_name = "demo.other".into();
         for (what, new) in [
             ("other arguments", other_arguments),
             ("another tool", other_tool),
@@ -943,7 +971,11 @@ async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count
             ("another tenant", call("tenant-b", run_id, "c7")),
         ] {
             let (new, row) = uncounted(new).await;
-            assert_eq!(row.map(|row| row.id), Some(new.id), "{name}: {what}");
+            assert_eq!(
+                row.map(|row| row.identity.id),
+                Some(new.identity.id),
+                "{name}: {what}"
+            );
         }
         // Six rows went in (c1, c2 and the four above), each with its one
         // event; the two that did not go in wrote none.
@@ -952,7 +984,7 @@ async fn an_uncounted_insert_goes_in_only_while_the_breaker_has_nothing_to_count
         assert!(
             events.iter().all(|event| {
                 let id = event.payload["invocation_id"].as_str().unwrap_or_default();
-                id != refused.id.to_string() && id != held.id.to_string()
+                id != refused.identity.id.to_string() && id != held.identity.id.to_string()
             }),
             "{name}: no event of a call that did not go in"
         );
@@ -981,7 +1013,14 @@ async fn denials_are_terminal_rows() {
         };
         assert!(
             store
-                .claim_invocation("tenant-a", new.id, fence, now(), &[], Durability::Flushed)
+                .claim_invocation(
+                    "tenant-a",
+                    new.identity.id,
+                    fence,
+                    now(),
+                    &[],
+                    Durability::Flushed
+                )
                 .await
                 .unwrap()
                 .is_none()
@@ -1050,7 +1089,7 @@ async fn approvals_wait_resume_and_settle() {
         let resumed = store
             .authorize_waiting(
                 "tenant-a",
-                approved.id,
+                approved.identity.id,
                 Claim {
                     worker_id: resumer,
                     now: now(),
@@ -1072,7 +1111,7 @@ async fn approvals_wait_resume_and_settle() {
             store
                 .authorize_waiting(
                     "tenant-a",
-                    approved.id,
+                    approved.identity.id,
                     Claim {
                         worker_id: resumer,
                         now: now()
@@ -1107,14 +1146,14 @@ async fn approvals_wait_resume_and_settle() {
         };
         assert!(
             store
-                .settle_waiting("tenant-a", denied.id, &terminal, &[], now())
+                .settle_waiting("tenant-a", denied.identity.id, &terminal, &[], now())
                 .await
                 .unwrap(),
             "{name}"
         );
         assert!(
             !store
-                .settle_waiting("tenant-a", denied.id, &terminal, &[], now())
+                .settle_waiting("tenant-a", denied.identity.id, &terminal, &[], now())
                 .await
                 .unwrap()
         );
@@ -1154,10 +1193,10 @@ async fn recovery_takes_only_rows_of_dead_workers() {
                 authorized(store.as_ref(), &new, owner).await;
             }
             if owner != live {
-                expected.insert(new.id);
+                expected.insert(new.identity.id);
             }
             if call == "a" {
-                running_dead = Some(new.id);
+                running_dead = Some(new.identity.id);
             }
         }
         store.release_worker(released).await.unwrap();
@@ -1190,11 +1229,14 @@ async fn recovery_takes_only_rows_of_dead_workers() {
             .unwrap();
         let ids: BTreeSet<Uuid> = taken
             .iter()
-            .filter(|r| r.run_id == run_id)
-            .map(|r| r.id)
+            .filter(|r| r.identity.run_id == run_id)
+            .map(|r| r.identity.id)
             .collect();
         assert_eq!(ids, expected, "{name}");
-        let a = taken.iter().find(|r| Some(r.id) == running_dead).unwrap();
+        let a = taken
+            .iter()
+            .find(|r| Some(r.identity.id) == running_dead)
+            .unwrap();
         assert_eq!(a.status(), InvocationStatus::Running);
         assert_eq!(
             a.fence(),
@@ -1214,7 +1256,7 @@ async fn recovery_takes_only_rows_of_dead_workers() {
         };
         assert!(
             !store
-                .complete_invocation("tenant-a", a.id, stale, &succeeded(), &[], now())
+                .complete_invocation("tenant-a", a.identity.id, stale, &succeeded(), &[], now())
                 .await
                 .unwrap()
         );
@@ -1229,7 +1271,7 @@ async fn recovery_takes_only_rows_of_dead_workers() {
             )
             .await
             .unwrap();
-        assert!(again.iter().all(|r| r.run_id != run_id), "{name}");
+        assert!(again.iter().all(|r| r.identity.run_id != run_id), "{name}");
     }
 }
 
@@ -1243,7 +1285,7 @@ async fn tenants_cannot_read_each_other() {
         insert(store.as_ref(), &new, worker_id).await;
         assert!(
             store
-                .invocation("tenant-a", new.id)
+                .invocation("tenant-a", new.identity.id)
                 .await
                 .unwrap()
                 .is_some(),
@@ -1251,7 +1293,7 @@ async fn tenants_cannot_read_each_other() {
         );
         assert!(
             store
-                .invocation("tenant-b", new.id)
+                .invocation("tenant-b", new.identity.id)
                 .await
                 .unwrap()
                 .is_none(),
@@ -1360,7 +1402,7 @@ async fn postgres_sweepers_skip_each_others_rows() {
     for call in 0..40 {
         let new = new_invocation("tenant-a", run_id, &format!("call-{call}"), Start::Running);
         insert(store.as_ref(), &new, dead).await;
-        all.insert(new.id);
+        all.insert(new.identity.id);
     }
     // A second store object is a second node: its own pool.
     let other: Arc<dyn Store> = Arc::new(PostgresStore::connect(&schema.url).await.unwrap());
@@ -1392,10 +1434,10 @@ async fn postgres_sweepers_skip_each_others_rows() {
             break;
         }
         for record in a {
-            assert!(taken_one.insert(record.id));
+            assert!(taken_one.insert(record.identity.id));
         }
         for record in b {
-            assert!(taken_two.insert(record.id));
+            assert!(taken_two.insert(record.identity.id));
         }
     }
     let both: Vec<&Uuid> = taken_one.intersection(&taken_two).collect();
@@ -1438,10 +1480,10 @@ async fn a_churning_catalog_keeps_a_bounded_history() {
             "r",
             Start::Ended(ReasonCode::ToolOutcomeUnknown),
         );
-        reviewed.tool_source = ToolSource::Mcp;
-        reviewed.server_id = Some("churn".into());
-        reviewed.tool_name = "mcp.churn.tool".into();
-        reviewed.tool_version = "gen-0".into();
+        reviewed.identity.tool_source = ToolSource::Mcp;
+        reviewed.identity.server_id = Some("churn".into());
+        reviewed.identity.tool_name = "mcp.churn.tool".into();
+        reviewed.identity.tool_version = "gen-0".into();
         store
             .insert_invocation(
                 &reviewed,
@@ -1457,17 +1499,24 @@ async fn a_churning_catalog_keeps_a_bounded_history() {
         // that succeeded on gen-2 (nothing keeps its generation).
         for (call, version, done) in [("running", "gen-1", false), ("done", "gen-2", true)] {
             let mut row = new_invocation("tenant-a", Uuid::new_v4(), call, Start::Running);
-            row.tool_source = ToolSource::Mcp;
-            row.server_id = Some("churn".into());
-            row.tool_name = "mcp.churn.tool".into();
-            row.tool_version = version.into();
+            row.identity.tool_source = ToolSource::Mcp;
+            row.identity.server_id = Some("churn".into());
+            row.identity.tool_name = "mcp.churn.tool".into();
+            row.identity.tool_version = version.into();
             let inserted = insert(store.as_ref(), &row, worker_id).await;
             if done {
                 let fence = inserted.fence().unwrap();
                 let terminal = succeeded();
                 assert!(
                     store
-                        .complete_invocation("tenant-a", row.id, fence, &terminal, &[], now())
+                        .complete_invocation(
+                            "tenant-a",
+                            row.identity.id,
+                            fence,
+                            &terminal,
+                            &[],
+                            now()
+                        )
                         .await
                         .unwrap()
                 );
@@ -1628,7 +1677,14 @@ async fn the_review_queue_records_resolutions_beside_the_row() {
                 .fence()
                 .unwrap();
             let running = store
-                .claim_invocation("tenant-a", new.id, fence, now(), &[], Durability::Flushed)
+                .claim_invocation(
+                    "tenant-a",
+                    new.identity.id,
+                    fence,
+                    now(),
+                    &[],
+                    Durability::Flushed,
+                )
                 .await
                 .unwrap()
                 .expect("claims");
@@ -1641,7 +1697,7 @@ async fn the_review_queue_records_resolutions_beside_the_row() {
                 store
                     .complete_invocation(
                         "tenant-a",
-                        new.id,
+                        new.identity.id,
                         running.fence().unwrap(),
                         &terminal,
                         &[],
@@ -1650,12 +1706,12 @@ async fn the_review_queue_records_resolutions_beside_the_row() {
                     .await
                     .unwrap()
             );
-            ended.push(new.id);
+            ended.push(new.identity.id);
         }
         let (uncertain, succeeded_id) = (ended[0], ended[1]);
         let queue = queue_of(store.as_ref(), "tenant-a").await;
         assert_eq!(
-            queue.iter().map(|row| row.id).collect::<Vec<_>>(),
+            queue.iter().map(|row| row.identity.id).collect::<Vec<_>>(),
             vec![uncertain],
             "{name}"
         );
@@ -1728,26 +1784,49 @@ async fn suspended_invocations_are_not_recovered() {
             .fence()
             .unwrap();
         let running = store
-            .claim_invocation("tenant-a", new.id, fence, now(), &[], Durability::Flushed)
+            .claim_invocation(
+                "tenant-a",
+                new.identity.id,
+                fence,
+                now(),
+                &[],
+                Durability::Flushed,
+            )
             .await
             .unwrap()
             .expect("claims");
         let fence = running.fence().unwrap();
         assert!(
             store
-                .suspend_invocation("tenant-a", new.id, fence, SuspensionKind::UserInput, "q-1")
+                .suspend_invocation(
+                    "tenant-a",
+                    new.identity.id,
+                    fence,
+                    SuspensionKind::UserInput,
+                    "q-1"
+                )
                 .await
                 .unwrap(),
             "{name}"
         );
         assert!(
             !store
-                .suspend_invocation("tenant-a", new.id, fence, SuspensionKind::UserInput, "q-2")
+                .suspend_invocation(
+                    "tenant-a",
+                    new.identity.id,
+                    fence,
+                    SuspensionKind::UserInput,
+                    "q-2"
+                )
                 .await
                 .unwrap(),
             "{name}: suspended once"
         );
-        let row = store.invocation("tenant-a", new.id).await.unwrap().unwrap();
+        let row = store
+            .invocation("tenant-a", new.identity.id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(row.status(), InvocationStatus::Running);
         assert_eq!(
             row.suspension()
@@ -1766,16 +1845,19 @@ async fn suspended_invocations_are_not_recovered() {
             )
             .await
             .unwrap();
-        assert!(taken.iter().all(|row| row.id != new.id), "{name}");
+        assert!(
+            taken.iter().all(|row| row.identity.id != new.identity.id),
+            "{name}"
+        );
         assert!(
             store
-                .complete_suspended("tenant-a", new.id, &succeeded(), &[], now())
+                .complete_suspended("tenant-a", new.identity.id, &succeeded(), &[], now())
                 .await
                 .unwrap()
         );
         assert!(
             !store
-                .complete_suspended("tenant-a", new.id, &succeeded(), &[], now())
+                .complete_suspended("tenant-a", new.identity.id, &succeeded(), &[], now())
                 .await
                 .unwrap()
         );
@@ -1951,11 +2033,11 @@ async fn postgres_tenant_ids_are_bound_never_spliced() {
         "x'; CREATE TABLE pwned (id int); --",
     ] {
         // Each of these opens a tenant-scoped transaction.
-        let runs = store.run_invocations(hostile, victim.run_id).await;
+        let runs = store.run_invocations(hostile, victim.identity.run_id).await;
         assert!(runs.is_ok_and(|rows| rows.is_empty()), "{hostile}");
         assert!(
             store
-                .invocation(hostile, victim.id)
+                .invocation(hostile, victim.identity.id)
                 .await
                 .unwrap()
                 .is_none()
@@ -2182,8 +2264,8 @@ async fn ended_at(
     let fence = authorized(store, new, worker_id).await.fence().unwrap();
     let running = store
         .claim_invocation(
-            &new.tenant_id,
-            new.id,
+            &new.identity.tenant_id,
+            new.identity.id,
             fence,
             started,
             &[],
@@ -2195,8 +2277,8 @@ async fn ended_at(
     assert!(
         store
             .complete_invocation(
-                &new.tenant_id,
-                new.id,
+                &new.identity.tenant_id,
+                new.identity.id,
                 running.fence().unwrap(),
                 terminal,
                 &[],
@@ -2225,13 +2307,13 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
             let mut new =
                 new_invocation(tenant, Uuid::new_v4(), &format!("call-{n}"), Start::Running);
             if n == 0 {
-                new.tool_name = "demo.echo".into();
+                new.identity.tool_name = "demo.echo".into();
             }
             if n >= 3 {
-                new.session_id = session;
+                new.identity.session_id = session;
             }
             insert(store.as_ref(), &new, worker_id).await;
-            ids.push(new.id);
+            ids.push(new.identity.id);
         }
         let all = store
             .list_invocations(&OperatorFilter::default(), PageRequest::default())
@@ -2242,7 +2324,10 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
         let mut newest_first = ids.clone();
         newest_first.reverse();
         assert_eq!(
-            all.items.iter().map(|row| row.id).collect::<Vec<_>>(),
+            all.items
+                .iter()
+                .map(|row| row.identity.id)
+                .collect::<Vec<_>>(),
             newest_first,
             "{name}: newest first"
         );
@@ -2256,7 +2341,7 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
                     .unwrap()
                     .items
                     .iter()
-                    .map(|row| row.id)
+                    .map(|row| row.identity.id)
                     .collect::<BTreeSet<_>>()
             }
         };
@@ -2319,7 +2404,7 @@ async fn operator_invocation_lists_span_tenants_filter_and_page_stably() {
                 .await
                 .unwrap();
             assert!(page.items.len() <= 2, "{name}");
-            seen.extend(page.items.iter().map(|row| row.id));
+            seen.extend(page.items.iter().map(|row| row.identity.id));
             if seen.len() == 2 {
                 let late = new_invocation("tenant-c", Uuid::new_v4(), "late", Start::Running);
                 insert(store.as_ref(), &late, worker_id).await;
@@ -2366,15 +2451,15 @@ async fn operator_lists_keep_decisions_and_their_events() {
             .items;
         assert_eq!(pending.len(), 1, "{name}");
         assert_eq!(
-            pending[0].arguments, held.arguments,
+            pending[0].arguments, held.identity.arguments,
             "{name}: the arguments"
         );
         assert_eq!(pending[0].side_effect, SideEffectClass::ExternalWrite);
         assert_eq!(pending[0].origin_trust, TrustLevel::User);
-        assert_eq!(pending[0].principal, held.principal);
+        assert_eq!(pending[0].principal, held.identity.principal);
         assert_eq!(
             (pending[0].run_id, pending[0].step_number),
-            (held.run_id, 1)
+            (held.identity.run_id, 1)
         );
         assert_eq!(pending[0].turn_id, Some(turn_id), "{name}");
         assert_eq!(pending[0].hold_ends_at, Some(hold_ends_at), "{name}");
@@ -2415,7 +2500,7 @@ async fn operator_lists_keep_decisions_and_their_events() {
         assert_eq!(approved[0].approver.as_deref(), Some("ops@example.com"));
         assert_eq!(approved[0].decided_at, Some(decided_at), "{name}");
         let events = store
-            .invocation_with_events(held.id)
+            .invocation_with_events(held.identity.id)
             .await
             .unwrap()
             .expect("the row")
@@ -2456,10 +2541,10 @@ async fn operator_lists_keep_decisions_and_their_events() {
         };
         let queued = review_ids(status("pending")).await;
         assert_eq!(queued.len(), 1, "{name}");
-        assert_eq!(queued[0].invocation.id, uncertain.id);
+        assert_eq!(queued[0].invocation.identity.id, uncertain.identity.id);
         assert_eq!(queued[0].resolution, None);
         let review = ReviewRecord {
-            invocation_id: uncertain.id,
+            invocation_id: uncertain.identity.id,
             resolution: ReviewResolution::EffectNotApplied,
             resolver: "oncall".into(),
             note: Some("no row in the remote table".into()),
@@ -2472,7 +2557,7 @@ async fn operator_lists_keep_decisions_and_their_events() {
         assert_eq!(resolved[0].resolution, Some(review.clone()), "{name}");
         assert_eq!(review_ids(OperatorFilter::default()).await.len(), 1);
         let events = store
-            .invocation_with_events(uncertain.id)
+            .invocation_with_events(uncertain.identity.id)
             .await
             .unwrap()
             .unwrap()
@@ -2488,8 +2573,8 @@ async fn operator_lists_keep_decisions_and_their_events() {
         let turn = TurnRecord {
             turn_id,
             tenant_id: "tenant-a".into(),
-            session_id: held.session_id,
-            run_id: held.run_id,
+            session_id: held.identity.session_id,
+            run_id: held.identity.run_id,
             step_number: 1,
             script_sha256: "e".repeat(64),
             state: TurnState::Open,

@@ -37,7 +37,7 @@ async fn row_in(store: &dyn Store, phase: Phase, holder: Uuid) -> InvocationReco
         Phase::Waiting | Phase::Running => {}
         Phase::Authorized => {
             store
-                .authorize_waiting(TENANT, row.id, claim, &[])
+                .authorize_waiting(TENANT, row.identity.id, claim, &[])
                 .await
                 .unwrap()
                 .expect("authorized");
@@ -46,7 +46,13 @@ async fn row_in(store: &dyn Store, phase: Phase, holder: Uuid) -> InvocationReco
             let fence = row.fence().expect("held");
             assert!(
                 store
-                    .suspend_invocation(TENANT, row.id, fence, SuspensionKind::UserInput, "q")
+                    .suspend_invocation(
+                        TENANT,
+                        row.identity.id,
+                        fence,
+                        SuspensionKind::UserInput,
+                        "q"
+                    )
                     .await
                     .unwrap()
             );
@@ -55,13 +61,17 @@ async fn row_in(store: &dyn Store, phase: Phase, holder: Uuid) -> InvocationReco
             let fence = row.fence().expect("held");
             assert!(
                 store
-                    .complete_invocation(TENANT, row.id, fence, &succeeded(), &[], now())
+                    .complete_invocation(TENANT, row.identity.id, fence, &succeeded(), &[], now())
                     .await
                     .unwrap()
             );
         }
     }
-    let row = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+    let row = store
+        .invocation(TENANT, row.identity.id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(row.state.phase(), phase, "set up in {phase:?}");
     row
 }
@@ -80,7 +90,7 @@ async fn perform(
         now: now(),
     };
     let ended = TerminalRecord::without_result(ReasonCode::ToolRunCancelled);
-    let id = row.id;
+    let id = row.identity.id;
     match transition.name {
         "authorize_waiting" => store
             .authorize_waiting(TENANT, id, claim, &[])
@@ -118,7 +128,7 @@ async fn perform(
             .await
             .unwrap()
             .iter()
-            .any(|held| held.id == id),
+            .any(|held| held.identity.id == id),
         "take_over" => store.take_over(TENANT, id, claim).await.unwrap().is_some(),
         "reopen_approval" => store
             .reopen_approval(
@@ -169,7 +179,11 @@ async fn every_store_moves_a_row_exactly_as_the_transition_table_says() {
                     }
                     let moved = perform(store, transition, &row, fence, actor).await;
                     assert_eq!(moved, transition.allows(phase, holds), "{case}");
-                    let after = store.invocation(TENANT, row.id).await.unwrap().unwrap();
+                    let after = store
+                        .invocation(TENANT, row.identity.id)
+                        .await
+                        .unwrap()
+                        .unwrap();
                     if !moved {
                         assert_eq!(after.state, row.state, "{case}: unchanged");
                         assert_eq!(after.lease_epoch, row.lease_epoch, "{case}: unchanged");

@@ -46,63 +46,34 @@ pub(super) enum Value {
     Bodies(Vec<serde_json::Value>),
 }
 
-impl From<&str> for Value {
-    fn from(text: &str) -> Value {
-        Value::Text(Some(text.to_owned()))
-    }
+/// `From` a Rust value (and its `Option`) for the variant that binds it.
+macro_rules! value_from {
+    ($($type:ty => $variant:ident),+ $(,)?) => {$(
+        impl From<$type> for Value {
+            fn from(value: $type) -> Value {
+                Value::$variant(Some(value.into()))
+            }
+        }
+
+        impl From<Option<$type>> for Value {
+            fn from(value: Option<$type>) -> Value {
+                Value::$variant(value.map(Into::into))
+            }
+        }
+    )+};
 }
 
-impl From<Option<&str>> for Value {
-    fn from(text: Option<&str>) -> Value {
-        Value::Text(text.map(str::to_owned))
-    }
-}
-
-impl From<i64> for Value {
-    fn from(number: i64) -> Value {
-        Value::Integer(Some(number))
-    }
-}
-
-impl From<Option<i64>> for Value {
-    fn from(number: Option<i64>) -> Value {
-        Value::Integer(number)
-    }
+value_from! {
+    &str => Text,
+    i64 => Integer,
+    Uuid => Uuid,
+    DateTime<Utc> => Time,
+    serde_json::Value => Json,
 }
 
 impl From<bool> for Value {
     fn from(flag: bool) -> Value {
         Value::Flag(flag)
-    }
-}
-
-impl From<Uuid> for Value {
-    fn from(id: Uuid) -> Value {
-        Value::Uuid(Some(id))
-    }
-}
-
-impl From<Option<Uuid>> for Value {
-    fn from(id: Option<Uuid>) -> Value {
-        Value::Uuid(id)
-    }
-}
-
-impl From<DateTime<Utc>> for Value {
-    fn from(at: DateTime<Utc>) -> Value {
-        Value::Time(Some(at))
-    }
-}
-
-impl From<Option<DateTime<Utc>>> for Value {
-    fn from(at: Option<DateTime<Utc>>) -> Value {
-        Value::Time(at)
-    }
-}
-
-impl From<Option<serde_json::Value>> for Value {
-    fn from(json: Option<serde_json::Value>) -> Value {
-        Value::Json(json)
     }
 }
 
@@ -235,20 +206,17 @@ pub(super) trait Driver: Send + Sync {
     /// Runs `plan` in one transaction as its `run` says.
     fn run(&self, plan: Plan) -> BoxFuture<'_, Result<Ran<Self::Row>, StoreError>>;
 
-    /// The breaker's evidence: reads, then writes what they decide, in one
-    /// transaction.
-    fn evidence<'a>(&'a self, evidence: Evidence<'a>) -> BoxFuture<'a, Result<bool, StoreError>>;
-}
-
-/// What `record_evidence` is asked.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Evidence<'a> {
-    pub(super) tenant_id: &'a str,
-    pub(super) run_id: Uuid,
-    pub(super) tool_name: &'a str,
-    pub(super) arguments_hash: &'a str,
-    pub(super) evidence_key: &'a str,
-    pub(super) maximum_restarts: i32,
+    /// The breaker's evidence ([`InvocationStore::record_evidence`]): reads,
+    /// then writes what they decide, in one transaction.
+    fn evidence<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+        evidence_key: &'a str,
+        maximum_restarts: i32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 /// A text rendered once for each dialect.
@@ -661,8 +629,8 @@ fn intent<D: Driver>(
     uncounted: bool,
 ) -> Result<Plan, StoreError> {
     // No labels at all is NULL: every argument the model's.
-    let argument_trust = (!new.argument_trust.labels().is_empty())
-        .then(|| json(&new.argument_trust))
+    let argument_trust = (!new.identity.argument_trust.labels().is_empty())
+        .then(|| json(&new.identity.argument_trust))
         .transpose()?;
     let sql = match (D::DIALECT, uncounted) {
         (Dialect::Sqlite, _) => SQLITE_INTENT,
@@ -673,26 +641,26 @@ fn intent<D: Driver>(
     let outcome_status = status.outcome_status(new.start.reason_code());
     let ([kinds, bodies], events) = carried::<D>(Events::of(events)?);
     let values = vec![
-        new.tenant_id.as_str().into(),
-        new.id.into(),
-        new.session_id.into(),
-        new.run_id.into(),
-        new.step_number.into(),
-        new.call_id.as_str().into(),
-        new.tool_name.as_str().into(),
-        new.tool_version.as_str().into(),
-        new.tool_source.as_str().into(),
-        new.server_id.as_deref().into(),
-        Some(new.arguments.clone()).into(),
-        new.arguments_hash.as_str().into(),
-        new.idempotency_key.as_str().into(),
+        new.identity.tenant_id.as_str().into(),
+        new.identity.id.into(),
+        new.identity.session_id.into(),
+        new.identity.run_id.into(),
+        new.identity.step_number.into(),
+        new.identity.call_id.as_str().into(),
+        new.identity.tool_name.as_str().into(),
+        new.identity.tool_version.as_str().into(),
+        new.identity.tool_source.as_str().into(),
+        new.identity.server_id.as_deref().into(),
+        Some(new.identity.arguments.clone()).into(),
+        new.identity.arguments_hash.as_str().into(),
+        new.identity.idempotency_key.as_str().into(),
         new.start.status().as_str().into(),
-        new.idempotency_class.as_str().into(),
-        new.side_effect.as_str().into(),
-        Some(json(&new.principal)?).into(),
-        new.origin_trust.as_str().into(),
-        new.parallel_group.into(),
-        new.deadline_at.into(),
+        new.identity.idempotency_class.as_str().into(),
+        new.identity.side_effect.as_str().into(),
+        Some(json(&new.identity.principal)?).into(),
+        new.identity.origin_trust.as_str().into(),
+        new.identity.parallel_group.into(),
+        new.identity.deadline_at.into(),
         new.start.approval_id().into(),
         new.start.reason_code().map(ReasonCode::as_str).into(),
         outcome_status.map(|status| status.as_str()).into(),
@@ -709,7 +677,7 @@ fn intent<D: Driver>(
             .into(),
     ];
     let hot = Run::Hot(new.durability);
-    let mut plan = Plan::new(Some(&new.tenant_id), hot, Moved::Rows, sql, values)
+    let mut plan = Plan::new(Some(&new.identity.tenant_id), hot, Moved::Rows, sql, values)
         .with_events(events, claim.now);
     // PostgreSQL's function records the approval itself.
     if let (
@@ -724,9 +692,9 @@ fn intent<D: Driver>(
             INSERT_APPROVAL,
             vec![
                 approval_id.into(),
-                new.tenant_id.as_str().into(),
-                new.id.into(),
-                new.tool_name.as_str().into(),
+                new.identity.tenant_id.as_str().into(),
+                new.identity.id.into(),
+                new.identity.tool_name.as_str().into(),
                 reason_code.as_str().into(),
                 claim.now.into(),
             ],
@@ -794,7 +762,7 @@ impl<D: Driver> InvocationStore for D {
         Box::pin(async move {
             let ran = self.run(intent::<D>(new, claim, events, false)?).await?;
             if let Some(record) = first_record(&ran.rows)? {
-                return Ok(if record.id == new.id {
+                return Ok(if record.identity.id == new.identity.id {
                     InsertOutcome::Inserted(record)
                 } else {
                     InsertOutcome::Existing(record)
@@ -802,10 +770,13 @@ impl<D: Driver> InvocationStore for D {
             }
             // The key is held within the tenant: that row is the call's.
             let key = vec![
-                new.idempotency_key.as_str().into(),
-                new.tenant_id.as_str().into(),
+                new.identity.idempotency_key.as_str().into(),
+                new.identity.tenant_id.as_str().into(),
             ];
-            match read(self, &new.tenant_id, BY_KEY, key).await?.pop() {
+            match read(self, &new.identity.tenant_id, BY_KEY, key)
+                .await?
+                .pop()
+            {
                 Some(record) => Ok(InsertOutcome::Existing(record)),
                 None => Err(StoreError::Query("the row holding the key is gone".into())),
             }
@@ -1175,14 +1146,14 @@ impl<D: Driver> InvocationStore for D {
         evidence_key: &'a str,
         maximum_restarts: i32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.evidence(Evidence {
+        self.evidence(
             tenant_id,
             run_id,
             tool_name,
             arguments_hash,
             evidence_key,
             maximum_restarts,
-        })
+        )
     }
 
     fn mark_synthesis_only<'a>(

@@ -334,7 +334,7 @@ pub(super) fn review_item(row: &impl Columns) -> Result<ReviewItem, StoreError> 
     let resolution = match row.optional_text("resolution")? {
         None => None,
         Some(resolution) => Some(ReviewRecord {
-            invocation_id: invocation.id,
+            invocation_id: invocation.identity.id,
             resolution: parse(&resolution, "resolution")?,
             resolver: row.text("resolver")?,
             note: row.optional_text("note")?,

@@ -11,9 +11,9 @@ use uuid::Uuid;
 use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
 use crate::ports::{
-    ArtifactRecord, AuthoredSkill, BreakerTally, CatalogEntry, CatalogRow, ConsoleSignIn, Ended,
-    EventRecord, Held, InvocationRecord, InvocationState, RunOwner, StoreError, StoredArtifact,
-    Suspension, ToolHealth,
+    ArtifactRecord, AuthoredSkill, BreakerTally, CallIdentity, CatalogEntry, CatalogRow,
+    ConsoleSignIn, Ended, EventRecord, Held, InvocationRecord, InvocationState, RunOwner,
+    StoreError, StoredArtifact, Suspension, ToolHealth,
 };
 
 /// A row's columns as values, however the backend stores them.
@@ -141,34 +141,36 @@ pub(super) fn invocation(row: &impl Columns) -> Result<InvocationRecord, StoreEr
     }
     .state()?;
     Ok(InvocationRecord {
-        id: row.uuid("id")?,
-        tenant_id: row.text("tenant_id")?,
-        session_id: row.uuid("session_id")?,
-        run_id: row.uuid("run_id")?,
-        step_number: row.integer("step_number")?,
-        call_id: row.text("call_id")?,
-        tool_name: row.text("tool_name")?,
-        tool_version: row.text("tool_version")?,
-        tool_source: parse(&row.text("tool_source")?, "tool_source")?,
-        server_id: row.optional_text("server_id")?,
-        arguments: row.json("arguments")?,
-        arguments_hash: row.text("arguments_hash")?,
-        idempotency_key: row.text("idempotency_key")?,
-        idempotency_class: parse(&row.text("idempotency_class")?, "idempotency_class")?,
-        side_effect: parse(&row.text("side_effect")?, "side_effect")?,
-        principal: serde_json::from_value(row.json("principal")?)
-            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
-        origin_trust: parse(&row.text("origin_trust")?, "origin_trust")?,
-        // A row written before labels were kept has none: every argument
-        // the model's.
-        argument_trust: row
-            .optional_json("argument_trust")?
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(|e| StoreError::Decode(format!("argument_trust: {e}")))?
-            .unwrap_or_default(),
-        parallel_group: row.optional_uuid("parallel_group")?,
-        deadline_at: row.optional_time("deadline_at")?,
+        identity: CallIdentity {
+            id: row.uuid("id")?,
+            tenant_id: row.text("tenant_id")?,
+            session_id: row.uuid("session_id")?,
+            run_id: row.uuid("run_id")?,
+            step_number: row.integer("step_number")?,
+            call_id: row.text("call_id")?,
+            tool_name: row.text("tool_name")?,
+            tool_version: row.text("tool_version")?,
+            tool_source: parse(&row.text("tool_source")?, "tool_source")?,
+            server_id: row.optional_text("server_id")?,
+            arguments: row.json("arguments")?,
+            arguments_hash: row.text("arguments_hash")?,
+            idempotency_key: row.text("idempotency_key")?,
+            idempotency_class: parse(&row.text("idempotency_class")?, "idempotency_class")?,
+            side_effect: parse(&row.text("side_effect")?, "side_effect")?,
+            principal: serde_json::from_value(row.json("principal")?)
+                .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+            origin_trust: parse(&row.text("origin_trust")?, "origin_trust")?,
+            // A row written before labels were kept has none: every argument
+            // the model's.
+            argument_trust: row
+                .optional_json("argument_trust")?
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(|e| StoreError::Decode(format!("argument_trust: {e}")))?
+                .unwrap_or_default(),
+            parallel_group: row.optional_uuid("parallel_group")?,
+            deadline_at: row.optional_time("deadline_at")?,
+        },
         approval_id: row.optional_uuid("approval_id")?,
         effect_sent_at: row.optional_time("effect_sent_at")?,
         attempt_number: i32::try_from(row.integer("attempt_number")?)

@@ -64,7 +64,7 @@ impl Pipeline {
                     &tool,
                     ReasonCode::ToolDeadlineExceeded,
                     None,
-                    Some((&intent.arguments, &intent.arguments_hash)),
+                    Some((&intent.identity.arguments, &intent.identity.arguments_hash)),
                 )
                 .await;
         }
@@ -78,7 +78,7 @@ impl Pipeline {
                         &tool,
                         ReasonCode::BridgeReplayDiverged,
                         None,
-                        Some((&intent.arguments, &intent.arguments_hash)),
+                        Some((&intent.identity.arguments, &intent.identity.arguments_hash)),
                     )
                     .await?;
                 let invocation_id = match &outcome {
@@ -221,7 +221,7 @@ impl Pipeline {
             idempotency: spec.idempotency,
             origin_trust: request.origin_trust,
             argument_trust: &request.argument_trust,
-            arguments: &intent.arguments,
+            arguments: &intent.identity.arguments,
         };
         self.policy
             .evaluate(&action)
@@ -271,7 +271,7 @@ impl Pipeline {
                         request,
                         tool,
                         row,
-                        &intent.arguments_hash,
+                        &intent.identity.arguments_hash,
                         BreakerTally::default(),
                     )
                     .await;
@@ -285,7 +285,7 @@ impl Pipeline {
                         &request.tenant_id,
                         request.run_id,
                         &tool.spec.name,
-                        &intent.arguments_hash,
+                        &intent.identity.arguments_hash,
                     )
                     .await?
             }
@@ -299,7 +299,7 @@ impl Pipeline {
                     tool,
                     code,
                     None,
-                    Some((&intent.arguments, &intent.arguments_hash)),
+                    Some((&intent.identity.arguments, &intent.identity.arguments_hash)),
                 )
                 .await;
         }
@@ -311,7 +311,7 @@ impl Pipeline {
             PolicyDecision::Deny(code) => {
                 let events = [
                     intent.event(ToolEventKind::Proposed),
-                    denied_event(&intent.identity(), code),
+                    denied_event(&intent.identity, code),
                 ];
                 let denied = intent.row(Start::Denied(code), Durability::Flushed);
                 self.invocations
@@ -362,27 +362,33 @@ impl Pipeline {
         if let (InsertOutcome::Inserted(row), Some(replay)) =
             (&inserted, diverged(request, tool, intent))
         {
-            self.tell_divergence(request, tool, replay, Some(row.id), "held")
+            self.tell_divergence(request, tool, replay, Some(row.identity.id), "held")
                 .await;
         }
         match inserted {
             InsertOutcome::Inserted(row) => match row.state {
                 InvocationState::Waiting { approval_id } => Ok(CallOutcome::Pending {
-                    invocation_id: row.id,
+                    invocation_id: row.identity.id,
                     approval_id,
                 }),
                 // Inserted already claimed, or ended (denied).
                 _ => match row.held() {
                     Ok(held) => {
-                        self.start(request, tool, held, &intent.arguments_hash, tally)
+                        self.start(request, tool, held, &intent.identity.arguments_hash, tally)
                             .await
                     }
                     Err(row) => Ok(recorded(&row)),
                 },
             },
             InsertOutcome::Existing(row) => {
-                self.deduplicate(request, tool, row, &intent.arguments_hash, decision)
-                    .await
+                self.deduplicate(
+                    request,
+                    tool,
+                    row,
+                    &intent.identity.arguments_hash,
+                    decision,
+                )
+                .await
             }
         }
     }
@@ -406,18 +412,18 @@ impl Pipeline {
                 &request.tenant_id,
                 request.run_id,
                 &tool.spec.name,
-                &intent.arguments_hash,
+                &intent.identity.arguments_hash,
             )
             .await?
         else {
             return Ok(None);
         };
         let same = CallRequest {
-            step_number: row.step_number,
-            call_id: row.call_id.clone(),
+            step_number: row.identity.step_number,
+            call_id: row.identity.call_id.clone(),
             ..request.clone()
         };
-        self.deduplicate(&same, tool, row, &intent.arguments_hash, decision)
+        self.deduplicate(&same, tool, row, &intent.identity.arguments_hash, decision)
             .await
             .map(Some)
     }
@@ -432,6 +438,7 @@ fn diverged<'a>(
     intent: &Intent<'_>,
 ) -> Option<&'a Replay> {
     let replay = request.caller.replay.as_ref()?;
-    let same = replay.tool_name == tool.spec.name && replay.arguments_hash == intent.arguments_hash;
+    let same = replay.tool_name == tool.spec.name
+        && replay.arguments_hash == intent.identity.arguments_hash;
     (!same && tool.spec.idempotency != IdempotencyClass::ReadOnly).then_some(replay)
 }

@@ -41,7 +41,7 @@ pub(super) fn deduplication<'a>(
     arguments_hash: &str,
     recovering: Option<Fence>,
 ) -> Deduplication<'a> {
-    if row.principal.id != principal_id || row.arguments_hash != arguments_hash {
+    if row.identity.principal.id != principal_id || row.identity.arguments_hash != arguments_hash {
         return Deduplication::Conflict;
     }
     match &row.state {
@@ -84,7 +84,7 @@ pub(super) fn recovery(
     approved: Option<bool>,
 ) -> Recovery {
     let table = if row.status() == InvocationStatus::Running {
-        recovery::decide(row.idempotency_class, row.effect_sent_at.is_some())
+        recovery::decide(row.identity.idempotency_class, row.effect_sent_at.is_some())
     } else {
         RecoveryDecision::ReExecute
     };
@@ -121,7 +121,7 @@ pub(super) fn asks_for_approval(
 /// effect and cannot be repeated.
 pub(super) fn settled_without_the_tool(row: &InvocationRecord) -> bool {
     row.status() == InvocationStatus::Running
-        && recovery::decide(row.idempotency_class, row.effect_sent_at.is_some())
+        && recovery::decide(row.identity.idempotency_class, row.effect_sent_at.is_some())
             == RecoveryDecision::Uncertain
 }
 
@@ -276,6 +276,7 @@ mod tests {
 
     use super::*;
     use crate::domain::{Principal, SideEffectClass, ToolSource, TrustLevel};
+    use crate::ports::CallIdentity;
 
     const HASH: &str = "arguments-hash";
 
@@ -309,29 +310,31 @@ mod tests {
             }
         };
         InvocationRecord {
-            id: Uuid::new_v4(),
-            tenant_id: "t".into(),
-            session_id: Uuid::new_v4(),
-            run_id: Uuid::new_v4(),
-            step_number: 1,
-            call_id: "c".into(),
-            tool_name: "mcp.a.b".into(),
-            tool_version: "v".into(),
-            tool_source: ToolSource::Mcp,
-            server_id: Some("a".into()),
-            arguments: json!({}),
-            arguments_hash: HASH.into(),
-            idempotency_key: "k".into(),
-            idempotency_class: class,
-            side_effect: SideEffectClass::ExternalWrite,
-            principal: Principal {
-                id: "p".into(),
-                scopes: Default::default(),
+            identity: CallIdentity {
+                id: Uuid::new_v4(),
+                tenant_id: "t".into(),
+                session_id: Uuid::new_v4(),
+                run_id: Uuid::new_v4(),
+                step_number: 1,
+                call_id: "c".into(),
+                tool_name: "mcp.a.b".into(),
+                tool_version: "v".into(),
+                tool_source: ToolSource::Mcp,
+                server_id: Some("a".into()),
+                arguments: json!({}),
+                arguments_hash: HASH.into(),
+                idempotency_key: "k".into(),
+                idempotency_class: class,
+                side_effect: SideEffectClass::ExternalWrite,
+                principal: Principal {
+                    id: "p".into(),
+                    scopes: Default::default(),
+                },
+                origin_trust: TrustLevel::User,
+                argument_trust: Default::default(),
+                parallel_group: None,
+                deadline_at: None,
             },
-            origin_trust: TrustLevel::User,
-            argument_trust: Default::default(),
-            parallel_group: None,
-            deadline_at: None,
             approval_id: None,
             effect_sent_at: None,
             attempt_number: 1,
@@ -538,7 +541,7 @@ mod tests {
                 expected,
                 "{:?} {:?} sent {} {decision:?} expired {expired} approved {approved:?}",
                 row.status(),
-                row.idempotency_class,
+                row.identity.idempotency_class,
                 row.effect_sent_at.is_some()
             );
         }

@@ -41,13 +41,13 @@ impl Pipeline {
                 self.record_conflict(
                     request,
                     RecordedAs::of(&tool.spec),
-                    &row.arguments,
+                    &row.identity.arguments,
                     arguments_hash,
                 )
                 .await
             }
             Deduplication::Suspended(suspension) => Ok(CallOutcome::Suspended {
-                invocation_id: row.id,
+                invocation_id: row.identity.id,
                 kind: suspension.kind,
                 reference: suspension.reference.clone(),
             }),
@@ -67,7 +67,7 @@ impl Pipeline {
                 };
                 match self
                     .invocations
-                    .take_over(&request.tenant_id, row.id, claim)
+                    .take_over(&request.tenant_id, row.identity.id, claim)
                     .await?
                 {
                     Some(taken) => self.recover_row(request, tool, taken, decision).await,
@@ -102,7 +102,7 @@ impl Pipeline {
         };
         match (status, decision) {
             (ApprovalStatus::Pending, _) => Ok(CallOutcome::Pending {
-                invocation_id: row.id,
+                invocation_id: row.identity.id,
                 approval_id,
             }),
             // Resumed at step 6: the decision just made stands unless it
@@ -110,18 +110,18 @@ impl Pipeline {
             (ApprovalStatus::Approved, PolicyDecision::Deny(code)) => {
                 let (terminal, events) = end(code);
                 self.invocations
-                    .settle_waiting(&request.tenant_id, row.id, &terminal, &events, now)
+                    .settle_waiting(&request.tenant_id, row.identity.id, &terminal, &events, now)
                     .await?;
-                self.reread(request, row.id).await
+                self.reread(request, row.identity.id).await
             }
             // Approved, but an earlier step has since left the run
             // synthesis-only: it answers instead.
             (ApprovalStatus::Approved, _) if self.synthesis_only_for(row).await? => {
                 let (terminal, events) = end(ReasonCode::ToolLoopDetected);
                 self.invocations
-                    .settle_waiting(&request.tenant_id, row.id, &terminal, &events, now)
+                    .settle_waiting(&request.tenant_id, row.identity.id, &terminal, &events, now)
                     .await?;
-                self.reread(request, row.id).await
+                self.reread(request, row.identity.id).await
             }
             (ApprovalStatus::Approved, _) => {
                 let claim = Claim {
@@ -131,11 +131,11 @@ impl Pipeline {
                 let events = [row_event(row, ToolEventKind::Authorized)];
                 match self
                     .invocations
-                    .authorize_waiting(&request.tenant_id, row.id, claim, &events)
+                    .authorize_waiting(&request.tenant_id, row.identity.id, claim, &events)
                     .await?
                 {
                     Some(authorized) => self.claim_then_run(request, tool, authorized).await,
-                    None => self.reread(request, row.id).await,
+                    None => self.reread(request, row.identity.id).await,
                 }
             }
             (ApprovalStatus::Denied | ApprovalStatus::Expired, _) => {
@@ -146,9 +146,9 @@ impl Pipeline {
                 };
                 let (terminal, events) = end(code);
                 self.invocations
-                    .settle_waiting(&request.tenant_id, row.id, &terminal, &events, now)
+                    .settle_waiting(&request.tenant_id, row.identity.id, &terminal, &events, now)
                     .await?;
-                self.reread(request, row.id).await
+                self.reread(request, row.identity.id).await
             }
         }
     }
@@ -174,9 +174,9 @@ impl Pipeline {
         match row {
             Some(row) if row.status().is_terminal() => Ok(recorded(&row)),
             Some(row) => Ok(CallOutcome::Finished(Finished {
-                invocation_id: Some(row.id),
+                invocation_id: Some(row.identity.id),
                 outcome: ToolOutcome::not_succeeded(
-                    row.tool_name.clone(),
+                    row.identity.tool_name.clone(),
                     ReasonCode::ToolConcurrencyConflict,
                 ),
                 content: Vec::new(),
@@ -196,20 +196,23 @@ impl Pipeline {
         let tally = self
             .invocations
             .breaker_tally(
-                &row.tenant_id,
-                row.run_id,
-                &row.tool_name,
-                &row.arguments_hash,
+                &row.identity.tenant_id,
+                row.identity.run_id,
+                &row.identity.tool_name,
+                &row.identity.arguments_hash,
             )
             .await?;
-        Ok(breaker::synthesis_only_at(&tally, row.step_number))
+        Ok(breaker::synthesis_only_at(&tally, row.identity.step_number))
     }
 
     pub(super) async fn approved(&self, row: &InvocationRecord) -> Result<bool, StoreError> {
         let Some(approval_id) = row.approval_id else {
             return Ok(false);
         };
-        let approval = self.approvals.approval(&row.tenant_id, approval_id).await?;
+        let approval = self
+            .approvals
+            .approval(&row.identity.tenant_id, approval_id)
+            .await?;
         Ok(approval.is_some_and(|a| a.status == ApprovalStatus::Approved))
     }
 }

@@ -109,7 +109,7 @@ impl Pipeline {
             .invocations
             .claim_invocation(
                 &request.tenant_id,
-                authorized.id,
+                authorized.identity.id,
                 authorized.fence,
                 self.clock.now(),
                 &events,
@@ -117,7 +117,7 @@ impl Pipeline {
             )
             .await?
         else {
-            return self.reread(request, authorized.id).await;
+            return self.reread(request, authorized.identity.id).await;
         };
         self.run_claimed(request, tool, running).await
     }
@@ -136,6 +136,7 @@ impl Pipeline {
             return self.suspend(request, &row, kind).await;
         }
         let remaining = row
+            .identity
             .deadline_at
             .map(|deadline| {
                 (deadline - self.clock.now())
@@ -174,7 +175,7 @@ impl Pipeline {
         if spec.needs_effect_watermark() {
             match self.commit_watermark(request, spec, &row, deadline).await {
                 Watermark::Committed => effect_sent = true,
-                Watermark::Lost => return self.reread(request, row.id).await,
+                Watermark::Lost => return self.reread(request, row.identity.id).await,
                 Watermark::NotCommitted(failure) => {
                     let (finish, attempt) = not_started(failure, effect_sent);
                     return self.settle(request, tool, &row, finish, attempt).await;
@@ -211,13 +212,19 @@ impl Pipeline {
         let reference = Uuid::new_v4().to_string();
         let suspended = self
             .invocations
-            .suspend_invocation(&request.tenant_id, row.id, row.fence, kind, &reference)
+            .suspend_invocation(
+                &request.tenant_id,
+                row.identity.id,
+                row.fence,
+                kind,
+                &reference,
+            )
             .await?;
         if !suspended {
-            return self.reread(request, row.id).await;
+            return self.reread(request, row.identity.id).await;
         }
         Ok(CallOutcome::Suspended {
-            invocation_id: row.id,
+            invocation_id: row.identity.id,
             kind,
             reference,
         })
@@ -236,7 +243,7 @@ impl Pipeline {
             deadline,
             self.invocations.mark_effect_sent(
                 &request.tenant_id,
-                row.id,
+                row.identity.id,
                 row.fence,
                 self.clock.now(),
                 Durability::of_watermark(spec),
@@ -281,15 +288,15 @@ impl Pipeline {
         });
         let cancellation = CancellationToken::new();
         let context = ToolExecutionContext {
-            invocation_id: row.id,
-            call_id: row.call_id.clone(),
-            run_id: row.run_id,
-            session_id: row.session_id,
-            tenant_id: row.tenant_id.clone(),
-            principal: row.principal.clone(),
-            step_number: u64::try_from(row.step_number).unwrap_or_default(),
+            invocation_id: row.identity.id,
+            call_id: row.identity.call_id.clone(),
+            run_id: row.identity.run_id,
+            session_id: row.identity.session_id,
+            tenant_id: row.identity.tenant_id.clone(),
+            principal: row.identity.principal.clone(),
+            step_number: u64::try_from(row.identity.step_number).unwrap_or_default(),
             attempt_number: u32::try_from(row.attempt_number).unwrap_or(1),
-            idempotency_key: row.idempotency_key.clone(),
+            idempotency_key: row.identity.idempotency_key.clone(),
             deadline_at: system_time(self.clock.now(), timeout_seconds),
             timeout_seconds,
             maximum_output_bytes: spec.maximum_output_bytes,
@@ -305,8 +312,8 @@ impl Pipeline {
             mark_effect_sent: Arc::new(StoreWatermark {
                 store: self.invocations.clone(),
                 clock: self.clock.clone(),
-                tenant_id: row.tenant_id.clone(),
-                id: row.id,
+                tenant_id: row.identity.tenant_id.clone(),
+                id: row.identity.id,
                 fence: row.fence,
                 durability: Durability::of_watermark(spec),
             }),
@@ -315,7 +322,7 @@ impl Pipeline {
         // Polled on this task: a panic is contained, and a timed-out tool is
         // dropped where it stands; a spawned task would add a hand-off and a
         // wake-up to every call.
-        let arguments = row.arguments.clone();
+        let arguments = row.identity.arguments.clone();
         let execution = match contain(|| Contained(tool.tool.execute(arguments, context))) {
             Some(mut running) => {
                 let ended = tokio::time::timeout_at(deadline, &mut running).await;

@@ -6,12 +6,11 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::super::call::CallRequest;
-use super::super::records::Identity;
 use crate::domain::{
     Durability, IdempotencyClass, SideEffectClass, ToolEventKind, ToolSource, ToolSpec,
     idempotency_key,
 };
-use crate::ports::{NewInvocation, Start, ToolEvent};
+use crate::ports::{CallIdentity, NewInvocation, Start, ToolEvent};
 
 /// The classification a call is recorded under.
 #[derive(Clone)]
@@ -56,11 +55,8 @@ impl<'a> RecordedAs<'a> {
 pub(super) struct Intent<'a> {
     pub(super) request: &'a CallRequest,
     pub(super) call: RecordedAs<'a>,
-    /// The row's id, should this intent insert one.
-    pub(super) id: Uuid,
-    pub(super) arguments: Value,
-    pub(super) arguments_hash: String,
-    pub(super) idempotency_key: String,
+    /// What the call is, as its row and its events record it.
+    pub(super) identity: CallIdentity,
 }
 
 impl<'a> Intent<'a> {
@@ -80,55 +76,43 @@ impl<'a> Intent<'a> {
             call.tool_version,
             &arguments_hash,
         );
-        Intent {
-            request,
-            call,
+        let identity = CallIdentity {
             id: Uuid::new_v4(),
-            arguments,
-            arguments_hash,
-            idempotency_key,
-        }
-    }
-
-    pub(super) fn identity(&self) -> Identity<'_> {
-        Identity {
-            request: self.request,
-            id: self.id,
-            tool_name: self.call.tool_name,
-            tool_version: self.call.tool_version,
-            tool_source: self.call.tool_source,
-            class: self.call.class,
-        }
-    }
-
-    pub(super) fn event(&self, kind: ToolEventKind) -> ToolEvent {
-        self.identity().event(kind)
-    }
-
-    /// The row this intent inserts, starting as `start` says.
-    pub(super) fn row(&self, start: Start, durability: Durability) -> NewInvocation {
-        let request = self.request;
-        NewInvocation {
-            id: self.id,
             tenant_id: request.tenant_id.clone(),
             session_id: request.session_id,
             run_id: request.run_id,
             step_number: request.step_number,
             call_id: request.call_id.clone(),
-            tool_name: self.call.tool_name.to_owned(),
-            tool_version: self.call.tool_version.to_owned(),
-            tool_source: self.call.tool_source,
-            server_id: self.call.server_id.clone(),
-            arguments: self.arguments.clone(),
-            arguments_hash: self.arguments_hash.clone(),
-            idempotency_key: self.idempotency_key.clone(),
-            idempotency_class: self.call.class,
-            side_effect: self.call.side_effect,
+            tool_name: call.tool_name.to_owned(),
+            tool_version: call.tool_version.to_owned(),
+            tool_source: call.tool_source,
+            server_id: call.server_id.clone(),
+            arguments,
+            arguments_hash,
+            idempotency_key,
+            idempotency_class: call.class,
+            side_effect: call.side_effect,
             origin_trust: request.origin_trust,
             argument_trust: request.argument_trust.clone(),
             principal: request.principal.clone(),
             parallel_group: request.parallel_group,
             deadline_at: request.deadline_at,
+        };
+        Intent {
+            request,
+            call,
+            identity,
+        }
+    }
+
+    pub(super) fn event(&self, kind: ToolEventKind) -> ToolEvent {
+        self.identity.event(kind)
+    }
+
+    /// The row this intent inserts, starting as `start` says.
+    pub(super) fn row(&self, start: Start, durability: Durability) -> NewInvocation {
+        NewInvocation {
+            identity: self.identity.clone(),
             start,
             durability,
         }

@@ -28,6 +28,7 @@ impl Pipeline {
         decision: PolicyDecision,
     ) -> Result<CallOutcome, StoreError> {
         let expired = row
+            .identity
             .deadline_at
             .is_some_and(|deadline| deadline <= self.clock.now());
         let approved = if asks_for_approval(&row, decision, expired) {
@@ -41,8 +42,8 @@ impl Pipeline {
                 let reopened = self
                     .invocations
                     .reopen_approval(
-                        &row.tenant_id,
-                        row.id,
+                        &row.identity.tenant_id,
+                        row.identity.id,
                         row.fence,
                         approval_id,
                         code,
@@ -50,10 +51,10 @@ impl Pipeline {
                     )
                     .await?;
                 if !reopened {
-                    return self.reread(request, row.id).await;
+                    return self.reread(request, row.identity.id).await;
                 }
                 Ok(CallOutcome::Pending {
-                    invocation_id: row.id,
+                    invocation_id: row.identity.id,
                     approval_id,
                 })
             }
@@ -74,8 +75,8 @@ impl Pipeline {
         let event = ended_event(row, code);
         self.invocations
             .complete_invocation(
-                &row.tenant_id,
-                row.id,
+                &row.identity.tenant_id,
+                row.identity.id,
                 row.fence,
                 &terminal,
                 &[event],
@@ -83,9 +84,13 @@ impl Pipeline {
             )
             .await?;
         Ok(
-            match self.invocations.invocation(&row.tenant_id, row.id).await? {
+            match self
+                .invocations
+                .invocation(&row.identity.tenant_id, row.identity.id)
+                .await?
+            {
                 Some(current) if current.status().is_terminal() => recorded(&current),
-                _ => in_progress(&row.tool_name),
+                _ => in_progress(&row.identity.tool_name),
             },
         )
     }
@@ -125,14 +130,18 @@ impl Pipeline {
             let wanting: HashSet<String> = rest
                 .iter()
                 .filter(|row| {
-                    row.tool_source == ToolSource::Mcp
-                        && !prepared.contains_key(&row.tenant_id)
+                    row.identity.tool_source == ToolSource::Mcp
+                        && !prepared.contains_key(&row.identity.tenant_id)
                         && self
                             .registry
-                            .pin_exact(&row.tenant_id, &row.tool_name, &row.tool_version)
+                            .pin_exact(
+                                &row.identity.tenant_id,
+                                &row.identity.tool_name,
+                                &row.identity.tool_version,
+                            )
                             .is_none()
                 })
-                .map(|row| row.tenant_id.clone())
+                .map(|row| row.identity.tenant_id.clone())
                 .collect();
             let discovered = futures::future::join_all(
                 wanting
@@ -144,7 +153,7 @@ impl Pipeline {
             // The rows are independent; none waits behind another's tool.
             outcomes.extend(
                 futures::future::join_all(rest.into_iter().map(|row| {
-                    let down = prepared.get(&row.tenant_id);
+                    let down = prepared.get(&row.identity.tenant_id);
                     self.recover_one(row, down)
                 }))
                 .await,
@@ -186,13 +195,16 @@ impl Pipeline {
             // authority: it is settled now, without waiting for a server.
             return self.end_held(&row, ReasonCode::ToolOutcomeUnknown).await;
         }
-        let pinned = self
-            .registry
-            .pin_exact(&row.tenant_id, &row.tool_name, &row.tool_version);
+        let pinned = self.registry.pin_exact(
+            &row.identity.tenant_id,
+            &row.identity.tool_name,
+            &row.identity.tool_version,
+        );
         let Some(pinned) = pinned else {
             // Nothing can run it again: its server did not answer, or the
             // build or the server no longer has the tool (at this version).
             let server_down = row
+                .identity
                 .server_id
                 .as_ref()
                 .is_some_and(|server| unreachable.is_some_and(|down| down.contains(server)));
@@ -205,22 +217,22 @@ impl Pipeline {
             return self.end_held(&row, code).await;
         };
         let request = CallRequest {
-            tenant_id: row.tenant_id.clone(),
-            session_id: row.session_id,
-            run_id: row.run_id,
-            step_number: row.step_number,
-            call_id: row.call_id.clone(),
-            name: row.tool_name.clone(),
-            arguments: row.arguments.clone(),
-            principal: row.principal.clone(),
+            tenant_id: row.identity.tenant_id.clone(),
+            session_id: row.identity.session_id,
+            run_id: row.identity.run_id,
+            step_number: row.identity.step_number,
+            call_id: row.identity.call_id.clone(),
+            name: row.identity.tool_name.clone(),
+            arguments: row.identity.arguments.clone(),
+            principal: row.identity.principal.clone(),
             agent: AgentSpec {
-                tools: vec![row.tool_name.clone()],
+                tools: vec![row.identity.tool_name.clone()],
             },
             pinned,
-            origin_trust: row.origin_trust,
-            argument_trust: row.argument_trust.clone(),
-            deadline_at: row.deadline_at,
-            parallel_group: row.parallel_group,
+            origin_trust: row.identity.origin_trust,
+            argument_trust: row.identity.argument_trust.clone(),
+            deadline_at: row.identity.deadline_at,
+            parallel_group: row.identity.parallel_group,
             recovering: Some(row.fence),
             caller: CallerTerms::default(),
         };

@@ -157,8 +157,8 @@ impl Pipeline {
                 .breaker_tally(
                     &request.tenant_id,
                     request.run_id,
-                    intent.call.tool_name,
-                    &intent.arguments_hash,
+                    &intent.identity.tool_name,
+                    &intent.identity.arguments_hash,
                 )
                 .await?;
             breaker::denial(&tally, code)
@@ -169,13 +169,13 @@ impl Pipeline {
             InsertOutcome::Inserted(row) => row,
             // A refusal whose identity another principal's row holds is that
             // conflict, not the other row.
-            InsertOutcome::Existing(row) if row.principal.id != request.principal.id => {
+            InsertOutcome::Existing(row) if row.identity.principal.id != request.principal.id => {
                 return self
                     .record_conflict(
                         request,
                         intent.call.clone(),
-                        &intent.arguments,
-                        &intent.arguments_hash,
+                        &intent.identity.arguments,
+                        &intent.identity.arguments_hash,
                     )
                     .await;
             }
@@ -189,8 +189,8 @@ impl Pipeline {
             let terminal = TerminalRecord::without_result(code);
             self.invocations
                 .settle_waiting(
-                    &row.tenant_id,
-                    row.id,
+                    &row.identity.tenant_id,
+                    row.identity.id,
                     &terminal,
                     &[ended_event(&row, code)],
                     now,
@@ -198,14 +198,14 @@ impl Pipeline {
                 .await?;
             self.approvals
                 .decide_approval(
-                    &row.tenant_id,
+                    &row.identity.tenant_id,
                     approval_id,
                     ApprovalStatus::Expired,
                     REFUSED_APPROVER,
                     now,
                 )
                 .await?;
-            return self.reread(request, row.id).await;
+            return self.reread(request, row.identity.id).await;
         }
         if !row.status().is_terminal() {
             // Recovery re-checked authority and was refused: the row it holds
@@ -217,11 +217,11 @@ impl Pipeline {
                 let code = ending_code(&row, code);
                 return self.end_held(&Held { row, fence }, code).await;
             }
-            return Ok(in_progress(intent.call.tool_name));
+            return Ok(in_progress(&intent.identity.tool_name));
         }
         let mut outcome = recorded(&row);
         if let (CallOutcome::Finished(finished), Some(detail), true) =
-            (&mut outcome, detail, row.id == intent.id)
+            (&mut outcome, detail, row.identity.id == intent.identity.id)
         {
             finished.content = detail;
         }
@@ -267,10 +267,10 @@ impl Pipeline {
             return Ok(CallOutcome::Withdrawn);
         }
         let mut intent = Intent::new(request, call, arguments.clone(), arguments_hash.to_owned());
-        intent.idempotency_key = sha256_hex(
+        intent.identity.idempotency_key = sha256_hex(
             format!(
                 "{CONFLICT_KEY_TAG}\0{}\0{}\0{}",
-                intent.idempotency_key, request.tenant_id, request.principal.id
+                intent.identity.idempotency_key, request.tenant_id, request.principal.id
             )
             .as_bytes(),
         );

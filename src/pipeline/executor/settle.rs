@@ -148,7 +148,7 @@ impl Pipeline {
             Some(code) => ToolOutcome::not_succeeded(spec.name.clone(), code),
         };
         Ok(CallOutcome::Finished(Finished {
-            invocation_id: Some(row.id),
+            invocation_id: Some(row.identity.id),
             outcome,
             content,
             data,
@@ -173,7 +173,7 @@ impl Pipeline {
             .invocations
             .complete_invocation(
                 &request.tenant_id,
-                row.id,
+                row.identity.id,
                 row.fence,
                 &terminal,
                 std::slice::from_ref(&event),
@@ -184,7 +184,7 @@ impl Pipeline {
             Ok(true) => Ok(None),
             // Another worker took the row over while this attempt ran: its
             // record, not this attempt's, is the call's.
-            Ok(false) => self.reread(request, row.id).await.map(Some),
+            Ok(false) => self.reread(request, row.identity.id).await.map(Some),
             Err(error) => {
                 tracing::error!(error = %error, call_id = %request.call_id, "the result was not recorded; this worker keeps it");
                 Ok(Some(self.settle_later(
@@ -295,10 +295,10 @@ impl Pipeline {
         if let Err(error) = self
             .invocations
             .record_evidence(
-                &row.tenant_id,
-                row.run_id,
+                &row.identity.tenant_id,
+                row.identity.run_id,
                 tool_name,
-                &row.arguments_hash,
+                &row.identity.arguments_hash,
                 evidence_key,
                 breaker::MAXIMUM_RESTARTS,
             )
@@ -323,7 +323,7 @@ impl Pipeline {
         now: chrono::DateTime<chrono::Utc>,
     ) -> CallOutcome {
         let (terminal, event, answer) = match recovery::unwritten_end(
-            row.idempotency_class,
+            row.identity.idempotency_class,
             effect_sent,
         ) {
             UnwrittenEnd::Uncertain => {
@@ -344,16 +344,16 @@ impl Pipeline {
             UnwrittenEnd::AskAgain => (terminal, event, ReasonCode::ToolRecordUnavailable),
         };
         self.settler.hand_over(Settlement {
-            tenant_id: row.tenant_id.clone(),
-            id: row.id,
+            tenant_id: row.identity.tenant_id.clone(),
+            id: row.identity.id,
             fence: row.fence,
             terminal,
             events: vec![event],
             now,
         });
         CallOutcome::Finished(Finished {
-            invocation_id: Some(row.id),
-            outcome: ToolOutcome::not_succeeded(row.tool_name.clone(), answer),
+            invocation_id: Some(row.identity.id),
+            outcome: ToolOutcome::not_succeeded(row.identity.tool_name.clone(), answer),
             content: Vec::new(),
             data: None,
             synthesis_only: false,

@@ -52,8 +52,8 @@ impl Pipeline {
                 };
                 let text = if trust < TrustLevel::InternalTool {
                     let attribution = Attribution {
-                        source: row.tool_source,
-                        tool: &row.tool_name,
+                        source: row.identity.tool_source,
+                        tool: &row.identity.tool_name,
                     };
                     output::envelope(&text, &attribution, &nonce())
                 } else {
@@ -76,7 +76,7 @@ impl Pipeline {
                 event.outcome_status = Some(ToolOutcomeStatus::Succeeded);
                 event.output_bytes = Some(output_bytes);
                 let outcome = ToolOutcome::Succeeded {
-                    action: row.tool_name.clone(),
+                    action: row.identity.tool_name.clone(),
                 };
                 (terminal, outcome, content, Some(data), event)
             }
@@ -84,7 +84,7 @@ impl Pipeline {
                 let code = ReasonCode::ToolRunCancelled;
                 (
                     TerminalRecord::without_result(code),
-                    ToolOutcome::not_succeeded(row.tool_name.clone(), code),
+                    ToolOutcome::not_succeeded(row.identity.tool_name.clone(), code),
                     Vec::new(),
                     None,
                     ended_event(&row, code),

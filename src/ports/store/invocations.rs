@@ -62,10 +62,12 @@ impl Start {
     }
 }
 
-/// A row to insert: the call's intent (step 8), a call waiting for approval
-/// (step 7) or one ended before it ran.
+/// What a call is, the same from its intent to its record and its events:
+/// the row, whose and where it was asked, the tool and arguments it names,
+/// and the classification snapshot recovery reads (never the registry of a
+/// possibly different build).
 #[derive(Debug, Clone, PartialEq)]
-pub struct NewInvocation {
+pub struct CallIdentity {
     /// The row id.
     pub id: Uuid,
     /// The tenant.
@@ -108,6 +110,38 @@ pub struct NewInvocation {
     pub parallel_group: Option<Uuid>,
     /// The run's deadline for this call.
     pub deadline_at: Option<DateTime<Utc>>,
+}
+
+impl CallIdentity {
+    /// An event of this call, before anything about its end is known.
+    pub fn event(&self, kind: ToolEventKind) -> ToolEvent {
+        ToolEvent {
+            kind,
+            invocation_id: self.id,
+            run_id: self.run_id,
+            step_number: self.step_number,
+            call_id: self.call_id.clone(),
+            tool_name: self.tool_name.clone(),
+            tool_source: self.tool_source,
+            tool_version: self.tool_version.clone(),
+            outcome_status: None,
+            reason_code: None,
+            idempotency_class: self.idempotency_class,
+            effect_sent: false,
+            duration_ms: None,
+            output_bytes: None,
+            truncated: false,
+            parallel_group: self.parallel_group,
+        }
+    }
+}
+
+/// A row to insert: the call's intent (step 8), a call waiting for approval
+/// (step 7) or one ended before it ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewInvocation {
+    /// What the call is.
+    pub identity: CallIdentity,
     /// How it starts.
     pub start: Start,
     /// How durable the insert's commit must be.
@@ -195,46 +229,8 @@ pub struct ArtifactRecord {
 /// carries what is valid only in it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InvocationRecord {
-    /// The row id.
-    pub id: Uuid,
-    /// The tenant.
-    pub tenant_id: String,
-    /// The session.
-    pub session_id: Uuid,
-    /// The run.
-    pub run_id: Uuid,
-    /// The step.
-    pub step_number: i64,
-    /// The call id.
-    pub call_id: String,
-    /// The registry name.
-    pub tool_name: String,
-    /// The pinned version.
-    pub tool_version: String,
-    /// Where the tool comes from.
-    pub tool_source: ToolSource,
-    /// Set for MCP tools.
-    pub server_id: Option<String>,
-    /// The canonical arguments.
-    pub arguments: Value,
-    /// `normalized_arguments_hash`.
-    pub arguments_hash: String,
-    /// The UNIQUE key.
-    pub idempotency_key: String,
-    /// Snapshot of the class.
-    pub idempotency_class: IdempotencyClass,
-    /// Snapshot of the side effect.
-    pub side_effect: SideEffectClass,
-    /// Who the call acts for.
-    pub principal: Principal,
-    /// Request trust.
-    pub origin_trust: TrustLevel,
-    /// Where each argument came from, as the caller carried it.
-    pub argument_trust: ArgumentTrust,
-    /// The batch.
-    pub parallel_group: Option<Uuid>,
-    /// The call's deadline.
-    pub deadline_at: Option<DateTime<Utc>>,
+    /// What the call is.
+    pub identity: CallIdentity,
     /// The approval on record, while and after waiting: recovery asks
     /// whether it still allows a held row.
     pub approval_id: Option<Uuid>,

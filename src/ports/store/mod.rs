@@ -32,9 +32,9 @@ pub use catalog::{
 };
 pub use events::{EventRecord, EventStore, PlatformEvent};
 pub use invocations::{
-    ArtifactRecord, BreakerTally, Ended, Held, InsertOutcome, InvocationRecord, InvocationState,
-    InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore, RunOwner, Start,
-    StoredArtifact, Suspension, TerminalRecord, ToolEvent,
+    ArtifactRecord, BreakerTally, CallIdentity, Ended, Held, InsertOutcome, InvocationRecord,
+    InvocationState, InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore,
+    RunOwner, Start, StoredArtifact, Suspension, TerminalRecord, ToolEvent,
 };
 pub use operator::{
     ApprovalItem, CatalogGenerationItem, ConnectionOutcome, Cursor, DEFAULT_PAGE, InvalidCursor,

@@ -7,9 +7,7 @@ use sqlx::query::Query;
 
 use super::connections::Statements;
 use super::*;
-use crate::adapters::store::invocations::{
-    Driver, Evidence, Moved, Plan, Ran, Run, Statement, Value,
-};
+use crate::adapters::store::invocations::{Driver, Moved, Plan, Ran, Run, Statement, Value};
 use crate::adapters::store::operator::Dialect;
 
 /// `statement` with its values bound.
@@ -99,15 +97,15 @@ impl Driver for PostgresStore {
         })
     }
 
-    fn evidence<'a>(&'a self, evidence: Evidence<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let Evidence {
-            tenant_id,
-            run_id,
-            tool_name,
-            arguments_hash,
-            evidence_key,
-            maximum_restarts,
-        } = evidence;
+    fn evidence<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+        evidence_key: &'a str,
+        maximum_restarts: i32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let mut tx = self.begin(Scope::Tenant(tenant_id)).await?;
             let successes: i64 = sqlx::query_scalar(

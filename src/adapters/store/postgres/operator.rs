@@ -74,7 +74,7 @@ impl OperatorStore for PostgresStore {
             let sql = &*INVOCATIONS_SQL;
             self.page(sql, filter, page, invocation, |row| Cursor {
                 at: row.created_at,
-                key: row.id,
+                key: row.identity.id,
             })
             .await
         })
@@ -140,7 +140,7 @@ impl OperatorStore for PostgresStore {
                     .invocation
                     .ended()
                     .map_or(item.invocation.created_at, |ended| ended.completed_at),
-                key: item.invocation.id,
+                key: item.invocation.identity.id,
             })
             .await
         })

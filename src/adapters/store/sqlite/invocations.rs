@@ -3,7 +3,7 @@
 //! breaker's evidence is read and written in one transaction.
 
 use super::*;
-use crate::adapters::store::invocations::{Driver, Evidence, Moved, Plan, Ran, Run, Statement};
+use crate::adapters::store::invocations::{Driver, Moved, Plan, Ran, Run, Statement};
 use crate::adapters::store::operator::Dialect;
 
 /// Runs `plan` on `connection`, inside the transaction it is given.
@@ -62,15 +62,15 @@ impl Driver for SqliteStore {
         })
     }
 
-    fn evidence<'a>(&'a self, evidence: Evidence<'a>) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let Evidence {
-            tenant_id,
-            run_id,
-            tool_name,
-            arguments_hash,
-            evidence_key,
-            maximum_restarts,
-        } = evidence;
+    fn evidence<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        run_id: Uuid,
+        tool_name: &'a str,
+        arguments_hash: &'a str,
+        evidence_key: &'a str,
+        maximum_restarts: i32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let (tenant_id, run_id, tool_name, arguments_hash, evidence_key) = (
             tenant_id.to_owned(),
             run_id.to_string(),

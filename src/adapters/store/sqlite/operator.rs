@@ -71,7 +71,7 @@ impl OperatorStore for SqliteStore {
             let sql = &*INVOCATIONS_SQL;
             self.page(sql, filter, page, invocation, |row| Cursor {
                 at: row.created_at,
-                key: row.id,
+                key: row.identity.id,
             })
         })
     }
@@ -129,7 +129,7 @@ impl OperatorStore for SqliteStore {
                     .invocation
                     .ended()
                     .map_or(item.invocation.created_at, |ended| ended.completed_at),
-                key: item.invocation.id,
+                key: item.invocation.identity.id,
             })
         })
     }
