@@ -27,7 +27,8 @@ use crate::domain::invocation::{
 use crate::domain::{Durability, InvocationStatus, ReasonCode};
 use crate::ports::{
     ArtifactRecord, BoxFuture, BreakerTally, Claim, Fence, Held, InsertOutcome, InvocationRecord,
-    InvocationStore, NewInvocation, RunOwner, Start, StoreError, TerminalRecord, ToolEvent,
+    InvocationStore, NewInvocation, PlatformEvent, RunOwner, Start, StoreError, TerminalRecord,
+    ToolEvent,
 };
 
 /// One parameter's value, as both drivers bind it (PostgreSQL natively;
@@ -94,6 +95,10 @@ pub(super) enum Run {
     HotRead,
     /// A flushed commit in a transaction of its own.
     Flushed,
+    /// A commit of the operator's view (turns), which no call's outcome
+    /// rests on: SQLite's relaxed connection, a transaction of the pool on
+    /// PostgreSQL.
+    Relaxed,
     /// A hot-path commit as durable as it says: SQLite's group writer or
     /// relaxed connection; on PostgreSQL one statement on a hot connection
     /// (a function that writes the commit's events itself) under its
@@ -120,6 +125,14 @@ pub(super) struct Events {
 }
 
 impl Events {
+    /// One platform event.
+    pub(super) fn platform(event: &PlatformEvent) -> Events {
+        Events {
+            kinds: vec![event.event_type()],
+            bodies: vec![event.payload()],
+        }
+    }
+
     fn of(events: &[ToolEvent]) -> Result<Events, StoreError> {
         Ok(Events {
             kinds: events.iter().map(|event| event.kind.as_str()).collect(),
@@ -132,6 +145,12 @@ impl Events {
 
     pub(super) fn is_empty(&self) -> bool {
         self.kinds.is_empty()
+    }
+
+    /// These events, then `more`.
+    pub(super) fn extend(&mut self, more: Events) {
+        self.kinds.extend(more.kinds);
+        self.bodies.extend(more.bodies);
     }
 }
 
@@ -150,12 +169,15 @@ pub(super) struct Plan {
     pub(super) always: bool,
     /// Appended once the first statement moved a row.
     pub(super) events: Events,
+    /// The events each row the first statement returned records, where
+    /// they are known only from the row (an approval's decision).
+    pub(super) row_events: Option<RowEvents>,
     /// The events' time.
     pub(super) now: DateTime<Utc>,
 }
 
 impl Plan {
-    fn new(
+    pub(super) fn new(
         tenant_id: Option<&str>,
         run: Run,
         moved: Moved,
@@ -170,31 +192,44 @@ impl Plan {
             then: Vec::new(),
             always: false,
             events: Events::default(),
+            row_events: None,
             now: Utc::now(),
         }
     }
 
-    fn read(tenant_id: &str, sql: &'static str, values: Vec<Value>) -> Plan {
+    pub(super) fn read(tenant_id: &str, sql: &'static str, values: Vec<Value>) -> Plan {
         Plan::new(Some(tenant_id), Run::Read, Moved::Rows, sql, values)
     }
 
-    fn then(mut self, sql: &'static str, values: Vec<Value>) -> Plan {
+    pub(super) fn then(mut self, sql: &'static str, values: Vec<Value>) -> Plan {
         self.then.push(Statement { sql, values });
         self
     }
 
-    fn with_events(mut self, events: Events, now: DateTime<Utc>) -> Plan {
+    pub(super) fn with_events(mut self, events: Events, now: DateTime<Utc>) -> Plan {
         self.events = events;
         self.now = now;
         self
     }
 }
 
-/// What a plan did: whether its first statement moved a row, and the rows
-/// its statements returned.
+/// The events a returned row records.
+pub(super) type RowEvents = fn(&dyn Columns) -> Result<Events, StoreError>;
+
+/// What a plan did: how many rows its first statement changed (or
+/// returned, or its `moved` flag), the rows it returned, and those each of
+/// the statements after it returned.
 pub(super) struct Ran<R> {
-    pub(super) moved: bool,
+    pub(super) count: u64,
     pub(super) rows: Vec<R>,
+    pub(super) then: Vec<Vec<R>>,
+}
+
+impl<R> Ran<R> {
+    /// Whether the first statement moved a row.
+    pub(super) fn moved(&self) -> bool {
+        self.count > 0
+    }
 }
 
 /// A backend: what runs a plan. The rest of the invocation store is
@@ -220,20 +255,20 @@ pub(super) trait Driver: Send + Sync {
 }
 
 /// A text rendered once for each dialect.
-struct Rendered {
+pub(super) struct Rendered {
     postgres: String,
     sqlite: String,
 }
 
 impl Rendered {
-    fn of(render: impl Fn(Dialect) -> String) -> Rendered {
+    pub(super) fn of(render: impl Fn(Dialect) -> String) -> Rendered {
         Rendered {
             postgres: render(Dialect::Postgres),
             sqlite: render(Dialect::Sqlite),
         }
     }
 
-    fn sql(&'static self, dialect: Dialect) -> &'static str {
+    pub(super) fn sql(&'static self, dialect: Dialect) -> &'static str {
         match dialect {
             Dialect::Postgres => &self.postgres,
             Dialect::Sqlite => &self.sqlite,
@@ -730,7 +765,7 @@ async fn flushed<D: Driver>(
     values: Vec<Value>,
 ) -> Result<bool, StoreError> {
     let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Count, sql, values);
-    Ok(store.run(plan).await?.moved)
+    Ok(store.run(plan).await?.moved())
 }
 
 /// The rows a read returns, as invocation records.
@@ -822,7 +857,7 @@ impl<D: Driver> InvocationStore for D {
         Box::pin(async move {
             let plan =
                 end_unfenced::<D>(&SETTLE_WAITING_SQL, tenant_id, id, terminal, events, now)?;
-            Ok(self.run(plan).await?.moved)
+            Ok(self.run(plan).await?.moved())
         })
     }
 
@@ -878,7 +913,7 @@ impl<D: Driver> InvocationStore for D {
                 Dialect::Sqlite => (MARK_EFFECT_SENT_SQL.sql(D::DIALECT), Moved::Count),
             };
             let plan = Plan::new(Some(tenant_id), Run::Hot(durability), moved, sql, values);
-            Ok(self.run(plan).await?.moved)
+            Ok(self.run(plan).await?.moved())
         })
     }
 
@@ -934,7 +969,7 @@ impl<D: Driver> InvocationStore for D {
                     plan = plan.then(INSERT_ARTIFACT, values);
                 }
             }
-            Ok(self.run(plan).await?.moved)
+            Ok(self.run(plan).await?.moved())
         })
     }
 
@@ -990,7 +1025,7 @@ impl<D: Driver> InvocationStore for D {
                 events,
                 now,
             )?;
-            Ok(self.run(plan).await?.moved)
+            Ok(self.run(plan).await?.moved())
         })
     }
 
@@ -1013,7 +1048,8 @@ impl<D: Driver> InvocationStore for D {
             )
             .then(RUN_OWNER, key);
             plan.always = true;
-            match self.run(plan).await?.rows.first() {
+            let ran = self.run(plan).await?;
+            match ran.then.first().and_then(|rows| rows.first()) {
                 Some(row) => run_owner(row),
                 None => Err(StoreError::Query("the run's row is gone".into())),
             }
@@ -1201,7 +1237,7 @@ impl<D: Driver> InvocationStore for D {
             let sql = REOPEN_APPROVAL_SQL.sql(D::DIALECT);
             let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Count, sql, values)
                 .then(REOPENED_APPROVAL, approval);
-            Ok(self.run(plan).await?.moved)
+            Ok(self.run(plan).await?.moved())
         })
     }
 }

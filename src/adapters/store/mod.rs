@@ -41,6 +41,7 @@ macro_rules! session_columns {
 mod invocations;
 mod operator;
 mod postgres;
+mod records;
 mod rows;
 mod sqlite;
 

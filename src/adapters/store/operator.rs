@@ -7,11 +7,19 @@
 //! `$4` since, `$5` until, `$6` the cursor's time, `$7` its key, `$8` the
 //! rows to fetch, `$9` the session. A `NULL` parameter filters nothing.
 
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::invocations::{Driver, Moved, Plan, Rendered, Run, Value};
 use super::parse;
-use super::rows::{Columns, invocation};
+use super::rows::{Columns, event_record, invocation, server_row, session_row, tool_health};
+use crate::domain::TurnState;
 use crate::ports::{
-    ApprovalItem, CatalogGenerationItem, ConnectionOutcome, ReviewItem, ReviewRecord, StoreError,
-    TurnRecord,
+    ApprovalItem, BoxFuture, CatalogGenerationItem, ConnectionOutcome, Cursor, InvocationRecord,
+    InvocationStory, OperatorFilter, OperatorStore, Page, PageRequest, ReviewItem, ReviewRecord,
+    ServerItem, SessionRecord, StoreError, ToolHealth, TurnRecord, TurnStore,
 };
 
 /// Which SQL a text is rendered for.
@@ -417,3 +425,333 @@ mod tests {
         assert!(review_items_sql(Dialect::Postgres, "id, tenant_id").contains("i.id, i.tenant_id"));
     }
 }
+
+/// A list's text, rendered once per dialect.
+macro_rules! list_sql {
+    ($name:ident = $render:expr) => {
+        static $name: LazyLock<Rendered> = LazyLock::new(|| Rendered::of($render));
+    };
+}
+
+list_sql!(INVOCATIONS_SQL = |dialect| invocations_sql(dialect, invocation_columns!()));
+list_sql!(INVOCATION_SQL = |dialect| invocation_sql(dialect, invocation_columns!()));
+list_sql!(INVOCATION_EVENTS_SQL = invocation_events_sql);
+list_sql!(APPROVALS_SQL = approvals_sql);
+list_sql!(REVIEW_ITEMS_SQL = |dialect| review_items_sql(dialect, invocation_columns!()));
+list_sql!(SESSIONS_SQL = |dialect| sessions_sql(dialect, session_columns!()));
+list_sql!(TURNS_SQL = turns_sql);
+list_sql!(SERVERS_SQL = servers_sql);
+list_sql!(GENERATIONS_SQL = generations_sql);
+list_sql!(HEALTH_SQL = health_sql);
+list_sql!(FAILURES_SQL = failures_sql);
+
+/// One page of a list: `sql` bound with the filter and the page in the
+/// order every list takes them, each row decoded by `decode`.
+async fn page<D: Driver, T>(
+    store: &D,
+    sql: &'static LazyLock<Rendered>,
+    filter: &OperatorFilter,
+    page: PageRequest,
+    decode: impl Fn(&D::Row) -> Result<T, StoreError>,
+    key: impl Fn(&T) -> Cursor,
+) -> Result<Page<T>, StoreError> {
+    let values = vec![
+        filter.tenant_id.as_deref().into(),
+        filter.tool_name.as_deref().into(),
+        filter.status.as_deref().into(),
+        filter.since.into(),
+        filter.until.into(),
+        page.after.map(|cursor| cursor.at).into(),
+        page.after.map(|cursor| cursor.key).into(),
+        page.fetch().into(),
+        filter.session_id.into(),
+    ];
+    let plan = Plan::new(None, Run::Read, Moved::Rows, sql.sql(D::DIALECT), values);
+    let rows = store.run(plan).await?.rows;
+    let items = rows.iter().map(decode).collect::<Result<Vec<T>, _>>()?;
+    Ok(page.page(items, key))
+}
+
+fn server_item(row: &impl Columns) -> Result<ServerItem, StoreError> {
+    Ok(ServerItem {
+        id: row.uuid("id")?,
+        tenant_id: row.text("tenant_id")?,
+        tenant_configured: row.flag("tenant_configured")?,
+        server: server_row(row)?,
+        created_at: row.time("created_at")?,
+        last_connection: connection_outcome(row)?,
+    })
+}
+
+impl<D: Driver> OperatorStore for D {
+    fn list_invocations<'a>(
+        &'a self,
+        filter: &'a OperatorFilter,
+        request: PageRequest,
+    ) -> BoxFuture<'a, Result<Page<InvocationRecord>, StoreError>> {
+        Box::pin(page(
+            self,
+            &INVOCATIONS_SQL,
+            filter,
+            request,
+            invocation,
+            |row| Cursor {
+                at: row.created_at,
+                key: row.identity.id,
+            },
+        ))
+    }
+
+    fn invocation_with_events(
+        &self,
+        id: Uuid,
+    ) -> BoxFuture<'_, Result<Option<InvocationStory>, StoreError>> {
+        Box::pin(async move {
+            let sql = INVOCATION_SQL.sql(D::DIALECT);
+            let plan = Plan::new(None, Run::Read, Moved::Rows, sql, vec![id.into()])
+                // The events name it as text.
+                .then(
+                    INVOCATION_EVENTS_SQL.sql(D::DIALECT),
+                    vec![id.to_string().as_str().into()],
+                );
+            let ran = self.run(plan).await?;
+            let Some(row) = ran.rows.first() else {
+                return Ok(None);
+            };
+            let events = ran
+                .then
+                .iter()
+                .flatten()
+                .map(event_record)
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some(InvocationStory {
+                invocation: invocation(row)?,
+                events,
+            }))
+        })
+    }
+
+    fn list_approvals<'a>(
+        &'a self,
+        filter: &'a OperatorFilter,
+        request: PageRequest,
+    ) -> BoxFuture<'a, Result<Page<ApprovalItem>, StoreError>> {
+        Box::pin(page(
+            self,
+            &APPROVALS_SQL,
+            filter,
+            request,
+            approval_item,
+            |item| Cursor {
+                at: item.requested_at,
+                key: item.approval_id,
+            },
+        ))
+    }
+
+    fn list_review_items<'a>(
+        &'a self,
+        filter: &'a OperatorFilter,
+        request: PageRequest,
+    ) -> BoxFuture<'a, Result<Page<ReviewItem>, StoreError>> {
+        Box::pin(page(
+            self,
+            &REVIEW_ITEMS_SQL,
+            filter,
+            request,
+            review_item,
+            |item| Cursor {
+                // An UNCERTAIN row has ended: its completion is its key.
+                at: item
+                    .invocation
+                    .ended()
+                    .map_or(item.invocation.created_at, |ended| ended.completed_at),
+                key: item.invocation.identity.id,
+            },
+        ))
+    }
+
+    fn list_sessions<'a>(
+        &'a self,
+        filter: &'a OperatorFilter,
+        request: PageRequest,
+    ) -> BoxFuture<'a, Result<Page<SessionRecord>, StoreError>> {
+        Box::pin(page(
+            self,
+            &SESSIONS_SQL,
+            filter,
+            request,
+            session_row,
+            |session| Cursor {
+                at: session.opened_at,
+                key: session.session_id,
+            },
+        ))
+    }
+
+    fn list_turns<'a>(
+        &'a self,
+        filter: &'a OperatorFilter,
+        request: PageRequest,
+    ) -> BoxFuture<'a, Result<Page<TurnRecord>, StoreError>> {
+        Box::pin(page(
+            self,
+            &TURNS_SQL,
+            filter,
+            request,
+            turn_record,
+            |turn| Cursor {
+                at: turn.opened_at,
+                key: turn.turn_id,
+            },
+        ))
+    }
+
+    fn list_servers<'a>(
+        &'a self,
+        filter: &'a OperatorFilter,
+        request: PageRequest,
+    ) -> BoxFuture<'a, Result<Page<ServerItem>, StoreError>> {
+        Box::pin(page(
+            self,
+            &SERVERS_SQL,
+            filter,
+            request,
+            server_item,
+            |server| Cursor {
+                at: server.created_at,
+                key: server.id,
+            },
+        ))
+    }
+
+    fn list_catalog_generations<'a>(
+        &'a self,
+        filter: &'a OperatorFilter,
+        request: PageRequest,
+    ) -> BoxFuture<'a, Result<Page<CatalogGenerationItem>, StoreError>> {
+        Box::pin(page(
+            self,
+            &GENERATIONS_SQL,
+            filter,
+            request,
+            generation_item,
+            |generation| Cursor {
+                at: generation.discovered_at,
+                key: generation.id,
+            },
+        ))
+    }
+
+    fn tool_health<'a>(
+        &'a self,
+        filter: &'a OperatorFilter,
+        since: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Vec<ToolHealth>, StoreError>> {
+        Box::pin(async move {
+            let values = || -> Vec<Value> {
+                vec![
+                    filter.tenant_id.as_deref().into(),
+                    filter.tool_name.as_deref().into(),
+                    since.into(),
+                ]
+            };
+            // One snapshot: the counts and the failures beside them.
+            let mut plan = Plan::new(
+                None,
+                Run::Read,
+                Moved::Rows,
+                HEALTH_SQL.sql(D::DIALECT),
+                values(),
+            )
+            .then(FAILURES_SQL.sql(D::DIALECT), values());
+            plan.always = true;
+            let ran = self.run(plan).await?;
+            let failed = ran.then.into_iter().next().unwrap_or_default();
+            tool_health(&ran.rows, &failed)
+        })
+    }
+}
+
+impl<D: Driver> TurnStore for D {
+    // Relaxed: a turn's record is the operator's view, not what a call's
+    // outcome rests on, and it is written on the turn's open path.
+    fn record_turn<'a>(&'a self, turn: &'a TurnRecord) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                turn.turn_id.into(),
+                turn.tenant_id.as_str().into(),
+                turn.session_id.into(),
+                turn.run_id.into(),
+                turn.step_number.into(),
+                turn.script_sha256.as_str().into(),
+                turn.state.as_str().into(),
+                turn.calls.into(),
+                turn.opened_at.into(),
+                turn.expires_at.into(),
+                turn.closed_at.into(),
+            ];
+            let plan = Plan::new(
+                Some(&turn.tenant_id),
+                Run::Relaxed,
+                Moved::Count,
+                RECORD_TURN,
+                values,
+            );
+            self.run(plan).await.map(|_| ())
+        })
+    }
+
+    fn close_turn<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        turn_id: Uuid,
+        state: TurnState,
+        calls: i64,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                turn_id.into(),
+                tenant_id.into(),
+                state.as_str().into(),
+                calls.into(),
+                now.into(),
+            ];
+            let plan = Plan::new(
+                Some(tenant_id),
+                Run::Relaxed,
+                Moved::Count,
+                CLOSE_TURN,
+                values,
+            );
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+
+    fn expire_abandoned_turns(
+        &self,
+        before: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let plan = Plan::new(
+                None,
+                Run::Relaxed,
+                Moved::Count,
+                EXPIRE_TURNS,
+                vec![before.into()],
+            );
+            Ok(self.run(plan).await?.count)
+        })
+    }
+}
+
+const RECORD_TURN: &str = "INSERT INTO turns (turn_id, tenant_id, session_id, run_id, step_number, \
+     script_sha256, state, calls, opened_at, expires_at, closed_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+
+const CLOSE_TURN: &str = "UPDATE turns SET state = $3, calls = $4, closed_at = $5 \
+     WHERE turn_id = $1 AND tenant_id = $2 AND state = 'open'";
+
+const EXPIRE_TURNS: &str = "UPDATE turns SET state = 'expired', closed_at = expires_at \
+     WHERE state = 'open' AND expires_at < $1";

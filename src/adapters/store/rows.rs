@@ -11,9 +11,9 @@ use uuid::Uuid;
 use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
 use crate::ports::{
-    ArtifactRecord, AuthoredSkill, BreakerTally, CallIdentity, CatalogEntry, CatalogRow,
-    ConsoleSignIn, Ended, EventRecord, Held, InvocationRecord, InvocationState, RunOwner,
-    StoreError, StoredArtifact, Suspension, ToolHealth,
+    ApprovalRecord, ArtifactRecord, AuthoredSkill, BreakerTally, CallIdentity, CatalogEntry,
+    CatalogRow, ConsoleSignIn, Ended, EventRecord, Held, InvocationRecord, InvocationState,
+    McpServerRow, RunOwner, SessionRecord, StoreError, StoredArtifact, Suspension, ToolHealth,
 };
 
 /// A row's columns as values, however the backend stores them.
@@ -325,6 +325,71 @@ pub(super) fn console_sign_in(row: &impl Columns) -> Result<ConsoleSignIn, Store
 pub(super) fn held(row: InvocationRecord) -> Result<Held, StoreError> {
     row.held().map_err(|_| {
         StoreError::Decode("tool_invocations: a claimed row without its worker".into())
+    })
+}
+
+/// A `sessions` row.
+pub(super) fn session_row(row: &impl Columns) -> Result<SessionRecord, StoreError> {
+    let json = |column: &str| -> Result<Value, StoreError> { row.json(column) };
+    Ok(SessionRecord {
+        session_id: row.uuid("session_id")?,
+        tenant_id: row.text("tenant_id")?,
+        principal: serde_json::from_value(json("principal")?)
+            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
+        agent: serde_json::from_value(json("agent")?)
+            .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
+        tool_schema_sha256: row.text("tool_schema_sha256")?,
+        tool_contract_sha256: row.text("tool_contract_sha256")?,
+        tool_names: serde_json::from_value(json("tool_names")?)
+            .map_err(|e| StoreError::Decode(format!("tool_names: {e}")))?,
+        opened_at: row.time("opened_at")?,
+        last_used_at: row.time("last_used_at")?,
+    })
+}
+
+/// An `mcp_servers` row (a tenant's server); scopes that do not read as a
+/// list of strings read as none.
+pub(super) fn server_row(row: &impl Columns) -> Result<McpServerRow, StoreError> {
+    let scopes = |value: Option<Value>| -> Vec<String> {
+        value
+            .and_then(|value| serde_json::from_value(value).ok())
+            .unwrap_or_default()
+    };
+    Ok(McpServerRow {
+        server_id: row.text("server_id")?,
+        transport: parse(&row.text("transport")?, "transport")?,
+        endpoint: row.text("endpoint")?,
+        auth_scheme: parse(&row.text("auth_scheme")?, "auth_scheme")?,
+        auth_name: row.optional_text("auth_name")?,
+        credential_ref: row.optional_text("credential_ref")?,
+        token_endpoint: row.optional_text("token_endpoint")?,
+        token_scopes: row
+            .optional_json("token_scopes")
+            .unwrap_or(None)
+            .map(|value| scopes(Some(value))),
+        side_effect: parse(&row.text("side_effect")?, "side_effect")?,
+        risk: parse(&row.text("risk")?, "risk")?,
+        idempotency: parse(&row.text("idempotency")?, "idempotency")?,
+        required_scopes: scopes(row.optional_json("required_scopes").unwrap_or(None)),
+        timeout_seconds: u32::try_from(row.integer("timeout_seconds")?).unwrap_or_default(),
+        maximum_output_bytes: u64::try_from(row.integer("maximum_output_bytes")?)
+            .unwrap_or_default(),
+        enabled: row.flag("enabled")?,
+    })
+}
+
+/// An `approvals` row.
+pub(super) fn approval<C: Columns + ?Sized>(row: &C) -> Result<ApprovalRecord, StoreError> {
+    Ok(ApprovalRecord {
+        id: row.uuid("id")?,
+        tenant_id: row.text("tenant_id")?,
+        invocation_id: row.uuid("invocation_id")?,
+        tool_name: row.text("tool_name")?,
+        reason_code: parse(&row.text("reason_code")?, "reason_code")?,
+        status: parse(&row.text("status")?, "status")?,
+        approver: row.optional_text("approver")?,
+        requested_at: row.time("requested_at")?,
+        decided_at: row.optional_time("decided_at")?,
     })
 }
 

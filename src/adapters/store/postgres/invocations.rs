@@ -27,20 +27,22 @@ fn bound(statement: &Statement) -> Query<'_, Postgres, PgArguments> {
         })
 }
 
-/// Runs a plan's first statement: whether it moved a row, and its rows.
-async fn first(statements: Statements<'_>, plan: &Plan) -> Result<(bool, Vec<PgRow>), sqlx::Error> {
+/// Runs a plan's first statement: how many rows it moved, and its rows.
+async fn first(statements: Statements<'_>, plan: &Plan) -> Result<(u64, Vec<PgRow>), sqlx::Error> {
     let query = bound(&plan.first);
     Ok(match plan.moved {
-        Moved::Count => (
-            query.execute(statements).await?.rows_affected() > 0,
-            Vec::new(),
-        ),
+        Moved::Count => (query.execute(statements).await?.rows_affected(), Vec::new()),
         Moved::Rows => {
             let rows = query.fetch_all(statements).await?;
-            (!rows.is_empty(), rows)
+            (rows.len() as u64, rows)
         }
         Moved::Flag => (
-            query.fetch_one(statements).await?.try_get("moved")?,
+            u64::from(
+                query
+                    .fetch_one(statements)
+                    .await?
+                    .try_get::<bool, _>("moved")?,
+            ),
             Vec::new(),
         ),
     })
@@ -54,26 +56,31 @@ impl Driver for PostgresStore {
         Box::pin(async move {
             if let Run::Hot(_) | Run::HotRead = plan.run {
                 // One statement on a hot connection, its events in its values.
-                if !plan.then.is_empty() || !plan.events.is_empty() {
+                if !plan.then.is_empty() || !plan.events.is_empty() || plan.row_events.is_some() {
                     return Err(StoreError::Query("a hot-path plan is one statement".into()));
                 }
                 let tenant_id = plan.tenant_id.as_deref().unwrap_or_default();
                 let mut lease = self.hot.lease_for(tenant_id).await?;
                 let result = first(lease.statements()?, &plan).await;
-                let (moved, rows) = lease.settle(result)?;
-                return Ok(Ran { moved, rows });
+                let (count, rows) = lease.settle(result)?;
+                return Ok(Ran {
+                    count,
+                    rows,
+                    then: Vec::new(),
+                });
             }
             let scope = match plan.tenant_id.as_deref() {
                 Some(tenant_id) => Scope::Tenant(tenant_id),
                 None => Scope::System,
             };
             let mut tx = self.begin(scope).await?;
-            let (moved, mut rows) = first(tx.statements(), &plan)
+            let (count, rows) = first(tx.statements(), &plan)
                 .await
                 .map_err(database_error)?;
-            if moved || plan.always {
+            let mut then = Vec::new();
+            if count > 0 || plan.always {
                 for statement in &plan.then {
-                    rows.extend(
+                    then.push(
                         bound(statement)
                             .fetch_all(tx.statements())
                             .await
@@ -81,19 +88,17 @@ impl Driver for PostgresStore {
                     );
                 }
             }
-            if moved && !plan.events.is_empty() {
-                let tenant_id = plan.tenant_id.as_deref().unwrap_or_default();
-                append_events(
-                    &mut tx,
-                    tenant_id,
-                    &plan.events.kinds,
-                    &plan.events.bodies,
-                    plan.now,
-                )
-                .await?;
+            if count > 0 {
+                let mut events = plan.events;
+                if let Some(of_row) = plan.row_events {
+                    for row in &rows {
+                        events.extend(of_row(row)?);
+                    }
+                }
+                append_events(&mut tx, plan.tenant_id.as_deref(), &events, plan.now).await?;
             }
             tx.commit().await.map_err(database_error)?;
-            Ok(Ran { moved, rows })
+            Ok(Ran { count, rows, then })
         })
     }
 

@@ -3,9 +3,8 @@
 //! database safe. Each transaction sets the tenant (or the system scope) that
 //! row-level security checks.
 
-use super::rows::{
-    authored_skill, catalog_row, console_sign_in, event_record, invocation, tool_health,
-};
+use super::invocations::Events;
+use super::rows::{authored_skill, catalog_row, console_sign_in, server_row, session_row};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -14,14 +13,12 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row};
 use uuid::Uuid;
 
-use super::{POSTGRES_MIGRATIONS, database_error, parse, plan};
-use crate::domain::{ApprovalStatus, ReasonCode};
+use super::{POSTGRES_MIGRATIONS, database_error, plan};
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow,
-    CatalogStore, ConsoleSignIn, ConsoleSignInStore, EventRecord, EventStore, InvocationRecord,
-    McpServerRow, PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal,
-    ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
-    SkillWritten, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
+    AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, ConsoleSignIn,
+    ConsoleSignInStore, McpServerRow, PlatformEvent, PreparationRecord, Registration, Renewal,
+    Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 use connections::{
     DEFAULT_CONNECTIONS, HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach,
@@ -262,49 +259,15 @@ impl super::rows::Columns for PgRow {
     }
 }
 
-fn session_row(row: &PgRow) -> Result<SessionRecord, StoreError> {
-    let principal: serde_json::Value = get(row, "principal")?;
-    let agent: serde_json::Value = get(row, "agent")?;
-    Ok(SessionRecord {
-        session_id: get(row, "session_id")?,
-        tenant_id: get(row, "tenant_id")?,
-        principal: serde_json::from_value(principal)
-            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
-        agent: serde_json::from_value(agent)
-            .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
-        tool_schema_sha256: get(row, "tool_schema_sha256")?,
-        tool_contract_sha256: get(row, "tool_contract_sha256")?,
-        tool_names: serde_json::from_value(get(row, "tool_names")?)
-            .map_err(|e| StoreError::Decode(format!("tool_names: {e}")))?,
-        opened_at: get(row, "opened_at")?,
-        last_used_at: get(row, "last_used_at")?,
-    })
-}
-
-fn approval(row: &PgRow) -> Result<ApprovalRecord, StoreError> {
-    Ok(ApprovalRecord {
-        id: get(row, "id")?,
-        tenant_id: get(row, "tenant_id")?,
-        invocation_id: get(row, "invocation_id")?,
-        tool_name: get(row, "tool_name")?,
-        reason_code: parse::<ReasonCode>(&get::<String>(row, "reason_code")?, "reason_code")?,
-        status: parse::<ApprovalStatus>(&get::<String>(row, "status")?, "status")?,
-        approver: get(row, "approver")?,
-        requested_at: get(row, "requested_at")?,
-        decided_at: get(row, "decided_at")?,
-    })
-}
-
 /// Appends a commit's events, given as their kinds and bodies, in order:
 /// one round trip for all of them.
 async fn append_events(
     tx: &mut Scoped,
-    tenant_id: &str,
-    kinds: &[&'static str],
-    bodies: &[serde_json::Value],
+    tenant_id: Option<&str>,
+    events: &Events,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    if kinds.is_empty() {
+    if events.is_empty() {
         return Ok(());
     }
     sqlx::query(
@@ -312,8 +275,8 @@ async fn append_events(
          SELECT $1, kind, body, $4 FROM UNNEST($2::text[], $3::jsonb[]) WITH ORDINALITY AS e(kind, body, n) ORDER BY n",
     )
     .bind(tenant_id)
-    .bind(kinds)
-    .bind(bodies)
+    .bind(&events.kinds)
+    .bind(&events.bodies)
     .bind(now)
     .execute(tx.statements())
     .await
@@ -321,13 +284,9 @@ async fn append_events(
     Ok(())
 }
 
-mod approvals;
 mod catalog;
 mod connections;
-mod events;
 mod invocations;
-mod operator;
-mod reviews;
 mod sessions;
 mod skills;
 mod workers;

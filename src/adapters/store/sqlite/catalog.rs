@@ -267,29 +267,3 @@ fn upsert_server(
     .execute(connection)?;
     Ok(())
 }
-
-pub(super) fn server_row(row: &Row) -> Result<McpServerRow, StoreError> {
-    let scopes = |value: Option<String>| -> Vec<String> {
-        value
-            .and_then(|value| serde_json::from_str(&value).ok())
-            .unwrap_or_default()
-    };
-    Ok(McpServerRow {
-        server_id: get(row, "server_id")?,
-        transport: parse(&get::<String>(row, "transport")?, "transport")?,
-        endpoint: get(row, "endpoint")?,
-        auth_scheme: parse(&get::<String>(row, "auth_scheme")?, "auth_scheme")?,
-        auth_name: get(row, "auth_name")?,
-        credential_ref: get(row, "credential_ref")?,
-        token_endpoint: get(row, "token_endpoint")?,
-        token_scopes: get::<Option<String>>(row, "token_scopes")?.map(|value| scopes(Some(value))),
-        side_effect: parse(&get::<String>(row, "side_effect")?, "side_effect")?,
-        risk: parse(&get::<String>(row, "risk")?, "risk")?,
-        idempotency: parse(&get::<String>(row, "idempotency")?, "idempotency")?,
-        required_scopes: scopes(get(row, "required_scopes")?),
-        timeout_seconds: u32::try_from(get::<i64>(row, "timeout_seconds")?).unwrap_or_default(),
-        maximum_output_bytes: u64::try_from(get::<i64>(row, "maximum_output_bytes")?)
-            .unwrap_or_default(),
-        enabled: get(row, "enabled")?,
-    })
-}

@@ -9,30 +9,33 @@ use crate::adapters::store::operator::Dialect;
 /// Runs `plan` on `connection`, inside the transaction it is given.
 fn execute(connection: &Connection, plan: Plan) -> Result<Ran<Row>, StoreError> {
     let first = bound(&plan.first);
-    let (moved, mut rows) = match plan.moved {
-        Moved::Count => (first.execute(connection)? > 0, Vec::new()),
+    let (count, rows) = match plan.moved {
+        Moved::Count => (first.execute(connection)? as u64, Vec::new()),
         Moved::Rows => {
             let rows = first.fetch_all(connection)?;
-            (!rows.is_empty(), rows)
+            (rows.len() as u64, rows)
         }
         Moved::Flag => (
-            get::<bool>(&first.fetch_one(connection)?, "moved")?,
+            u64::from(get::<bool>(&first.fetch_one(connection)?, "moved")?),
             Vec::new(),
         ),
     };
-    if moved || plan.always {
+    let mut then = Vec::new();
+    if count > 0 || plan.always {
         for statement in &plan.then {
-            rows.extend(bound(statement).fetch_all(connection)?);
+            then.push(bound(statement).fetch_all(connection)?);
         }
     }
-    if moved && !plan.events.is_empty() {
-        let events: Vec<(&'static str, String)> = (plan.events.kinds.iter().copied())
-            .zip(plan.events.bodies.iter().map(text))
-            .collect();
-        let tenant_id = plan.tenant_id.as_deref().unwrap_or_default();
-        append_events(connection, tenant_id, &events, plan.now)?;
+    if count > 0 {
+        let mut events = plan.events;
+        if let Some(of_row) = plan.row_events {
+            for row in &rows {
+                events.extend(of_row(row)?);
+            }
+        }
+        append_events(connection, plan.tenant_id.as_deref(), &events, plan.now)?;
     }
-    Ok(Ran { moved, rows })
+    Ok(Ran { count, rows, then })
 }
 
 fn bound(statement: &Statement) -> db::Query<'_> {
@@ -54,6 +57,7 @@ impl Driver for SqliteStore {
                     self.flushed(move |connection| execute(connection, plan))
                         .await
                 }
+                Run::Relaxed => self.relaxed(|connection| execute(connection, plan)),
                 Run::Hot(durability) => {
                     self.write(durability, move |connection| execute(connection, plan))
                         .await

@@ -23,17 +23,15 @@ use uuid::Uuid;
 use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
-use super::rows::{
-    authored_skill, catalog_row, console_sign_in, event_record, invocation, tool_health,
-};
-use super::{SQLITE_MIGRATIONS, parse, plan};
-use crate::domain::{ApprovalStatus, Durability, ReasonCode};
+use super::invocations::Events;
+use super::rows::{authored_skill, catalog_row, console_sign_in, server_row, session_row};
+use super::{SQLITE_MIGRATIONS, plan};
+use crate::domain::Durability;
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow,
-    CatalogStore, ConsoleSignIn, ConsoleSignInStore, EventRecord, EventStore, InvocationRecord,
-    McpServerRow, PlatformEvent, PreparationRecord, QueueDepths, Registration, Renewal,
-    ReviewRecord, ReviewStore, Schema, SessionRecord, SessionStore, SkillStore, SkillWrite,
-    SkillWritten, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
+    AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, ConsoleSignIn,
+    ConsoleSignInStore, McpServerRow, PlatformEvent, PreparationRecord, Registration, Renewal,
+    Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError,
+    WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more
@@ -45,13 +43,9 @@ const KEPT_READERS: usize = 8;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 // After the column macros, which they use.
-mod approvals;
 mod catalog;
 mod db;
-mod events;
 mod invocations;
-mod operator;
-mod reviews;
 mod sessions;
 mod skills;
 mod workers;
@@ -398,23 +392,6 @@ const SESSION_BY_ID: &str = concat!(
     " FROM sessions WHERE session_id = $1"
 );
 
-fn session_row(row: &Row) -> Result<SessionRecord, StoreError> {
-    Ok(SessionRecord {
-        session_id: uuid(row, "session_id")?,
-        tenant_id: get(row, "tenant_id")?,
-        principal: serde_json::from_value(json(row, "principal")?)
-            .map_err(|e| StoreError::Decode(format!("principal: {e}")))?,
-        agent: serde_json::from_value(json(row, "agent")?)
-            .map_err(|e| StoreError::Decode(format!("agent: {e}")))?,
-        tool_schema_sha256: get(row, "tool_schema_sha256")?,
-        tool_contract_sha256: get(row, "tool_contract_sha256")?,
-        tool_names: serde_json::from_value(json(row, "tool_names")?)
-            .map_err(|e| StoreError::Decode(format!("tool_names: {e}")))?,
-        opened_at: time(row, "opened_at")?,
-        last_used_at: time(row, "last_used_at")?,
-    })
-}
-
 impl super::rows::Columns for Row {
     fn text(&self, column: &str) -> Result<String, StoreError> {
         get(self, column)
@@ -465,35 +442,21 @@ impl super::rows::Columns for Row {
     }
 }
 
-fn approval(row: &Row) -> Result<ApprovalRecord, StoreError> {
-    Ok(ApprovalRecord {
-        id: uuid(row, "id")?,
-        tenant_id: get(row, "tenant_id")?,
-        invocation_id: uuid(row, "invocation_id")?,
-        tool_name: get(row, "tool_name")?,
-        reason_code: parse::<ReasonCode>(&get::<String>(row, "reason_code")?, "reason_code")?,
-        status: parse::<ApprovalStatus>(&get::<String>(row, "status")?, "status")?,
-        approver: get(row, "approver")?,
-        requested_at: time(row, "requested_at")?,
-        decided_at: optional_time(row, "decided_at")?,
-    })
-}
-
-/// A commit's events, as the rows they become: kind and body.
-/// Appends a commit's events, in order.
+/// Appends a commit's events, in order (a platform event may belong to no
+/// tenant).
 fn append_events(
     connection: &Connection,
-    tenant_id: &str,
-    events: &[(&'static str, String)],
+    tenant_id: Option<&str>,
+    events: &Events,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    for (kind, body) in events {
+    for (kind, body) in events.kinds.iter().zip(&events.bodies) {
         query(
             "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)",
         )
         .bind(tenant_id)
         .bind(*kind)
-        .bind(body)
+        .bind(text(body))
         .bind(micros(now))
         .execute(connection)?;
     }

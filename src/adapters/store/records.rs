@@ -1,0 +1,228 @@
+//! The approvals, the events outbox and the review queue, written once for
+//! both backends as plans a [`Driver`] runs.
+
+use chrono::{DateTime, Utc};
+use std::sync::LazyLock;
+use uuid::Uuid;
+
+use super::invocations::{Driver, Events, Moved, Plan, Rendered, Run};
+use super::operator::Dialect;
+use super::rows::{Columns, approval, event_record};
+use crate::domain::ApprovalStatus;
+use crate::ports::{
+    ApprovalRecord, ApprovalStore, BoxFuture, EventRecord, EventStore, PlatformEvent, QueueDepths,
+    ReviewRecord, ReviewStore, StoreError,
+};
+
+const APPROVAL: &str = concat!(
+    "SELECT ",
+    approval_columns!(),
+    " FROM approvals WHERE id = $1 AND tenant_id = $2"
+);
+
+// A pending approval is decided once.
+const DECIDE_APPROVAL: &str = concat!(
+    "UPDATE approvals SET status = $3, approver = $4, decided_at = $5 \
+     WHERE id = $1 AND tenant_id = $2 AND status = 'pending' RETURNING ",
+    approval_columns!()
+);
+
+const RECORD_APPROVAL_HOLD: &str = "UPDATE approvals SET hold_ends_at = $3, \
+     turn_id = coalesce($4, turn_id) WHERE id = $1 AND tenant_id = $2 AND status = 'pending'";
+
+/// The event a decided approval records.
+fn decided(row: &dyn Columns) -> Result<Events, StoreError> {
+    let decided = approval(row)?;
+    Ok(Events::platform(&PlatformEvent::ApprovalDecided {
+        approval_id: decided.id,
+        invocation_id: decided.invocation_id,
+        status: decided.status,
+        approver: decided.approver.unwrap_or_default(),
+    }))
+}
+
+impl<D: Driver> ApprovalStore for D {
+    fn approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>> {
+        Box::pin(async move {
+            let plan = Plan::read(tenant_id, APPROVAL, vec![id.into(), tenant_id.into()]);
+            self.run(plan).await?.rows.first().map(approval).transpose()
+        })
+    }
+
+    fn decide_approval<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        id: Uuid,
+        status: ApprovalStatus,
+        approver: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ApprovalRecord>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                id.into(),
+                tenant_id.into(),
+                status.as_str().into(),
+                approver.into(),
+                now.into(),
+            ];
+            let mut plan = Plan::new(
+                Some(tenant_id),
+                Run::Flushed,
+                Moved::Rows,
+                DECIDE_APPROVAL,
+                values,
+            );
+            plan.row_events = Some(decided);
+            plan.now = now;
+            self.run(plan).await?.rows.first().map(approval).transpose()
+        })
+    }
+
+    fn record_approval_hold<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        approval_id: Uuid,
+        turn_id: Option<Uuid>,
+        hold_ends_at: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                approval_id.into(),
+                tenant_id.into(),
+                hold_ends_at.into(),
+                turn_id.into(),
+            ];
+            let sql = RECORD_APPROVAL_HOLD;
+            let plan = Plan::new(Some(tenant_id), Run::Relaxed, Moved::Count, sql, values);
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+}
+
+const RECORD_EVENT: &str =
+    "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)";
+
+// PostgreSQL assigns event ids before commit: a reader sees only the ids of
+// transactions older than every one still open, so none is skipped by a
+// later, lower id committing after it was read past.
+static EVENTS_AFTER: LazyLock<Rendered> = LazyLock::new(|| {
+    Rendered::of(|dialect| {
+        let committed = match dialect {
+            Dialect::Postgres => " AND txid < pg_snapshot_xmin(pg_current_snapshot())",
+            Dialect::Sqlite => "",
+        };
+        let tenant = match dialect {
+            Dialect::Postgres => "$3::text",
+            Dialect::Sqlite => "$3",
+        };
+        format!(
+            "SELECT id, tenant_id, event_type, payload, created_at FROM events \
+             WHERE id > $1 AND ({tenant} IS NULL OR tenant_id = $3){committed} ORDER BY id LIMIT $2"
+        )
+    })
+});
+
+const QUEUE_DEPTHS: &str = "SELECT (SELECT count(*) FROM tool_invocations i \
+     WHERE i.outcome_status = 'uncertain' AND NOT EXISTS (SELECT 1 FROM review_resolutions r \
+     WHERE r.tenant_id = i.tenant_id AND r.invocation_id = i.id)) AS uncertain, \
+     (SELECT count(*) FROM approvals WHERE status = 'pending') AS pending";
+
+// Only an UNCERTAIN row of the tenant is resolved, once.
+const RESOLVE_REVIEW: &str = "INSERT INTO review_resolutions (id, tenant_id, invocation_id, \
+     resolution, resolver, note, resolved_at) SELECT $1, $2, $3, $4, $5, $6, $7 \
+     WHERE EXISTS (SELECT 1 FROM tool_invocations WHERE tenant_id = $2 AND id = $3 \
+     AND outcome_status = 'uncertain') ON CONFLICT (invocation_id) DO NOTHING";
+
+impl<D: Driver> EventStore for D {
+    fn record_event<'a>(
+        &'a self,
+        tenant_id: Option<&'a str>,
+        event: &'a PlatformEvent,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                tenant_id.into(),
+                event.event_type().into(),
+                Some(event.payload()).into(),
+                now.into(),
+            ];
+            let plan = Plan::new(tenant_id, Run::Flushed, Moved::Count, RECORD_EVENT, values);
+            self.run(plan).await.map(|_| ())
+        })
+    }
+
+    fn events_after<'a>(
+        &'a self,
+        after: i64,
+        limit: i64,
+        tenant_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<EventRecord>, StoreError>> {
+        Box::pin(async move {
+            // A tenant's reader is scoped to its tenant (by row-level
+            // security too, on PostgreSQL).
+            let values = vec![after.into(), limit.into(), tenant_id.into()];
+            let sql = EVENTS_AFTER.sql(D::DIALECT);
+            let plan = Plan::new(tenant_id, Run::Read, Moved::Rows, sql, values);
+            self.run(plan)
+                .await?
+                .rows
+                .iter()
+                .map(event_record)
+                .collect()
+        })
+    }
+}
+
+impl<D: Driver> ReviewStore for D {
+    fn queue_depths(&self) -> BoxFuture<'_, Result<QueueDepths, StoreError>> {
+        Box::pin(async move {
+            let plan = Plan::new(None, Run::Read, Moved::Rows, QUEUE_DEPTHS, Vec::new());
+            let ran = self.run(plan).await?;
+            let row = ran
+                .rows
+                .first()
+                .ok_or_else(|| StoreError::Query("the queue depths returned no row".into()))?;
+            Ok(QueueDepths {
+                unresolved_uncertain: row.integer("uncertain")?,
+                pending_approvals: row.integer("pending")?,
+            })
+        })
+    }
+
+    fn resolve_review<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        review: &'a ReviewRecord,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                Uuid::new_v4().into(),
+                tenant_id.into(),
+                review.invocation_id.into(),
+                review.resolution.as_str().into(),
+                review.resolver.as_str().into(),
+                review.note.as_deref().into(),
+                review.resolved_at.into(),
+            ];
+            let event = PlatformEvent::ReviewResolved {
+                invocation_id: review.invocation_id,
+                resolution: review.resolution,
+                resolver: review.resolver.clone(),
+            };
+            let plan = Plan::new(
+                Some(tenant_id),
+                Run::Flushed,
+                Moved::Count,
+                RESOLVE_REVIEW,
+                values,
+            )
+            .with_events(Events::platform(&event), review.resolved_at);
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+}
