@@ -1,17 +1,19 @@
-//! The approvals, the events outbox and the review queue, written once for
-//! both backends as plans a [`Driver`] runs.
+//! The approvals, the events outbox, the review queue, the recorded
+//! sessions and the console's sign-ins, written once for both backends as
+//! plans a [`Driver`] runs.
 
 use chrono::{DateTime, Utc};
 use std::sync::LazyLock;
 use uuid::Uuid;
 
-use super::invocations::{Driver, Events, Moved, Plan, Rendered, Run};
+use super::invocations::{Driver, Events, Moved, Plan, Rendered, Run, Value};
 use super::operator::Dialect;
-use super::rows::{Columns, approval, event_record};
+use super::rows::{Columns, approval, console_sign_in, event_record, session_row};
 use crate::domain::ApprovalStatus;
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, BoxFuture, EventRecord, EventStore, PlatformEvent, QueueDepths,
-    ReviewRecord, ReviewStore, StoreError,
+    ApprovalRecord, ApprovalStore, BoxFuture, ConsoleSignIn, ConsoleSignInStore, EventRecord,
+    EventStore, PlatformEvent, QueueDepths, ReviewRecord, ReviewStore, SessionRecord, SessionStore,
+    StoreError,
 };
 
 const APPROVAL: &str = concat!(
@@ -223,6 +225,204 @@ impl<D: Driver> ReviewStore for D {
             )
             .with_events(Events::platform(&event), review.resolved_at);
             Ok(self.run(plan).await?.count == 1)
+        })
+    }
+}
+
+const OPEN_SESSION: &str = "INSERT INTO sessions (session_id, tenant_id, principal, agent, \
+     tool_schema_sha256, tool_contract_sha256, opened_at, last_used_at, tool_names) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (session_id) DO NOTHING";
+
+const SESSION_BY_ID: &str = concat!(
+    "SELECT ",
+    session_columns!(),
+    " FROM sessions WHERE session_id = $1"
+);
+
+const TOUCH_SESSION: &str =
+    "UPDATE sessions SET last_used_at = $2 WHERE session_id = $1 AND last_used_at < $2";
+
+const END_SESSION: &str = "DELETE FROM sessions WHERE session_id = $1 AND tenant_id = $2";
+
+const FORGET_SESSIONS: &str = "DELETE FROM sessions WHERE last_used_at < $1";
+
+// The expired sign-ins go, and the oldest live ones past the newest
+// `$2`, before one more is kept.
+static PRUNE_SIGN_INS: LazyLock<Rendered> = LazyLock::new(|| {
+    Rendered::of(|dialect| {
+        let all = match dialect {
+            Dialect::Postgres => "",
+            Dialect::Sqlite => " LIMIT -1",
+        };
+        format!(
+            "DELETE FROM console_sign_ins WHERE expires_at <= $1 OR cookie_sha256 IN (\
+             SELECT cookie_sha256 FROM console_sign_ins WHERE expires_at > $1 \
+             ORDER BY expires_at DESC{all} OFFSET $2)"
+        )
+    })
+});
+
+const SIGN_IN: &str = "INSERT INTO console_sign_ins (cookie_sha256, operator, signed_in_at, \
+     expires_at) VALUES ($1, $2, $3, $4)";
+
+const SIGNED_IN: &str = "SELECT cookie_sha256, operator, signed_in_at, expires_at \
+     FROM console_sign_ins WHERE cookie_sha256 = $1 AND expires_at > $2";
+
+const SIGN_OUT: &str = "DELETE FROM console_sign_ins WHERE cookie_sha256 = $1";
+
+fn json<T: serde::Serialize>(value: &T) -> Result<Value, StoreError> {
+    serde_json::to_value(value)
+        .map(|json| Some(json).into())
+        .map_err(|error| StoreError::Decode(error.to_string()))
+}
+
+impl<D: Driver> SessionStore for D {
+    fn open_session<'a>(
+        &'a self,
+        session: &'a SessionRecord,
+    ) -> BoxFuture<'a, Result<SessionRecord, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                session.session_id.into(),
+                session.tenant_id.as_str().into(),
+                json(&session.principal)?,
+                json(&session.agent)?,
+                session.tool_schema_sha256.as_str().into(),
+                session.tool_contract_sha256.as_str().into(),
+                session.opened_at.into(),
+                session.last_used_at.into(),
+                json(&session.tool_names)?,
+            ];
+            // Every tenant's rows: an id another tenant holds must be seen
+            // to be refused, not inserted beside it. The row read back is
+            // what was recorded first.
+            let mut plan = Plan::new(None, Run::Flushed, Moved::Count, OPEN_SESSION, values)
+                .then(SESSION_BY_ID, vec![session.session_id.into()]);
+            plan.always = true;
+            let ran = self.run(plan).await?;
+            match ran.then.first().and_then(|rows| rows.first()) {
+                Some(row) => session_row(row),
+                None => Err(StoreError::Query("the session's row is gone".into())),
+            }
+        })
+    }
+
+    fn session(
+        &self,
+        session_id: Uuid,
+    ) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
+        Box::pin(async move {
+            let plan = Plan::new(
+                None,
+                Run::Read,
+                Moved::Rows,
+                SESSION_BY_ID,
+                vec![session_id.into()],
+            );
+            self.run(plan)
+                .await?
+                .rows
+                .first()
+                .map(session_row)
+                .transpose()
+        })
+    }
+
+    fn touch_session(
+        &self,
+        session_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            // A use's time, refreshed at most hourly: nothing recovery reads.
+            let values = vec![session_id.into(), now.into()];
+            let plan = Plan::new(None, Run::Relaxed, Moved::Count, TOUCH_SESSION, values);
+            self.run(plan).await.map(|_| ())
+        })
+    }
+
+    fn end_session<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        session_id: Uuid,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let values = vec![session_id.into(), tenant_id.into()];
+            let plan = Plan::new(
+                Some(tenant_id),
+                Run::Flushed,
+                Moved::Count,
+                END_SESSION,
+                values,
+            );
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+
+    fn forget_sessions(&self, before: DateTime<Utc>) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let plan = Plan::new(
+                None,
+                Run::Flushed,
+                Moved::Count,
+                FORGET_SESSIONS,
+                vec![before.into()],
+            );
+            Ok(self.run(plan).await?.count)
+        })
+    }
+}
+
+impl<D: Driver> ConsoleSignInStore for D {
+    fn sign_in<'a>(
+        &'a self,
+        sign_in: &'a ConsoleSignIn,
+        maximum: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let keep = i64::try_from(maximum.saturating_sub(1)).unwrap_or(i64::MAX);
+            let pruned = vec![sign_in.signed_in_at.into(), keep.into()];
+            let values = vec![
+                sign_in.cookie_sha256.as_str().into(),
+                sign_in.operator.as_str().into(),
+                sign_in.signed_in_at.into(),
+                sign_in.expires_at.into(),
+            ];
+            let prune = PRUNE_SIGN_INS.sql(D::DIALECT);
+            let mut plan =
+                Plan::new(None, Run::Flushed, Moved::Count, prune, pruned).then(SIGN_IN, values);
+            plan.always = true;
+            self.run(plan).await.map(|_| ())
+        })
+    }
+
+    fn signed_in<'a>(
+        &'a self,
+        cookie_sha256: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ConsoleSignIn>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![cookie_sha256.into(), now.into()];
+            let plan = Plan::new(None, Run::Read, Moved::Rows, SIGNED_IN, values);
+            self.run(plan)
+                .await?
+                .rows
+                .first()
+                .map(console_sign_in)
+                .transpose()
+        })
+    }
+
+    fn sign_out<'a>(&'a self, cookie_sha256: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let plan = Plan::new(
+                None,
+                Run::Flushed,
+                Moved::Count,
+                SIGN_OUT,
+                vec![cookie_sha256.into()],
+            );
+            self.run(plan).await.map(|_| ())
         })
     }
 }

@@ -4,7 +4,7 @@
 //! row-level security checks.
 
 use super::invocations::Events;
-use super::rows::{authored_skill, catalog_row, console_sign_in, server_row, session_row};
+use super::rows::{authored_skill, catalog_row, server_row};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -15,10 +15,9 @@ use uuid::Uuid;
 
 use super::{POSTGRES_MIGRATIONS, database_error, plan};
 use crate::ports::{
-    AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, ConsoleSignIn,
-    ConsoleSignInStore, McpServerRow, PlatformEvent, PreparationRecord, Registration, Renewal,
-    Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow,
+    PlatformEvent, PreparationRecord, Registration, Renewal, Schema, SkillStore, SkillWrite,
+    SkillWritten, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
 };
 use connections::{
     DEFAULT_CONNECTIONS, HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach,
@@ -287,7 +286,6 @@ async fn append_events(
 mod catalog;
 mod connections;
 mod invocations;
-mod sessions;
 mod skills;
 mod workers;
 

@@ -24,14 +24,13 @@ use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
 use super::invocations::Events;
-use super::rows::{authored_skill, catalog_row, console_sign_in, server_row, session_row};
+use super::rows::{authored_skill, catalog_row, server_row};
 use super::{SQLITE_MIGRATIONS, plan};
 use crate::domain::Durability;
 use crate::ports::{
-    AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, ConsoleSignIn,
-    ConsoleSignInStore, McpServerRow, PlatformEvent, PreparationRecord, Registration, Renewal,
-    Schema, SessionRecord, SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError,
-    WorkerLease, WorkerRegistration, WorkerStore,
+    AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow,
+    PlatformEvent, PreparationRecord, Registration, Renewal, Schema, SkillStore, SkillWrite,
+    SkillWritten, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more
@@ -46,7 +45,6 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 mod catalog;
 mod db;
 mod invocations;
-mod sessions;
 mod skills;
 mod workers;
 mod writer;
@@ -385,12 +383,6 @@ fn optional_json(row: &Row, column: &str) -> Result<Option<serde_json::Value>, S
 fn text(value: &serde_json::Value) -> String {
     value.to_string()
 }
-
-const SESSION_BY_ID: &str = concat!(
-    "SELECT ",
-    session_columns!(),
-    " FROM sessions WHERE session_id = $1"
-);
 
 impl super::rows::Columns for Row {
     fn text(&self, column: &str) -> Result<String, StoreError> {
