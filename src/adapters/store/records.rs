@@ -1,6 +1,6 @@
 //! The approvals, the events outbox, the review queue, the recorded
-//! sessions and the console's sign-ins, written once for both backends as
-//! plans a [`Driver`] runs.
+//! sessions, the console's sign-ins and the skills agents wrote, written
+//! once for both backends as plans a [`Driver`] runs.
 
 use chrono::{DateTime, Utc};
 use std::sync::LazyLock;
@@ -8,12 +8,12 @@ use uuid::Uuid;
 
 use super::invocations::{Driver, Events, Moved, Plan, Rendered, Run, Value};
 use super::operator::Dialect;
-use super::rows::{Columns, approval, console_sign_in, event_record, session_row};
+use super::rows::{Columns, approval, authored_skill, console_sign_in, event_record, session_row};
 use crate::domain::ApprovalStatus;
 use crate::ports::{
-    ApprovalRecord, ApprovalStore, BoxFuture, ConsoleSignIn, ConsoleSignInStore, EventRecord,
-    EventStore, PlatformEvent, QueueDepths, ReviewRecord, ReviewStore, SessionRecord, SessionStore,
-    StoreError,
+    ApprovalRecord, ApprovalStore, AuthoredSkill, BoxFuture, ConsoleSignIn, ConsoleSignInStore,
+    EventRecord, EventStore, PlatformEvent, QueueDepths, ReviewRecord, ReviewStore, SessionRecord,
+    SessionStore, SkillStore, SkillWrite, SkillWritten, StoreError,
 };
 
 const APPROVAL: &str = concat!(
@@ -423,6 +423,104 @@ impl<D: Driver> ConsoleSignInStore for D {
                 vec![cookie_sha256.into()],
             );
             self.run(plan).await.map(|_| ())
+        })
+    }
+}
+
+// A new skill is inserted only where its name is free; a new version only
+// over the same author's skill, and not again for the same key. What was
+// there (read after, in the same transaction) tells why nothing was.
+const CREATE_SKILL: &str = "INSERT INTO skills (tenant_id, name, description, body, \
+     required_tools, version, author, written_by_key, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) ON CONFLICT (tenant_id, name) DO NOTHING";
+
+const UPDATE_SKILL: &str = "UPDATE skills SET description = $3, body = $4, required_tools = $5, \
+     version = $6, written_by_key = $8, updated_at = $9 \
+     WHERE tenant_id = $1 AND name = $2 AND author = $7 AND written_by_key <> $8";
+
+const SKILL_WRITER: &str =
+    "SELECT written_by_key, author FROM skills WHERE tenant_id = $1 AND name = $2";
+
+const DELETE_SKILL: &str = "DELETE FROM skills WHERE tenant_id = $1 AND name = $2 AND author = $3";
+
+const SKILLS: &str = "SELECT name, description, body, required_tools, version, author, \
+     written_by_key, created_at, updated_at FROM skills WHERE tenant_id = $1 ORDER BY name";
+
+impl<D: Driver> SkillStore for D {
+    fn put_skill<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        skill: &'a AuthoredSkill,
+        mode: SkillWrite,
+    ) -> BoxFuture<'a, Result<SkillWritten, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                tenant_id.into(),
+                skill.name.as_str().into(),
+                skill.description.as_str().into(),
+                skill.body.as_str().into(),
+                json(&skill.required_tools)?,
+                skill.version.as_str().into(),
+                skill.author.as_str().into(),
+                skill.written_by_key.as_str().into(),
+                skill.updated_at.into(),
+            ];
+            let sql = match mode {
+                SkillWrite::Create => CREATE_SKILL,
+                SkillWrite::Update => UPDATE_SKILL,
+            };
+            let name = vec![tenant_id.into(), skill.name.as_str().into()];
+            let mut plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Count, sql, values)
+                .then(SKILL_WRITER, name);
+            plan.always = true;
+            let ran = self.run(plan).await?;
+            if ran.moved() {
+                return Ok(SkillWritten::Written);
+            }
+            let current = match ran.then.first().and_then(|rows| rows.first()) {
+                Some(row) => Some((row.text("written_by_key")?, row.text("author")?)),
+                None => None,
+            };
+            Ok(match (current, mode) {
+                (Some((key, _)), _) if key == skill.written_by_key => SkillWritten::Repeated,
+                (Some(_), SkillWrite::Create) => SkillWritten::Exists,
+                (Some(_), SkillWrite::Update) => SkillWritten::OtherAuthor,
+                (None, _) => SkillWritten::Missing,
+            })
+        })
+    }
+
+    fn delete_skill<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        name: &'a str,
+        author: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let values = vec![tenant_id.into(), name.into(), author.into()];
+            let plan = Plan::new(
+                Some(tenant_id),
+                Run::Flushed,
+                Moved::Count,
+                DELETE_SKILL,
+                values,
+            );
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+
+    fn skills<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<AuthoredSkill>, StoreError>> {
+        Box::pin(async move {
+            let plan = Plan::read(tenant_id, SKILLS, vec![tenant_id.into()]);
+            self.run(plan)
+                .await?
+                .rows
+                .iter()
+                .map(authored_skill)
+                .collect()
         })
     }
 }

@@ -4,7 +4,7 @@
 //! row-level security checks.
 
 use super::invocations::Events;
-use super::rows::{authored_skill, catalog_row, server_row};
+use super::rows::{catalog_row, server_row};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -15,9 +15,9 @@ use uuid::Uuid;
 
 use super::{POSTGRES_MIGRATIONS, database_error, plan};
 use crate::ports::{
-    AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow,
-    PlatformEvent, PreparationRecord, Registration, Renewal, Schema, SkillStore, SkillWrite,
-    SkillWritten, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
+    BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow, PlatformEvent,
+    PreparationRecord, Registration, Renewal, Schema, StoreError, WorkerLease, WorkerRegistration,
+    WorkerStore,
 };
 use connections::{
     DEFAULT_CONNECTIONS, HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach,
@@ -286,7 +286,6 @@ async fn append_events(
 mod catalog;
 mod connections;
 mod invocations;
-mod skills;
 mod workers;
 
 impl Schema for PostgresStore {

@@ -24,13 +24,13 @@ use db::{Row, get, query, sqlite_error};
 use writer::GroupWriter;
 
 use super::invocations::Events;
-use super::rows::{authored_skill, catalog_row, server_row};
+use super::rows::{catalog_row, server_row};
 use super::{SQLITE_MIGRATIONS, plan};
 use crate::domain::Durability;
 use crate::ports::{
-    AuthoredSkill, BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow,
-    PlatformEvent, PreparationRecord, Registration, Renewal, Schema, SkillStore, SkillWrite,
-    SkillWritten, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
+    BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow, PlatformEvent,
+    PreparationRecord, Registration, Renewal, Schema, StoreError, WorkerLease, WorkerRegistration,
+    WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more
@@ -45,7 +45,6 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 mod catalog;
 mod db;
 mod invocations;
-mod skills;
 mod workers;
 mod writer;
 
