@@ -63,12 +63,12 @@ fn slow_senders_are_cut_off_and_everyone_else_keeps_being_served() {
     let run = Uuid::new_v4();
     let (_, socket, _) = served.turn(session, run, "slow", None);
     let (_, other, other_token) = served.turn(session, run, "other", None);
+    // A connection past the cap may be closed before its half request is
+    // written: the write then fails, and the connection still counts.
     let held: Vec<UnixStream> = (0..300)
         .filter_map(|_| {
             let mut stream = UnixStream::connect(&socket).ok()?;
-            stream
-                .write_all(b"POST /v1/call HTTP/1.1\r\nHost: t\r\n")
-                .ok()?;
+            let _ = stream.write_all(b"POST /v1/call HTTP/1.1\r\nHost: t\r\n");
             Some(stream)
         })
         .collect();
