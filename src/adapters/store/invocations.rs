@@ -172,8 +172,31 @@ pub(super) struct Plan {
     /// The events each row the first statement returned records, where
     /// they are known only from the row (an approval's decision).
     pub(super) row_events: Option<RowEvents>,
-    /// The events' time.
-    pub(super) now: DateTime<Utc>,
+    /// The events' time, given with them.
+    pub(super) now: Option<DateTime<Utc>>,
+}
+
+impl Plan {
+    /// The events to append once the first statement moved a row, with
+    /// their time: those given, then those its returned rows name.
+    pub(super) fn take_events<R: Columns>(
+        &mut self,
+        rows: &[R],
+    ) -> Result<Option<(Events, DateTime<Utc>)>, StoreError> {
+        let mut events = std::mem::take(&mut self.events);
+        if let Some(of_row) = self.row_events {
+            for row in rows {
+                events.extend(of_row(row)?);
+            }
+        }
+        if events.is_empty() {
+            return Ok(None);
+        }
+        let now = self
+            .now
+            .ok_or_else(|| StoreError::Query("a plan's events without their time".into()))?;
+        Ok(Some((events, now)))
+    }
 }
 
 impl Plan {
@@ -193,7 +216,7 @@ impl Plan {
             always: false,
             events: Events::default(),
             row_events: None,
-            now: Utc::now(),
+            now: None,
         }
     }
 
@@ -208,7 +231,7 @@ impl Plan {
 
     pub(super) fn with_events(mut self, events: Events, now: DateTime<Utc>) -> Plan {
         self.events = events;
-        self.now = now;
+        self.now = Some(now);
         self
     }
 }

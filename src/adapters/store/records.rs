@@ -79,7 +79,7 @@ impl<D: Driver> ApprovalStore for D {
                 values,
             );
             plan.row_events = Some(decided);
-            plan.now = now;
+            plan.now = Some(now);
             self.run(plan).await?.rows.first().map(approval).transpose()
         })
     }

@@ -52,7 +52,7 @@ impl Driver for PostgresStore {
     const DIALECT: Dialect = Dialect::Postgres;
     type Row = PgRow;
 
-    fn run(&self, plan: Plan) -> BoxFuture<'_, Result<Ran<PgRow>, StoreError>> {
+    fn run(&self, mut plan: Plan) -> BoxFuture<'_, Result<Ran<PgRow>, StoreError>> {
         Box::pin(async move {
             if let Run::Hot(_) | Run::HotRead = plan.run {
                 // One statement on a hot connection, its events in its values.
@@ -88,14 +88,10 @@ impl Driver for PostgresStore {
                     );
                 }
             }
-            if count > 0 {
-                let mut events = plan.events;
-                if let Some(of_row) = plan.row_events {
-                    for row in &rows {
-                        events.extend(of_row(row)?);
-                    }
-                }
-                append_events(&mut tx, plan.tenant_id.as_deref(), &events, plan.now).await?;
+            if count > 0
+                && let Some((events, now)) = plan.take_events(&rows)?
+            {
+                append_events(&mut tx, plan.tenant_id.as_deref(), &events, now).await?;
             }
             tx.commit().await.map_err(database_error)?;
             Ok(Ran { count, rows, then })

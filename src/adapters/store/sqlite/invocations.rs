@@ -7,7 +7,7 @@ use crate::adapters::store::invocations::{Driver, Moved, Plan, Ran, Run, Stateme
 use crate::adapters::store::operator::Dialect;
 
 /// Runs `plan` on `connection`, inside the transaction it is given.
-fn execute(connection: &Connection, plan: Plan) -> Result<Ran<Row>, StoreError> {
+fn execute(connection: &Connection, mut plan: Plan) -> Result<Ran<Row>, StoreError> {
     let first = bound(&plan.first);
     let (count, rows) = match plan.moved {
         Moved::Count => (first.execute(connection)? as u64, Vec::new()),
@@ -26,14 +26,10 @@ fn execute(connection: &Connection, plan: Plan) -> Result<Ran<Row>, StoreError> 
             then.push(bound(statement).fetch_all(connection)?);
         }
     }
-    if count > 0 {
-        let mut events = plan.events;
-        if let Some(of_row) = plan.row_events {
-            for row in &rows {
-                events.extend(of_row(row)?);
-            }
-        }
-        append_events(connection, plan.tenant_id.as_deref(), &events, plan.now)?;
+    if count > 0
+        && let Some((events, now)) = plan.take_events(&rows)?
+    {
+        append_events(connection, plan.tenant_id.as_deref(), &events, now)?;
     }
     Ok(Ran { count, rows, then })
 }
