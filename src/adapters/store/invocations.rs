@@ -255,8 +255,10 @@ impl<R> Ran<R> {
     }
 }
 
-/// A backend: what runs a plan. The rest of the invocation store is
-/// written once, below.
+/// A backend: what runs a plan. The aggregates are written once over it:
+/// the invocations below, the operator's lists and turns (`operator.rs`),
+/// and the approvals, events, reviews, sessions, sign-ins and skills
+/// (`records.rs`).
 pub(super) trait Driver: Send + Sync {
     const DIALECT: Dialect;
     type Row: Columns + Send + 'static;
