@@ -127,9 +127,14 @@ pub(super) struct Events {
 impl Events {
     /// One platform event.
     pub(super) fn platform(event: &PlatformEvent) -> Events {
+        Events::platforms(std::slice::from_ref(event))
+    }
+
+    /// Platform events, in order.
+    pub(super) fn platforms(events: &[PlatformEvent]) -> Events {
         Events {
-            kinds: vec![event.event_type()],
-            bodies: vec![event.payload()],
+            kinds: events.iter().map(PlatformEvent::event_type).collect(),
+            bodies: events.iter().map(PlatformEvent::payload).collect(),
         }
     }
 

@@ -2,8 +2,8 @@
 //! for PostgreSQL and rendered for SQLite (casts dropped, JSON fields read
 //! with `json_extract`), and one decoder per item over [`Columns`].
 //!
-//! Every list binds the same parameters in the same order, so each adapter
-//! binds a filter once: `$1` tenant, `$2` tool (or server id), `$3` status,
+//! Every list binds the same parameters in the same order, so a filter is
+//! bound once, here, for both drivers: `$1` tenant, `$2` tool (or server id), `$3` status,
 //! `$4` since, `$5` until, `$6` the cursor's time, `$7` its key, `$8` the
 //! rows to fetch, `$9` the session. A `NULL` parameter filters nothing.
 

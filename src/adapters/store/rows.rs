@@ -1,8 +1,8 @@
-//! One decoder of a `tool_invocations` row for both backends. Each reads
+//! One decoder per row the store reads, for both backends. Each reads
 //! columns through [`Columns`] (PostgreSQL has native UUIDs, times and
-//! JSON; SQLite keeps them as text and microseconds), and the flat columns
-//! become the typed row in one pure step that refuses a row no transition
-//! could have written.
+//! JSON; SQLite keeps them as text and microseconds); a `tool_invocations`
+//! row's flat columns become the typed row in one pure step that refuses a
+//! row no transition could have written.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;

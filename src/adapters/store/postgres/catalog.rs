@@ -18,9 +18,8 @@ impl CatalogStore for PostgresStore {
             for generation in &record.generations {
                 written.push(write_generation(&mut tx, tenant_id, generation, now).await?);
             }
-            for event in &record.events {
-                insert_platform_event(&mut tx, Some(tenant_id), event, now).await?;
-            }
+            let events = Events::platforms(&record.events);
+            append_events(&mut tx, Some(tenant_id), &events, now).await?;
             tx.commit().await.map_err(database_error)?;
             Ok(written)
         })

@@ -1,4 +1,4 @@
-//! PostgresStore as the invocation store's driver: a plan runs in a
+//! PostgresStore as the store's driver: a plan runs in a
 //! transaction of the pool, or as one statement on a hot connection; the
 //! breaker's evidence is read and written in one transaction.
 

@@ -15,9 +15,8 @@ use uuid::Uuid;
 
 use super::{POSTGRES_MIGRATIONS, database_error, plan};
 use crate::ports::{
-    BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow, PlatformEvent,
-    PreparationRecord, Registration, Renewal, Schema, StoreError, WorkerLease, WorkerRegistration,
-    WorkerStore,
+    BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow, PreparationRecord,
+    Registration, Renewal, Schema, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
 };
 use connections::{
     DEFAULT_CONNECTIONS, HotConnections, Scoped, Split, TenantShares, pooled_per_transaction, reach,
@@ -353,23 +352,4 @@ impl Schema for PostgresStore {
             Ok(bypassed)
         })
     }
-}
-
-async fn insert_platform_event(
-    tx: &mut Scoped,
-    tenant_id: Option<&str>,
-    event: &PlatformEvent,
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(tenant_id)
-    .bind(event.event_type())
-    .bind(event.payload())
-    .bind(now)
-    .execute(tx.statements())
-    .await
-    .map_err(database_error)?;
-    Ok(())
 }

@@ -19,9 +19,8 @@ impl CatalogStore for SqliteStore {
                 for generation in &record.generations {
                     written.push(write_generation(connection, &tenant_id, generation, now)?);
                 }
-                for event in &record.events {
-                    insert_platform_event(connection, Some(&tenant_id), event, now)?;
-                }
+                let events = Events::platforms(&record.events);
+                append_events(connection, Some(&tenant_id), &events, now)?;
                 Ok(written)
             })
             .await

@@ -111,13 +111,13 @@ impl Bind for &Option<String> {
     }
 }
 
-impl Bind for &crate::adapters::store::invocations::Value {
+impl Bind for crate::adapters::store::invocations::Value {
     fn value(self) -> Value {
         use crate::adapters::store::invocations::Value as Plain;
         match self {
-            Plain::Text(text) => text.clone().map_or(Value::Null, Value::Text),
+            Plain::Text(text) => text.map_or(Value::Null, Value::Text),
             Plain::Integer(number) => number.map_or(Value::Null, Value::Integer),
-            Plain::Flag(flag) => Value::Integer(i64::from(*flag)),
+            Plain::Flag(flag) => Value::Integer(i64::from(flag)),
             Plain::Uuid(id) => id.map_or(Value::Null, |id| Value::Text(id.to_string())),
             Plain::Time(at) => at.map_or(Value::Null, |at| Value::Integer(at.timestamp_micros())),
             Plain::Json(json) => json

@@ -1,14 +1,14 @@
-//! SqliteStore as the invocation store's driver: a plan runs on a reader,
+//! SqliteStore as the store's driver: a plan runs on a reader,
 //! the group writer or the relaxed connection, as it says; the
 //! breaker's evidence is read and written in one transaction.
 
 use super::*;
-use crate::adapters::store::invocations::{Driver, Moved, Plan, Ran, Run, Statement};
+use crate::adapters::store::invocations::{Driver, Moved, Plan, Ran, Run, Value};
 use crate::adapters::store::operator::Dialect;
 
 /// Runs `plan` on `connection`, inside the transaction it is given.
 fn execute(connection: &Connection, mut plan: Plan) -> Result<Ran<Row>, StoreError> {
-    let first = bound(&plan.first);
+    let first = bound(std::mem::take(&mut plan.first.values), plan.first.sql);
     let (count, rows) = match plan.moved {
         Moved::Count => (first.execute(connection)? as u64, Vec::new()),
         Moved::Rows => {
@@ -22,8 +22,8 @@ fn execute(connection: &Connection, mut plan: Plan) -> Result<Ran<Row>, StoreErr
     };
     let mut then = Vec::new();
     if count > 0 || plan.always {
-        for statement in &plan.then {
-            then.push(bound(statement).fetch_all(connection)?);
+        for statement in std::mem::take(&mut plan.then) {
+            then.push(bound(statement.values, statement.sql).fetch_all(connection)?);
         }
     }
     if count > 0
@@ -34,11 +34,12 @@ fn execute(connection: &Connection, mut plan: Plan) -> Result<Ran<Row>, StoreErr
     Ok(Ran { count, rows, then })
 }
 
-fn bound(statement: &Statement) -> db::Query<'_> {
-    statement
-        .values
-        .iter()
-        .fold(query(statement.sql), |query, value| query.bind(value))
+/// `sql` with `values` bound, moved rather than copied: the plan is the
+/// driver's.
+fn bound(values: Vec<Value>, sql: &'static str) -> db::Query<'static> {
+    values
+        .into_iter()
+        .fold(query(sql), |query, value| query.bind(value))
 }
 
 impl Driver for SqliteStore {

@@ -28,9 +28,8 @@ use super::rows::{catalog_row, server_row};
 use super::{SQLITE_MIGRATIONS, plan};
 use crate::domain::Durability;
 use crate::ports::{
-    BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow, PlatformEvent,
-    PreparationRecord, Registration, Renewal, Schema, StoreError, WorkerLease, WorkerRegistration,
-    WorkerStore,
+    BoxFuture, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow, PreparationRecord,
+    Registration, Renewal, Schema, StoreError, WorkerLease, WorkerRegistration, WorkerStore,
 };
 
 /// Reader connections kept open between reads; more are opened while more
@@ -451,23 +450,6 @@ fn append_events(
         .bind(micros(now))
         .execute(connection)?;
     }
-    Ok(())
-}
-
-fn insert_platform_event(
-    connection: &Connection,
-    tenant_id: Option<&str>,
-    event: &PlatformEvent,
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    query(
-        "INSERT INTO events (tenant_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(tenant_id)
-    .bind(event.event_type())
-    .bind(text(&event.payload()))
-    .bind(micros(now))
-    .execute(connection)?;
     Ok(())
 }
 
