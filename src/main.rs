@@ -790,11 +790,16 @@ async fn serve(
     use toolgate::app::{self, AppError};
     app::check_config(path, environment)?;
     let config = toolgate::config::Config::load(path, environment)?;
-    let running = app::build(config, environment, options).await?.spawn();
+    let clock = std::sync::Arc::new(toolgate::ports::SystemClock);
+    let built = app::build(config, environment, options, clock).await?;
+    // Caught before the sockets exist: a signal sent once a client can
+    // reach the node drains it.
     let listen = |kind: SignalKind| signal(kind).map_err(AppError::Signal);
     let mut terminate = listen(SignalKind::terminate())?;
     let mut interrupt = listen(SignalKind::interrupt())?;
     let mut hangup = listen(SignalKind::hangup())?;
+    let listeners = built.bind().await?;
+    let running = built.spawn(listeners);
     let lost = running.lease_lost();
     let lease_lost = loop {
         tokio::select! {

@@ -25,7 +25,7 @@ use crate::pipeline::{RegistryLimits, ToolRegistry, register_discoveries};
 use crate::ports::{Clock, McpServers, Metrics, PlatformEvent, StoreError, SystemClock};
 
 use front_keys::front_credentials;
-pub use serve::{App, Running, ServeOptions, build};
+pub use serve::{App, Listeners, Running, ServeOptions, build};
 
 /// How often expired turns are closed and idle sessions forgotten.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
@@ -123,6 +123,7 @@ pub enum AppError {
 /// The store the configuration names, connected as it says.
 async fn connect_store(
     config: &Config,
+    clock: std::sync::Arc<dyn crate::ports::Clock>,
 ) -> Result<std::sync::Arc<dyn crate::ports::Store>, crate::ports::StoreError> {
     store::connect_with(
         &config.store.url,
@@ -130,6 +131,7 @@ async fn connect_store(
             connections: config.store.connections,
             transaction_pooling: config.store.transaction_pooling,
         },
+        clock,
     )
     .await
 }
@@ -207,7 +209,7 @@ pub async fn migrate(
     environment: &BTreeMap<String, String>,
 ) -> Result<Vec<i64>, AppError> {
     let config = Config::load(path, environment)?;
-    let store = connect_store(&config).await?;
+    let store = connect_store(&config, std::sync::Arc::new(crate::ports::SystemClock)).await?;
     Ok(store.migrate().await?)
 }
 

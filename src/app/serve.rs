@@ -37,7 +37,7 @@ use crate::pipeline::{
     Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
     WorkerSettings,
 };
-use crate::ports::{Clock, CredentialResolver, Metrics, PolicyEngine, Reload as _, SystemClock};
+use crate::ports::{Clock, CredentialResolver, Metrics, PolicyEngine, Reload as _};
 
 /// How `toolgate serve` runs.
 #[derive(Debug, Clone, Default)]
@@ -52,8 +52,9 @@ pub struct ServeOptions {
 
 /// A node built from its validated configuration: its identity held, its
 /// store open (migrated when told to), its worker registered, every part
-/// wired and every listener bound; nothing served yet. [`App::spawn`]
-/// serves it; [`Running::drain`] ends it.
+/// wired; nothing bound or served yet. [`App::spawn`] serves it on the
+/// listeners its caller gives ([`App::bind`] binds those the
+/// configuration names); [`Running::drain`] ends it.
 pub struct App {
     node: Node,
     sessions: Arc<Sessions>,
@@ -62,7 +63,7 @@ pub struct App {
     operations: Arc<Operations>,
     warm_up: WarmUp,
     warmed: CancellationToken,
-    listeners: Listeners,
+    environment: BTreeMap<String, String>,
 }
 
 /// What a node holds from its build to the end of its drain.
@@ -80,8 +81,10 @@ pub(super) struct Node {
     reloader: Arc<Reloader>,
 }
 
-/// Every listener a node serves, bound before any is served.
-pub(super) struct Listeners {
+/// Every listener a node serves, bound once the node is built (its
+/// sockets appear when it can serve them) and given to [`App::spawn`] by
+/// its caller.
+pub struct Listeners {
     control: tokio::net::UnixListener,
     tcp: Option<(tokio::net::TcpListener, crate::domain::SecretValue)>,
     ops: Option<tokio::net::TcpListener>,
@@ -91,18 +94,19 @@ pub(super) struct Listeners {
 }
 
 /// Builds the node `config` describes (`environment` resolves its
-/// references): refuses pending migrations unless `options` says to apply
-/// them, registers a worker, wires every part and binds every listener. If
-/// one cannot be bound, nothing is served and the lease ends at once.
+/// references) on the `clock` its caller gives: takes the node's lock,
+/// refuses pending migrations unless `options` says to apply them,
+/// registers a worker and wires every part. Nothing is bound or served
+/// until [`App::spawn`].
 pub async fn build(
     config: Config,
     environment: &BTreeMap<String, String>,
     options: ServeOptions,
+    clock: Arc<dyn Clock>,
 ) -> Result<App, AppError> {
-    // Held until the process ends: one process at a time is this node.
+    // Held until the node ends: one process at a time is this node.
     let node = NodeIdentity::acquire(&config.node.directory)?;
-    let store = open_store(&config, &options).await?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = open_store(&config, &options, &clock).await?;
     let reloadable = match &config.policy.file {
         Some(file) => Some(Arc::new(ReloadablePolicy::load(file)?)),
         None => None,
@@ -210,15 +214,6 @@ pub async fn build(
         servers: servers.clone(),
         store: shared.store.clone(),
     }));
-    // Every listener is bound before anything is served; if one cannot be,
-    // nothing was, and the lease ends with the attempt.
-    let listeners = match bind_listeners(&config, environment, front.is_some()).await {
-        Ok(listeners) => listeners,
-        Err(error) => {
-            worker.release().await?;
-            return Err(error);
-        }
-    };
     Ok(App {
         node: Node {
             config,
@@ -238,7 +233,7 @@ pub async fn build(
         operations,
         warm_up,
         warmed,
-        listeners,
+        environment: environment.clone(),
     })
 }
 
@@ -512,8 +507,9 @@ fn front_settings(config: &Config, limits: EdgeLimits) -> FrontSettings {
 pub(super) async fn open_store(
     config: &Config,
     options: &ServeOptions,
+    clock: &Arc<dyn Clock>,
 ) -> Result<Arc<dyn crate::ports::Store>, AppError> {
-    let store = super::connect_store(config).await?;
+    let store = super::connect_store(config, clock.clone()).await?;
     let pending = store.pending_migrations().await?;
     if !pending.is_empty() {
         if !options.migrate {
@@ -533,59 +529,61 @@ pub(super) async fn open_store(
     Ok(store)
 }
 
-/// Every listener the configuration names (`front` whether the front
-/// door serves), bound.
-pub(super) async fn bind_listeners(
-    config: &Config,
-    environment: &BTreeMap<String, String>,
-    front: bool,
-) -> Result<Listeners, AppError> {
-    let tcp = match (config.control.tcp, &config.control.token_ref) {
-        (Some(address), Some(reference)) => {
-            let token = EnvFileResolver::new(environment.clone())
-                .resolve(reference)
-                .await
-                .map_err(|source| AppError::Credential {
-                    what: "control.token_ref",
-                    source,
-                })?;
-            Some((bind_tcp(address, "control.tcp").await?, token))
-        }
-        _ => None,
-    };
-    let ops = match config.ops.listen {
-        Some(address) => Some(bind_tcp(address, "ops.listen").await?),
-        None => None,
-    };
-    let front_tcp = match (front, config.front.listen) {
-        (true, Some(address)) => Some(bind_tcp(address, "front.listen").await?),
-        _ => None,
-    };
-    let front_unix = match (front, &config.front.socket) {
-        (true, Some(socket)) => {
-            let bound = bind_socket(
-                socket,
-                config.front.socket_mode.bits(),
-                config.front.socket_group.as_deref(),
-                "front",
-            )?;
-            tracing::info!(socket = %socket.display(), "MCP front door serving on a unix socket");
-            Some(bound)
-        }
-        _ => None,
-    };
-    let console = match config.console.listen {
-        Some(address) => Some(bind_tcp(address, "console.listen").await?),
-        None => None,
-    };
-    Ok(Listeners {
-        control: bind_control(&config.control)?,
-        tcp,
-        ops,
-        front_tcp,
-        front_unix,
-        console,
-    })
+impl Listeners {
+    /// Every listener `config` names, bound (`environment` resolves the
+    /// control token); if one cannot be, none is kept.
+    pub async fn bind(
+        config: &Config,
+        environment: &BTreeMap<String, String>,
+    ) -> Result<Listeners, AppError> {
+        let front = config.front.enabled();
+        let tcp = match (config.control.tcp, &config.control.token_ref) {
+            (Some(address), Some(reference)) => {
+                let token = EnvFileResolver::new(environment.clone())
+                    .resolve(reference)
+                    .await
+                    .map_err(|source| AppError::Credential {
+                        what: "control.token_ref",
+                        source,
+                    })?;
+                Some((bind_tcp(address, "control.tcp").await?, token))
+            }
+            _ => None,
+        };
+        let ops = match config.ops.listen {
+            Some(address) => Some(bind_tcp(address, "ops.listen").await?),
+            None => None,
+        };
+        let front_tcp = match (front, config.front.listen) {
+            (true, Some(address)) => Some(bind_tcp(address, "front.listen").await?),
+            _ => None,
+        };
+        let front_unix = match (front, &config.front.socket) {
+            (true, Some(socket)) => {
+                let bound = bind_socket(
+                    socket,
+                    config.front.socket_mode.bits(),
+                    config.front.socket_group.as_deref(),
+                    "front",
+                )?;
+                tracing::info!(socket = %socket.display(), "MCP front door serving on a unix socket");
+                Some(bound)
+            }
+            _ => None,
+        };
+        let console = match config.console.listen {
+            Some(address) => Some(bind_tcp(address, "console.listen").await?),
+            None => None,
+        };
+        Ok(Listeners {
+            control: bind_control(&config.control)?,
+            tcp,
+            ops,
+            front_tcp,
+            front_unix,
+            console,
+        })
+    }
 }
 
 /// A TCP listener on `address`, the configuration's `field`; its failure
@@ -605,9 +603,22 @@ pub(super) async fn bind_tcp(
 }
 
 impl App {
-    /// Serves the node: recovery first, then heartbeats and sweeps; the
-    /// listeners; the warm-up of the operator's servers in the background.
-    pub fn spawn(self) -> Running {
+    /// Binds every listener the node's configuration names. If one cannot
+    /// be bound, nothing is served and the lease ends at once.
+    pub async fn bind(&self) -> Result<Listeners, AppError> {
+        match Listeners::bind(&self.node.config, &self.environment).await {
+            Ok(listeners) => Ok(listeners),
+            Err(error) => {
+                self.node.worker.release().await?;
+                Err(error)
+            }
+        }
+    }
+
+    /// Serves the node on `listeners`: recovery first, then heartbeats and
+    /// sweeps; the listeners; the warm-up of the operator's servers in the
+    /// background.
+    pub fn spawn(self, listeners: Listeners) -> Running {
         let App {
             node,
             sessions,
@@ -616,7 +627,7 @@ impl App {
             operations,
             warm_up,
             warmed,
-            listeners,
+            environment: _,
         } = self;
         let Node {
             config,

@@ -3,11 +3,13 @@
 //! the node.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 use toolgate::app::{self, ServeOptions};
 use toolgate::config::Config;
+use toolgate::ports::SystemClock;
 use uuid::Uuid;
 
 use crate::serve::{TENANT, post_json as post};
@@ -39,6 +41,8 @@ directory = "state/node"
     let environment = BTreeMap::new();
     let config = Config::load(&path, &environment).unwrap();
     let socket = config.control.socket.clone();
+    // The test binds the node's listeners itself, as a caller may.
+    let listeners = app::Listeners::bind(&config, &environment).await.unwrap();
     let built = app::build(
         config,
         &environment,
@@ -46,12 +50,13 @@ directory = "state/node"
             migrate: true,
             ..ServeOptions::default()
         },
+        Arc::new(SystemClock),
     )
     .await
     .unwrap();
     // Built is not served: the socket is bound, nothing answers on it yet.
     assert!(socket.exists());
-    let running = built.spawn();
+    let running = built.spawn(listeners);
 
     let opened = {
         let socket = socket.clone();
@@ -131,11 +136,17 @@ directory = "state/node"
     // next process.
     assert!(!socket.exists(), "the control socket is removed");
     let again = Config::load(&path, &environment).unwrap();
-    let rebuilt = app::build(again, &environment, ServeOptions::default())
-        .await
-        .expect("the same node starts again once drained");
+    let rebuilt = app::build(
+        again,
+        &environment,
+        ServeOptions::default(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("the same node starts again once drained");
+    let listeners = rebuilt.bind().await.unwrap();
     rebuilt
-        .spawn()
+        .spawn(listeners)
         .drain(std::future::ready(()), false)
         .await
         .unwrap();

@@ -163,7 +163,7 @@ fn in_turn(command: &mut Command, socket: &Path, token: &str) -> Output {
 #[test]
 fn both_clients_say_on_standard_error_what_a_blocked_call_waits_for() {
     use std::io::BufRead as _;
-    let served = Served::start();
+    let served = Served::here().start();
     let session = session(&served);
     let folder = tempfile::tempdir().unwrap();
     let client = sandbox_bridge().join("typescript/toolgate_bridge.mjs");
@@ -245,7 +245,7 @@ fn both_clients_say_on_standard_error_what_a_blocked_call_waits_for() {
 /// calls through their turns and read the same values.
 #[test]
 fn both_clients_read_values_artifacts_denials_and_approvals() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = session(&served);
     let folder = tempfile::tempdir().unwrap();
     let client = sandbox_bridge().join("typescript/toolgate_bridge.mjs");
@@ -427,7 +427,7 @@ fn stubs_of_a_hostile_catalog_type_check_strictly() {
 /// slow tool ends at it, not at its own timeout.
 #[test]
 fn a_turns_calls_carry_the_run_deadline() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = session(&served);
     let script = "deadline";
     let deadline = chrono::Utc::now() + chrono::Duration::seconds(3);

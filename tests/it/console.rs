@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::front::free_port;
-use crate::serve::{Served, TENANT, http, json_of, sha256};
+use crate::serve::{Served, StartNode, TENANT, http, json_of, sha256};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -392,6 +392,15 @@ impl Console {
 
     /// With `extra` whole tables beside the console's.
     fn start_with(extra: &str) -> Console {
+        Console::start_on(Served::here(), extra)
+    }
+
+    /// As [`Console::start`], its node a `toolgate serve` process.
+    fn start_in_a_process() -> Console {
+        Console::start_on(Served::process(), "")
+    }
+
+    fn start_on(start: StartNode, extra: &str) -> Console {
         let port = free_port();
         let token = format!("tgo_{}", Uuid::new_v4().simple());
         let console = format!(
@@ -399,7 +408,7 @@ impl Console {
              operators = [{{ name = \"ana\", sha256 = \"{}\" }}]\n",
             sha256(&token)
         );
-        let served = Served::start_configured(&format!("{console}\n{extra}"));
+        let served = start.start_configured(&format!("{console}\n{extra}"));
         Console {
             served,
             port,
@@ -453,7 +462,7 @@ fn an_operator_signs_in_and_resolves_the_uncertain_row_a_kill_left() {
     if !browser_installed() {
         return;
     }
-    let mut console = Console::start();
+    let mut console = Console::start_in_a_process();
     let served = &mut console.served;
     let session = served.session();
     let run = Uuid::new_v4();
@@ -1056,7 +1065,7 @@ async fn a_sign_in_survives_a_restart_and_works_on_every_node() {
              operators = [{{ name = \"ana\", sha256 = \"{}\" }}]\n",
             sha256(&token)
         );
-        Served::start_edited_on(Some(&schema.url), move |_, config| {
+        Served::here().start_edited_on(Some(&schema.url), move |_, config| {
             format!("{config}\n{table}")
         })
     };

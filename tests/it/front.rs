@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::serve::{Served, TENANT, json_of};
+use crate::serve::{Served, StartNode, TENANT, json_of};
 
 /// Tenant A's key: the e2e tenant's user-1, every tool.
 pub const KEY_A: &str = "tgk_front_alpha_0000000000000000000000000000000000000000000000000001";
@@ -158,9 +158,19 @@ impl Door {
     /// `serve` with the front door and `front_extra` in `[front]`, plus
     /// `extra` whole tables.
     pub fn start(front_extra: &str, extra: &str) -> Door {
+        Door::start_on(Served::here(), front_extra, extra)
+    }
+
+    /// As [`Door::start`], its node a `toolgate serve` process (for what it
+    /// logs).
+    pub fn start_in_a_process(front_extra: &str, extra: &str) -> Door {
+        Door::start_on(Served::process(), front_extra, extra)
+    }
+
+    fn start_on(start: StartNode, front_extra: &str, extra: &str) -> Door {
         let port = free_port();
         let served =
-            Served::start_configured(&format!("{}\n{extra}", front_table(port, front_extra)));
+            start.start_configured(&format!("{}\n{extra}", front_table(port, front_extra)));
         Door::wait(served, port)
     }
 
@@ -173,7 +183,7 @@ impl Door {
     /// As [`Door::slow_answers`], on the database at `store_url` when given.
     pub fn slow_answers_on(store_url: Option<&str>, front_extra: &str) -> Door {
         let port = free_port();
-        let served = Served::start_edited_on(store_url, |_, config| {
+        let served = Served::here().start_edited_on(store_url, |_, config| {
             config.replace(
                     "SCRIPTED_CATALOG = \"basic\", SCRIPTED_EFFECTS",
                     "SCRIPTED_CATALOG = \"basic\", SCRIPTED_WRITE_AFTER_MS = \"1500\", SCRIPTED_EFFECTS",
@@ -649,7 +659,7 @@ fn a_call_is_named_by_its_meta_or_its_request_and_asked_again_it_runs_once() {
 #[test]
 fn a_client_that_drops_mid_call_and_asks_again_gets_the_one_execution() {
     let port = free_port();
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         |_, config| {
             config.replace("SCRIPTED_CATALOG = \"basic\", SCRIPTED_EFFECTS", "SCRIPTED_CATALOG = \"basic\", SCRIPTED_WRITE_DELAY_MS = \"1500\", SCRIPTED_EFFECTS") + &front_table(port, "")
         },
@@ -1827,7 +1837,7 @@ fn a_key_set_fetched_through_egress_is_refreshed_for_rotated_keys() {
     ));
     let jwks_port = serve_jwks(body.clone());
     let port = free_port();
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         |_, config| {
             let config = config.replace(
                 "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
@@ -1887,7 +1897,7 @@ fn a_session_opened_on_one_node_continues_on_another_and_ends_on_both() {
     let node = |port: u16| {
         let url = schema.url.clone();
         Door::wait(
-            Served::start_edited(
+            Served::here().start_edited(
                 move |_, config| {
                     config.replace(
                         "url = \"sqlite://toolgate.db\"",
@@ -2920,7 +2930,7 @@ fn one_key_and_idle_connections_cannot_take_the_door_from_another_tenant() {
 /// ten a minute, and the door goes on serving.
 #[test]
 fn a_flood_of_refusals_and_hang_ups_is_logged_at_a_bounded_rate() {
-    let door = Door::start("", "");
+    let door = Door::start_in_a_process("", "");
     let session = door.open(KEY_A);
     let lines = |message: &str| {
         door.served

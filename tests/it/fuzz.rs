@@ -141,7 +141,7 @@ fn alive(served: &Served) -> Result<(), TestCaseError> {
 /// connection), and `/healthz` answers after each.
 #[test]
 fn hostile_bytes_at_both_edges_get_structured_answers_and_serve_stays_up() {
-    let served = Served::start_configured(
+    let served = Served::here().start_configured(
         "[limits]\nrequest_header_timeout_seconds = 2\nrequest_body_timeout_seconds = 2\n",
     );
     let session = served.session();

@@ -1450,7 +1450,7 @@ async fn toolgate_works_behind_pgbouncer() {
 
     let (_folder, effects) = effects_file();
     let url = bouncer.url("transaction");
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         {
             let effects = effects.display().to_string();
             move |root, config| {

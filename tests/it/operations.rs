@@ -89,7 +89,7 @@ path = "bin:/usr/bin"
 /// default.
 #[test]
 fn a_tenant_approval_hold_overrides_the_default() {
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         |_, config| {
             config.replace(
                 "turn_call_cap = 64\n",
@@ -416,7 +416,7 @@ fn the_operations_listener_serves_metrics_and_probes_only() {
         .unwrap()
         .port();
     let address = format!("127.0.0.1:{port}");
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         |_, config| format!("{config}\n[ops]\nlisten = \"{address}\"\n"),
         &[],
     );
@@ -712,7 +712,7 @@ fn probes_are_answered_while_others_hold_connections() {
         .port();
     let address = format!("127.0.0.1:{port}");
     let listen = address.clone();
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         move |_, config| format!("{config}\n[ops]\nlisten = \"{listen}\"\n"),
         &[],
     );
@@ -744,7 +744,7 @@ fn unknown_tool_names_never_become_series() {
         .port();
     let address = format!("127.0.0.1:{port}");
     let listen = address.clone();
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         move |_, config| format!("{config}\n[ops]\nlisten = \"{listen}\"\n"),
         &[],
     );
@@ -841,7 +841,7 @@ fn the_eight_design_metrics_are_served_with_their_labels() {
         .port();
     let address = format!("127.0.0.1:{port}");
     let listen = address.clone();
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         move |_, config| {
             format!(
                 "{config}\n[[mcp.servers]]\nserver_id = \"broken\"\ncommand = \"/bin/false\"\n\

@@ -57,7 +57,7 @@ fn ids(list: &Value, key: &str, id: &str) -> Vec<String> {
 
 #[test]
 fn operator_lists_span_tenants_filter_and_page_with_a_stable_cursor() {
-    let served = Served::start();
+    let served = Served::here().start();
     let (mine, other) = (session_of(&served, TENANT), session_of(&served, OTHER));
     let mut made = Vec::new();
     for (session, text) in [
@@ -167,7 +167,7 @@ fn operator_lists_span_tenants_filter_and_page_with_a_stable_cursor() {
 
 #[test]
 fn a_bad_filter_is_refused_naming_its_field() {
-    let served = Served::start();
+    let served = Served::here().start();
     for (path, field) in [
         ("/v1/invocations?limit=0", "limit"),
         ("/v1/invocations?limit=501", "limit"),
@@ -197,7 +197,7 @@ fn a_bad_filter_is_refused_naming_its_field() {
 
 #[test]
 fn decisions_stay_listable_with_who_decided_and_are_events_of_the_row() {
-    let served = Served::start();
+    let served = Served::here().start();
     let (mine, other) = (session_of(&served, TENANT), session_of(&served, OTHER));
     let held = call(
         &served,
@@ -320,7 +320,7 @@ fn decisions_stay_listable_with_who_decided_and_are_events_of_the_row() {
 
 #[test]
 fn turns_are_listed_open_then_closed_with_an_absolute_socket_path() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = session_of(&served, TENANT);
     let (status, body) = served.post(
         "/v1/turns",
@@ -363,7 +363,7 @@ fn turns_are_listed_open_then_closed_with_an_absolute_socket_path() {
 /// the process's CPU is a float counter in seconds.
 #[test]
 fn a_pinned_tools_counters_exist_at_zero_before_its_first_call() {
-    let served = Served::start();
+    let served = Served::here().start();
     session_of(&served, TENANT);
     let (status, body) = served.get("/metrics");
     assert_eq!(status, 200);

@@ -405,7 +405,7 @@ async fn build_harness(
         credentials: Arc::new(EnvFileResolver::new(
             [("DEMO_TOKEN".to_owned(), "tok-SECRET-9876".to_owned())].into(),
         )),
-        clock: Arc::new(SystemClock),
+        clock: Arc::new(crate::support::TokioClock::new()),
         observer: recorder.clone(),
         mcp: None,
         lease,
@@ -1702,7 +1702,7 @@ async fn a_lease_that_ended_is_taken_again_by_a_new_incarnation() {
             heartbeat: std::time::Duration::from_millis(100),
             ..WorkerSettings::default()
         };
-        let clock: Arc<dyn toolgate::ports::Clock> = Arc::new(SystemClock);
+        let clock: Arc<dyn toolgate::ports::Clock> = Arc::new(crate::support::TokioClock::new());
         let worker = Worker::register(store.clone(), clock, &place, settings)
             .await
             .unwrap();
@@ -1713,7 +1713,7 @@ async fn a_lease_that_ended_is_taken_again_by_a_new_incarnation() {
         let request = harness.request("demo.external_write", json!({"line": "kept"}));
         let row = leave_running(&harness, store.as_ref(), &request, first).await;
         // Nothing renews the lease until it has ended, as in an outage.
-        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        crate::support::let_leases_pass(name, std::time::Duration::from_millis(400)).await;
         assert!(!worker.lease().is_live(), "{name}");
         assert!(!worker.heartbeat().await.unwrap(), "{name}: not revived");
         worker.incarnate_again().await.unwrap();

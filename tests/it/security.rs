@@ -58,7 +58,7 @@ fn bridge_call(socket: &Path, token: &str, body: &Value) -> (u16, Value) {
 /// deadline passes, and meanwhile `/healthz` and another turn answer.
 #[test]
 fn slow_senders_are_cut_off_and_everyone_else_keeps_being_served() {
-    let served = Served::start_configured(TIGHT);
+    let served = Served::here().start_configured(TIGHT);
     let session = served.session();
     let run = Uuid::new_v4();
     let (_, socket, _) = served.turn(session, run, "slow", None);
@@ -111,7 +111,7 @@ fn slow_senders_are_cut_off_and_everyone_else_keeps_being_served() {
 /// idle kept-alive connection is closed at the header deadline.
 #[test]
 fn slow_bodies_and_idle_connections_meet_their_deadlines() {
-    let served = Served::start_configured(TIGHT);
+    let served = Served::here().start_configured(TIGHT);
     let session = served.session();
     let (_, socket, token) = served.turn(session, Uuid::new_v4(), "slow body", None);
     let mut stream = UnixStream::connect(&socket).unwrap();
@@ -147,7 +147,7 @@ fn slow_bodies_and_idle_connections_meet_their_deadlines() {
 /// refused when it would be admitted, and nothing is recorded.
 #[test]
 fn a_call_finishing_after_its_turn_closed_is_refused_and_not_recorded() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let run = Uuid::new_v4();
     let (turn, socket, token) = served.turn(session, run, "late", None);
@@ -186,7 +186,7 @@ fn a_call_finishing_after_its_turn_closed_is_refused_and_not_recorded() {
 /// an approval) is refused, and the ordinals stay those of the script.
 #[test]
 fn a_second_concurrent_call_on_a_turn_is_refused() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let run = Uuid::new_v4();
     let (_, socket, token) = served.turn(session, run, "one at a time", None);
@@ -245,7 +245,7 @@ fn a_second_concurrent_call_on_a_turn_is_refused() {
 /// Malformed input is refused rather than guessed at.
 #[test]
 fn malformed_requests_are_refused_not_guessed() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let run = Uuid::new_v4();
     let code = |status: u16, body: &Value| (status, body["error"]["code"].clone());
@@ -432,7 +432,7 @@ impl std::io::Read for ChunkedGarbage {
 /// and a name a caller made up reaches no event whole.
 #[test]
 fn events_are_filtered_by_tenant_and_carry_no_outside_text() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let other_session = Uuid::new_v4();
     let (status, body) = served.post(

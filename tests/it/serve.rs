@@ -2,6 +2,7 @@
 //! turns with their own sockets, and the Python bridge client in a separate
 //! process calling through them.
 
+use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -79,10 +80,16 @@ pub fn json_of(body: &[u8]) -> Value {
         .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)))
 }
 
-/// A running `toolgate serve` on a fresh folder, stopped (SIGTERM) on drop.
+/// A running node on a fresh folder, stopped (drained) on drop: a
+/// `toolgate serve` process, or, through [`Served::here`], the node built
+/// in this test's own process.
 pub struct Served {
     pub folder: tempfile::TempDir,
     pub child: Option<Child>,
+    /// The node when it runs in this process.
+    here: Option<Here>,
+    /// The environment a node built here is built with, again on a restart.
+    environment: Option<BTreeMap<String, String>>,
     pub socket: PathBuf,
     /// The user `serve` runs as, when not the test's own.
     pub user: Option<(u32, u32)>,
@@ -92,7 +99,147 @@ pub struct Served {
     pub env: Vec<(String, String)>,
 }
 
+/// Where a node runs: a `toolgate serve` process, for what is the
+/// process's own (signals, logs on standard error, a kill, its
+/// hardening); or here, in this test's own process, by `app::build` on
+/// listeners bound here, with no child process between the test and the
+/// node.
+#[derive(Debug, Clone, Copy)]
+pub enum StartNode {
+    Process,
+    Here,
+}
+
+impl StartNode {
+    fn build(
+        self,
+        hold: u32,
+        tcp: Option<(&str, &str)>,
+        store_url: Option<&str>,
+        extra: &str,
+        edit: impl FnOnce(&Path, String) -> String,
+        env: &[(&str, String)],
+    ) -> Served {
+        match self {
+            StartNode::Process => Served::build_with(hold, tcp, store_url, extra, None, edit, env),
+            StartNode::Here => Served::build_here(hold, tcp, store_url, extra, edit, env),
+        }
+    }
+
+    pub fn start(self) -> Served {
+        self.start_with(30, None)
+    }
+
+    pub fn start_with_hold(self, hold: u32) -> Served {
+        self.start_with(hold, None)
+    }
+
+    pub fn start_with(self, hold: u32, tcp: Option<(&str, &str)>) -> Served {
+        self.build(hold, tcp, None, "", |_, config| config, &[])
+    }
+
+    pub fn start_on(self, store_url: &str) -> Served {
+        self.build(30, None, Some(store_url), "", |_, config| config, &[])
+    }
+
+    pub fn start_configured(self, extra: &str) -> Served {
+        self.build(30, None, None, extra, |_, config| config, &[])
+    }
+
+    pub fn start_edited(
+        self,
+        edit: impl FnOnce(&Path, String) -> String,
+        env: &[(&str, String)],
+    ) -> Served {
+        self.build(30, None, None, "", edit, env)
+    }
+
+    pub fn start_edited_on(
+        self,
+        store_url: Option<&str>,
+        edit: impl FnOnce(&Path, String) -> String,
+    ) -> Served {
+        self.build(30, None, store_url, "", edit, &[])
+    }
+}
+
+/// A node built in this process, served on a runtime of its own thread:
+/// the test, sync or async, reaches it only through its sockets, as it
+/// would a process.
+struct Here {
+    stop: tokio::sync::oneshot::Sender<()>,
+    /// Whether the drain ended the node cleanly.
+    drained: std::thread::JoinHandle<bool>,
+}
+
+impl Here {
+    /// Builds and spawns the node of the configuration at `path`, as
+    /// `toolgate serve --migrate` would, with `environment` for its own.
+    fn start(path: PathBuf, environment: BTreeMap<String, String>) -> Result<Here, String> {
+        use toolgate::app::{self, ServeOptions};
+        let (ready, built) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let drained = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let app = async {
+                    app::check_config(&path, &environment).map_err(|error| error.to_string())?;
+                    let config = toolgate::config::Config::load(&path, &environment)
+                        .map_err(|error| error.to_string())?;
+                    let options = ServeOptions {
+                        migrate: true,
+                        config_path: Some(path.clone()),
+                    };
+                    let clock = std::sync::Arc::new(toolgate::ports::SystemClock);
+                    let app = app::build(config, &environment, options, clock)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    let listeners = app.bind().await.map_err(|error| error.to_string())?;
+                    Ok::<_, String>((app, listeners))
+                }
+                .await;
+                let running = match app {
+                    Ok((app, listeners)) => app.spawn(listeners),
+                    Err(error) => {
+                        let _ = ready.send(Err(error));
+                        return false;
+                    }
+                };
+                let _ = ready.send(Ok(()));
+                let _ = stopped.await;
+                let force = tokio::time::sleep(Duration::from_secs(30));
+                running.drain(force, false).await.is_ok()
+            })
+        });
+        match built.recv() {
+            Ok(Ok(())) => Ok(Here { stop, drained }),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(format!("the node's thread ended: {:?}", drained.join())),
+        }
+    }
+
+    /// Drains the node; whether it ended cleanly.
+    fn stop(self) -> bool {
+        let _ = self.stop.send(());
+        self.drained.join().unwrap_or(false)
+    }
+}
+
 impl Served {
+    /// Nodes built in this test's own process.
+    pub fn here() -> StartNode {
+        StartNode::Here
+    }
+
+    /// Nodes run as `toolgate serve` processes.
+    pub fn process() -> StartNode {
+        StartNode::Process
+    }
+
     pub fn start() -> Served {
         Served::start_with_hold(30)
     }
@@ -105,22 +252,22 @@ impl Served {
     /// With `approval_hold_seconds` set to `hold` and, when given, the
     /// control API on loopback TCP at `tcp` with `token`.
     pub fn start_with(hold: u32, tcp: Option<(&str, &str)>) -> Served {
-        Served::build(hold, tcp, None, "", None)
+        Served::process().start_with(hold, tcp)
     }
 
     /// A sidecar whose store is the database at `store_url`.
     pub fn start_on(store_url: &str) -> Served {
-        Served::build(30, None, Some(store_url), "", None)
+        Served::process().start_on(store_url)
     }
 
     /// A sidecar with `extra` appended to its configuration (whole tables).
     pub fn start_configured(extra: &str) -> Served {
-        Served::build(30, None, None, extra, None)
+        Served::process().start_configured(extra)
     }
 
     /// A sidecar run as `user` (uid, gid), its folder handed to that user.
     pub fn start_as(user: (u32, u32), extra: &str) -> Served {
-        Served::build(30, None, None, extra, Some(user))
+        Served::build_with(30, None, None, extra, Some(user), |_, config| config, &[])
     }
 
     /// A sidecar whose configuration `edit` rewrites, run with `env` added
@@ -129,29 +276,58 @@ impl Served {
         edit: impl FnOnce(&Path, String) -> String,
         env: &[(&str, String)],
     ) -> Served {
-        Served::build_with(30, None, None, "", None, edit, env)
+        Served::process().start_edited(edit, env)
     }
 
-    /// As [`Served::start_edited`], on the database at `store_url` when
-    /// given.
-    pub fn start_edited_on(
-        store_url: Option<&str>,
-        edit: impl FnOnce(&Path, String) -> String,
-    ) -> Served {
-        Served::build_with(30, None, store_url, "", None, edit, &[])
-    }
-
-    fn build(
+    fn build_with(
         hold: u32,
         tcp: Option<(&str, &str)>,
         store_url: Option<&str>,
         extra: &str,
         user: Option<(u32, u32)>,
+        edit: impl FnOnce(&Path, String) -> String,
+        env: &[(&str, String)],
     ) -> Served {
-        Served::build_with(hold, tcp, store_url, extra, user, |_, config| config, &[])
+        let mut served = Served::prepare(hold, tcp, store_url, extra, user, edit, env);
+        served.spawn(tcp.map(|(_, token)| token).unwrap_or_default());
+        served
     }
 
-    fn build_with(
+    /// As [`Served::build_with`], the node built in this process.
+    fn build_here(
+        hold: u32,
+        tcp: Option<(&str, &str)>,
+        store_url: Option<&str>,
+        extra: &str,
+        edit: impl FnOnce(&Path, String) -> String,
+        env: &[(&str, String)],
+    ) -> Served {
+        let mut served = Served::prepare(hold, tcp, store_url, extra, None, edit, env);
+        let mut environment: BTreeMap<String, String> = std::env::vars()
+            .filter(|(name, _)| name != "TOOLGATE_STORE_URL" && name != "TOOLGATE_CONTROL_SOCKET")
+            .collect();
+        environment.insert(
+            "TOOLGATE_TEST_CONTROL_TOKEN".into(),
+            tcp.map(|(_, token)| token).unwrap_or_default().into(),
+        );
+        environment.extend(served.env.iter().cloned());
+        served.environment = Some(environment);
+        served.start_here();
+        served
+    }
+
+    /// Builds and spawns the node here again, on the same folder.
+    fn start_here(&mut self) {
+        let environment = self.environment.clone().unwrap_or_default();
+        let path = self.folder.path().join("toolgate.toml");
+        match Here::start(path, environment) {
+            Ok(here) => self.here = Some(here),
+            Err(error) => panic!("the node was not built: {error}"),
+        }
+    }
+
+    /// The node's folder, configuration and policy written; nothing run.
+    fn prepare(
         hold: u32,
         tcp: Option<(&str, &str)>,
         store_url: Option<&str>,
@@ -261,19 +437,19 @@ required_scopes = ["mcp.writes.use"]
                 std::os::unix::fs::chown(root.join(entry), Some(uid), Some(gid)).unwrap();
             }
         }
-        let mut served = Served {
+        Served {
             socket: root.join("run/control.sock"),
             folder,
             child: None,
+            here: None,
+            environment: None,
             user,
             logs: std::sync::Arc::new(std::sync::Mutex::new(String::new())),
             env: env
                 .iter()
                 .map(|(name, value)| ((*name).to_owned(), value.clone()))
                 .collect(),
-        };
-        served.spawn(tcp.map(|(_, token)| token).unwrap_or_default());
-        served
+        }
     }
 
     /// Starts `toolgate serve` on this folder's configuration and waits for
@@ -324,6 +500,10 @@ required_scopes = ["mcp.writes.use"]
     /// Kills the sidecar outright (SIGKILL, as a crash would), and returns
     /// once it is gone.
     pub fn kill(&mut self) {
+        assert!(
+            self.environment.is_none(),
+            "a node built here is not a process"
+        );
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -332,7 +512,10 @@ required_scopes = ["mcp.writes.use"]
 
     /// Starts the sidecar again on the same folder after a stop or a kill.
     pub fn start_again(&mut self) {
-        self.spawn("");
+        match self.environment {
+            Some(_) => self.start_here(),
+            None => self.spawn(""),
+        }
     }
 
     /// The serve process's id, while it runs.
@@ -344,7 +527,7 @@ required_scopes = ["mcp.writes.use"]
     /// the same store, configuration and state.
     pub fn restart(&mut self) {
         assert!(self.stop(), "toolgate serve drains and exits cleanly");
-        self.spawn("");
+        self.start_again();
     }
 
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -476,8 +659,12 @@ required_scopes = ["mcp.writes.use"]
             .count()
     }
 
-    /// SIGTERM, then waits; returns whether it exited 0 within the time.
+    /// Drains the node (SIGTERM to a process), then waits; returns whether
+    /// it ended cleanly within the time.
     pub fn stop(&mut self) -> bool {
+        if let Some(here) = self.here.take() {
+            return here.stop();
+        }
         let Some(mut child) = self.child.take() else {
             return true;
         };
@@ -710,7 +897,7 @@ fn a_script_calls_through_the_bridge_and_a_replay_executes_nothing() {
 /// Bad input on the bridge: a structured error, nothing recorded as a call.
 #[test]
 fn the_bridge_refuses_bad_requests_and_records_nothing() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let run = Uuid::new_v4();
     let (turn, socket, token) = served.turn(session, run, "print(1)", None);
@@ -840,7 +1027,7 @@ fn the_bridge_refuses_bad_requests_and_records_nothing() {
 /// refuses to start.
 #[test]
 fn the_control_api_is_strict() {
-    let served = Served::start();
+    let served = Served::here().start();
     let (status, body) = served.post("/v1/sessions", &json!({"session_id": "not a uuid"}));
     assert_eq!(
         (status, body["error"]["code"].as_str()),
@@ -908,7 +1095,7 @@ fn the_python_client_tests_pass() {
 /// resumes the waiting call, which runs exactly once.
 #[test]
 fn an_approval_past_the_hold_suspends_the_turn_and_a_rerun_resumes_it() {
-    let served = Served::start_with_hold(1);
+    let served = Served::here().start_with_hold(1);
     let session = served.session();
     let run = Uuid::new_v4();
     let script = r#"
@@ -969,7 +1156,7 @@ except BridgeError as error:
 /// its recorded row is unchanged by the resolution.
 #[test]
 fn uncertain_calls_reach_the_review_queue() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let (status, body) = served.post(
         "/v1/calls",
@@ -1051,7 +1238,7 @@ fn the_control_api_on_tcp_needs_its_token() {
         .port();
     let address = format!("127.0.0.1:{port}");
     let token = "control-token-0123456789abcdef";
-    let served = Served::start_with(30, Some((&address, token)));
+    let served = Served::here().start_with(30, Some((&address, token)));
     let tcp = || {
         let started = Instant::now();
         loop {
@@ -1090,7 +1277,7 @@ fn the_control_api_on_tcp_needs_its_token() {
 /// `skill.load` loads an MCP prompt as untrusted text.
 #[test]
 fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let run = Uuid::new_v4();
     let calls = |step: i64, calls: Value| {
@@ -1191,7 +1378,7 @@ fn control_tools_run_the_pipeline_and_tool_call_unwraps() {
 /// model reads and the outbox records.
 #[test]
 fn skills_are_advertised_as_metadata_and_loaded_only_as_shown() {
-    let served = Served::start();
+    let served = Served::here().start();
     let open = |tools: Value| {
         let session_id = Uuid::new_v4();
         let (status, body) = served.post(
@@ -1306,7 +1493,7 @@ fn skills_are_advertised_as_metadata_and_loaded_only_as_shown() {
 /// tenant; a state past the bound is refused and the previous one stays.
 #[test]
 fn the_working_state_is_recorded_per_run_and_bounded() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let (run, other_run) = (Uuid::new_v4(), Uuid::new_v4());
     let update = |run: Uuid, step: i64, state: Value| {
@@ -1365,9 +1552,9 @@ fn the_working_state_is_recorded_per_run_and_bounded() {
 fn on_both_stores(test: impl Fn(&Served, &str)) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let schema = runtime.block_on(crate::store::PgSchema::create());
-    test(&Served::start(), "sqlite");
+    test(&Served::here().start(), "sqlite");
     if let Some(schema) = &schema {
-        test(&Served::start_on(&schema.url), "postgres");
+        test(&Served::here().start_on(&schema.url), "postgres");
     }
 }
 
@@ -1470,7 +1657,7 @@ fn a_run_is_its_openers_and_another_principal_changes_nothing() {
 #[test]
 fn a_batch_of_reads_overlaps_and_a_mixed_batch_runs_in_order() {
     const WAIT: u64 = 1500;
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     // A run per batch, and a different wait per call: identical calls in
     // one run would meet the loop breaker.
@@ -1556,7 +1743,7 @@ fn a_batch_of_reads_overlaps_and_a_mixed_batch_runs_in_order() {
 fn a_parallel_batch_runs_eight_calls_at_once_and_queues_the_rest() {
     const WAIT: u64 = 1500;
     const CALLS: usize = 10;
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     // A different wait per call: identical calls in one run would meet the
     // loop breaker.
@@ -1613,7 +1800,7 @@ fn a_parallel_batch_runs_eight_calls_at_once_and_queues_the_rest() {
 /// (or the run's cancellation) completes it through the control API, once.
 #[test]
 fn suspending_control_tools_wait_for_their_answer() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let run = Uuid::new_v4();
     let batch = json!({"session_id": session, "run_id": run, "step_number": 1, "origin_trust": "user",
@@ -1725,7 +1912,7 @@ fn serve_refuses_pending_migrations_without_migrate() {
 /// operator server's id. Errors name fields and never echo values.
 #[test]
 fn tenant_servers_are_validated_when_written() {
-    let served = Served::start();
+    let served = Served::here().start();
     let put = |server: &str, body: Value| {
         let text = body.to_string();
         let (status, _, body) = http(
@@ -1821,7 +2008,7 @@ fn tenant_servers_are_validated_when_written() {
 #[test]
 fn the_event_stream_follows_new_events() {
     use std::io::Write as _;
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let mut stream = UnixStream::connect(&served.socket).unwrap();
     stream
@@ -1876,7 +2063,7 @@ fn operator(args: &[&str]) -> (bool, String, String) {
 /// error and a failing exit.
 #[test]
 fn operator_commands_work_through_the_control_api() {
-    let served = Served::start();
+    let served = Served::here().start();
     let config = served.folder.path().join("toolgate.toml");
     let config = config.to_str().unwrap();
     // A tenant id that could not name a folder is refused where it arrives.
@@ -2137,7 +2324,7 @@ fn operator_commands_work_through_the_control_api() {
 /// served with different tools.
 #[test]
 fn sessions_outlive_a_restart_and_keep_their_tool_set() {
-    let mut served = Served::start();
+    let mut served = Served::here().start();
     let session_id = served.session();
     let run_id = Uuid::new_v4();
     let call = |served: &Served, call_id: &str, step: u32| {
@@ -2244,8 +2431,8 @@ fn a_session_opened_on_one_node_is_served_by_another() {
         eprintln!("DATABASE_URL unset: the two-node session test runs on PostgreSQL only");
         return;
     };
-    let first = Served::start_on(&schema.url);
-    let second = Served::start_on(&schema.url);
+    let first = Served::here().start_on(&schema.url);
+    let second = Served::here().start_on(&schema.url);
     let session_id = first.session();
     let run_id = Uuid::new_v4();
     let (status, on_first) = first.echo(session_id, run_id, 1, "c1", "demo.echo");
@@ -2431,7 +2618,7 @@ print(json.dumps({"acme": text(call("mcp.acme.echo", text="through http"))}))
 /// labels; anything else is refused with a 400 before any call runs.
 #[test]
 fn argument_labels_are_pointers_with_trust_labels_or_refused() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let calls = |labels: Value| {
         served.post(
@@ -2476,7 +2663,7 @@ fn argument_labels_are_pointers_with_trust_labels_or_refused() {
 /// calls; a read that differs runs; the same call answers from its record.
 #[test]
 fn a_replay_that_diverges_is_held_before_it_acts() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let run = Uuid::new_v4();
     let script = "a script whose second run differs";
@@ -2599,7 +2786,7 @@ fn a_replay_that_diverges_is_held_before_it_acts() {
 /// session was shown; a delete takes it out of the next session.
 #[test]
 fn an_agent_writes_a_skill_that_loads_as_untrusted() {
-    let served = Served::start();
+    let served = Served::here().start();
     let open = || {
         let session_id = Uuid::new_v4();
         let (status, body) = served.post(
@@ -2730,7 +2917,7 @@ fn an_agent_writes_a_skill_that_loads_as_untrusted() {
 /// back by a tool's limit.
 #[test]
 fn rate_limits_refuse_with_when_to_retry_and_record_nothing() {
-    let served = Served::start_configured(
+    let served = Served::here().start_configured(
         "[limits.rate]\ntenant = { per_second = 0.1, burst = 4 }\n\
          [[limits.rate.tools]]\ntools = [\"mcp.reads.*\"]\nper_second = 0.1\nburst = 1\n",
     );

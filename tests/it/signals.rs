@@ -22,7 +22,7 @@ fn batch(served: &Served, session: Uuid, run: Uuid, step: u32, calls: Value) -> 
 /// identical denial says `fails_run`.
 #[test]
 fn the_run_level_signals_are_on_the_wire() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let run = Uuid::new_v4();
     let mut signals = Vec::new();

@@ -145,7 +145,13 @@ pub struct Backends {
 pub async fn backends() -> Backends {
     let folder = tempfile::tempdir().expect("temp folder");
     let url = format!("sqlite://{}", folder.path().join("toolgate.db").display());
-    let sqlite: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.expect("sqlite opens"));
+    // Its leases are kept by the node's clock, which a test may advance.
+    let clock = Arc::new(crate::support::TokioClock::new());
+    let sqlite: Arc<dyn Store> = Arc::new(
+        SqliteStore::connect_on(&url, clock)
+            .await
+            .expect("sqlite opens"),
+    );
     sqlite.migrate().await.expect("sqlite migrates");
     let mut stores = vec![("sqlite", sqlite)];
     let postgres = PgSchema::create().await;

@@ -67,3 +67,43 @@ pub fn tools(specs: impl IntoIterator<Item = ToolSpec>) -> Vec<Arc<dyn Tool>> {
         .map(|spec| Arc::new(SpecTool(spec)) as Arc<dyn Tool>)
         .collect()
 }
+
+/// The wall clock as tokio's time moves: the system clock's reading when
+/// made, plus what tokio's clock has moved since. It reads as the system
+/// clock does, and a test that advances paused time moves it too: the
+/// leases a SQLite store keeps by the node's clock end when the test says.
+pub struct TokioClock {
+    wall: chrono::DateTime<chrono::Utc>,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    pub fn new() -> TokioClock {
+        TokioClock {
+            wall: toolgate::ports::Clock::now(&toolgate::ports::SystemClock),
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl toolgate::ports::Clock for TokioClock {
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        let moved = chrono::Duration::from_std(self.start.elapsed()).unwrap_or_default();
+        self.wall + moved
+    }
+}
+
+/// Lets `duration` pass for the leases of store `backend`. SQLite's are
+/// kept by the node's clock ([`TokioClock`] in the tests), so tokio's time
+/// is paused, advanced and resumed, with nothing in flight meanwhile;
+/// PostgreSQL keeps them by its own `now()`, one clock for every node,
+/// which no test can move, so there it passes for real.
+pub async fn let_leases_pass(backend: &str, duration: std::time::Duration) {
+    if backend == "sqlite" {
+        tokio::time::pause();
+        tokio::time::advance(duration).await;
+        tokio::time::resume();
+    } else {
+        tokio::time::sleep(duration).await;
+    }
+}

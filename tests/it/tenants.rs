@@ -114,7 +114,7 @@ fn put_server(
 /// past them is refused, naming the field (and not echoing the value).
 #[test]
 fn a_tenant_row_is_held_to_the_operators_ceilings() {
-    let served = crate::serve::Served::start();
+    let served = crate::serve::Served::here().start();
     let row = |output: u64, timeout: u32| {
         json!({"endpoint": "https://mcp.example.com/mcp", "required_scopes": ["mcp.big.use"],
                "maximum_output_bytes": output, "timeout_seconds": timeout})
@@ -142,7 +142,7 @@ fn a_tenant_row_is_held_to_the_operators_ceilings() {
 /// empty answer.
 #[test]
 fn every_route_holds_a_tenant_id_to_one_rule() {
-    let served = crate::serve::Served::start();
+    let served = crate::serve::Served::here().start();
     let long = "t".repeat(129);
     for tenant in ["%00", "", long.as_str(), "a%20b", "a%2Fb", "..", "%C3%A9"] {
         for path in [
@@ -355,7 +355,7 @@ fn silent_tenants_servers_never_stall_anothers_session() {
 /// control API (the operator) still reads it within its tenant.
 #[test]
 fn a_script_reads_only_its_own_runs_artifacts() {
-    let served = crate::serve::Served::start();
+    let served = crate::serve::Served::here().start();
     let session = served.session();
     let artifact_of = |run: uuid::Uuid| {
         // A large output, so an artifact is written for the run.
@@ -403,7 +403,7 @@ fn a_script_reads_only_its_own_runs_artifacts() {
 /// read as a field name (a pasted token) is refused without being echoed.
 #[test]
 fn a_misspelt_server_field_is_named() {
-    let served = crate::serve::Served::start();
+    let served = crate::serve::Served::here().start();
     let (status, body) = put_server(
         &served,
         "tenant-e2e",

@@ -28,7 +28,7 @@ fn call(served: &Served, session: Uuid, name: &str, arguments: Value) -> (Value,
 /// the machine is; the notifications cost the reader, not the call.
 #[test]
 fn a_notification_flood_never_turns_an_answer_into_a_timeout() {
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         |_, config| {
             config.replace(
                 "required_scopes = [\"mcp.reads.use\"]",
@@ -57,7 +57,7 @@ fn a_notification_flood_never_turns_an_answer_into_a_timeout() {
 /// with no reconnection to pay.
 #[test]
 fn garbage_on_the_wire_ends_its_call_and_leaves_the_next_served() {
-    let served = Served::start_edited(
+    let served = Served::here().start_edited(
         |_, config| {
             config.replace(
                 "required_scopes = [\"mcp.reads.use\"]",
@@ -111,7 +111,7 @@ fn garbage_on_the_wire_ends_its_call_and_leaves_the_next_served() {
 /// timeout.
 #[test]
 fn a_crashed_server_is_ready_again_for_the_next_call() {
-    let served = Served::start();
+    let served = Served::here().start();
     let session = served.session();
     let (outcome, _) = call(&served, session, "mcp.reads.die", json!({}));
     assert_ne!(outcome["status"], "succeeded", "{outcome}");

@@ -929,13 +929,13 @@ impl<D: Driver> InvocationStore for D {
         durability: Durability,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            // SQLite judges the lease by the clock it is renewed by.
+            // SQLite judges the lease by the node's clock, which renews it.
             let mut values = row_values(
                 id,
                 tenant_id,
                 Some(fence.worker_id),
                 Some(fence.lease_epoch),
-                Some(Utc::now()),
+                Some(now),
             );
             values.extend([now.into(), synchronous_commit(durability)]);
             let (sql, moved) = match D::DIALECT {

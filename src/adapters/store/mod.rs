@@ -297,18 +297,25 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
 /// Opens the store a URL names: `postgres://…`/`postgresql://…` or
 /// `sqlite://path` (created if missing).
 pub async fn connect(url: &str) -> Result<Arc<dyn crate::ports::Store>, StoreError> {
-    connect_with(url, PostgresSettings::default()).await
+    connect_with(
+        url,
+        PostgresSettings::default(),
+        Arc::new(crate::ports::SystemClock),
+    )
+    .await
 }
 
-/// [`connect`], with `settings` for PostgreSQL.
+/// [`connect`], with `settings` for PostgreSQL and the node's `clock`,
+/// which keeps SQLite's leases (PostgreSQL keeps them by its own).
 pub async fn connect_with(
     url: &str,
     settings: PostgresSettings,
+    clock: Arc<dyn crate::ports::Clock>,
 ) -> Result<Arc<dyn crate::ports::Store>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Arc::new(PostgresStore::connect_with(url, settings).await?))
     } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url).await?))
+        Ok(Arc::new(SqliteStore::connect_on(url, clock).await?))
     } else {
         Err(StoreError::Unavailable(
             "store URL must be postgres:// or sqlite:".into(),

@@ -57,6 +57,9 @@ pub struct SqliteStore {
 struct Inner {
     /// The database file.
     path: PathBuf,
+    /// The node's clock, which leases are renewed and judged by: one node,
+    /// so the node's clock is the store's.
+    clock: Arc<dyn crate::ports::Clock>,
     /// The relaxed commits' connection, used on the calling task.
     relaxed: Mutex<Connection>,
     /// Relaxed commits so far, which time their checkpoints.
@@ -164,8 +167,16 @@ fn transaction<T>(
 
 impl SqliteStore {
     /// Opens (creating if missing) the database file a `sqlite://path` URL
-    /// names; does not migrate.
+    /// names, on the system clock; does not migrate.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        SqliteStore::connect_on(url, Arc::new(crate::ports::SystemClock)).await
+    }
+
+    /// As [`SqliteStore::connect`], its leases kept by `clock`.
+    pub async fn connect_on(
+        url: &str,
+        clock: Arc<dyn crate::ports::Clock>,
+    ) -> Result<Self, StoreError> {
         let path = database_path(url)?;
         if let Some(parent) = path.parent()
             && !parent.as_os_str().is_empty()
@@ -183,6 +194,7 @@ impl SqliteStore {
                 relaxed_commits: AtomicU64::new(0),
                 writer,
                 path,
+                clock,
             }),
         })
     }

@@ -1,15 +1,21 @@
-//! SqliteStore: Workers and their leases. One node: the process's clock is
+//! SqliteStore: Workers and their leases. One node: the node's clock is
 //! the store's.
 
 use super::*;
 
-fn lease_end(lease: Duration) -> i64 {
-    micros(Utc::now()).saturating_add(i64::try_from(lease.as_micros()).unwrap_or(i64::MAX))
+fn lease_end(now: DateTime<Utc>, lease: Duration) -> i64 {
+    micros(now).saturating_add(i64::try_from(lease.as_micros()).unwrap_or(i64::MAX))
+}
+
+impl SqliteStore {
+    fn now(&self) -> DateTime<Utc> {
+        self.inner.clock.now()
+    }
 }
 
 impl WorkerStore for SqliteStore {
     fn store_now(&self) -> BoxFuture<'_, Result<DateTime<Utc>, StoreError>> {
-        Box::pin(async move { Ok(Utc::now()) })
+        Box::pin(async move { Ok(self.now()) })
     }
 
     fn register_worker<'a>(
@@ -17,11 +23,14 @@ impl WorkerStore for SqliteStore {
         registration: &'a WorkerRegistration,
     ) -> BoxFuture<'a, Result<Registration, StoreError>> {
         let registration = registration.clone();
+        // Read on the caller's task, not the writer's thread: the node's
+        // clock is the caller's.
+        let at = self.now();
         Box::pin(async move {
             // The write lock from the first statement: registrations of one
             // node are serialized.
             self.flushed(move |connection| {
-                let now = micros(Utc::now());
+                let now = micros(at);
                 let holders = query(
                     "SELECT worker_id, host, lease_expires_at FROM workers \
                      WHERE node = $1 AND released_at IS NULL",
@@ -66,7 +75,7 @@ impl WorkerStore for SqliteStore {
                 .bind(&registration.node)
                 .bind(&registration.host)
                 .bind(now)
-                .bind(lease_end(registration.lease))
+                .bind(lease_end(at, registration.lease))
                 .execute(connection)?;
                 Ok(Registration::Registered {
                     released: u64::try_from(released).unwrap_or(u64::MAX),
@@ -85,7 +94,7 @@ impl WorkerStore for SqliteStore {
         Box::pin(async move {
             // A renewal is the process's own view of itself: one node, and a
             // lease lost with the process is released at its restart.
-            let now = Utc::now();
+            let now = self.now();
             let renewed = self.relaxed(|connection| {
                 query(
                     "UPDATE workers SET heartbeat_at = $2, lease_expires_at = $3 \
@@ -93,7 +102,7 @@ impl WorkerStore for SqliteStore {
                 )
                 .bind(worker_id.to_string())
                 .bind(micros(now))
-                .bind(lease_end(lease))
+                .bind(lease_end(now, lease))
                 .execute(connection)
             })?;
             Ok(if renewed == 1 {
@@ -105,6 +114,7 @@ impl WorkerStore for SqliteStore {
     }
 
     fn release_worker(&self, worker_id: Uuid) -> BoxFuture<'_, Result<(), StoreError>> {
+        let now = self.now();
         Box::pin(async move {
             self.flushed(move |connection| {
                 query(
@@ -112,7 +122,7 @@ impl WorkerStore for SqliteStore {
                      WHERE worker_id = $1 AND released_at IS NULL",
                 )
                 .bind(worker_id.to_string())
-                .bind(micros(Utc::now()))
+                .bind(micros(now))
                 .execute(connection)
                 .map(|_| ())
             })
