@@ -120,10 +120,13 @@ impl StartNode {
         edit: impl FnOnce(&Path, String) -> String,
         env: &[(&str, String)],
     ) -> Served {
+        let mut served = Served::prepare(hold, tcp, store_url, extra, None, edit, env);
+        let token = tcp.map(|(_, token)| token).unwrap_or_default();
         match self {
-            StartNode::Process => Served::build_with(hold, tcp, store_url, extra, None, edit, env),
-            StartNode::Here => Served::build_here(hold, tcp, store_url, extra, edit, env),
+            StartNode::Process => served.spawn(token),
+            StartNode::Here => served.build_here(token),
         }
+        served
     }
 
     pub fn start(self) -> Served {
@@ -267,7 +270,10 @@ impl Served {
 
     /// A sidecar run as `user` (uid, gid), its folder handed to that user.
     pub fn start_as(user: (u32, u32), extra: &str) -> Served {
-        Served::build_with(30, None, None, extra, Some(user), |_, config| config, &[])
+        let mut served =
+            Served::prepare(30, None, None, extra, Some(user), |_, config| config, &[]);
+        served.spawn("");
+        served
     }
 
     /// A sidecar whose configuration `edit` rewrites, run with `env` added
@@ -279,41 +285,16 @@ impl Served {
         Served::process().start_edited(edit, env)
     }
 
-    fn build_with(
-        hold: u32,
-        tcp: Option<(&str, &str)>,
-        store_url: Option<&str>,
-        extra: &str,
-        user: Option<(u32, u32)>,
-        edit: impl FnOnce(&Path, String) -> String,
-        env: &[(&str, String)],
-    ) -> Served {
-        let mut served = Served::prepare(hold, tcp, store_url, extra, user, edit, env);
-        served.spawn(tcp.map(|(_, token)| token).unwrap_or_default());
-        served
-    }
-
-    /// As [`Served::build_with`], the node built in this process.
-    fn build_here(
-        hold: u32,
-        tcp: Option<(&str, &str)>,
-        store_url: Option<&str>,
-        extra: &str,
-        edit: impl FnOnce(&Path, String) -> String,
-        env: &[(&str, String)],
-    ) -> Served {
-        let mut served = Served::prepare(hold, tcp, store_url, extra, None, edit, env);
+    /// Builds this folder's node in this process, as `toolgate serve`
+    /// would with the control token `token`.
+    fn build_here(&mut self, token: &str) {
         let mut environment: BTreeMap<String, String> = std::env::vars()
             .filter(|(name, _)| name != "TOOLGATE_STORE_URL" && name != "TOOLGATE_CONTROL_SOCKET")
             .collect();
-        environment.insert(
-            "TOOLGATE_TEST_CONTROL_TOKEN".into(),
-            tcp.map(|(_, token)| token).unwrap_or_default().into(),
-        );
-        environment.extend(served.env.iter().cloned());
-        served.environment = Some(environment);
-        served.start_here();
-        served
+        environment.insert("TOOLGATE_TEST_CONTROL_TOKEN".into(), token.into());
+        environment.extend(self.env.iter().cloned());
+        self.environment = Some(environment);
+        self.start_here();
     }
 
     /// Builds and spawns the node here again, on the same folder.
