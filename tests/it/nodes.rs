@@ -293,7 +293,6 @@ async fn a_start_up_sweep_never_starves_the_lease() {
         &format!("{FAST_NODE}\n[ops]\nlisten = \"127.0.0.1:{ops}\"\n"),
         &[],
     );
-    let b = node(&schema.url, &effects, 0, FAST_NODE, &[]);
     let session = a.session();
     let run_id = Uuid::new_v4();
     let answer = call_in_background(
@@ -316,12 +315,15 @@ async fn a_start_up_sweep_never_starves_the_lease() {
     let (worker, first_beat, _) = newest_worker(&schema, a.folder.path())
         .await
         .expect("a's new worker");
-    let rerun = row_where(&store, run_id, Duration::from_secs(10), |row| {
+    let rerun = row_where(&store, run_id, Duration::from_secs(30), |row| {
         row.state.worker() == Some(worker) && row.status() == InvocationStatus::Running
     })
     .await
     .expect("a's start-up sweep re-runs the call");
     assert_eq!(rerun.attempt_number, 2);
+    // Another node starts once a's re-run is live, not while a restarts:
+    // a call whose node died is any node's to take, a live one is not.
+    let b = node(&schema.url, &effects, 0, FAST_NODE, &[]);
     let mut beats = std::collections::BTreeSet::new();
     let mut ready = 0;
     for _ in 0..16 {
