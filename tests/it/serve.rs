@@ -93,9 +93,10 @@ pub struct Served {
     pub socket: PathBuf,
     /// The user `serve` runs as, when not the test's own.
     pub user: Option<(u32, u32)>,
-    /// Everything the process logged (JSON lines), drained as it comes.
+    /// Everything the process logged (JSON lines), drained as it comes; a
+    /// node built here logs to the test's own subscriber, not here.
     pub logs: std::sync::Arc<std::sync::Mutex<String>>,
-    /// Variables added to the process's environment.
+    /// Variables added to the node's environment.
     pub env: Vec<(String, String)>,
 }
 

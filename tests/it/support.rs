@@ -87,9 +87,12 @@ impl TokioClock {
 }
 
 impl toolgate::ports::Clock for TokioClock {
+    /// To the microsecond, as the port says (what both stores keep). Read
+    /// on a runtime's thread: elsewhere tokio's clock is the system's.
     fn now(&self) -> chrono::DateTime<chrono::Utc> {
         let moved = chrono::Duration::from_std(self.start.elapsed()).unwrap_or_default();
-        self.wall + moved
+        let now = self.wall + moved;
+        chrono::DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)
     }
 }
 
