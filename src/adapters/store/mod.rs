@@ -178,6 +178,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "operators' console sign-ins",
         sql: include_str!("../../../migrations/postgres/0023_console_sign_ins.sql"),
     },
+    Migration {
+        version: 24,
+        description: "one index leads with the run",
+        sql: include_str!("../../../migrations/postgres/0024_one_run_index.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -291,6 +296,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 23,
         description: "operators' console sign-ins",
         sql: include_str!("../../../migrations/sqlite/0023_console_sign_ins.sql"),
+    },
+    Migration {
+        version: 24,
+        description: "one index leads with the run",
+        sql: include_str!("../../../migrations/sqlite/0024_one_run_index.sql"),
     },
 ];
 
