@@ -14,6 +14,19 @@
 //! (`TOOLGATE_BENCH_CALLS` calls per path per round, default 1000;
 //! `TOOLGATE_BENCH_BINARY` measures another build of `toolgate`.)
 //!
+//! Then the peers, all in front of `@modelcontextprotocol/server-everything`'s
+//! `echo` over stdio (from `scripts/test`'s install, or
+//! `TOOLGATE_MCP_SERVERS`), alternated in blocks of 50 in one run: a direct
+//! client on the server's own stdio, joshrotenberg's `mcp-proxy` when it is
+//! installed (`cargo install mcp-proxy --no-default-features`, or
+//! `TOOLGATE_BENCH_MCP_PROXY`), and toolgate's front door on SQLite and on
+//! PostgreSQL. Printed per path: p50, p99, the p50 added over the direct
+//! client and its ratio to `mcp-proxy`'s, the gateway's CPU per call and,
+//! on PostgreSQL, the CPU its database's backends spent per call. Last, the
+//! throughput of each gateway at 8 and 32 concurrent sessions, with p50 and
+//! p99. `TOOLGATE_BENCH_PART` (`stores`, `peers` or `throughput`) runs one
+//! part alone.
+//!
 //! `TOOLGATE_BENCH_FAIRNESS=1 cargo bench --bench front` drives fairness
 //! instead, on SQLite: a well-behaved tenant's client making sequential
 //! `tools/call`s at most a hundred a second, alone, then beside a hostile tenant's credential at full
@@ -94,6 +107,7 @@ impl<S: std::io::Read + std::io::Write> Kept<S> {
         self.writer.write_all(request.as_bytes())?;
         let mut status = 0;
         let mut length = 0;
+        let mut chunked = false;
         let mut session = None;
         let mut line = String::new();
         loop {
@@ -110,14 +124,35 @@ impl<S: std::io::Read + std::io::Write> Kept<S> {
             } else if let Some((name, value)) = header.split_once(':') {
                 if name.eq_ignore_ascii_case("content-length") {
                     length = value.trim().parse().unwrap_or(0);
+                } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                    chunked = value.trim().eq_ignore_ascii_case("chunked");
                 } else if name.eq_ignore_ascii_case("mcp-session-id") {
                     session = Some(value.trim().to_owned());
                 }
             }
         }
-        let mut body = vec![0; length];
-        self.reader.read_exact(&mut body)?;
-        Ok((status, session, body))
+        if !chunked {
+            let mut body = vec![0; length];
+            self.reader.read_exact(&mut body)?;
+            return Ok((status, session, body));
+        }
+        // A peer that streams its answer (an SSE body) sends it in chunks.
+        let mut body = Vec::new();
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            let size = usize::from_str_radix(line.trim_end(), 16)
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+            if size == 0 {
+                line.clear();
+                self.reader.read_line(&mut line)?;
+                return Ok((status, session, body));
+            }
+            let start = body.len();
+            body.resize(start + size + 2, 0);
+            self.reader.read_exact(&mut body[start..])?;
+            body.truncate(start + size);
+        }
     }
 }
 
@@ -191,15 +226,23 @@ impl Drop for Stopped {
 }
 
 fn serve(toolgate: &Path, root: &Path, store_url: &str, port: u16) -> Stopped {
-    serve_with(toolgate, root, store_url, port, "")
+    serve_with(toolgate, root, store_url, port, "demo.echo", "")
 }
 
-/// As [`serve`], with `extra` appended to the configuration (whole tables,
-/// or entries of `[front]`'s keys).
-fn serve_with(toolgate: &Path, root: &Path, store_url: &str, port: u16, extra: &str) -> Stopped {
+/// As [`serve`], the front door's key and the policy naming `tool`, with
+/// `extra` appended to the configuration (whole tables, or entries of
+/// `[front]`'s keys).
+fn serve_with(
+    toolgate: &Path,
+    root: &Path,
+    store_url: &str,
+    port: u16,
+    tool: &str,
+    extra: &str,
+) -> Stopped {
     std::fs::write(
         root.join("policy.toml"),
-        "[[rules]]\ntools = [\"demo.echo\"]\ndecision = \"allow\"\n",
+        format!("[[rules]]\ntools = [\"{tool}\"]\ndecision = \"allow\"\n"),
     )
     .expect("policy");
     std::fs::write(
@@ -209,7 +252,7 @@ fn serve_with(toolgate: &Path, root: &Path, store_url: &str, port: u16, extra: &
              [store]\nurl = \"{store_url}\"\n[artifacts]\ndirectory = \"state/artifacts\"\n\
              [policy]\nfile = \"policy.toml\"\n[front]\nlisten = \"127.0.0.1:{port}\"\n\
              [[front.api_keys]]\nid = \"bench\"\nsha256 = \"{}\"\ntenant_id = \"bench\"\n\
-             principal = {{ id = \"bench\", scopes = [\"demo.use\"] }}\ntools = [\"demo.echo\"]\n{extra}",
+             principal = {{ id = \"bench\", scopes = [\"demo.use\", \"mcp.everything.use\"] }}\ntools = [\"{tool}\"]\n{extra}",
             toolgate::domain::sha256_hex(KEY.as_bytes())
         ),
     )
@@ -396,7 +439,7 @@ fn scene(
         toolgate::domain::sha256_hex(HOSTILE_KEY.as_bytes())
     );
     let store_url = format!("sqlite://{}", root.join("toolgate.db").display());
-    let served = serve_with(toolgate, root, &store_url, port, &second_key);
+    let served = serve_with(toolgate, root, &store_url, port, "demo.echo", &second_key);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let done = std::sync::Arc::new(std::sync::Mutex::new(Hostile::default()));
     let stateless = |key: &str| {
@@ -575,6 +618,625 @@ fn store(
     }
 }
 
+/// `@modelcontextprotocol/server-everything`'s entry point, from
+/// `scripts/test`'s install (or `TOOLGATE_MCP_SERVERS`): the upstream every
+/// peer fronts.
+fn everything() -> Option<PathBuf> {
+    let servers = PathBuf::from(
+        std::env::var("TOOLGATE_MCP_SERVERS")
+            .unwrap_or_else(|_| "/var/tmp/toolgate-mcp-servers".into()),
+    );
+    let script =
+        servers.join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    script.exists().then_some(script)
+}
+
+fn initialize(id: usize) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "initialize",
+           "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                      "clientInfo": {"name": "bench", "version": "1"}}})
+}
+
+fn call_echo(id: usize, tool: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": tool, "arguments": {"message": format!("hello {id}")}}})
+}
+
+/// The JSON-RPC answer in a body: the JSON itself, or the SSE event that
+/// carries it.
+fn answer(body: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(body);
+    if text.trim_start().starts_with('{') {
+        return serde_json::from_str(&text).expect("JSON");
+    }
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .find(|event| event.get("result").is_some() || event.get("error").is_some())
+        .unwrap_or_else(|| panic!("no answer in {text}"))
+}
+
+/// The server's own stdio, as an MCP host runs it: the path every gateway
+/// adds to.
+struct Direct {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Direct {
+    fn start(script: &Path) -> Direct {
+        let mut child = Command::new("node")
+            .arg(script)
+            .arg("stdio")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node starts");
+        let mut direct = Direct {
+            stdin: child.stdin.take().expect("stdin"),
+            stdout: BufReader::new(child.stdout.take().expect("stdout")),
+            child,
+        };
+        direct.exchange(&initialize(0));
+        direct.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        direct
+    }
+
+    fn send(&mut self, message: &Value) {
+        use std::io::Write as _;
+        writeln!(self.stdin, "{message}").expect("writes");
+        self.stdin.flush().expect("flushes");
+    }
+
+    fn exchange(&mut self, request: &Value) -> Value {
+        self.send(request);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.stdout.read_line(&mut line).expect("reads") > 0,
+                "the server ended"
+            );
+            if let Ok(message) = serde_json::from_str::<Value>(&line)
+                && message.get("id") == request.get("id")
+            {
+                return message;
+            }
+        }
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A 2025-06-18 session of streamable HTTP on one kept-alive connection.
+struct Session {
+    kept: Kept<TcpStream>,
+    path: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Session {
+    fn open(port: u16, path: &str, authorization: Option<&str>) -> Session {
+        let mut session = Session {
+            kept: tcp(port),
+            path: path.to_owned(),
+            headers: vec![(
+                "Accept".into(),
+                "application/json, text/event-stream".into(),
+            )],
+        };
+        if let Some(authorization) = authorization {
+            session
+                .headers
+                .push(("Authorization".into(), authorization.into()));
+        }
+        let (status, id, body) = session.post_for_session(&initialize(0));
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        if let Some(id) = id {
+            session.headers.push(("Mcp-Session-Id".into(), id));
+        }
+        session
+            .headers
+            .push(("MCP-Protocol-Version".into(), "2025-06-18".into()));
+        let (status, _, body) = session
+            .post_for_session(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        assert!(
+            (200..300).contains(&status),
+            "{status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        session
+    }
+
+    fn post_for_session(&mut self, message: &Value) -> (u16, Option<String>, Vec<u8>) {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        self.kept
+            .exchange(&self.path, &headers, &message.to_string())
+    }
+
+    fn exchange(&mut self, request: &Value) -> Value {
+        let (status, _, body) = self.post_for_session(request);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        answer(&body)
+    }
+
+    /// The listed tool whose name ends in `echo`, once the gateway lists it.
+    fn echo_tool(&mut self) -> String {
+        let started = Instant::now();
+        loop {
+            let tools = self.exchange(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+            let found = tools["result"]["tools"].as_array().and_then(|tools| {
+                tools
+                    .iter()
+                    .filter_map(|tool| tool["name"].as_str())
+                    .find(|name| name.contains("everything") && name.ends_with("echo"))
+                    .map(str::to_owned)
+            });
+            if let Some(name) = found {
+                return name;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no echo listed: {tools}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// One gateway in front of server-everything, as a process.
+struct Gateway {
+    name: String,
+    port: u16,
+    path: &'static str,
+    authorization: Option<String>,
+    pid: u32,
+    /// The PostgreSQL database its store is, whose backends' CPU is its own.
+    database: Option<String>,
+    _process: Stopped,
+    _folder: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `mcp-proxy` from `TOOLGATE_BENCH_MCP_PROXY`, `PATH` or cargo's bin
+/// folder; none when it is not installed.
+fn mcp_proxy_binary() -> Option<PathBuf> {
+    if let Some(binary) = std::env::var_os("TOOLGATE_BENCH_MCP_PROXY") {
+        return Some(PathBuf::from(binary));
+    }
+    let home = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo/bin"));
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(home)
+        .map(|folder| folder.join("mcp-proxy"))
+        .find(|binary| binary.is_file())
+}
+
+fn wait_for_port(port: u16) {
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn mcp_proxy(binary: &Path, script: &Path) -> Gateway {
+    let folder = tempfile::tempdir().expect("folder");
+    let port = free_port();
+    let config = folder.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[proxy]\nname = \"bench\"\n[proxy.listen]\nhost = \"127.0.0.1\"\nport = {port}\n\
+             [[backends]]\nname = \"everything\"\ntransport = \"stdio\"\ncommand = \"node\"\n\
+             args = [{:?}, \"stdio\"]\n[observability]\nlog_level = \"warn\"\n",
+            script.display().to_string()
+        ),
+    )
+    .expect("config");
+    let child = Command::new(binary)
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mcp-proxy starts");
+    let pid = child.id();
+    let process = Stopped(child);
+    wait_for_port(port);
+    Gateway {
+        name: "mcp-proxy".into(),
+        port,
+        path: "/",
+        authorization: None,
+        pid,
+        database: None,
+        _process: process,
+        _folder: folder,
+    }
+}
+
+/// A toolgate node whose front door serves server-everything's tools.
+fn toolgate_gateway(
+    toolgate: &Path,
+    script: &Path,
+    name: &str,
+    store_url: impl FnOnce(&Path) -> (String, Option<String>),
+) -> Gateway {
+    let folder = tempfile::tempdir().expect("folder");
+    let port = free_port();
+    let (url, database) = store_url(folder.path());
+    let server = format!(
+        "[[mcp.servers]]\nserver_id = \"everything\"\ncommand = \"/usr/bin/node\"\n\
+         args = [{:?}, \"stdio\"]\nside_effect = \"none\"\nrisk = \"low\"\n\
+         idempotency = \"read_only\"\nrequired_scopes = [\"mcp.everything.use\"]\n",
+        script.display().to_string()
+    );
+    let process = serve_with(
+        toolgate,
+        folder.path(),
+        &url,
+        port,
+        "mcp.everything.echo",
+        &server,
+    );
+    Gateway {
+        name: name.into(),
+        port,
+        path: "/mcp",
+        authorization: Some(format!("Bearer {KEY}")),
+        pid: process.0.id(),
+        database,
+        _process: process,
+        _folder: folder,
+    }
+}
+
+/// PostgreSQL's side of the bench: the admin connection that makes and
+/// drops databases and names a database's backends.
+struct Postgres {
+    admin: String,
+    runtime: tokio::runtime::Runtime,
+    created: std::sync::Mutex<Vec<String>>,
+}
+
+impl Postgres {
+    fn from_env() -> Option<Postgres> {
+        let admin = std::env::var("DATABASE_URL").ok()?;
+        Some(Postgres {
+            admin,
+            runtime: tokio::runtime::Runtime::new().expect("a runtime"),
+            created: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    fn connection(&self) -> sqlx::PgConnection {
+        use sqlx::Connection as _;
+        self.runtime
+            .block_on(sqlx::PgConnection::connect(&self.admin))
+            .expect("the admin database")
+    }
+
+    fn execute(&self, sql: String) {
+        let mut connection = self.connection();
+        self.runtime
+            .block_on(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut connection))
+            .expect("admin SQL");
+    }
+
+    /// A new database; its URL and its name.
+    fn database(&self) -> (String, String) {
+        let database = format!("bench_front_{}", Uuid::new_v4().simple());
+        self.execute(format!("CREATE DATABASE {database}"));
+        self.created.lock().unwrap().push(database.clone());
+        let url = match self.admin.rsplit_once('/') {
+            Some((base, _)) => format!("{base}/{database}"),
+            None => self.admin.clone(),
+        };
+        (url, database)
+    }
+
+    /// The server processes serving `database`'s connections now.
+    fn backends(&self, database: &str) -> Vec<u32> {
+        let mut connection = self.connection();
+        let pids: Vec<i32> = self
+            .runtime
+            .block_on(
+                sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE datname = $1")
+                    .bind(database)
+                    .fetch_all(&mut connection),
+            )
+            .expect("pg_stat_activity");
+        pids.into_iter().map(|pid| pid as u32).collect()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        for database in self.created.lock().unwrap().drain(..).collect::<Vec<_>>() {
+            self.execute(format!("DROP DATABASE {database} WITH (FORCE)"));
+        }
+    }
+}
+
+/// A measured path: how a call is made, and whose CPU it costs.
+enum Client {
+    Direct(Direct),
+    Session(Session, String),
+}
+
+impl Client {
+    fn call(&mut self, id: usize) {
+        let answer = match self {
+            Client::Direct(direct) => direct.exchange(&call_echo(id, "echo")),
+            Client::Session(session, tool) => session.exchange(&call_echo(id, tool)),
+        };
+        assert!(
+            answer["result"]["isError"] != true && answer.get("error").is_none(),
+            "{answer}"
+        );
+    }
+}
+
+/// A path's name, p50, p99, gateway CPU per call and database CPU per call.
+type PathFigures = (String, Duration, Duration, Duration, Duration);
+
+/// Per path, alternated in blocks of 50: p50, p99, the p50 added over the
+/// direct client, the gateway's CPU per call and its database backends'.
+fn peers(toolgate: &Path, calls: usize, rounds: usize, postgres: Option<&Postgres>) {
+    let Some(script) = everything() else {
+        println!("server-everything is not installed (scripts/test installs it): peers skipped");
+        return;
+    };
+    let proxy = mcp_proxy_binary();
+    if proxy.is_none() {
+        println!("mcp-proxy is not installed (cargo install mcp-proxy --no-default-features)");
+    }
+    let mut all: Vec<Vec<PathFigures>> = Vec::new();
+    for _ in 0..rounds {
+        let mut gateways = Vec::new();
+        if let Some(proxy) = &proxy {
+            gateways.push(mcp_proxy(proxy, &script));
+        }
+        gateways.push(toolgate_gateway(
+            toolgate,
+            &script,
+            "toolgate sqlite",
+            |folder| {
+                (
+                    format!("sqlite://{}", folder.join("toolgate.db").display()),
+                    None,
+                )
+            },
+        ));
+        if let Some(postgres) = postgres {
+            gateways.push(toolgate_gateway(
+                toolgate,
+                &script,
+                "toolgate postgres",
+                |_| {
+                    let (url, database) = postgres.database();
+                    (url, Some(database))
+                },
+            ));
+        }
+        let mut paths: Vec<(String, Client, Option<&Gateway>)> = vec![(
+            "direct stdio".into(),
+            Client::Direct(Direct::start(&script)),
+            None,
+        )];
+        for gateway in &gateways {
+            let mut session =
+                Session::open(gateway.port, gateway.path, gateway.authorization.as_deref());
+            let tool = session.echo_tool();
+            paths.push((
+                gateway.name.clone(),
+                Client::Session(session, tool),
+                Some(gateway),
+            ));
+        }
+        let mut latencies = vec![Vec::new(); paths.len()];
+        let mut cpu = vec![(0.0f64, 0.0f64); paths.len()];
+        let mut next = 1usize;
+        for (_, client, _) in &mut paths {
+            for _ in 0..50 {
+                next += 1;
+                client.call(next);
+            }
+        }
+        while latencies[0].len() < calls {
+            for (index, (_, client, gateway)) in paths.iter_mut().enumerate() {
+                let gateway = *gateway;
+                let backends = match (gateway, postgres) {
+                    (
+                        Some(Gateway {
+                            database: Some(database),
+                            ..
+                        }),
+                        Some(postgres),
+                    ) => postgres.backends(database),
+                    _ => Vec::new(),
+                };
+                let database_cpu = || backends.iter().map(|pid| cpu_seconds(*pid)).sum::<f64>();
+                let gateway_cpu = || gateway.map(|g| cpu_seconds(g.pid)).unwrap_or(0.0);
+                let (before, database_before) = (gateway_cpu(), database_cpu());
+                for _ in 0..50 {
+                    next += 1;
+                    let started = Instant::now();
+                    client.call(next);
+                    latencies[index].push(started.elapsed());
+                }
+                cpu[index].0 += gateway_cpu() - before;
+                cpu[index].1 += database_cpu() - database_before;
+            }
+        }
+        all.push(
+            paths
+                .iter()
+                .enumerate()
+                .map(|(index, (name, _, _))| {
+                    let mut sorted = latencies[index].clone();
+                    sorted.sort();
+                    let per_call =
+                        |seconds: f64| Duration::from_secs_f64(seconds / sorted.len() as f64);
+                    (
+                        name.clone(),
+                        percentile(&sorted, 0.5),
+                        percentile(&sorted, 0.99),
+                        per_call(cpu[index].0),
+                        per_call(cpu[index].1),
+                    )
+                })
+                .collect(),
+        );
+    }
+    println!(
+        "\nserver-everything's echo, one client, blocks of 50 alternated ({calls} calls a path, \
+         median of {rounds} round(s))"
+    );
+    println!(
+        "{:>18} | {:>9} | {:>9} | {:>10} | {:>8} | {:>9} | {:>9}",
+        "path", "p50", "p99", "added p50", "× proxy", "cpu/call", "db cpu"
+    );
+    let figure = |path: usize, pick: fn(&PathFigures) -> Duration| {
+        median(all.iter().map(|round| pick(&round[path])).collect())
+    };
+    let direct = figure(0, |f| f.1);
+    let proxy_added = proxy
+        .as_ref()
+        .map(|_| figure(1, |f| f.1).saturating_sub(direct));
+    for (path, (name, ..)) in all[0].iter().enumerate() {
+        let p50 = figure(path, |f| f.1);
+        let added = p50.saturating_sub(direct);
+        println!(
+            "{name:>18} | {p50:>9.2?} | {:>9.2?} | {:>10} | {:>8} | {:>7}µs | {:>7}µs",
+            figure(path, |f| f.2),
+            if path == 0 {
+                "-".to_owned()
+            } else {
+                format!("{added:.2?}")
+            },
+            match proxy_added {
+                Some(base) if path > 0 && !base.is_zero() =>
+                    format!("{:.2}", added.as_secs_f64() / base.as_secs_f64()),
+                _ => "-".to_owned(),
+            },
+            figure(path, |f| f.3).as_micros(),
+            figure(path, |f| f.4).as_micros(),
+        );
+    }
+}
+
+/// Throughput at `clients` concurrent sessions per gateway, each making
+/// sequential calls: calls a second, p50 and p99 over every call.
+fn throughput(toolgate: &Path, calls: usize, postgres: Option<&Postgres>) {
+    let Some(script) = everything() else {
+        return;
+    };
+    println!("\nserver-everything's echo, concurrent sessions ({calls} calls in all per row)");
+    println!(
+        "{:>18} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9}",
+        "gateway", "clients", "calls/s", "p50", "p99", "cpu/call"
+    );
+    for clients in [8usize, 32] {
+        let mut gateways = Vec::new();
+        if let Some(proxy) = mcp_proxy_binary() {
+            gateways.push(mcp_proxy(&proxy, &script));
+        }
+        gateways.push(toolgate_gateway(
+            toolgate,
+            &script,
+            "toolgate sqlite",
+            |folder| {
+                (
+                    format!("sqlite://{}", folder.join("toolgate.db").display()),
+                    None,
+                )
+            },
+        ));
+        if let Some(postgres) = postgres {
+            gateways.push(toolgate_gateway(
+                toolgate,
+                &script,
+                "toolgate postgres",
+                |_| {
+                    let (url, database) = postgres.database();
+                    (url, Some(database))
+                },
+            ));
+        }
+        for gateway in &gateways {
+            let each = calls.div_ceil(clients);
+            let start = std::sync::Arc::new(std::sync::Barrier::new(clients + 1));
+            let threads: Vec<_> = (0..clients)
+                .map(|client| {
+                    let start = start.clone();
+                    let (port, path, authorization) =
+                        (gateway.port, gateway.path, gateway.authorization.clone());
+                    std::thread::spawn(move || {
+                        let mut session = Session::open(port, path, authorization.as_deref());
+                        let tool = session.echo_tool();
+                        for i in 0..20 {
+                            session.exchange(&call_echo(i + 2, &tool));
+                        }
+                        start.wait();
+                        (0..each)
+                            .map(|i| {
+                                let started = Instant::now();
+                                let answer =
+                                    session.exchange(&call_echo(client * each + i + 100, &tool));
+                                assert!(answer.get("error").is_none(), "{answer}");
+                                started.elapsed()
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            start.wait();
+            let began = Instant::now();
+            let cpu_before = cpu_seconds(gateway.pid);
+            let mut latencies: Vec<Duration> = threads
+                .into_iter()
+                .flat_map(|thread| thread.join().expect("a client"))
+                .collect();
+            let wall = began.elapsed();
+            let cpu = cpu_seconds(gateway.pid) - cpu_before;
+            latencies.sort();
+            println!(
+                "{:>18} | {clients:>7} | {:>9.0} | {:>9.2?} | {:>9.2?} | {:>9.0?}",
+                gateway.name,
+                latencies.len() as f64 / wall.as_secs_f64(),
+                percentile(&latencies, 0.5),
+                percentile(&latencies, 0.99),
+                Duration::from_secs_f64(cpu / latencies.len() as f64),
+            );
+        }
+    }
+}
+
 fn main() {
     let calls: usize = std::env::var("TOOLGATE_BENCH_CALLS")
         .ok()
@@ -589,46 +1251,37 @@ fn main() {
         fairness(&toolgate, calls, rounds);
         return;
     }
-    println!(
-        "{:>8} | {:>18} | {:>9} | {:>9} | {:>10} | {:>9}",
-        "store", "path", "p50", "p99", "added p50", "cpu/call"
-    );
-    store(
-        &toolgate,
-        "sqlite",
-        |folder| format!("sqlite://{}", folder.join("toolgate.db").display()),
-        calls,
-        rounds,
-    );
-    let Ok(admin) = std::env::var("DATABASE_URL") else {
+    let part = std::env::var("TOOLGATE_BENCH_PART").unwrap_or_default();
+    let postgres = Postgres::from_env();
+    if postgres.is_none() {
         println!("DATABASE_URL is unset: PostgreSQL is skipped");
-        return;
-    };
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let created = std::sync::Mutex::new(Vec::new());
-    let admin_sql = |sql: String| {
-        runtime.block_on(async {
-            use sqlx::Connection as _;
-            let mut connection = sqlx::PgConnection::connect(&admin)
-                .await
-                .expect("the admin database");
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                .execute(&mut connection)
-                .await
-                .expect("admin SQL");
-        })
-    };
-    let url = |_: &Path| {
-        let database = format!("bench_front_{}", Uuid::new_v4().simple());
-        admin_sql(format!("CREATE DATABASE {database}"));
-        created.lock().unwrap().push(database.clone());
-        match admin.rsplit_once('/') {
-            Some((base, _)) => format!("{base}/{database}"),
-            None => admin.clone(),
+    }
+    if part.is_empty() || part == "stores" {
+        println!(
+            "{:>8} | {:>18} | {:>9} | {:>9} | {:>10} | {:>9}",
+            "store", "path", "p50", "p99", "added p50", "cpu/call"
+        );
+        store(
+            &toolgate,
+            "sqlite",
+            |folder| format!("sqlite://{}", folder.join("toolgate.db").display()),
+            calls,
+            rounds,
+        );
+        if let Some(postgres) = &postgres {
+            store(
+                &toolgate,
+                "postgres",
+                |_| postgres.database().0,
+                calls,
+                rounds,
+            );
         }
-    };
-    store(&toolgate, "postgres", url, calls, rounds);
-    for database in created.lock().unwrap().drain(..) {
-        admin_sql(format!("DROP DATABASE {database} WITH (FORCE)"));
+    }
+    if part.is_empty() || part == "peers" {
+        peers(&toolgate, calls, rounds, postgres.as_ref());
+    }
+    if part.is_empty() || part == "throughput" {
+        throughput(&toolgate, calls * 2, postgres.as_ref());
     }
 }

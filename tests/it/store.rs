@@ -1935,6 +1935,66 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
     }
 }
 
+/// Every allowed call first asks whether an identical call of its run has
+/// ended. Before the database has statistics, that question is answered
+/// from the index of identical calls, never by reading the run's every row:
+/// no other index leads with the run.
+#[tokio::test]
+async fn postgres_identical_call_check_uses_its_index_without_statistics() {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the PostgreSQL plan test is skipped");
+        return;
+    };
+    let store = PostgresStore::connect(&schema.url)
+        .await
+        .expect("postgres connects");
+    store.migrate().await.expect("postgres migrates");
+    let mut connection = sqlx::PgConnection::connect(&schema.owner_url)
+        .await
+        .unwrap();
+    // A long run of one tenant, as a fresh deployment's first agent makes.
+    sqlx::raw_sql(
+        "SET toolgate.scope = 'system'; \
+         INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, \
+             tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, status, \
+             idempotency_class, side_effect, principal, origin_trust, lease_epoch, created_at, \
+             outcome_status, completed_at) \
+         SELECT gen_random_uuid(), 'solo', '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', \
+             '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', g, 'c', 'demo.echo', '1', 'builtin', '{}', \
+             md5(g::text), md5(g::text) || 'k', 'succeeded', 'read_only', 'none', '{}', 'user', 0, \
+             now(), 'succeeded', now() \
+         FROM generate_series(1, 300) g; \
+         PREPARE identical (text, uuid, text, text) AS SELECT EXISTS (SELECT 1 FROM tool_invocations i \
+             WHERE i.tenant_id = $1 AND i.run_id = $2 AND i.tool_name = $3 AND i.arguments_hash = $4 \
+             AND i.outcome_status IS NOT NULL)",
+    )
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
+            .execute(&mut connection)
+            .await
+            .unwrap();
+        let lines: Vec<(String,)> = sqlx::query_as(
+            "EXPLAIN EXECUTE identical('solo', '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', \
+             'demo.echo', 'absent')",
+        )
+        .fetch_all(&mut connection)
+        .await
+        .unwrap();
+        let plan = lines
+            .into_iter()
+            .map(|(line,)| line)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            plan.contains("using tool_invocations_identical"),
+            "({mode}) the identical-call check reads another index:\n{plan}"
+        );
+    }
+}
+
 /// A session is recorded once; opening its id again writes nothing and
 /// returns what was recorded, and any node reads it by id alone.
 #[tokio::test]

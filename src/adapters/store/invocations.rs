@@ -475,8 +475,8 @@ fn qualified_columns(alias: &str) -> String {
         .join(", ")
 }
 
-// SQLite's intent; PostgreSQL's functions take the same values ($1 to $29)
-// and commit as `$30` says. With `$31` (uncounted), a row is inserted only
+// SQLite's intent; PostgreSQL's `toolgate_intent` takes the same values
+// ($1 to $29, and `$31`) and commits as `$30` says. With `$31` (uncounted), a row is inserted only
 // while no identical call of the run has an outcome and the breaker has
 // nothing to count.
 const SQLITE_INTENT: &str = concat!(
@@ -495,20 +495,10 @@ const SQLITE_INTENT: &str = concat!(
     invocation_columns!()
 );
 
-macro_rules! postgres_intent {
-    ($function:literal) => {
-        concat!(
-            "SELECT * FROM ",
-            $function,
-            "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
-             $20, $21, $22, $23, $24, $25, $26, $27, $28, $29), \
-             set_config('synchronous_commit', COALESCE($30, current_setting('synchronous_commit')), true)"
-        )
-    };
-}
-
-const POSTGRES_INTENT: &str = postgres_intent!("toolgate_insert");
-const POSTGRES_INTENT_UNCOUNTED: &str = postgres_intent!("toolgate_insert_uncounted");
+const POSTGRES_INTENT: &str = "SELECT * FROM toolgate_intent($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+     $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, \
+     $29, $31), \
+     set_config('synchronous_commit', COALESCE($30, current_setting('synchronous_commit')), true)";
 
 const INSERT_APPROVAL: &str = "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, \
      reason_code, status, requested_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6)";
@@ -531,7 +521,7 @@ const POSTGRES_CLAIM: &str = "SELECT * FROM toolgate_claim($2, $1, $3, $4, $6, $
 const POSTGRES_MARK_EFFECT_SENT: &str = "SELECT toolgate_mark_effect_sent($2, $1, $3, $4, $6) AS moved, \
      set_config('synchronous_commit', COALESCE($7, current_setting('synchronous_commit')), true)";
 
-const POSTGRES_COMPLETE: &str = "SELECT toolgate_complete($2, $1, $3, $4, $6, $7, $8, $9, $10, $11, \
+const POSTGRES_COMPLETE: &str = "SELECT toolgate_complete_invocation($2, $1, $3, $4, $6, $7, $8, $9, $10, $11, \
      $12, $13, $15, $16, $17, $14, $18, $19, $20) AS moved, \
      set_config('synchronous_commit', COALESCE($21, current_setting('synchronous_commit')), true)";
 
@@ -697,10 +687,9 @@ fn intent<D: Driver>(
     let argument_trust = (!new.identity.argument_trust.labels().is_empty())
         .then(|| json(&new.identity.argument_trust))
         .transpose()?;
-    let sql = match (D::DIALECT, uncounted) {
-        (Dialect::Sqlite, _) => SQLITE_INTENT,
-        (Dialect::Postgres, false) => POSTGRES_INTENT,
-        (Dialect::Postgres, true) => POSTGRES_INTENT_UNCOUNTED,
+    let sql = match D::DIALECT {
+        Dialect::Sqlite => SQLITE_INTENT,
+        Dialect::Postgres => POSTGRES_INTENT,
     };
     let status = new.start.status();
     let outcome_status = status.outcome_status(new.start.reason_code());

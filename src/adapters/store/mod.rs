@@ -183,6 +183,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "one index leads with the run",
         sql: include_str!("../../../migrations/postgres/0024_one_run_index.sql"),
     },
+    Migration {
+        version: 25,
+        description: "one function a commit",
+        sql: include_str!("../../../migrations/postgres/0025_one_function_a_commit.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -301,6 +306,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 24,
         description: "one index leads with the run",
         sql: include_str!("../../../migrations/sqlite/0024_one_run_index.sql"),
+    },
+    Migration {
+        version: 25,
+        description: "one function a commit",
+        sql: include_str!("../../../migrations/sqlite/0025_one_function_a_commit.sql"),
     },
 ];
 

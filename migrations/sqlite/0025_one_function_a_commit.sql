@@ -1,0 +1,4 @@
+-- toolgate 0025 for SQLite: nothing to change. PostgreSQL's intent and end
+-- now each run as one function (see its migration); SQLite runs the same
+-- statements from the node, and keeps the version so both stores count
+-- their schema alike.
