@@ -105,6 +105,19 @@ impl<S: std::io::Read + std::io::Write> Kept<S> {
         request.push_str("\r\n");
         request.push_str(body);
         self.writer.write_all(request.as_bytes())?;
+        self.answer()
+    }
+
+    /// A `GET` of `path`: the status and the body.
+    fn get(&mut self, path: &str) -> (u16, Vec<u8>) {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.host);
+        self.writer.write_all(request.as_bytes()).expect("writes");
+        let (status, _, body) = self.answer().expect("an answer");
+        (status, body)
+    }
+
+    /// The answer to the request just sent.
+    fn answer(&mut self) -> std::io::Result<(u16, Option<String>, Vec<u8>)> {
         let mut status = 0;
         let mut length = 0;
         let mut chunked = false;
@@ -1237,6 +1250,265 @@ fn throughput(toolgate: &Path, calls: usize, postgres: Option<&Postgres>) {
     }
 }
 
+/// The rows of the operators' lists bench, as SQL over `n` (1 to the row
+/// count): runs of a hundred calls (the first ten thousand one run), half
+/// the runs tenant `bench`'s and the rest spread over seven tenants, five
+/// tools, one call in two hundred UNCERTAIN, one in a hundred failed, one in
+/// two hundred waiting for approval; two and a half seconds apart, so a
+/// million rows span a month, the newest now.
+struct Fill {
+    /// `n` as a UUID whose last twelve hex digits are `n`'s, given the
+    /// prefix's first eight.
+    uuid: fn(&str, &str) -> String,
+    /// The time `n` was created at, in the store's type.
+    created: fn(&str) -> String,
+    series: fn(usize) -> String,
+    json: fn(&[(&str, String)]) -> String,
+}
+
+fn lists_sql(fill: &Fill, rows: usize) -> Vec<String> {
+    let run = "(CASE WHEN n <= 10000 THEN 0 ELSE n / 100 END)";
+    let tenant = format!("(CASE WHEN {run} % 2 = 0 THEN 'bench' ELSE 't' || ({run} % 7) END)");
+    let id = (fill.uuid)("00000001", "n");
+    let status = "(CASE WHEN n % 200 = 0 THEN 'uncertain' WHEN n % 100 = 1 THEN 'failed' \
+                  WHEN n % 200 = 2 THEN 'waiting_for_approval' ELSE 'succeeded' END)";
+    let outcome =
+        format!("(CASE WHEN {status} = 'waiting_for_approval' THEN NULL ELSE {status} END)");
+    let reason = "(CASE WHEN n % 200 = 0 THEN 'tool.outcome_unknown' WHEN n % 100 = 1 \
+                  THEN 'tool.upstream_error' WHEN n % 200 = 2 THEN 'policy.rule.approval_required' END)";
+    let tool = "(CASE n % 5 WHEN 0 THEN 'demo.echo' WHEN 1 THEN 'demo.set_value' WHEN 2 \
+                THEN 'mcp.everything.echo' WHEN 3 THEN 'mcp.git.status' ELSE 'demo.time' END)";
+    let created = (fill.created)("n");
+    let completed = format!("(CASE WHEN {outcome} IS NULL THEN NULL ELSE {created} END)");
+    let approval = (fill.uuid)("00000002", "n");
+    let payload = |kind: &str| {
+        (fill.json)(&[
+            ("invocation_id", id.clone()),
+            ("run_id", (fill.uuid)("00000003", run)),
+            ("tool_name", tool.to_owned()),
+            ("kind", format!("'{kind}'")),
+        ])
+    };
+    let series = (fill.series)(rows);
+    vec![
+        format!(
+            "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, \
+             tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, status, \
+             idempotency_class, side_effect, principal, origin_trust, lease_epoch, created_at, \
+             started_at, outcome_status, reason_code, completed_at, approval_id) \
+             SELECT {id}, {tenant}, {}, {}, n, 'c', {tool}, '1', 'builtin', '{{\"text\":\"x\"}}', \
+             'h' || n, 'k' || n, {status}, 'read_only', 'none', '{{\"id\":\"p\",\"scopes\":[]}}', \
+             'user', 0, {created}, {created}, {outcome}, {reason}, {completed}, \
+             CASE WHEN {status} = 'waiting_for_approval' THEN {approval} END FROM {series}",
+            (fill.uuid)("00000004", run),
+            (fill.uuid)("00000003", run),
+        ),
+        format!(
+            "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, status, \
+             requested_at) SELECT {approval}, {tenant}, {id}, {tool}, 'policy.rule.approval_required', \
+             'pending', {created} FROM {series} WHERE n % 200 = 2"
+        ),
+        format!(
+            "INSERT INTO events (tenant_id, event_type, payload, created_at) \
+             SELECT {tenant}, 'tool.call.started', {}, {created} FROM {series}",
+            payload("started")
+        ),
+        format!(
+            "INSERT INTO events (tenant_id, event_type, payload, created_at) \
+             SELECT {tenant}, 'tool.call.completed', {}, {created} FROM {series}",
+            payload("completed")
+        ),
+    ]
+}
+
+/// The operators' lists over a store of `rows` calls, through the control
+/// API: the median of ten of each, after one to warm.
+fn lists(toolgate: &Path, rows: usize, postgres: Option<&Postgres>) {
+    let sqlite = Fill {
+        uuid: |prefix, n| format!("printf('{prefix}-0000-4000-8000-%012x', {n})"),
+        created: |n| {
+            format!(
+                "(CAST(strftime('%s', 'now') AS INTEGER) * 1000000 - ({} - {n}) * 2500000)",
+                LIST_ROWS_PLACEHOLDER
+            )
+        },
+        series: |rows| {
+            format!(
+                "(WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < {rows}) \
+                 SELECT n FROM s)"
+            )
+        },
+        json: |fields| {
+            let pairs: Vec<String> = fields
+                .iter()
+                .map(|(key, value)| format!("'{key}', {value}"))
+                .collect();
+            format!("json_object({})", pairs.join(", "))
+        },
+    };
+    let postgres_fill = Fill {
+        uuid: |prefix, n| {
+            format!("('{prefix}-0000-4000-8000-' || lpad(to_hex({n}), 12, '0'))::uuid")
+        },
+        created: |n| {
+            format!(
+                "(now() - (({} - {n}) * interval '2.5 seconds'))",
+                LIST_ROWS_PLACEHOLDER
+            )
+        },
+        series: |rows| format!("generate_series(1, {rows}) AS s(n)"),
+        json: |fields| {
+            let pairs: Vec<String> = fields
+                .iter()
+                .map(|(key, value)| format!("'{key}', {value}"))
+                .collect();
+            format!("jsonb_build_object({})", pairs.join(", "))
+        },
+    };
+    let statements = |fill: &Fill| -> Vec<String> {
+        lists_sql(fill, rows)
+            .into_iter()
+            .map(|sql| sql.replace(LIST_ROWS_PLACEHOLDER, &rows.to_string()))
+            .collect()
+    };
+    println!("\noperators' lists over {rows} calls (median of 10, control socket)");
+    println!(
+        "{:>8} | {:>58} | {:>9} | {:>6}",
+        "store", "request", "median", "items"
+    );
+    {
+        let folder = tempfile::tempdir().expect("folder");
+        let url = format!("sqlite://{}", folder.path().join("toolgate.db").display());
+        drop(serve(toolgate, folder.path(), &url, free_port()));
+        let started = Instant::now();
+        let connection =
+            rusqlite::Connection::open(folder.path().join("toolgate.db")).expect("the store");
+        connection
+            .execute_batch("PRAGMA foreign_keys = OFF; BEGIN")
+            .expect("begins");
+        for sql in statements(&sqlite) {
+            connection.execute_batch(&sql).expect("fills");
+        }
+        connection.execute_batch("COMMIT").expect("commits");
+        drop(connection);
+        println!("  (sqlite filled in {:.0?})", started.elapsed());
+        time_lists(toolgate, folder.path(), &url, "sqlite", rows);
+    }
+    if let Some(postgres) = postgres {
+        let folder = tempfile::tempdir().expect("folder");
+        let (url, _) = postgres.database();
+        drop(serve(toolgate, folder.path(), &url, free_port()));
+        let started = Instant::now();
+        let mut connection = postgres
+            .runtime
+            .block_on(<sqlx::PgConnection as sqlx::Connection>::connect(&url))
+            .expect("the store");
+        let mut script = String::from("SET toolgate.scope = 'system';");
+        for sql in statements(&postgres_fill) {
+            script.push_str(&sql);
+            script.push(';');
+        }
+        script.push_str("ANALYZE;");
+        postgres
+            .runtime
+            .block_on(sqlx::raw_sql(sqlx::AssertSqlSafe(script)).execute(&mut connection))
+            .expect("fills");
+        drop(connection);
+        println!(
+            "  (postgres filled and analyzed in {:.0?})",
+            started.elapsed()
+        );
+        time_lists(toolgate, folder.path(), &url, "postgres", rows);
+    }
+}
+
+const LIST_ROWS_PLACEHOLDER: &str = "{rows}";
+
+fn time_lists(toolgate: &Path, root: &Path, url: &str, label: &str, rows: usize) {
+    // A run of a hundred calls in the middle of the table, and a call of it.
+    let middle = (rows as u64 / 2).max(10_001) / 100;
+    // An even run is tenant `bench`'s.
+    let middle = middle - middle % 2;
+    let served = serve(toolgate, root, url, free_port());
+    let mut control = unix(&root.join("run/control.sock"));
+    let run = |uuid_prefix: &str, n: u64| format!("{uuid_prefix}-0000-4000-8000-{n:012x}");
+    let first_page = "/v1/invocations?tenant_id=bench&limit=50";
+    let (_, body) = control.get(first_page);
+    let cursor = serde_json::from_slice::<Value>(&body).expect("JSON")["next_cursor"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_default();
+    let day = |days: i64| (chrono::Utc::now() - chrono::Duration::days(days)).to_rfc3339();
+    let requests = [
+        "/v1/invocations?limit=50".to_owned(),
+        first_page.to_owned(),
+        format!("/v1/invocations?tenant_id=bench&limit=50&cursor={cursor}"),
+        "/v1/invocations?tenant_id=t3&limit=50".to_owned(),
+        "/v1/invocations?tenant_id=bench&tool_name=demo.time&limit=50".to_owned(),
+        "/v1/invocations?tenant_id=bench&status=uncertain&limit=50".to_owned(),
+        format!(
+            "/v1/invocations?tenant_id=bench&session_id={}&limit=50",
+            run("00000004", middle)
+        ),
+        format!(
+            "/v1/invocations?since={}&until={}&limit=50",
+            urlencode(&day(15)),
+            urlencode(&day(14))
+        ),
+        "/v1/review?tenant_id=bench".to_owned(),
+        "/v1/approvals?tenant_id=bench".to_owned(),
+        format!(
+            "/v1/runs/{}/invocations?tenant_id=bench",
+            run("00000003", middle)
+        ),
+        format!(
+            "/v1/runs/{}/invocations?tenant_id=bench",
+            run("00000003", 0)
+        ),
+        format!("/v1/invocations/{}", run("00000001", middle * 100 + 50)),
+        "/v1/tool-health?window=hour".to_owned(),
+        "/v1/tool-health?window=day".to_owned(),
+    ];
+    for request in &requests {
+        let mut times = Vec::new();
+        let mut items = 0;
+        for i in 0..11 {
+            let started = Instant::now();
+            let (status, body) = control.get(request);
+            let took = started.elapsed();
+            assert_eq!(status, 200, "{request}: {}", String::from_utf8_lossy(&body));
+            if i == 0 {
+                let answer: Value = serde_json::from_slice(&body).expect("JSON");
+                items = answer
+                    .as_object()
+                    .and_then(|fields| fields.values().find_map(Value::as_array))
+                    .map_or(1, Vec::len);
+                continue;
+            }
+            times.push(took);
+        }
+        let shown: String = request.chars().take(58).collect();
+        println!(
+            "{label:>8} | {shown:>58} | {:>9.2?} | {items:>6}",
+            median(times)
+        );
+    }
+    drop(served);
+}
+
+/// A query value's reserved characters, escaped.
+fn urlencode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' => {
+                (byte as char).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
+}
+
 fn main() {
     let calls: usize = std::env::var("TOOLGATE_BENCH_CALLS")
         .ok()
@@ -1283,5 +1555,13 @@ fn main() {
     }
     if part.is_empty() || part == "throughput" {
         throughput(&toolgate, calls * 2, postgres.as_ref());
+    }
+    // A million rows take minutes to write: only when asked for.
+    if part == "lists" {
+        let rows = std::env::var("TOOLGATE_BENCH_LIST_ROWS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1_000_000);
+        lists(&toolgate, rows, postgres.as_ref());
     }
 }

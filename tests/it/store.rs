@@ -1995,6 +1995,70 @@ async fn postgres_identical_call_check_uses_its_index_without_statistics() {
     }
 }
 
+/// An invocation's story is read through the index of the events that name
+/// a call. PostgreSQL's index is partial, and the planner takes it only for
+/// a query that names its predicate; one that does not reads every event of
+/// every call, which at a million calls is seconds an operator waits.
+#[tokio::test]
+async fn postgres_an_invocations_story_is_read_through_its_index() {
+    use toolgate::ports::OperatorStore as _;
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the PostgreSQL plan test is skipped");
+        return;
+    };
+    let store = PostgresStore::connect(&schema.url)
+        .await
+        .expect("postgres connects");
+    store.migrate().await.expect("postgres migrates");
+    let mut owner = sqlx::PgConnection::connect(&schema.owner_url)
+        .await
+        .unwrap();
+    let id = Uuid::new_v4();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET toolgate.scope = 'system'; \
+         INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, \
+             tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, status, \
+             idempotency_class, side_effect, principal, origin_trust, lease_epoch, created_at, \
+             outcome_status, completed_at) \
+         VALUES ('{id}', 'solo', gen_random_uuid(), gen_random_uuid(), 1, 'c', 'demo.echo', '1', \
+             'builtin', '{{}}', 'h', 'k', 'succeeded', 'read_only', 'none', \
+             '{{\"id\": \"p\", \"scopes\": []}}', 'user', 0, now(), 'succeeded', now()); \
+         INSERT INTO events (tenant_id, event_type, payload, created_at) \
+         SELECT 'solo', 'tool.call.started', \
+             jsonb_build_object('invocation_id', CASE WHEN g = 1 THEN '{id}' \
+                                                 ELSE gen_random_uuid()::text END), now() \
+         FROM generate_series(1, 20000) g; \
+         ANALYZE events"
+    )))
+    .execute(&mut owner)
+    .await
+    .unwrap();
+    let scans = || {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT idx_scan FROM pg_stat_user_indexes \
+             WHERE schemaname = $1 AND indexrelname = 'events_by_invocation'",
+        )
+        .bind(schema.name.clone())
+    };
+    let before = scans().fetch_one(&mut owner).await.unwrap();
+    let story = store
+        .invocation_with_events(id)
+        .await
+        .unwrap()
+        .expect("the row");
+    assert_eq!(story.events.len(), 1);
+    // The store's connection reports its scans once idle, within ten
+    // seconds; the deadline bounds the wait, it is not the wait.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while scans().fetch_one(&mut owner).await.unwrap() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the story was read without its index"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// A session is recorded once; opening its id again writes nothing and
 /// returns what was recorded, and any node reads it by id alone.
 #[tokio::test]
