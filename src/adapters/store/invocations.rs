@@ -476,9 +476,9 @@ fn qualified_columns(alias: &str) -> String {
 }
 
 // SQLite's intent; PostgreSQL's `toolgate_intent` takes the same values
-// ($1 to $29, and `$31`) and commits as `$30` says. With `$31` (uncounted), a row is inserted only
-// while no identical call of the run has an outcome and the breaker has
-// nothing to count.
+// ($1 to $29, and `$31`) and commits as `$30` says. With `$31`
+// (uncounted), a row is inserted only while no identical call of the run
+// has an outcome and the breaker has nothing to count.
 const SQLITE_INTENT: &str = concat!(
     "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
      tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
