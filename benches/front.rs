@@ -928,6 +928,43 @@ fn toolgate_gateway(
     }
 }
 
+/// `mcp-proxy` when installed, and toolgate on SQLite and (with
+/// `postgres`) on PostgreSQL, each in front of server-everything.
+fn gateways(
+    toolgate: &Path,
+    script: &Path,
+    proxy: Option<&Path>,
+    postgres: Option<&Postgres>,
+) -> Vec<Gateway> {
+    let mut gateways = Vec::new();
+    if let Some(proxy) = proxy {
+        gateways.push(mcp_proxy(proxy, script));
+    }
+    gateways.push(toolgate_gateway(
+        toolgate,
+        script,
+        "toolgate sqlite",
+        |folder| {
+            (
+                format!("sqlite://{}", folder.join("toolgate.db").display()),
+                None,
+            )
+        },
+    ));
+    if let Some(postgres) = postgres {
+        gateways.push(toolgate_gateway(
+            toolgate,
+            script,
+            "toolgate postgres",
+            |_| {
+                let (url, database) = postgres.database();
+                (url, Some(database))
+            },
+        ));
+    }
+    gateways
+}
+
 /// PostgreSQL's side of the bench: the admin connection that makes and
 /// drops databases and names a database's backends.
 struct Postgres {
@@ -1030,32 +1067,7 @@ fn peers(toolgate: &Path, calls: usize, rounds: usize, postgres: Option<&Postgre
     }
     let mut all: Vec<Vec<PathFigures>> = Vec::new();
     for _ in 0..rounds {
-        let mut gateways = Vec::new();
-        if let Some(proxy) = &proxy {
-            gateways.push(mcp_proxy(proxy, &script));
-        }
-        gateways.push(toolgate_gateway(
-            toolgate,
-            &script,
-            "toolgate sqlite",
-            |folder| {
-                (
-                    format!("sqlite://{}", folder.join("toolgate.db").display()),
-                    None,
-                )
-            },
-        ));
-        if let Some(postgres) = postgres {
-            gateways.push(toolgate_gateway(
-                toolgate,
-                &script,
-                "toolgate postgres",
-                |_| {
-                    let (url, database) = postgres.database();
-                    (url, Some(database))
-                },
-            ));
-        }
+        let gateways = gateways(toolgate, &script, proxy.as_deref(), postgres);
         let mut paths: Vec<(String, Client, Option<&Gateway>)> = vec![(
             "direct stdio".into(),
             Client::Direct(Direct::start(&script)),
@@ -1175,32 +1187,7 @@ fn throughput(toolgate: &Path, calls: usize, postgres: Option<&Postgres>) {
         "gateway", "clients", "calls/s", "p50", "p99", "cpu/call"
     );
     for clients in [8usize, 32] {
-        let mut gateways = Vec::new();
-        if let Some(proxy) = mcp_proxy_binary() {
-            gateways.push(mcp_proxy(&proxy, &script));
-        }
-        gateways.push(toolgate_gateway(
-            toolgate,
-            &script,
-            "toolgate sqlite",
-            |folder| {
-                (
-                    format!("sqlite://{}", folder.join("toolgate.db").display()),
-                    None,
-                )
-            },
-        ));
-        if let Some(postgres) = postgres {
-            gateways.push(toolgate_gateway(
-                toolgate,
-                &script,
-                "toolgate postgres",
-                |_| {
-                    let (url, database) = postgres.database();
-                    (url, Some(database))
-                },
-            ));
-        }
+        let gateways = gateways(toolgate, &script, mcp_proxy_binary().as_deref(), postgres);
         for gateway in &gateways {
             let each = calls.div_ceil(clients);
             let start = std::sync::Arc::new(std::sync::Barrier::new(clients + 1));

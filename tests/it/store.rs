@@ -1870,23 +1870,46 @@ async fn suspended_invocations_are_not_recovered() {
     }
 }
 
+/// A schema of its own, migrated by the store, and a connection as its
+/// owner (inspection, plans); none when PostgreSQL is not required and
+/// `DATABASE_URL` is unset.
+async fn migrated_with_owner() -> Option<(PgSchema, PostgresStore, sqlx::PgConnection)> {
+    let Some(schema) = PgSchema::create().await else {
+        eprintln!("DATABASE_URL unset: the PostgreSQL plan test is skipped");
+        return None;
+    };
+    let store = PostgresStore::connect(&schema.url)
+        .await
+        .expect("postgres connects");
+    store.migrate().await.expect("postgres migrates");
+    let owner = sqlx::PgConnection::connect(&schema.owner_url)
+        .await
+        .unwrap();
+    Some((schema, store, owner))
+}
+
+/// The plan PostgreSQL chooses for `statement`, as `EXPLAIN` prints it.
+async fn plan_of(connection: &mut sqlx::PgConnection, statement: &str) -> String {
+    let lines: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN {statement}")))
+        .fetch_all(connection)
+        .await
+        .unwrap();
+    lines
+        .into_iter()
+        .map(|(line,)| line)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The hot path's writes find their row by primary key before the database
 /// has any statistics (a new deployment, or one tenant holding every row):
 /// no index led by the tenant tempts the planner into scanning the tenant's
 /// rows for each claim, watermark and completion.
 #[tokio::test]
 async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
-    let Some(schema) = PgSchema::create().await else {
-        eprintln!("DATABASE_URL unset: the PostgreSQL plan test is skipped");
+    let Some((_schema, _store, mut connection)) = migrated_with_owner().await else {
         return;
     };
-    let store = PostgresStore::connect(&schema.url)
-        .await
-        .expect("postgres connects");
-    store.migrate().await.expect("postgres migrates");
-    let mut connection = sqlx::PgConnection::connect(&schema.owner_url)
-        .await
-        .unwrap();
     let literals = "'3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', 'solo', \
                     '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', 0";
     let row = "id = $1 AND tenant_id = $2 AND worker_id = $3 AND lease_epoch = $4";
@@ -1916,17 +1939,11 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
                 .execute(&mut connection)
                 .await
                 .unwrap();
-            let lines: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "EXPLAIN EXECUTE write_{index}({literals})"
-            )))
-            .fetch_all(&mut connection)
-            .await
-            .unwrap();
-            let plan = lines
-                .into_iter()
-                .map(|(line,)| line)
-                .collect::<Vec<_>>()
-                .join("\n");
+            let plan = plan_of(
+                &mut connection,
+                &format!("EXECUTE write_{index}({literals})"),
+            )
+            .await;
             assert!(
                 plan.contains("using tool_invocations_pkey"),
                 "{write} ({mode}): the row is not found by its primary key:\n{plan}"
@@ -1941,17 +1958,9 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
 /// no other index leads with the run.
 #[tokio::test]
 async fn postgres_identical_call_check_uses_its_index_without_statistics() {
-    let Some(schema) = PgSchema::create().await else {
-        eprintln!("DATABASE_URL unset: the PostgreSQL plan test is skipped");
+    let Some((_schema, _store, mut connection)) = migrated_with_owner().await else {
         return;
     };
-    let store = PostgresStore::connect(&schema.url)
-        .await
-        .expect("postgres connects");
-    store.migrate().await.expect("postgres migrates");
-    let mut connection = sqlx::PgConnection::connect(&schema.owner_url)
-        .await
-        .unwrap();
     // A long run of one tenant, as a fresh deployment's first agent makes.
     sqlx::raw_sql(
         "SET toolgate.scope = 'system'; \
@@ -1976,18 +1985,11 @@ async fn postgres_identical_call_check_uses_its_index_without_statistics() {
             .execute(&mut connection)
             .await
             .unwrap();
-        let lines: Vec<(String,)> = sqlx::query_as(
-            "EXPLAIN EXECUTE identical('solo', '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', \
-             'demo.echo', 'absent')",
+        let plan = plan_of(
+            &mut connection,
+            "EXECUTE identical('solo', '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', 'demo.echo', 'absent')",
         )
-        .fetch_all(&mut connection)
-        .await
-        .unwrap();
-        let plan = lines
-            .into_iter()
-            .map(|(line,)| line)
-            .collect::<Vec<_>>()
-            .join("\n");
+        .await;
         assert!(
             plan.contains("using tool_invocations_identical"),
             "({mode}) the identical-call check reads another index:\n{plan}"
@@ -2002,17 +2004,9 @@ async fn postgres_identical_call_check_uses_its_index_without_statistics() {
 #[tokio::test]
 async fn postgres_an_invocations_story_is_read_through_its_index() {
     use toolgate::ports::OperatorStore as _;
-    let Some(schema) = PgSchema::create().await else {
-        eprintln!("DATABASE_URL unset: the PostgreSQL plan test is skipped");
+    let Some((schema, store, mut owner)) = migrated_with_owner().await else {
         return;
     };
-    let store = PostgresStore::connect(&schema.url)
-        .await
-        .expect("postgres connects");
-    store.migrate().await.expect("postgres migrates");
-    let mut owner = sqlx::PgConnection::connect(&schema.owner_url)
-        .await
-        .unwrap();
     let id = Uuid::new_v4();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "SET toolgate.scope = 'system'; \
