@@ -1,11 +1,13 @@
--- toolgate 0025: a call's intent and its end each commit through one
--- function whose statements are its own. The functions they replace called
--- others (the scope twice, the insert from the uncounted intent, the events
--- from both), and each nested call cost PostgreSQL a plan and a frame on
--- every call; the end also ran its produced-artifacts insert when the call
--- produced none. What they write, and when they write nothing, is theirs
--- unchanged. The earlier functions stay, so a node of the previous release
--- keeps working while the nodes are upgraded one by one.
+-- toolgate 0025: each commit of a call runs one function whose statements
+-- are its own. The functions they replace called others (the scope, twice
+-- for an intent; the insert from the uncounted intent; the events), and
+-- each nested call cost PostgreSQL a plan and a frame on every call; the
+-- end also ran its produced-artifacts insert when the call produced none.
+-- What they write, and when they write nothing, is theirs unchanged. The
+-- intent and the end are new functions, and the earlier ones stay, so a
+-- node of the previous release keeps working while the nodes are upgraded
+-- one by one; the claim, the watermark and the breaker's tally keep their
+-- names and arguments and are replaced in place.
 
 -- An intent: the row, its approval when it waits for one, its events. With
 -- p_uncounted, nothing is written and nothing comes back while an identical
@@ -99,4 +101,63 @@ BEGIN
         ORDER BY e.n;
     END IF;
     RETURN true;
+END $$;
+
+-- Claimed for execution (step 9): the fenced move to running, its events.
+CREATE OR REPLACE FUNCTION toolgate_claim(
+    p_tenant text, p_id uuid, p_worker uuid, p_epoch bigint, p_now timestamptz, p_kinds text[], p_bodies jsonb[])
+RETURNS SETOF tool_invocations LANGUAGE plpgsql AS $$
+DECLARE
+    claimed tool_invocations;
+BEGIN
+    PERFORM set_config('toolgate.tenant_id', p_tenant, true), set_config('toolgate.scope', '', true);
+    UPDATE tool_invocations SET status = 'running', lease_epoch = lease_epoch + 1, started_at = p_now,
+        attempt_number = CASE WHEN started_at IS NULL THEN attempt_number ELSE attempt_number + 1 END
+    WHERE id = p_id AND status = 'authorized' AND worker_id = p_worker AND lease_epoch = p_epoch
+      AND tenant_id = p_tenant
+    RETURNING * INTO claimed;
+    IF FOUND THEN
+        IF cardinality(p_kinds) > 0 THEN
+            INSERT INTO events (tenant_id, event_type, payload, created_at)
+            SELECT p_tenant, e.kind, e.body, p_now
+            FROM unnest(p_kinds, p_bodies) WITH ORDINALITY AS e(kind, body, n)
+            ORDER BY e.n;
+        END IF;
+        RETURN NEXT claimed;
+    END IF;
+END $$;
+
+-- The effect watermark: set once, under the current fence, while the
+-- worker's lease is live by the database's clock.
+CREATE OR REPLACE FUNCTION toolgate_mark_effect_sent(p_tenant text, p_id uuid, p_worker uuid, p_epoch bigint, p_now timestamptz)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('toolgate.tenant_id', p_tenant, true), set_config('toolgate.scope', '', true);
+    UPDATE tool_invocations SET effect_sent_at = COALESCE(effect_sent_at, p_now)
+    WHERE id = p_id AND status = 'running' AND worker_id = p_worker AND lease_epoch = p_epoch
+      AND tenant_id = p_tenant
+      AND EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = p_worker
+                  AND w.released_at IS NULL AND w.lease_expires_at > now());
+    RETURN FOUND;
+END $$;
+
+-- The breaker's counter for one identical call: counts by outcome, the
+-- evidence base and the run's synthesis-only step, each a row of its own.
+CREATE OR REPLACE FUNCTION toolgate_tally(p_tenant text, p_run uuid, p_tool text, p_hash text)
+RETURNS TABLE (t_status text, t_code text, t_count bigint, t_base bigint, t_synthesis bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('toolgate.tenant_id', p_tenant, true), set_config('toolgate.scope', '', true);
+    RETURN QUERY
+        SELECT i.outcome_status, i.reason_code, count(*), NULL::bigint, NULL::bigint
+        FROM tool_invocations i
+        WHERE i.tenant_id = p_tenant AND i.run_id = p_run AND i.tool_name = p_tool
+          AND i.arguments_hash = p_hash AND i.outcome_status IS NOT NULL
+        GROUP BY i.outcome_status, i.reason_code
+        UNION ALL
+        SELECT NULL, NULL, NULL, b.base, NULL FROM breaker_evidence b
+        WHERE b.tenant_id = p_tenant AND b.run_id = p_run AND b.tool_name = p_tool AND b.arguments_hash = p_hash
+        UNION ALL
+        SELECT NULL, NULL, NULL, NULL, s.after_step FROM breaker_synthesis s
+        WHERE s.tenant_id = p_tenant AND s.run_id = p_run;
 END $$;
