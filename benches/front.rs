@@ -25,7 +25,10 @@
 //! on PostgreSQL, the CPU its database's backends spent per call. Last, the
 //! throughput of each gateway at 8 and 32 concurrent sessions, with p50 and
 //! p99. `TOOLGATE_BENCH_PART` (`stores`, `peers` or `throughput`) runs one
-//! part alone.
+//! part alone; `TOOLGATE_BENCH_PART=lists`, never run otherwise, writes a
+//! million calls into each store (`TOOLGATE_BENCH_LIST_ROWS`) and times the
+//! operators' lists, a run's calls, a call's story and tool health through
+//! the control socket.
 //!
 //! `TOOLGATE_BENCH_FAIRNESS=1 cargo bench --bench front` drives fairness
 //! instead, on SQLite: a well-behaved tenant's client making sequential
