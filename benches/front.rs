@@ -108,19 +108,19 @@ impl<S: std::io::Read + std::io::Write> Kept<S> {
         request.push_str("\r\n");
         request.push_str(body);
         self.writer.write_all(request.as_bytes())?;
-        self.answer()
+        self.read_answer()
     }
 
     /// A `GET` of `path`: the status and the body.
     fn get(&mut self, path: &str) -> (u16, Vec<u8>) {
         let request = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.host);
         self.writer.write_all(request.as_bytes()).expect("writes");
-        let (status, _, body) = self.answer().expect("an answer");
+        let (status, _, body) = self.read_answer().expect("an answer");
         (status, body)
     }
 
     /// The answer to the request just sent.
-    fn answer(&mut self) -> std::io::Result<(u16, Option<String>, Vec<u8>)> {
+    fn read_answer(&mut self) -> std::io::Result<(u16, Option<String>, Vec<u8>)> {
         let mut status = 0;
         let mut length = 0;
         let mut chunked = false;
@@ -1250,8 +1250,8 @@ struct Fill {
     /// `n` as a UUID whose last twelve hex digits are `n`'s, given the
     /// prefix's first eight.
     uuid: fn(&str, &str) -> String,
-    /// The time `n` was created at, in the store's type.
-    created: fn(&str) -> String,
+    /// The time `n` of `rows` was created at, in the store's type.
+    created: fn(&str, usize) -> String,
     series: fn(usize) -> String,
     json: fn(&[(&str, String)]) -> String,
 }
@@ -1268,7 +1268,7 @@ fn lists_sql(fill: &Fill, rows: usize) -> Vec<String> {
                   THEN 'tool.upstream_error' WHEN n % 200 = 2 THEN 'policy.rule.approval_required' END)";
     let tool = "(CASE n % 5 WHEN 0 THEN 'demo.echo' WHEN 1 THEN 'demo.set_value' WHEN 2 \
                 THEN 'mcp.everything.echo' WHEN 3 THEN 'mcp.git.status' ELSE 'demo.time' END)";
-    let created = (fill.created)("n");
+    let created = (fill.created)("n", rows);
     let completed = format!("(CASE WHEN {outcome} IS NULL THEN NULL ELSE {created} END)");
     let approval = (fill.uuid)("00000002", "n");
     let payload = |kind: &str| {
@@ -1316,11 +1316,8 @@ fn lists_sql(fill: &Fill, rows: usize) -> Vec<String> {
 fn lists(toolgate: &Path, rows: usize, postgres: Option<&Postgres>) {
     let sqlite = Fill {
         uuid: |prefix, n| format!("printf('{prefix}-0000-4000-8000-%012x', {n})"),
-        created: |n| {
-            format!(
-                "(CAST(strftime('%s', 'now') AS INTEGER) * 1000000 - ({} - {n}) * 2500000)",
-                LIST_ROWS_PLACEHOLDER
-            )
+        created: |n, rows| {
+            format!("(CAST(strftime('%s', 'now') AS INTEGER) * 1000000 - ({rows} - {n}) * 2500000)")
         },
         series: |rows| {
             format!(
@@ -1340,12 +1337,7 @@ fn lists(toolgate: &Path, rows: usize, postgres: Option<&Postgres>) {
         uuid: |prefix, n| {
             format!("('{prefix}-0000-4000-8000-' || lpad(to_hex({n}), 12, '0'))::uuid")
         },
-        created: |n| {
-            format!(
-                "(now() - (({} - {n}) * interval '2.5 seconds'))",
-                LIST_ROWS_PLACEHOLDER
-            )
-        },
+        created: |n, rows| format!("(now() - (({rows} - {n}) * interval '2.5 seconds'))"),
         series: |rows| format!("generate_series(1, {rows}) AS s(n)"),
         json: |fields| {
             let pairs: Vec<String> = fields
@@ -1354,12 +1346,6 @@ fn lists(toolgate: &Path, rows: usize, postgres: Option<&Postgres>) {
                 .collect();
             format!("jsonb_build_object({})", pairs.join(", "))
         },
-    };
-    let statements = |fill: &Fill| -> Vec<String> {
-        lists_sql(fill, rows)
-            .into_iter()
-            .map(|sql| sql.replace(LIST_ROWS_PLACEHOLDER, &rows.to_string()))
-            .collect()
     };
     println!("\noperators' lists over {rows} calls (median of 10, control socket)");
     println!(
@@ -1376,7 +1362,7 @@ fn lists(toolgate: &Path, rows: usize, postgres: Option<&Postgres>) {
         connection
             .execute_batch("PRAGMA foreign_keys = OFF; BEGIN")
             .expect("begins");
-        for sql in statements(&sqlite) {
+        for sql in lists_sql(&sqlite, rows) {
             connection.execute_batch(&sql).expect("fills");
         }
         connection.execute_batch("COMMIT").expect("commits");
@@ -1394,7 +1380,7 @@ fn lists(toolgate: &Path, rows: usize, postgres: Option<&Postgres>) {
             .block_on(<sqlx::PgConnection as sqlx::Connection>::connect(&url))
             .expect("the store");
         let mut script = String::from("SET toolgate.scope = 'system';");
-        for sql in statements(&postgres_fill) {
+        for sql in lists_sql(&postgres_fill, rows) {
             script.push_str(&sql);
             script.push(';');
         }
@@ -1411,8 +1397,6 @@ fn lists(toolgate: &Path, rows: usize, postgres: Option<&Postgres>) {
         time_lists(toolgate, folder.path(), &url, "postgres", rows);
     }
 }
-
-const LIST_ROWS_PLACEHOLDER: &str = "{rows}";
 
 fn time_lists(toolgate: &Path, root: &Path, url: &str, label: &str, rows: usize) {
     // A run of a hundred calls in the middle of the table, and a call of it.

@@ -1888,17 +1888,29 @@ async fn migrated_with_owner() -> Option<(PgSchema, PostgresStore, sqlx::PgConne
     Some((schema, store, owner))
 }
 
-/// The plan PostgreSQL chooses for `statement`, as `EXPLAIN` prints it.
-async fn plan_of(connection: &mut sqlx::PgConnection, statement: &str) -> String {
-    let lines: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN {statement}")))
-        .fetch_all(connection)
-        .await
-        .unwrap();
-    lines
-        .into_iter()
-        .map(|(line,)| line)
-        .collect::<Vec<_>>()
-        .join("\n")
+/// The plans PostgreSQL chooses for `statement`, as `EXPLAIN` prints them:
+/// planned for its values (as a first call is) and generically (as
+/// PL/pgSQL's cached plans become), each with its `plan_cache_mode`.
+async fn plans_of(connection: &mut sqlx::PgConnection, statement: &str) -> Vec<(String, String)> {
+    let mut plans = Vec::new();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
+            .execute(&mut *connection)
+            .await
+            .unwrap();
+        let lines: Vec<(String,)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN {statement}")))
+                .fetch_all(&mut *connection)
+                .await
+                .unwrap();
+        let plan = lines
+            .into_iter()
+            .map(|(line,)| line)
+            .collect::<Vec<_>>()
+            .join("\n");
+        plans.push((mode.to_owned(), plan));
+    }
+    plans
 }
 
 /// The hot path's writes find their row by primary key before the database
@@ -1914,8 +1926,7 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
                     '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', 0";
     let row = "id = $1 AND tenant_id = $2 AND worker_id = $3 AND lease_epoch = $4";
     // The WHERE clauses of toolgate_claim, toolgate_mark_effect_sent and
-    // toolgate_complete, planned for their values (as a first call is) and
-    // generically (as PL/pgSQL's cached plans become).
+    // toolgate_complete_invocation, in both planning modes.
     for (index, (write, status)) in [
         ("status = 'running'", "status = 'authorized'"),
         ("effect_sent_at = now()", "status = 'running'"),
@@ -1934,16 +1945,8 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
         .execute(&mut connection)
         .await
         .unwrap();
-        for mode in ["force_custom_plan", "force_generic_plan"] {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
-                .execute(&mut connection)
-                .await
-                .unwrap();
-            let plan = plan_of(
-                &mut connection,
-                &format!("EXECUTE write_{index}({literals})"),
-            )
-            .await;
+        let statement = format!("EXECUTE write_{index}({literals})");
+        for (mode, plan) in plans_of(&mut connection, &statement).await {
             assert!(
                 plan.contains("using tool_invocations_pkey"),
                 "{write} ({mode}): the row is not found by its primary key:\n{plan}"
@@ -1980,16 +1983,9 @@ async fn postgres_identical_call_check_uses_its_index_without_statistics() {
     .execute(&mut connection)
     .await
     .unwrap();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
-            .execute(&mut connection)
-            .await
-            .unwrap();
-        let plan = plan_of(
-            &mut connection,
-            "EXECUTE identical('solo', '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', 'demo.echo', 'absent')",
-        )
-        .await;
+    let statement =
+        "EXECUTE identical('solo', '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', 'demo.echo', 'absent')";
+    for (mode, plan) in plans_of(&mut connection, statement).await {
         assert!(
             plan.contains("using tool_invocations_identical"),
             "({mode}) the identical-call check reads another index:\n{plan}"
