@@ -2281,6 +2281,92 @@ async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
     store.close().await;
 }
 
+/// Events rebuilt without AUTOINCREMENT (0026) keep their ids, payloads and
+/// order, and the next event's id is the one AUTOINCREMENT would have given:
+/// one above the highest held, with no sequence row left to rewrite.
+#[tokio::test]
+async fn sqlite_events_keep_their_ids_through_their_rebuild() {
+    use toolgate::adapters::store::SQLITE_MIGRATIONS;
+    use toolgate::ports::{EventStore, PlatformEvent};
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("toolgate.db");
+    let sequence = |connection: &rusqlite::Connection| -> Vec<i64> {
+        connection
+            .prepare("SELECT seq FROM sqlite_sequence WHERE name = 'events'")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        connection
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; \
+                 CREATE TABLE toolgate_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+                 checksum TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+            )
+            .unwrap();
+        for migration in SQLITE_MIGRATIONS.iter().filter(|m| m.version < 26) {
+            connection
+                .execute_batch("PRAGMA foreign_keys = OFF; BEGIN")
+                .unwrap();
+            connection.execute_batch(migration.sql).unwrap();
+            connection
+                .execute(
+                    "INSERT INTO toolgate_migrations (version, description, checksum) VALUES (?1, ?2, ?3)",
+                    rusqlite::params![migration.version, migration.description, migration.checksum()],
+                )
+                .unwrap();
+            connection
+                .execute_batch("COMMIT; PRAGMA foreign_keys = ON")
+                .unwrap();
+        }
+        for n in 1..=3 {
+            connection
+                .execute(
+                    "INSERT INTO events (tenant_id, event_type, payload, created_at) \
+                     VALUES ('tenant-a', 'tool.call.started', ?1, 0)",
+                    [json!({"invocation_id": format!("i-{n}")}).to_string()],
+                )
+                .unwrap();
+        }
+        assert_eq!(
+            sequence(&connection),
+            [3],
+            "AUTOINCREMENT kept its sequence"
+        );
+    }
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    assert_eq!(store.migrate().await.unwrap(), [26]);
+    let event = PlatformEvent::ServerDisconnected {
+        server_id: "acme".into(),
+        reason_code: ReasonCode::ToolServerUnauthorized,
+    };
+    store
+        .record_event(Some("tenant-a"), &event, now())
+        .await
+        .unwrap();
+    let events = store.events_after(0, 100, None).await.unwrap();
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    assert_eq!(ids, [1, 2, 3, 4]);
+    let kept: Vec<&serde_json::Value> = events[..3]
+        .iter()
+        .map(|e| &e.payload["invocation_id"])
+        .collect();
+    assert_eq!(kept, [&json!("i-1"), &json!("i-2"), &json!("i-3")]);
+    assert_eq!(events[3].event_type, "mcp.server.disconnected");
+    store.close().await;
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    assert!(
+        sequence(&connection).is_empty(),
+        "no sequence row is rewritten"
+    );
+}
+
 /// The tenant's skills: a create, the same call again (its key) changing
 /// nothing, a create over a taken name refused, an update of a missing one
 /// refused, a delete; another tenant sees none of them.

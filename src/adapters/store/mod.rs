@@ -188,6 +188,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "one function a commit",
         sql: include_str!("../../../migrations/postgres/0025_one_function_a_commit.sql"),
     },
+    Migration {
+        version: 26,
+        description: "events without a sequence",
+        sql: include_str!("../../../migrations/postgres/0026_events_without_a_sequence.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -311,6 +316,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 25,
         description: "one function a commit",
         sql: include_str!("../../../migrations/sqlite/0025_one_function_a_commit.sql"),
+    },
+    Migration {
+        version: 26,
+        description: "events without a sequence",
+        sql: include_str!("../../../migrations/sqlite/0026_events_without_a_sequence.sql"),
     },
 ];
 

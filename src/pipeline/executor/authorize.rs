@@ -51,6 +51,7 @@ impl Pipeline {
             RecordedAs::of(&tool.spec),
             canonical.value,
             canonical.sha256,
+            self.clock.now(),
         );
         if request.recovering.is_none()
             && request

@@ -148,7 +148,7 @@ impl Pipeline {
                 ),
             },
         };
-        let intent = Intent::new(request, call, arguments, arguments_hash);
+        let intent = Intent::new(request, call, arguments, arguments_hash, self.clock.now());
         // Every identical denial counts toward the run's breaker, wherever
         // in steps 1 to 6 it was decided.
         let code = if code.status() == ToolOutcomeStatus::Denied {
@@ -266,7 +266,13 @@ impl Pipeline {
         if request.withdrawn() {
             return Ok(CallOutcome::Withdrawn);
         }
-        let mut intent = Intent::new(request, call, arguments.clone(), arguments_hash.to_owned());
+        let mut intent = Intent::new(
+            request,
+            call,
+            arguments.clone(),
+            arguments_hash.to_owned(),
+            self.clock.now(),
+        );
         intent.identity.idempotency_key = sha256_hex(
             format!(
                 "{CONFLICT_KEY_TAG}\0{}\0{}\0{}",

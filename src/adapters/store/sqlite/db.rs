@@ -122,7 +122,7 @@ impl Bind for crate::adapters::store::invocations::Value {
             Plain::Time(at) => at.map_or(Value::Null, |at| Value::Integer(at.timestamp_micros())),
             Plain::Json(json) => json
                 .as_ref()
-                .map_or(Value::Null, |json| Value::Text(json.to_string())),
+                .map_or(Value::Null, |json| Value::Text(super::text(json))),
             // PostgreSQL's arrays: no SQLite statement names them.
             Plain::Kinds(_) | Plain::Bodies(_) => Value::Null,
         }

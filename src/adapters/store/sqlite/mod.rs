@@ -390,8 +390,11 @@ fn optional_json(row: &Row, column: &str) -> Result<Option<serde_json::Value>, S
         .transpose()
 }
 
+/// `value` as the TEXT it is stored as: written straight into a buffer
+/// (`Display` would hand the formatter one token at a time, a dynamic call
+/// each), which a `Value` cannot fail.
 fn text(value: &serde_json::Value) -> String {
-    value.to_string()
+    serde_json::to_string(value).unwrap_or_else(|_| value.to_string())
 }
 
 impl super::rows::Columns for Row {

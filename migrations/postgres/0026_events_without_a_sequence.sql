@@ -1,0 +1,4 @@
+-- toolgate 0026 for PostgreSQL: nothing to change. SQLite's events lose
+-- AUTOINCREMENT (see its migration); PostgreSQL's ids come from a sequence,
+-- which writes no page of the table's commit. The version is kept so both
+-- stores count their schema alike.
