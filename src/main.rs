@@ -16,6 +16,10 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
+/// Every allocation of the command's: a call makes many small ones.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The tool gateway beside agent sandboxes.
 #[derive(Parser)]
 #[command(

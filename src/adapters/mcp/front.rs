@@ -57,11 +57,17 @@ pub fn front_protocol(
         // The front door checks these before authentication, for every path.
         .disable_allowed_hosts()
         .disable_allowed_origins();
+    // Read once: rmcp asks a request's handler for it several times.
+    let info: Arc<ServerConfig> = Arc::new(
+        serde_json::from_value(methods.info())
+            .unwrap_or_else(|_| InitializeResult::new(Default::default())),
+    );
     Arc::new(Protocol {
         service: StreamableHttpService::new(
             move || {
                 Ok(Handler {
                     methods: methods.clone(),
+                    info: info.clone(),
                 })
             },
             Arc::new(NeverSessionManager::default()),
@@ -86,6 +92,8 @@ impl McpProtocol for Protocol {
 /// One request's handler (rmcp makes one per request).
 struct Handler {
     methods: Arc<dyn FrontMethods>,
+    /// The methods' [`FrontMethods::info`], as rmcp's type.
+    info: Arc<ServerConfig>,
 }
 
 /// Progress to a client that sent a progress token.
@@ -144,8 +152,7 @@ fn to_json<T: serde::Serialize>(value: &T) -> Value {
 
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
-        serde_json::from_value(self.methods.info())
-            .unwrap_or_else(|_| InitializeResult::new(Default::default()))
+        ServerConfig::clone(&self.info)
     }
 
     // Every revision: those with sessions through `initialize` (offered
