@@ -2226,6 +2226,36 @@ fn sqlite_schema(path: &std::path::Path) -> Vec<(String, String, Option<String>)
         .unwrap()
 }
 
+/// Applies SQLite's migrations below version `below` to the database at
+/// `path`, each on its own, by whatever build was current then, recorded
+/// as the runner records it.
+fn migrate_release_by_release(path: &std::path::Path, below: i64) {
+    use toolgate::adapters::store::SQLITE_MIGRATIONS;
+    let connection = rusqlite::Connection::open(path).unwrap();
+    connection
+        .execute_batch(
+            "PRAGMA journal_mode = WAL; \
+             CREATE TABLE toolgate_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+             checksum TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+        )
+        .unwrap();
+    for migration in SQLITE_MIGRATIONS.iter().filter(|m| m.version < below) {
+        connection
+            .execute_batch("PRAGMA foreign_keys = OFF; BEGIN")
+            .unwrap();
+        connection.execute_batch(migration.sql).unwrap();
+        connection
+            .execute(
+                "INSERT INTO toolgate_migrations (version, description, checksum) VALUES (?1, ?2, ?3)",
+                rusqlite::params![migration.version, migration.description, migration.checksum()],
+            )
+            .unwrap();
+        connection
+            .execute_batch("COMMIT; PRAGMA foreign_keys = ON")
+            .unwrap();
+    }
+}
+
 /// A database upgraded one release at a time (each migration applied on its
 /// own, by whatever build was current then, recorded as the runner records
 /// it) has the schema a fresh one migrated at once has, and this build
@@ -2243,31 +2273,7 @@ async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
     store.close().await;
 
     let upgraded = folder.path().join("upgraded.db");
-    {
-        let connection = rusqlite::Connection::open(&upgraded).unwrap();
-        connection
-            .execute_batch(
-                "PRAGMA journal_mode = WAL; \
-                 CREATE TABLE toolgate_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
-                 checksum TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
-            )
-            .unwrap();
-        for migration in SQLITE_MIGRATIONS {
-            connection
-                .execute_batch("PRAGMA foreign_keys = OFF; BEGIN")
-                .unwrap();
-            connection.execute_batch(migration.sql).unwrap();
-            connection
-                .execute(
-                    "INSERT INTO toolgate_migrations (version, description, checksum) VALUES (?1, ?2, ?3)",
-                    rusqlite::params![migration.version, migration.description, migration.checksum()],
-                )
-                .unwrap();
-            connection
-                .execute_batch("COMMIT; PRAGMA foreign_keys = ON")
-                .unwrap();
-        }
-    }
+    migrate_release_by_release(&upgraded, i64::MAX);
     assert_eq!(sqlite_schema(&upgraded), sqlite_schema(&fresh));
     let store = SqliteStore::connect(&format!("sqlite://{}", upgraded.display()))
         .await
@@ -2286,7 +2292,6 @@ async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
 /// one above the highest held, with no sequence row left to rewrite.
 #[tokio::test]
 async fn sqlite_events_keep_their_ids_through_their_rebuild() {
-    use toolgate::adapters::store::SQLITE_MIGRATIONS;
     use toolgate::ports::{EventStore, PlatformEvent};
     let folder = tempfile::tempdir().unwrap();
     let path = folder.path().join("toolgate.db");
@@ -2299,30 +2304,9 @@ async fn sqlite_events_keep_their_ids_through_their_rebuild() {
             .collect::<Result<_, _>>()
             .unwrap()
     };
+    migrate_release_by_release(&path, 26);
     {
         let connection = rusqlite::Connection::open(&path).unwrap();
-        connection
-            .execute_batch(
-                "PRAGMA journal_mode = WAL; \
-                 CREATE TABLE toolgate_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
-                 checksum TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
-            )
-            .unwrap();
-        for migration in SQLITE_MIGRATIONS.iter().filter(|m| m.version < 26) {
-            connection
-                .execute_batch("PRAGMA foreign_keys = OFF; BEGIN")
-                .unwrap();
-            connection.execute_batch(migration.sql).unwrap();
-            connection
-                .execute(
-                    "INSERT INTO toolgate_migrations (version, description, checksum) VALUES (?1, ?2, ?3)",
-                    rusqlite::params![migration.version, migration.description, migration.checksum()],
-                )
-                .unwrap();
-            connection
-                .execute_batch("COMMIT; PRAGMA foreign_keys = ON")
-                .unwrap();
-        }
         for n in 1..=3 {
             connection
                 .execute(
