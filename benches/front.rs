@@ -20,9 +20,11 @@
 //! client on the server's own stdio, joshrotenberg's `mcp-proxy` when it is
 //! installed (`cargo install mcp-proxy --no-default-features`, or
 //! `TOOLGATE_BENCH_MCP_PROXY`), and toolgate's front door on SQLite and on
-//! PostgreSQL. Printed per path: p50, p99, the p50 added over the direct
-//! client and its ratio to `mcp-proxy`'s, the gateway's CPU per call and,
-//! on PostgreSQL, the CPU its database's backends spent per call. Last, the
+//! PostgreSQL (and `TOOLGATE_BENCH_BASELINE`'s build of toolgate on each,
+//! when given: the build before a change, in the same blocks). Printed per
+//! path: p50, p99, the p50 added over the direct client and its ratio to
+//! `mcp-proxy`'s, the gateway's CPU per call and, on PostgreSQL, the CPU
+//! its database's backends spent per call. Last, the
 //! throughput of each gateway at 8 and 32 concurrent sessions, with p50 and
 //! p99. `TOOLGATE_BENCH_PART` (`stores`, `peers` or `throughput`) runs one
 //! part alone; `TOOLGATE_BENCH_PART=lists`, never run otherwise, writes a
@@ -931,8 +933,15 @@ fn toolgate_gateway(
     }
 }
 
+/// Another build of toolgate (the one before a change) that the peers and
+/// the throughput measure beside this one, from `TOOLGATE_BENCH_BASELINE`.
+fn baseline_binary() -> Option<PathBuf> {
+    std::env::var_os("TOOLGATE_BENCH_BASELINE").map(PathBuf::from)
+}
+
 /// `mcp-proxy` when installed, and toolgate on SQLite and (with
-/// `postgres`) on PostgreSQL, each in front of server-everything.
+/// `postgres`) on PostgreSQL, each in front of server-everything; the
+/// baseline build on each store too, when one is given.
 fn gateways(
     toolgate: &Path,
     script: &Path,
@@ -943,27 +952,32 @@ fn gateways(
     if let Some(proxy) = proxy {
         gateways.push(mcp_proxy(proxy, script));
     }
-    gateways.push(toolgate_gateway(
-        toolgate,
-        script,
-        "toolgate sqlite",
-        |folder| {
-            (
-                format!("sqlite://{}", folder.join("toolgate.db").display()),
-                None,
-            )
-        },
-    ));
-    if let Some(postgres) = postgres {
+    let baseline = baseline_binary();
+    let builds = std::iter::once((toolgate, "toolgate"))
+        .chain(baseline.as_deref().map(|binary| (binary, "baseline")));
+    for (binary, build) in builds {
         gateways.push(toolgate_gateway(
-            toolgate,
+            binary,
             script,
-            "toolgate postgres",
-            |_| {
-                let (url, database) = postgres.database();
-                (url, Some(database))
+            &format!("{build} sqlite"),
+            |folder| {
+                (
+                    format!("sqlite://{}", folder.join("toolgate.db").display()),
+                    None,
+                )
             },
         ));
+        if let Some(postgres) = postgres {
+            gateways.push(toolgate_gateway(
+                binary,
+                script,
+                &format!("{build} postgres"),
+                |_| {
+                    let (url, database) = postgres.database();
+                    (url, Some(database))
+                },
+            ));
+        }
     }
     gateways
 }
