@@ -80,8 +80,9 @@ enum Role {
     Writer,
     /// The relaxed commits' connection (`synchronous = NORMAL`: a commit
     /// reaches the log at once and the disk at the next flushed commit or
-    /// checkpoint). It never checkpoints: that would put two fsyncs on the
-    /// calling task; it asks the writer instead.
+    /// checkpoint). It leaves checkpoints to the writer (one would put two
+    /// fsyncs on the calling task), but for the one that starts the log
+    /// over past its bound ([`restart_log`]).
     Relaxed,
     /// A reader, or a migration's own connection.
     Other,
@@ -100,6 +101,19 @@ const RELAXED_COMMITS_PER_CHECKPOINT: u64 = 500;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Has the next write start the log over. SQLite does that by itself only
+/// when a write begins with every page of the log copied, which calls that
+/// never pause never give it: the log would grow by every call's pages for
+/// as long as they last. This checkpoint waits (the busy timeout) for the
+/// writes and reads under way to end and copies the rest; run while the
+/// relaxed connection is held, no relaxed commit slips in before it, once
+/// per [`writer::LOG_PAGES_BOUND`] pages of log.
+fn restart_log(connection: &Connection) {
+    if let Err(error) = connection.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(())) {
+        tracing::debug!(error = %error, "the store's log was not started over");
+    }
 }
 
 /// The path a `sqlite://path` (or `sqlite:path`) URL names.
@@ -236,10 +250,14 @@ impl SqliteStore {
         &self,
         work: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let committed = transaction(&lock(&self.inner.relaxed), "BEGIN IMMEDIATE", work);
+        let connection = lock(&self.inner.relaxed);
+        let committed = transaction(&connection, "BEGIN IMMEDIATE", work);
         let commits = self.inner.relaxed_commits.fetch_add(1, Ordering::Relaxed) + 1;
         if commits.is_multiple_of(RELAXED_COMMITS_PER_CHECKPOINT) {
             self.inner.writer.checkpoint();
+        }
+        if self.inner.writer.log_past_bound() {
+            restart_log(&connection);
         }
         committed
     }
@@ -489,6 +507,48 @@ mod tests {
         for refused in ["sqlite::memory:", "sqlite://", "postgres://x"] {
             assert!(database_path(refused).is_err(), "{refused}");
         }
+    }
+
+    /// Commits that never pause never let SQLite start its log over by
+    /// itself; a relaxed commit has it started over once the writer's
+    /// checkpoint finds it past its bound, so the file stays bounded under
+    /// load however long it lasts.
+    #[tokio::test]
+    async fn the_log_stays_bounded_under_commits_that_never_pause() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("toolgate.db");
+        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        store
+            .relaxed(|connection| {
+                connection
+                    .execute_batch("CREATE TABLE pages (body BLOB)")
+                    .map_err(sqlite_error)
+            })
+            .unwrap();
+        // Three pages a row: some 72,000 pages through the log in all,
+        // four times its bound.
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    for _ in 0..12_000 {
+                        store
+                            .relaxed(|connection| {
+                                query("INSERT INTO pages (body) VALUES (zeroblob(8192))")
+                                    .execute(connection)
+                                    .map(|_| ())
+                            })
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let log = std::fs::metadata(folder.path().join("toolgate.db-wal"))
+            .unwrap()
+            .len();
+        let bound = u64::try_from(writer::LOG_PAGES_BOUND).unwrap() * 4096;
+        assert!(log < 3 * bound, "the log grew to {log} bytes");
     }
 
     /// A relaxed commit never checkpoints on its calling task, even past
