@@ -509,12 +509,9 @@ mod tests {
         }
     }
 
-    /// Commits that never pause never let SQLite start its log over by
-    /// itself; a relaxed commit has it started over once the writer's
-    /// checkpoint finds it past its bound, so the file stays bounded under
-    /// load however long it lasts.
-    #[tokio::test]
-    async fn the_log_stays_bounded_under_commits_that_never_pause() {
+    /// A store in a folder of its own with a table `pages` of blobs, and
+    /// its file's path.
+    async fn store_with_pages() -> (tempfile::TempDir, PathBuf, SqliteStore) {
         let folder = tempfile::tempdir().unwrap();
         let path = folder.path().join("toolgate.db");
         let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
@@ -527,6 +524,16 @@ mod tests {
                     .map_err(sqlite_error)
             })
             .unwrap();
+        (folder, path, store)
+    }
+
+    /// Commits that never pause never let SQLite start its log over by
+    /// itself; a relaxed commit has it started over once the writer's
+    /// checkpoint finds it past its bound, so the file stays bounded under
+    /// load however long it lasts.
+    #[tokio::test]
+    async fn the_log_stays_bounded_under_commits_that_never_pause() {
+        let (folder, _, store) = store_with_pages().await;
         // Three pages a row: some 72,000 pages through the log in all,
         // four times its bound.
         std::thread::scope(|scope| {
@@ -556,23 +563,12 @@ mod tests {
     /// does, when relaxed commits ask.
     #[tokio::test]
     async fn relaxed_commits_leave_their_checkpoints_to_the_writer() {
-        let folder = tempfile::tempdir().unwrap();
-        let path = folder.path().join("toolgate.db");
-        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .unwrap();
+        let (_folder, path, store) = store_with_pages().await;
         let insert = |connection: &Connection| {
             query("INSERT INTO pages (body) VALUES (zeroblob(8192))")
                 .execute(connection)
                 .map(|_| ())
         };
-        store
-            .relaxed(|connection| {
-                connection
-                    .execute_batch("CREATE TABLE pages (body BLOB)")
-                    .map_err(sqlite_error)
-            })
-            .unwrap();
         let size = || std::fs::metadata(&path).unwrap().len();
         let before = size();
         // Three pages a row: some 1,500 in the log, past SQLite's 1,000.
