@@ -527,6 +527,13 @@ mod tests {
         (folder, path, store)
     }
 
+    /// A row of `pages`: three pages of the log.
+    fn insert_page(connection: &Connection) -> Result<(), StoreError> {
+        query("INSERT INTO pages (body) VALUES (zeroblob(8192))")
+            .execute(connection)
+            .map(|_| ())
+    }
+
     /// Commits that never pause never let SQLite start its log over by
     /// itself; a relaxed commit has it started over once the writer's
     /// checkpoint finds it past its bound, so the file stays bounded under
@@ -540,13 +547,7 @@ mod tests {
             for _ in 0..2 {
                 scope.spawn(|| {
                     for _ in 0..12_000 {
-                        store
-                            .relaxed(|connection| {
-                                query("INSERT INTO pages (body) VALUES (zeroblob(8192))")
-                                    .execute(connection)
-                                    .map(|_| ())
-                            })
-                            .unwrap();
+                        store.relaxed(insert_page).unwrap();
                     }
                 });
             }
@@ -564,19 +565,14 @@ mod tests {
     #[tokio::test]
     async fn relaxed_commits_leave_their_checkpoints_to_the_writer() {
         let (_folder, path, store) = store_with_pages().await;
-        let insert = |connection: &Connection| {
-            query("INSERT INTO pages (body) VALUES (zeroblob(8192))")
-                .execute(connection)
-                .map(|_| ())
-        };
         let size = || std::fs::metadata(&path).unwrap().len();
         let before = size();
         // Three pages a row: some 1,500 in the log, past SQLite's 1,000.
         for _ in 2..RELAXED_COMMITS_PER_CHECKPOINT {
-            store.relaxed(insert).unwrap();
+            store.relaxed(insert_page).unwrap();
         }
         assert_eq!(size(), before, "a relaxed commit checkpointed the log");
-        store.relaxed(insert).unwrap();
+        store.relaxed(insert_page).unwrap();
         for _ in 0..200 {
             if size() > before {
                 break;
