@@ -43,6 +43,20 @@
 //!   a hostile JSON-RPC error for a request never sent: with 502; with 200
 //!   when the file says `misdirected`; as the one event of a stream that
 //!   then ends when it says `stream`.
+//! - `SCRIPTED_OAUTH_CLIENT` (`id:secret`, the secret empty for a public
+//!   client) and `SCRIPTED_OAUTH_REDIRECT` (its one redirect URI): a strict
+//!   OAuth 2.1 authorization server on the same origin instead of the token
+//!   file and the client-credentials endpoint: resource and server metadata
+//!   under `/.well-known/`, `/authorize` (a consent page with a `user` field,
+//!   PKCE S256 and RFC 8707 `resource` required), `/token` (single-use codes
+//!   whose replay revokes what they gave, rotated refresh tokens whose reuse
+//!   revokes the grant), the MCP endpoint only for a live access token it
+//!   issued, and a `whoami` tool naming that token's user.
+//!   `SCRIPTED_OAUTH_ISSUER` says another issuer in the metadata and `iss`;
+//!   `SCRIPTED_OAUTH_EXPIRES` is the access tokens' life in seconds (3600);
+//!   `SCRIPTED_OAUTH_DELAY_MS` holds each refresh that long before it is
+//!   judged, so a test races two. Each `/token` request also appends
+//!   `TOKEN GRANT_TYPE STATUS` to `SCRIPTED_REQUESTS`.
 
 // A scripted server stalls as a real one would, on its own thread and
 // clock (clippy.toml keeps these out of `src`).
@@ -81,6 +95,12 @@ fn parse<T: serde::de::DeserializeOwned>(value: Value) -> T {
 fn object_schema(properties: Value, required: &[&str]) -> Value {
     json!({"type": "object", "properties": properties, "required": required,
            "additionalProperties": false})
+}
+
+/// Whether this server is an OAuth authorization server too
+/// (`SCRIPTED_OAUTH_CLIENT`), with `whoami` in its catalog.
+fn oauth() -> bool {
+    std::env::var("SCRIPTED_OAUTH_CLIENT").is_ok_and(|client| !client.is_empty())
 }
 
 fn generation() -> u32 {
@@ -253,6 +273,16 @@ impl Scripted {
                 &format!("Echoes text (generation {}).", generation()),
                 object_schema(text, &["text"]),
             ));
+        }
+        if oauth() {
+            let mut whoami = tool(
+                "whoami",
+                "Names the user the request's access token was issued to.",
+                object_schema(json!({}), &[]),
+            );
+            whoami["annotations"] = json!({"readOnlyHint": true, "destructiveHint": false,
+                "idempotentHint": true, "openWorldHint": false});
+            tools.push(whoami);
         }
         tools
     }
@@ -620,6 +650,17 @@ impl ServerHandler for Scripted {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 json!({"content": []})
             }
+            "whoami" if oauth() => {
+                // The HTTP request that carried this call, as rmcp hands it
+                // over, holds who its access token was issued to.
+                let user = context
+                    .extensions
+                    .get::<hyper::http::request::Parts>()
+                    .and_then(|parts| parts.extensions.get::<http::Holder>())
+                    .map(|holder| holder.0.clone())
+                    .ok_or_else(|| ErrorData::invalid_request("no access token", None))?;
+                json!({"content": [{"type": "text", "text": user}]})
+            }
             "meta" => json!({"content": [{"type": "text",
                 "text": serde_json::to_string(&context.meta).unwrap_or_default()}]}),
             "sleep" => {
@@ -788,8 +829,23 @@ mod http {
     }
 
     fn base64(bytes: &[u8]) -> String {
-        const ALPHABET: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        encode64(
+            bytes,
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+            true,
+        )
+    }
+
+    /// URL-safe base64 without padding (RFC 4648 §5), as PKCE's S256 says.
+    fn base64url(bytes: &[u8]) -> String {
+        encode64(
+            bytes,
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
+            false,
+        )
+    }
+
+    fn encode64(bytes: &[u8], alphabet: &[u8; 64], pad: bool) -> String {
         let mut out = String::new();
         for chunk in bytes.chunks(3) {
             let b = [
@@ -800,8 +856,8 @@ mod http {
             let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
             for (index, shift) in [18, 12, 6, 0].into_iter().enumerate() {
                 if index <= chunk.len() {
-                    out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
-                } else {
+                    out.push(char::from(alphabet[((n >> shift) & 63) as usize]));
+                } else if pad {
                     out.push('=');
                 }
             }
@@ -847,6 +903,9 @@ mod http {
                 )],
                 "",
             );
+        }
+        if let Some(config) = oauth::config() {
+            return oauth::answer(request, service, config).await;
         }
         let authorization = request
             .headers()
@@ -933,6 +992,9 @@ mod http {
             StreamableHttpServerConfig::default(),
         ));
         let tls = acceptor();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let bound = listener.local_addr().expect("bound");
+        oauth::configure(format!("{scheme}://{bound}"));
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
@@ -988,19 +1050,589 @@ mod http {
     }
 
     fn log_line(request: &Request<()>, status: StatusCode) {
+        log_text(&format!(
+            "{} {} {}",
+            request.method(),
+            request.uri().path(),
+            status.as_u16()
+        ));
+    }
+
+    /// One line appended to `SCRIPTED_REQUESTS`, in one write.
+    fn log_text(line: &str) {
         if let Some(path) = env("SCRIPTED_REQUESTS")
             && let Ok(mut file) = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)
         {
-            let _ = writeln!(
-                file,
-                "{} {} {}",
-                request.method(),
-                request.uri().path(),
-                status.as_u16()
+            let _ = file.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+
+    /// Who the access token of the request that carried a call was issued
+    /// to: put in the request's extensions, read back by `whoami`.
+    #[derive(Clone)]
+    pub struct Holder(pub String);
+
+    /// `SCRIPTED_OAUTH_CLIENT`: a small, strict OAuth 2.1 authorization
+    /// server (authorization code with PKCE S256, RFC 8707 resources,
+    /// rotated refresh tokens) in front of the MCP endpoint. Its grants live
+    /// in this process alone.
+    mod oauth {
+        use std::collections::HashMap;
+        use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
+        use std::time::{Duration, Instant};
+
+        use http_body_util::BodyExt as _;
+        use hyper::body::Incoming;
+        use hyper::{Method, Request, Response, StatusCode};
+        use serde_json::{Value, json};
+        use sha2::{Digest as _, Sha256};
+
+        use super::{Body, Holder, Service, base64, base64url, env, log_text, plain};
+
+        const SCOPES: [&str; 2] = ["mcp:read", "mcp:write"];
+        const CODE_LIFE: Duration = Duration::from_secs(60);
+
+        pub struct Config {
+            id: String,
+            secret: String,
+            redirect: String,
+            origin: String,
+            issuer: String,
+            expires: u64,
+            delay: Option<Duration>,
+        }
+
+        impl Config {
+            fn resource(&self) -> String {
+                format!("{}/mcp", self.origin)
+            }
+        }
+
+        static CONFIG: OnceLock<Option<Config>> = OnceLock::new();
+
+        /// Reads the variables once the origin (the bound address) is known.
+        pub fn configure(origin: String) {
+            let config = env("SCRIPTED_OAUTH_CLIENT").map(|client| {
+                let (id, secret) = client.split_once(':').unwrap_or((&client, ""));
+                let number = |name: &str| {
+                    env(name).map(|value| {
+                        value
+                            .parse::<u64>()
+                            .unwrap_or_else(|_| panic!("{name} is a number"))
+                    })
+                };
+                Config {
+                    id: id.to_owned(),
+                    secret: secret.to_owned(),
+                    redirect: env("SCRIPTED_OAUTH_REDIRECT")
+                        .expect("SCRIPTED_OAUTH_REDIRECT goes with SCRIPTED_OAUTH_CLIENT"),
+                    issuer: env("SCRIPTED_OAUTH_ISSUER").unwrap_or_else(|| origin.clone()),
+                    origin,
+                    expires: number("SCRIPTED_OAUTH_EXPIRES").unwrap_or(3600),
+                    delay: number("SCRIPTED_OAUTH_DELAY_MS").map(Duration::from_millis),
+                }
+            });
+            let _ = CONFIG.set(config);
+        }
+
+        pub fn config() -> Option<&'static Config> {
+            CONFIG.get().and_then(Option::as_ref)
+        }
+
+        /// A code handed out at `/authorize`, and what it was bound to.
+        struct Code {
+            redirect: String,
+            challenge: String,
+            scope: String,
+            resource: String,
+            user: String,
+            issued: Instant,
+            /// Presented once already: never again, whatever came of it.
+            spent: bool,
+            /// The grant its redemption made, revoked if it comes back.
+            grant: Option<usize>,
+        }
+
+        struct Grant {
+            user: String,
+            scope: String,
+            resource: String,
+            revoked: bool,
+        }
+
+        #[derive(Default)]
+        struct State {
+            codes: HashMap<String, Code>,
+            /// Indexed by grant number.
+            grants: Vec<Grant>,
+            /// Access token to its grant and when it expires.
+            access: HashMap<String, (usize, Instant)>,
+            /// Refresh token to its grant and whether it was used.
+            refresh: HashMap<String, (usize, bool)>,
+        }
+
+        impl State {
+            /// A fresh access and refresh token pair of `grant`.
+            fn issue(&mut self, grant: usize, config: &Config) -> Value {
+                let access = format!("at-{}", random());
+                let refresh = format!("rt-{}", random());
+                let expires = Instant::now() + Duration::from_secs(config.expires);
+                self.access.insert(access.clone(), (grant, expires));
+                self.refresh.insert(refresh.clone(), (grant, false));
+                json!({"access_token": access, "token_type": "Bearer",
+                       "expires_in": config.expires, "refresh_token": refresh,
+                       "scope": self.grants[grant].scope})
+            }
+
+            fn revoke(&mut self, grant: usize) {
+                if let Some(grant) = self.grants.get_mut(grant) {
+                    grant.revoked = true;
+                }
+            }
+
+            /// The user of a live (issued, unexpired, unrevoked) access
+            /// token.
+            fn holder(&self, token: &str) -> Option<String> {
+                let (grant, expires) = self.access.get(token)?;
+                let grant = self.grants.get(*grant)?;
+                (Instant::now() < *expires && !grant.revoked).then(|| grant.user.clone())
+            }
+        }
+
+        static STATE: LazyLock<Mutex<State>> = LazyLock::new(Mutex::default);
+
+        fn state() -> MutexGuard<'static, State> {
+            STATE.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        fn random() -> String {
+            uuid::Uuid::new_v4().simple().to_string()
+        }
+
+        /// Form or query parameters in their order; `None` when one is not
+        /// percent-decodable UTF-8 or is given twice (RFC 6749 §3.1).
+        struct Form(Vec<(String, String)>);
+
+        impl Form {
+            fn parse(text: &str) -> Option<Form> {
+                let mut pairs: Vec<(String, String)> = Vec::new();
+                for pair in text.split('&').filter(|pair| !pair.is_empty()) {
+                    let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                    let (name, value) = (decode(name)?, decode(value)?);
+                    if pairs.iter().any(|(seen, _)| *seen == name) {
+                        return None;
+                    }
+                    pairs.push((name, value));
+                }
+                Some(Form(pairs))
+            }
+
+            fn get(&self, name: &str) -> Option<&str> {
+                self.0
+                    .iter()
+                    .find(|(seen, _)| seen == name)
+                    .map(|(_, value)| value.as_str())
+            }
+        }
+
+        fn decode(text: &str) -> Option<String> {
+            let mut bytes = Vec::with_capacity(text.len());
+            let mut rest = text.as_bytes();
+            while let Some((&byte, tail)) = rest.split_first() {
+                match byte {
+                    b'+' => bytes.push(b' '),
+                    b'%' => {
+                        let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+                        bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                        rest = &tail[2..];
+                        continue;
+                    }
+                    byte => bytes.push(byte),
+                }
+                rest = tail;
+            }
+            String::from_utf8(bytes).ok()
+        }
+
+        /// Percent-encodes all but RFC 3986's unreserved characters.
+        fn encode(text: &str) -> String {
+            text.bytes()
+                .map(|byte| {
+                    if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+                        char::from(byte).to_string()
+                    } else {
+                        format!("%{byte:02X}")
+                    }
+                })
+                .collect()
+        }
+
+        fn escape(text: &str) -> String {
+            text.chars()
+                .map(|c| match c {
+                    '&' => "&amp;".to_owned(),
+                    '<' => "&lt;".to_owned(),
+                    '>' => "&gt;".to_owned(),
+                    '"' => "&quot;".to_owned(),
+                    '\'' => "&#39;".to_owned(),
+                    c => c.to_string(),
+                })
+                .collect()
+        }
+
+        fn json_answer(status: StatusCode, body: &Value) -> Response<Body> {
+            plain(
+                status,
+                &[
+                    ("content-type", "application/json".into()),
+                    ("cache-control", "no-store".into()),
+                ],
+                &body.to_string(),
+            )
+        }
+
+        fn header(request: &Request<Incoming>, name: &str) -> String {
+            request
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        }
+
+        /// The form of a POST body, if it is one.
+        async fn form(request: Request<Incoming>) -> Option<Form> {
+            let kind = header(&request, "content-type");
+            let kind = kind.split(';').next().unwrap_or_default().trim();
+            if !kind.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+                return None;
+            }
+            let body = request.into_body().collect().await.ok()?.to_bytes();
+            Form::parse(std::str::from_utf8(&body).ok()?)
+        }
+
+        /// `credentials` after an auth `scheme`, whatever the scheme's case.
+        fn credentials<'a>(authorization: &'a str, scheme: &str) -> Option<&'a str> {
+            let (given, credentials) = authorization.split_once(' ')?;
+            given
+                .eq_ignore_ascii_case(scheme)
+                .then(|| credentials.trim())
+        }
+
+        pub async fn answer(
+            mut request: Request<Incoming>,
+            service: Service,
+            config: &Config,
+        ) -> Response<Body> {
+            let method = request.method().clone();
+            let path = request.uri().path().to_owned();
+            let get = method == Method::GET;
+            match path.as_str() {
+                "/.well-known/oauth-protected-resource"
+                | "/.well-known/oauth-protected-resource/mcp"
+                    if get =>
+                {
+                    json_answer(
+                        StatusCode::OK,
+                        &json!({"resource": config.resource(),
+                                "authorization_servers": [config.origin],
+                                "scopes_supported": SCOPES,
+                                "bearer_methods_supported": ["header"]}),
+                    )
+                }
+                "/.well-known/oauth-authorization-server" if get => json_answer(
+                    StatusCode::OK,
+                    &json!({"issuer": config.issuer,
+                            "authorization_endpoint": format!("{}/authorize", config.origin),
+                            "token_endpoint": format!("{}/token", config.origin),
+                            "response_types_supported": ["code"],
+                            "grant_types_supported": ["authorization_code", "refresh_token"],
+                            "code_challenge_methods_supported": ["S256"],
+                            "token_endpoint_auth_methods_supported":
+                                ["client_secret_basic", "none"],
+                            "authorization_response_iss_parameter_supported": true,
+                            "scopes_supported": SCOPES}),
+                ),
+                "/authorize" if get => {
+                    let query = request.uri().query().unwrap_or_default();
+                    match Form::parse(query) {
+                        Some(form) => authorize_page(&form, config),
+                        None => refuse("malformed query"),
+                    }
+                }
+                "/authorize" if method == Method::POST => match form(request).await {
+                    Some(form) => authorize_post(&form, config),
+                    None => refuse("malformed form"),
+                },
+                "/token" if method == Method::POST => {
+                    let authorization = header(&request, "authorization");
+                    let form = form(request).await;
+                    let grant_type = form
+                        .as_ref()
+                        .and_then(|form| form.get("grant_type"))
+                        .filter(|kind| !kind.is_empty())
+                        .map(|kind| kind.replace(|c: char| !c.is_ascii_graphic(), "?"))
+                        .unwrap_or_else(|| "-".into());
+                    let response = token(&authorization, form, config).await;
+                    log_text(&format!(
+                        "TOKEN {grant_type} {}",
+                        response.status().as_u16()
+                    ));
+                    response
+                }
+                "/.well-known/oauth-protected-resource"
+                | "/.well-known/oauth-protected-resource/mcp"
+                | "/.well-known/oauth-authorization-server"
+                | "/authorize"
+                | "/token" => plain(StatusCode::METHOD_NOT_ALLOWED, &[], "method not allowed"),
+                _ => {
+                    let authorization = header(&request, "authorization");
+                    let user = credentials(&authorization, "Bearer")
+                        .and_then(|token| state().holder(token));
+                    let Some(user) = user else {
+                        let challenge = format!(
+                            "Bearer error=\"invalid_token\", resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
+                            config.origin
+                        );
+                        return plain(
+                            StatusCode::UNAUTHORIZED,
+                            &[("www-authenticate", challenge)],
+                            "unauthorized",
+                        );
+                    };
+                    request.extensions_mut().insert(Holder(user));
+                    service.handle(request).await
+                }
+            }
+        }
+
+        /// A plain-text 400 that sends nobody anywhere.
+        fn refuse(reason: &str) -> Response<Body> {
+            plain(
+                StatusCode::BAD_REQUEST,
+                &[("content-type", "text/plain; charset=utf-8".into())],
+                reason,
+            )
+        }
+
+        /// A 302 to the client's redirect URI with `parameters` and `iss`.
+        fn back(config: &Config, parameters: &[(&str, &str)]) -> Response<Body> {
+            let query: Vec<String> = parameters
+                .iter()
+                .chain([&("iss", config.issuer.as_str())])
+                .map(|(name, value)| format!("{name}={}", encode(value)))
+                .collect();
+            let separator = if config.redirect.contains('?') {
+                '&'
+            } else {
+                '?'
+            };
+            let location = format!("{}{separator}{}", config.redirect, query.join("&"));
+            plain(StatusCode::FOUND, &[("location", location)], "")
+        }
+
+        /// The answer to an authorization request that is not good: a refusal
+        /// (an unknown client or redirect URI) or an error sent back.
+        fn refusal(form: &Form, config: &Config) -> Option<Response<Body>> {
+            if form.get("client_id") != Some(config.id.as_str())
+                || form.get("redirect_uri") != Some(config.redirect.as_str())
+            {
+                return Some(refuse("invalid client or redirect"));
+            }
+            // RFC 7636 §4.2: 43 to 128 unreserved characters.
+            let challenge = form.get("code_challenge").unwrap_or_default();
+            let challenge_ok = (43..=128).contains(&challenge.len())
+                && challenge
+                    .bytes()
+                    .all(|byte| byte.is_ascii_alphanumeric() || b"-._~".contains(&byte));
+            let resource = config.resource();
+            if form.get("response_type") != Some("code")
+                || form.get("code_challenge_method") != Some("S256")
+                || !challenge_ok
+                || form.get("resource") != Some(resource.as_str())
+            {
+                return Some(error_back(form, config, "invalid_request"));
+            }
+            None
+        }
+
+        fn error_back(form: &Form, config: &Config, error: &str) -> Response<Body> {
+            match form.get("state") {
+                Some(state) => back(config, &[("error", error), ("state", state)]),
+                None => back(config, &[("error", error)]),
+            }
+        }
+
+        fn authorize_page(form: &Form, config: &Config) -> Response<Body> {
+            if let Some(response) = refusal(form, config) {
+                return response;
+            }
+            let hidden: String = form
+                .0
+                .iter()
+                .map(|(name, value)| {
+                    format!(
+                        "<input type=\"hidden\" name=\"{}\" value=\"{}\">\n",
+                        escape(name),
+                        escape(value)
+                    )
+                })
+                .collect();
+            let page = format!(
+                "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Authorize</title></head>\n\
+                 <body><h1>Authorize {client}</h1>\n<p>Scope: {scope}</p>\n\
+                 <form method=\"post\" action=\"/authorize\">\n{hidden}\
+                 <label for=\"user\">User</label> <input name=\"user\" id=\"user\">\n\
+                 <button id=\"allow\" type=\"submit\">Allow</button>\n</form></body></html>\n",
+                client = escape(&config.id),
+                scope = escape(form.get("scope").unwrap_or_default()),
             );
+            plain(
+                StatusCode::OK,
+                &[
+                    ("content-type", "text/html; charset=utf-8".into()),
+                    ("cache-control", "no-store".into()),
+                ],
+                &page,
+            )
+        }
+
+        fn authorize_post(form: &Form, config: &Config) -> Response<Body> {
+            if let Some(response) = refusal(form, config) {
+                return response;
+            }
+            let user = form.get("user").unwrap_or_default();
+            if user.is_empty() {
+                return error_back(form, config, "invalid_request");
+            }
+            let code = random();
+            let scope = form
+                .get("scope")
+                .filter(|scope| !scope.is_empty())
+                .map_or_else(|| SCOPES.join(" "), str::to_owned);
+            state().codes.insert(
+                code.clone(),
+                Code {
+                    redirect: config.redirect.clone(),
+                    challenge: form.get("code_challenge").unwrap_or_default().to_owned(),
+                    scope,
+                    resource: config.resource(),
+                    user: user.to_owned(),
+                    issued: Instant::now(),
+                    spent: false,
+                    grant: None,
+                },
+            );
+            match form.get("state") {
+                Some(state) => back(config, &[("code", &code), ("state", state)]),
+                None => back(config, &[("code", &code)]),
+            }
+        }
+
+        fn client_ok(authorization: &str, form: &Form, config: &Config) -> bool {
+            if config.secret.is_empty() {
+                return form.get("client_id") == Some(config.id.as_str());
+            }
+            // RFC 6749 §2.3.1 form-encodes both before base64; the plain
+            // pair is accepted too.
+            let given = credentials(authorization, "Basic").unwrap_or_default();
+            let plain_pair = base64(format!("{}:{}", config.id, config.secret).as_bytes());
+            let encoded_pair =
+                base64(format!("{}:{}", encode(&config.id), encode(&config.secret)).as_bytes());
+            (given == plain_pair || given == encoded_pair)
+                && form
+                    .get("client_id")
+                    .is_none_or(|id| id == config.id.as_str())
+        }
+
+        async fn token(authorization: &str, form: Option<Form>, config: &Config) -> Response<Body> {
+            let error =
+                |status: StatusCode, error: &str| json_answer(status, &json!({"error": error}));
+            let Some(form) = form else {
+                return error(StatusCode::BAD_REQUEST, "invalid_request");
+            };
+            if !client_ok(authorization, &form, config) {
+                let mut response = error(StatusCode::UNAUTHORIZED, "invalid_client");
+                if !authorization.is_empty() {
+                    response.headers_mut().insert(
+                        "www-authenticate",
+                        hyper::header::HeaderValue::from_static("Basic realm=\"scripted\""),
+                    );
+                }
+                return response;
+            }
+            let invalid_grant = || error(StatusCode::BAD_REQUEST, "invalid_grant");
+            match form.get("grant_type") {
+                Some("authorization_code") => {
+                    let mut guard = state();
+                    let state = &mut *guard;
+                    let Some(code) = form.get("code").and_then(|code| state.codes.get_mut(code))
+                    else {
+                        return invalid_grant();
+                    };
+                    if code.spent {
+                        // RFC 6749 §4.1.2: a replayed code revokes what it
+                        // gave.
+                        if let Some(grant) = code.grant {
+                            state.revoke(grant);
+                        }
+                        return invalid_grant();
+                    }
+                    code.spent = true;
+                    let verifier = form.get("code_verifier").unwrap_or_default();
+                    let proof = base64url(&Sha256::digest(verifier.as_bytes()));
+                    if code.issued.elapsed() >= CODE_LIFE
+                        || verifier.is_empty()
+                        || proof != code.challenge
+                        || form.get("redirect_uri") != Some(code.redirect.as_str())
+                        || form.get("resource") != Some(code.resource.as_str())
+                    {
+                        return invalid_grant();
+                    }
+                    let grant = Grant {
+                        user: code.user.clone(),
+                        scope: code.scope.clone(),
+                        resource: code.resource.clone(),
+                        revoked: false,
+                    };
+                    let number = state.grants.len();
+                    code.grant = Some(number);
+                    state.grants.push(grant);
+                    json_answer(StatusCode::OK, &state.issue(number, config))
+                }
+                Some("refresh_token") => {
+                    if let Some(delay) = config.delay {
+                        tokio::time::sleep(delay).await;
+                    }
+                    let mut state = state();
+                    let presented = form.get("refresh_token").unwrap_or_default();
+                    let Some(&(grant, used)) = state.refresh.get(presented) else {
+                        return invalid_grant();
+                    };
+                    if state.grants[grant].revoked {
+                        return invalid_grant();
+                    }
+                    if used {
+                        // Reuse: someone else holds the rotated token, so
+                        // the whole grant goes.
+                        state.revoke(grant);
+                        return invalid_grant();
+                    }
+                    if form
+                        .get("resource")
+                        .is_some_and(|resource| resource != state.grants[grant].resource)
+                    {
+                        return invalid_grant();
+                    }
+                    state.refresh.insert(presented.to_owned(), (grant, true));
+                    json_answer(StatusCode::OK, &state.issue(grant, config))
+                }
+                None => error(StatusCode::BAD_REQUEST, "invalid_request"),
+                Some(_) => error(StatusCode::BAD_REQUEST, "unsupported_grant_type"),
+            }
         }
     }
 }
