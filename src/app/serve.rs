@@ -15,8 +15,8 @@ use super::{
     traversable_folder,
 };
 use crate::adapters::artifacts::FsArtifactStore;
-use crate::adapters::credentials::EnvFileResolver;
-use crate::adapters::mcp::{McpServerSet, WarmUp};
+use crate::adapters::credentials::{EnvFileResolver, KeySealer};
+use crate::adapters::mcp::{ConsentSettings, Delegations, McpServerSet, WarmUp};
 use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
 use crate::adapters::telemetry::{
     LabelBounds, MeteredInvocations, MetricsRegistry, Sample, Sampler,
@@ -25,7 +25,8 @@ use crate::api::ops::{Operations, OpsConnections};
 use crate::api::{ApiParts, ApiSettings, ControlApi};
 use crate::bridge::{Bridge, BridgeParts, BridgeSettings, Turns};
 use crate::config::Config;
-use crate::console::{Console, ConsoleParts, ConsoleSettings, Operator};
+use crate::console::{ConsentParts, Console, ConsoleParts, ConsoleSettings, Operator};
+use crate::domain::secret::CredentialRef;
 use crate::edge::{ConnectionCap, EdgeLimits, InFlight};
 use crate::front::{Front, FrontParts, FrontSettings};
 use crate::pipeline::admission::Admission;
@@ -204,7 +205,8 @@ pub async fn build(
         reloader.clone(),
     );
     let console = if config.console.enabled() {
-        Some(console(&config, &shared, servers.clone())?)
+        let consent = consent(&config, environment, &shared, &servers, front.as_ref()).await?;
+        Some(console(&config, &shared, servers.clone(), consent)?)
     } else {
         None
     };
@@ -380,16 +382,23 @@ fn control_api(
         approvals: shared.approvals.clone(),
         artifacts: shared.artifacts.clone(),
         continue_trace: crate::adapters::telemetry::otlp::continue_trace,
-        tenant_servers: TenantServers::new(
-            store.clone(),
-            clock.clone(),
-            config.egress_allowlist(),
-            config.operator_server_ids(),
-            TenantCeilings {
-                maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
-                timeout_seconds: config.limits.maximum_timeout_seconds.get(),
-            },
-        ),
+        tenant_servers: {
+            let servers = TenantServers::new(
+                store.clone(),
+                clock.clone(),
+                config.egress_allowlist(),
+                config.operator_server_ids(),
+                TenantCeilings {
+                    maximum_output_bytes: config.limits.maximum_output_bytes_ceiling,
+                    timeout_seconds: config.limits.maximum_timeout_seconds.get(),
+                },
+            );
+            if config.consent_enabled() {
+                servers.with_consent()
+            } else {
+                servers
+            }
+        },
         bridge: bridge.clone(),
         invocations: store.clone(),
         reviews: store.clone(),
@@ -425,11 +434,64 @@ fn front(config: &Config, shared: &Shared) -> Result<Arc<Front>, AppError> {
     }))
 }
 
+/// The consent pages of `oauth2_user` servers, when a key is configured:
+/// the key resolved once, at start, and the front door's credentials for
+/// who a person is.
+async fn consent(
+    config: &Config,
+    environment: &BTreeMap<String, String>,
+    shared: &Shared,
+    servers: &Arc<McpServerSet>,
+    front: Option<&Arc<Front>>,
+) -> Result<Option<ConsentParts>, AppError> {
+    let (Some(reference), Some(front), Some(redirect_uri)) = (
+        config.console.consent_key_ref.as_deref(),
+        front,
+        config.console.consent_redirect_uri(),
+    ) else {
+        return Ok(None);
+    };
+    let invalid = |message: String| {
+        AppError::Config(crate::config::ConfigErrors(vec![
+            crate::config::ConfigError {
+                path: "console.consent_key_ref".to_owned(),
+                message,
+            },
+        ]))
+    };
+    let reference = CredentialRef::parse(reference).map_err(|error| invalid(error.to_string()))?;
+    let resolver = credential_resolver(config, environment);
+    let key = resolver
+        .resolve(&reference)
+        .await
+        .map_err(|_| invalid("did not resolve".to_owned()))?;
+    let sealer = KeySealer::new(&key).map_err(|error| invalid(error.to_string()))?;
+    let flow_lifetime =
+        std::time::Duration::from_secs(u64::from(config.console.consent_minutes) * 60);
+    let delegations = Delegations::new(
+        servers.clone(),
+        shared.store.clone(),
+        Arc::new(sealer),
+        resolver,
+        shared.clock.clone(),
+        ConsentSettings {
+            redirect_uri,
+            flow_lifetime,
+        },
+    );
+    Ok(Some(ConsentParts {
+        consent: Arc::new(delegations),
+        principals: front.credentials().clone(),
+        flow_lifetime,
+    }))
+}
+
 /// The operators' console, with who may sign in.
 fn console(
     config: &Config,
     shared: &Shared,
     servers: Arc<McpServerSet>,
+    consent: Option<ConsentParts>,
 ) -> Result<Arc<Console>, AppError> {
     let operators = config
         .console
@@ -457,6 +519,7 @@ fn console(
                 u64::from(config.console.session_minutes) * 60,
             ),
         },
+        consent,
     }))
 }
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::values::count;
 use super::{ConfigErrors, Problems};
+use crate::domain::secret::CredentialRef;
 use crate::domain::valid_identifier;
 
 /// How long a console sign-in lasts: a working day.
@@ -21,6 +22,10 @@ pub const DEFAULT_CONSOLE_SESSION_MINUTES: u32 = 480;
 pub const MAXIMUM_CONSOLE_SESSION_MINUTES: u32 = 10_080;
 /// Connections the console holds at once: a few operators' browsers.
 pub const DEFAULT_CONSOLE_CONNECTIONS: usize = 64;
+/// How long a consent flow waits for the person to come back.
+pub const DEFAULT_CONSENT_MINUTES: u32 = 10;
+/// The longest a consent flow may be configured to wait.
+pub const MAXIMUM_CONSENT_MINUTES: u32 = 60;
 
 /// The console. Off unless `listen` is set.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -46,6 +51,14 @@ pub struct ConsoleConfig {
     /// (`https://console.example.com`), where a held front-door call sends
     /// its client's user to approve it; `http://` and `listen` when unset.
     pub url: Option<String>,
+    /// The key each principal's `oauth2_user` grants are sealed with: a
+    /// credential reference resolving to 64 hex digits (32 bytes). When
+    /// set, the console also serves the consent pages (`/consent`), and
+    /// `oauth2_user` servers may be configured.
+    pub consent_key_ref: Option<String>,
+    /// How long a consent flow waits for the person to come back, in
+    /// minutes.
+    pub consent_minutes: u32,
 }
 
 impl Default for ConsoleConfig {
@@ -58,6 +71,8 @@ impl Default for ConsoleConfig {
             session_minutes: DEFAULT_CONSOLE_SESSION_MINUTES,
             connections: DEFAULT_CONSOLE_CONNECTIONS,
             url: None,
+            consent_key_ref: None,
+            consent_minutes: DEFAULT_CONSENT_MINUTES,
         }
     }
 }
@@ -91,12 +106,23 @@ impl ConsoleConfig {
     /// The URL of one approval's page, less the tenant and id: the
     /// console's URL with `/approvals/`; none while the console is off.
     pub fn approval_pages(&self) -> Option<String> {
+        Some(format!("{}/approvals/", self.base_url()?))
+    }
+
+    /// Where an authorization server sends a person back to after their
+    /// consent; none while the console is off.
+    pub fn consent_redirect_uri(&self) -> Option<String> {
+        Some(format!("{}/consent/callback", self.base_url()?))
+    }
+
+    /// The console's URL without a trailing `/`; none while it is off.
+    fn base_url(&self) -> Option<String> {
         let listen = self.listen?;
         let base = self
             .url
             .clone()
             .unwrap_or_else(|| format!("http://{listen}"));
-        Some(format!("{}/approvals/", base.trim_end_matches('/')))
+        Some(base.trim_end_matches('/').to_owned())
     }
 
     pub(super) fn resolve_paths(&mut self, resolve: &dyn Fn(&mut PathBuf)) {
@@ -114,9 +140,27 @@ impl ConsoleConfig {
         Ok(operators)
     }
 
-    /// The section's rules; none while the console is off.
+    /// The section's rules; none while the console is off, but a consent
+    /// key, which needs the console's pages.
     pub(super) fn validate(&self, problems: &mut Problems) {
+        if let Some(reference) = &self.consent_key_ref {
+            if let Err(error) = CredentialRef::parse(reference) {
+                problems.push("console.consent_key_ref", error.to_string());
+            }
+            problems.between(
+                "console.consent_minutes",
+                self.consent_minutes,
+                1,
+                MAXIMUM_CONSENT_MINUTES,
+            );
+        }
         let Some(listen) = self.listen else {
+            if self.consent_key_ref.is_some() {
+                problems.push(
+                    "console.consent_key_ref",
+                    "needs console.listen: consent is asked on the console's pages",
+                );
+            }
             return;
         };
         if !listen.ip().is_loopback() && !self.behind_tls {

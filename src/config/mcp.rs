@@ -437,7 +437,7 @@ impl StdioServerConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
-    /// One of none, bearer, header, oauth2_client, env.
+    /// One of none, bearer, header, oauth2_client, oauth2_user, env.
     pub scheme: AuthScheme,
     /// Header or variable name, for header and env.
     pub name: Option<String>,
@@ -445,7 +445,7 @@ pub struct AuthConfig {
     pub credential_ref: Option<CredentialRef>,
     /// oauth2_client only.
     pub token_endpoint: Option<String>,
-    /// oauth2_client only.
+    /// oauth2_client and oauth2_user: the scopes asked for.
     pub token_scopes: Vec<String>,
 }
 

@@ -47,6 +47,7 @@ pub use sections::{
 pub use values::{DEFAULT_SOCKET_MODE, RunAsUser, Seconds, SocketMode};
 
 use crate::domain::egress::EgressAllowlist;
+use crate::domain::mcp_server::AuthScheme;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -331,9 +332,41 @@ impl Config {
         sections::validate_sections(self, &mut problems);
         self.front.validate(&mut problems);
         self.console.validate(&mut problems);
+        self.validate_consent(&mut problems);
         self.mcp
             .validate(&self.limits, &self.egress_allowlist(), &mut problems);
         problems.into_result()
+    }
+}
+
+impl Config {
+    /// `oauth2_user` asks a person's consent on the console's pages, and
+    /// the person proves which principal they are with a front-door
+    /// credential: both must be there.
+    fn validate_consent(&self, problems: &mut Problems) {
+        for (index, server) in self.mcp.http_servers.iter().enumerate() {
+            if server.common.auth.scheme == AuthScheme::Oauth2User
+                && self.console.consent_key_ref.is_none()
+            {
+                problems.push(
+                    format!("mcp.http_servers[{index}].auth.scheme"),
+                    "oauth2_user needs console.consent_key_ref: grants are sealed with it and \
+                     consent is asked on the console's pages",
+                );
+            }
+        }
+        if self.console.consent_key_ref.is_some() && !self.front.enabled() {
+            problems.push(
+                "console.consent_key_ref",
+                "needs the front door (front.listen or front.socket): a person proves which \
+                 principal they are with its front-door credential",
+            );
+        }
+    }
+
+    /// Whether `oauth2_user` servers may be written (tenants' rows too).
+    pub fn consent_enabled(&self) -> bool {
+        self.console.consent_key_ref.is_some()
     }
 }
 

@@ -151,13 +151,18 @@ fn csrf_of(cookie: &str) -> String {
 
 /// The console cookie's value, if the request carries it.
 fn cookie(headers: &HeaderMap) -> Option<&str> {
+    cookie_named(headers, COOKIE_NAME)
+}
+
+/// The value of the cookie `name`, if the request carries it.
+pub(super) fn cookie_named<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(COOKIE)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE_NAME)
+        .find(|(found, _)| *found == name)
         .map(|(_, value)| value)
         .filter(|value| !value.is_empty())
 }

@@ -13,6 +13,7 @@
 //! nothing of the adapters, the control API, the bridge or the front door.
 
 mod auth;
+mod consent;
 mod html;
 mod pages;
 
@@ -25,6 +26,7 @@ use hyper::{Method, Request, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 pub use auth::Operator;
+pub use consent::ConsentParts;
 pub use html::{CONTENT_SECURITY_POLICY, escape};
 
 use crate::edge::{
@@ -66,6 +68,9 @@ pub struct ConsoleParts {
     pub clock: Arc<dyn Clock>,
     /// Limits and the cookie.
     pub settings: ConsoleSettings,
+    /// The consent pages of `oauth2_user` servers, when consent is
+    /// configured.
+    pub consent: Option<ConsentParts>,
 }
 
 /// The console.
@@ -259,6 +264,12 @@ impl Console {
                     .await
                     .unwrap_or_else(ConsoleError::reply);
             }
+            (_, ["consent", ..]) => {
+                return self
+                    .consent(&method, &segments, request, &query)
+                    .await
+                    .unwrap_or_else(ConsoleError::reply);
+            }
             _ => {}
         }
         let session = match self.sessions.session(request.headers()).await {
@@ -352,6 +363,40 @@ impl Console {
         match segments {
             ["review", tenant, id] => self.resolve(session, tenant, id, &form).await,
             ["approvals", tenant, id] => self.decide(session, tenant, id, &form).await,
+            _ => Err(ConsoleError::NotFound),
+        }
+    }
+
+    /// The consent pages: for principals, not operators, so no console
+    /// session is asked for; a POST must come from this page.
+    async fn consent(
+        &self,
+        method: &Method,
+        segments: &[&str],
+        request: Request<Incoming>,
+        query: &Fields,
+    ) -> Result<Reply, ConsoleError> {
+        let parts = self.parts.consent.as_ref().ok_or(ConsoleError::NotFound)?;
+        let secure = self.parts.settings.secure_cookie;
+        match (method, segments) {
+            (&Method::GET, ["consent"]) => Ok(consent::form_page(
+                StatusCode::OK,
+                None,
+                query.get("server"),
+            )),
+            (&Method::GET, ["consent", "callback"]) => {
+                Ok(consent::callback(parts, &request, query, secure).await)
+            }
+            (&Method::POST, ["consent"]) => {
+                if !auth::same_origin(request.headers()) {
+                    return Err(ConsoleError::Forged);
+                }
+                if self.parts.in_flight.draining() {
+                    return Err(ConsoleError::Draining);
+                }
+                let form = self.form(request).await?;
+                consent::submit(parts, &form, secure).await
+            }
             _ => Err(ConsoleError::NotFound),
         }
     }

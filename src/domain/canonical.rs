@@ -86,6 +86,19 @@ pub fn canonicalize(value: Value) -> Result<CanonicalArguments, CanonicalError> 
     })
 }
 
+/// Unpadded base64url of `bytes` (RFC 4648 §5), as PKCE and JOSE write it.
+pub fn base64url(bytes: &[u8]) -> String {
+    base64(bytes)
+        .trim_end_matches('=')
+        .chars()
+        .map(|c| match c {
+            '+' => '-',
+            '/' => '_',
+            c => c,
+        })
+        .collect()
+}
+
 /// The bytes of unpadded base64url `text` (RFC 4648 §5, as JOSE writes
 /// it), or `None` when it is not that.
 pub fn base64url_decode(text: &str) -> Option<Vec<u8>> {
@@ -429,6 +442,16 @@ mod tests {
                 path: "/a/1".into()
             }
         );
+    }
+
+    #[test]
+    fn base64url_round_trips() {
+        for length in 0..40u8 {
+            let bytes: Vec<u8> = (0..length).map(|b| b.wrapping_mul(37) ^ 0xfb).collect();
+            let text = base64url(&bytes);
+            assert!(!text.contains(['=', '+', '/']), "{text}");
+            assert_eq!(base64url_decode(&text), Some(bytes));
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The rules every MCP server row obeys, wherever it comes from: the
 //! operator's file now, the control API for tenant HTTP servers later.
 //!
-//! Authentication is a declared scheme from a closed set of five, validated
+//! Authentication is a declared scheme from a closed set of six, validated
 //! when the row is written and never by dereferencing a secret.
 
 use super::egress::{EgressAllowlist, EgressError};
@@ -30,6 +30,10 @@ closed_enum! {
         Header => "header",
         /// A client-credentials exchange at `token_endpoint`, then bearer (HTTP).
         Oauth2Client => "oauth2_client",
+        /// Each principal's own grant, given by consent through the
+        /// authorization-code flow with the client the reference names; its
+        /// endpoints are discovered from the server (HTTP).
+        Oauth2User => "oauth2_user",
         /// The variable `auth_name` names in the child's environment (stdio).
         Env => "env",
     }
@@ -55,8 +59,8 @@ pub struct AuthFields<'a> {
 /// never echoes a field's value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RowViolation {
-    /// Rule 0: the scheme is not one of the five.
-    #[error("must be one of none, bearer, header, oauth2_client, env")]
+    /// Rule 0: the scheme is not one of the six.
+    #[error("must be one of none, bearer, header, oauth2_client, oauth2_user, env")]
     UnknownScheme,
     /// Rule 1: `none` with a reference.
     #[error("must be absent when auth_scheme is none")]
@@ -121,7 +125,9 @@ impl RowViolation {
     }
 }
 
-/// The five rules of the design document over one row's authentication,
+/// The five rules of the design document over one row's authentication
+/// (`oauth2_user` keeps them as `oauth2_client` does, less the token
+/// endpoint: it is discovered from the server at consent, never written),
 /// every violation reported. `allowlist` is the egress allowlist the dialer
 /// uses, so a token endpoint it refuses is refused now.
 pub fn validate_auth(fields: AuthFields<'_>, allowlist: &EgressAllowlist) -> Vec<RowViolation> {
@@ -177,9 +183,10 @@ pub fn validate_auth(fields: AuthFields<'_>, allowlist: &EgressAllowlist) -> Vec
     let fits = match scheme {
         AuthScheme::None => true,
         AuthScheme::Env => fields.transport == Transport::Stdio,
-        AuthScheme::Bearer | AuthScheme::Header | AuthScheme::Oauth2Client => {
-            fields.transport == Transport::Http
-        }
+        AuthScheme::Bearer
+        | AuthScheme::Header
+        | AuthScheme::Oauth2Client
+        | AuthScheme::Oauth2User => fields.transport == Transport::Http,
     };
     if !fits {
         violations.push(RowViolation::WrongTransport {
@@ -291,10 +298,44 @@ mod tests {
                 auth_name: Some("API_TOKEN"),
                 ..fields(Transport::Stdio, "env")
             },
+            AuthFields {
+                credential_ref: Some("env:CLIENT"),
+                ..fields(Transport::Http, "oauth2_user")
+            },
         ];
         for row in rows {
             assert_eq!(validate_auth(row, &allowlist), vec![], "{row:?}");
         }
+    }
+
+    /// `oauth2_user` names its client and nothing it would discover, and
+    /// has no pipe to ask a person's consent over.
+    #[test]
+    fn a_delegated_row_names_its_client_and_no_endpoint() {
+        let allowlist = EgressAllowlist::new(vec![AllowEntry::parse("auth.example.com").unwrap()]);
+        let user = |fields: AuthFields<'static>| validate_auth(fields, &allowlist);
+        assert_eq!(
+            user(fields(Transport::Http, "oauth2_user")),
+            vec![RowViolation::ReferenceMissing(AuthScheme::Oauth2User)]
+        );
+        assert_eq!(
+            user(AuthFields {
+                credential_ref: Some("env:CLIENT"),
+                token_endpoint: Some("https://auth.example.com/token"),
+                ..fields(Transport::Http, "oauth2_user")
+            }),
+            vec![RowViolation::TokenEndpointUnused(AuthScheme::Oauth2User)]
+        );
+        assert_eq!(
+            user(AuthFields {
+                credential_ref: Some("env:CLIENT"),
+                ..fields(Transport::Stdio, "oauth2_user")
+            }),
+            vec![RowViolation::WrongTransport {
+                scheme: AuthScheme::Oauth2User,
+                transport: Transport::Stdio
+            }]
+        );
     }
 
     #[test]

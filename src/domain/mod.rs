@@ -76,7 +76,10 @@ pub mod tool;
 pub mod trust;
 
 pub use approval::{ApprovalStatus, HealthWindow, ReviewResolution, TurnState};
-pub use canonical::{CanonicalArguments, CanonicalError, base64, canonicalize, sha256_hex};
+pub use canonical::{
+    CanonicalArguments, CanonicalError, base64, base64url, base64url_decode, canonicalize,
+    sha256_hex,
+};
 pub use durability::Durability;
 pub use event::ToolEventKind;
 pub use idempotency::idempotency_key;

@@ -303,6 +303,29 @@ impl Credentials {
     }
 }
 
+/// The consent pages ask who a person is by the credential they hold here:
+/// the same keys and the same identity provider, checked the same way.
+impl crate::ports::Principals for Credentials {
+    fn principal<'a>(
+        &'a self,
+        credential: &'a crate::domain::SecretValue,
+    ) -> crate::ports::BoxFuture<'a, Option<crate::ports::Delegator>> {
+        Box::pin(async move {
+            let mut headers = HeaderMap::new();
+            let mut value =
+                hyper::header::HeaderValue::from_str(&format!("Bearer {}", credential.reveal()))
+                    .ok()?;
+            value.set_sensitive(true);
+            headers.insert(hyper::header::AUTHORIZATION, value);
+            let caller = self.authenticate(&headers).await.ok()?;
+            Some(crate::ports::Delegator {
+                tenant_id: caller.tenant_id,
+                principal_id: caller.principal.id,
+            })
+        })
+    }
+}
+
 /// A new API key and the sha256 the operator configures for it: 32 bytes
 /// from the system's randomness, hex, after a prefix that says what it is.
 pub fn new_api_key() -> std::io::Result<(String, String)> {

@@ -34,7 +34,7 @@ pub enum TenantServerError {
 /// The authentication of a tenant server, as written.
 #[derive(Debug, Clone, Default)]
 pub struct ServerAuthSpec {
-    /// One of the five schemes (text, so an unknown one is a rule violation).
+    /// One of the six schemes (text, so an unknown one is a rule violation).
     pub scheme: String,
     /// Header or variable name.
     pub name: Option<String>,
@@ -42,7 +42,7 @@ pub struct ServerAuthSpec {
     pub credential_ref: Option<String>,
     /// oauth2_client only.
     pub token_endpoint: Option<String>,
-    /// oauth2_client only.
+    /// oauth2_client and oauth2_user.
     pub token_scopes: Option<Vec<String>>,
 }
 
@@ -79,6 +79,8 @@ pub struct TenantServers {
     /// Operator servers' ids, which a tenant server may not take.
     operator_servers: Vec<String>,
     ceilings: TenantCeilings,
+    /// Whether consent is served, without which `oauth2_user` cannot be.
+    consent: bool,
 }
 
 impl TenantServers {
@@ -96,7 +98,14 @@ impl TenantServers {
             egress,
             operator_servers,
             ceilings,
+            consent: false,
         }
+    }
+
+    /// The same, taking `oauth2_user` rows: consent is served.
+    pub fn with_consent(mut self) -> Self {
+        self.consent = true;
+        self
     }
 
     fn taken(&self, server_id: &str) -> bool {
@@ -139,6 +148,13 @@ impl TenantServers {
                 .iter()
                 .map(|violation| format!("auth.{}: {violation}", violation.field())),
         );
+        if !self.consent && auth.scheme == AuthScheme::Oauth2User.as_str() {
+            problems.push(
+                "auth.scheme: oauth2_user needs consent, which this toolgate does not serve \
+                 (console.consent_key_ref)"
+                    .into(),
+            );
+        }
         // A tenant's server may be handed only that tenant's own secrets:
         // never one of toolgate's variables or files, never another
         // tenant's.

@@ -42,7 +42,7 @@ fn browser_installed() -> bool {
 }
 
 /// One HTTP/1.1 exchange on 127.0.0.1:`port`: (status, head, body).
-fn exchange(
+pub fn exchange(
     port: u16,
     method: &str,
     path: &str,
@@ -1000,7 +1000,7 @@ fn a_held_calls_client_is_sent_to_its_approval_page_and_its_retry_runs_it_once()
 }
 
 /// Waits until something listens on 127.0.0.1:`port`.
-fn wait_listening(port: u16) {
+pub fn wait_listening(port: u16) {
     let started = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(

@@ -9,6 +9,7 @@ mod boundaries;
 mod clients;
 mod config;
 mod conformance;
+mod consent;
 mod console;
 mod crash;
 mod deploy;

@@ -2325,7 +2325,7 @@ async fn sqlite_events_keep_their_ids_through_their_rebuild() {
     let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
-    assert_eq!(store.migrate().await.unwrap(), [26]);
+    assert_eq!(store.migrate().await.unwrap().first(), Some(&26));
     let event = PlatformEvent::ServerDisconnected {
         server_id: "acme".into(),
         reason_code: ReasonCode::ToolServerUnauthorized,
@@ -3128,5 +3128,165 @@ async fn console_sign_ins_are_kept_until_they_expire_and_bounded() {
         store.sign_out("three").await.unwrap();
         assert_eq!(store.signed_in("three", now).await.unwrap(), None, "{name}");
         store.sign_out("never").await.unwrap();
+    }
+}
+
+/// `oauth2_user`'s custody on both stores: a consent flow is taken once,
+/// never past its expiry, and a principal's outstanding flows are bounded;
+/// a grant is its tenant's, principal's and server's, replaced by a new
+/// consent, listed per tenant and ended by revocation.
+#[tokio::test]
+async fn upstream_grants_are_each_principals_and_consent_flows_are_taken_once() {
+    use toolgate::ports::{ConsentFlow, UpstreamGrant};
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let now = DateTime::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap();
+        let flow = |state: &str, principal: &str, minutes: i64| ConsentFlow {
+            state_sha256: state.to_owned(),
+            tenant_id: "acme".into(),
+            principal_id: principal.into(),
+            server_id: "crm".into(),
+            browser_sha256: "b".repeat(64),
+            sealed_verifier: "v1.k.sealed".into(),
+            issuer: "https://as.example.com".into(),
+            iss_required: true,
+            token_endpoint: "https://as.example.com/token".into(),
+            resource: "https://crm.example.com/mcp".into(),
+            scopes: vec!["crm.read".into()],
+            started_at: now + chrono::Duration::seconds(minutes),
+            expires_at: now + chrono::Duration::minutes(minutes),
+        };
+        store
+            .begin_consent(&flow("s1", "alice", 10), 2)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.take_consent("s1", now).await.unwrap(),
+            Some(flow("s1", "alice", 10)),
+            "{name}"
+        );
+        assert_eq!(
+            store.take_consent("s1", now).await.unwrap(),
+            None,
+            "{name}: taken twice"
+        );
+        // Past its expiry a flow is not taken.
+        store
+            .begin_consent(&flow("s2", "alice", 10), 2)
+            .await
+            .unwrap();
+        let later = now + chrono::Duration::minutes(11);
+        assert_eq!(
+            store.take_consent("s2", later).await.unwrap(),
+            None,
+            "{name}"
+        );
+        // Two outstanding per principal: a third drops the oldest; another
+        // principal's are not touched.
+        store
+            .begin_consent(&flow("b1", "bob", 20), 2)
+            .await
+            .unwrap();
+        store
+            .begin_consent(&flow("s3", "alice", 21), 2)
+            .await
+            .unwrap();
+        store
+            .begin_consent(&flow("s4", "alice", 22), 2)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.take_consent("s2", now).await.unwrap(),
+            None,
+            "{name}: s2 dropped"
+        );
+        for kept in ["s3", "s4", "b1"] {
+            assert!(
+                store.take_consent(kept, now).await.unwrap().is_some(),
+                "{name}: {kept}"
+            );
+        }
+
+        let grant = |tenant: &str, principal: &str, sealed: &str| UpstreamGrant {
+            tenant_id: tenant.into(),
+            principal_id: principal.into(),
+            server_id: "crm".into(),
+            issuer: "https://as.example.com".into(),
+            scopes: vec!["crm.read".into()],
+            sealed_tokens: sealed.into(),
+            granted_at: now,
+            last_used_at: None,
+        };
+        store
+            .save_grant(&grant("acme", "alice", "v1.k.first"))
+            .await
+            .unwrap();
+        store
+            .save_grant(&grant("acme", "bob", "v1.k.bob"))
+            .await
+            .unwrap();
+        store
+            .save_grant(&grant("other", "alice", "v1.k.other"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.grant("acme", "alice", "crm").await.unwrap(),
+            Some(grant("acme", "alice", "v1.k.first")),
+            "{name}"
+        );
+        // A new consent replaces the grant.
+        store
+            .save_grant(&grant("acme", "alice", "v1.k.second"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .grant("acme", "alice", "crm")
+                .await
+                .unwrap()
+                .map(|g| g.sealed_tokens),
+            Some("v1.k.second".to_owned()),
+            "{name}"
+        );
+        assert_eq!(
+            store.grant("acme", "alice", "mail").await.unwrap(),
+            None,
+            "{name}"
+        );
+        assert_eq!(
+            store.grant("acme", "carol", "crm").await.unwrap(),
+            None,
+            "{name}"
+        );
+        let listed: Vec<String> = store
+            .grants("acme")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|g| format!("{}/{}", g.principal_id, g.sealed_tokens))
+            .collect();
+        assert_eq!(listed, ["alice/v1.k.second", "bob/v1.k.bob"], "{name}");
+        // Revocation ends one principal's grant, not another tenant's.
+        assert!(
+            store.revoke_grant("acme", "alice", "crm").await.unwrap(),
+            "{name}"
+        );
+        assert!(
+            !store.revoke_grant("acme", "alice", "crm").await.unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            store.grant("acme", "alice", "crm").await.unwrap(),
+            None,
+            "{name}"
+        );
+        assert!(
+            store
+                .grant("other", "alice", "crm")
+                .await
+                .unwrap()
+                .is_some(),
+            "{name}"
+        );
     }
 }

@@ -6,6 +6,10 @@
 
 use std::collections::BTreeMap;
 
+mod sealer;
+
+pub use sealer::{KeyError, KeySealer};
+
 use crate::domain::SecretValue;
 use crate::domain::secret::CredentialRef;
 use crate::ports::{BoxFuture, CredentialError, CredentialResolver};

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use chrono::{DateTime, Utc};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Bytes;
-use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
@@ -41,6 +41,10 @@ pub enum AuthError {
     /// The token endpoint answered something that is not a token.
     #[error("the token endpoint's answer is not a token")]
     Malformed,
+    /// The server takes each principal's own grant, which a connection
+    /// shared by the tenant's sessions does not carry.
+    #[error("the server takes each principal's own grant")]
+    Delegated,
 }
 
 impl AuthError {
@@ -52,6 +56,7 @@ impl AuthError {
             AuthError::Unresolved | AuthError::Refused | AuthError::Malformed => {
                 ReasonCode::ToolAuthFailed
             }
+            AuthError::Delegated => ReasonCode::ToolAuthUnsupported,
         }
     }
 }
@@ -72,9 +77,9 @@ pub struct AuthSettings {
 }
 
 #[derive(Clone, Debug)]
-struct Held {
-    value: SecretValue,
-    expires_at: Option<DateTime<Utc>>,
+pub(super) struct Held {
+    pub(super) value: SecretValue,
+    pub(super) expires_at: Option<DateTime<Utc>>,
 }
 
 /// One server's credential, obtained at use.
@@ -188,6 +193,10 @@ impl Authenticator {
     }
 
     async fn obtain(&self) -> Result<Held, AuthError> {
+        // The reference names the client, which is never a bearer.
+        if self.settings.scheme == AuthScheme::Oauth2User {
+            return Err(AuthError::Delegated);
+        }
         let reference = self
             .settings
             .credential_ref
@@ -215,18 +224,6 @@ impl Authenticator {
             .token_endpoint
             .as_deref()
             .ok_or(AuthError::Unreachable)?;
-        let dialed = self
-            .dialer
-            .dial(endpoint)
-            .await
-            .map_err(|_| AuthError::Unreachable)?;
-        let (mut sender, connection) = bounded(hyper::client::conn::http1::handshake(
-            TokioIo::new(dialed.stream),
-        ))
-        .await?
-        .map_err(|_| AuthError::Unreachable)?;
-        // Ends with the exchange: the connection is never reused.
-        let connection = tokio::spawn(connection);
         let mut body = "grant_type=client_credentials".to_owned();
         if !self.settings.token_scopes.is_empty() {
             body.push_str("&scope=");
@@ -236,37 +233,16 @@ impl Authenticator {
             .reveal()
             .split_once(':')
             .ok_or(AuthError::Unresolved)?;
-        let basic = crate::domain::base64(
-            format!("{}:{}", form_encode(id), form_encode(secret)).as_bytes(),
-        );
-        let mut authorization =
-            HeaderValue::from_str(&format!("Basic {basic}")).map_err(|_| AuthError::Malformed)?;
-        authorization.set_sensitive(true);
-        let host = host_of(&dialed.url);
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri(path_of(endpoint))
-            .header(HOST, host)
-            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .header(AUTHORIZATION, authorization)
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|_| AuthError::Malformed)?;
-        let answered = bounded(async {
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|_| AuthError::Unreachable)?;
-            let status = response.status();
-            let bytes = Limited::new(response.into_body(), MAXIMUM_TOKEN_RESPONSE)
-                .collect()
-                .await
-                .map_err(|_| AuthError::Malformed)?
-                .to_bytes();
-            Ok::<_, AuthError>((status, bytes))
-        })
-        .await;
-        connection.abort();
-        let (status, bytes) = answered??;
+        let headers = vec![(AUTHORIZATION, basic(id, secret)?)];
+        let (status, bytes) = send(
+            self.dialer.as_ref(),
+            Method::POST,
+            endpoint,
+            headers,
+            Some(body),
+            MAXIMUM_TOKEN_RESPONSE,
+        )
+        .await?;
         if status == StatusCode::BAD_REQUEST || status == StatusCode::UNAUTHORIZED {
             return Err(AuthError::Refused);
         }
@@ -277,6 +253,67 @@ impl Authenticator {
     }
 }
 
+/// HTTP Basic authentication of a client (RFC 6749 §2.3.1: each part
+/// form-encoded first), marked sensitive.
+pub(super) fn basic(id: &str, secret: &str) -> Result<HeaderValue, AuthError> {
+    let basic =
+        crate::domain::base64(format!("{}:{}", form_encode(id), form_encode(secret)).as_bytes());
+    let mut header =
+        HeaderValue::from_str(&format!("Basic {basic}")).map_err(|_| AuthError::Malformed)?;
+    header.set_sensitive(true);
+    Ok(header)
+}
+
+/// One request through egress, on a connection of its own that ends with
+/// it, bounded by [`TOKEN_EXCHANGE_TIMEOUT`] once connected: its status and
+/// at most `limit` bytes of its body. A form body when `body` is given.
+pub(super) async fn send(
+    dialer: &dyn EgressDialer,
+    method: Method,
+    url: &str,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Option<String>,
+    limit: usize,
+) -> Result<(StatusCode, Bytes), AuthError> {
+    let dialed = dialer.dial(url).await.map_err(|_| AuthError::Unreachable)?;
+    let (mut sender, connection) = bounded(hyper::client::conn::http1::handshake(TokioIo::new(
+        dialed.stream,
+    )))
+    .await?
+    .map_err(|_| AuthError::Unreachable)?;
+    let connection = tokio::spawn(connection);
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path_of(url))
+        .header(HOST, host_of(&dialed.url))
+        .header(ACCEPT, "application/json");
+    if body.is_some() {
+        request = request.header(CONTENT_TYPE, "application/x-www-form-urlencoded");
+    }
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .map_err(|_| AuthError::Malformed)?;
+    let answered = bounded(async {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|_| AuthError::Unreachable)?;
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), limit)
+            .collect()
+            .await
+            .map_err(|_| AuthError::Malformed)?
+            .to_bytes();
+        Ok::<_, AuthError>((status, bytes))
+    })
+    .await;
+    connection.abort();
+    answered?
+}
+
 /// The longest a token is held before it is asked for again, whatever its
 /// endpoint says: every number from outside is clamped.
 const MAXIMUM_TOKEN_LIFETIME_SECONDS: i64 = 24 * 60 * 60;
@@ -284,7 +321,7 @@ const MAXIMUM_TOKEN_LIFETIME_SECONDS: i64 = 24 * 60 * 60;
 /// A token endpoint's answer, read at `now`: its access token, held until
 /// `expires_in` (clamped to zero and [`MAXIMUM_TOKEN_LIFETIME_SECONDS`]; a
 /// fractional or out-of-range number is clamped too, any other is refused).
-fn token_answer(bytes: &[u8], now: DateTime<Utc>) -> Result<Held, AuthError> {
+pub(super) fn token_answer(bytes: &[u8], now: DateTime<Utc>) -> Result<Held, AuthError> {
     let token: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|_| AuthError::Malformed)?;
     let access = token
@@ -349,7 +386,7 @@ pub fn host_of(url: &EgressUrl) -> String {
 }
 
 /// `application/x-www-form-urlencoded` for one value.
-fn form_encode(text: &str) -> String {
+pub(super) fn form_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         match byte {

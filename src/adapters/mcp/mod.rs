@@ -12,6 +12,7 @@ pub mod auth;
 pub mod catalog;
 pub mod child;
 pub mod client;
+pub mod consent;
 pub mod framing;
 pub mod front;
 pub mod http;
@@ -21,5 +22,6 @@ pub mod servers;
 mod slots;
 
 pub use auth::AuthSettings;
+pub use consent::{ConsentSettings, Delegations};
 pub use server::{HttpServerSettings, StdioServerSettings};
 pub use servers::{McpServerSet, WarmUp};

@@ -16,7 +16,7 @@ use super::server::{
 };
 use super::slots::PreparationSlots;
 use crate::domain::egress::EgressError;
-use crate::domain::mcp_server::{ServerClassification, TenantCeilings, Transport};
+use crate::domain::mcp_server::{AuthScheme, ServerClassification, TenantCeilings, Transport};
 use crate::domain::secret::CredentialRef;
 use crate::domain::{ToolFailure, ToolFailureKind};
 use crate::ports::metrics::Metrics;
@@ -247,6 +247,31 @@ impl McpServerSet {
             tenants.insert(tenant_id.to_owned(), servers.clone());
         }
         servers
+    }
+
+    /// The enabled server `server_id` a session of `tenant_id` would use
+    /// (the operator's first, as discovery has it), when it takes each
+    /// principal's own grant.
+    pub(super) async fn delegated(
+        &self,
+        tenant_id: &str,
+        server_id: &str,
+    ) -> Option<HttpServerSettings> {
+        let mut servers = self.operator.clone();
+        if !self.operator_has(server_id) {
+            servers.extend(self.tenant_servers(tenant_id).await);
+        }
+        servers
+            .iter()
+            .filter(|server| server.enabled() && server.server_id() == server_id)
+            .find_map(|server| server.http_settings())
+            .filter(|settings| settings.auth.scheme == AuthScheme::Oauth2User)
+            .cloned()
+    }
+
+    /// The dialer every HTTP server is reached through.
+    pub(super) fn dialer(&self) -> Arc<dyn EgressDialer> {
+        self.dialer.clone()
     }
 
     fn every_server(&self) -> Vec<Arc<McpServer>> {

@@ -38,6 +38,7 @@ macro_rules! session_columns {
     };
 }
 
+mod grants;
 mod invocations;
 mod operator;
 mod postgres;
@@ -193,6 +194,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "events without a sequence",
         sql: include_str!("../../../migrations/postgres/0026_events_without_a_sequence.sql"),
     },
+    Migration {
+        version: 27,
+        description: "each principal's upstream grants",
+        sql: include_str!("../../../migrations/postgres/0027_upstream_grants.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -321,6 +327,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 26,
         description: "events without a sequence",
         sql: include_str!("../../../migrations/sqlite/0026_events_without_a_sequence.sql"),
+    },
+    Migration {
+        version: 27,
+        description: "each principal's upstream grants",
+        sql: include_str!("../../../migrations/sqlite/0027_upstream_grants.sql"),
     },
 ];
 

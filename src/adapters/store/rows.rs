@@ -12,8 +12,9 @@ use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
 use crate::ports::{
     ApprovalRecord, ArtifactRecord, AuthoredSkill, BreakerTally, CallIdentity, CatalogEntry,
-    CatalogRow, ConsoleSignIn, Ended, EventRecord, Held, InvocationRecord, InvocationState,
-    McpServerRow, RunOwner, SessionRecord, StoreError, StoredArtifact, Suspension, ToolHealth,
+    CatalogRow, ConsentFlow, ConsoleSignIn, Ended, EventRecord, Held, InvocationRecord,
+    InvocationState, McpServerRow, RunOwner, SessionRecord, StoreError, StoredArtifact, Suspension,
+    ToolHealth, UpstreamGrant,
 };
 
 /// A row's columns as values, however the backend stores them.
@@ -318,6 +319,45 @@ pub(super) fn console_sign_in(row: &impl Columns) -> Result<ConsoleSignIn, Store
         cookie_sha256: row.text("cookie_sha256")?,
         operator: row.text("operator")?,
         signed_in_at: row.time("signed_in_at")?,
+        expires_at: row.time("expires_at")?,
+    })
+}
+
+/// A list of strings kept as JSON.
+fn strings(row: &impl Columns, column: &str) -> Result<Vec<String>, StoreError> {
+    serde_json::from_value(row.json(column)?)
+        .map_err(|e| StoreError::Decode(format!("{column}: {e}")))
+}
+
+/// An `upstream_grants` row.
+pub(super) fn upstream_grant(row: &impl Columns) -> Result<UpstreamGrant, StoreError> {
+    Ok(UpstreamGrant {
+        tenant_id: row.text("tenant_id")?,
+        principal_id: row.text("principal_id")?,
+        server_id: row.text("server_id")?,
+        issuer: row.text("issuer")?,
+        scopes: strings(row, "scopes")?,
+        sealed_tokens: row.text("sealed_tokens")?,
+        granted_at: row.time("granted_at")?,
+        last_used_at: row.optional_time("last_used_at")?,
+    })
+}
+
+/// A `consent_flows` row.
+pub(super) fn consent_flow(row: &impl Columns) -> Result<ConsentFlow, StoreError> {
+    Ok(ConsentFlow {
+        state_sha256: row.text("state_sha256")?,
+        tenant_id: row.text("tenant_id")?,
+        principal_id: row.text("principal_id")?,
+        server_id: row.text("server_id")?,
+        browser_sha256: row.text("browser_sha256")?,
+        sealed_verifier: row.text("sealed_verifier")?,
+        issuer: row.text("issuer")?,
+        iss_required: row.flag("iss_required")?,
+        token_endpoint: row.text("token_endpoint")?,
+        resource: row.text("resource")?,
+        scopes: strings(row, "scopes")?,
+        started_at: row.time("started_at")?,
         expires_at: row.time("expires_at")?,
     })
 }

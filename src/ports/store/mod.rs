@@ -20,6 +20,7 @@ use super::tool::BoxFuture;
 mod approvals;
 mod catalog;
 mod events;
+mod grants;
 mod invocations;
 mod operator;
 mod sessions;
@@ -31,6 +32,7 @@ pub use catalog::{
     CatalogEntry, CatalogGeneration, CatalogRow, CatalogStore, McpServerRow, PreparationRecord,
 };
 pub use events::{EventRecord, EventStore, PlatformEvent};
+pub use grants::{ConsentFlow, GrantStore, UpstreamGrant};
 pub use invocations::{
     ArtifactRecord, BreakerTally, CallIdentity, Ended, Held, InsertOutcome, InvocationRecord,
     InvocationState, InvocationStore, NewInvocation, QueueDepths, ReviewRecord, ReviewStore,
@@ -125,6 +127,7 @@ pub trait Store:
     + ApprovalStore
     + SessionStore
     + ConsoleSignInStore
+    + GrantStore
     + SkillStore
     + CatalogStore
     + EventStore
@@ -141,6 +144,7 @@ impl<T> Store for T where
         + ApprovalStore
         + SessionStore
         + ConsoleSignInStore
+        + GrantStore
         + SkillStore
         + CatalogStore
         + EventStore

@@ -204,6 +204,14 @@ impl McpServer {
         }
     }
 
+    /// How it is dialled, for an HTTP server.
+    pub(in crate::adapters::mcp) fn http_settings(&self) -> Option<&HttpServerSettings> {
+        match &self.endpoint {
+            Endpoint::Stdio(_) => None,
+            Endpoint::Http { settings, .. } => Some(settings),
+        }
+    }
+
     /// Whether it starts a process (and so takes a process-startup slot).
     pub(in crate::adapters::mcp) fn spawns(&self) -> bool {
         matches!(self.endpoint, Endpoint::Stdio(_))

@@ -1,0 +1,585 @@
+//! `oauth2_user`: the authorization-code flow with PKCE (S256) that asks a
+//! person's upstream account for a grant, and the grant's custody.
+//!
+//! Discovery follows the MCP authorization specification: the server's
+//! protected-resource metadata (RFC 9728; at the path-inserted well-known
+//! URL, then the root), its first authorization server, whose metadata
+//! (RFC 8414, then OpenID discovery) must name that issuer and offer S256.
+//! The request carries a single-use `state`, the exact redirect URI and
+//! the resource indicator (RFC 8707) naming the server; the answer's `iss`
+//! (RFC 9207) must be the issuer asked, and its state must be one this
+//! browser began. Every metadata and token request is dialled through
+//! egress. The verifier and the tokens are sealed before they are stored.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::header::AUTHORIZATION;
+use hyper::{Method, StatusCode};
+use serde_json::Value;
+use sha2::Digest as _;
+
+use super::auth::{AuthError, basic, form_encode, send, token_answer};
+use super::server::HttpServerSettings;
+use super::servers::McpServerSet;
+use crate::domain::{SecretValue, sha256_hex};
+use crate::ports::{
+    BoxFuture, Clock, Consent, ConsentAnswer, ConsentError, ConsentFlow, ConsentStart,
+    CredentialResolver, Delegator, EgressDialer, GrantStore, Granted, Sealer, UpstreamGrant,
+};
+
+/// The largest metadata document or token answer read.
+const MAXIMUM_DOCUMENT: usize = 64 << 10;
+/// Flows one principal may have outstanding; past it the oldest goes.
+const OUTSTANDING_FLOWS: usize = 16;
+
+/// How consent is served.
+#[derive(Debug, Clone)]
+pub struct ConsentSettings {
+    /// Where the authorization server sends the person back: the consent
+    /// pages' public origin and `/consent/callback`, registered exactly.
+    pub redirect_uri: String,
+    /// How long a flow waits for its answer.
+    pub flow_lifetime: Duration,
+}
+
+/// The consent flows and grants of every `oauth2_user` server of a runtime.
+pub struct Delegations {
+    servers: Arc<McpServerSet>,
+    grants: Arc<dyn GrantStore>,
+    sealer: Arc<dyn Sealer>,
+    resolver: Arc<dyn CredentialResolver>,
+    clock: Arc<dyn Clock>,
+    settings: ConsentSettings,
+}
+
+impl Delegations {
+    /// Consent over `servers`' `oauth2_user` servers, keeping grants in
+    /// `grants` sealed by `sealer`.
+    pub fn new(
+        servers: Arc<McpServerSet>,
+        grants: Arc<dyn GrantStore>,
+        sealer: Arc<dyn Sealer>,
+        resolver: Arc<dyn CredentialResolver>,
+        clock: Arc<dyn Clock>,
+        settings: ConsentSettings,
+    ) -> Self {
+        Delegations {
+            servers,
+            grants,
+            sealer,
+            resolver,
+            clock,
+            settings,
+        }
+    }
+
+    async fn server(
+        &self,
+        tenant_id: &str,
+        server_id: &str,
+    ) -> Result<HttpServerSettings, ConsentError> {
+        self.servers
+            .delegated(tenant_id, server_id)
+            .await
+            .ok_or(ConsentError::NoSuchServer)
+    }
+
+    /// The client the server's reference names: its id and secret (empty
+    /// for a public client).
+    async fn client(
+        &self,
+        settings: &HttpServerSettings,
+    ) -> Result<(String, String), ConsentError> {
+        let reference = settings
+            .auth
+            .credential_ref
+            .as_ref()
+            .ok_or(ConsentError::NoSuchServer)?;
+        let value = self
+            .resolver
+            .resolve(reference)
+            .await
+            .map_err(|_| ConsentError::Unavailable("the client's credential"))?;
+        let (id, secret) = value
+            .reveal()
+            .split_once(':')
+            .ok_or(ConsentError::Unavailable("the client's credential"))?;
+        if id.is_empty() {
+            return Err(ConsentError::Unavailable("the client's credential"));
+        }
+        Ok((id.to_owned(), secret.to_owned()))
+    }
+}
+
+/// 244 random bits as hex: two v4 UUIDs, from the operating system's
+/// CSPRNG. Within PKCE's verifier alphabet and length.
+fn random_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// What a verifier is sealed for: its own flow.
+fn verifier_context(state_sha256: &str) -> Vec<u8> {
+    format!("toolgate consent verifier\0{state_sha256}").into_bytes()
+}
+
+/// What a grant's tokens are sealed for: a row moved to another tenant,
+/// principal, server or issuer does not open.
+pub fn grant_context(grant: &UpstreamGrant) -> Vec<u8> {
+    format!(
+        "toolgate grant\0{}\0{}\0{}\0{}",
+        grant.tenant_id, grant.principal_id, grant.server_id, grant.issuer
+    )
+    .into_bytes()
+}
+
+/// `scheme://authority` and the path (no query or fragment) of `url`.
+fn split_url(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme != "https" && scheme != "http" {
+        return None;
+    }
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    let rest = &rest[..end];
+    let authority = rest.find('/').unwrap_or(rest.len());
+    let origin_end = scheme.len() + 3 + authority;
+    Some((&url[..origin_end], rest[authority..].trim_end_matches('/')))
+}
+
+/// What discovery found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AuthorizationServer {
+    issuer: String,
+    authorization_endpoint: String,
+    token_endpoint: String,
+    resource: String,
+    iss_required: bool,
+    scopes: Vec<String>,
+}
+
+/// A metadata document at `url`: `None` when it is not there (any status
+/// but 200), an error when it cannot be had or read.
+async fn document(dialer: &dyn EgressDialer, url: &str) -> Result<Option<Value>, ConsentError> {
+    let (status, bytes) = send(dialer, Method::GET, url, Vec::new(), None, MAXIMUM_DOCUMENT)
+        .await
+        .map_err(|error| match error {
+            AuthError::Malformed => ConsentError::Metadata("a document is too large"),
+            _ => ConsentError::Unavailable("the server's authorization metadata"),
+        })?;
+    if status != StatusCode::OK {
+        return Ok(None);
+    }
+    serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .filter(Value::is_object)
+        .map(Some)
+        .ok_or(ConsentError::Metadata("a document is not a JSON object"))
+}
+
+fn text_field<'a>(document: &'a Value, name: &str) -> Option<&'a str> {
+    document.get(name).and_then(Value::as_str)
+}
+
+fn strings(document: &Value, name: &str) -> Vec<String> {
+    document
+        .get(name)
+        .and_then(Value::as_array)
+        .map(|values| {
+            values
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An endpoint a person's browser or toolgate is sent to: absolute, HTTP
+/// or HTTPS, no fragment.
+fn endpoint(document: &Value, name: &str) -> Result<String, ConsentError> {
+    text_field(document, name)
+        .filter(|url| split_url(url).is_some() && !url.contains('#'))
+        .map(str::to_owned)
+        .ok_or(ConsentError::Metadata(
+            "an endpoint is missing or not a URL",
+        ))
+}
+
+/// The server's authorization server, by its metadata.
+async fn discover(
+    dialer: &dyn EgressDialer,
+    server_url: &str,
+) -> Result<AuthorizationServer, ConsentError> {
+    let (origin, path) = split_url(server_url).ok_or(ConsentError::Metadata("the server's URL"))?;
+    let mut resource_metadata = None;
+    for candidate in [
+        format!("{origin}/.well-known/oauth-protected-resource{path}"),
+        format!("{origin}/.well-known/oauth-protected-resource"),
+    ] {
+        if let Some(found) = document(dialer, &candidate).await? {
+            resource_metadata = Some(found);
+            break;
+        }
+    }
+    let resource_metadata = resource_metadata.ok_or(ConsentError::Metadata(
+        "the server publishes no protected-resource metadata",
+    ))?;
+    // RFC 9728 §3.3: the metadata is the server's own only when it names
+    // the server.
+    let resource = text_field(&resource_metadata, "resource")
+        .filter(|resource| resource.trim_end_matches('/') == server_url.trim_end_matches('/'))
+        .ok_or(ConsentError::Metadata(
+            "the protected-resource metadata names another resource",
+        ))?
+        .to_owned();
+    let issuer = strings(&resource_metadata, "authorization_servers")
+        .into_iter()
+        .next()
+        .ok_or(ConsentError::Metadata("no authorization server is named"))?;
+    let (issuer_origin, issuer_path) =
+        split_url(&issuer).ok_or(ConsentError::Metadata("the issuer is not a URL"))?;
+    let mut metadata = None;
+    for candidate in [
+        format!("{issuer_origin}/.well-known/oauth-authorization-server{issuer_path}"),
+        format!("{issuer_origin}/.well-known/openid-configuration{issuer_path}"),
+        format!("{issuer_origin}{issuer_path}/.well-known/openid-configuration"),
+    ] {
+        if let Some(found) = document(dialer, &candidate).await? {
+            metadata = Some(found);
+            break;
+        }
+    }
+    let metadata = metadata.ok_or(ConsentError::Metadata(
+        "the authorization server publishes no metadata",
+    ))?;
+    // RFC 8414 §3.3: a document naming another issuer is not this one's.
+    if text_field(&metadata, "issuer") != Some(issuer.as_str()) {
+        return Err(ConsentError::Metadata(
+            "the authorization server's metadata names another issuer",
+        ));
+    }
+    if !strings(&metadata, "code_challenge_methods_supported")
+        .iter()
+        .any(|method| method == "S256")
+    {
+        return Err(ConsentError::Metadata(
+            "the authorization server does not offer PKCE with S256",
+        ));
+    }
+    let mut scopes = strings(&resource_metadata, "scopes_supported");
+    scopes.retain(|scope| !scope.is_empty() && !scope.contains(' '));
+    Ok(AuthorizationServer {
+        authorization_endpoint: endpoint(&metadata, "authorization_endpoint")?,
+        token_endpoint: endpoint(&metadata, "token_endpoint")?,
+        iss_required: metadata
+            .get("authorization_response_iss_parameter_supported")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        issuer,
+        resource,
+        scopes,
+    })
+}
+
+/// `base?name=value&…`, each value form-encoded.
+fn with_query(base: &str, pairs: &[(&str, &str)]) -> String {
+    let mut url = base.to_owned();
+    let mut separator = if base.contains('?') { '&' } else { '?' };
+    for (name, value) in pairs {
+        url.push(separator);
+        url.push_str(name);
+        url.push('=');
+        url.push_str(&form_encode(value));
+        separator = '&';
+    }
+    url
+}
+
+/// What a grant's sealed tokens hold.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Tokens {
+    access_token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    refresh_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Consent for Delegations {
+    fn begin<'a>(
+        &'a self,
+        who: &'a Delegator,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<ConsentStart, ConsentError>> {
+        Box::pin(async move {
+            let settings = self.server(&who.tenant_id, server_id).await?;
+            let (client_id, _) = self.client(&settings).await?;
+            let dialer = self.servers.dialer();
+            let found = discover(dialer.as_ref(), &settings.url).await?;
+            let scopes = if settings.auth.token_scopes.is_empty() {
+                found.scopes.clone()
+            } else {
+                settings.auth.token_scopes.clone()
+            };
+            let state = random_token();
+            let verifier = random_token();
+            let browser = random_token();
+            let state_sha256 = sha256_hex(state.as_bytes());
+            let sealed_verifier = self
+                .sealer
+                .seal(
+                    &verifier_context(&state_sha256),
+                    &SecretValue::new(verifier.clone()),
+                )
+                .map_err(|_| ConsentError::Unavailable("randomness"))?;
+            let challenge = crate::domain::base64url(&sha2::Sha256::digest(verifier.as_bytes()));
+            let now = self.clock.now();
+            let lifetime = chrono::Duration::from_std(self.settings.flow_lifetime)
+                .unwrap_or(chrono::Duration::minutes(10));
+            let flow = ConsentFlow {
+                state_sha256,
+                tenant_id: who.tenant_id.clone(),
+                principal_id: who.principal_id.clone(),
+                server_id: settings.server_id.clone(),
+                browser_sha256: sha256_hex(browser.as_bytes()),
+                sealed_verifier,
+                issuer: found.issuer.clone(),
+                iss_required: found.iss_required,
+                token_endpoint: found.token_endpoint.clone(),
+                resource: found.resource.clone(),
+                scopes: scopes.clone(),
+                started_at: now,
+                expires_at: now + lifetime,
+            };
+            self.grants
+                .begin_consent(&flow, OUTSTANDING_FLOWS)
+                .await
+                .map_err(|_| ConsentError::Unavailable("the store"))?;
+            let scope = scopes.join(" ");
+            let mut pairs = vec![
+                ("response_type", "code"),
+                ("client_id", client_id.as_str()),
+                ("redirect_uri", self.settings.redirect_uri.as_str()),
+                ("state", state.as_str()),
+                ("code_challenge", challenge.as_str()),
+                ("code_challenge_method", "S256"),
+                ("resource", found.resource.as_str()),
+            ];
+            if !scope.is_empty() {
+                pairs.push(("scope", scope.as_str()));
+            }
+            let authorization_origin = split_url(&found.authorization_endpoint)
+                .map(|(origin, _)| origin.to_owned())
+                .unwrap_or_default();
+            tracing::info!(
+                tenant = %who.tenant_id,
+                principal = %who.principal_id,
+                server = %settings.server_id,
+                "consent begun"
+            );
+            Ok(ConsentStart {
+                authorization_url: with_query(&found.authorization_endpoint, &pairs),
+                authorization_origin,
+                browser,
+                scopes,
+            })
+        })
+    }
+
+    fn finish<'a>(
+        &'a self,
+        browser: Option<&'a str>,
+        answer: &'a ConsentAnswer,
+    ) -> BoxFuture<'a, Result<Granted, ConsentError>> {
+        Box::pin(async move {
+            let state = answer.state.as_deref().ok_or(ConsentError::UnknownFlow)?;
+            let now = self.clock.now();
+            let flow = self
+                .grants
+                .take_consent(&sha256_hex(state.as_bytes()), now)
+                .await
+                .map_err(|_| ConsentError::Unavailable("the store"))?
+                .ok_or(ConsentError::UnknownFlow)?;
+            // Only the browser that began the flow finishes it: a link
+            // opened elsewhere, or an answer planted in another browser,
+            // grants nothing to anyone.
+            if browser.map(|browser| sha256_hex(browser.as_bytes()))
+                != Some(flow.browser_sha256.clone())
+            {
+                tracing::warn!(
+                    tenant = %flow.tenant_id,
+                    server = %flow.server_id,
+                    "a consent answer arrived in a browser that did not begin it; refused"
+                );
+                return Err(ConsentError::UnknownFlow);
+            }
+            match answer.iss.as_deref() {
+                Some(iss) if iss != flow.issuer => return Err(ConsentError::WrongIssuer),
+                None if flow.iss_required => return Err(ConsentError::WrongIssuer),
+                _ => {}
+            }
+            if answer.error.is_some() {
+                return Err(ConsentError::Refused);
+            }
+            let code = answer.code.as_deref().ok_or(ConsentError::NotRedeemed)?;
+            let settings = self.server(&flow.tenant_id, &flow.server_id).await?;
+            let (client_id, secret) = self.client(&settings).await?;
+            let verifier = self
+                .sealer
+                .open(&verifier_context(&flow.state_sha256), &flow.sealed_verifier)
+                .map_err(|_| ConsentError::UnknownFlow)?;
+            let mut body = with_query(
+                "",
+                &[
+                    ("grant_type", "authorization_code"),
+                    ("code", code),
+                    ("redirect_uri", self.settings.redirect_uri.as_str()),
+                    ("code_verifier", verifier.reveal()),
+                    ("resource", flow.resource.as_str()),
+                ],
+            );
+            body.remove(0);
+            let mut headers = Vec::new();
+            if secret.is_empty() {
+                body.push_str("&client_id=");
+                body.push_str(&form_encode(&client_id));
+            } else {
+                headers.push((
+                    AUTHORIZATION,
+                    basic(&client_id, &secret).map_err(|_| ConsentError::NotRedeemed)?,
+                ));
+            }
+            let dialer = self.servers.dialer();
+            let (status, bytes) = send(
+                dialer.as_ref(),
+                Method::POST,
+                &flow.token_endpoint,
+                headers,
+                Some(body),
+                MAXIMUM_DOCUMENT,
+            )
+            .await
+            .map_err(|_| ConsentError::Unavailable("the authorization server"))?;
+            if !status.is_success() {
+                return Err(ConsentError::NotRedeemed);
+            }
+            let held = token_answer(&bytes, now).map_err(|_| ConsentError::NotRedeemed)?;
+            let answer: Value =
+                serde_json::from_slice(&bytes).map_err(|_| ConsentError::NotRedeemed)?;
+            let refresh_token = text_field(&answer, "refresh_token")
+                .filter(|token| !token.is_empty())
+                .map(str::to_owned);
+            let scopes = text_field(&answer, "scope")
+                .map(|scope| {
+                    scope
+                        .split(' ')
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or(flow.scopes.clone());
+            let tokens = Tokens {
+                access_token: held.value.reveal().to_owned(),
+                refresh_token,
+                expires_at: held.expires_at,
+            };
+            let plain = serde_json::to_string(&tokens)
+                .map(SecretValue::new)
+                .map_err(|_| ConsentError::NotRedeemed)?;
+            let mut grant = UpstreamGrant {
+                tenant_id: flow.tenant_id.clone(),
+                principal_id: flow.principal_id.clone(),
+                server_id: flow.server_id.clone(),
+                issuer: flow.issuer.clone(),
+                scopes,
+                sealed_tokens: String::new(),
+                granted_at: now,
+                last_used_at: None,
+            };
+            grant.sealed_tokens = self
+                .sealer
+                .seal(&grant_context(&grant), &plain)
+                .map_err(|_| ConsentError::Unavailable("randomness"))?;
+            self.grants
+                .save_grant(&grant)
+                .await
+                .map_err(|_| ConsentError::Unavailable("the store"))?;
+            tracing::info!(
+                tenant = %grant.tenant_id,
+                principal = %grant.principal_id,
+                server = %grant.server_id,
+                "consent granted"
+            );
+            Ok(Granted {
+                tenant_id: grant.tenant_id,
+                principal_id: grant.principal_id,
+                server_id: grant.server_id,
+            })
+        })
+    }
+
+    fn revoke<'a>(
+        &'a self,
+        who: &'a Delegator,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, ConsentError>> {
+        Box::pin(async move {
+            let revoked = self
+                .grants
+                .revoke_grant(&who.tenant_id, &who.principal_id, server_id)
+                .await
+                .map_err(|_| ConsentError::Unavailable("the store"))?;
+            if revoked {
+                tracing::info!(
+                    tenant = %who.tenant_id,
+                    principal = %who.principal_id,
+                    server = %server_id,
+                    "grant revoked"
+                );
+            }
+            Ok(revoked)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_splits_into_origin_and_path() {
+        assert_eq!(
+            split_url("https://mcp.example.com/v1/mcp?x=1#f"),
+            Some(("https://mcp.example.com", "/v1/mcp"))
+        );
+        assert_eq!(
+            split_url("http://127.0.0.1:8080"),
+            Some(("http://127.0.0.1:8080", ""))
+        );
+        assert_eq!(
+            split_url("https://as.example.com/"),
+            Some(("https://as.example.com", ""))
+        );
+        assert_eq!(split_url("ftp://x/y"), None);
+        assert_eq!(split_url("no-scheme"), None);
+    }
+
+    #[test]
+    fn a_query_is_appended_encoded() {
+        assert_eq!(
+            with_query(
+                "https://as/authorize",
+                &[("a", "b c"), ("r", "https://x/y")]
+            ),
+            "https://as/authorize?a=b+c&r=https%3A%2F%2Fx%2Fy"
+        );
+        assert_eq!(
+            with_query("https://as/a?t=1", &[("s", "&")]),
+            "https://as/a?t=1&s=%26"
+        );
+    }
+}

@@ -1,0 +1,188 @@
+//! `oauth2_user`'s grants and consent flows, written once for both
+//! backends as plans a [`Driver`] runs.
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+
+use super::invocations::{Driver, Moved, Plan, Rendered, Run, Value};
+use super::operator::Dialect;
+use super::rows::{consent_flow, upstream_grant};
+use crate::ports::{BoxFuture, ConsentFlow, GrantStore, StoreError, UpstreamGrant};
+
+// The expired flows go, and the principal's oldest outstanding past the
+// newest `$4`, before one more is kept.
+static PRUNE_FLOWS: LazyLock<Rendered> = LazyLock::new(|| {
+    Rendered::of(|dialect| {
+        let all = match dialect {
+            Dialect::Postgres => "",
+            Dialect::Sqlite => " LIMIT -1",
+        };
+        format!(
+            "DELETE FROM consent_flows WHERE expires_at <= $1 OR state_sha256 IN (\
+             SELECT state_sha256 FROM consent_flows WHERE tenant_id = $2 AND principal_id = $3 \
+             AND expires_at > $1 ORDER BY started_at DESC{all} OFFSET $4)"
+        )
+    })
+});
+
+const BEGIN_FLOW: &str = "INSERT INTO consent_flows (state_sha256, tenant_id, principal_id, \
+     server_id, browser_sha256, sealed_verifier, issuer, iss_required, token_endpoint, resource, \
+     scopes, started_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
+// Deleted as it is read: of two callbacks with one state, one gets it.
+const TAKE_FLOW: &str = "DELETE FROM consent_flows WHERE state_sha256 = $1 AND expires_at > $2 \
+     RETURNING state_sha256, tenant_id, principal_id, server_id, browser_sha256, \
+     sealed_verifier, issuer, iss_required, token_endpoint, resource, scopes, started_at, \
+     expires_at";
+
+const SAVE_GRANT: &str = "INSERT INTO upstream_grants (tenant_id, principal_id, server_id, \
+     issuer, scopes, sealed_tokens, granted_at, last_used_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+     ON CONFLICT (tenant_id, principal_id, server_id) DO UPDATE SET issuer = excluded.issuer, \
+     scopes = excluded.scopes, sealed_tokens = excluded.sealed_tokens, \
+     granted_at = excluded.granted_at, last_used_at = excluded.last_used_at";
+
+const GRANT_COLUMNS: &str = "tenant_id, principal_id, server_id, issuer, scopes, sealed_tokens, \
+     granted_at, last_used_at";
+
+static GRANT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {GRANT_COLUMNS} FROM upstream_grants \
+         WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3"
+    )
+});
+
+static GRANTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {GRANT_COLUMNS} FROM upstream_grants WHERE tenant_id = $1 \
+         ORDER BY principal_id, server_id"
+    )
+});
+
+const REVOKE_GRANT: &str = "DELETE FROM upstream_grants \
+     WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3";
+
+fn scopes(scopes: &[String]) -> Value {
+    Some(serde_json::Value::from(scopes.to_vec())).into()
+}
+
+impl<D: Driver> GrantStore for D {
+    fn begin_consent<'a>(
+        &'a self,
+        flow: &'a ConsentFlow,
+        maximum: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let keep = i64::try_from(maximum.saturating_sub(1)).unwrap_or(i64::MAX);
+            let pruned = vec![
+                flow.started_at.into(),
+                flow.tenant_id.as_str().into(),
+                flow.principal_id.as_str().into(),
+                keep.into(),
+            ];
+            let values = vec![
+                flow.state_sha256.as_str().into(),
+                flow.tenant_id.as_str().into(),
+                flow.principal_id.as_str().into(),
+                flow.server_id.as_str().into(),
+                flow.browser_sha256.as_str().into(),
+                flow.sealed_verifier.as_str().into(),
+                flow.issuer.as_str().into(),
+                flow.iss_required.into(),
+                flow.token_endpoint.as_str().into(),
+                flow.resource.as_str().into(),
+                scopes(&flow.scopes),
+                flow.started_at.into(),
+                flow.expires_at.into(),
+            ];
+            let prune = PRUNE_FLOWS.sql(D::DIALECT);
+            let mut plan =
+                Plan::new(None, Run::Flushed, Moved::Count, prune, pruned).then(BEGIN_FLOW, values);
+            plan.always = true;
+            self.run(plan).await.map(|_| ())
+        })
+    }
+
+    fn take_consent<'a>(
+        &'a self,
+        state_sha256: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ConsentFlow>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![state_sha256.into(), now.into()];
+            let plan = Plan::new(None, Run::Flushed, Moved::Rows, TAKE_FLOW, values);
+            self.run(plan)
+                .await?
+                .rows
+                .first()
+                .map(consent_flow)
+                .transpose()
+        })
+    }
+
+    fn save_grant<'a>(&'a self, grant: &'a UpstreamGrant) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                grant.tenant_id.as_str().into(),
+                grant.principal_id.as_str().into(),
+                grant.server_id.as_str().into(),
+                grant.issuer.as_str().into(),
+                scopes(&grant.scopes),
+                grant.sealed_tokens.as_str().into(),
+                grant.granted_at.into(),
+                grant.last_used_at.into(),
+            ];
+            let tenant = Some(grant.tenant_id.as_str());
+            let plan = Plan::new(tenant, Run::Flushed, Moved::Count, SAVE_GRANT, values);
+            self.run(plan).await.map(|_| ())
+        })
+    }
+
+    fn grant<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UpstreamGrant>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![tenant_id.into(), principal_id.into(), server_id.into()];
+            let plan = Plan::read(tenant_id, GRANT.as_str(), values);
+            self.run(plan)
+                .await?
+                .rows
+                .first()
+                .map(upstream_grant)
+                .transpose()
+        })
+    }
+
+    fn grants<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<UpstreamGrant>, StoreError>> {
+        Box::pin(async move {
+            let plan = Plan::read(tenant_id, GRANTS.as_str(), vec![tenant_id.into()]);
+            self.run(plan)
+                .await?
+                .rows
+                .iter()
+                .map(upstream_grant)
+                .collect()
+        })
+    }
+
+    fn revoke_grant<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let values = vec![tenant_id.into(), principal_id.into(), server_id.into()];
+            let tenant = Some(tenant_id);
+            let plan = Plan::new(tenant, Run::Flushed, Moved::Count, REVOKE_GRANT, values);
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+}

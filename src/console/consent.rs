@@ -1,0 +1,195 @@
+//! The consent pages of `oauth2_user` servers, for the people the front
+//! door's principals are (not operators): `/consent`, where a person
+//! proves which principal they are with the credential they hold and asks
+//! a server for a grant (or ends one), and `/consent/callback`, where the
+//! authorization server sends them back.
+//!
+//! The flow is bound twice: to the principal that proved itself, and to
+//! the browser it began in (a cookie only that browser holds, `SameSite=Lax`
+//! so that it comes back with the authorization server's redirect). A link
+//! opened by someone else, or an answer planted in another browser, grants
+//! nothing to anyone. The credential is read from the form and never kept.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, SET_COOKIE};
+use hyper::{Request, StatusCode};
+
+use super::html::{self, escape};
+use super::{ConsoleError, Fields, auth};
+use crate::domain::SecretValue;
+use crate::edge::Reply;
+use crate::ports::{Consent, ConsentAnswer, ConsentError, Principals};
+
+/// The cookie a flow's browser holds.
+const COOKIE_NAME: &str = "toolgate_consent";
+
+/// What the consent pages are served with.
+pub struct ConsentParts {
+    /// The flows and grants.
+    pub consent: Arc<dyn Consent>,
+    /// Who a front-door credential names.
+    pub principals: Arc<dyn Principals>,
+    /// How long a flow waits for its answer (the cookie's life).
+    pub flow_lifetime: Duration,
+}
+
+fn page(status: StatusCode, title: &str, body: &str) -> Reply {
+    html::html(status, html::page(title, None, body))
+}
+
+/// `GET /consent`: the form, with the server a link named.
+pub(super) fn form_page(status: StatusCode, problem: Option<&str>, server: Option<&str>) -> Reply {
+    let problem = problem
+        .map(|text| format!("<p class=\"error\">{}</p>", escape(text)))
+        .unwrap_or_default();
+    let server = escape(server.unwrap_or_default());
+    let body = format!(
+        "<div class=\"signin\">{problem}\
+         <p>A server asks for your consent to act with your own account there. \
+         Say which principal you are with the credential your MCP client or agent uses \
+         with toolgate; it is checked and not kept.</p>\
+         <form method=\"post\" action=\"/consent\">\
+         <label for=\"server\">Server</label>\
+         <input type=\"text\" id=\"server\" name=\"server\" value=\"{server}\" required>\
+         <label for=\"credential\">Your toolgate credential</label>\
+         <input type=\"password\" id=\"credential\" name=\"credential\" autocomplete=\"off\" required>\
+         <p><button type=\"submit\" id=\"connect\" name=\"action\" value=\"connect\">Connect your account</button> \
+         <button type=\"submit\" id=\"revoke\" name=\"action\" value=\"revoke\">End its grant</button></p>\
+         </form></div>"
+    );
+    page(status, "Consent", &body)
+}
+
+/// The status a consent failure is shown with.
+fn status_of(error: &ConsentError) -> StatusCode {
+    match error {
+        ConsentError::NoSuchServer => StatusCode::NOT_FOUND,
+        ConsentError::UnknownFlow | ConsentError::WrongIssuer => StatusCode::BAD_REQUEST,
+        ConsentError::Refused => StatusCode::FORBIDDEN,
+        ConsentError::Metadata(_) | ConsentError::NotRedeemed => StatusCode::BAD_GATEWAY,
+        ConsentError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+fn failure(error: &ConsentError) -> Reply {
+    let body = format!(
+        "<p class=\"error\">{}</p><p><a href=\"/consent\">Back</a></p>",
+        escape(&error.to_string())
+    );
+    page(status_of(error), "Consent refused", &body)
+}
+
+/// `reply` setting the flow's cookie to `value` for `max_age` seconds.
+fn with_cookie(mut reply: Reply, value: &str, max_age: u64, secure: bool) -> Reply {
+    let secure = if secure { "; Secure" } else { "" };
+    let cookie = format!(
+        "{COOKIE_NAME}={value}; Path=/consent; HttpOnly; SameSite=Lax; Max-Age={max_age}{secure}"
+    );
+    if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+        reply.headers_mut().insert(SET_COOKIE, cookie);
+    }
+    reply
+}
+
+/// `POST /consent`: the person proves a principal, then a flow begins (a
+/// page with the authorization server's link: a form may not lead
+/// elsewhere under the CSP) or the grant ends.
+pub(super) async fn submit(
+    parts: &ConsentParts,
+    form: &Fields,
+    secure_cookie: bool,
+) -> Result<Reply, ConsoleError> {
+    let server = form
+        .get("server")
+        .ok_or(ConsoleError::Invalid("server is required"))?;
+    let credential = SecretValue::new(form.get("credential").unwrap_or_default());
+    let Some(who) = parts.principals.principal(&credential).await else {
+        tracing::warn!("consent refused: the credential names no principal");
+        return Ok(form_page(
+            StatusCode::UNAUTHORIZED,
+            Some("That credential does not name a principal."),
+            Some(server),
+        ));
+    };
+    match form.get("action") {
+        Some("revoke") => {
+            let message = match parts.consent.revoke(&who, server).await {
+                Ok(true) => "The grant is ended; the next call asks for consent again.",
+                Ok(false) => "You held no grant at that server.",
+                Err(error) => return Ok(failure(&error)),
+            };
+            Ok(page(
+                StatusCode::OK,
+                "Consent",
+                &format!("<p id=\"done\">{}</p>", escape(message)),
+            ))
+        }
+        Some("connect") => match parts.consent.begin(&who, server).await {
+            Ok(start) => {
+                let scopes = if start.scopes.is_empty() {
+                    "none named".to_owned()
+                } else {
+                    start.scopes.join(", ")
+                };
+                let body = format!(
+                    "<p>Server <strong>{server}</strong> asks for access with your own account \
+                     there, for principal <strong>{principal}</strong> of tenant \
+                     <strong>{tenant}</strong>. Scopes: {scopes}.</p>\
+                     <p>You will sign in at <strong>{origin}</strong>.</p>\
+                     <p><a id=\"continue\" href=\"{url}\">Continue</a></p>",
+                    server = escape(server),
+                    principal = escape(&who.principal_id),
+                    tenant = escape(&who.tenant_id),
+                    scopes = escape(&scopes),
+                    origin = escape(&start.authorization_origin),
+                    url = escape(&start.authorization_url),
+                );
+                let reply = page(StatusCode::OK, "Consent", &body);
+                Ok(with_cookie(
+                    reply,
+                    &start.browser,
+                    parts.flow_lifetime.as_secs(),
+                    secure_cookie,
+                ))
+            }
+            Err(error) => Ok(failure(&error)),
+        },
+        _ => Err(ConsoleError::Invalid("action must be connect or revoke")),
+    }
+}
+
+/// `GET /consent/callback`: the authorization server's answer, finished in
+/// the browser that began it; its cookie is cleared either way.
+pub(super) async fn callback(
+    parts: &ConsentParts,
+    request: &Request<Incoming>,
+    query: &Fields,
+    secure_cookie: bool,
+) -> Reply {
+    let answer = ConsentAnswer {
+        state: query.get("state").map(str::to_owned),
+        code: query.get("code").map(str::to_owned),
+        iss: query.get("iss").map(str::to_owned),
+        error: query.get("error").map(str::to_owned),
+    };
+    let browser = auth::cookie_named(request.headers(), COOKIE_NAME);
+    let reply = match parts.consent.finish(browser, &answer).await {
+        Ok(granted) => page(
+            StatusCode::OK,
+            "Consent",
+            &format!(
+                "<p id=\"done\">Connected: server <strong>{}</strong> now acts with your \
+                 account for principal <strong>{}</strong> of tenant <strong>{}</strong>. \
+                 You may close this page.</p>",
+                escape(&granted.server_id),
+                escape(&granted.principal_id),
+                escape(&granted.tenant_id)
+            ),
+        ),
+        Err(error) => failure(&error),
+    };
+    with_cookie(reply, "", 0, secure_cookie)
+}

@@ -1,0 +1,111 @@
+//! `oauth2_user`'s consent surface, as the console serves it: who a person
+//! is (the front door's credential they hold), the flow that asks their
+//! upstream account for a grant, and the grant's end. The adapter behind
+//! it discovers, redeems and seals; the console only renders.
+
+use crate::domain::SecretValue;
+use crate::ports::tool::BoxFuture;
+
+/// The principal a person proved to be, by a credential of the front door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delegator {
+    pub tenant_id: String,
+    pub principal_id: String,
+}
+
+/// Who a front-door credential names.
+pub trait Principals: Send + Sync {
+    /// The tenant and principal `credential` (an API key or a token of the
+    /// operator's identity provider) authenticates, if it does.
+    fn principal<'a>(&'a self, credential: &'a SecretValue) -> BoxFuture<'a, Option<Delegator>>;
+}
+
+/// A flow begun: where the person goes, and what their browser keeps so
+/// that only it can finish the flow.
+#[derive(Debug, Clone)]
+pub struct ConsentStart {
+    /// The authorization server's page, with the request in its query.
+    pub authorization_url: String,
+    /// The authorization server's origin, to show the person where they go.
+    pub authorization_origin: String,
+    /// The browser's cookie value; only its sha256 is stored.
+    pub browser: String,
+    /// The scopes asked for.
+    pub scopes: Vec<String>,
+}
+
+/// What the authorization server sent the person back with.
+#[derive(Debug, Clone, Default)]
+pub struct ConsentAnswer {
+    pub state: Option<String>,
+    pub code: Option<String>,
+    pub iss: Option<String>,
+    pub error: Option<String>,
+}
+
+/// A grant kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    pub tenant_id: String,
+    pub principal_id: String,
+    pub server_id: String,
+}
+
+/// Why consent could not go on. Messages name no token, code, state or
+/// remote text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConsentError {
+    /// No server of that id takes each principal's own grant for the
+    /// principal's tenant.
+    #[error("no server of that name asks for your consent")]
+    NoSuchServer,
+    /// The server's or its authorization server's metadata could not be
+    /// read, or does not allow what toolgate requires (PKCE with S256, an
+    /// issuer that names itself, a resource that names the server).
+    #[error("the server's authorization metadata cannot be used: {0}")]
+    Metadata(&'static str),
+    /// The state is unknown, used, expired, or the flow began in another
+    /// browser.
+    #[error("this consent link is not one this browser began, or it has been used or has expired")]
+    UnknownFlow,
+    /// The answer came from another issuer than the one asked.
+    #[error("the answer did not come from the authorization server asked")]
+    WrongIssuer,
+    /// The person, or the authorization server, refused.
+    #[error("the authorization server did not grant access")]
+    Refused,
+    /// The code could not be redeemed.
+    #[error("the authorization server did not redeem the code")]
+    NotRedeemed,
+    /// The authorization server, or the store, could not be reached.
+    #[error("{0} could not be reached; try again")]
+    Unavailable(&'static str),
+}
+
+/// The consent flows and grants of `oauth2_user` servers.
+pub trait Consent: Send + Sync {
+    /// Begins a flow for `who` at `server_id`: discovers the server's
+    /// authorization server, and keeps the flow's state, verifier and
+    /// browser binding.
+    fn begin<'a>(
+        &'a self,
+        who: &'a Delegator,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<ConsentStart, ConsentError>>;
+
+    /// Finishes the flow the answer's state names, in the browser that
+    /// holds `browser`: checks the issuer, redeems the code, seals and
+    /// keeps the grant.
+    fn finish<'a>(
+        &'a self,
+        browser: Option<&'a str>,
+        answer: &'a ConsentAnswer,
+    ) -> BoxFuture<'a, Result<Granted, ConsentError>>;
+
+    /// Ends `who`'s grant at `server_id`; whether there was one.
+    fn revoke<'a>(
+        &'a self,
+        who: &'a Delegator,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, ConsentError>>;
+}

@@ -1,0 +1,103 @@
+//! What `oauth2_user` keeps: each principal's grant at an upstream server,
+//! and the consent flows under way. Tokens and PKCE verifiers are sealed
+//! before they reach a store ([`crate::ports::Sealer`]); a row holds
+//! nothing a server or a browser would take.
+
+use chrono::{DateTime, Utc};
+
+use super::StoreError;
+use crate::ports::tool::BoxFuture;
+
+/// One principal's grant at one server of its tenant (the operator's or the
+/// tenant's own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamGrant {
+    pub tenant_id: String,
+    pub principal_id: String,
+    pub server_id: String,
+    /// The authorization server that issued it.
+    pub issuer: String,
+    /// The scopes granted, as the token endpoint said (or as asked).
+    pub scopes: Vec<String>,
+    /// The access token, its expiry and the refresh token, sealed with the
+    /// row's tenant, principal, server and issuer as associated data.
+    pub sealed_tokens: String,
+    pub granted_at: DateTime<Utc>,
+    /// When a call last used it.
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// A consent under way: the `state` an authorization request carried,
+/// kept by its sha256, single use, bound to the principal that began it
+/// and to the browser it began in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsentFlow {
+    /// Lowercase hex sha256 of the `state` sent.
+    pub state_sha256: String,
+    pub tenant_id: String,
+    pub principal_id: String,
+    pub server_id: String,
+    /// Lowercase hex sha256 of the cookie the browser was given.
+    pub browser_sha256: String,
+    /// The PKCE code verifier, sealed.
+    pub sealed_verifier: String,
+    /// The authorization server's issuer, which the answer's `iss` must be.
+    pub issuer: String,
+    /// Whether the answer must carry `iss` (RFC 9207): its metadata says
+    /// it sends one, so an answer without it is not its own.
+    pub iss_required: bool,
+    /// Where the code is redeemed.
+    pub token_endpoint: String,
+    /// The resource indicator: the server's URL as its metadata names it.
+    pub resource: String,
+    /// The scopes asked for.
+    pub scopes: Vec<String>,
+    pub started_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The `upstream_grants` and `consent_flows` tables.
+pub trait GrantStore: Send + Sync {
+    /// Records a flow begun. Flows expired by its start are deleted, and
+    /// the principal's oldest past `maximum` outstanding, so beginning in a
+    /// loop cannot grow the table.
+    fn begin_consent<'a>(
+        &'a self,
+        flow: &'a ConsentFlow,
+        maximum: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Takes the flow of that state, if it has not expired by `now`: it is
+    /// deleted in the same statement, so a state is redeemed once on every
+    /// node.
+    fn take_consent<'a>(
+        &'a self,
+        state_sha256: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ConsentFlow>, StoreError>>;
+
+    /// Keeps a grant, replacing the principal's earlier one at that server.
+    fn save_grant<'a>(&'a self, grant: &'a UpstreamGrant) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The principal's grant at that server.
+    fn grant<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UpstreamGrant>, StoreError>>;
+
+    /// Every grant of the tenant, by principal and server.
+    fn grants<'a>(
+        &'a self,
+        tenant_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<UpstreamGrant>, StoreError>>;
+
+    /// Deletes the principal's grant at that server; whether there was one.
+    fn revoke_grant<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+}

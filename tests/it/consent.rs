@@ -1,0 +1,317 @@
+//! `oauth2_user`: a person proves which principal they are on the consent
+//! page, consents at a real (scripted) authorization server, and toolgate
+//! keeps the grant sealed, for that principal only; every forged, replayed
+//! or misdirected answer grants nothing.
+
+use std::path::Path;
+
+use crate::console::exchange;
+use crate::front::{KEY_A, KEY_A2, KEY_B, free_port, front_table};
+use crate::http::ScriptedHttp;
+use crate::serve::Served;
+
+/// The client toolgate is registered as at the scripted authorization server.
+const CLIENT: &str = "toolgate:s3cr3t";
+
+/// A node with the front door (its principals), the console serving
+/// consent, and the scripted server `crm` behind `oauth2_user`.
+struct Delegating {
+    served: Served,
+    upstream: ScriptedHttp,
+    console: u16,
+}
+
+impl Delegating {
+    fn start(upstream_env: &[(&str, String)]) -> Delegating {
+        let console = free_port();
+        let front = free_port();
+        let mut env = vec![
+            ("SCRIPTED_OAUTH_CLIENT", CLIENT.to_owned()),
+            (
+                "SCRIPTED_OAUTH_REDIRECT",
+                format!("http://127.0.0.1:{console}/consent/callback"),
+            ),
+        ];
+        env.extend(upstream_env.iter().cloned());
+        let upstream = ScriptedHttp::start(&env);
+        let port = upstream.port;
+        let extra = format!(
+            "{front}\n[console]\nlisten = \"127.0.0.1:{console}\"\n\
+             operators = [{{ name = \"ana\", sha256 = \"{operator}\" }}]\n\
+             consent_key_ref = \"file:KEYFILE\"\n\n\
+             [[mcp.http_servers]]\nserver_id = \"crm\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n\
+             side_effect = \"external_read\"\nrisk = \"low\"\nidempotency = \"read_only\"\n\
+             auth = {{ scheme = \"oauth2_user\", credential_ref = \"file:CLIENTFILE\", \
+             token_scopes = [\"mcp:read\"] }}\n",
+            front = front_table(front, ""),
+            operator = toolgate::domain::sha256_hex(b"operator-token"),
+        );
+        let served = Served::process().start_edited(
+            move |root: &Path, config: String| {
+                std::fs::write(root.join("grant.key"), "7".repeat(64)).unwrap();
+                std::fs::write(root.join("client"), CLIENT).unwrap();
+                let config = config.replace(
+                    "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
+                    &format!(
+                        "allow = [\"http://127.0.0.1:{port}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"
+                    ),
+                );
+                format!("{config}\n{extra}")
+                    .replace("KEYFILE", &root.join("grant.key").display().to_string())
+                    .replace("CLIENTFILE", &root.join("client").display().to_string())
+            },
+            &[],
+        );
+        crate::console::wait_listening(console);
+        Delegating {
+            served,
+            upstream,
+            console,
+        }
+    }
+
+    /// `POST /consent` as this console's own page sends it.
+    fn submit(&self, credential: &str, server: &str, action: &str) -> (u16, String, String) {
+        let origin = format!("http://127.0.0.1:{}", self.console);
+        let form = format!(
+            "server={server}&credential={}&action={action}",
+            encode(credential)
+        );
+        let (status, head, body) = exchange(
+            self.console,
+            "POST",
+            "/consent",
+            &[
+                ("Content-Type", "application/x-www-form-urlencoded"),
+                ("Origin", &origin),
+            ],
+            form.as_bytes(),
+        );
+        (status, head, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Begins consent as `credential`: the authorization URL and the
+    /// browser's cookie.
+    fn begin(&self, credential: &str) -> (String, String) {
+        let (status, head, body) = self.submit(credential, "crm", "connect");
+        assert_eq!(status, 200, "{body}");
+        let cookie = set_cookie(&head).expect("the flow's cookie");
+        assert!(cookie.starts_with("toolgate_consent="), "{cookie}");
+        assert!(head.contains("SameSite=Lax"), "{head}");
+        let url = between(&body, "id=\"continue\" href=\"", "\"")
+            .expect("the link to the authorization server")
+            .replace("&amp;", "&");
+        (url, cookie)
+    }
+
+    /// The person signs in at the authorization server as `user` and
+    /// allows: where they are sent back to (path and query).
+    fn consent_upstream(&self, url: &str, user: &str) -> String {
+        let path = url
+            .strip_prefix(&format!("http://127.0.0.1:{}", self.upstream.port))
+            .expect("the authorization server is the scripted one");
+        let (status, _, page) = exchange(self.upstream.port, "GET", path, &[], b"");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&page));
+        let query = path.split_once('?').expect("a query").1;
+        let (status, head, _) = exchange(
+            self.upstream.port,
+            "POST",
+            "/authorize",
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            format!("{query}&user={user}").as_bytes(),
+        );
+        assert_eq!(status, 302, "{head}");
+        let location = header(&head, "location").expect("a redirect");
+        location
+            .strip_prefix(&format!("http://127.0.0.1:{}", self.console))
+            .expect("back to the console")
+            .to_owned()
+    }
+
+    /// The authorization server's answer arriving in a browser holding
+    /// `cookie` (or none).
+    fn callback(&self, path: &str, cookie: Option<&str>) -> (u16, String) {
+        let headers: Vec<(&str, &str)> = cookie.map(|c| ("Cookie", c)).into_iter().collect();
+        let (status, _, body) = exchange(self.console, "GET", path, &headers, b"");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// The grants as the store holds them: (tenant, principal, server,
+    /// sealed tokens).
+    fn grants(&self) -> Vec<(String, String, String, String)> {
+        let db = rusqlite::Connection::open(self.served.folder.path().join("toolgate.db")).unwrap();
+        let mut statement = db
+            .prepare(
+                "SELECT tenant_id, principal_id, server_id, sealed_tokens FROM upstream_grants \
+                 ORDER BY tenant_id, principal_id",
+            )
+            .unwrap();
+        statement
+            .query_map([], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// The token endpoint's redemptions, as the scripted server logged them.
+    fn redemptions(&self) -> Vec<String> {
+        std::fs::read_to_string(self.upstream.folder.path().join("requests"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.starts_with("TOKEN "))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn between<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let from = text.find(start)? + start.len();
+    let to = text[from..].find(end)? + from;
+    Some(&text[from..to])
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (found, value) = line.split_once(':')?;
+        found.eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
+/// The `name=value` a `Set-Cookie` sets.
+fn set_cookie(head: &str) -> Option<String> {
+    header(head, "set-cookie").map(|value| value.split(';').next().unwrap_or("").to_owned())
+}
+
+/// The whole flow: a principal proves itself with its front-door key,
+/// consents upstream, and the grant is kept for it alone, sealed (the
+/// file holds no token in clear). The answer replayed, or arriving in
+/// another browser, or with a forged state, grants nothing more.
+#[test]
+fn a_principal_consents_and_its_grant_is_kept_sealed_for_it_alone() {
+    let node = Delegating::start(&[]);
+    let (status, _, page) = exchange(node.console, "GET", "/consent?server=crm", &[], b"");
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&page).contains("value=\"crm\""));
+
+    let (url, cookie) = node.begin(KEY_A);
+    assert!(url.contains("code_challenge_method=S256"), "{url}");
+    assert!(url.contains("resource=http%3A%2F%2F127.0.0.1"), "{url}");
+    assert!(url.contains("scope=mcp%3Aread"), "{url}");
+    let back = node.consent_upstream(&url, "alice");
+    // In another browser (no cookie), the answer grants nothing, and the
+    // state it carried is spent.
+    let (status, body) = node.callback(&back, None);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(node.callback(&back, Some(&cookie)).0, 400, "spent");
+    assert!(node.grants().is_empty());
+    assert!(node.redemptions().is_empty(), "no code was redeemed");
+
+    // Again, in the browser that began it: the grant is kept.
+    let (url, cookie) = node.begin(KEY_A);
+    let back = node.consent_upstream(&url, "alice");
+    let (status, body) = node.callback(&back, Some(&cookie));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("Connected"), "{body}");
+    let grants = node.grants();
+    assert_eq!(grants.len(), 1, "{grants:?}");
+    let (tenant, principal, server, sealed) = &grants[0];
+    assert_eq!(
+        (tenant.as_str(), principal.as_str(), server.as_str()),
+        (crate::serve::TENANT, "user-1", "crm")
+    );
+    assert!(sealed.starts_with("v1."), "{sealed}");
+    assert_eq!(node.redemptions(), ["TOKEN authorization_code 200"]);
+    // The tokens the server issued look like `at-…` and `rt-…`: none is in
+    // the database's files in clear.
+    for file in ["toolgate.db", "toolgate.db-wal"] {
+        let bytes = std::fs::read(node.served.folder.path().join(file)).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !text.contains("at-") && !text.contains("rt-"),
+            "{file} holds a token"
+        );
+    }
+    // Replayed: the flow is gone, and the code is not redeemed again.
+    assert_eq!(node.callback(&back, Some(&cookie)).0, 400);
+    // A state never issued.
+    let forged = back.replace("state=", "state=0");
+    assert_eq!(node.callback(&forged, Some(&cookie)).0, 400);
+    assert_eq!(node.redemptions().len(), 1, "{:?}", node.redemptions());
+
+    // Another principal of the tenant, and the same principal id in
+    // another tenant, hold nothing from it; the first principal's
+    // revocation ends only its own.
+    let (url, cookie) = node.begin(KEY_B);
+    let back = node.consent_upstream(&url, "bob");
+    assert_eq!(node.callback(&back, Some(&cookie)).0, 200);
+    let held: Vec<(String, String)> = node
+        .grants()
+        .into_iter()
+        .map(|(tenant, principal, _, _)| (tenant, principal))
+        .collect();
+    assert_eq!(
+        held,
+        [
+            (crate::serve::TENANT.to_owned(), "user-1".to_owned()),
+            ("tenant-other".to_owned(), "user-1".to_owned())
+        ]
+    );
+    let (status, _, body) = node.submit(KEY_A2, "crm", "revoke");
+    assert_eq!(status, 200);
+    assert!(body.contains("no grant"), "{body}");
+    let (status, _, body) = node.submit(KEY_A, "crm", "revoke");
+    assert_eq!(status, 200);
+    assert!(body.contains("grant is ended"), "{body}");
+    assert_eq!(node.grants().len(), 1);
+    assert_eq!(node.grants()[0].0, "tenant-other");
+}
+
+/// What the consent page refuses: a credential that names no principal, a
+/// server that takes no consent, a form posted from another site, and an
+/// authorization server whose metadata names another issuer.
+#[test]
+fn the_consent_page_refuses_strangers_forgeries_and_impostor_issuers() {
+    let node = Delegating::start(&[]);
+    let (status, _, body) = node.submit("tgk_not_a_key", "crm", "connect");
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        !body.contains("tgk_not_a_key"),
+        "the credential is not echoed"
+    );
+    let (status, _, _) = node.submit(KEY_A, "reads", "connect");
+    assert_eq!(status, 404, "a stdio server takes no consent");
+    let (status, _, _) = exchange(
+        node.console,
+        "POST",
+        "/consent",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", "http://evil.example"),
+        ],
+        format!("server=crm&credential={KEY_A}&action=connect").as_bytes(),
+    );
+    assert_eq!(status, 403);
+    drop(node);
+
+    let impostor = Delegating::start(&[(
+        "SCRIPTED_OAUTH_ISSUER",
+        "http://impostor.example".to_owned(),
+    )]);
+    let (status, _, body) = impostor.submit(KEY_A, "crm", "connect");
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("names another issuer"), "{body}");
+}
