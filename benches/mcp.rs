@@ -192,6 +192,7 @@ fn main() {
                 store.as_ref(),
                 clock.as_ref(),
                 "bench",
+                None,
                 &everything,
             )
             .await
@@ -474,9 +475,16 @@ async fn http_phase(
             timeout_seconds: toolgate::config::DEFAULT_MAXIMUM_TIMEOUT_SECONDS,
         },
     );
-    let prepared = prepare_mcp(registry, store.as_ref(), clock.as_ref(), "bench", &servers)
-        .await
-        .expect("preparation");
+    let prepared = prepare_mcp(
+        registry,
+        store.as_ref(),
+        clock.as_ref(),
+        "bench",
+        None,
+        &servers,
+    )
+    .await
+    .expect("preparation");
     assert!(
         prepared
             .registered

@@ -10,6 +10,9 @@ CREATE TABLE upstream_grants (
     sealed_tokens  TEXT NOT NULL,
     granted_at     INTEGER NOT NULL,
     last_used_at   INTEGER NULL,
+    -- A node refreshing the tokens holds this until then: two nodes never
+    -- redeem one refresh token.
+    refresh_lease_until INTEGER NULL,
     PRIMARY KEY (tenant_id, principal_id, server_id)
 );
 

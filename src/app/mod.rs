@@ -586,7 +586,7 @@ pub async fn discover(
     // No tenant: the operator's servers only. Long work says it is still
     // going, so a first fetch is not mistaken for a hang.
     let started = tokio::time::Instant::now();
-    let discovery = servers.discover("");
+    let discovery = servers.discover("", None);
     tokio::pin!(discovery);
     let mut ticks = tokio::time::interval_at(started + DISCOVERY_NOTICE, DISCOVERY_NOTICE);
     let discovered = loop {

@@ -16,6 +16,7 @@ use super::{
 };
 use crate::adapters::artifacts::FsArtifactStore;
 use crate::adapters::credentials::{EnvFileResolver, KeySealer};
+use crate::adapters::mcp::grant::Custody;
 use crate::adapters::mcp::{ConsentSettings, Delegations, McpServerSet, WarmUp};
 use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
 use crate::adapters::telemetry::{
@@ -468,10 +469,14 @@ async fn consent(
     let sealer = KeySealer::new(&key).map_err(|error| invalid(error.to_string()))?;
     let flow_lifetime =
         std::time::Duration::from_secs(u64::from(config.console.consent_minutes) * 60);
+    let custody = Custody {
+        grants: shared.store.clone(),
+        sealer: Arc::new(sealer),
+    };
+    servers.set_custody(custody.clone());
     let delegations = Delegations::new(
         servers.clone(),
-        shared.store.clone(),
-        Arc::new(sealer),
+        custody,
         resolver,
         shared.clock.clone(),
         ConsentSettings {

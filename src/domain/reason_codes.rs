@@ -182,6 +182,11 @@ reason_codes! {
     /// The MCP server requires an authorization flow toolgate does not run.
     ToolAuthUnsupported => "tool.auth_unsupported", Unavailable, retryable: false, None,
         "This capability is not available: its server needs an unsupported authorization flow.";
+    /// The server acts with each person's own account there, and the
+    /// principal has not consented (or its grant ended): the person
+    /// consents on toolgate's consent page, then the same call proceeds.
+    ToolConsentRequired => "tool.consent_required", Unavailable, retryable: false, None,
+        "This capability needs the user's consent at its server first.";
     /// The server's address is one egress never dials (a private, loopback,
     /// link-local or other refused address), or its name is not allowed.
     ToolEgressRefused => "tool.egress_refused", Unavailable, retryable: false, None,

@@ -26,17 +26,18 @@ pub struct PreparedCatalog {
     pub events: Vec<PlatformEvent>,
 }
 
-/// Discovers every configured server, registers what it found and records
-/// the preparation.
+/// Discovers every configured server for a session of `principal_id`,
+/// registers what it found and records the preparation.
 pub async fn prepare_mcp(
     registry: &ToolRegistry,
     store: &dyn CatalogStore,
     clock: &dyn Clock,
     tenant_id: &str,
+    principal_id: Option<&str>,
     servers: &dyn McpServers,
 ) -> Result<PreparedCatalog, StoreError> {
-    let (prepared, record) =
-        register_discoveries(registry, tenant_id, servers.discover(tenant_id).await);
+    let discovered = servers.discover(tenant_id, principal_id).await;
+    let (prepared, record) = register_discoveries(registry, tenant_id, discovered);
     store
         .record_preparation(tenant_id, &record, clock.now())
         .await?;

@@ -386,6 +386,7 @@ impl Sessions {
             self.parts.catalog.as_ref(),
             self.parts.clock.as_ref(),
             tenant_id,
+            Some(&principal.id),
             self.parts.mcp.as_ref(),
         )
         .await?;

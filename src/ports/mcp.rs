@@ -77,8 +77,14 @@ pub struct LoadedSkill {
 /// The configured MCP servers.
 pub trait McpServers: Send + Sync {
     /// Discovers every enabled server a session of `tenant_id` may use, in
-    /// configured order: the operator's, then the tenant's own.
-    fn discover<'a>(&'a self, tenant_id: &'a str) -> BoxFuture<'a, Vec<ServerDiscovery>>;
+    /// configured order: the operator's, then the tenant's own. A server
+    /// that acts with each principal's own grant is dialled with
+    /// `principal_id`'s (none: recovery and the operator's `discover`).
+    fn discover<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Vec<ServerDiscovery>>;
 
     /// Loads a skill a discovery advertised, with `arguments`, for a
     /// session of `tenant_id`.

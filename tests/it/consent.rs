@@ -5,6 +5,9 @@
 
 use std::path::Path;
 
+use serde_json::{Value, json};
+use uuid::Uuid;
+
 use crate::console::exchange;
 use crate::front::{KEY_A, KEY_A2, KEY_B, free_port, front_table};
 use crate::http::ScriptedHttp;
@@ -50,6 +53,12 @@ impl Delegating {
             move |root: &Path, config: String| {
                 std::fs::write(root.join("grant.key"), "7".repeat(64)).unwrap();
                 std::fs::write(root.join("client"), CLIENT).unwrap();
+                let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
+                std::fs::write(
+                    root.join("policy.toml"),
+                    format!("[[rules]]\ntools = [\"mcp.crm.*\"]\ndecision = \"allow\"\n{policy}"),
+                )
+                .unwrap();
                 let config = config.replace(
                     "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
                     &format!(
@@ -153,6 +162,45 @@ impl Delegating {
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap()
+    }
+
+    /// Opens a session of `principal` in `tenant`: its id and pinned tools.
+    fn session(&self, tenant: &str, principal: &str) -> (Uuid, Vec<String>) {
+        let session_id = Uuid::new_v4();
+        let (status, body) = self.served.post(
+            "/v1/sessions",
+            &json!({"session_id": session_id, "tenant_id": tenant,
+                    "principal": {"id": principal, "scopes": []},
+                    "agent": {"tools": ["mcp.*"]}}),
+        );
+        assert_eq!(status, 200, "{body}");
+        let tools = body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap().to_owned())
+            .collect();
+        (session_id, tools)
+    }
+
+    /// `mcp.crm.whoami` in `session`: the result object.
+    fn whoami(&self, session: Uuid) -> Value {
+        let (status, body) = self.served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                    "origin_trust": "user",
+                    "calls": [{"call_id": "who", "name": "mcp.crm.whoami", "arguments": {}}]}),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["results"][0].clone()
+    }
+
+    /// Consents for `credential`'s principal as `user` upstream.
+    fn consent(&self, credential: &str, user: &str) {
+        let (url, cookie) = self.begin(credential);
+        let back = self.consent_upstream(&url, user);
+        let (status, body) = self.callback(&back, Some(&cookie));
+        assert_eq!(status, 200, "{body}");
     }
 
     /// The token endpoint's redemptions, as the scripted server logged them.
@@ -314,4 +362,56 @@ fn the_consent_page_refuses_strangers_forgeries_and_impostor_issuers() {
     let (status, _, body) = impostor.submit(KEY_A, "crm", "connect");
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("names another issuer"), "{body}");
+}
+
+/// Each principal's calls carry its own grant and no other's: before
+/// consent the server is not pinned (nothing has listed it); after, the
+/// principal's session pins it and `whoami` answers its upstream user. A
+/// principal of the same tenant without a grant pins the catalog and is
+/// asked for consent; the same principal id in another tenant carries that
+/// tenant's grant; a revocation holds from the next call.
+#[test]
+fn each_principals_calls_carry_its_own_grant_and_no_other() {
+    let node = Delegating::start(&[]);
+    let tenant = crate::serve::TENANT;
+    let (_, tools) = node.session(tenant, "user-1");
+    assert!(!tools.contains(&"mcp.crm.whoami".to_owned()), "{tools:?}");
+
+    node.consent(KEY_A, "alice");
+    let (session, tools) = node.session(tenant, "user-1");
+    assert!(tools.contains(&"mcp.crm.whoami".to_owned()), "{tools:?}");
+    let answer = node.whoami(session);
+    assert_eq!(answer["outcome"]["status"], "succeeded", "{answer}");
+    assert!(answer["content"].to_string().contains("alice"), "{answer}");
+
+    // Same tenant, another principal, no grant: the catalog is pinned, the
+    // call asks for consent and nothing is sent with alice's grant.
+    let (other, tools) = node.session(tenant, "user-2");
+    assert!(tools.contains(&"mcp.crm.whoami".to_owned()), "{tools:?}");
+    let refused = node.whoami(other);
+    assert_eq!(
+        refused["outcome"]["reason_code"], "tool.consent_required",
+        "{refused}"
+    );
+    assert!(!refused.to_string().contains("alice"), "{refused}");
+
+    // The same principal id in another tenant carries that tenant's grant.
+    node.consent(KEY_B, "bob");
+    let (elsewhere, _) = node.session("tenant-other", "user-1");
+    let answer = node.whoami(elsewhere);
+    assert!(answer["content"].to_string().contains("bob"), "{answer}");
+    assert!(!answer.to_string().contains("alice"), "{answer}");
+
+    // Revoked: the next call in the open session asks for consent again.
+    let (status, _, _) = node.submit(KEY_A, "crm", "revoke");
+    assert_eq!(status, 200);
+    let after = node.whoami(session);
+    assert_eq!(
+        after["outcome"]["reason_code"], "tool.consent_required",
+        "{after}"
+    );
+    // And consenting again serves the same session's next call.
+    node.consent(KEY_A, "alice");
+    let again = node.whoami(session);
+    assert!(again["content"].to_string().contains("alice"), "{again}");
 }

@@ -1153,6 +1153,7 @@ async fn a_tenant_server_is_offered_to_its_tenant_only_while_it_answers() {
                 live.store.as_ref(),
                 &SystemClock,
                 tenant,
+                None,
                 live.servers.as_ref(),
             )
             .await
@@ -1350,7 +1351,7 @@ async fn preparations_hold_at_most_eight_handshakes_at_once() {
     let discovering = {
         let set = set.clone();
         tokio::spawn(async move {
-            toolgate::ports::McpServers::discover(set.as_ref(), crate::pipeline::TENANT).await
+            toolgate::ports::McpServers::discover(set.as_ref(), crate::pipeline::TENANT, None).await
         })
     };
     let waited = std::time::Instant::now();

@@ -256,6 +256,7 @@ impl Live {
             self.store.as_ref(),
             &SystemClock,
             TENANT,
+            Some("user-1"),
             self.servers.as_ref(),
         )
         .await
@@ -1567,7 +1568,7 @@ async fn stdio_servers_start_two_at_a_time() {
     ));
     let discovering = {
         let set = set.clone();
-        tokio::spawn(async move { set.discover(TENANT).await })
+        tokio::spawn(async move { set.discover(TENANT, None).await })
     };
     let started = tokio::task::spawn_blocking({
         let log = log.clone();

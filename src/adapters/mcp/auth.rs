@@ -15,6 +15,7 @@ use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, Heade
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
+use super::grant::Delegate;
 use crate::domain::egress::{EgressUrl, Scheme};
 use crate::domain::mcp_server::AuthScheme;
 use crate::domain::secret::CredentialRef;
@@ -45,6 +46,10 @@ pub enum AuthError {
     /// shared by the tenant's sessions does not carry.
     #[error("the server takes each principal's own grant")]
     Delegated,
+    /// The principal holds no grant at the server (or one its
+    /// authorization server no longer honours): it consents first.
+    #[error("the principal has not consented at the server")]
+    ConsentRequired,
 }
 
 impl AuthError {
@@ -57,6 +62,7 @@ impl AuthError {
                 ReasonCode::ToolAuthFailed
             }
             AuthError::Delegated => ReasonCode::ToolAuthUnsupported,
+            AuthError::ConsentRequired => ReasonCode::ToolConsentRequired,
         }
     }
 }
@@ -85,6 +91,8 @@ pub(super) struct Held {
 /// One server's credential, obtained at use.
 pub struct Authenticator {
     settings: AuthSettings,
+    /// For `oauth2_user`: whose grant this connection carries.
+    delegate: Option<Delegate>,
     resolver: Arc<dyn CredentialResolver>,
     dialer: Arc<dyn EgressDialer>,
     clock: Arc<dyn Clock>,
@@ -109,11 +117,18 @@ impl Authenticator {
     ) -> Self {
         Authenticator {
             settings,
+            delegate: None,
             resolver,
             dialer,
             clock,
             held: Mutex::new(None),
         }
+    }
+
+    /// The same, carrying `delegate`'s grant (`oauth2_user`).
+    pub fn delegated(mut self, delegate: Delegate) -> Self {
+        self.delegate = Some(delegate);
+        self
     }
 
     /// The scheme, for events.
@@ -136,13 +151,19 @@ impl Authenticator {
         if self.settings.scheme == AuthScheme::None {
             return Ok(None);
         }
-        let fresh = self.held().clone().filter(|held| {
-            held.expires_at.is_none_or(|expires_at| {
-                expires_at
-                    .checked_sub_signed(chrono::Duration::seconds(EXPIRY_SKEW_SECONDS))
-                    .is_some_and(|renew_at| renew_at > self.clock.now())
-            })
-        });
+        // A principal's grant is read at every request: a revocation, on
+        // any node, holds from the next one.
+        let fresh = self
+            .held()
+            .clone()
+            .filter(|_| self.delegate.is_none())
+            .filter(|held| {
+                held.expires_at.is_none_or(|expires_at| {
+                    expires_at
+                        .checked_sub_signed(chrono::Duration::seconds(EXPIRY_SKEW_SECONDS))
+                        .is_some_and(|renew_at| renew_at > self.clock.now())
+                })
+            });
         let held = match fresh {
             Some(held) => held,
             None => {
@@ -167,7 +188,7 @@ impl Authenticator {
     /// a byte-identical one ends the ladder.
     pub async fn renew(&self) -> Result<bool, AuthError> {
         let failed = self.held().take().map(|held| held.value);
-        let renewed = self.obtain().await?;
+        let renewed = self.obtain_after(failed.as_ref()).await?;
         let differs = failed.is_none_or(|failed| failed != renewed.value);
         *self.held() = Some(renewed);
         Ok(differs)
@@ -193,15 +214,30 @@ impl Authenticator {
     }
 
     async fn obtain(&self) -> Result<Held, AuthError> {
-        // The reference names the client, which is never a bearer.
-        if self.settings.scheme == AuthScheme::Oauth2User {
-            return Err(AuthError::Delegated);
-        }
+        self.obtain_after(None).await
+    }
+
+    /// A value, after the server refused `failed` (a grant's access token
+    /// it refused is refreshed rather than sent again).
+    async fn obtain_after(&self, failed: Option<&SecretValue>) -> Result<Held, AuthError> {
         let reference = self
             .settings
             .credential_ref
             .as_ref()
             .ok_or(AuthError::Unresolved)?;
+        // The reference names the client, which is never a bearer: only a
+        // principal's grant is.
+        if self.settings.scheme == AuthScheme::Oauth2User {
+            let delegate = self.delegate.as_ref().ok_or(AuthError::Delegated)?;
+            let client = self
+                .resolver
+                .resolve(reference)
+                .await
+                .map_err(|_| AuthError::Unresolved)?;
+            return delegate
+                .token(&client, self.dialer.as_ref(), self.clock.as_ref(), failed)
+                .await;
+        }
         let value = self
             .resolver
             .resolve(reference)

@@ -20,12 +20,13 @@ use serde_json::Value;
 use sha2::Digest as _;
 
 use super::auth::{AuthError, basic, form_encode, send, token_answer};
+use super::grant::{Custody, Tokens};
 use super::server::HttpServerSettings;
 use super::servers::McpServerSet;
 use crate::domain::{SecretValue, sha256_hex};
 use crate::ports::{
     BoxFuture, Clock, Consent, ConsentAnswer, ConsentError, ConsentFlow, ConsentStart,
-    CredentialResolver, Delegator, EgressDialer, GrantStore, Granted, Sealer, UpstreamGrant,
+    CredentialResolver, Delegator, EgressDialer, Granted, UpstreamGrant,
 };
 
 /// The largest metadata document or token answer read.
@@ -46,8 +47,7 @@ pub struct ConsentSettings {
 /// The consent flows and grants of every `oauth2_user` server of a runtime.
 pub struct Delegations {
     servers: Arc<McpServerSet>,
-    grants: Arc<dyn GrantStore>,
-    sealer: Arc<dyn Sealer>,
+    custody: Custody,
     resolver: Arc<dyn CredentialResolver>,
     clock: Arc<dyn Clock>,
     settings: ConsentSettings,
@@ -55,19 +55,17 @@ pub struct Delegations {
 
 impl Delegations {
     /// Consent over `servers`' `oauth2_user` servers, keeping grants in
-    /// `grants` sealed by `sealer`.
+    /// `custody`.
     pub fn new(
         servers: Arc<McpServerSet>,
-        grants: Arc<dyn GrantStore>,
-        sealer: Arc<dyn Sealer>,
+        custody: Custody,
         resolver: Arc<dyn CredentialResolver>,
         clock: Arc<dyn Clock>,
         settings: ConsentSettings,
     ) -> Self {
         Delegations {
             servers,
-            grants,
-            sealer,
+            custody,
             resolver,
             clock,
             settings,
@@ -125,16 +123,6 @@ fn random_token() -> String {
 /// What a verifier is sealed for: its own flow.
 fn verifier_context(state_sha256: &str) -> Vec<u8> {
     format!("toolgate consent verifier\0{state_sha256}").into_bytes()
-}
-
-/// What a grant's tokens are sealed for: a row moved to another tenant,
-/// principal, server or issuer does not open.
-pub fn grant_context(grant: &UpstreamGrant) -> Vec<u8> {
-    format!(
-        "toolgate grant\0{}\0{}\0{}\0{}",
-        grant.tenant_id, grant.principal_id, grant.server_id, grant.issuer
-    )
-    .into_bytes()
 }
 
 /// `scheme://authority` and the path (no query or fragment) of `url`.
@@ -299,16 +287,6 @@ fn with_query(base: &str, pairs: &[(&str, &str)]) -> String {
     url
 }
 
-/// What a grant's sealed tokens hold.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Tokens {
-    access_token: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    refresh_token: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    expires_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
 impl Consent for Delegations {
     fn begin<'a>(
         &'a self,
@@ -330,6 +308,7 @@ impl Consent for Delegations {
             let browser = random_token();
             let state_sha256 = sha256_hex(state.as_bytes());
             let sealed_verifier = self
+                .custody
                 .sealer
                 .seal(
                     &verifier_context(&state_sha256),
@@ -355,7 +334,8 @@ impl Consent for Delegations {
                 started_at: now,
                 expires_at: now + lifetime,
             };
-            self.grants
+            self.custody
+                .grants
                 .begin_consent(&flow, OUTSTANDING_FLOWS)
                 .await
                 .map_err(|_| ConsentError::Unavailable("the store"))?;
@@ -399,6 +379,7 @@ impl Consent for Delegations {
             let state = answer.state.as_deref().ok_or(ConsentError::UnknownFlow)?;
             let now = self.clock.now();
             let flow = self
+                .custody
                 .grants
                 .take_consent(&sha256_hex(state.as_bytes()), now)
                 .await
@@ -429,6 +410,7 @@ impl Consent for Delegations {
             let settings = self.server(&flow.tenant_id, &flow.server_id).await?;
             let (client_id, secret) = self.client(&settings).await?;
             let verifier = self
+                .custody
                 .sealer
                 .open(&verifier_context(&flow.state_sha256), &flow.sealed_verifier)
                 .map_err(|_| ConsentError::UnknownFlow)?;
@@ -486,10 +468,9 @@ impl Consent for Delegations {
                 access_token: held.value.reveal().to_owned(),
                 refresh_token,
                 expires_at: held.expires_at,
+                token_endpoint: flow.token_endpoint.clone(),
+                resource: flow.resource.clone(),
             };
-            let plain = serde_json::to_string(&tokens)
-                .map(SecretValue::new)
-                .map_err(|_| ConsentError::NotRedeemed)?;
             let mut grant = UpstreamGrant {
                 tenant_id: flow.tenant_id.clone(),
                 principal_id: flow.principal_id.clone(),
@@ -501,10 +482,11 @@ impl Consent for Delegations {
                 last_used_at: None,
             };
             grant.sealed_tokens = self
-                .sealer
-                .seal(&grant_context(&grant), &plain)
+                .custody
+                .seal(&grant, &tokens)
                 .map_err(|_| ConsentError::Unavailable("randomness"))?;
-            self.grants
+            self.custody
+                .grants
                 .save_grant(&grant)
                 .await
                 .map_err(|_| ConsentError::Unavailable("the store"))?;
@@ -529,6 +511,7 @@ impl Consent for Delegations {
     ) -> BoxFuture<'a, Result<bool, ConsentError>> {
         Box::pin(async move {
             let revoked = self
+                .custody
                 .grants
                 .revoke_grant(&who.tenant_id, &who.principal_id, server_id)
                 .await

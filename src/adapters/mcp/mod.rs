@@ -15,6 +15,7 @@ pub mod client;
 pub mod consent;
 pub mod framing;
 pub mod front;
+pub mod grant;
 pub mod http;
 mod render;
 pub mod server;

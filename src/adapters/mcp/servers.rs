@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 
 use super::auth::AuthSettings;
+use super::grant::Custody;
 use super::server::{
     CLOSE_GRACE, HttpServerSettings, McpServer, Shared, StdioServerSettings, lock,
 };
@@ -137,6 +138,7 @@ impl McpServerSet {
             catalog: store,
             clock,
             metrics,
+            custody: Arc::default(),
         };
         McpServerSet {
             operator: settings
@@ -269,14 +271,30 @@ impl McpServerSet {
             .cloned()
     }
 
+    /// Where `oauth2_user` grants are kept: set once, when consent is
+    /// configured; before it (or without it) such a server's principals
+    /// have no server of their own and its calls are refused.
+    pub fn set_custody(&self, custody: Custody) {
+        if self.shared.custody.set(custody).is_err() {
+            tracing::warn!("the grants' custody was set twice; the first is kept");
+        }
+    }
+
     /// The dialer every HTTP server is reached through.
     pub(super) fn dialer(&self) -> Arc<dyn EgressDialer> {
         self.dialer.clone()
     }
 
+    /// Every server with a connection of its own: the operator's, the
+    /// tenants', and their principals' own.
     fn every_server(&self) -> Vec<Arc<McpServer>> {
         let mut servers = self.operator.clone();
         servers.extend(lock(&self.tenants).values().flatten().cloned());
+        let principals: Vec<Arc<McpServer>> = servers
+            .iter()
+            .flat_map(|server| server.instances())
+            .collect();
+        servers.extend(principals);
         servers
     }
 
@@ -291,10 +309,11 @@ impl McpServerSet {
         settings: WarmUp,
         first_round: tokio_util::sync::CancellationToken,
     ) {
+        // An `oauth2_user` server is dialled only with a principal's grant.
         let mut waiting: Vec<Arc<McpServer>> = self
             .operator
             .iter()
-            .filter(|server| server.enabled())
+            .filter(|server| server.enabled() && !server.delegates())
             .cloned()
             .collect();
         for round in 0..settings.attempts {
@@ -332,6 +351,7 @@ impl McpServerSet {
             if server.close_if_idle().await {
                 closed += 1;
             }
+            server.forget_idle_instances().await;
         }
         closed
     }
@@ -434,15 +454,19 @@ impl McpServers for McpServerSet {
         })
     }
 
-    fn discover<'a>(&'a self, tenant_id: &'a str) -> BoxFuture<'a, Vec<ServerDiscovery>> {
+    fn discover<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Vec<ServerDiscovery>> {
         Box::pin(async move {
             let operator = self.operator.iter().filter(|server| server.enabled());
             let own = self.tenant_servers(tenant_id).await;
             let own = own.iter().filter(|server| server.enabled());
             // Concurrent within the slots; joined in configured order.
-            let tasks = operator
-                .chain(own)
-                .map(|server| server.discover(&self.general, &self.startup));
+            let tasks = operator.chain(own).map(|server| {
+                server.discover_for(tenant_id, principal_id, &self.general, &self.startup)
+            });
             join_all(tasks).await
         })
     }

@@ -60,6 +60,20 @@ static GRANTS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+const LEASE_REFRESH: &str = "UPDATE upstream_grants SET refresh_lease_until = $5 \
+     WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3 AND sealed_tokens = $4 \
+     AND (refresh_lease_until IS NULL OR refresh_lease_until <= $6)";
+
+const REPLACE_TOKENS: &str = "UPDATE upstream_grants SET sealed_tokens = $5, \
+     refresh_lease_until = NULL, last_used_at = $6 \
+     WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3 AND sealed_tokens = $4";
+
+// A use's time, written at most once a minute: nothing depends on it but
+// the operators' list.
+const TOUCH_GRANT: &str = "UPDATE upstream_grants SET last_used_at = $4 \
+     WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3 \
+     AND (last_used_at IS NULL OR last_used_at < $5)";
+
 const REVOKE_GRANT: &str = "DELETE FROM upstream_grants \
      WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3";
 
@@ -169,6 +183,67 @@ impl<D: Driver> GrantStore for D {
                 .iter()
                 .map(upstream_grant)
                 .collect()
+        })
+    }
+
+    fn lease_refresh<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                grant.tenant_id.as_str().into(),
+                grant.principal_id.as_str().into(),
+                grant.server_id.as_str().into(),
+                grant.sealed_tokens.as_str().into(),
+                until.into(),
+                now.into(),
+            ];
+            let tenant = Some(grant.tenant_id.as_str());
+            let plan = Plan::new(tenant, Run::Flushed, Moved::Count, LEASE_REFRESH, values);
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+
+    fn replace_tokens<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+        sealed_tokens: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                grant.tenant_id.as_str().into(),
+                grant.principal_id.as_str().into(),
+                grant.server_id.as_str().into(),
+                grant.sealed_tokens.as_str().into(),
+                sealed_tokens.into(),
+                now.into(),
+            ];
+            let tenant = Some(grant.tenant_id.as_str());
+            let plan = Plan::new(tenant, Run::Flushed, Moved::Count, REPLACE_TOKENS, values);
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+
+    fn touch_grant<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let values = vec![
+                grant.tenant_id.as_str().into(),
+                grant.principal_id.as_str().into(),
+                grant.server_id.as_str().into(),
+                now.into(),
+                (now - chrono::Duration::minutes(1)).into(),
+            ];
+            let tenant = Some(grant.tenant_id.as_str());
+            let plan = Plan::new(tenant, Run::Relaxed, Moved::Count, TOUCH_GRANT, values);
+            self.run(plan).await.map(|_| ())
         })
     }
 

@@ -173,7 +173,7 @@ impl Pipeline {
         let Some(servers) = &self.mcp else {
             return HashSet::new();
         };
-        let discoveries = servers.discover(tenant).await;
+        let discoveries = servers.discover(tenant, None).await;
         let (_, record) = register_discoveries(&self.registry, tenant, discoveries);
         record
             .events

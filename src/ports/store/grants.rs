@@ -93,6 +93,33 @@ pub trait GrantStore: Send + Sync {
         tenant_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<UpstreamGrant>, StoreError>>;
 
+    /// Takes the grant's refresh lease until `until`, if the grant still
+    /// holds `sealed_tokens` and no other node holds an unexpired lease at
+    /// `now`: whether it was taken. Taking it is a write, so a store that
+    /// cannot save a refreshed token refuses the lease first.
+    fn lease_refresh<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Replaces the grant's tokens, if it still holds those `grant` read,
+    /// and lets its refresh lease go: whether it did.
+    fn replace_tokens<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+        sealed_tokens: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Records that a connection took the grant at `now`.
+    fn touch_grant<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
     /// Deletes the principal's grant at that server; whether there was one.
     fn revoke_grant<'a>(
         &'a self,

@@ -41,6 +41,16 @@ impl McpServer {
         arguments: Value,
         context: &ToolExecutionContext,
     ) -> ToolResult {
+        if self.delegates() {
+            // Each principal's call goes out over its own connection, with
+            // its own grant, and never another's.
+            return match self.instance(&context.tenant_id, &context.principal.id) {
+                Some(instance) => {
+                    Box::pin(instance.call(spec, remote_name, pinned, arguments, context)).await
+                }
+                None => unreachable(ReasonCode::ToolAuthUnsupported),
+            };
+        }
         if self.withdrawn(remote_name, pinned) {
             return withdrawn();
         }
@@ -189,6 +199,12 @@ impl McpServer {
         uri: &str,
         context: &ToolExecutionContext,
     ) -> ToolResult {
+        if self.delegates() {
+            return match self.instance(&context.tenant_id, &context.principal.id) {
+                Some(instance) => Box::pin(instance.read_resource(uri, context)).await,
+                None => unreachable(ReasonCode::ToolAuthUnsupported),
+            };
+        }
         let advertised = lock(&self.remembered)
             .as_ref()
             .map(|remembered| remembered.resources.clone())

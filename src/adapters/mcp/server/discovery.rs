@@ -208,7 +208,7 @@ impl McpServer {
                     spec,
                     remote_name,
                     declaration,
-                    server: Arc::downgrade(self),
+                    server: self.tool_server(),
                 }),
             });
         }
@@ -217,7 +217,7 @@ impl McpServer {
                 remote_name: READ_RESOURCE.to_owned(),
                 tool: Arc::new(ReadResourceTool {
                     spec: read_resource_spec(server_id, &catalog.catalog_hash, classification),
-                    server: Arc::downgrade(self),
+                    server: self.tool_server(),
                 }),
             });
         }
@@ -242,7 +242,59 @@ impl McpServer {
             at: Instant::now(),
         });
         *lock(&self.remembered) = Some(remembered.clone());
+        // A principal's discovery is its `oauth2_user` server's catalog too:
+        // what a principal without a grant yet pins.
+        if let Some(parent) = self.parent.upgrade() {
+            *lock(&parent.remembered) = Some(remembered.clone());
+        }
         remembered
+    }
+
+    /// A discovery without a catalog.
+    fn failed_discovery(&self, reason_code: ReasonCode) -> ServerDiscovery {
+        ServerDiscovery {
+            server: self.row.clone(),
+            tenant_id: self.owner.clone(),
+            outcome: DiscoveryOutcome::Failed { reason_code },
+            catalog_hash: None,
+            tools: Vec::new(),
+            conflicts: Vec::new(),
+            skills: Vec::new(),
+        }
+    }
+
+    /// Discovery for one preparation of `principal_id`'s session: an
+    /// `oauth2_user` server is discovered through the principal's own
+    /// server, with its grant; a principal without one (or no principal)
+    /// pins the catalog the server last gave any principal, and is asked
+    /// for consent when it calls. Every other server, as [`Self::discover`].
+    pub(in crate::adapters::mcp) async fn discover_for(
+        self: &Arc<Self>,
+        tenant_id: &str,
+        principal_id: Option<&str>,
+        general: &PreparationSlots,
+        startup: &Semaphore,
+    ) -> ServerDiscovery {
+        if !self.delegates() {
+            return self.discover(general, startup).await;
+        }
+        let remembered_or = |reason_code| match self.reusable() {
+            Some(remembered) => remembered.discovery.clone(),
+            None => self.failed_discovery(reason_code),
+        };
+        let Some(principal_id) = principal_id else {
+            return remembered_or(ReasonCode::ToolConsentRequired);
+        };
+        let Some(instance) = self.instance(tenant_id, principal_id) else {
+            return self.failed_discovery(ReasonCode::ToolAuthUnsupported);
+        };
+        let found = instance.discover(general, startup).await;
+        match found.outcome {
+            DiscoveryOutcome::Failed {
+                reason_code: ReasonCode::ToolConsentRequired,
+            } => remembered_or(ReasonCode::ToolConsentRequired),
+            _ => found,
+        }
     }
 
     /// The remembered discovery while it may still be pinned.
@@ -270,15 +322,7 @@ impl McpServer {
         if let Some(remembered) = self.reusable() {
             return remembered.discovery.clone();
         }
-        let failed = |reason_code| ServerDiscovery {
-            server: self.row.clone(),
-            tenant_id: self.owner.clone(),
-            outcome: DiscoveryOutcome::Failed { reason_code },
-            catalog_hash: None,
-            tools: Vec::new(),
-            conflicts: Vec::new(),
-            skills: Vec::new(),
-        };
+        let failed = |reason_code| self.failed_discovery(reason_code);
         // A process slot first, so queued start-ups do not hold general
         // slots HTTP discovery could use.
         let _process = if self.spawns() {
@@ -484,6 +528,7 @@ mod tests {
             catalog: untouched.clone(),
             clock: Arc::new(SystemClock),
             metrics: untouched,
+            custody: Arc::default(),
         };
         let settings = HttpServerSettings {
             server_id: "remote".into(),

@@ -8,6 +8,12 @@
 //! without dialling; a dead server answers `tool.server_unreachable` and is
 //! redialled by the next call, whose discovery is compared with the pin.
 //!
+//! An `oauth2_user` server is each principal's own: calls are routed to a
+//! server of the principal's (its connection carrying its grant), whose
+//! discoveries give the catalog every principal's session pins. A
+//! principal without a grant pins that catalog and is asked for consent
+//! when it calls.
+//!
 //! A 401 on a call climbs the design's ladder once per server per session:
 //! the call is held, the credential obtained again, a byte-identical value
 //! (or none) stops the ladder, and the call is retried once only where the
@@ -22,7 +28,7 @@ mod settings;
 mod tools;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -30,7 +36,8 @@ use tokio::time::Instant;
 use super::auth::Authenticator;
 use super::catalog::RemoteTool;
 use super::client::Connection;
-use crate::domain::mcp_server::{ServerClassification, Transport};
+use super::grant::{Custody, Delegate};
+use crate::domain::mcp_server::{AuthScheme, ServerClassification, Transport};
 use crate::domain::{ReasonCode, SecretValue};
 use crate::ports::metrics::Metrics;
 use crate::ports::{
@@ -67,6 +74,14 @@ pub(super) struct Shared {
     pub(super) catalog: Arc<dyn CatalogStore>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) metrics: Arc<dyn Metrics>,
+    /// Where `oauth2_user` grants are kept, once consent is configured.
+    pub(super) custody: Arc<OnceLock<Custody>>,
+}
+
+/// An `oauth2_user` server's principals, each with a server of its own.
+#[derive(Default)]
+struct Delegation {
+    instances: Mutex<HashMap<(String, String), Arc<McpServer>>>,
 }
 
 /// One server: how it is reached, its one live connection, its pin.
@@ -94,6 +109,11 @@ pub struct McpServer {
     /// When the server was last started again after a failure.
     last_restart: Mutex<Option<Instant>>,
     ladders: Mutex<Ladders>,
+    /// For a principal's own server: the `oauth2_user` server it is of,
+    /// whose tools its discovery gives (so a call is routed by principal).
+    parent: Weak<McpServer>,
+    /// For an `oauth2_user` server: its principals' servers.
+    delegation: Option<Delegation>,
 }
 
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -128,6 +148,8 @@ impl McpServer {
             credential: Mutex::new(None),
             last_restart: Mutex::new(None),
             ladders: Mutex::new(Ladders::default()),
+            parent: Weak::new(),
+            delegation: None,
         }
     }
 
@@ -146,13 +168,14 @@ impl McpServer {
         dialer: Arc<dyn EgressDialer>,
         shared: Shared,
     ) -> Self {
+        let delegates = settings.auth.scheme == AuthScheme::Oauth2User;
         let authenticator = Arc::new(Authenticator::new(
             settings.auth.clone(),
             shared.credentials.clone(),
             dialer.clone(),
             shared.clock.clone(),
         ));
-        McpServer::new(
+        let mut server = McpServer::new(
             Endpoint::Http {
                 settings,
                 dialer,
@@ -161,7 +184,101 @@ impl McpServer {
             owner,
             Some(reuse),
             shared,
+        );
+        if delegates {
+            server.delegation = Some(Delegation::default());
+        }
+        server
+    }
+
+    /// Whether it is an `oauth2_user` server, whose principals each have
+    /// a server of their own.
+    pub(in crate::adapters::mcp) fn delegates(&self) -> bool {
+        self.delegation.is_some()
+    }
+
+    /// `principal_id`'s own server (of `tenant_id`), made at its first use;
+    /// `None` when this is not an `oauth2_user` server or consent is not
+    /// configured.
+    pub(super) fn instance(
+        self: &Arc<Self>,
+        tenant_id: &str,
+        principal_id: &str,
+    ) -> Option<Arc<McpServer>> {
+        let delegation = self.delegation.as_ref()?;
+        let custody = self.shared.custody.get()?.clone();
+        let Endpoint::Http {
+            settings, dialer, ..
+        } = &self.endpoint
+        else {
+            return None;
+        };
+        let key = (tenant_id.to_owned(), principal_id.to_owned());
+        let mut instances = lock(&delegation.instances);
+        if let Some(instance) = instances.get(&key) {
+            return Some(instance.clone());
+        }
+        let authenticator = Authenticator::new(
+            settings.auth.clone(),
+            self.shared.credentials.clone(),
+            dialer.clone(),
+            self.shared.clock.clone(),
         )
+        .delegated(Delegate {
+            custody,
+            tenant_id: tenant_id.to_owned(),
+            principal_id: principal_id.to_owned(),
+            server_id: settings.server_id.clone(),
+        });
+        let mut instance = McpServer::new(
+            Endpoint::Http {
+                settings: settings.clone(),
+                dialer: dialer.clone(),
+                authenticator: Arc::new(authenticator),
+            },
+            self.owner.clone(),
+            self.reuse,
+            self.shared.clone(),
+        );
+        instance.parent = Arc::downgrade(self);
+        let instance = Arc::new(instance);
+        instances.insert(key, instance.clone());
+        Some(instance)
+    }
+
+    /// Its principals' servers now.
+    pub(in crate::adapters::mcp) fn instances(&self) -> Vec<Arc<McpServer>> {
+        self.delegation
+            .as_ref()
+            .map(|delegation| lock(&delegation.instances).values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Forgets the principals' servers that hold no connection, so the
+    /// map does not grow with every principal that ever called.
+    pub(in crate::adapters::mcp) async fn forget_idle_instances(&self) {
+        let Some(delegation) = &self.delegation else {
+            return;
+        };
+        let instances: Vec<((String, String), Arc<McpServer>)> = lock(&delegation.instances)
+            .iter()
+            .map(|(key, instance)| (key.clone(), instance.clone()))
+            .collect();
+        for (key, instance) in instances {
+            if !instance.is_connected().await && Arc::strong_count(&instance) <= 2 {
+                lock(&delegation.instances).remove(&key);
+            }
+        }
+    }
+
+    /// Whose tools a discovery gives: the `oauth2_user` server a
+    /// principal's server is of, else this one.
+    fn tool_server(self: &Arc<Self>) -> Weak<McpServer> {
+        if self.parent.strong_count() > 0 {
+            self.parent.clone()
+        } else {
+            Arc::downgrade(self)
+        }
     }
 
     /// The server's id.

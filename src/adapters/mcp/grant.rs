@@ -1,0 +1,268 @@
+//! A principal's grant at use: opened from the store, its access token used
+//! while fresh, otherwise refreshed under a lease that holds across nodes
+//! (two nodes never redeem one refresh token), the rotated tokens saved
+//! before the new access token is used (a refresh whose tokens cannot be
+//! saved is not used, and one the store cannot lease is not attempted).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use hyper::Method;
+use hyper::header::AUTHORIZATION;
+use serde_json::Value;
+
+use super::auth::{AuthError, Held, basic, form_encode, send, token_answer};
+use crate::domain::SecretValue;
+use crate::ports::{Clock, GrantStore, Sealer, UpstreamGrant};
+
+/// The largest token answer read.
+const MAXIMUM_TOKEN_ANSWER: usize = 64 << 10;
+/// A token within this many seconds of its expiry is refreshed.
+const EXPIRY_SKEW_SECONDS: i64 = 60;
+/// How long a node holds a grant's refresh lease: past it, another node
+/// may refresh (the holder died mid-refresh).
+const REFRESH_LEASE: Duration = Duration::from_secs(30);
+/// How long a node waits for another's refresh before giving up the call.
+const REFRESH_WAIT: Duration = Duration::from_secs(15);
+/// How often it looks while it waits.
+const REFRESH_POLL: Duration = Duration::from_millis(100);
+
+/// Where grants are kept and what seals them.
+#[derive(Clone)]
+pub struct Custody {
+    pub grants: Arc<dyn GrantStore>,
+    pub sealer: Arc<dyn Sealer>,
+}
+
+impl std::fmt::Debug for Custody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Custody").finish_non_exhaustive()
+    }
+}
+
+/// What a grant's sealed tokens hold: the tokens, and where and for what
+/// they are refreshed.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct Tokens {
+    pub(super) access_token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) refresh_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) expires_at: Option<DateTime<Utc>>,
+    pub(super) token_endpoint: String,
+    pub(super) resource: String,
+}
+
+/// What a grant's tokens are sealed for: a row moved to another tenant,
+/// principal, server or issuer does not open.
+fn context(grant: &UpstreamGrant) -> Vec<u8> {
+    format!(
+        "toolgate grant\0{}\0{}\0{}\0{}",
+        grant.tenant_id, grant.principal_id, grant.server_id, grant.issuer
+    )
+    .into_bytes()
+}
+
+impl Custody {
+    /// `tokens`, sealed for `grant`.
+    pub(super) fn seal(&self, grant: &UpstreamGrant, tokens: &Tokens) -> Result<String, AuthError> {
+        let plain = serde_json::to_string(tokens)
+            .map(SecretValue::new)
+            .map_err(|_| AuthError::Malformed)?;
+        self.sealer
+            .seal(&context(grant), &plain)
+            .map_err(|_| AuthError::Malformed)
+    }
+
+    fn open(&self, grant: &UpstreamGrant) -> Result<Tokens, AuthError> {
+        let plain = self
+            .sealer
+            .open(&context(grant), &grant.sealed_tokens)
+            .map_err(|_| {
+                tracing::warn!(
+                    tenant = %grant.tenant_id,
+                    principal = %grant.principal_id,
+                    server = %grant.server_id,
+                    "a grant does not open under the configured key: the principal consents again"
+                );
+                AuthError::ConsentRequired
+            })?;
+        serde_json::from_str(plain.reveal()).map_err(|_| AuthError::ConsentRequired)
+    }
+}
+
+/// One principal's grant at one server, as a connection takes it.
+#[derive(Debug, Clone)]
+pub struct Delegate {
+    pub custody: Custody,
+    pub tenant_id: String,
+    pub principal_id: String,
+    pub server_id: String,
+}
+
+impl Delegate {
+    /// The access token to send: the stored one while fresh (and, after
+    /// the server refused `failed`, not that one), else a refreshed one.
+    /// No grant, or one that cannot be refreshed, asks for consent.
+    pub(super) async fn token(
+        &self,
+        client: &SecretValue,
+        dialer: &dyn crate::ports::EgressDialer,
+        clock: &dyn Clock,
+        failed: Option<&SecretValue>,
+    ) -> Result<Held, AuthError> {
+        let grants = &self.custody.grants;
+        let unavailable = |_| AuthError::Unreachable;
+        let mut grant = grants
+            .grant(&self.tenant_id, &self.principal_id, &self.server_id)
+            .await
+            .map_err(unavailable)?
+            .ok_or(AuthError::ConsentRequired)?;
+        let started = tokio::time::Instant::now();
+        loop {
+            let tokens = self.custody.open(&grant)?;
+            let now = clock.now();
+            let fresh = tokens.expires_at.is_none_or(|expires_at| {
+                expires_at - chrono::Duration::seconds(EXPIRY_SKEW_SECONDS) > now
+            });
+            let refused = failed.is_some_and(|failed| failed.reveal() == tokens.access_token);
+            if fresh && !refused {
+                // Best effort: the list's "last used" is not worth a call.
+                let _ = grants.touch_grant(&grant, now).await;
+                return Ok(Held {
+                    value: SecretValue::new(tokens.access_token),
+                    expires_at: tokens.expires_at,
+                });
+            }
+            let lease_until = now
+                + chrono::Duration::from_std(REFRESH_LEASE)
+                    .unwrap_or(chrono::Duration::seconds(30));
+            if grants
+                .lease_refresh(&grant, lease_until, now)
+                .await
+                .map_err(unavailable)?
+            {
+                return self.refresh(&grant, tokens, client, dialer, clock).await;
+            }
+            // Another node refreshes: its tokens are used once saved.
+            if started.elapsed() >= REFRESH_WAIT {
+                return Err(AuthError::Unreachable);
+            }
+            tokio::time::sleep(REFRESH_POLL).await;
+            grant = grants
+                .grant(&self.tenant_id, &self.principal_id, &self.server_id)
+                .await
+                .map_err(unavailable)?
+                .ok_or(AuthError::ConsentRequired)?;
+        }
+    }
+
+    /// Redeems the refresh token, holding the lease; saves what comes back
+    /// before it is used.
+    async fn refresh(
+        &self,
+        grant: &UpstreamGrant,
+        tokens: Tokens,
+        client: &SecretValue,
+        dialer: &dyn crate::ports::EgressDialer,
+        clock: &dyn Clock,
+    ) -> Result<Held, AuthError> {
+        let Some(refresh_token) = tokens.refresh_token.clone() else {
+            // Nothing to refresh with: the grant is spent.
+            self.end(grant).await;
+            return Err(AuthError::ConsentRequired);
+        };
+        let (id, secret) = client
+            .reveal()
+            .split_once(':')
+            .ok_or(AuthError::Unresolved)?;
+        let mut body = format!(
+            "grant_type=refresh_token&refresh_token={}&resource={}",
+            form_encode(&refresh_token),
+            form_encode(&tokens.resource)
+        );
+        let mut headers = Vec::new();
+        if secret.is_empty() {
+            body.push_str("&client_id=");
+            body.push_str(&form_encode(id));
+        } else {
+            headers.push((AUTHORIZATION, basic(id, secret)?));
+        }
+        let (status, bytes) = send(
+            dialer,
+            Method::POST,
+            &tokens.token_endpoint,
+            headers,
+            Some(body),
+            MAXIMUM_TOKEN_ANSWER,
+        )
+        .await?;
+        if status.as_u16() == 400 || status.as_u16() == 401 {
+            // invalid_grant: revoked, expired or already used. The person
+            // consents again.
+            self.end(grant).await;
+            return Err(AuthError::ConsentRequired);
+        }
+        if !status.is_success() {
+            return Err(AuthError::Unreachable);
+        }
+        let now = clock.now();
+        let held = token_answer(&bytes, now)?;
+        let answer: Value = serde_json::from_slice(&bytes).map_err(|_| AuthError::Malformed)?;
+        let rotated = answer
+            .get("refresh_token")
+            .and_then(Value::as_str)
+            .filter(|token| !token.is_empty())
+            .map(str::to_owned);
+        let renewed = Tokens {
+            access_token: held.value.reveal().to_owned(),
+            refresh_token: rotated.or(tokens.refresh_token),
+            expires_at: held.expires_at,
+            token_endpoint: tokens.token_endpoint,
+            resource: tokens.resource,
+        };
+        let sealed = self.custody.seal(grant, &renewed)?;
+        // Saved before it is used: a token the store did not take is not
+        // sent, since the next refresh would need the refresh token it holds.
+        let saved = self
+            .custody
+            .grants
+            .replace_tokens(grant, &sealed, now)
+            .await
+            .unwrap_or(false);
+        if !saved {
+            tracing::warn!(
+                tenant = %grant.tenant_id,
+                principal = %grant.principal_id,
+                server = %grant.server_id,
+                "a refreshed grant could not be saved; it is not used"
+            );
+            return Err(AuthError::Unreachable);
+        }
+        tracing::info!(
+            tenant = %grant.tenant_id,
+            principal = %grant.principal_id,
+            server = %grant.server_id,
+            "grant refreshed"
+        );
+        Ok(held)
+    }
+
+    /// Deletes a grant its authorization server no longer honours.
+    async fn end(&self, grant: &UpstreamGrant) {
+        let ended = self
+            .custody
+            .grants
+            .revoke_grant(&grant.tenant_id, &grant.principal_id, &grant.server_id)
+            .await;
+        if ended.is_ok() {
+            tracing::info!(
+                tenant = %grant.tenant_id,
+                principal = %grant.principal_id,
+                server = %grant.server_id,
+                "grant no longer honoured by its authorization server; consent is asked again"
+            );
+        }
+    }
+}
