@@ -12,6 +12,7 @@ use crate::console::exchange;
 use crate::front::{KEY_A, KEY_A2, KEY_B, free_port, front_table};
 use crate::http::ScriptedHttp;
 use crate::serve::Served;
+use crate::store::PgSchema;
 
 /// The client toolgate is registered as at the scripted authorization server.
 const CLIENT: &str = "toolgate:s3cr3t";
@@ -22,12 +23,56 @@ struct Delegating {
     served: Served,
     upstream: ScriptedHttp,
     console: u16,
+    front: u16,
+}
+
+/// A node serving `crm` at the scripted server on `upstream`, its console
+/// (and so its consent pages) on `console`, on the store `store_url` (its
+/// own SQLite file when `None`).
+fn node(upstream: u16, console: u16, front: u16, store_url: Option<&str>) -> Served {
+    let extra = format!(
+        "{front}\n[console]\nlisten = \"127.0.0.1:{console}\"\n\
+         operators = [{{ name = \"ana\", sha256 = \"{operator}\" }}]\n\
+         consent_key_ref = \"file:KEYFILE\"\n\n\
+         [[mcp.http_servers]]\nserver_id = \"crm\"\nurl = \"http://127.0.0.1:{upstream}/mcp\"\n\
+         side_effect = \"external_read\"\nrisk = \"low\"\nidempotency = \"read_only\"\n\
+         auth = {{ scheme = \"oauth2_user\", credential_ref = \"file:CLIENTFILE\", \
+         token_scopes = [\"mcp:read\"] }}\n",
+        front = front_table(front, ""),
+        operator = toolgate::domain::sha256_hex(b"operator-token"),
+    );
+    let served =
+        Served::process().start_edited_on(store_url, move |root: &Path, config: String| {
+            // Every node seals with the same key.
+            std::fs::write(root.join("grant.key"), "7".repeat(64)).unwrap();
+            std::fs::write(root.join("client"), CLIENT).unwrap();
+            let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
+            std::fs::write(
+                root.join("policy.toml"),
+                format!("[[rules]]\ntools = [\"mcp.crm.*\"]\ndecision = \"allow\"\n{policy}"),
+            )
+            .unwrap();
+            let config = config.replace(
+                "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
+                &format!(
+                    "allow = [\"http://127.0.0.1:{upstream}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"
+                ),
+            );
+            format!("{config}\n{extra}")
+                .replace("KEYFILE", &root.join("grant.key").display().to_string())
+                .replace("CLIENTFILE", &root.join("client").display().to_string())
+        });
+    crate::console::wait_listening(console);
+    served
 }
 
 impl Delegating {
     fn start(upstream_env: &[(&str, String)]) -> Delegating {
+        Delegating::start_on(upstream_env, None)
+    }
+
+    fn start_on(upstream_env: &[(&str, String)], store_url: Option<&str>) -> Delegating {
         let console = free_port();
-        let front = free_port();
         let mut env = vec![
             ("SCRIPTED_OAUTH_CLIENT", CLIENT.to_owned()),
             (
@@ -37,45 +82,13 @@ impl Delegating {
         ];
         env.extend(upstream_env.iter().cloned());
         let upstream = ScriptedHttp::start(&env);
-        let port = upstream.port;
-        let extra = format!(
-            "{front}\n[console]\nlisten = \"127.0.0.1:{console}\"\n\
-             operators = [{{ name = \"ana\", sha256 = \"{operator}\" }}]\n\
-             consent_key_ref = \"file:KEYFILE\"\n\n\
-             [[mcp.http_servers]]\nserver_id = \"crm\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n\
-             side_effect = \"external_read\"\nrisk = \"low\"\nidempotency = \"read_only\"\n\
-             auth = {{ scheme = \"oauth2_user\", credential_ref = \"file:CLIENTFILE\", \
-             token_scopes = [\"mcp:read\"] }}\n",
-            front = front_table(front, ""),
-            operator = toolgate::domain::sha256_hex(b"operator-token"),
-        );
-        let served = Served::process().start_edited(
-            move |root: &Path, config: String| {
-                std::fs::write(root.join("grant.key"), "7".repeat(64)).unwrap();
-                std::fs::write(root.join("client"), CLIENT).unwrap();
-                let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
-                std::fs::write(
-                    root.join("policy.toml"),
-                    format!("[[rules]]\ntools = [\"mcp.crm.*\"]\ndecision = \"allow\"\n{policy}"),
-                )
-                .unwrap();
-                let config = config.replace(
-                    "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
-                    &format!(
-                        "allow = [\"http://127.0.0.1:{port}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"
-                    ),
-                );
-                format!("{config}\n{extra}")
-                    .replace("KEYFILE", &root.join("grant.key").display().to_string())
-                    .replace("CLIENTFILE", &root.join("client").display().to_string())
-            },
-            &[],
-        );
-        crate::console::wait_listening(console);
+        let front = free_port();
+        let served = node(upstream.port, console, front, store_url);
         Delegating {
             served,
             upstream,
             console,
+            front,
         }
     }
 
@@ -164,35 +177,12 @@ impl Delegating {
             .unwrap()
     }
 
-    /// Opens a session of `principal` in `tenant`: its id and pinned tools.
     fn session(&self, tenant: &str, principal: &str) -> (Uuid, Vec<String>) {
-        let session_id = Uuid::new_v4();
-        let (status, body) = self.served.post(
-            "/v1/sessions",
-            &json!({"session_id": session_id, "tenant_id": tenant,
-                    "principal": {"id": principal, "scopes": []},
-                    "agent": {"tools": ["mcp.*"]}}),
-        );
-        assert_eq!(status, 200, "{body}");
-        let tools = body["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|tool| tool["name"].as_str().unwrap().to_owned())
-            .collect();
-        (session_id, tools)
+        session(&self.served, tenant, principal)
     }
 
-    /// `mcp.crm.whoami` in `session`: the result object.
     fn whoami(&self, session: Uuid) -> Value {
-        let (status, body) = self.served.post(
-            "/v1/calls",
-            &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
-                    "origin_trust": "user",
-                    "calls": [{"call_id": "who", "name": "mcp.crm.whoami", "arguments": {}}]}),
-        );
-        assert_eq!(status, 200, "{body}");
-        body["results"][0].clone()
+        whoami(&self.served, session)
     }
 
     /// Consents for `credential`'s principal as `user` upstream.
@@ -212,6 +202,37 @@ impl Delegating {
             .map(str::to_owned)
             .collect()
     }
+}
+
+/// Opens a session of `principal` in `tenant`: its id and pinned tools.
+fn session(served: &Served, tenant: &str, principal: &str) -> (Uuid, Vec<String>) {
+    let session_id = Uuid::new_v4();
+    let (status, body) = served.post(
+        "/v1/sessions",
+        &json!({"session_id": session_id, "tenant_id": tenant,
+                "principal": {"id": principal, "scopes": []},
+                "agent": {"tools": ["mcp.*"]}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let tools = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap().to_owned())
+        .collect();
+    (session_id, tools)
+}
+
+/// `mcp.crm.whoami` in `session`: the result object.
+fn whoami(served: &Served, session: Uuid) -> Value {
+    let (status, body) = served.post(
+        "/v1/calls",
+        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                "origin_trust": "user",
+                "calls": [{"call_id": "who", "name": "mcp.crm.whoami", "arguments": {}}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    body["results"][0].clone()
 }
 
 fn encode(text: &str) -> String {
@@ -414,4 +435,102 @@ fn each_principals_calls_carry_its_own_grant_and_no_other() {
     node.consent(KEY_A, "alice");
     let again = node.whoami(session);
     assert!(again["content"].to_string().contains("alice"), "{again}");
+}
+
+/// Two nodes never redeem one refresh token. Access tokens live a second,
+/// inside the sixty-second skew, so every use refreshes; the authorization
+/// server rotates refresh tokens, answers a refresh slowly, and revokes
+/// the whole grant when one is presented twice. Calls on two nodes of one
+/// PostgreSQL at once all succeed as the same upstream user, and no
+/// refresh is refused.
+#[test]
+fn two_nodes_never_redeem_one_refresh_token() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(schema) = runtime.block_on(PgSchema::create()) else {
+        eprintln!("DATABASE_URL unset: the two-node refresh runs on PostgreSQL only");
+        return;
+    };
+    let a = Delegating::start_on(
+        &[
+            ("SCRIPTED_OAUTH_EXPIRES", "1".to_owned()),
+            ("SCRIPTED_OAUTH_DELAY_MS", "300".to_owned()),
+        ],
+        Some(&schema.url),
+    );
+    a.consent(KEY_A, "alice");
+    let b = node(a.upstream.port, free_port(), free_port(), Some(&schema.url));
+    let tenant = crate::serve::TENANT;
+    let sessions = [
+        session(&a.served, tenant, "user-1").0,
+        session(&b, tenant, "user-1").0,
+    ];
+    for round in 0..3 {
+        let answers: Vec<Value> = std::thread::scope(|scope| {
+            let on_a = scope.spawn(|| whoami(&a.served, sessions[0]));
+            let on_b = scope.spawn(|| whoami(&b, sessions[1]));
+            vec![on_a.join().unwrap(), on_b.join().unwrap()]
+        });
+        for answer in answers {
+            assert_eq!(
+                answer["outcome"]["status"], "succeeded",
+                "round {round}: {answer}"
+            );
+            assert!(answer["content"].to_string().contains("alice"), "{answer}");
+        }
+    }
+    let redemptions = a.redemptions();
+    assert!(
+        redemptions.contains(&"TOKEN refresh_token 200".to_owned()),
+        "{redemptions:?}"
+    );
+    assert!(
+        !redemptions
+            .iter()
+            .any(|line| line.starts_with("TOKEN refresh_token 4")),
+        "{redemptions:?}"
+    );
+}
+
+/// As a person meets it: in headless Chromium, the consent page (the
+/// front-door key typed in), the link to the authorization server, its
+/// sign-in page, and back to toolgate's callback; then an MCP client's
+/// `tools/call` through the front door with that key answers as the
+/// person's upstream account.
+#[test]
+fn a_person_consents_in_a_browser_and_their_client_calls_as_them() {
+    if !crate::console::browser_installed() {
+        return;
+    }
+    let node = Delegating::start(&[]);
+    let door = crate::front::Client { port: node.front };
+    let call = || {
+        crate::front::stateless::send(
+            &door,
+            KEY_A,
+            "tools/call",
+            json!({"name": "mcp-crm-whoami", "arguments": {}}),
+            &[],
+        )
+    };
+    let browser = crate::console::Browser::start();
+    browser.open(&format!(
+        "http://127.0.0.1:{}/consent?server=crm",
+        node.console
+    ));
+    browser.type_into("#credential", KEY_A);
+    browser.click("#connect");
+    browser.wait_for_text("You will sign in at");
+    assert!(browser.text().contains("user-1"), "{}", browser.text());
+    browser.screenshot("consent-1-asked");
+    browser.click("#continue");
+    browser.wait_for_text("Allow");
+    browser.type_into("#user", "carol");
+    browser.click("#allow");
+    browser.wait_for_text("Connected");
+    browser.screenshot("consent-2-connected");
+
+    let answer = call();
+    let result = &answer.last()["result"];
+    assert_eq!(result["isError"], false, "{answer:?}");
+    assert!(result["content"].to_string().contains("carol"), "{result}");
 }

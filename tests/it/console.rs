@@ -28,7 +28,7 @@ const HOSTILE: &str = "\"><img src=x onerror=alert(1)><script>alert(2)</script>"
 
 /// Whether the browser is installed. Missing, a test skips, except under
 /// `CI=true`, where it fails: `.ci/run` installs both.
-fn browser_installed() -> bool {
+pub fn browser_installed() -> bool {
     let found =
         std::path::Path::new(CHROMIUM).is_file() && std::path::Path::new(CHROMEDRIVER).is_file();
     if !found {
@@ -126,7 +126,7 @@ fn base64(text: &str) -> Vec<u8> {
 }
 
 /// A WebDriver session on a headless chromium.
-struct Browser {
+pub struct Browser {
     driver: Child,
     port: u16,
     session: String,
@@ -136,7 +136,7 @@ struct Browser {
 }
 
 impl Browser {
-    fn start() -> Browser {
+    pub fn start() -> Browser {
         let port = free_port();
         let driver = Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
@@ -213,7 +213,7 @@ impl Browser {
             .unwrap_or_else(|error| panic!("{method} {path}: {error}"))
     }
 
-    fn open(&self, url: &str) {
+    pub fn open(&self, url: &str) {
         self.must("POST", "/url", Some(json!({"url": url})));
     }
 
@@ -223,7 +223,7 @@ impl Browser {
 
     /// Waits until the page's URL ends with `suffix`: a click returns
     /// before the navigation it starts has finished.
-    fn wait_for(&self, suffix: &str) {
+    pub fn wait_for(&self, suffix: &str) {
         let started = Instant::now();
         while !self.url().ends_with(suffix) {
             assert!(
@@ -255,7 +255,7 @@ impl Browser {
         .len()
     }
 
-    fn type_into(&self, css: &str, text: &str) {
+    pub fn type_into(&self, css: &str, text: &str) {
         let element = self.find(css);
         self.must(
             "POST",
@@ -264,7 +264,7 @@ impl Browser {
         );
     }
 
-    fn click(&self, css: &str) {
+    pub fn click(&self, css: &str) {
         let element = self.find(css);
         self.must(
             "POST",
@@ -274,7 +274,7 @@ impl Browser {
     }
 
     /// Waits until the page's text holds `needle`.
-    fn wait_for_text(&self, needle: &str) {
+    pub fn wait_for_text(&self, needle: &str) {
         let started = Instant::now();
         while !self.text().contains(needle) {
             assert!(
@@ -288,7 +288,7 @@ impl Browser {
 
     /// The page's visible text; asked again while a navigation replaces
     /// the page under the question (a stale element).
-    fn text(&self) -> String {
+    pub fn text(&self) -> String {
         let started = Instant::now();
         loop {
             let text = self
@@ -359,7 +359,7 @@ impl Browser {
         cookie["value"].as_str().unwrap().to_owned()
     }
 
-    fn screenshot(&self, name: &str) {
+    pub fn screenshot(&self, name: &str) {
         let png = self.must("GET", "/screenshot", None);
         let bytes = base64(png.as_str().unwrap());
         assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
