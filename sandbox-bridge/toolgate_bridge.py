@@ -16,7 +16,10 @@ gives one, else its text. ``call_result`` returns the whole ``Result``
 A call that did not succeed raises one typed exception per status:
 ``Denied``, ``Failed``, ``Unavailable``, ``Uncertain``; each carries the
 outcome object (``reason_code``, ``message``, ``retryable``, ``remediation``)
-and never a remote's text as its message. ``artifact`` reads an artifact's
+and never a remote's text as its message. A tool that acts with the user's
+own account at a server they have not granted raises ``ConsentRequired``
+(an ``Unavailable``) with the ``url`` of toolgate's consent page; nothing
+ran, and the same call made again once they have consented runs. ``artifact`` reads an artifact's
 bytes (a large output, an image) in full.
 """
 
@@ -42,6 +45,7 @@ __all__ = [
     "Failed",
     "Unavailable",
     "Uncertain",
+    "ConsentRequired",
     "Result",
     "call",
     "call_result",
@@ -72,7 +76,12 @@ def call_id(script_sha256: str, ordinal: int) -> str:
 
 #: The two reason codes that leave a call without a settled outcome: asked
 #: again in the same turn it is the same call, never a second one.
-UNSETTLED = ("tool.concurrency_conflict", "tool.record_unavailable")
+UNSETTLED = (
+    "tool.concurrency_conflict",
+    "tool.record_unavailable",
+    "tool.rate_limited",
+    "tool.consent_required",
+)
 
 
 class BridgeError(Exception):
@@ -113,6 +122,19 @@ class Unavailable(ToolError):
 
 class Uncertain(ToolError):
     """The effect may or may not have happened; it will not be retried."""
+
+
+class ConsentRequired(Unavailable):
+    """The tool acts with the user's own account at ``server_id``, which they
+    have not granted: nothing ran. ``url`` is toolgate's consent page for it;
+    the same call made again once they have consented runs."""
+
+    def __init__(
+        self, outcome: Dict[str, Any], content: List[Dict[str, Any]], consent: Dict[str, Any]
+    ) -> None:
+        super().__init__(outcome, content)
+        self.server_id: Optional[str] = consent.get("server_id")
+        self.url: Optional[str] = consent.get("url")
 
 
 _RAISES = {
@@ -262,7 +284,9 @@ class Bridge:
         status = body.get("status")
         if status == "succeeded":
             return Result(body.get("action", name), body.get("result") or {})
-        outcome = {key: value for key, value in body.items() if key != "content"}
+        outcome = {key: value for key, value in body.items() if key not in ("content", "consent")}
+        if isinstance(body.get("consent"), dict):
+            raise ConsentRequired(outcome, body.get("content", []), body["consent"])
         raise _RAISES.get(status, ToolError)(outcome, body.get("content", []))
 
     def call(self, name: str, /, **arguments: Any) -> Any:

@@ -43,6 +43,11 @@ export declare class Denied extends ToolError {}
 export declare class Failed extends ToolError {}
 export declare class Unavailable extends ToolError {}
 export declare class Uncertain extends ToolError {}
+/** The user has not granted the tool's server their account: nothing ran. */
+export declare class ConsentRequired extends Unavailable {
+  readonly serverId: string;
+  readonly url: string;
+}
 
 export declare class Result {
   readonly action: string;

@@ -48,8 +48,13 @@ export class BridgeError extends Error {
   }
 }
 
-/** The two reason codes that leave a call without a settled outcome. */
-export const UNSETTLED = ["tool.concurrency_conflict", "tool.record_unavailable"];
+/** The reason codes that leave a call without a settled outcome. */
+export const UNSETTLED = [
+  "tool.concurrency_conflict",
+  "tool.record_unavailable",
+  "tool.rate_limited",
+  "tool.consent_required",
+];
 
 /** A call that did not succeed; `outcome` is the six-field object. */
 export class ToolError extends Error {
@@ -73,6 +78,18 @@ export class Failed extends ToolError {}
 export class Unavailable extends ToolError {}
 /** The effect may or may not have happened; it will not be retried. */
 export class Uncertain extends ToolError {}
+/**
+ * The tool acts with the user's own account at `serverId`, which they have
+ * not granted: nothing ran. `url` is toolgate's consent page; the same call
+ * made again once they have consented runs.
+ */
+export class ConsentRequired extends Unavailable {
+  constructor(outcome, content, consent) {
+    super(outcome, content);
+    this.serverId = consent.server_id;
+    this.url = consent.url;
+  }
+}
 
 const RAISES = { denied: Denied, failed: Failed, unavailable: Unavailable, uncertain: Uncertain };
 
@@ -211,7 +228,8 @@ export class Bridge {
         clearTimeout(notice);
       }
       if (body.status === "succeeded") return new Result(body.action || name, body.result || {});
-      const { content = [], ...outcome } = body;
+      const { content = [], consent, ...outcome } = body;
+      if (consent && typeof consent === "object") throw new ConsentRequired(outcome, content, consent);
       const Raised = RAISES[body.status] || ToolError;
       throw new Raised(outcome, content);
     });

@@ -51,15 +51,24 @@ impl ControlApi {
             .iter()
             .zip(&ran.outcomes)
             .map(|(call_id, outcome)| match outcome {
-                CallOutcome::Finished(finished) => json!({
-                    "call_id": call_id,
-                    "invocation_id": finished.invocation_id,
-                    "outcome": finished.outcome,
-                    "content": rendered_content(&finished.content),
-                    "synthesis_only": finished.synthesis_only,
-                    "fails_run": finished.fails_run(),
-                    "retry_after_seconds": finished.retry_after_seconds,
-                }),
+                CallOutcome::Finished(finished) => {
+                    let mut result = json!({
+                        "call_id": call_id,
+                        "invocation_id": finished.invocation_id,
+                        "outcome": finished.outcome,
+                        "content": rendered_content(&finished.content),
+                        "synthesis_only": finished.synthesis_only,
+                        "fails_run": finished.fails_run(),
+                        "retry_after_seconds": finished.retry_after_seconds,
+                    });
+                    // Nothing was recorded: the same call asked again once
+                    // the person has consented runs.
+                    if let Some(consent) = &finished.consent {
+                        result["pending"] = json!({"consent": {
+                            "server_id": consent.server_id, "url": consent.url}});
+                    }
+                    result
+                }
                 CallOutcome::Pending {
                     invocation_id,
                     approval_id,

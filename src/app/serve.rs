@@ -140,26 +140,28 @@ pub async fn build(
     let lease = worker.lease();
     let artifact_files: Arc<dyn crate::ports::ArtifactStore> =
         Arc::new(FsArtifactStore::new(config.artifacts.directory.clone()));
-    let pipeline = Arc::new(
-        Pipeline::new(PipelineParts {
-            registry: registry.clone(),
-            // The pipeline's writes are counted as they commit.
-            invocations: Arc::new(MeteredInvocations::new(store.clone(), metrics.clone())),
-            approvals: store.clone(),
-            events: store.clone(),
-            policy,
-            artifacts: artifact_files.clone(),
-            credentials: credential_resolver(&config, environment),
-            clock: clock.clone(),
-            observer: Arc::new(Unobserved),
-            mcp: Some(servers.clone()),
-            lease: lease.clone(),
-            settings: PipelineSettings {
-                inline_maximum_bytes: config.limits.inline_maximum_bytes,
-            },
-        })
-        .with_rate_limits(rate_limits(&config.limits.rate), metrics.clone()),
-    );
+    let mut pipeline = Pipeline::new(PipelineParts {
+        registry: registry.clone(),
+        // The pipeline's writes are counted as they commit.
+        invocations: Arc::new(MeteredInvocations::new(store.clone(), metrics.clone())),
+        approvals: store.clone(),
+        events: store.clone(),
+        policy,
+        artifacts: artifact_files.clone(),
+        credentials: credential_resolver(&config, environment),
+        clock: clock.clone(),
+        observer: Arc::new(Unobserved),
+        mcp: Some(servers.clone()),
+        lease: lease.clone(),
+        settings: PipelineSettings {
+            inline_maximum_bytes: config.limits.inline_maximum_bytes,
+        },
+    })
+    .with_rate_limits(rate_limits(&config.limits.rate), metrics.clone());
+    if let Some(pages) = config.console.consent_pages() {
+        pipeline = pipeline.with_consent_pages(pages);
+    }
+    let pipeline = Arc::new(pipeline);
     let sessions = Arc::new(Sessions::new(SessionParts {
         registry,
         sessions: store.clone(),

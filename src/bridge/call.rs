@@ -166,15 +166,29 @@ pub(super) async fn run(
         CallOutcome::Finished(Finished {
             outcome,
             retry_after_seconds,
+            consent,
+            content,
             ..
         }) if outcome.reason_code().is_some_and(ReasonCode::is_unsettled) => {
             // No settled outcome: the call is in flight elsewhere (another
-            // node, or recovery), its record could not be written, or a
-            // rate limit held it back. Its ordinal is given back, so the
-            // script's retry is the same call id and reads the outcome the
-            // call's row ends with; a new ordinal would make it a second call.
+            // node, or recovery), its record could not be written, a rate
+            // limit held it back, or the person has not consented at the
+            // server. Its ordinal is given back, so the script's retry is
+            // the same call id and reads the outcome the call's row ends
+            // with; a new ordinal would make it a second call.
             turn.return_ordinal(ordinal);
-            let mut response = reply_text(StatusCode::OK, outcome_text(&outcome, &[], None));
+            let mut text = outcome_text(&outcome, &[], None);
+            // Where the person consents, beside the outcome (with what the
+            // model would read), for the client's typed exception.
+            if let Some(consent) = consent {
+                text = outcome_text(&outcome, &content, None);
+                text.pop();
+                text.push_str(&format!(
+                    ",\"consent\":{}}}",
+                    json!({"server_id": consent.server_id, "url": consent.url})
+                ));
+            }
+            let mut response = reply_text(StatusCode::OK, text);
             if let Some(seconds) = retry_after_seconds {
                 response.headers_mut().insert(
                     hyper::header::RETRY_AFTER,

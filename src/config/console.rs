@@ -115,6 +115,13 @@ impl ConsoleConfig {
         Some(format!("{}/consent/callback", self.base_url()?))
     }
 
+    /// A server's consent page, less the server's id; none while consent
+    /// is not served.
+    pub fn consent_pages(&self) -> Option<String> {
+        self.consent_key_ref.as_ref()?;
+        Some(format!("{}/consent?server=", self.base_url()?))
+    }
+
     /// The console's URL without a trailing `/`; none while it is off.
     fn base_url(&self) -> Option<String> {
         let listen = self.listen?;

@@ -217,15 +217,18 @@ reason_codes! {
 
 impl ReasonCode {
     /// Whether an answer with this code leaves the call without a settled
-    /// outcome: it is in flight elsewhere, or its record could not be
-    /// written. The same call identity asked again is the same call and
-    /// learns its outcome; every other code is the call's settled answer.
+    /// outcome: it is in flight elsewhere, its record could not be written,
+    /// a rate limit held it back, or it waits for the person's consent at
+    /// its server (nothing recorded). The same call identity asked again is
+    /// the same call and learns its outcome; every other code is the call's
+    /// settled answer.
     pub fn is_unsettled(self) -> bool {
         matches!(
             self,
             ReasonCode::ToolConcurrencyConflict
                 | ReasonCode::ToolRecordUnavailable
                 | ReasonCode::ToolRateLimited
+                | ReasonCode::ToolConsentRequired
         )
     }
 

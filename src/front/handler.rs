@@ -170,6 +170,9 @@ impl Front {
             }
             CallOutcome::Finished(finished) => {
                 let mut result = render::finished(&finished, call.run_id);
+                if let Some(consent) = &finished.consent {
+                    render::ask_consent(&mut result, consent);
+                }
                 // The call's own output limit bounds what comes inline.
                 let budget = call
                     .pinned
@@ -618,8 +621,11 @@ impl Methods {
         // names the held row, which must be this caller's same call.
         let mut holds = held_as == HeldAs::Hold;
         let mut declined = false;
+        // Back from a consent page: nothing was recorded, so the call is
+        // asked as any other.
         if held_as == HeldAs::Page
             && let Some(state) = params.get("requestState").and_then(Value::as_str)
+            && state != render::CONSENT_STATE
         {
             identity = self
                 .front
@@ -680,6 +686,11 @@ impl Methods {
                     &session.tenant_id,
                     pages,
                 ))
+            }
+            Answer::Result(result)
+                if held_as == HeldAs::Page && render::consent_of(&result).is_some() =>
+            {
+                Ok(render::consent_elicitation(&result))
             }
             Answer::Result(mut result) => {
                 render::completed(&mut result, context.stateless);

@@ -13,7 +13,7 @@ use crate::domain::{
     IdempotencyClass, ReasonCode, RiskLevel, SideEffectClass, ToolOutcome, ToolSource, ToolSpec,
     TrustLevel, sha256_hex, valid_identifier,
 };
-use crate::pipeline::{DataArtifact, DataPart, Finished, PinnedTool, RenderedPart};
+use crate::pipeline::{ConsentAsked, DataArtifact, DataPart, Finished, PinnedTool, RenderedPart};
 use crate::ports::front::FrontError;
 
 /// `_meta` keys a client names its call with.
@@ -259,6 +259,44 @@ pub fn suspended(invocation_id: Uuid, kind: &str, reference: &str) -> Value {
                               "invocation_id": invocation_id},
         "isError": true,
         "_meta": {META_INVOCATION_ID: invocation_id, "toolgate/status": "suspended"},
+    })
+}
+
+/// The state a consent elicitation's retry carries: it names nothing, since
+/// the call it asks again recorded nothing.
+pub const CONSENT_STATE: &str = "consent";
+
+/// Where a call that needs the person's consent sends them, in `_meta`
+/// beside the six-field outcome (whose content says it as platform text).
+pub fn ask_consent(result: &mut Value, consent: &ConsentAsked) {
+    result["_meta"]["toolgate/consent"] =
+        json!({"serverId": consent.server_id, "url": consent.url});
+}
+
+/// The consent page a result asks its person to open, if it asks.
+pub fn consent_of(result: &Value) -> Option<&str> {
+    result
+        .pointer("/_meta/toolgate~1consent/url")
+        .and_then(Value::as_str)
+}
+
+/// A call that needs the person's consent, as an `InputRequiredResult` for
+/// a client that opens URLs: toolgate's consent page for the server. Its
+/// retry is the same call, asked again.
+pub fn consent_elicitation(result: &Value) -> Value {
+    let url = consent_of(result).unwrap_or_default();
+    let server = result
+        .pointer("/_meta/toolgate~1consent/serverId")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    json!({
+        "resultType": "input_required",
+        "inputRequests": {"consent": {"method": "elicitation/create", "params": {
+            "mode": "url",
+            "message": format!("This tool acts with your own account at {server}, which you have not granted. Nothing has run. Open the page to consent; then continue."),
+            "url": url,
+        }}},
+        "requestState": CONSENT_STATE,
     })
 }
 
@@ -600,6 +638,7 @@ mod tests {
             }),
             synthesis_only: false,
             retry_after_seconds: None,
+            consent: None,
         };
         let result = finished(&end, run);
         let content = result["content"].as_array().unwrap();
@@ -632,6 +671,7 @@ mod tests {
             data: None,
             synthesis_only: false,
             retry_after_seconds: None,
+            consent: None,
         };
         let result = finished(&end, Uuid::new_v4());
         assert_eq!(result["isError"], true);

@@ -297,6 +297,19 @@ pub struct Finished {
     /// A rate-limited call's wait before the same call may be admitted:
     /// whole seconds, at least one. Only `tool.rate_limited` carries it.
     pub retry_after_seconds: Option<u64>,
+    /// Where the person behind the principal consents, for a call that
+    /// needs a grant it does not hold. Only `tool.consent_required` carries
+    /// it; nothing of the call was recorded.
+    pub consent: Option<Box<ConsentAsked>>,
+}
+
+/// The consent a call asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsentAsked {
+    /// The server that acts with the person's own account.
+    pub server_id: String,
+    /// toolgate's consent page for it.
+    pub url: String,
 }
 
 impl Finished {

@@ -26,9 +26,9 @@ pub mod validation;
 pub mod worker;
 
 pub use call::{
-    CallOutcome, CallRequest, CallerTerms, Completion, DataArtifact, DataPart, Finished,
-    PipelineSettings, Point, RecoveryReport, Replay, ReplayDivergence, ResultData, SUSPENDING,
-    StepObserver, SweepBounds, TOOL_CALL, Unobserved, named_tool,
+    CallOutcome, CallRequest, CallerTerms, Completion, ConsentAsked, DataArtifact, DataPart,
+    Finished, PipelineSettings, Point, RecoveryReport, Replay, ReplayDivergence, ResultData,
+    SUSPENDING, StepObserver, SweepBounds, TOOL_CALL, Unobserved, named_tool,
 };
 pub use executor::{Pipeline, PipelineParts};
 pub use output::RenderedPart;

@@ -74,6 +74,7 @@ pub(super) fn recorded(row: &InvocationRecord) -> CallOutcome {
         data,
         synthesis_only: false,
         retry_after_seconds: None,
+        consent: None,
     })
 }
 
@@ -105,6 +106,7 @@ pub(super) fn unrecorded(action: String, code: ReasonCode) -> CallOutcome {
         data: None,
         synthesis_only: false,
         retry_after_seconds: None,
+        consent: None,
     })
 }
 

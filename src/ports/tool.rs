@@ -36,6 +36,17 @@ pub trait Tool: Send + Sync {
         arguments: Value,
         context: ToolExecutionContext,
     ) -> BoxFuture<'a, ToolResult>;
+
+    /// For a tool that acts with each principal's own account at its
+    /// server: that server's id, when `principal_id` of `tenant_id` has not
+    /// granted it. The call then records nothing and asks for consent.
+    fn consent_needed<'a>(
+        &'a self,
+        _tenant_id: &'a str,
+        _principal_id: &'a str,
+    ) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async { None })
+    }
 }
 
 /// Where step 10 sends the call.

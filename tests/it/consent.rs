@@ -30,8 +30,19 @@ struct Delegating {
 /// (and so its consent pages) on `console`, on the store `store_url` (its
 /// own SQLite file when `None`).
 fn node(upstream: u16, console: u16, front: u16, store_url: Option<&str>) -> Served {
+    node_with(upstream, console, front, store_url, "")
+}
+
+/// As [`node`], with `more` tables in its configuration.
+fn node_with(
+    upstream: u16,
+    console: u16,
+    front: u16,
+    store_url: Option<&str>,
+    more: &str,
+) -> Served {
     let extra = format!(
-        "{front}\n[console]\nlisten = \"127.0.0.1:{console}\"\n\
+        "{more}\n{front}\n[console]\nlisten = \"127.0.0.1:{console}\"\n\
          operators = [{{ name = \"ana\", sha256 = \"{operator}\" }}]\n\
          consent_key_ref = \"file:KEYFILE\"\n\n\
          [[mcp.http_servers]]\nserver_id = \"crm\"\nurl = \"http://127.0.0.1:{upstream}/mcp\"\n\
@@ -72,6 +83,14 @@ impl Delegating {
     }
 
     fn start_on(upstream_env: &[(&str, String)], store_url: Option<&str>) -> Delegating {
+        Delegating::start_with(upstream_env, store_url, "")
+    }
+
+    fn start_with(
+        upstream_env: &[(&str, String)],
+        store_url: Option<&str>,
+        more: &str,
+    ) -> Delegating {
         let console = free_port();
         let mut env = vec![
             ("SCRIPTED_OAUTH_CLIENT", CLIENT.to_owned()),
@@ -83,7 +102,7 @@ impl Delegating {
         env.extend(upstream_env.iter().cloned());
         let upstream = ScriptedHttp::start(&env);
         let front = free_port();
-        let served = node(upstream.port, console, front, store_url);
+        let served = node_with(upstream.port, console, front, store_url, more);
         Delegating {
             served,
             upstream,
@@ -225,9 +244,15 @@ fn session(served: &Served, tenant: &str, principal: &str) -> (Uuid, Vec<String>
 
 /// `mcp.crm.whoami` in `session`: the result object.
 fn whoami(served: &Served, session: Uuid) -> Value {
+    whoami_in(served, session, Uuid::new_v4())
+}
+
+/// `mcp.crm.whoami` as call `who` of `run_id`'s first step, so asking it
+/// again is the same call.
+fn whoami_in(served: &Served, session: Uuid, run_id: Uuid) -> Value {
     let (status, body) = served.post(
         "/v1/calls",
-        &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+        &json!({"session_id": session, "run_id": run_id, "step_number": 1,
                 "origin_trust": "user",
                 "calls": [{"call_id": "who", "name": "mcp.crm.whoami", "arguments": {}}]}),
     );
@@ -310,7 +335,7 @@ fn a_principal_consents_and_its_grant_is_kept_sealed_for_it_alone() {
         let bytes = std::fs::read(node.served.folder.path().join(file)).unwrap_or_default();
         let text = String::from_utf8_lossy(&bytes);
         assert!(
-            !text.contains("at-") && !text.contains("rt-"),
+            !holds_token(&text, "at-") && !holds_token(&text, "rt-"),
             "{file} holds a token"
         );
     }
@@ -406,12 +431,33 @@ fn each_principals_calls_carry_its_own_grant_and_no_other() {
     assert!(answer["content"].to_string().contains("alice"), "{answer}");
 
     // Same tenant, another principal, no grant: the catalog is pinned, the
-    // call asks for consent and nothing is sent with alice's grant.
+    // call asks for consent (the page to open, as platform text and as
+    // data), records nothing, and nothing is sent with alice's grant.
     let (other, tools) = node.session(tenant, "user-2");
     assert!(tools.contains(&"mcp.crm.whoami".to_owned()), "{tools:?}");
     let refused = node.whoami(other);
     assert_eq!(
         refused["outcome"]["reason_code"], "tool.consent_required",
+        "{refused}"
+    );
+    assert_eq!(refused["outcome"]["status"], "unavailable", "{refused}");
+    assert_eq!(
+        refused["invocation_id"],
+        Value::Null,
+        "nothing recorded: {refused}"
+    );
+    let page = format!("http://127.0.0.1:{}/consent?server=crm", node.console);
+    assert_eq!(
+        refused["pending"]["consent"]["url"],
+        page.as_str(),
+        "{refused}"
+    );
+    assert_eq!(refused["content"][0]["trust"], "platform", "{refused}");
+    assert!(
+        refused["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains(&page),
         "{refused}"
     );
     assert!(!refused.to_string().contains("alice"), "{refused}");
@@ -423,18 +469,50 @@ fn each_principals_calls_carry_its_own_grant_and_no_other() {
     assert!(answer["content"].to_string().contains("bob"), "{answer}");
     assert!(!answer.to_string().contains("alice"), "{answer}");
 
-    // Revoked: the next call in the open session asks for consent again.
+    // Revoked: the next call in the open session asks for consent again;
+    // once consented, the same call asked again runs, as the same call.
     let (status, _, _) = node.submit(KEY_A, "crm", "revoke");
     assert_eq!(status, 200);
-    let after = node.whoami(session);
+    let run = Uuid::new_v4();
+    let after = whoami_in(&node.served, session, run);
     assert_eq!(
         after["outcome"]["reason_code"], "tool.consent_required",
         "{after}"
     );
-    // And consenting again serves the same session's next call.
     node.consent(KEY_A, "alice");
-    let again = node.whoami(session);
+    let again = whoami_in(&node.served, session, run);
+    assert_eq!(again["outcome"]["status"], "succeeded", "{again}");
     assert!(again["content"].to_string().contains("alice"), "{again}");
+    assert_eq!(
+        whoami_in(&node.served, session, run)["invocation_id"],
+        again["invocation_id"],
+        "asked a third time, it is the call that ran"
+    );
+
+    // A script in a turn of the principal without a grant: the bridge's
+    // client raises `ConsentRequired` with the page, and the call's ordinal
+    // is given back (its retry is the same call).
+    let (_, socket, token) = node.served.turn(other, Uuid::new_v4(), "consent", None);
+    let script = "from toolgate_bridge import call, ConsentRequired\n\
+                  try:\n    call('mcp.crm.whoami')\n\
+                  except ConsentRequired as needed:\n    print(needed.server_id, needed.url, needed.unsettled)\n";
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .env(
+            "PYTHONPATH",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("sandbox-bridge"),
+        )
+        .env("TOOLGATE_BRIDGE_SOCKET", &socket)
+        .env("TOOLGATE_BRIDGE_TOKEN", &token)
+        .output()
+        .expect("python3 runs");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        format!("crm {page} True"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// Two nodes never redeem one refresh token. Access tokens live a second,
@@ -512,11 +590,52 @@ fn a_person_consents_in_a_browser_and_their_client_calls_as_them() {
             &[],
         )
     };
+    // Another tenant's principal consented and called first, so the
+    // server's catalog is known; this principal's client, which opens
+    // URLs, is sent to the consent page, and nothing runs.
+    node.consent(KEY_B, "bob");
+    let bobs = crate::front::stateless::send(
+        &door,
+        KEY_B,
+        "tools/call",
+        json!({"name": "mcp-crm-whoami", "arguments": {}}),
+        &[],
+    );
+    assert!(
+        bobs.last()["result"]["content"].to_string().contains("bob"),
+        "{bobs:?}"
+    );
+    let meta = crate::front::stateless::request_meta(json!({
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"url": {}}}}));
+    let asked = crate::front::stateless::send(
+        &door,
+        KEY_A,
+        "tools/call",
+        json!({"name": "mcp-crm-whoami", "arguments": {}, "_meta": meta.clone()}),
+        &[],
+    );
+    let input = asked.last()["result"].clone();
+    assert_eq!(input["resultType"], "input_required", "{asked:?}");
+    let request = &input["inputRequests"]["consent"];
+    assert_eq!(request["params"]["mode"], "url", "{input}");
+    let page = request["params"]["url"].as_str().unwrap().to_owned();
+    assert_eq!(
+        page,
+        format!("http://127.0.0.1:{}/consent?server=crm", node.console)
+    );
+    let state = input["requestState"].clone();
+    // A client that does not open URLs reads the page as platform text.
+    let plain = call();
+    let result = &plain.last()["result"];
+    assert_eq!(result["isError"], true, "{plain:?}");
+    assert_eq!(
+        result["structuredContent"]["reason_code"],
+        "tool.consent_required"
+    );
+    assert_eq!(result["_meta"]["toolgate/consent"]["url"], page.as_str());
+
     let browser = crate::console::Browser::start();
-    browser.open(&format!(
-        "http://127.0.0.1:{}/consent?server=crm",
-        node.console
-    ));
+    browser.open(&page);
     browser.type_into("#credential", KEY_A);
     browser.click("#connect");
     browser.wait_for_text("You will sign in at");
@@ -529,8 +648,104 @@ fn a_person_consents_in_a_browser_and_their_client_calls_as_them() {
     browser.wait_for_text("Connected");
     browser.screenshot("consent-2-connected");
 
+    // Back from the page, the client asks again with the state it was
+    // given: the call runs as the person.
+    let retried = crate::front::stateless::send(
+        &door,
+        KEY_A,
+        "tools/call",
+        json!({"name": "mcp-crm-whoami", "arguments": {}, "_meta": meta,
+               "requestState": state, "inputResponses": {"consent": {"action": "accept"}}}),
+        &[],
+    );
+    let result = &retried.last()["result"];
+    assert_eq!(result["isError"], false, "{retried:?}");
+    assert!(result["content"].to_string().contains("carol"), "{result}");
     let answer = call();
     let result = &answer.last()["result"];
     assert_eq!(result["isError"], false, "{answer:?}");
     assert!(result["content"].to_string().contains("carol"), "{result}");
+}
+
+/// No token, code, state, client secret or key is anywhere it must not be:
+/// the node's log at trace (the consent, calls with refreshes, a refused
+/// answer), its events, its metrics, the answers, and the store's files.
+#[test]
+fn no_token_code_or_secret_is_in_a_log_an_event_a_metric_or_an_answer() {
+    let node = Delegating::start_with(
+        &[("SCRIPTED_OAUTH_EXPIRES", "1".to_owned())],
+        None,
+        "[log]\nlevel = \"trace\"\n",
+    );
+    let (url, cookie) = node.begin(KEY_A);
+    let back = node.consent_upstream(&url, "alice");
+    let (status, _) = node.callback(&back, Some(&cookie));
+    assert_eq!(status, 200);
+    let query = |name: &str| {
+        back.split(['?', '&'])
+            .find_map(|pair| pair.strip_prefix(&format!("{name}=")))
+            .unwrap()
+            .to_owned()
+    };
+    let (code, state) = (query("code"), query("state"));
+    let (session, _) = node.session(crate::serve::TENANT, "user-1");
+    let mut answers = String::new();
+    for _ in 0..2 {
+        // Each use refreshes: the token lives a second.
+        answers.push_str(&node.whoami(session).to_string());
+    }
+    let (other, _) = node.session(crate::serve::TENANT, "user-2");
+    answers.push_str(&node.whoami(other).to_string());
+    assert!(answers.contains("alice"), "{answers}");
+    assert!(
+        node.redemptions()
+            .contains(&"TOKEN refresh_token 200".to_owned()),
+        "{:?}",
+        node.redemptions()
+    );
+    let (_, events) = node.served.get("/v1/events?after=0");
+    let (_, metrics) = node.served.get("/metrics");
+    let logs = node.served.logs.lock().unwrap().clone();
+    assert!(
+        logs.contains("grant refreshed"),
+        "the log is at trace: {logs}"
+    );
+    let mut places = vec![
+        ("log", logs),
+        ("events", String::from_utf8_lossy(&events).into_owned()),
+        ("metrics", String::from_utf8_lossy(&metrics).into_owned()),
+        ("answers", answers),
+    ];
+    for file in ["toolgate.db", "toolgate.db-wal"] {
+        let bytes = std::fs::read(node.served.folder.path().join(file)).unwrap_or_default();
+        places.push((file, String::from_utf8_lossy(&bytes).into_owned()));
+    }
+    let secrets = [
+        "s3cr3t".to_owned(),
+        "7".repeat(64),
+        code,
+        state,
+        KEY_A.to_owned(),
+    ];
+    for (place, text) in &places {
+        for secret in &secrets {
+            assert!(!text.contains(secret.as_str()), "{place} holds {secret}");
+        }
+        for prefix in ["at-", "rt-"] {
+            assert!(
+                !holds_token(text, prefix),
+                "{place} holds a token ({prefix}…)"
+            );
+        }
+    }
+}
+
+/// Whether `text` holds a token the scripted server issues: `prefix` and a
+/// v4 UUID's 32 hex digits.
+fn holds_token(text: &str, prefix: &str) -> bool {
+    text.match_indices(prefix).any(|(at, _)| {
+        text[at + prefix.len()..]
+            .get(..32)
+            .is_some_and(|id| id.bytes().all(|b| b.is_ascii_hexdigit()))
+    })
 }

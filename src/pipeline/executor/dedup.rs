@@ -183,6 +183,7 @@ impl Pipeline {
                 data: None,
                 synthesis_only: false,
                 retry_after_seconds: None,
+                consent: None,
             })),
             None => Ok(unrecorded(
                 request.name.clone(),

@@ -53,6 +53,9 @@ pub struct Pipeline {
     settings: PipelineSettings,
     owners: RunOwners,
     limits: RateLimits,
+    /// toolgate's consent page for a server, less the server's id; none
+    /// while consent is not served.
+    consent_pages: Option<String>,
 }
 
 /// The parts of a pipeline, as the composition root wires them.
@@ -105,7 +108,15 @@ impl Pipeline {
             settings: parts.settings,
             owners: RunOwners::default(),
             limits: RateLimits::new(RateLimitSettings::default(), None),
+            consent_pages: None,
         }
+    }
+
+    /// This pipeline sending a call that needs a principal's consent to
+    /// `pages` followed by the server's id.
+    pub fn with_consent_pages(mut self, pages: String) -> Self {
+        self.consent_pages = Some(pages);
+        self
     }
 
     /// This pipeline with the operator's rate limits, counted in `metrics`.

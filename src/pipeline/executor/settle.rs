@@ -154,6 +154,7 @@ impl Pipeline {
             data,
             synthesis_only: false,
             retry_after_seconds: None,
+            consent: None,
         }))
     }
 
@@ -358,6 +359,7 @@ impl Pipeline {
             data: None,
             synthesis_only: false,
             retry_after_seconds: None,
+            consent: None,
         })
     }
 }

@@ -108,6 +108,7 @@ impl Pipeline {
             data,
             synthesis_only: false,
             retry_after_seconds: None,
+            consent: None,
         }))
     }
 }

@@ -1,11 +1,13 @@
 //! Refusals that record nothing, taken before anything of a call is read
-//! or written: arguments no store can keep, a rate limit, and a run that is
-//! another principal's. A recovering row was admitted when first asked.
+//! or written: arguments no store can keep, a rate limit, a run that is
+//! another principal's, and a tool acting with the principal's own account
+//! at a server it has not granted. A recovering row was admitted when first
+//! asked.
 
 use super::Pipeline;
 use crate::domain::canonical::holds_nul;
 use crate::domain::{ReasonCode, TrustLevel};
-use crate::pipeline::call::{CallOutcome, CallRequest, named_tool};
+use crate::pipeline::call::{CallOutcome, CallRequest, ConsentAsked, named_tool};
 use crate::pipeline::output::RenderedPart;
 use crate::pipeline::records::unrecorded;
 
@@ -43,7 +45,7 @@ impl Pipeline {
             )
             .await;
         match owned {
-            Ok(true) => None,
+            Ok(true) => self.consent_needed(request).await,
             Ok(false) => {
                 tracing::debug!(call_id = %request.call_id, "a call named another principal's run");
                 Some(unrecorded(
@@ -59,6 +61,40 @@ impl Pipeline {
                 ))
             }
         }
+    }
+}
+
+impl Pipeline {
+    /// A call of a tool that acts with the principal's own account at a
+    /// server it has not granted: nothing runs and nothing is recorded, so
+    /// the same call asked again after consent is a call like any other.
+    async fn consent_needed(&self, request: &CallRequest) -> Option<CallOutcome> {
+        let pages = self.consent_pages.as_deref()?;
+        let named = named_tool(&request.name, &request.arguments);
+        let pinned = request.pinned.resolve(named)?;
+        let server_id = pinned
+            .tool
+            .tool
+            .consent_needed(&request.tenant_id, &request.principal.id)
+            .await?;
+        // A server id is an identifier: nothing in it needs encoding.
+        let url = format!("{pages}{server_id}");
+        let mut outcome = unrecorded(
+            pinned.tool.spec.name.clone(),
+            ReasonCode::ToolConsentRequired,
+        );
+        if let CallOutcome::Finished(finished) = &mut outcome {
+            finished.content = vec![RenderedPart::Text {
+                text: format!(
+                    "This tool acts with the user's own account at {server_id}, which the user \
+                     has not granted. Nothing was run. Ask the user to open {url} and consent, \
+                     then ask for the same call again."
+                ),
+                trust: TrustLevel::Platform,
+            }];
+            finished.consent = Some(Box::new(ConsentAsked { server_id, url }));
+        }
+        Some(outcome)
     }
 }
 

@@ -246,6 +246,28 @@ impl McpServer {
         Some(instance)
     }
 
+    /// This server's id, when it acts with each principal's own grant and
+    /// `principal_id` of `tenant_id` holds none. A store that cannot say
+    /// lets the call go on, to fail as its connection does.
+    pub(super) async fn consent_needed(
+        &self,
+        tenant_id: &str,
+        principal_id: &str,
+    ) -> Option<String> {
+        if !self.delegates() {
+            return None;
+        }
+        let custody = self.shared.custody.get()?;
+        match custody
+            .grants
+            .grant(tenant_id, principal_id, self.server_id())
+            .await
+        {
+            Ok(None) => Some(self.server_id().to_owned()),
+            Ok(Some(_)) | Err(_) => None,
+        }
+    }
+
     /// Its principals' servers now.
     pub(in crate::adapters::mcp) fn instances(&self) -> Vec<Arc<McpServer>> {
         self.delegation

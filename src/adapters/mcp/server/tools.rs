@@ -46,6 +46,17 @@ impl Tool for McpTool {
             }
         })
     }
+
+    fn consent_needed<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: &'a str,
+    ) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let server = self.server.upgrade()?;
+            server.consent_needed(tenant_id, principal_id).await
+        })
+    }
 }
 
 /// `mcp.{server_id}.read_resource`.
@@ -74,6 +85,17 @@ impl Tool for ReadResourceTool {
                 Some(server) => server.read_resource(&uri, &context).await,
                 None => unreachable(ReasonCode::ToolServerUnreachable),
             }
+        })
+    }
+
+    fn consent_needed<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: &'a str,
+    ) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let server = self.server.upgrade()?;
+            server.consent_needed(tenant_id, principal_id).await
         })
     }
 }
