@@ -110,6 +110,13 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// Each principal's grants at `oauth2_user` servers, through a running
+    /// sidecar's control API: list them (never a token), or end one (its
+    /// principal consents again at the next call).
+    Grants {
+        #[command(subcommand)]
+        command: GrantsCommand,
+    },
     /// Reload the running sidecar this configuration names (through its
     /// control socket): the policy rules and the front door's credentials
     /// are put in force; any other section changed in the file is reported
@@ -240,6 +247,26 @@ enum ApprovalsCommand {
 }
 
 #[derive(Subcommand)]
+enum GrantsCommand {
+    /// The tenant's grants: principal, server, issuer, scopes, when granted
+    /// and last used.
+    List {
+        #[command(flatten)]
+        operator: Operator,
+    },
+    /// Ends a principal's grant at a server.
+    Revoke {
+        /// The server.
+        server_id: String,
+        /// Whose grant.
+        #[arg(long)]
+        principal: String,
+        #[command(flatten)]
+        operator: Operator,
+    },
+}
+
+#[derive(Subcommand)]
 enum ReviewCommand {
     /// UNCERTAIN calls, newest first: those not yet resolved unless
     /// --status says otherwise.
@@ -361,6 +388,7 @@ fn main() -> ExitCode {
         Command::Invocations { command } => invocations(command, &environment),
         Command::Approvals { command } => approvals(command, &environment),
         Command::Review { command } => review(command, &environment),
+        Command::Grants { command } => grants(command, &environment),
         Command::Reload { config, socket } => reload(&config, socket, &environment),
     }
 }
@@ -655,6 +683,37 @@ fn approvals(command: ApprovalsCommand, environment: &BTreeMap<String, String>) 
             approver,
             operator,
         } => decide(&approval_id, "deny", approver, &operator),
+    }
+}
+
+/// `toolgate grants …` over the control API: always one tenant's.
+fn grants(command: GrantsCommand, environment: &BTreeMap<String, String>) -> ExitCode {
+    let operator = match &command {
+        GrantsCommand::List { operator } | GrantsCommand::Revoke { operator, .. } => operator,
+    };
+    if operator.tenant.is_none() {
+        eprintln!("toolgate: grants are a tenant's: name it with --tenant");
+        return ExitCode::FAILURE;
+    }
+    match &command {
+        GrantsCommand::List { operator } => {
+            ask(operator, environment, Method::GET, "/v1/grants", None)
+        }
+        GrantsCommand::Revoke {
+            server_id,
+            principal,
+            operator,
+        } => ask(
+            operator,
+            environment,
+            Method::DELETE,
+            &format!(
+                "/v1/grants/{}?principal_id={}",
+                encode(server_id),
+                encode(principal)
+            ),
+            None,
+        ),
     }
 }
 

@@ -103,6 +103,8 @@ fn allowed_keys(method: &Method, segments: &[&str]) -> &'static [&'static str] {
             "server_id",
         ],
         (&Method::GET, ["v1", "tool-health"]) => &["tenant_id", "tool_name", "window"],
+        (&Method::GET, ["v1", "grants"]) => &["tenant_id"],
+        (&Method::DELETE, ["v1", "grants", _]) => &["tenant_id", "principal_id"],
         (&Method::GET, ["v1", "events"]) => &["tenant_id", "after", "limit", "follow"],
         (&Method::POST, ["v1", "approvals", _])
         | (&Method::GET, ["v1", "invocations", _])
@@ -263,6 +265,8 @@ impl ControlApi {
             (Method::GET, ["v1", "artifacts", id]) => self.artifact(id, routed).await,
             (Method::GET, ["v1", "review"]) => self.list_review(routed).await,
             (Method::POST, ["v1", "review", id]) => self.resolve(id, routed).await,
+            (Method::GET, ["v1", "grants"]) => self.list_grants(routed).await,
+            (Method::DELETE, ["v1", "grants", server]) => self.revoke_grant(server, routed).await,
             (Method::PUT, ["v1", "tenants", tenant, "mcp-servers", server]) => {
                 self.put_server(tenant, server, routed).await
             }

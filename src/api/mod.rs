@@ -11,6 +11,7 @@
 mod calls;
 pub mod client;
 mod events;
+mod grants;
 mod listen;
 mod lists;
 mod operator;
@@ -69,6 +70,8 @@ pub struct ApiParts {
     pub events: Arc<dyn EventStore>,
     /// The operator's lists, across tenants.
     pub operator: Arc<dyn OperatorStore>,
+    /// Each principal's `oauth2_user` grants, listed and ended.
+    pub grants: Arc<dyn crate::ports::GrantStore>,
     /// What `/metrics` renders.
     pub metrics: Arc<dyn Metrics>,
     /// Requests in flight on both edges, for the drain.

@@ -407,6 +407,7 @@ fn control_api(
         reviews: store.clone(),
         events: store.clone(),
         operator: store.clone(),
+        grants: store.clone(),
         metrics: shared.metrics.clone(),
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.limits.control_connections),

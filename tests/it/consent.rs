@@ -749,3 +749,70 @@ fn holds_token(text: &str, prefix: &str) -> bool {
             .is_some_and(|id| id.bytes().all(|b| b.is_ascii_hexdigit()))
     })
 }
+
+/// Operators list a tenant's grants (who, which server, when; never a
+/// token) and end one, through the control API and the CLI; the principal's
+/// next call asks for consent again. Another tenant's list holds nothing of
+/// this one's.
+#[test]
+fn operators_list_grants_without_tokens_and_end_them() {
+    let node = Delegating::start(&[]);
+    let tenant = crate::serve::TENANT;
+    node.consent(KEY_A, "alice");
+    node.consent(KEY_B, "bob");
+    let (session, _) = node.session(tenant, "user-1");
+    assert!(
+        node.whoami(session)["content"]
+            .to_string()
+            .contains("alice")
+    );
+
+    let (status, body) = node.served.get(&format!("/v1/grants?tenant_id={tenant}"));
+    assert_eq!(status, 200);
+    let listed: Value = serde_json::from_slice(&body).unwrap();
+    let grants = listed["grants"].as_array().unwrap();
+    assert_eq!(grants.len(), 1, "{listed}");
+    assert_eq!(grants[0]["principal_id"], "user-1");
+    assert_eq!(grants[0]["server_id"], "crm");
+    assert_eq!(
+        grants[0]["issuer"],
+        format!("http://127.0.0.1:{}", node.upstream.port).as_str()
+    );
+    assert!(grants[0]["last_used_at"].is_string(), "{listed}");
+    let text = listed.to_string();
+    assert!(
+        !text.contains("v1.") && !holds_token(&text, "at-"),
+        "{text}"
+    );
+    let (status, _) = node.served.get("/v1/grants");
+    assert_eq!(status, 400, "a tenant is named");
+
+    let socket = node.served.socket.display().to_string();
+    let cli = |args: &[&str]| {
+        let mut all = vec!["grants"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--socket", &socket]);
+        crate::serve::operator(&all)
+    };
+    let (ok, _, stderr) = cli(&["list"]);
+    assert!(!ok && stderr.contains("--tenant"), "{stderr}");
+    let (ok, stdout, stderr) = cli(&["revoke", "crm", "--principal", "user-1", "--tenant", tenant]);
+    assert!(ok, "{stderr}");
+    let revoked: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(revoked["revoked"], true, "{stdout}");
+    let (ok, _, _) = cli(&["revoke", "crm", "--principal", "user-1", "--tenant", tenant]);
+    assert!(!ok, "there is none left to end");
+    let (ok, stdout, _) = cli(&["list", "--tenant", tenant]);
+    assert!(ok, "{stdout}");
+    let left: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(left["grants"], json!([]), "{stdout}");
+    let (_, stdout, _) = cli(&["list", "--tenant", "tenant-other"]);
+    let others: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(others["grants"][0]["principal_id"], "user-1", "{stdout}");
+
+    let after = node.whoami(session);
+    assert_eq!(
+        after["outcome"]["reason_code"], "tool.consent_required",
+        "{after}"
+    );
+}

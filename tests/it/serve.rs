@@ -2026,7 +2026,7 @@ fn the_event_stream_follows_new_events() {
 }
 
 /// Runs a `toolgate` operator command; (succeeded, stdout, stderr).
-fn operator(args: &[&str]) -> (bool, String, String) {
+pub fn operator(args: &[&str]) -> (bool, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .args(args)
         .env_remove("TOOLGATE_CONTROL_SOCKET")

@@ -56,7 +56,7 @@ static GRANT: LazyLock<String> = LazyLock::new(|| {
 static GRANTS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {GRANT_COLUMNS} FROM upstream_grants WHERE tenant_id = $1 \
-         ORDER BY principal_id, server_id"
+         ORDER BY principal_id, server_id LIMIT 1001"
     )
 });
 

@@ -87,7 +87,8 @@ pub trait GrantStore: Send + Sync {
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<UpstreamGrant>, StoreError>>;
 
-    /// Every grant of the tenant, by principal and server.
+    /// The tenant's grants by principal and server: the first 1,001, so a
+    /// list of a thousand can say whether there are more.
     fn grants<'a>(
         &'a self,
         tenant_id: &'a str,
