@@ -5,7 +5,8 @@ as an application uses it. Prints one JSON report; the Rust test judges it.
     PHASE: first, second, reissue (a call whose stream a proxy breaks,
     asked again after the application reconnects, as the SDK leaves it to),
     or artifacts (results read whole through their resource links;
-    TOOLGATE_OTHER_KEY: another principal's credential)
+    TOOLGATE_OTHER_KEY: another principal's credential), or whoami (an
+    oauth2_user server's tool, mcp-crm-whoami, called once)
     TOOLGATE_FRONT_KEY: the bearer credential; TOOLGATE_RUN_ID: the run
     the named calls are in; TOOLGATE_BIN, TOOLGATE_KEY_FILE: for the relay;
     TOOLGATE_ERA: the SDK's mode, "legacy" (initialize and a session, the
@@ -152,9 +153,17 @@ async def artifacts(report):
         report["other"] = (await read(session, link["uri"])).get("error")
 
 
+async def whoami(report):
+    async with client() as session:
+        result = await session.call_tool("mcp-crm-whoami", {})
+        report["whoami"] = summary(result)
+        report["consent"] = (result.meta or {}).get("toolgate/consent")
+
+
 async def main():
     report = {}
-    await {"first": first, "second": second, "reissue": reissue, "artifacts": artifacts}[PHASE](report)
+    phases = {"first": first, "second": second, "reissue": reissue, "artifacts": artifacts, "whoami": whoami}
+    await phases[PHASE](report)
     print(json.dumps(report))
 
 

@@ -816,3 +816,69 @@ fn operators_list_grants_without_tokens_and_end_them() {
         "{after}"
     );
 }
+
+/// A consent outlives a restart of the node it began on: its flow is the
+/// store's. The person who began it before the restart finishes it after.
+#[test]
+fn a_consent_begun_before_a_restart_finishes_after_it() {
+    let mut node = Delegating::start(&[]);
+    let (url, cookie) = node.begin(KEY_A);
+    let back = node.consent_upstream(&url, "alice");
+    node.served.restart();
+    crate::console::wait_listening(node.console);
+    let (status, body) = node.callback(&back, Some(&cookie));
+    assert_eq!(status, 200, "{body}");
+    let (session, _) = node.session(crate::serve::TENANT, "user-1");
+    assert!(
+        node.whoami(session)["content"]
+            .to_string()
+            .contains("alice")
+    );
+}
+
+/// The official Python MCP SDK, through the front door as an application
+/// uses it: before consent its call of the server's tool is an error whose
+/// text and `_meta` give the consent page; after, it answers as the person.
+#[test]
+fn the_python_sdk_is_sent_to_consent_then_calls_as_the_person() {
+    let node = Delegating::start(&[]);
+    let door = crate::front::Client { port: node.front };
+    // Another tenant's principal makes the catalog known.
+    node.consent(KEY_B, "bob");
+    let bobs = crate::front::stateless::send(
+        &door,
+        KEY_B,
+        "tools/call",
+        json!({"name": "mcp-crm-whoami", "arguments": {}}),
+        &[],
+    );
+    assert!(
+        bobs.last()["result"]["content"].to_string().contains("bob"),
+        "{bobs:?}"
+    );
+    let python = crate::front_clients::python("clients");
+    let sdk = || {
+        let mut command = std::process::Command::new(&python);
+        command
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/front_python.py"))
+            .args(["whoami", &format!("http://127.0.0.1:{}/mcp", node.front)])
+            .env("TOOLGATE_FRONT_KEY", KEY_A)
+            .env("TOOLGATE_RUN_ID", Uuid::new_v4().to_string());
+        crate::front_clients::report(command)
+    };
+    let before = sdk();
+    let page = format!("http://127.0.0.1:{}/consent?server=crm", node.console);
+    assert_eq!(before["whoami"]["is_error"], true, "{before}");
+    assert!(
+        before["whoami"]["text"].as_str().unwrap().contains(&page),
+        "{before}"
+    );
+    assert_eq!(before["consent"]["url"], page.as_str(), "{before}");
+    node.consent(KEY_A, "alice");
+    let after = sdk();
+    assert_eq!(after["whoami"]["is_error"], false, "{after}");
+    assert!(
+        after["whoami"]["text"].as_str().unwrap().contains("alice"),
+        "{after}"
+    );
+}

@@ -28,7 +28,7 @@ fn script(name: &str) -> PathBuf {
 }
 
 /// Runs a client program and parses the JSON report it prints.
-fn report(mut command: Command) -> Value {
+pub fn report(mut command: Command) -> Value {
     let output = command
         .output()
         .unwrap_or_else(|error| panic!("{command:?}: {error}"));
@@ -42,7 +42,7 @@ fn report(mut command: Command) -> Value {
         .unwrap_or_else(|_| panic!("no report: {stdout}"))
 }
 
-fn python(venv: &str) -> PathBuf {
+pub fn python(venv: &str) -> PathBuf {
     let python = installed().join(venv).join("bin/python");
     assert!(
         python.exists(),
