@@ -193,6 +193,15 @@ pub async fn build(
     } else {
         None
     };
+    // A principal's identity-provider token is kept only where a server
+    // exchanges it.
+    let exchanges = config.mcp.http_servers.iter().any(|server| {
+        server.common.auth.scheme == crate::domain::mcp_server::AuthScheme::Oauth2User
+            && server.common.auth.token_endpoint.is_some()
+    });
+    if let (true, Some(front)) = (exchanges, &front) {
+        front.credentials().keep_subjects_in(servers.subjects());
+    }
     let reloader = Arc::new(Reloader::new(
         &config,
         options.config_path.clone(),

@@ -345,11 +345,22 @@ impl Config {
     /// credential: both must be there.
     fn validate_consent(&self, problems: &mut Problems) {
         for (index, server) in self.mcp.http_servers.iter().enumerate() {
-            if server.common.auth.scheme == AuthScheme::Oauth2User
-                && self.console.consent_key_ref.is_none()
-            {
+            let auth = &server.common.auth;
+            if auth.scheme != AuthScheme::Oauth2User {
+                continue;
+            }
+            let at = format!("mcp.http_servers[{index}].auth.scheme");
+            if auth.token_endpoint.is_some() {
+                if self.front.jwt.is_none() {
+                    problems.push(
+                        at,
+                        "oauth2_user with a token_endpoint exchanges the caller's own token \
+                         from the identity provider: it needs front.jwt",
+                    );
+                }
+            } else if self.console.consent_key_ref.is_none() {
                 problems.push(
-                    format!("mcp.http_servers[{index}].auth.scheme"),
+                    at,
                     "oauth2_user needs console.consent_key_ref: grants are sealed with it and \
                      consent is asked on the console's pages",
                 );

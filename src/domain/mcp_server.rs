@@ -30,9 +30,11 @@ closed_enum! {
         Header => "header",
         /// A client-credentials exchange at `token_endpoint`, then bearer (HTTP).
         Oauth2Client => "oauth2_client",
-        /// Each principal's own grant, given by consent through the
-        /// authorization-code flow with the client the reference names; its
-        /// endpoints are discovered from the server (HTTP).
+        /// Each principal's own grant: given by consent through the
+        /// authorization-code flow with the client the reference names (its
+        /// endpoints discovered from the server), or, with `token_endpoint`,
+        /// minted there from the principal's own front-door token by an
+        /// RFC 8693 exchange (HTTP).
         Oauth2User => "oauth2_user",
         /// The variable `auth_name` names in the child's environment (stdio).
         Env => "env",
@@ -126,8 +128,9 @@ impl RowViolation {
 }
 
 /// The five rules of the design document over one row's authentication
-/// (`oauth2_user` keeps them as `oauth2_client` does, less the token
-/// endpoint: it is discovered from the server at consent, never written),
+/// (`oauth2_user` keeps them as `oauth2_client` does, its token endpoint
+/// optional: written, it is where the exchange happens; absent, the
+/// endpoints are discovered from the server at consent),
 /// every violation reported. `allowlist` is the egress allowlist the dialer
 /// uses, so a token endpoint it refuses is refused now.
 pub fn validate_auth(fields: AuthFields<'_>, allowlist: &EgressAllowlist) -> Vec<RowViolation> {
@@ -167,10 +170,11 @@ pub fn validate_auth(fields: AuthFields<'_>, allowlist: &EgressAllowlist) -> Vec
         (_, None) => {}
     }
 
-    // Rule 4: oauth2_client exchanges at an endpoint egress permits.
+    // Rule 4: oauth2_client exchanges at an endpoint egress permits, as
+    // oauth2_user does when it names one.
     match (scheme, fields.token_endpoint) {
         (AuthScheme::Oauth2Client, None) => violations.push(RowViolation::TokenEndpointMissing),
-        (AuthScheme::Oauth2Client, Some(endpoint)) => {
+        (AuthScheme::Oauth2Client | AuthScheme::Oauth2User, Some(endpoint)) => {
             if let Err(error) = allowlist.check(endpoint) {
                 violations.push(RowViolation::TokenEndpointRefused(error));
             }
@@ -308,8 +312,8 @@ mod tests {
         }
     }
 
-    /// `oauth2_user` names its client and nothing it would discover, and
-    /// has no pipe to ask a person's consent over.
+    /// `oauth2_user` names its client, an exchange's endpoint only where
+    /// egress permits it, and has no pipe to ask a person's consent over.
     #[test]
     fn a_delegated_row_names_its_client_and_no_endpoint() {
         let allowlist = EgressAllowlist::new(vec![AllowEntry::parse("auth.example.com").unwrap()]);
@@ -324,8 +328,16 @@ mod tests {
                 token_endpoint: Some("https://auth.example.com/token"),
                 ..fields(Transport::Http, "oauth2_user")
             }),
-            vec![RowViolation::TokenEndpointUnused(AuthScheme::Oauth2User)]
+            vec![]
         );
+        assert!(matches!(
+            user(AuthFields {
+                credential_ref: Some("env:CLIENT"),
+                token_endpoint: Some("https://elsewhere.example.net/token"),
+                ..fields(Transport::Http, "oauth2_user")
+            })[..],
+            [RowViolation::TokenEndpointRefused(_)]
+        ));
         assert_eq!(
             user(AuthFields {
                 credential_ref: Some("env:CLIENT"),

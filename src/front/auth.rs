@@ -162,6 +162,9 @@ pub enum AuthError {
 pub struct Credentials {
     keys: RwLock<Arc<Vec<ApiKey>>>,
     jwt: Option<Jwt>,
+    /// Where a verified identity-provider token is left for the servers
+    /// that exchange it (RFC 8693); unset, none is kept.
+    subjects: std::sync::OnceLock<Arc<dyn crate::ports::Subjects>>,
 }
 
 struct Jwt {
@@ -203,6 +206,7 @@ impl Credentials {
         Ok(Credentials {
             keys: RwLock::new(Arc::new(keys)),
             jwt,
+            subjects: std::sync::OnceLock::new(),
         })
     }
 
@@ -260,6 +264,12 @@ impl Credentials {
         }
     }
 
+    /// Leaves each verified identity-provider token in `subjects`, for the
+    /// `oauth2_user` servers that exchange it.
+    pub fn keep_subjects_in(&self, subjects: Arc<dyn crate::ports::Subjects>) {
+        let _ = self.subjects.set(subjects);
+    }
+
     /// Who presented `headers`' bearer credential.
     pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
         let Some(presented) = bearer_token(headers) else {
@@ -271,7 +281,16 @@ impl Credentials {
         if let Some(jwt) = &self.jwt
             && looks_like_jwt(presented)
         {
-            return jwt.verify(presented).await;
+            let (caller, expires_at) = jwt.verify(presented).await?;
+            if let (Some(subjects), Some(expires_at)) = (self.subjects.get(), expires_at) {
+                subjects.remember(
+                    &caller.tenant_id,
+                    &caller.principal.id,
+                    crate::domain::SecretValue::new(presented),
+                    expires_at,
+                );
+            }
+            return Ok(caller);
         }
         self.api_key(presented).ok_or(Refusal::Invalid)
     }
@@ -391,7 +410,11 @@ fn names_critical_extensions(token: &str) -> bool {
 }
 
 impl Jwt {
-    async fn verify(&self, token: &str) -> Result<Caller, Refusal> {
+    /// The caller a token names, and when the token expires.
+    async fn verify(
+        &self,
+        token: &str,
+    ) -> Result<(Caller, Option<chrono::DateTime<chrono::Utc>>), Refusal> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| Refusal::Invalid)?;
         if !self.settings.algorithms.contains(&header.alg) || names_critical_extensions(token) {
             return Err(Refusal::Invalid);
@@ -415,7 +438,12 @@ impl Jwt {
             .find_map(|key| jsonwebtoken::decode::<Value>(token, key, &validation).ok())
             .ok_or(Refusal::Invalid)?
             .claims;
-        self.caller(&claims).ok_or(Refusal::Invalid)
+        let expires_at = claims
+            .get("exp")
+            .and_then(Value::as_i64)
+            .and_then(|exp| chrono::DateTime::from_timestamp(exp, 0));
+        let caller = self.caller(&claims).ok_or(Refusal::Invalid)?;
+        Ok((caller, expires_at))
     }
 
     /// The keys a token may be signed with: the one its `kid` names, or,

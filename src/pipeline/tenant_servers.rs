@@ -148,7 +148,15 @@ impl TenantServers {
                 .iter()
                 .map(|violation| format!("auth.{}: {violation}", violation.field())),
         );
-        if !self.consent && auth.scheme == AuthScheme::Oauth2User.as_str() {
+        // The exchange hands the caller's own front-door token to its
+        // endpoint: only the operator names one.
+        if auth.scheme == AuthScheme::Oauth2User.as_str() && auth.token_endpoint.is_some() {
+            problems.push(
+                "auth.token_endpoint: a tenant's oauth2_user server asks for consent; a token \
+                 exchange is the operator's to configure"
+                    .into(),
+            );
+        } else if !self.consent && auth.scheme == AuthScheme::Oauth2User.as_str() {
             problems.push(
                 "auth.scheme: oauth2_user needs consent, which this toolgate does not serve \
                  (console.consent_key_ref)"

@@ -20,6 +20,22 @@ pub trait Principals: Send + Sync {
     fn principal<'a>(&'a self, credential: &'a SecretValue) -> BoxFuture<'a, Option<Delegator>>;
 }
 
+/// Where the front door leaves each principal's own token from the
+/// operator's identity provider, as it verified it: what an `oauth2_user`
+/// server with a token endpoint exchanges (RFC 8693) for the principal's
+/// upstream token. It is never sent anywhere else.
+pub trait Subjects: Send + Sync {
+    /// Keeps `token` as `principal_id`'s (of `tenant_id`) until
+    /// `expires_at`, replacing the one kept before.
+    fn remember(
+        &self,
+        tenant_id: &str,
+        principal_id: &str,
+        token: SecretValue,
+        expires_at: chrono::DateTime<chrono::Utc>,
+    );
+}
+
 /// A flow begun: where the person goes, and what their browser keeps so
 /// that only it can finish the flow.
 #[derive(Debug, Clone)]

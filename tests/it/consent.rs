@@ -882,3 +882,106 @@ fn the_python_sdk_is_sent_to_consent_then_calls_as_the_person() {
         "{after}"
     );
 }
+
+/// The exchange variant (RFC 8693): an operator's `oauth2_user` server with
+/// a token endpoint mints each principal's upstream token from the
+/// principal's own identity-provider token, as the front door verified it;
+/// no browser. Two principals' calls answer as two users; a caller with an
+/// API key has no such token and is refused, never given another's; the
+/// token the front door took is never sent to the MCP server (which would
+/// refuse it). A tenant may not configure an exchange.
+#[test]
+fn a_token_exchange_mints_each_principals_upstream_token_from_its_own() {
+    let signer = crate::front::jwt::Signer::new("k1");
+    let upstream = ScriptedHttp::start(&[
+        ("SCRIPTED_OAUTH_CLIENT", CLIENT.to_owned()),
+        (
+            "SCRIPTED_OAUTH_REDIRECT",
+            "http://127.0.0.1:9/consent/callback".to_owned(),
+        ),
+    ]);
+    let port = upstream.port;
+    let front = free_port();
+    let jwks = json!({"keys": [signer.jwk()]});
+    let served = Served::process().start_edited_on(None, move |root: &Path, config: String| {
+        std::fs::write(root.join("jwks.json"), jwks.to_string()).unwrap();
+        std::fs::write(root.join("client"), CLIENT).unwrap();
+        let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
+        std::fs::write(
+            root.join("policy.toml"),
+            format!("[[rules]]\ntools = [\"mcp.crm.*\"]\ndecision = \"allow\"\n{policy}"),
+        )
+        .unwrap();
+        let config = config.replace(
+            "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
+            &format!("allow = [\"http://127.0.0.1:{port}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"),
+        );
+        format!(
+            "{config}\n{front}\n[front.jwt]\nissuer = \"https://login.example.com\"\n\
+             audiences = [\"toolgate\"]\njwks_file = \"jwks.json\"\nalgorithms = [\"ES256\"]\n\
+             tools = [\"mcp.*\"]\n\n\
+             [[mcp.http_servers]]\nserver_id = \"crm\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n\
+             side_effect = \"external_read\"\nrisk = \"low\"\nidempotency = \"read_only\"\n\
+             auth = {{ scheme = \"oauth2_user\", credential_ref = \"file:{client}\", \
+             token_endpoint = \"http://127.0.0.1:{port}/token\", token_scopes = [\"mcp:read\"] }}\n",
+            front = front_table(front, ""),
+            client = root.join("client").display(),
+        )
+    });
+    let door = crate::front::Client { port: front };
+    let token = |subject: &str| {
+        signer.token(
+            &json!({"iss": "https://login.example.com", "aud": "toolgate",
+            "sub": subject, "tenant_id": crate::serve::TENANT,
+            "exp": crate::front::jwt::now() + 300, "iat": crate::front::jwt::now()}),
+        )
+    };
+    let whoami = |credential: &str| {
+        let answer = crate::front::stateless::send(
+            &door,
+            credential,
+            "tools/call",
+            json!({"name": "mcp-crm-whoami", "arguments": {}}),
+            &[],
+        );
+        answer.last()["result"].clone()
+    };
+    let seven = whoami(&token("user-7"));
+    assert_eq!(seven["isError"], false, "{seven}");
+    assert!(seven["content"].to_string().contains("user-7"), "{seven}");
+    let eight = whoami(&token("user-8"));
+    assert!(eight["content"].to_string().contains("user-8"), "{eight}");
+    assert!(!eight["content"].to_string().contains("user-7"), "{eight}");
+    let requests = std::fs::read_to_string(upstream.folder.path().join("requests")).unwrap();
+    let exchanges = requests
+        .lines()
+        .filter(|line| *line == "TOKEN urn:ietf:params:oauth:grant-type:token-exchange 200")
+        .count();
+    assert!(exchanges >= 2, "{requests}");
+    // The MCP endpoint never refused a request: it was never sent the
+    // front door's token.
+    assert!(!requests.contains("POST /mcp 401"), "{requests}");
+
+    // An API key names a principal but carries no identity-provider token.
+    let keyed = whoami(KEY_A);
+    assert_eq!(keyed["isError"], true, "{keyed}");
+    assert_eq!(
+        keyed["structuredContent"]["reason_code"], "tool.auth_failed",
+        "{keyed}"
+    );
+
+    let row = json!({"endpoint": format!("http://127.0.0.1:{port}/mcp"),
+        "auth": {"scheme": "oauth2_user",
+                 "credential_ref": format!("secret:{}/client", crate::serve::TENANT),
+                 "token_endpoint": format!("http://127.0.0.1:{port}/token")}});
+    let (status, _, body) = crate::serve::http(
+        &served.socket,
+        "PUT",
+        &format!("/v1/tenants/{}/mcp-servers/mine", crate::serve::TENANT),
+        &[],
+        Some(row.to_string().as_bytes()),
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("auth.token_endpoint"), "{body}");
+}

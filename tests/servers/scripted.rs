@@ -50,7 +50,9 @@
 //!   under `/.well-known/`, `/authorize` (a consent page with a `user` field,
 //!   PKCE S256 and RFC 8707 `resource` required), `/token` (single-use codes
 //!   whose replay revokes what they gave, rotated refresh tokens whose reuse
-//!   revokes the grant), the MCP endpoint only for a live access token it
+//!   revokes the grant, and the RFC 8693 exchange of a JWT for a token of
+//!   its `sub`, as an identity provider's token service), the MCP endpoint
+//!   only for a live access token it
 //!   issued, and a `whoami` tool naming that token's user.
 //!   `SCRIPTED_OAUTH_ISSUER` says another issuer in the metadata and `iss`;
 //!   `SCRIPTED_OAUTH_EXPIRES` is the access tokens' life in seconds (3600);
@@ -1629,6 +1631,41 @@ mod http {
                     }
                     state.refresh.insert(presented.to_owned(), (grant, true));
                     json_answer(StatusCode::OK, &state.issue(grant, config))
+                }
+                // RFC 8693, as an identity provider's token service does it:
+                // the subject token's `sub` becomes the access token's user.
+                // (Its signature is the identity provider's to check; this
+                // one reads the claim.)
+                Some("urn:ietf:params:oauth:grant-type:token-exchange") => {
+                    let subject = form.get("subject_token").unwrap_or_default();
+                    let user = subject
+                        .split('.')
+                        .nth(1)
+                        .and_then(toolgate::domain::base64url_decode)
+                        .and_then(|payload| serde_json::from_slice::<Value>(&payload).ok())
+                        .and_then(|claims| claims.get("sub")?.as_str().map(str::to_owned));
+                    let Some(user) = user.filter(|_| {
+                        form.get("subject_token_type")
+                            == Some("urn:ietf:params:oauth:token-type:jwt")
+                    }) else {
+                        return error(StatusCode::BAD_REQUEST, "invalid_request");
+                    };
+                    if form.get("resource") != Some(config.resource().as_str()) {
+                        return error(StatusCode::BAD_REQUEST, "invalid_target");
+                    }
+                    let mut state = state();
+                    let grant = Grant {
+                        user,
+                        scope: form.get("scope").unwrap_or("mcp:read").to_owned(),
+                        resource: config.resource(),
+                        revoked: false,
+                    };
+                    let number = state.grants.len();
+                    state.grants.push(grant);
+                    let mut issued = state.issue(number, config);
+                    issued["issued_token_type"] =
+                        json!("urn:ietf:params:oauth:token-type:access_token");
+                    json_answer(StatusCode::OK, &issued)
                 }
                 None => error(StatusCode::BAD_REQUEST, "invalid_request"),
                 Some(_) => error(StatusCode::BAD_REQUEST, "unsupported_grant_type"),

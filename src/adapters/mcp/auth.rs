@@ -50,6 +50,11 @@ pub enum AuthError {
     /// authorization server no longer honours): it consents first.
     #[error("the principal has not consented at the server")]
     ConsentRequired,
+    /// No token of the principal's from the identity provider is held to
+    /// exchange: it did not come through the front door with one, or it
+    /// expired.
+    #[error("no identity-provider token of the principal is held to exchange")]
+    NoSubject,
 }
 
 impl AuthError {
@@ -63,6 +68,7 @@ impl AuthError {
             }
             AuthError::Delegated => ReasonCode::ToolAuthUnsupported,
             AuthError::ConsentRequired => ReasonCode::ToolConsentRequired,
+            AuthError::NoSubject => ReasonCode::ToolAuthFailed,
         }
     }
 }

@@ -1,8 +1,11 @@
-//! A principal's grant at use: opened from the store, its access token used
-//! while fresh, otherwise refreshed under a lease that holds across nodes
-//! (two nodes never redeem one refresh token), the rotated tokens saved
-//! before the new access token is used (a refresh whose tokens cannot be
-//! saved is not used, and one the store cannot lease is not attempted).
+//! A principal's grant at use. A consented grant is opened from the store,
+//! its access token used while fresh, otherwise refreshed under a lease
+//! that holds across nodes (two nodes never redeem one refresh token), the
+//! rotated tokens saved before the new access token is used (a refresh
+//! whose tokens cannot be saved is not used, and one the store cannot
+//! lease is not attempted). An exchanged one is minted from the
+//! principal's own identity-provider token (RFC 8693) and held in memory
+//! until it nears its expiry.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,19 +95,106 @@ impl Custody {
     }
 }
 
+/// The principals' own tokens from the operator's identity provider, as
+/// the front door verified them, each until it expires: what an exchange
+/// trades. Bounded: past [`SubjectTokens::MAXIMUM`] the expired go, then
+/// the soonest to expire.
+/// Each principal's token (tenant, principal) and when it expires.
+type Subjects = std::collections::HashMap<(String, String), (SecretValue, DateTime<Utc>)>;
+
+#[derive(Default)]
+pub struct SubjectTokens {
+    held: std::sync::Mutex<Subjects>,
+}
+
+impl std::fmt::Debug for SubjectTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubjectTokens").finish_non_exhaustive()
+    }
+}
+
+impl SubjectTokens {
+    /// Principals held at once.
+    pub const MAXIMUM: usize = 10_000;
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Subjects> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `principal_id`'s token, if one is held and unexpired at `now`.
+    fn get(&self, tenant_id: &str, principal_id: &str, now: DateTime<Utc>) -> Option<SecretValue> {
+        self.held()
+            .get(&(tenant_id.to_owned(), principal_id.to_owned()))
+            .filter(|(_, expires_at)| *expires_at > now)
+            .map(|(token, _)| token.clone())
+    }
+}
+
+impl crate::ports::Subjects for SubjectTokens {
+    fn remember(
+        &self,
+        tenant_id: &str,
+        principal_id: &str,
+        token: SecretValue,
+        expires_at: DateTime<Utc>,
+    ) {
+        let mut held = self.held();
+        if held.len() >= Self::MAXIMUM {
+            let now = Utc::now();
+            held.retain(|_, (_, expires)| *expires > now);
+        }
+        if held.len() >= Self::MAXIMUM
+            && let Some(soonest) = held
+                .iter()
+                .min_by_key(|(_, (_, expires))| *expires)
+                .map(|(key, _)| key.clone())
+        {
+            held.remove(&soonest);
+        }
+        held.insert(
+            (tenant_id.to_owned(), principal_id.to_owned()),
+            (token, expires_at),
+        );
+    }
+}
+
+/// Where a principal's grant comes from.
+#[derive(Debug, Clone)]
+pub enum GrantSource {
+    /// Consent, kept in the store.
+    Kept(Custody),
+    /// An RFC 8693 exchange of the principal's identity-provider token.
+    Exchanged(Arc<Exchange>),
+}
+
+/// An exchange's endpoint and what it asks for; the token it last minted.
+#[derive(Debug)]
+pub struct Exchange {
+    pub(super) subjects: Arc<SubjectTokens>,
+    pub(super) token_endpoint: String,
+    /// The server's URL: the resource the token is for.
+    pub(super) resource: String,
+    pub(super) scopes: Vec<String>,
+    pub(super) minted: std::sync::Mutex<Option<Held>>,
+}
+
 /// One principal's grant at one server, as a connection takes it.
 #[derive(Debug, Clone)]
 pub struct Delegate {
-    pub custody: Custody,
+    pub source: GrantSource,
     pub tenant_id: String,
     pub principal_id: String,
     pub server_id: String,
 }
 
 impl Delegate {
-    /// The access token to send: the stored one while fresh (and, after
-    /// the server refused `failed`, not that one), else a refreshed one.
-    /// No grant, or one that cannot be refreshed, asks for consent.
+    /// The access token to send, after the server refused `failed` if it
+    /// did. Kept: the stored one while fresh (and not the refused one),
+    /// else a refreshed one; no grant, or one that cannot be refreshed,
+    /// asks for consent. Exchanged: the one last minted while fresh, else
+    /// a new one for the principal's current identity-provider token.
     pub(super) async fn token(
         &self,
         client: &SecretValue,
@@ -112,7 +202,13 @@ impl Delegate {
         clock: &dyn Clock,
         failed: Option<&SecretValue>,
     ) -> Result<Held, AuthError> {
-        let grants = &self.custody.grants;
+        let custody = match &self.source {
+            GrantSource::Kept(custody) => custody,
+            GrantSource::Exchanged(exchange) => {
+                return self.exchange(exchange, client, dialer, clock, failed).await;
+            }
+        };
+        let grants = &custody.grants;
         let unavailable = |_| AuthError::Unreachable;
         let mut grant = grants
             .grant(&self.tenant_id, &self.principal_id, &self.server_id)
@@ -121,7 +217,7 @@ impl Delegate {
             .ok_or(AuthError::ConsentRequired)?;
         let started = tokio::time::Instant::now();
         loop {
-            let tokens = self.custody.open(&grant)?;
+            let tokens = custody.open(&grant)?;
             let now = clock.now();
             let fresh = tokens.expires_at.is_none_or(|expires_at| {
                 expires_at - chrono::Duration::seconds(EXPIRY_SKEW_SECONDS) > now
@@ -143,7 +239,9 @@ impl Delegate {
                 .await
                 .map_err(unavailable)?
             {
-                return self.refresh(&grant, tokens, client, dialer, clock).await;
+                return self
+                    .refresh(custody, &grant, tokens, client, dialer, clock)
+                    .await;
             }
             // Another node refreshes: its tokens are used once saved.
             if started.elapsed() >= REFRESH_WAIT {
@@ -158,10 +256,85 @@ impl Delegate {
         }
     }
 
+    /// The token last minted while fresh (and not the one refused), else
+    /// the principal's identity-provider token exchanged for a new one at
+    /// the operator's token endpoint, the server named as the resource.
+    async fn exchange(
+        &self,
+        exchange: &Exchange,
+        client: &SecretValue,
+        dialer: &dyn crate::ports::EgressDialer,
+        clock: &dyn Clock,
+        failed: Option<&SecretValue>,
+    ) -> Result<Held, AuthError> {
+        let now = clock.now();
+        let minted = exchange
+            .minted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .filter(|held| {
+                held.expires_at.is_none_or(|expires_at| {
+                    expires_at - chrono::Duration::seconds(EXPIRY_SKEW_SECONDS) > now
+                }) && failed.is_none_or(|failed| *failed != held.value)
+            });
+        if let Some(held) = minted {
+            return Ok(held);
+        }
+        let subject = exchange
+            .subjects
+            .get(&self.tenant_id, &self.principal_id, now)
+            .ok_or(AuthError::NoSubject)?;
+        let (id, secret) = client
+            .reveal()
+            .split_once(':')
+            .ok_or(AuthError::Unresolved)?;
+        let mut body = format!(
+            "grant_type={}&subject_token={}&subject_token_type={}&resource={}",
+            form_encode("urn:ietf:params:oauth:grant-type:token-exchange"),
+            form_encode(subject.reveal()),
+            form_encode("urn:ietf:params:oauth:token-type:jwt"),
+            form_encode(&exchange.resource),
+        );
+        if !exchange.scopes.is_empty() {
+            body.push_str("&scope=");
+            body.push_str(&form_encode(&exchange.scopes.join(" ")));
+        }
+        let mut headers = Vec::new();
+        if secret.is_empty() {
+            body.push_str("&client_id=");
+            body.push_str(&form_encode(id));
+        } else {
+            headers.push((AUTHORIZATION, basic(id, secret)?));
+        }
+        let (status, bytes) = send(
+            dialer,
+            Method::POST,
+            &exchange.token_endpoint,
+            headers,
+            Some(body),
+            MAXIMUM_TOKEN_ANSWER,
+        )
+        .await?;
+        if status.as_u16() == 400 || status.as_u16() == 401 {
+            return Err(AuthError::Refused);
+        }
+        if !status.is_success() {
+            return Err(AuthError::Unreachable);
+        }
+        let held = token_answer(&bytes, clock.now())?;
+        *exchange
+            .minted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(held.clone());
+        Ok(held)
+    }
+
     /// Redeems the refresh token, holding the lease; saves what comes back
     /// before it is used.
     async fn refresh(
         &self,
+        custody: &Custody,
         grant: &UpstreamGrant,
         tokens: Tokens,
         client: &SecretValue,
@@ -170,7 +343,7 @@ impl Delegate {
     ) -> Result<Held, AuthError> {
         let Some(refresh_token) = tokens.refresh_token.clone() else {
             // Nothing to refresh with: the grant is spent.
-            self.end(grant).await;
+            self.end(custody, grant).await;
             return Err(AuthError::ConsentRequired);
         };
         let (id, secret) = client
@@ -201,7 +374,7 @@ impl Delegate {
         if status.as_u16() == 400 || status.as_u16() == 401 {
             // invalid_grant: revoked, expired or already used. The person
             // consents again.
-            self.end(grant).await;
+            self.end(custody, grant).await;
             return Err(AuthError::ConsentRequired);
         }
         if !status.is_success() {
@@ -222,11 +395,10 @@ impl Delegate {
             token_endpoint: tokens.token_endpoint,
             resource: tokens.resource,
         };
-        let sealed = self.custody.seal(grant, &renewed)?;
+        let sealed = custody.seal(grant, &renewed)?;
         // Saved before it is used: a token the store did not take is not
         // sent, since the next refresh would need the refresh token it holds.
-        let saved = self
-            .custody
+        let saved = custody
             .grants
             .replace_tokens(grant, &sealed, now)
             .await
@@ -250,9 +422,8 @@ impl Delegate {
     }
 
     /// Deletes a grant its authorization server no longer honours.
-    async fn end(&self, grant: &UpstreamGrant) {
-        let ended = self
-            .custody
+    async fn end(&self, custody: &Custody, grant: &UpstreamGrant) {
+        let ended = custody
             .grants
             .revoke_grant(&grant.tenant_id, &grant.principal_id, &grant.server_id)
             .await;

@@ -139,6 +139,7 @@ impl McpServerSet {
             clock,
             metrics,
             custody: Arc::default(),
+            subjects: Arc::default(),
         };
         McpServerSet {
             operator: settings
@@ -267,8 +268,17 @@ impl McpServerSet {
             .iter()
             .filter(|server| server.enabled() && server.server_id() == server_id)
             .find_map(|server| server.http_settings())
-            .filter(|settings| settings.auth.scheme == AuthScheme::Oauth2User)
+            .filter(|settings| {
+                settings.auth.scheme == AuthScheme::Oauth2User
+                    && settings.auth.token_endpoint.is_none()
+            })
             .cloned()
+    }
+
+    /// Where the front door leaves the principals' identity-provider
+    /// tokens, for the servers that exchange them.
+    pub fn subjects(&self) -> Arc<dyn crate::ports::Subjects> {
+        self.shared.subjects.clone()
     }
 
     /// Where `oauth2_user` grants are kept: set once, when consent is

@@ -265,9 +265,10 @@ impl McpServer {
 
     /// Discovery for one preparation of `principal_id`'s session: an
     /// `oauth2_user` server is discovered through the principal's own
-    /// server, with its grant; a principal without one (or no principal)
-    /// pins the catalog the server last gave any principal, and is asked
-    /// for consent when it calls. Every other server, as [`Self::discover`].
+    /// server, with its grant; a principal without one (or whose
+    /// credential the server refused, or no principal) pins the catalog the
+    /// server last gave any principal, and is answered when it calls. Every
+    /// other server, as [`Self::discover`].
     pub(in crate::adapters::mcp) async fn discover_for(
         self: &Arc<Self>,
         tenant_id: &str,
@@ -289,10 +290,13 @@ impl McpServer {
             return self.failed_discovery(ReasonCode::ToolAuthUnsupported);
         };
         let found = instance.discover(general, startup).await;
+        // What one principal lacks (consent, or a token to exchange) does
+        // not withdraw the server from every other principal's sessions.
         match found.outcome {
             DiscoveryOutcome::Failed {
-                reason_code: ReasonCode::ToolConsentRequired,
-            } => remembered_or(ReasonCode::ToolConsentRequired),
+                reason_code:
+                    reason_code @ (ReasonCode::ToolConsentRequired | ReasonCode::ToolAuthFailed),
+            } => remembered_or(reason_code),
             _ => found,
         }
     }
@@ -529,6 +533,7 @@ mod tests {
             clock: Arc::new(SystemClock),
             metrics: untouched,
             custody: Arc::default(),
+            subjects: Arc::default(),
         };
         let settings = HttpServerSettings {
             server_id: "remote".into(),

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use super::auth::Authenticator;
 use super::catalog::RemoteTool;
 use super::client::Connection;
-use super::grant::{Custody, Delegate};
+use super::grant::{Custody, Delegate, Exchange, GrantSource, SubjectTokens};
 use crate::domain::mcp_server::{AuthScheme, ServerClassification, Transport};
 use crate::domain::{ReasonCode, SecretValue};
 use crate::ports::metrics::Metrics;
@@ -76,6 +76,8 @@ pub(super) struct Shared {
     pub(super) metrics: Arc<dyn Metrics>,
     /// Where `oauth2_user` grants are kept, once consent is configured.
     pub(super) custody: Arc<OnceLock<Custody>>,
+    /// The principals' identity-provider tokens an exchange trades.
+    pub(super) subjects: Arc<SubjectTokens>,
 }
 
 /// An `oauth2_user` server's principals, each with a server of its own.
@@ -198,20 +200,29 @@ impl McpServer {
     }
 
     /// `principal_id`'s own server (of `tenant_id`), made at its first use;
-    /// `None` when this is not an `oauth2_user` server or consent is not
-    /// configured.
+    /// `None` when this is not an `oauth2_user` server, or its grants are
+    /// consented and consent is not configured.
     pub(super) fn instance(
         self: &Arc<Self>,
         tenant_id: &str,
         principal_id: &str,
     ) -> Option<Arc<McpServer>> {
         let delegation = self.delegation.as_ref()?;
-        let custody = self.shared.custody.get()?.clone();
         let Endpoint::Http {
             settings, dialer, ..
         } = &self.endpoint
         else {
             return None;
+        };
+        let source = match &settings.auth.token_endpoint {
+            Some(token_endpoint) => GrantSource::Exchanged(Arc::new(Exchange {
+                subjects: self.shared.subjects.clone(),
+                token_endpoint: token_endpoint.clone(),
+                resource: settings.url.clone(),
+                scopes: settings.auth.token_scopes.clone(),
+                minted: Mutex::new(None),
+            })),
+            None => GrantSource::Kept(self.shared.custody.get()?.clone()),
         };
         let key = (tenant_id.to_owned(), principal_id.to_owned());
         let mut instances = lock(&delegation.instances);
@@ -225,7 +236,7 @@ impl McpServer {
             self.shared.clock.clone(),
         )
         .delegated(Delegate {
-            custody,
+            source,
             tenant_id: tenant_id.to_owned(),
             principal_id: principal_id.to_owned(),
             server_id: settings.server_id.clone(),
@@ -254,7 +265,8 @@ impl McpServer {
         tenant_id: &str,
         principal_id: &str,
     ) -> Option<String> {
-        if !self.delegates() {
+        // An exchange asks nobody.
+        if !self.delegates() || self.http_settings()?.auth.token_endpoint.is_some() {
             return None;
         }
         let custody = self.shared.custody.get()?;
