@@ -5,8 +5,10 @@
 //! authorization server sends them back.
 //!
 //! The flow is bound twice: to the principal that proved itself, and to
-//! the browser it began in (a cookie only that browser holds, `SameSite=Lax`
-//! so that it comes back with the authorization server's redirect). A link
+//! the browser it began in (a cookie only that browser holds, named by the
+//! flow, `SameSite=Lax` so that it comes back with the authorization
+//! server's redirect, `__Host-` behind TLS so no other origin can plant
+//! one). A link
 //! opened by someone else, or an answer planted in another browser, grants
 //! nothing to anyone. The credential is read from the form and never kept.
 
@@ -21,10 +23,18 @@ use super::html::{self, escape};
 use super::{ConsoleError, Fields, auth};
 use crate::domain::SecretValue;
 use crate::edge::Reply;
+use crate::ports::consent::consent_cookie_name;
 use crate::ports::{Consent, ConsentAnswer, ConsentError, Principals};
 
-/// The cookie a flow's browser holds.
-const COOKIE_NAME: &str = "toolgate_consent";
+/// The cookie a flow's browser holds, as set: behind TLS with the
+/// `__Host-` prefix (only this origin, over TLS, can have set it).
+fn cookie_name(flow_name: &str, secure: bool) -> String {
+    if secure {
+        format!("__Host-{flow_name}")
+    } else {
+        flow_name.to_owned()
+    }
+}
 
 /// What the consent pages are served with.
 pub struct ConsentParts {
@@ -82,11 +92,18 @@ fn failure(error: &ConsentError) -> Reply {
     page(status_of(error), "Consent refused", &body)
 }
 
-/// `reply` setting the flow's cookie to `value` for `max_age` seconds.
-fn with_cookie(mut reply: Reply, value: &str, max_age: u64, secure: bool) -> Reply {
-    let secure = if secure { "; Secure" } else { "" };
+/// `reply` setting the flow's cookie `name` to `value` for `max_age`
+/// seconds.
+fn with_cookie(mut reply: Reply, name: &str, value: &str, max_age: u64, secure: bool) -> Reply {
+    // `__Host-` needs `Path=/` and `Secure`.
+    let (path, secure) = if secure {
+        ("/", "; Secure")
+    } else {
+        ("/consent", "")
+    };
     let cookie = format!(
-        "{COOKIE_NAME}={value}; Path=/consent; HttpOnly; SameSite=Lax; Max-Age={max_age}{secure}"
+        "{}={value}; Path={path}; HttpOnly; SameSite=Lax; Max-Age={max_age}{secure}",
+        cookie_name(name, !secure.is_empty())
     );
     if let Ok(cookie) = HeaderValue::from_str(&cookie) {
         reply.headers_mut().insert(SET_COOKIE, cookie);
@@ -150,6 +167,7 @@ pub(super) async fn submit(
                 let reply = page(StatusCode::OK, "Consent", &body);
                 Ok(with_cookie(
                     reply,
+                    &start.cookie_name,
                     &start.browser,
                     parts.flow_lifetime.as_secs(),
                     secure_cookie,
@@ -175,7 +193,8 @@ pub(super) async fn callback(
         iss: query.get("iss").map(str::to_owned),
         error: query.get("error").map(str::to_owned),
     };
-    let browser = auth::cookie_named(request.headers(), COOKIE_NAME);
+    let flow_name = consent_cookie_name(answer.state.as_deref().unwrap_or_default());
+    let browser = auth::cookie_named(request.headers(), &cookie_name(&flow_name, secure_cookie));
     let reply = match parts.consent.finish(browser, &answer).await {
         Ok(granted) => page(
             StatusCode::OK,
@@ -191,5 +210,5 @@ pub(super) async fn callback(
         ),
         Err(error) => failure(&error),
     };
-    with_cookie(reply, "", 0, secure_cookie)
+    with_cookie(reply, &flow_name, "", 0, secure_cookie)
 }

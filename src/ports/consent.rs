@@ -38,7 +38,7 @@ pub trait Subjects: Send + Sync {
 
 /// A flow begun: where the person goes, and what their browser keeps so
 /// that only it can finish the flow.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConsentStart {
     /// The authorization server's page, with the request in its query.
     pub authorization_url: String,
@@ -46,17 +46,46 @@ pub struct ConsentStart {
     pub authorization_origin: String,
     /// The browser's cookie value; only its sha256 is stored.
     pub browser: String,
+    /// The cookie's name ([`consent_cookie_name`] of the flow's state).
+    pub cookie_name: String,
     /// The scopes asked for.
     pub scopes: Vec<String>,
 }
 
+impl std::fmt::Debug for ConsentStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL carries the state; the cookie binds the browser.
+        f.debug_struct("ConsentStart")
+            .field("authorization_origin", &self.authorization_origin)
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The cookie that binds a flow's browser: named by the flow, so flows in
+/// two tabs do not replace each other's.
+pub fn consent_cookie_name(state: &str) -> String {
+    let digest = crate::domain::sha256_hex(format!("toolgate consent cookie\n{state}").as_bytes());
+    format!("toolgate_consent_{}", &digest[..16])
+}
+
 /// What the authorization server sent the person back with.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ConsentAnswer {
     pub state: Option<String>,
     pub code: Option<String>,
     pub iss: Option<String>,
     pub error: Option<String>,
+}
+
+impl std::fmt::Debug for ConsentAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The code and the state are the flow's secrets.
+        f.debug_struct("ConsentAnswer")
+            .field("iss", &self.iss)
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A grant kept.

@@ -60,7 +60,7 @@ fn node_with(
             let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
             std::fs::write(
                 root.join("policy.toml"),
-                format!("[[rules]]\ntools = [\"mcp.crm.*\"]\ndecision = \"allow\"\n{policy}"),
+                format!("[[rules]]\ntools = [\"mcp.crm.*\", \"mcp.mine.*\"]\ndecision = \"allow\"\n{policy}"),
             )
             .unwrap();
             let config = config.replace(
@@ -134,10 +134,15 @@ impl Delegating {
     /// Begins consent as `credential`: the authorization URL and the
     /// browser's cookie.
     fn begin(&self, credential: &str) -> (String, String) {
-        let (status, head, body) = self.submit(credential, "crm", "connect");
+        self.begin_at(credential, "crm")
+    }
+
+    /// As [`Delegating::begin`], at `server`.
+    fn begin_at(&self, credential: &str, server: &str) -> (String, String) {
+        let (status, head, body) = self.submit(credential, server, "connect");
         assert_eq!(status, 200, "{body}");
         let cookie = set_cookie(&head).expect("the flow's cookie");
-        assert!(cookie.starts_with("toolgate_consent="), "{cookie}");
+        assert!(cookie.starts_with("toolgate_consent_"), "{cookie}");
         assert!(head.contains("SameSite=Lax"), "{head}");
         let url = between(&body, "id=\"continue\" href=\"", "\"")
             .expect("the link to the authorization server")
@@ -221,6 +226,15 @@ impl Delegating {
             .map(str::to_owned)
             .collect()
     }
+}
+
+/// Another principal of the tenant (`user-2`) consents and calls, so the
+/// server's catalog is known to the tenant's principals without a grant.
+fn catalog_known(node: &Delegating) {
+    node.consent(KEY_A2, "dave");
+    let (session, _) = node.session(crate::serve::TENANT, "user-2");
+    let answer = node.whoami(session);
+    assert!(answer["content"].to_string().contains("dave"), "{answer}");
 }
 
 /// Opens a session of `principal` in `tenant`: its id and pinned tools.
@@ -314,10 +328,14 @@ fn a_principal_consents_and_its_grant_is_kept_sealed_for_it_alone() {
     assert!(node.grants().is_empty());
     assert!(node.redemptions().is_empty(), "no code was redeemed");
 
-    // Again, in the browser that began it: the grant is kept.
+    // Again, in the browser that began it, with a second flow begun in
+    // another tab meanwhile: each flow has its own cookie, and the grant
+    // is kept.
     let (url, cookie) = node.begin(KEY_A);
+    let (_, other_tab) = node.begin(KEY_A);
+    assert_ne!(cookie, other_tab);
     let back = node.consent_upstream(&url, "alice");
-    let (status, body) = node.callback(&back, Some(&cookie));
+    let (status, body) = node.callback(&back, Some(&format!("{other_tab}; {cookie}")));
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("Connected"), "{body}");
     let grants = node.grants();
@@ -429,6 +447,12 @@ fn each_principals_calls_carry_its_own_grant_and_no_other() {
     let answer = node.whoami(session);
     assert_eq!(answer["outcome"]["status"], "succeeded", "{answer}");
     assert!(answer["content"].to_string().contains("alice"), "{answer}");
+    // What this tenant's principal listed is not another tenant's catalog.
+    let (_, elsewhere) = node.session("tenant-other", "user-1");
+    assert!(
+        !elsewhere.contains(&"mcp.crm.whoami".to_owned()),
+        "{elsewhere:?}"
+    );
 
     // Same tenant, another principal, no grant: the catalog is pinned, the
     // call asks for consent (the page to open, as platform text and as
@@ -590,21 +614,10 @@ fn a_person_consents_in_a_browser_and_their_client_calls_as_them() {
             &[],
         )
     };
-    // Another tenant's principal consented and called first, so the
-    // server's catalog is known; this principal's client, which opens
-    // URLs, is sent to the consent page, and nothing runs.
-    node.consent(KEY_B, "bob");
-    let bobs = crate::front::stateless::send(
-        &door,
-        KEY_B,
-        "tools/call",
-        json!({"name": "mcp-crm-whoami", "arguments": {}}),
-        &[],
-    );
-    assert!(
-        bobs.last()["result"]["content"].to_string().contains("bob"),
-        "{bobs:?}"
-    );
+    // Another principal of the tenant consented and called first, so the
+    // server's catalog is known to the tenant; this principal's client,
+    // which opens URLs, is sent to the consent page, and nothing runs.
+    catalog_known(&node);
     let meta = crate::front::stateless::request_meta(json!({
         "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"url": {}}}}));
     let asked = crate::front::stateless::send(
@@ -842,20 +855,8 @@ fn a_consent_begun_before_a_restart_finishes_after_it() {
 #[test]
 fn the_python_sdk_is_sent_to_consent_then_calls_as_the_person() {
     let node = Delegating::start(&[]);
-    let door = crate::front::Client { port: node.front };
-    // Another tenant's principal makes the catalog known.
-    node.consent(KEY_B, "bob");
-    let bobs = crate::front::stateless::send(
-        &door,
-        KEY_B,
-        "tools/call",
-        json!({"name": "mcp-crm-whoami", "arguments": {}}),
-        &[],
-    );
-    assert!(
-        bobs.last()["result"]["content"].to_string().contains("bob"),
-        "{bobs:?}"
-    );
+    // Another principal of the tenant makes the catalog known to it.
+    catalog_known(&node);
     let python = crate::front_clients::python("clients");
     let sdk = || {
         let mut command = std::process::Command::new(&python);
@@ -909,7 +910,7 @@ fn a_token_exchange_mints_each_principals_upstream_token_from_its_own() {
         let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
         std::fs::write(
             root.join("policy.toml"),
-            format!("[[rules]]\ntools = [\"mcp.crm.*\"]\ndecision = \"allow\"\n{policy}"),
+            format!("[[rules]]\ntools = [\"mcp.crm.*\", \"mcp.mine.*\"]\ndecision = \"allow\"\n{policy}"),
         )
         .unwrap();
         let config = config.replace(
@@ -984,4 +985,60 @@ fn a_token_exchange_mints_each_principals_upstream_token_from_its_own() {
     let body = String::from_utf8_lossy(&body);
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("auth.token_endpoint"), "{body}");
+}
+
+/// A grant is the server's at the URL it was given for: a tenant that
+/// points its server's row elsewhere does not get its principals' tokens
+/// sent there; they consent again.
+#[test]
+fn a_grant_is_never_sent_to_where_its_server_was_pointed_since() {
+    let node = Delegating::start_with(
+        &[],
+        None,
+        "[credentials]\ntenant_secrets_directory = \"secrets\"\n",
+    );
+    let tenant = crate::serve::TENANT;
+    let secrets = node.served.folder.path().join("secrets").join(tenant);
+    std::fs::create_dir_all(&secrets).unwrap();
+    std::fs::write(secrets.join("client"), CLIENT).unwrap();
+    let put = |path: &str| {
+        let row = json!({"endpoint": format!("http://127.0.0.1:{}{path}", node.upstream.port),
+            "auth": {"scheme": "oauth2_user", "credential_ref": format!("secret:{tenant}/client")},
+            "side_effect": "external_read", "risk": "low", "idempotency": "read_only"});
+        let (status, _, body) = crate::serve::http(
+            &node.served.socket,
+            "PUT",
+            &format!("/v1/tenants/{tenant}/mcp-servers/mine"),
+            &[],
+            Some(row.to_string().as_bytes()),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    };
+    put("/mcp");
+    let (url, cookie) = node.begin_at(KEY_A, "mine");
+    let back = node.consent_upstream(&url, "alice");
+    assert_eq!(node.callback(&back, Some(&cookie)).0, 200);
+    let call = |session| {
+        let (status, body) = node.served.post(
+            "/v1/calls",
+            &json!({"session_id": session, "run_id": Uuid::new_v4(), "step_number": 1,
+                    "origin_trust": "user",
+                    "calls": [{"call_id": "who", "name": "mcp.mine.whoami", "arguments": {}}]}),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["results"][0].clone()
+    };
+    let (session, _) = node.session(tenant, "user-1");
+    assert!(call(session)["content"].to_string().contains("alice"));
+
+    // Pointed elsewhere, the server is a new one: the session's discovery
+    // would need the principal's grant for the new URL, which it does not
+    // hold, so the server's tools are not offered, and nothing is sent.
+    put("/elsewhere");
+    let (session, tools) = node.session(tenant, "user-1");
+    assert!(!tools.contains(&"mcp.mine.whoami".to_owned()), "{tools:?}");
+    let moved = call(session);
+    assert_ne!(moved["outcome"]["status"], "succeeded", "{moved}");
+    let requests = std::fs::read_to_string(node.upstream.folder.path().join("requests")).unwrap();
+    assert!(!requests.contains("/elsewhere"), "{requests}");
 }

@@ -364,6 +364,7 @@ impl Consent for Delegations {
             Ok(ConsentStart {
                 authorization_url: with_query(&found.authorization_endpoint, &pairs),
                 authorization_origin,
+                cookie_name: crate::ports::consent::consent_cookie_name(&state),
                 browser,
                 scopes,
             })

@@ -24,8 +24,10 @@ const MAXIMUM_TOKEN_ANSWER: usize = 64 << 10;
 /// A token within this many seconds of its expiry is refreshed.
 const EXPIRY_SKEW_SECONDS: i64 = 60;
 /// How long a node holds a grant's refresh lease: past it, another node
-/// may refresh (the holder died mid-refresh).
-const REFRESH_LEASE: Duration = Duration::from_secs(30);
+/// may refresh (the holder died mid-refresh). Longer than a refresh can
+/// take: a dial (10 s to connect, 10 s of TLS), then 10 s for the
+/// handshake and 10 s for the answer; nodes' clocks agree within 5 s.
+const REFRESH_LEASE: Duration = Duration::from_secs(90);
 /// How long a node waits for another's refresh before giving up the call.
 const REFRESH_WAIT: Duration = Duration::from_secs(15);
 /// How often it looks while it waits.
@@ -187,6 +189,22 @@ pub struct Delegate {
     pub tenant_id: String,
     pub principal_id: String,
     pub server_id: String,
+    /// The server's URL as configured now: a grant given for another (the
+    /// row was pointed elsewhere since) is never sent to it.
+    pub resource: String,
+}
+
+/// Whether a grant given for `given` may be sent to the server at `now`.
+pub(super) fn same_resource(given: &str, now: &str) -> bool {
+    given.trim_end_matches('/') == now.trim_end_matches('/')
+}
+
+impl Custody {
+    /// Whether `grant` opens and was given for the server at `resource`.
+    pub(super) fn usable_for(&self, grant: &UpstreamGrant, resource: &str) -> bool {
+        self.open(grant)
+            .is_ok_and(|tokens| same_resource(&tokens.resource, resource))
+    }
 }
 
 impl Delegate {
@@ -218,6 +236,15 @@ impl Delegate {
         let started = tokio::time::Instant::now();
         loop {
             let tokens = custody.open(&grant)?;
+            if !same_resource(&tokens.resource, &self.resource) {
+                tracing::warn!(
+                    tenant = %grant.tenant_id,
+                    principal = %grant.principal_id,
+                    server = %grant.server_id,
+                    "a grant was given for the server's earlier URL; it is not sent, the principal consents again"
+                );
+                return Err(AuthError::ConsentRequired);
+            }
             let now = clock.now();
             let fresh = tokens.expires_at.is_none_or(|expires_at| {
                 expires_at - chrono::Duration::seconds(EXPIRY_SKEW_SECONDS) > now
@@ -362,7 +389,7 @@ impl Delegate {
         } else {
             headers.push((AUTHORIZATION, basic(id, secret)?));
         }
-        let (status, bytes) = send(
+        let answered = send(
             dialer,
             Method::POST,
             &tokens.token_endpoint,
@@ -370,18 +397,43 @@ impl Delegate {
             Some(body),
             MAXIMUM_TOKEN_ANSWER,
         )
-        .await?;
-        if status.as_u16() == 400 || status.as_u16() == 401 {
-            // invalid_grant: revoked, expired or already used. The person
-            // consents again.
+        .await;
+        let failed = |error: AuthError| async move {
+            // Another node may try at once rather than when the lease ends.
+            let _ = custody.grants.release_refresh(grant).await;
+            error
+        };
+        let (status, bytes) = match answered {
+            Ok(answered) => answered,
+            Err(error) => return Err(failed(error).await),
+        };
+        let error_code = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|answer| answer.get("error")?.as_str().map(str::to_owned));
+        if status.as_u16() == 400 && error_code.as_deref() == Some("invalid_grant") {
+            // Revoked, expired or already used: the person consents again.
             self.end(custody, grant).await;
             return Err(AuthError::ConsentRequired);
         }
+        if status.as_u16() == 400 || status.as_u16() == 401 {
+            // The client (a secret rotated on one side only) or the request
+            // is refused, not the person's grant: it is kept.
+            tracing::warn!(
+                tenant = %grant.tenant_id,
+                server = %grant.server_id,
+                status = status.as_u16(),
+                "the authorization server refused a refresh for another reason than the grant"
+            );
+            return Err(failed(AuthError::Refused).await);
+        }
         if !status.is_success() {
-            return Err(AuthError::Unreachable);
+            return Err(failed(AuthError::Unreachable).await);
         }
         let now = clock.now();
-        let held = token_answer(&bytes, now)?;
+        let held = match token_answer(&bytes, now) {
+            Ok(held) => held,
+            Err(error) => return Err(failed(error).await),
+        };
         let answer: Value = serde_json::from_slice(&bytes).map_err(|_| AuthError::Malformed)?;
         let rotated = answer
             .get("refresh_token")
@@ -421,13 +473,10 @@ impl Delegate {
         Ok(held)
     }
 
-    /// Deletes a grant its authorization server no longer honours.
+    /// Deletes a grant its authorization server no longer honours, unless
+    /// a consent replaced it meanwhile.
     async fn end(&self, custody: &Custody, grant: &UpstreamGrant) {
-        let ended = custody
-            .grants
-            .revoke_grant(&grant.tenant_id, &grant.principal_id, &grant.server_id)
-            .await;
-        if ended.is_ok() {
+        if custody.grants.end_grant(grant).await.unwrap_or(false) {
             tracing::info!(
                 tenant = %grant.tenant_id,
                 principal = %grant.principal_id,

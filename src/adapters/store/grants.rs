@@ -74,8 +74,24 @@ const TOUCH_GRANT: &str = "UPDATE upstream_grants SET last_used_at = $4 \
      WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3 \
      AND (last_used_at IS NULL OR last_used_at < $5)";
 
+const RELEASE_REFRESH: &str = "UPDATE upstream_grants SET refresh_lease_until = NULL \
+     WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3 AND sealed_tokens = $4";
+
+const END_GRANT: &str = "DELETE FROM upstream_grants \
+     WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3 AND sealed_tokens = $4";
+
 const REVOKE_GRANT: &str = "DELETE FROM upstream_grants \
      WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3";
+
+/// A grant's key and the tokens it was read with.
+fn read(grant: &UpstreamGrant) -> Vec<Value> {
+    vec![
+        grant.tenant_id.as_str().into(),
+        grant.principal_id.as_str().into(),
+        grant.server_id.as_str().into(),
+        grant.sealed_tokens.as_str().into(),
+    ]
+}
 
 fn scopes(scopes: &[String]) -> Value {
     Some(serde_json::Value::from(scopes.to_vec())).into()
@@ -224,6 +240,34 @@ impl<D: Driver> GrantStore for D {
             ];
             let tenant = Some(grant.tenant_id.as_str());
             let plan = Plan::new(tenant, Run::Flushed, Moved::Count, REPLACE_TOKENS, values);
+            Ok(self.run(plan).await?.count == 1)
+        })
+    }
+
+    fn release_refresh<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let tenant = Some(grant.tenant_id.as_str());
+            let plan = Plan::new(
+                tenant,
+                Run::Flushed,
+                Moved::Count,
+                RELEASE_REFRESH,
+                read(grant),
+            );
+            self.run(plan).await.map(|_| ())
+        })
+    }
+
+    fn end_grant<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let tenant = Some(grant.tenant_id.as_str());
+            let plan = Plan::new(tenant, Run::Flushed, Moved::Count, END_GRANT, read(grant));
             Ok(self.run(plan).await?.count == 1)
         })
     }

@@ -114,6 +114,19 @@ pub trait GrantStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// Lets the grant's refresh lease go without replacing its tokens (the
+    /// refresh failed), if it still holds those `grant` read.
+    fn release_refresh<'a>(
+        &'a self,
+        grant: &'a UpstreamGrant,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Deletes the grant its authorization server no longer honours, if it
+    /// still holds the tokens `grant` read (a consent given meanwhile is
+    /// kept): whether it did.
+    fn end_grant<'a>(&'a self, grant: &'a UpstreamGrant)
+    -> BoxFuture<'a, Result<bool, StoreError>>;
+
     /// Records that a connection took the grant at `now`.
     fn touch_grant<'a>(
         &'a self,

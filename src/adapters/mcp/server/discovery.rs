@@ -242,11 +242,6 @@ impl McpServer {
             at: Instant::now(),
         });
         *lock(&self.remembered) = Some(remembered.clone());
-        // A principal's discovery is its `oauth2_user` server's catalog too:
-        // what a principal without a grant yet pins.
-        if let Some(parent) = self.parent.upgrade() {
-            *lock(&parent.remembered) = Some(remembered.clone());
-        }
         remembered
     }
 
@@ -279,8 +274,8 @@ impl McpServer {
         if !self.delegates() {
             return self.discover(general, startup).await;
         }
-        let remembered_or = |reason_code| match self.reusable() {
-            Some(remembered) => remembered.discovery.clone(),
+        let remembered_or = |reason_code| match self.kept_catalog(tenant_id) {
+            Some(catalog) => catalog,
             None => self.failed_discovery(reason_code),
         };
         let Some(principal_id) = principal_id else {
@@ -297,7 +292,11 @@ impl McpServer {
                 reason_code:
                     reason_code @ (ReasonCode::ToolConsentRequired | ReasonCode::ToolAuthFailed),
             } => remembered_or(reason_code),
-            _ => found,
+            DiscoveryOutcome::Failed { .. } => found,
+            _ => {
+                self.keep_catalog(tenant_id, &found);
+                found
+            }
         }
     }
 

@@ -41,7 +41,8 @@ use crate::domain::mcp_server::{AuthScheme, ServerClassification, Transport};
 use crate::domain::{ReasonCode, SecretValue};
 use crate::ports::metrics::Metrics;
 use crate::ports::{
-    CatalogStore, Clock, CredentialResolver, EgressDialer, EventStore, McpServerRow, PlatformEvent,
+    CatalogStore, Clock, CredentialResolver, DiscoveryOutcome, EgressDialer, EventStore,
+    McpServerRow, PlatformEvent, ServerDiscovery,
 };
 
 pub(in crate::adapters::mcp) use connection::close_when_unused;
@@ -80,10 +81,14 @@ pub(super) struct Shared {
     pub(super) subjects: Arc<SubjectTokens>,
 }
 
-/// An `oauth2_user` server's principals, each with a server of its own.
+/// An `oauth2_user` server's principals, each with a server of its own, and
+/// per tenant the catalog its principals' discoveries last gave (its tools'
+/// declarations, without prompts): what a principal of the tenant without
+/// a grant pins.
 #[derive(Default)]
 struct Delegation {
     instances: Mutex<HashMap<(String, String), Arc<McpServer>>>,
+    catalogs: Mutex<HashMap<String, ServerDiscovery>>,
 }
 
 /// One server: how it is reached, its one live connection, its pin.
@@ -240,6 +245,7 @@ impl McpServer {
             tenant_id: tenant_id.to_owned(),
             principal_id: principal_id.to_owned(),
             server_id: settings.server_id.clone(),
+            resource: settings.url.clone(),
         });
         let mut instance = McpServer::new(
             Endpoint::Http {
@@ -270,14 +276,38 @@ impl McpServer {
             return None;
         }
         let custody = self.shared.custody.get()?;
+        let resource = &self.http_settings()?.url;
         match custody
             .grants
             .grant(tenant_id, principal_id, self.server_id())
             .await
         {
             Ok(None) => Some(self.server_id().to_owned()),
+            // Given for the server's earlier URL (or under another key):
+            // consent is asked again.
+            Ok(Some(grant)) if !custody.usable_for(&grant, resource) => {
+                Some(self.server_id().to_owned())
+            }
             Ok(Some(_)) | Err(_) => None,
         }
+    }
+
+    /// Keeps `found` as the catalog `tenant_id`'s principals without a
+    /// grant pin: its tools only, as pinned.
+    pub(super) fn keep_catalog(&self, tenant_id: &str, found: &ServerDiscovery) {
+        if let Some(delegation) = &self.delegation {
+            let mut catalog = found.clone();
+            catalog.outcome = DiscoveryOutcome::Pinned;
+            catalog.skills.clear();
+            lock(&delegation.catalogs).insert(tenant_id.to_owned(), catalog);
+        }
+    }
+
+    /// The catalog `tenant_id`'s principals without a grant pin, if one of
+    /// its principals' discoveries gave one.
+    pub(super) fn kept_catalog(&self, tenant_id: &str) -> Option<ServerDiscovery> {
+        let delegation = self.delegation.as_ref()?;
+        lock(&delegation.catalogs).get(tenant_id).cloned()
     }
 
     /// Its principals' servers now.
@@ -299,8 +329,21 @@ impl McpServer {
             .map(|(key, instance)| (key.clone(), instance.clone()))
             .collect();
         for (key, instance) in instances {
-            if !instance.is_connected().await && Arc::strong_count(&instance) <= 2 {
-                lock(&delegation.instances).remove(&key);
+            if instance.is_connected().await {
+                continue;
+            }
+            // Held by the map and here only: no call has it. Its
+            // connection, if one was made since, closes with it.
+            let removed = {
+                let mut held = lock(&delegation.instances);
+                (Arc::strong_count(&instance) <= 2)
+                    .then(|| held.remove(&key))
+                    .flatten()
+            };
+            if let Some(removed) = removed
+                && let Some(connection) = removed.take_live_quietly().await
+            {
+                close_when_unused(connection);
             }
         }
     }
