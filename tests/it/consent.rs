@@ -26,6 +26,25 @@ struct Delegating {
     front: u16,
 }
 
+/// A node's folder made ready to reach the scripted server on `upstream`:
+/// its client's file, a policy allowing the servers' tools, and egress to
+/// that port on loopback. The configuration, so edited.
+fn reaching(root: &Path, config: &str, upstream: u16) -> String {
+    std::fs::write(root.join("client"), CLIENT).unwrap();
+    let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
+    std::fs::write(
+        root.join("policy.toml"),
+        format!(
+            "[[rules]]\ntools = [\"mcp.crm.*\", \"mcp.mine.*\"]\ndecision = \"allow\"\n{policy}"
+        ),
+    )
+    .unwrap();
+    config.replace(
+        "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
+        &format!("allow = [\"http://127.0.0.1:{upstream}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"),
+    )
+}
+
 /// A node serving `crm` at the scripted server on `upstream`, its console
 /// (and so its consent pages) on `console`, on the store `store_url` (its
 /// own SQLite file when `None`).
@@ -56,19 +75,7 @@ fn node_with(
         Served::process().start_edited_on(store_url, move |root: &Path, config: String| {
             // Every node seals with the same key.
             std::fs::write(root.join("grant.key"), "7".repeat(64)).unwrap();
-            std::fs::write(root.join("client"), CLIENT).unwrap();
-            let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
-            std::fs::write(
-                root.join("policy.toml"),
-                format!("[[rules]]\ntools = [\"mcp.crm.*\", \"mcp.mine.*\"]\ndecision = \"allow\"\n{policy}"),
-            )
-            .unwrap();
-            let config = config.replace(
-                "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
-                &format!(
-                    "allow = [\"http://127.0.0.1:{upstream}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"
-                ),
-            );
+            let config = reaching(root, &config, upstream);
             format!("{config}\n{extra}")
                 .replace("KEYFILE", &root.join("grant.key").display().to_string())
                 .replace("CLIENTFILE", &root.join("client").display().to_string())
@@ -682,13 +689,18 @@ fn a_person_consents_in_a_browser_and_their_client_calls_as_them() {
 
 /// No token, code, state, client secret or key is anywhere it must not be:
 /// the node's log at trace (the consent, calls with refreshes, a refused
-/// answer), its events, its metrics, the answers, and the store's files.
+/// answer), its events, its metrics, its spans over OTLP, the answers, and
+/// the store's files.
 #[test]
 fn no_token_code_or_secret_is_in_a_log_an_event_a_metric_or_an_answer() {
-    let node = Delegating::start_with(
+    let (collector, spans) = crate::operations::collector();
+    let mut node = Delegating::start_with(
         &[("SCRIPTED_OAUTH_EXPIRES", "1".to_owned())],
         None,
-        "[log]\nlevel = \"trace\"\n",
+        &format!(
+            "[log]\nlevel = \"trace\"\n\n[telemetry]\n\
+             otlp_endpoint = \"http://{collector}/v1/traces\"\nservice_name = \"toolgate-test\"\n"
+        ),
     );
     let (url, cookie) = node.begin(KEY_A);
     let back = node.consent_upstream(&url, "alice");
@@ -718,6 +730,9 @@ fn no_token_code_or_secret_is_in_a_log_an_event_a_metric_or_an_answer() {
     );
     let (_, events) = node.served.get("/v1/events?after=0");
     let (_, metrics) = node.served.get("/metrics");
+    assert!(node.served.stop(), "the drain exports what is buffered");
+    let exported = crate::operations::exported_spans(&spans, "s3cr3t");
+    assert!(!exported.is_empty(), "spans were exported");
     let logs = node.served.logs.lock().unwrap().clone();
     assert!(
         logs.contains("grant refreshed"),
@@ -727,6 +742,7 @@ fn no_token_code_or_secret_is_in_a_log_an_event_a_metric_or_an_answer() {
         ("log", logs),
         ("events", String::from_utf8_lossy(&events).into_owned()),
         ("metrics", String::from_utf8_lossy(&metrics).into_owned()),
+        ("spans", spans.lock().unwrap().join("\n")),
         ("answers", answers),
     ];
     for file in ["toolgate.db", "toolgate.db-wal"] {
@@ -906,17 +922,7 @@ fn a_token_exchange_mints_each_principals_upstream_token_from_its_own() {
     let jwks = json!({"keys": [signer.jwk()]});
     let served = Served::process().start_edited_on(None, move |root: &Path, config: String| {
         std::fs::write(root.join("jwks.json"), jwks.to_string()).unwrap();
-        std::fs::write(root.join("client"), CLIENT).unwrap();
-        let policy = std::fs::read_to_string(root.join("policy.toml")).unwrap();
-        std::fs::write(
-            root.join("policy.toml"),
-            format!("[[rules]]\ntools = [\"mcp.crm.*\", \"mcp.mine.*\"]\ndecision = \"allow\"\n{policy}"),
-        )
-        .unwrap();
-        let config = config.replace(
-            "allow = [\"mcp.example.com\", \"*.auth.example.com\"]",
-            &format!("allow = [\"http://127.0.0.1:{port}\"]\nallow_cidrs = [\"127.0.0.1/32\"]"),
-        );
+        let config = reaching(root, &config, port);
         format!(
             "{config}\n{front}\n[front.jwt]\nissuer = \"https://login.example.com\"\n\
              audiences = [\"toolgate\"]\njwks_file = \"jwks.json\"\nalgorithms = [\"ES256\"]\n\

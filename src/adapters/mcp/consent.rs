@@ -186,11 +186,32 @@ fn strings(document: &Value, name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// An endpoint a person's browser or toolgate is sent to: absolute, HTTP
-/// or HTTPS, no fragment.
+/// Whether `url` is HTTPS, or HTTP to this machine's loopback (RFC 8414
+/// and OAuth 2.1 allow nothing else for an authorization server).
+fn secure_or_loopback(url: &str) -> bool {
+    let Some((origin, _)) = split_url(url) else {
+        return false;
+    };
+    if origin.starts_with("https://") {
+        return true;
+    }
+    let host = origin.trim_start_matches("http://");
+    let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
+    let host = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default(),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
+}
+
+/// An endpoint a person's browser or toolgate is sent to: absolute, HTTPS
+/// (or HTTP on loopback), no fragment.
 fn endpoint(document: &Value, name: &str) -> Result<String, ConsentError> {
     text_field(document, name)
-        .filter(|url| split_url(url).is_some() && !url.contains('#'))
+        .filter(|url| secure_or_loopback(url) && !url.contains('#'))
         .map(str::to_owned)
         .ok_or(ConsentError::Metadata(
             "an endpoint is missing or not a URL",
@@ -228,6 +249,11 @@ async fn discover(
         .into_iter()
         .next()
         .ok_or(ConsentError::Metadata("no authorization server is named"))?;
+    if !secure_or_loopback(&issuer) {
+        return Err(ConsentError::Metadata(
+            "the issuer is not an https URL (nor http on loopback)",
+        ));
+    }
     let (issuer_origin, issuer_path) =
         split_url(&issuer).ok_or(ConsentError::Metadata("the issuer is not a URL"))?;
     let mut metadata = None;
@@ -550,6 +576,27 @@ mod tests {
         );
         assert_eq!(split_url("ftp://x/y"), None);
         assert_eq!(split_url("no-scheme"), None);
+    }
+
+    #[test]
+    fn an_authorization_server_is_https_or_loopback() {
+        for good in [
+            "https://as.example.com/authorize",
+            "http://127.0.0.1:8080/token",
+            "http://localhost/token",
+            "http://[::1]:9/x",
+        ] {
+            assert!(secure_or_loopback(good), "{good}");
+        }
+        for bad in [
+            "http://as.example.com/token",
+            "http://127.0.0.1.evil.example/x",
+            "http://localhost.evil.example/x",
+            "ftp://127.0.0.1/x",
+            "http://10.0.0.1/x",
+        ] {
+            assert!(!secure_or_loopback(bad), "{bad}");
+        }
     }
 
     #[test]

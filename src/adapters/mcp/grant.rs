@@ -295,6 +295,12 @@ impl Delegate {
         failed: Option<&SecretValue>,
     ) -> Result<Held, AuthError> {
         let now = clock.now();
+        // The person's own token must still be held: the one minted from
+        // it is not used past it.
+        let subject = exchange
+            .subjects
+            .get(&self.tenant_id, &self.principal_id, now)
+            .ok_or(AuthError::NoSubject)?;
         let minted = exchange
             .minted
             .lock()
@@ -308,10 +314,6 @@ impl Delegate {
         if let Some(held) = minted {
             return Ok(held);
         }
-        let subject = exchange
-            .subjects
-            .get(&self.tenant_id, &self.principal_id, now)
-            .ok_or(AuthError::NoSubject)?;
         let (id, secret) = client
             .reveal()
             .split_once(':')

@@ -52,10 +52,7 @@ impl Tool for McpTool {
         tenant_id: &'a str,
         principal_id: &'a str,
     ) -> BoxFuture<'a, Option<String>> {
-        Box::pin(async move {
-            let server = self.server.upgrade()?;
-            server.consent_needed(tenant_id, principal_id).await
-        })
+        consent_needed(&self.server, tenant_id, principal_id)
     }
 }
 
@@ -93,9 +90,19 @@ impl Tool for ReadResourceTool {
         tenant_id: &'a str,
         principal_id: &'a str,
     ) -> BoxFuture<'a, Option<String>> {
-        Box::pin(async move {
-            let server = self.server.upgrade()?;
-            server.consent_needed(tenant_id, principal_id).await
-        })
+        consent_needed(&self.server, tenant_id, principal_id)
     }
+}
+
+/// Whether the tool's server asks `principal_id` of `tenant_id` for consent
+/// first (see [`McpServer::consent_needed`]).
+fn consent_needed<'a>(
+    server: &'a Weak<McpServer>,
+    tenant_id: &'a str,
+    principal_id: &'a str,
+) -> BoxFuture<'a, Option<String>> {
+    Box::pin(async move {
+        let server = server.upgrade()?;
+        server.consent_needed(tenant_id, principal_id).await
+    })
 }
