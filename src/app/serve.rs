@@ -526,6 +526,7 @@ fn console(
         operators,
         sign_ins: shared.store.clone(),
         servers,
+        grants: shared.store.clone(),
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.console.connections),
         clock: shared.clock.clone(),

@@ -96,6 +96,7 @@ pub(super) fn page(title: &str, frame: Option<&Frame<'_>>, body: &str) -> String
              <a href=\"/approvals\">Approvals{approvals}</a>\
              <a href=\"/invocations\">Invocations</a>\
              <a href=\"/servers\">Servers</a>\
+             <a href=\"/grants\">Grants</a>\
              <a href=\"/health\">Tool health</a>\
              <span class=\"who\">{operator}</span>\
              <form method=\"post\" action=\"/sign-out\">\

@@ -1,9 +1,10 @@
 //! The operators' web console (ARCHITECTURE.md §2.4): server-rendered
 //! pages over what the stores record — the review queue, approvals, the
-//! invocations and each one's story, servers, tool health — and the two
-//! decisions an operator makes there (resolve an UNCERTAIN call, decide an
-//! approval), through the same pipeline service and store port the control
-//! API uses.
+//! invocations and each one's story, servers, tool health, each tenant's
+//! `oauth2_user` grants — and the decisions an operator makes there
+//! (resolve an UNCERTAIN call, decide an approval, end a grant), through
+//! the same pipeline service and store ports the control API uses. It also
+//! serves the consent pages, for principals rather than operators.
 //!
 //! Operators sign in with a token (kept as its hash) and hold a session
 //! cookie (`HttpOnly`, `SameSite=Strict`, `Secure` behind TLS); every POST
@@ -60,6 +61,8 @@ pub struct ConsoleParts {
     pub sign_ins: Arc<dyn ConsoleSignInStore>,
     /// The MCP servers, asked whether each is connected now.
     pub servers: Arc<dyn crate::ports::McpServers>,
+    /// Each principal's `oauth2_user` grants, listed and ended.
+    pub grants: Arc<dyn crate::ports::GrantStore>,
     /// Requests in flight on every edge, for the drain.
     pub in_flight: Arc<InFlight>,
     /// Connections held at once.
@@ -319,6 +322,7 @@ impl Console {
             ["invocations"] => self.invocations_page(query).await?,
             ["invocations", id] => self.story_page(id).await?,
             ["servers"] => self.servers_page(query).await?,
+            ["grants"] => self.grants_page(&frame, query).await?,
             ["health"] => self.health_page(query).await?,
             _ => return Err(ConsoleError::NotFound),
         };
@@ -329,6 +333,7 @@ impl Console {
             ["invocations"] => "Invocations",
             ["invocations", _] => "Invocation",
             ["servers"] => "Servers",
+            ["grants"] => "Grants",
             _ => "Tool health",
         };
         Ok(html::html(
@@ -363,6 +368,7 @@ impl Console {
         match segments {
             ["review", tenant, id] => self.resolve(session, tenant, id, &form).await,
             ["approvals", tenant, id] => self.decide(session, tenant, id, &form).await,
+            ["grants", tenant, server] => self.end_grant(session, tenant, server, &form).await,
             _ => Err(ConsoleError::NotFound),
         }
     }

@@ -541,6 +541,107 @@ impl Console {
         )))
     }
 
+    /// `GET /grants?tenant_id=T`: the tenant's `oauth2_user` grants (who,
+    /// which server, when; never a token), each with its End button.
+    pub(super) async fn grants_page(
+        &self,
+        frame: &html::Frame<'_>,
+        query: &Fields,
+    ) -> Result<String, ConsoleError> {
+        let mut body = String::from(
+            "<form method=\"get\" action=\"/grants\" class=\"filters\">\
+             <label for=\"tenant_id\">Tenant</label>",
+        );
+        let tenant = query.get("tenant_id");
+        let _ = write!(
+            body,
+            "<input type=\"text\" id=\"tenant_id\" name=\"tenant_id\" value=\"{}\" required>\
+             <button type=\"submit\">Show</button></form>",
+            escape(tenant.unwrap_or_default())
+        );
+        let Some(tenant) = tenant else {
+            body.push_str("<p class=\"muted\">Grants are a tenant's: name one.</p>");
+            return Ok(body);
+        };
+        if !valid_tenant_id(tenant) {
+            return Err(ConsoleError::Invalid(
+                "tenant_id must be 1 to 128 letters, digits, '-' or '_'",
+            ));
+        }
+        if let Some(ended) = query.get("ended") {
+            let _ = write!(body, "<p id=\"ended\">Ended: {}.</p>", escape(ended));
+        }
+        let grants = self.parts.grants.grants(tenant).await?;
+        body.push_str(
+            "<table id=\"grants\"><tr><th>Principal</th><th>Server</th><th>Issuer</th>\
+             <th>Scopes</th><th>Granted</th><th>Last used</th><th></th></tr>",
+        );
+        for grant in grants.iter().take(1_000) {
+            let _ = write!(
+                body,
+                "<tr class=\"grant\" data-principal=\"{principal}\" data-server=\"{server}\">\
+                 <td>{principal}</td><td>{server}</td><td>{issuer}</td><td>{scopes}</td>\
+                 <td>{granted}</td><td>{used}</td><td>\
+                 <form method=\"post\" action=\"/grants/{tenant_path}/{server}\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+                 <input type=\"hidden\" name=\"principal\" value=\"{principal}\">\
+                 <button type=\"submit\">End</button></form></td></tr>",
+                principal = escape(&grant.principal_id),
+                server = escape(&grant.server_id),
+                issuer = escape(&grant.issuer),
+                scopes = escape(&grant.scopes.join(" ")),
+                granted = time(Some(grant.granted_at)),
+                used = time(grant.last_used_at),
+                tenant_path = escape(tenant),
+                csrf = escape(frame.csrf),
+            );
+        }
+        body.push_str("</table>");
+        if grants.is_empty() {
+            body.push_str("<p class=\"muted\">No grants.</p>");
+        }
+        Ok(body)
+    }
+
+    /// `POST /grants/{tenant}/{server}`: ends the principal's grant; its
+    /// next call asks for consent again.
+    pub(super) async fn end_grant(
+        &self,
+        session: &auth::Session,
+        tenant: &str,
+        server: &str,
+        form: &Fields,
+    ) -> Result<Reply, ConsoleError> {
+        if !valid_tenant_id(tenant) {
+            return Err(ConsoleError::NotFound);
+        }
+        let principal = form
+            .get("principal")
+            .ok_or(ConsoleError::Invalid("principal is required"))?;
+        if !self
+            .parts
+            .grants
+            .revoke_grant(tenant, principal, server)
+            .await?
+        {
+            return Err(ConsoleError::Conflict(
+                "no grant of that principal at that server",
+            ));
+        }
+        tracing::info!(
+            operator = %session.operator,
+            tenant = %tenant,
+            principal = %principal,
+            server = %server,
+            "grant ended in the console"
+        );
+        Ok(html::see_other(&format!(
+            "/grants?tenant_id={}&ended={}",
+            html::encode(tenant),
+            html::encode(&format!("{principal} at {server}"))
+        )))
+    }
+
     /// `GET /invocations`: every recorded call, newest first, filtered.
     pub(super) async fn invocations_page(&self, query: &Fields) -> Result<String, ConsoleError> {
         let statuses: Vec<&str> = [

@@ -844,6 +844,40 @@ fn operators_list_grants_without_tokens_and_end_them() {
         after["outcome"]["reason_code"], "tool.consent_required",
         "{after}"
     );
+
+    // In the console, a signed-in operator sees the other tenant's grant
+    // (never its tokens) and ends it with the page's own form.
+    let cookie = crate::console::signed_in(node.console, "operator-token");
+    let (status, grants) =
+        crate::console::page(node.console, &cookie, "/grants?tenant_id=tenant-other");
+    assert_eq!(status, 200, "{grants}");
+    assert!(
+        grants.contains("data-principal=\"user-1\" data-server=\"crm\""),
+        "{grants}"
+    );
+    assert!(
+        !grants.contains("v1.") && !holds_token(&grants, "at-"),
+        "{grants}"
+    );
+    let csrf = between(&grants, "name=\"csrf\" value=\"", "\"")
+        .unwrap()
+        .to_owned();
+    let origin = format!("http://127.0.0.1:{}", node.console);
+    let (status, head, _) = exchange(
+        node.console,
+        "POST",
+        "/grants/tenant-other/crm",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", &origin),
+            ("Cookie", &cookie),
+        ],
+        format!("csrf={csrf}&principal=user-1").as_bytes(),
+    );
+    assert_eq!(status, 303, "{head}");
+    let (_, stdout, _) = cli(&["list", "--tenant", "tenant-other"]);
+    let left: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(left["grants"], json!([]), "{stdout}");
 }
 
 /// A consent outlives a restart of the node it began on: its flow is the

@@ -1012,7 +1012,7 @@ pub fn wait_listening(port: u16) {
 }
 
 /// Signs in with `token` over plain HTTP: the cookie header to present.
-fn signed_in(port: u16, token: &str) -> String {
+pub fn signed_in(port: u16, token: &str) -> String {
     let (status, head, _) = exchange(
         port,
         "POST",
@@ -1034,7 +1034,7 @@ fn signed_in(port: u16, token: &str) -> String {
 }
 
 /// A page with `cookie`: (status, body).
-fn page(port: u16, cookie: &str, path: &str) -> (u16, String) {
+pub fn page(port: u16, cookie: &str, path: &str) -> (u16, String) {
     let (status, _, body) = exchange(port, "GET", path, &[("Cookie", cookie)], b"");
     (status, String::from_utf8_lossy(&body).into_owned())
 }
