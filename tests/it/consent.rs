@@ -424,6 +424,21 @@ fn the_consent_page_refuses_strangers_forgeries_and_impostor_issuers() {
         format!("server=crm&credential={KEY_A}&action=connect").as_bytes(),
     );
     assert_eq!(status, 403);
+    // An answer naming another issuer than the one asked (RFC 9207): the
+    // code is not redeemed.
+    let (url, cookie) = node.begin(KEY_A);
+    let back = node.consent_upstream(&url, "alice");
+    let forged = match back.split_once("&iss=") {
+        Some((before, _)) => format!("{before}&iss=https%3A%2F%2Fimpostor.example"),
+        None => panic!("the answer names its issuer: {back}"),
+    };
+    let (status, body) = node.callback(&forged, Some(&cookie));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("did not come from the authorization server asked"),
+        "{body}"
+    );
+    assert!(node.redemptions().is_empty(), "{:?}", node.redemptions());
     drop(node);
 
     let impostor = Delegating::start(&[(
