@@ -49,7 +49,7 @@ fn reaching(root: &Path, config: &str, upstream: u16) -> String {
 /// (and so its consent pages) on `console`, on the store `store_url` (its
 /// own SQLite file when `None`).
 fn node(upstream: u16, console: u16, front: u16, store_url: Option<&str>) -> Served {
-    node_with(upstream, console, front, store_url, "")
+    node_with(upstream, console, front, store_url, "", None)
 }
 
 /// As [`node`], with `more` tables in its configuration.
@@ -59,9 +59,14 @@ fn node_with(
     front: u16,
     store_url: Option<&str>,
     more: &str,
+    public: Option<u16>,
 ) -> Served {
+    // Nodes behind one address say so: a consent's redirect comes back to
+    // it, whichever node began the consent.
+    let public = public.unwrap_or(console);
     let extra = format!(
         "{more}\n{front}\n[console]\nlisten = \"127.0.0.1:{console}\"\n\
+         url = \"http://127.0.0.1:{public}\"\n\
          operators = [{{ name = \"ana\", sha256 = \"{operator}\" }}]\n\
          consent_key_ref = \"file:KEYFILE\"\n\n\
          [[mcp.http_servers]]\nserver_id = \"crm\"\nurl = \"http://127.0.0.1:{upstream}/mcp\"\n\
@@ -109,7 +114,7 @@ impl Delegating {
         env.extend(upstream_env.iter().cloned());
         let upstream = ScriptedHttp::start(&env);
         let front = free_port();
-        let served = node_with(upstream.port, console, front, store_url, more);
+        let served = node_with(upstream.port, console, front, store_url, more, None);
         Delegating {
             served,
             upstream,
@@ -556,6 +561,35 @@ fn each_principals_calls_carry_its_own_grant_and_no_other() {
     assert_eq!(
         String::from_utf8_lossy(&output.stdout).trim(),
         format!("crm {page} True"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The TypeScript client, likewise.
+    let folder = tempfile::tempdir().unwrap();
+    let script = folder.path().join("consent.mjs");
+    std::fs::write(
+        &script,
+        format!(
+            "import {{ call, close, ConsentRequired }} from \"file://{}\";\n\
+             try {{ await call(\"mcp.crm.whoami\", {{}}); }} catch (needed) {{\n\
+             if (needed instanceof ConsentRequired) console.log(needed.serverId, needed.url, needed.unsettled); }}\n\
+             close();\n",
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("sandbox-bridge/typescript/toolgate_bridge.mjs")
+                .display()
+        ),
+    )
+    .unwrap();
+    let (_, socket, token) = node.served.turn(other, Uuid::new_v4(), "consent-ts", None);
+    let output = std::process::Command::new("node")
+        .arg(&script)
+        .env("TOOLGATE_BRIDGE_SOCKET", &socket)
+        .env("TOOLGATE_BRIDGE_TOKEN", &token)
+        .output()
+        .expect("node runs");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        format!("crm {page} true"),
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
@@ -1096,4 +1130,37 @@ fn a_grant_is_never_sent_to_where_its_server_was_pointed_since() {
     assert_ne!(moved["outcome"]["status"], "succeeded", "{moved}");
     let requests = std::fs::read_to_string(node.upstream.folder.path().join("requests")).unwrap();
     assert!(!requests.contains("/elsewhere"), "{requests}");
+}
+
+/// A consent begun on one node finishes on another of the same database:
+/// the flow is the store's. The grant then serves calls on both.
+#[test]
+fn a_consent_begun_on_one_node_finishes_on_another() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(schema) = runtime.block_on(PgSchema::create()) else {
+        eprintln!("DATABASE_URL unset: the two-node consent runs on PostgreSQL only");
+        return;
+    };
+    let a = Delegating::start_on(&[], Some(&schema.url));
+    let console_b = free_port();
+    let b = node_with(
+        a.upstream.port,
+        console_b,
+        free_port(),
+        Some(&schema.url),
+        "",
+        Some(a.console),
+    );
+    let (url, cookie) = a.begin(KEY_A);
+    let back = a.consent_upstream(&url, "alice");
+    let (status, _, body) = exchange(console_b, "GET", &back, &[("Cookie", &cookie)], b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    for served in [&a.served, &b] {
+        let (session, _) = session(served, crate::serve::TENANT, "user-1");
+        assert!(
+            whoami(served, session)["content"]
+                .to_string()
+                .contains("alice")
+        );
+    }
 }
