@@ -64,6 +64,9 @@ struct Inner {
     relaxed: Mutex<Connection>,
     /// Relaxed commits so far, which time their checkpoints.
     relaxed_commits: AtomicU64,
+    /// The log has grown past its bound: relaxed commits start it over
+    /// until one succeeds.
+    restart_due: std::sync::atomic::AtomicBool,
     /// Reader connections not in use.
     readers: Mutex<Vec<Connection>>,
     /// The flushed commits' writer. Declared last: the other connections
@@ -103,17 +106,35 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Has the next write start the log over. SQLite does that by itself only
-/// when a write begins with every page of the log copied, which calls that
-/// never pause never give it: the log would grow by every call's pages for
-/// as long as they last. This checkpoint waits (the busy timeout) for the
-/// writes and reads under way to end and copies the rest; run while the
-/// relaxed connection is held, no relaxed commit slips in before it, once
-/// per [`writer::LOG_PAGES_BOUND`] pages of log.
-fn restart_log(connection: &Connection) {
-    if let Err(error) = connection.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(())) {
-        tracing::debug!(error = %error, "the store's log was not started over");
+/// The size the log may reach (64 MiB) before relaxed commits have it
+/// started over.
+const LOG_BYTES_BOUND: u64 = 64 << 20;
+
+/// Starts the log over, empty. SQLite does that by itself only when a write
+/// begins with every page of the log copied, which calls that never pause
+/// never give it: the log would grow by every call's pages for as long as
+/// they last. This checkpoint waits (the busy timeout) for the writes,
+/// reads and checkpoint under way to end, copies the rest and truncates the
+/// file; run while the relaxed connection is held, no relaxed commit slips
+/// in before it. Whether it did (when a reader or the writer's own
+/// checkpoint outlasted the wait, the next relaxed commit tries again).
+fn restart_log(connection: &Connection) -> bool {
+    match connection.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+        row.get::<_, i64>(0)
+    }) {
+        Ok(busy) => busy == 0,
+        Err(error) => {
+            tracing::debug!(error = %error, "the store's log was not started over");
+            false
+        }
     }
+}
+
+/// Whether the log at `database`'s side has grown past [`LOG_BYTES_BOUND`].
+fn log_past_bound(database: &Path) -> bool {
+    let mut log = database.as_os_str().to_owned();
+    log.push("-wal");
+    std::fs::metadata(log).is_ok_and(|log| log.len() > LOG_BYTES_BOUND)
 }
 
 /// The path a `sqlite://path` (or `sqlite:path`) URL names.
@@ -206,6 +227,7 @@ impl SqliteStore {
                 readers: Mutex::new(Vec::new()),
                 relaxed,
                 relaxed_commits: AtomicU64::new(0),
+                restart_due: std::sync::atomic::AtomicBool::new(false),
                 writer,
                 path,
                 clock,
@@ -255,9 +277,12 @@ impl SqliteStore {
         let commits = self.inner.relaxed_commits.fetch_add(1, Ordering::Relaxed) + 1;
         if commits.is_multiple_of(RELAXED_COMMITS_PER_CHECKPOINT) {
             self.inner.writer.checkpoint();
+            if log_past_bound(&self.inner.path) {
+                self.inner.restart_due.store(true, Ordering::Relaxed);
+            }
         }
-        if self.inner.writer.log_past_bound() {
-            restart_log(&connection);
+        if self.inner.restart_due.load(Ordering::Relaxed) && restart_log(&connection) {
+            self.inner.restart_due.store(false, Ordering::Relaxed);
         }
         committed
     }
@@ -555,8 +580,7 @@ mod tests {
         let log = std::fs::metadata(folder.path().join("toolgate.db-wal"))
             .unwrap()
             .len();
-        let bound = u64::try_from(writer::LOG_PAGES_BOUND).unwrap() * 4096;
-        assert!(log < 3 * bound, "the log grew to {log} bytes");
+        assert!(log < 3 * LOG_BYTES_BOUND, "the log grew to {log} bytes");
     }
 
     /// A relaxed commit never checkpoints on its calling task, even past

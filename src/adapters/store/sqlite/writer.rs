@@ -9,8 +9,7 @@
 //! one that starts a log past its bound over, which must hold the relaxed
 //! commits off).
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use rusqlite::Connection;
@@ -84,32 +83,20 @@ enum Message {
 pub(super) struct GroupWriter {
     queue: Option<mpsc::Sender<Message>>,
     thread: Option<JoinHandle<()>>,
-    /// The pages in the log after the last checkpoint.
-    log_pages: Arc<AtomicI64>,
 }
 
 impl GroupWriter {
     /// Starts the thread over `connection`.
     pub(super) fn start(connection: Connection) -> Result<GroupWriter, StoreError> {
         let (queue, jobs) = mpsc::channel::<Message>();
-        let log_pages = Arc::new(AtomicI64::new(0));
-        let counted = log_pages.clone();
         let thread = std::thread::Builder::new()
             .name("toolgate-sqlite-writer".into())
-            .spawn(move || write_groups(&connection, &jobs, &counted))
+            .spawn(move || write_groups(&connection, &jobs))
             .map_err(|error| StoreError::Unavailable(format!("the writer thread: {error}")))?;
         Ok(GroupWriter {
             queue: Some(queue),
             thread: Some(thread),
-            log_pages,
         })
-    }
-
-    /// Whether the log held more than [`LOG_PAGES_BOUND`] pages at the last
-    /// checkpoint; answered true once per time it did.
-    pub(super) fn log_past_bound(&self) -> bool {
-        self.log_pages.load(Ordering::Relaxed) > LOG_PAGES_BOUND
-            && self.log_pages.swap(0, Ordering::Relaxed) > LOG_PAGES_BOUND
     }
 
     /// Runs `work` in the next group and answers once that group is on
@@ -163,14 +150,10 @@ fn again(error: &StoreError) -> StoreError {
     }
 }
 
-fn write_groups(
-    connection: &Connection,
-    messages: &mpsc::Receiver<Message>,
-    log_pages: &AtomicI64,
-) {
+fn write_groups(connection: &Connection, messages: &mpsc::Receiver<Message>) {
     while let Ok(message) = messages.recv() {
         let Message::Write(first) = message else {
-            checkpoint(connection, log_pages);
+            checkpoint(connection);
             continue;
         };
         let mut group = vec![first];
@@ -187,26 +170,16 @@ fn write_groups(
             job.finish(committed.as_ref().map(|_| ()).map_err(again));
         }
         if checkpoint_after {
-            checkpoint(connection, log_pages);
+            checkpoint(connection);
         }
     }
 }
 
-/// Pages the log may hold (64 MiB of 4 KiB pages) before a relaxed commit
-/// has it started over ([`GroupWriter::log_past_bound`]).
-pub(super) const LOG_PAGES_BOUND: i64 = 16_384;
-
 /// A passive checkpoint: what it cannot copy now (a reader still needs it)
-/// the next one copies, so its failure is only logged. Leaves the pages
-/// the log holds in `log_pages`.
-fn checkpoint(connection: &Connection, log_pages: &AtomicI64) {
-    match connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-        row.get::<_, i64>(1)
-    }) {
-        Ok(pages) => log_pages.store(pages, Ordering::Relaxed),
-        Err(error) => {
-            tracing::debug!(error = %error, "a checkpoint of the store's log did not run");
-        }
+/// the next one copies, so its failure is only logged.
+fn checkpoint(connection: &Connection) {
+    if let Err(error) = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::debug!(error = %error, "a checkpoint of the store's log did not run");
     }
 }
 
