@@ -2,7 +2,8 @@
 //! door's principals are (not operators): `/consent`, where a person
 //! proves which principal they are with the credential they hold and asks
 //! a server for a grant (or ends one), and `/consent/callback`, where the
-//! authorization server sends them back.
+//! authorization server sends them back and they confirm, by a form of
+//! this origin, what is granted to whom before the code is redeemed.
 //!
 //! The flow is bound twice: to the principal that proved itself, and to
 //! the browser it began in (a cookie only that browser holds, named by the
@@ -24,7 +25,7 @@ use super::{ConsoleError, Fields, auth};
 use crate::domain::SecretValue;
 use crate::edge::Reply;
 use crate::ports::consent::consent_cookie_name;
-use crate::ports::{Consent, ConsentAnswer, ConsentError, Principals};
+use crate::ports::{Consent, ConsentAnswer, ConsentError, Granted, Principals};
 
 /// The cookie a flow's browser holds, as set: behind TLS with the
 /// `__Host-` prefix (only this origin, over TLS, can have set it).
@@ -179,23 +180,93 @@ pub(super) async fn submit(
     }
 }
 
-/// `GET /consent/callback`: the authorization server's answer, finished in
-/// the browser that began it; its cookie is cleared either way.
+/// The answer a callback's query or confirmation form carries.
+fn answer_of(fields: &Fields) -> ConsentAnswer {
+    ConsentAnswer {
+        state: fields.get("state").map(str::to_owned),
+        code: fields.get("code").map(str::to_owned),
+        iss: fields.get("iss").map(str::to_owned),
+        error: fields.get("error").map(str::to_owned),
+    }
+}
+
+/// `GET /consent/callback`: the authorization server's answer. Before any
+/// code is redeemed, the person who began the flow, in the browser that
+/// began it, confirms what is granted to whom: an answer planted in a
+/// browser (a link a stranger sent) grants nothing without that click on
+/// this origin. Any other answer (another browser's, a used or unknown
+/// state, a refusal) is finished at once, which refuses it.
 pub(super) async fn callback(
     parts: &ConsentParts,
     request: &Request<Incoming>,
     query: &Fields,
     secure_cookie: bool,
 ) -> Reply {
-    let answer = ConsentAnswer {
-        state: query.get("state").map(str::to_owned),
-        code: query.get("code").map(str::to_owned),
-        iss: query.get("iss").map(str::to_owned),
-        error: query.get("error").map(str::to_owned),
-    };
+    let answer = answer_of(query);
     let flow_name = consent_cookie_name(answer.state.as_deref().unwrap_or_default());
     let browser = auth::cookie_named(request.headers(), &cookie_name(&flow_name, secure_cookie));
-    let reply = match parts.consent.finish(browser, &answer).await {
+    if answer.error.is_none() {
+        match parts.consent.pending(browser, &answer).await {
+            Ok(Some(asked)) => return confirmation(&answer, &asked),
+            Ok(None) => {}
+            Err(error) => return failure(&error),
+        }
+    }
+    finish(parts, browser, &answer, &flow_name, secure_cookie).await
+}
+
+/// The page that asks the person to confirm a grant, carrying the answer
+/// in its form.
+fn confirmation(answer: &ConsentAnswer, asked: &Granted) -> Reply {
+    let hidden = |name: &str, value: Option<&str>| {
+        value
+            .map(|value| {
+                format!(
+                    "<input type=\"hidden\" name=\"{name}\" value=\"{}\">",
+                    escape(value)
+                )
+            })
+            .unwrap_or_default()
+    };
+    let body = format!(
+        "<p>Let principal <strong>{principal}</strong> of tenant <strong>{tenant}</strong> \
+         act with the account you just signed in with at server <strong>{server}</strong>?</p>\
+         <form method=\"post\" action=\"/consent/callback\">{state}{code}{iss}\
+         <p><button type=\"submit\" id=\"confirm\">Connect</button></p></form>\
+         <p class=\"muted\">If you did not start this, close this page: nothing is granted.</p>",
+        principal = escape(&asked.principal_id),
+        tenant = escape(&asked.tenant_id),
+        server = escape(&asked.server_id),
+        state = hidden("state", answer.state.as_deref()),
+        code = hidden("code", answer.code.as_deref()),
+        iss = hidden("iss", answer.iss.as_deref()),
+    );
+    page(StatusCode::OK, "Confirm consent", &body)
+}
+
+/// `POST /consent/callback`: the confirmed answer, finished in the browser
+/// that began it.
+pub(super) async fn confirmed(
+    parts: &ConsentParts,
+    headers: &hyper::HeaderMap,
+    form: &Fields,
+    secure_cookie: bool,
+) -> Reply {
+    let answer = answer_of(form);
+    let flow_name = consent_cookie_name(answer.state.as_deref().unwrap_or_default());
+    let browser = auth::cookie_named(headers, &cookie_name(&flow_name, secure_cookie));
+    finish(parts, browser, &answer, &flow_name, secure_cookie).await
+}
+
+/// Finishes the flow; its cookie is cleared either way.
+async fn finish(
+    parts: &ConsentParts,
+    browser: Option<&str>,
+    answer: &ConsentAnswer,
+    flow_name: &str,
+    secure_cookie: bool,
+) -> Reply {
+    let reply = match parts.consent.finish(browser, answer).await {
         Ok(granted) => page(
             StatusCode::OK,
             "Consent",
@@ -210,5 +281,5 @@ pub(super) async fn callback(
         ),
         Err(error) => failure(&error),
     };
-    with_cookie(reply, &flow_name, "", 0, secure_cookie)
+    with_cookie(reply, flow_name, "", 0, secure_cookie)
 }

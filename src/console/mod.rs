@@ -403,6 +403,14 @@ impl Console {
                 let form = self.form(request).await?;
                 consent::submit(parts, &form, secure).await
             }
+            (&Method::POST, ["consent", "callback"]) => {
+                if !auth::same_origin(request.headers()) {
+                    return Err(ConsoleError::Forged);
+                }
+                let headers = request.headers().clone();
+                let form = self.form(request).await?;
+                Ok(consent::confirmed(parts, &headers, &form, secure).await)
+            }
             _ => Err(ConsoleError::NotFound),
         }
     }

@@ -138,6 +138,14 @@ pub trait Consent: Send + Sync {
         server_id: &'a str,
     ) -> BoxFuture<'a, Result<ConsentStart, ConsentError>>;
 
+    /// What the answer's flow grants, to whom, when it is this browser's
+    /// (`None` otherwise: its finish refuses it); nothing is taken.
+    fn pending<'a>(
+        &'a self,
+        browser: Option<&'a str>,
+        answer: &'a ConsentAnswer,
+    ) -> BoxFuture<'a, Result<Option<Granted>, ConsentError>>;
+
     /// Finishes the flow the answer's state names, in the browser that
     /// holds `browser`: checks the issuer, redeems the code, seals and
     /// keeps the grant.

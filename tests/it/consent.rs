@@ -189,9 +189,7 @@ impl Delegating {
     /// The authorization server's answer arriving in a browser holding
     /// `cookie` (or none).
     fn callback(&self, path: &str, cookie: Option<&str>) -> (u16, String) {
-        let headers: Vec<(&str, &str)> = cookie.map(|c| ("Cookie", c)).into_iter().collect();
-        let (status, _, body) = exchange(self.console, "GET", path, &headers, b"");
-        (status, String::from_utf8_lossy(&body).into_owned())
+        callback_at(self.console, path, cookie)
     }
 
     /// The grants as the store holds them: (tenant, principal, server,
@@ -247,6 +245,37 @@ fn catalog_known(node: &Delegating) {
     let (session, _) = node.session(crate::serve::TENANT, "user-2");
     let answer = node.whoami(session);
     assert!(answer["content"].to_string().contains("dave"), "{answer}");
+}
+
+/// The authorization server's answer arriving at the console on `port` in
+/// a browser holding `cookie` (or none), confirmed when the page asks, as
+/// its own form posts it: the last page's status and text.
+fn callback_at(port: u16, path: &str, cookie: Option<&str>) -> (u16, String) {
+    let mut headers: Vec<(&str, &str)> = cookie.map(|c| ("Cookie", c)).into_iter().collect();
+    let (status, _, body) = exchange(port, "GET", path, &headers, b"");
+    let page = String::from_utf8_lossy(&body).into_owned();
+    if status != 200 || !page.contains("id=\"confirm\"") {
+        return (status, page);
+    }
+    let field = |name: &str| {
+        between(&page, &format!("name=\"{name}\" value=\""), "\"")
+            .map(|value| format!("{name}={}", encode(&value.replace("&amp;", "&"))))
+    };
+    let form: Vec<String> = ["state", "code", "iss"]
+        .iter()
+        .filter_map(|name| field(name))
+        .collect();
+    let origin = format!("http://127.0.0.1:{port}");
+    headers.push(("Content-Type", "application/x-www-form-urlencoded"));
+    headers.push(("Origin", &origin));
+    let (status, _, body) = exchange(
+        port,
+        "POST",
+        "/consent/callback",
+        &headers,
+        form.join("&").as_bytes(),
+    );
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Opens a session of `principal` in `tenant`: its id and pinned tools.
@@ -347,6 +376,29 @@ fn a_principal_consents_and_its_grant_is_kept_sealed_for_it_alone() {
     let (_, other_tab) = node.begin(KEY_A);
     assert_ne!(cookie, other_tab);
     let back = node.consent_upstream(&url, "alice");
+    // Arriving, the answer only asks the person to confirm, naming whom it
+    // grants: nothing is redeemed until they do, on this origin.
+    let (status, _, page) = exchange(node.console, "GET", &back, &[("Cookie", &cookie)], b"");
+    let page = String::from_utf8_lossy(&page);
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("id=\"confirm\"") && page.contains("user-1"),
+        "{page}"
+    );
+    assert!(node.grants().is_empty() && node.redemptions().is_empty());
+    let (status, _, _) = exchange(
+        node.console,
+        "POST",
+        "/consent/callback",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", "http://evil.example"),
+            ("Cookie", &cookie),
+        ],
+        back.split_once('?').unwrap().1.as_bytes(),
+    );
+    assert_eq!(status, 403, "a confirmation from another site");
+    assert!(node.grants().is_empty());
     let (status, body) = node.callback(&back, Some(&format!("{other_tab}; {cookie}")));
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("Connected"), "{body}");
@@ -714,6 +766,9 @@ fn a_person_consents_in_a_browser_and_their_client_calls_as_them() {
     browser.wait_for_text("Allow");
     browser.type_into("#user", "carol");
     browser.click("#allow");
+    browser.wait_for_text("act with the account you just signed in with");
+    assert!(browser.text().contains("user-1"), "{}", browser.text());
+    browser.click("#confirm");
     browser.wait_for_text("Connected");
     browser.screenshot("consent-2-connected");
 
@@ -1153,8 +1208,9 @@ fn a_consent_begun_on_one_node_finishes_on_another() {
     );
     let (url, cookie) = a.begin(KEY_A);
     let back = a.consent_upstream(&url, "alice");
-    let (status, _, body) = exchange(console_b, "GET", &back, &[("Cookie", &cookie)], b"");
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = callback_at(console_b, &back, Some(&cookie));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("Connected"), "{body}");
     for served in [&a.served, &b] {
         let (session, _) = session(served, crate::serve::TENANT, "user-1");
         assert!(

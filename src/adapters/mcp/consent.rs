@@ -397,6 +397,34 @@ impl Consent for Delegations {
         })
     }
 
+    fn pending<'a>(
+        &'a self,
+        browser: Option<&'a str>,
+        answer: &'a ConsentAnswer,
+    ) -> BoxFuture<'a, Result<Option<Granted>, ConsentError>> {
+        Box::pin(async move {
+            let Some(state) = answer.state.as_deref() else {
+                return Ok(None);
+            };
+            let flow = self
+                .custody
+                .grants
+                .consent_flow(&sha256_hex(state.as_bytes()), self.clock.now())
+                .await
+                .map_err(|_| ConsentError::Unavailable("the store"))?;
+            Ok(flow
+                .filter(|flow| {
+                    browser.map(|browser| sha256_hex(browser.as_bytes()))
+                        == Some(flow.browser_sha256.clone())
+                })
+                .map(|flow| Granted {
+                    tenant_id: flow.tenant_id,
+                    principal_id: flow.principal_id,
+                    server_id: flow.server_id,
+                }))
+        })
+    }
+
     fn finish<'a>(
         &'a self,
         browser: Option<&'a str>,

@@ -36,6 +36,10 @@ const TAKE_FLOW: &str = "DELETE FROM consent_flows WHERE state_sha256 = $1 AND e
      sealed_verifier, issuer, iss_required, token_endpoint, resource, scopes, started_at, \
      expires_at";
 
+const FLOW: &str = "SELECT state_sha256, tenant_id, principal_id, server_id, browser_sha256, \
+     sealed_verifier, issuer, iss_required, token_endpoint, resource, scopes, started_at, \
+     expires_at FROM consent_flows WHERE state_sha256 = $1 AND expires_at > $2";
+
 const SAVE_GRANT: &str = "INSERT INTO upstream_grants (tenant_id, principal_id, server_id, \
      issuer, scopes, sealed_tokens, granted_at, last_used_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
@@ -142,6 +146,23 @@ impl<D: Driver> GrantStore for D {
         Box::pin(async move {
             let values = vec![state_sha256.into(), now.into()];
             let plan = Plan::new(None, Run::Flushed, Moved::Rows, TAKE_FLOW, values);
+            self.run(plan)
+                .await?
+                .rows
+                .first()
+                .map(consent_flow)
+                .transpose()
+        })
+    }
+
+    fn consent_flow<'a>(
+        &'a self,
+        state_sha256: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ConsentFlow>, StoreError>> {
+        Box::pin(async move {
+            let values = vec![state_sha256.into(), now.into()];
+            let plan = Plan::new(None, Run::Read, Moved::Rows, FLOW, values);
             self.run(plan)
                 .await?
                 .rows

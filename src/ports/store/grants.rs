@@ -76,6 +76,14 @@ pub trait GrantStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Option<ConsentFlow>, StoreError>>;
 
+    /// The flow of that state, if it has not expired by `now`, left in
+    /// place: what the person is asked to confirm.
+    fn consent_flow<'a>(
+        &'a self,
+        state_sha256: &'a str,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Option<ConsentFlow>, StoreError>>;
+
     /// Keeps a grant, replacing the principal's earlier one at that server.
     fn save_grant<'a>(&'a self, grant: &'a UpstreamGrant) -> BoxFuture<'a, Result<(), StoreError>>;
 
