@@ -9,9 +9,9 @@
 //! the browser it began in (a cookie only that browser holds, named by the
 //! flow, `SameSite=Lax` so that it comes back with the authorization
 //! server's redirect, `__Host-` behind TLS so no other origin can plant
-//! one). A link
-//! opened by someone else, or an answer planted in another browser, grants
-//! nothing to anyone. The credential is read from the form and never kept.
+//! one). A link opened by someone else, or an answer planted in another
+//! browser, grants nothing to anyone. The credential is read from the form
+//! and never kept.
 
 use std::sync::Arc;
 use std::time::Duration;

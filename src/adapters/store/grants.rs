@@ -230,14 +230,8 @@ impl<D: Driver> GrantStore for D {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let values = vec![
-                grant.tenant_id.as_str().into(),
-                grant.principal_id.as_str().into(),
-                grant.server_id.as_str().into(),
-                grant.sealed_tokens.as_str().into(),
-                until.into(),
-                now.into(),
-            ];
+            let mut values = read(grant);
+            values.extend([until.into(), now.into()]);
             let tenant = Some(grant.tenant_id.as_str());
             let plan = Plan::new(tenant, Run::Flushed, Moved::Count, LEASE_REFRESH, values);
             Ok(self.run(plan).await?.count == 1)
@@ -251,14 +245,8 @@ impl<D: Driver> GrantStore for D {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let values = vec![
-                grant.tenant_id.as_str().into(),
-                grant.principal_id.as_str().into(),
-                grant.server_id.as_str().into(),
-                grant.sealed_tokens.as_str().into(),
-                sealed_tokens.into(),
-                now.into(),
-            ];
+            let mut values = read(grant);
+            values.extend([sealed_tokens.into(), now.into()]);
             let tenant = Some(grant.tenant_id.as_str());
             let plan = Plan::new(tenant, Run::Flushed, Moved::Count, REPLACE_TOKENS, values);
             Ok(self.run(plan).await?.count == 1)
