@@ -1220,3 +1220,56 @@ fn a_consent_begun_on_one_node_finishes_on_another() {
         );
     }
 }
+
+/// A grant its authorization server revoked (here by a replayed code,
+/// which revokes what the code gave) meets the 401 ladder: the refresh is
+/// refused as `invalid_grant`, the grant ends, and the call answers
+/// `tool.consent_required` rather than ending the session's use of the
+/// server; after a new consent, the same session's next call is served.
+#[test]
+fn a_grant_revoked_upstream_asks_for_consent_again_in_the_same_session() {
+    let node = Delegating::start(&[]);
+    let (url, cookie) = node.begin(KEY_A);
+    let back = node.consent_upstream(&url, "alice");
+    assert_eq!(node.callback(&back, Some(&cookie)).0, 200);
+    let (session, _) = node.session(crate::serve::TENANT, "user-1");
+    assert!(
+        node.whoami(session)["content"]
+            .to_string()
+            .contains("alice")
+    );
+
+    let code = back
+        .split(['?', '&'])
+        .find_map(|pair| pair.strip_prefix("code="))
+        .unwrap()
+        .to_owned();
+    let basic = toolgate::domain::base64(CLIENT.as_bytes());
+    let (status, _, _) = exchange(
+        node.upstream.port,
+        "POST",
+        "/token",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Authorization", &format!("Basic {basic}")),
+        ],
+        format!("grant_type=authorization_code&code={code}").as_bytes(),
+    );
+    assert_eq!(status, 400, "a replayed code, which revokes its grant");
+
+    let revoked = node.whoami(session);
+    assert_eq!(
+        revoked["outcome"]["reason_code"], "tool.consent_required",
+        "{revoked}"
+    );
+    assert!(node.grants().is_empty(), "the refused grant ended");
+    assert!(
+        node.redemptions()
+            .contains(&"TOKEN refresh_token 400".to_owned()),
+        "{:?}",
+        node.redemptions()
+    );
+    node.consent(KEY_A, "alice");
+    let again = node.whoami(session);
+    assert!(again["content"].to_string().contains("alice"), "{again}");
+}

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::ladder::Ladder;
+use super::ladder::{Climb, Ladder};
 use super::{McpServer, lock};
 use crate::adapters::mcp::catalog::RemoteTool;
 use crate::adapters::mcp::client::{ClientError, Connection, RemoteCall, RemotePrompt};
@@ -74,8 +74,10 @@ impl McpServer {
             .await;
         if matches!(answer, Err(ClientError::Unauthorized { .. })) {
             // Ladder step 1: the call is held while the ladder runs.
-            if !self.climb(spec, context).await {
-                return self.refused(&connection, context).await;
+            match self.climb(spec, context).await {
+                Climb::Retry => {}
+                Climb::Refused => return self.refused(&connection, context).await,
+                Climb::ConsentRequired => return unreachable(ReasonCode::ToolConsentRequired),
             }
             answer = self
                 .send_call(&connection, remote_name, arguments, context)

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::{Endpoint, McpServer, lock};
+use crate::adapters::mcp::auth::AuthError;
 use crate::adapters::mcp::client::Connection;
 use crate::adapters::mcp::render::unauthorized;
 use crate::domain::recovery::{RecoveryDecision, decide};
@@ -37,6 +38,13 @@ impl Ladders {
         self.states.get(&session).copied()
     }
 
+    /// Puts the session back at the foot of the ladder.
+    pub(super) fn clear(&mut self, session: Uuid) {
+        if self.states.remove(&session).is_some() {
+            self.order.retain(|kept| *kept != session);
+        }
+    }
+
     pub(super) fn set(&mut self, session: Uuid, state: Ladder) {
         if self.states.insert(session, state).is_none() {
             self.order.push_back(session);
@@ -49,14 +57,27 @@ impl Ladders {
     }
 }
 
+/// Where a climb leaves the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Climb {
+    /// Send it once more.
+    Retry,
+    /// The ladder ends it (`tool.server_unauthorized`).
+    Refused,
+    /// The principal's own grant is gone (its authorization server refused
+    /// it): the call answers `tool.consent_required`, and the session's
+    /// calls after a new consent are dialled again.
+    ConsentRequired,
+}
+
 impl McpServer {
     /// Ladder steps 2 to 4 for a call that met a 401: whether it may be
     /// sent once more. One re-authentication per server per session; a
     /// value identical to the refused one, or none, ends the ladder; the
     /// retry happens only where the recovery table would re-send the call.
-    pub(super) async fn climb(&self, spec: &ToolSpec, context: &ToolExecutionContext) -> bool {
+    pub(super) async fn climb(&self, spec: &ToolSpec, context: &ToolExecutionContext) -> Climb {
         let Endpoint::Http { authenticator, .. } = &self.endpoint else {
-            return false;
+            return Climb::Refused;
         };
         {
             let mut ladders = lock(&self.ladders);
@@ -65,7 +86,7 @@ impl McpServer {
                 // server, not an expired credential.
                 Some(_) => {
                     ladders.set(context.session_id, Ladder::Unauthorized);
-                    return false;
+                    return Climb::Refused;
                 }
                 None => ladders.set(context.session_id, Ladder::Reauthenticated),
             }
@@ -85,13 +106,21 @@ impl McpServer {
             },
         )
         .await;
+        if matches!(renewed, Err(AuthError::ConsentRequired)) {
+            lock(&self.ladders).clear(context.session_id);
+            return Climb::ConsentRequired;
+        }
         if !matches!(renewed, Ok(true)) {
             lock(&self.ladders).set(context.session_id, Ladder::Unauthorized);
-            return false;
+            return Climb::Refused;
         }
         // The watermark is committed before any call whose spec needs one,
         // so whether it is set is the spec's to say.
-        decide(spec.idempotency, spec.needs_effect_watermark()) != RecoveryDecision::Uncertain
+        if decide(spec.idempotency, spec.needs_effect_watermark()) == RecoveryDecision::Uncertain {
+            Climb::Refused
+        } else {
+            Climb::Retry
+        }
     }
 
     /// A call the ladder ends: `tool.server_unauthorized` (the executor makes
