@@ -251,8 +251,15 @@ impl Delegate {
             });
             let refused = failed.is_some_and(|failed| failed.reveal() == tokens.access_token);
             if fresh && !refused {
-                // Best effort: the list's "last used" is not worth a call.
-                let _ = grants.touch_grant(&grant, now).await;
+                // Best effort: the list's "last used" is not worth a call,
+                // and a write a minute is enough for it (the row read says
+                // whether one is due, so a request writes nothing else).
+                if grant
+                    .last_used_at
+                    .is_none_or(|used| used < now - chrono::Duration::minutes(1))
+                {
+                    let _ = grants.touch_grant(&grant, now).await;
+                }
                 return Ok(Held {
                     value: SecretValue::new(tokens.access_token),
                     expires_at: tokens.expires_at,

@@ -30,15 +30,40 @@ const BEGIN_FLOW: &str = "INSERT INTO consent_flows (state_sha256, tenant_id, pr
      server_id, browser_sha256, sealed_verifier, issuer, iss_required, token_endpoint, resource, \
      scopes, started_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 
-// Deleted as it is read: of two callbacks with one state, one gets it.
-const TAKE_FLOW: &str = "DELETE FROM consent_flows WHERE state_sha256 = $1 AND expires_at > $2 \
-     RETURNING state_sha256, tenant_id, principal_id, server_id, browser_sha256, \
+const FLOW_COLUMNS: &str = "state_sha256, tenant_id, principal_id, server_id, browser_sha256, \
      sealed_verifier, issuer, iss_required, token_endpoint, resource, scopes, started_at, \
      expires_at";
 
-const FLOW: &str = "SELECT state_sha256, tenant_id, principal_id, server_id, browser_sha256, \
-     sealed_verifier, issuer, iss_required, token_endpoint, resource, scopes, started_at, \
-     expires_at FROM consent_flows WHERE state_sha256 = $1 AND expires_at > $2";
+// Deleted as it is read: of two callbacks with one state, one gets it.
+static TAKE_FLOW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM consent_flows WHERE state_sha256 = $1 AND expires_at > $2 \
+         RETURNING {FLOW_COLUMNS}"
+    )
+});
+
+static FLOW: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {FLOW_COLUMNS} FROM consent_flows WHERE state_sha256 = $1 AND expires_at > $2")
+});
+
+/// The unexpired flow of a state, by `sql` (taken or only read).
+async fn flow_by_state<D: Driver>(
+    store: &D,
+    run: Run,
+    sql: &'static str,
+    state_sha256: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<ConsentFlow>, StoreError> {
+    let values = vec![state_sha256.into(), now.into()];
+    let plan = Plan::new(None, run, Moved::Rows, sql, values);
+    store
+        .run(plan)
+        .await?
+        .rows
+        .first()
+        .map(consent_flow)
+        .transpose()
+}
 
 const SAVE_GRANT: &str = "INSERT INTO upstream_grants (tenant_id, principal_id, server_id, \
      issuer, scopes, sealed_tokens, granted_at, last_used_at) \
@@ -143,16 +168,13 @@ impl<D: Driver> GrantStore for D {
         state_sha256: &'a str,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Option<ConsentFlow>, StoreError>> {
-        Box::pin(async move {
-            let values = vec![state_sha256.into(), now.into()];
-            let plan = Plan::new(None, Run::Flushed, Moved::Rows, TAKE_FLOW, values);
-            self.run(plan)
-                .await?
-                .rows
-                .first()
-                .map(consent_flow)
-                .transpose()
-        })
+        Box::pin(flow_by_state(
+            self,
+            Run::Flushed,
+            TAKE_FLOW.as_str(),
+            state_sha256,
+            now,
+        ))
     }
 
     fn consent_flow<'a>(
@@ -160,16 +182,13 @@ impl<D: Driver> GrantStore for D {
         state_sha256: &'a str,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Option<ConsentFlow>, StoreError>> {
-        Box::pin(async move {
-            let values = vec![state_sha256.into(), now.into()];
-            let plan = Plan::new(None, Run::Read, Moved::Rows, FLOW, values);
-            self.run(plan)
-                .await?
-                .rows
-                .first()
-                .map(consent_flow)
-                .transpose()
-        })
+        Box::pin(flow_by_state(
+            self,
+            Run::Read,
+            FLOW.as_str(),
+            state_sha256,
+            now,
+        ))
     }
 
     fn save_grant<'a>(&'a self, grant: &'a UpstreamGrant) -> BoxFuture<'a, Result<(), StoreError>> {
