@@ -88,7 +88,7 @@ pub struct ApprovalDecision {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerAuth {
-    /// One of the five schemes (text, so an unknown one is a rule violation).
+    /// One of the six schemes (text, so an unknown one is a rule violation).
     pub scheme: String,
     #[serde(default)]
     pub name: Option<String>,

@@ -443,7 +443,7 @@ pub struct AuthConfig {
     pub name: Option<String>,
     /// Where the secret lives; never the secret.
     pub credential_ref: Option<CredentialRef>,
-    /// oauth2_client only.
+    /// oauth2_client; oauth2_user's exchange (operator's servers only).
     pub token_endpoint: Option<String>,
     /// oauth2_client and oauth2_user: the scopes asked for.
     pub token_scopes: Vec<String>,

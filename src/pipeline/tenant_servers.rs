@@ -40,7 +40,7 @@ pub struct ServerAuthSpec {
     pub name: Option<String>,
     /// A broker reference, never a secret.
     pub credential_ref: Option<String>,
-    /// oauth2_client only.
+    /// oauth2_client only (a tenant's oauth2_user asks for consent).
     pub token_endpoint: Option<String>,
     /// oauth2_client and oauth2_user.
     pub token_scopes: Option<Vec<String>>,

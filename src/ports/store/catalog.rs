@@ -18,15 +18,15 @@ pub struct McpServerRow {
     pub transport: Transport,
     /// The command line (program and arguments) or the URL.
     pub endpoint: String,
-    /// One of the five schemes.
+    /// One of the six schemes.
     pub auth_scheme: AuthScheme,
     /// Header or variable name.
     pub auth_name: Option<String>,
     /// A broker reference, never the secret.
     pub credential_ref: Option<String>,
-    /// oauth2_client only.
+    /// oauth2_client; oauth2_user's exchange.
     pub token_endpoint: Option<String>,
-    /// oauth2_client only.
+    /// oauth2_client and oauth2_user.
     pub token_scopes: Option<Vec<String>>,
     /// The operator's classification of every tool of the server.
     pub side_effect: SideEffectClass,
