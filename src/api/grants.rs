@@ -8,6 +8,7 @@ use serde_json::json;
 use super::listen::Routed;
 use super::{ApiError, ControlApi};
 use crate::edge::{Reply, reply};
+use crate::ports::{Revoked, StoreError};
 
 /// The most grants one list answers.
 const MAXIMUM_LISTED: usize = 1_000;
@@ -52,19 +53,21 @@ impl ControlApi {
             .get("principal_id")
             .filter(|principal| !principal.is_empty())
             .ok_or_else(|| ApiError::Invalid("principal_id is required".into()))?;
-        if !self
+        let upstream = match self
             .parts
-            .grants
-            .revoke_grant(&tenant, principal, server_id)
-            .await?
+            .revocation
+            .end_grant(&tenant, principal, server_id)
+            .await
         {
-            return Err(ApiError::NotFound);
-        }
+            Ok(Revoked::Ended { upstream }) => upstream,
+            Ok(Revoked::NotHeld) => return Err(ApiError::NotFound),
+            Err(error) => return Err(StoreError::Unavailable(error.to_string()).into()),
+        };
         tracing::info!(tenant = %tenant, principal = %principal, server = %server_id, "grant revoked by an operator");
         Ok(reply(
             StatusCode::OK,
             &json!({"tenant_id": tenant, "principal_id": principal, "server_id": server_id,
-                    "revoked": true}),
+                    "revoked": true, "revoked_upstream": upstream}),
         ))
     }
 }

@@ -70,8 +70,10 @@ pub struct ApiParts {
     pub events: Arc<dyn EventStore>,
     /// The operator's lists, across tenants.
     pub operator: Arc<dyn OperatorStore>,
-    /// Each principal's `oauth2_user` grants, listed and ended.
+    /// Each principal's `oauth2_user` grants, listed.
     pub grants: Arc<dyn crate::ports::GrantStore>,
+    /// Ends them, and revokes them upstream.
+    pub revocation: Arc<dyn crate::ports::Revocation>,
     /// What `/metrics` renders.
     pub metrics: Arc<dyn Metrics>,
     /// Requests in flight on both edges, for the drain.

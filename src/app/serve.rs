@@ -17,7 +17,7 @@ use super::{
 use crate::adapters::artifacts::FsArtifactStore;
 use crate::adapters::credentials::{EnvFileResolver, KeySealer};
 use crate::adapters::mcp::grant::Custody;
-use crate::adapters::mcp::{ConsentSettings, Delegations, McpServerSet, WarmUp};
+use crate::adapters::mcp::{ConsentSettings, Delegations, McpServerSet, StoredGrants, WarmUp};
 use crate::adapters::policy::{ReloadablePolicy, RuleFilePolicy};
 use crate::adapters::telemetry::{
     LabelBounds, MeteredInvocations, MetricsRegistry, Sample, Sampler,
@@ -39,7 +39,7 @@ use crate::pipeline::{
     Pipeline, PipelineParts, PipelineSettings, RegistryLimits, ToolRegistry, Unobserved, Worker,
     WorkerSettings,
 };
-use crate::ports::{Clock, CredentialResolver, Metrics, PolicyEngine, Reload as _};
+use crate::ports::{Clock, CredentialResolver, Metrics, PolicyEngine, Reload as _, Revocation};
 
 /// How `toolgate serve` runs.
 #[derive(Debug, Clone, Default)]
@@ -209,16 +209,33 @@ pub async fn build(
         reloadable,
         front.clone(),
     ));
+    let consent = if config.console.enabled() {
+        consent(&config, environment, &shared, &servers, front.as_ref()).await?
+    } else {
+        None
+    };
+    // Grants are revoked upstream where they can be opened; elsewhere (a
+    // key since removed) they are only deleted.
+    let revocation: Arc<dyn Revocation> = match &consent {
+        Some(parts) => parts.consent.clone(),
+        None => Arc::new(StoredGrants(shared.store.clone())),
+    };
     let api = control_api(
         &config,
         &shared,
         &bridge,
         operations.clone(),
         reloader.clone(),
+        revocation.clone(),
     );
     let console = if config.console.enabled() {
-        let consent = consent(&config, environment, &shared, &servers, front.as_ref()).await?;
-        Some(console(&config, &shared, servers.clone(), consent)?)
+        Some(console(
+            &config,
+            &shared,
+            servers.clone(),
+            consent,
+            revocation,
+        )?)
     } else {
         None
     };
@@ -381,6 +398,7 @@ fn control_api(
     bridge: &Arc<Bridge>,
     readiness: Arc<Operations>,
     reload: Arc<dyn crate::ports::Reload>,
+    revocation: Arc<dyn Revocation>,
 ) -> Arc<ControlApi> {
     let (store, clock) = (&shared.store, &shared.clock);
     ControlApi::new(ApiParts {
@@ -417,6 +435,7 @@ fn control_api(
         events: store.clone(),
         operator: store.clone(),
         grants: store.clone(),
+        revocation,
         metrics: shared.metrics.clone(),
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.limits.control_connections),
@@ -457,10 +476,11 @@ async fn consent(
     servers: &Arc<McpServerSet>,
     front: Option<&Arc<Front>>,
 ) -> Result<Option<ConsentParts>, AppError> {
-    let (Some(reference), Some(front), Some(redirect_uri)) = (
+    let (Some(reference), Some(front), Some(redirect_uri), Some(client_document)) = (
         config.console.consent_key_ref.as_deref(),
         front,
         config.console.consent_redirect_uri(),
+        config.console.consent_client_document(),
     ) else {
         return Ok(None);
     };
@@ -494,6 +514,7 @@ async fn consent(
         ConsentSettings {
             redirect_uri,
             flow_lifetime,
+            client_document,
         },
     );
     Ok(Some(ConsentParts {
@@ -509,6 +530,7 @@ fn console(
     shared: &Shared,
     servers: Arc<McpServerSet>,
     consent: Option<ConsentParts>,
+    revocation: Arc<dyn Revocation>,
 ) -> Result<Arc<Console>, AppError> {
     let operators = config
         .console
@@ -527,6 +549,7 @@ fn console(
         sign_ins: shared.store.clone(),
         servers,
         grants: shared.store.clone(),
+        revocation,
         in_flight: shared.in_flight.clone(),
         connections: ConnectionCap::new(config.console.connections),
         clock: shared.clock.clone(),

@@ -115,6 +115,12 @@ impl ConsoleConfig {
         Some(format!("{}/consent/callback", self.base_url()?))
     }
 
+    /// Toolgate's Client ID Metadata Document's URL: its client id at an
+    /// authorization server where a server names no registered client.
+    pub fn consent_client_document(&self) -> Option<String> {
+        Some(format!("{}/consent/client.json", self.base_url()?))
+    }
+
     /// A server's consent page, less the server's id; none while consent
     /// is not served.
     pub fn consent_pages(&self) -> Option<String> {

@@ -364,6 +364,16 @@ impl Config {
                     "oauth2_user needs console.consent_key_ref: grants are sealed with it and \
                      consent is asked on the console's pages",
                 );
+            } else if auth.credential_ref.is_none()
+                && let Some(document) = self.console.consent_client_document()
+                && !served_securely(&document)
+            {
+                problems.push(
+                    format!("mcp.http_servers[{index}].auth.credential_ref"),
+                    "without a registered client, toolgate is the client its Client ID Metadata \
+                     Document at console.url describes, which authorization servers fetch only \
+                     over https: set an https console.url, or name a registered client",
+                );
             }
         }
         if self.console.consent_key_ref.is_some() && !self.front.enabled() {
@@ -379,6 +389,26 @@ impl Config {
     pub fn consent_enabled(&self) -> bool {
         self.console.consent_key_ref.is_some()
     }
+}
+
+/// Whether `url` is https, or http to this machine's loopback (where an
+/// authorization server under test fetches it).
+fn served_securely(url: &str) -> bool {
+    if url.starts_with("https://") {
+        return true;
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
 }
 
 /// Reads a file of entries (API keys, operators) into its typed form, or
@@ -531,6 +561,31 @@ mod tests {
         errors.map_or_else(Vec::new, |errors| {
             errors.0.iter().map(ToString::to_string).collect()
         })
+    }
+
+    #[test]
+    fn a_client_document_is_served_over_https_or_on_loopback() {
+        let about = |console_url: &str| {
+            problems(&format!(
+                "[front]\nlisten = \"127.0.0.1:8766\"\n\
+                 [console]\nlisten = \"127.0.0.1:8767\"\nurl = \"{console_url}\"\n\
+                 consent_key_ref = \"env:KEY\"\n\
+                 [[mcp.http_servers]]\nserver_id = \"crm\"\nurl = \"https://crm.example/mcp\"\n\
+                 auth = {{ scheme = \"oauth2_user\" }}\n"
+            ))
+            .into_iter()
+            .filter(|problem| problem.contains("credential_ref"))
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(about("https://toolgate.example.com"), Vec::<String>::new());
+        assert_eq!(about("http://127.0.0.1:8767"), Vec::<String>::new());
+        let [refused] = &about("http://toolgate.example.com")[..] else {
+            panic!("one problem");
+        };
+        assert!(
+            refused.starts_with("mcp.http_servers[0].auth.credential_ref: without a registered"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use super::{ConsoleError, Fields, auth};
 use crate::domain::SecretValue;
 use crate::edge::Reply;
 use crate::ports::consent::consent_cookie_name;
-use crate::ports::{Consent, ConsentAnswer, ConsentError, Granted, Principals};
+use crate::ports::{Consent, ConsentAnswer, ConsentError, Granted, Principals, Revoked};
 
 /// The cookie a flow's browser holds, as set: behind TLS with the
 /// `__Host-` prefix (only this origin, over TLS, can have set it).
@@ -134,9 +134,19 @@ pub(super) async fn submit(
     };
     match form.get("action") {
         Some("revoke") => {
-            let message = match parts.consent.revoke(&who, server).await {
-                Ok(true) => "The grant is ended; the next call asks for consent again.",
-                Ok(false) => "You held no grant at that server.",
+            let ended = parts
+                .consent
+                .end_grant(&who.tenant_id, &who.principal_id, server)
+                .await;
+            let message = match ended {
+                Ok(Revoked::Ended { upstream: true }) => {
+                    "The grant is ended, and revoked at the server's authorization server; \
+                     the next call asks for consent again."
+                }
+                Ok(Revoked::Ended { upstream: false }) => {
+                    "The grant is ended; the next call asks for consent again."
+                }
+                Ok(Revoked::NotHeld) => "You held no grant at that server.",
                 Err(error) => return Ok(failure(&error)),
             };
             Ok(page(
@@ -178,6 +188,19 @@ pub(super) async fn submit(
         },
         _ => Err(ConsoleError::Invalid("action must be connect or revoke")),
     }
+}
+
+/// `GET /consent/client.json`: toolgate's Client ID Metadata Document, the
+/// client an authorization server is told of by its URL.
+pub(super) fn client_document(parts: &ConsentParts) -> Reply {
+    let mut reply = crate::edge::reply(StatusCode::OK, &parts.consent.client_document());
+    // Authorization servers may keep it for a while (they fetch it on
+    // each authorization otherwise).
+    reply.headers_mut().insert(
+        hyper::header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=3600"),
+    );
+    reply
 }
 
 /// The answer a callback's query or confirmation form carries.

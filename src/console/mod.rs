@@ -61,8 +61,10 @@ pub struct ConsoleParts {
     pub sign_ins: Arc<dyn ConsoleSignInStore>,
     /// The MCP servers, asked whether each is connected now.
     pub servers: Arc<dyn crate::ports::McpServers>,
-    /// Each principal's `oauth2_user` grants, listed and ended.
+    /// Each principal's `oauth2_user` grants, listed.
     pub grants: Arc<dyn crate::ports::GrantStore>,
+    /// Ends them, and revokes them upstream.
+    pub revocation: Arc<dyn crate::ports::Revocation>,
     /// Requests in flight on every edge, for the drain.
     pub in_flight: Arc<InFlight>,
     /// Connections held at once.
@@ -390,6 +392,7 @@ impl Console {
                 None,
                 query.get("server"),
             )),
+            (&Method::GET, ["consent", "client.json"]) => Ok(consent::client_document(parts)),
             (&Method::GET, ["consent", "callback"]) => {
                 Ok(consent::callback(parts, &request, query, secure).await)
             }

@@ -15,7 +15,9 @@ use crate::domain::{
     valid_tenant_id,
 };
 use crate::edge::Reply;
-use crate::ports::{Cursor, InvocationRecord, OperatorFilter, PageRequest, ReviewRecord};
+use crate::ports::{
+    Cursor, InvocationRecord, OperatorFilter, PageRequest, ReviewRecord, Revoked, StoreError,
+};
 
 /// The longest note a reviewer may leave, as over the control API.
 const MAXIMUM_NOTE_BYTES: usize = 4096;
@@ -618,16 +620,20 @@ impl Console {
         let principal = form
             .get("principal")
             .ok_or(ConsoleError::Invalid("principal is required"))?;
-        if !self
+        let upstream = match self
             .parts
-            .grants
-            .revoke_grant(tenant, principal, server)
-            .await?
+            .revocation
+            .end_grant(tenant, principal, server)
+            .await
         {
-            return Err(ConsoleError::Conflict(
-                "no grant of that principal at that server",
-            ));
-        }
+            Ok(Revoked::Ended { upstream }) => upstream,
+            Ok(Revoked::NotHeld) => {
+                return Err(ConsoleError::Conflict(
+                    "no grant of that principal at that server",
+                ));
+            }
+            Err(error) => return Err(StoreError::Unavailable(error.to_string()).into()),
+        };
         tracing::info!(
             operator = %session.operator,
             tenant = %tenant,
@@ -635,10 +641,15 @@ impl Console {
             server = %server,
             "grant ended in the console"
         );
+        let ended = if upstream {
+            format!("{principal} at {server}, revoked at its authorization server")
+        } else {
+            format!("{principal} at {server}")
+        };
         Ok(html::see_other(&format!(
             "/grants?tenant_id={}&ended={}",
             html::encode(tenant),
-            html::encode(&format!("{principal} at {server}"))
+            html::encode(&ended)
         )))
     }
 

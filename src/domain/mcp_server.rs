@@ -140,10 +140,13 @@ pub fn validate_auth(fields: AuthFields<'_>, allowlist: &EgressAllowlist) -> Vec
         return violations;
     };
 
-    // Rule 1: none has no reference; every other scheme has one.
+    // Rule 1: none has no reference; every other scheme has one, but
+    // oauth2_user's consent, which may be asked as toolgate's own Client ID
+    // Metadata Document instead of a registered client.
     match (scheme, fields.credential_ref) {
         (AuthScheme::None, Some(_)) => violations.push(RowViolation::ReferenceWithNone),
         (AuthScheme::None, None) => {}
+        (AuthScheme::Oauth2User, None) if fields.token_endpoint.is_none() => {}
         (_, None) => violations.push(RowViolation::ReferenceMissing(scheme)),
         (_, Some(reference)) => {
             if let Err(error) = CredentialRef::parse(reference) {
@@ -318,8 +321,14 @@ mod tests {
     fn a_delegated_row_names_its_client_and_no_endpoint() {
         let allowlist = EgressAllowlist::new(vec![AllowEntry::parse("auth.example.com").unwrap()]);
         let user = |fields: AuthFields<'static>| validate_auth(fields, &allowlist);
+        // Consent without a registered client: toolgate's client document.
+        assert_eq!(user(fields(Transport::Http, "oauth2_user")), vec![]);
+        // An exchange is always a registered client's.
         assert_eq!(
-            user(fields(Transport::Http, "oauth2_user")),
+            user(AuthFields {
+                token_endpoint: Some("https://auth.example.com/token"),
+                ..fields(Transport::Http, "oauth2_user")
+            }),
             vec![RowViolation::ReferenceMissing(AuthScheme::Oauth2User)]
         );
         assert_eq!(

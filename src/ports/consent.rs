@@ -127,8 +127,32 @@ pub enum ConsentError {
     Unavailable(&'static str),
 }
 
+/// A grant ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revoked {
+    /// The principal held none there.
+    NotHeld,
+    /// Deleted here. `upstream`: whether its authorization server took the
+    /// revocation of its tokens (RFC 7009); false where it offers none, or
+    /// did not answer 200 (the grant is ended here either way).
+    Ended { upstream: bool },
+}
+
+/// Ends grants, for the principal that holds one and for operators.
+pub trait Revocation: Send + Sync {
+    /// Ends `principal_id`'s grant (of `tenant_id`) at `server_id`: the
+    /// grant is deleted, so the next call asks for consent again, then its
+    /// tokens are revoked at the authorization server that issued them.
+    fn end_grant<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<Revoked, ConsentError>>;
+}
+
 /// The consent flows and grants of `oauth2_user` servers.
-pub trait Consent: Send + Sync {
+pub trait Consent: Revocation {
     /// Begins a flow for `who` at `server_id`: discovers the server's
     /// authorization server, and keeps the flow's state, verifier and
     /// browser binding.
@@ -155,10 +179,6 @@ pub trait Consent: Send + Sync {
         answer: &'a ConsentAnswer,
     ) -> BoxFuture<'a, Result<Granted, ConsentError>>;
 
-    /// Ends `who`'s grant at `server_id`; whether there was one.
-    fn revoke<'a>(
-        &'a self,
-        who: &'a Delegator,
-        server_id: &'a str,
-    ) -> BoxFuture<'a, Result<bool, ConsentError>>;
+    /// Toolgate's Client ID Metadata Document, as served at its URL.
+    fn client_document(&self) -> serde_json::Value;
 }

@@ -20,7 +20,8 @@ pub mod tool;
 
 pub use clock::{Clock, SystemClock};
 pub use consent::{
-    Consent, ConsentAnswer, ConsentError, ConsentStart, Delegator, Granted, Principals, Subjects,
+    Consent, ConsentAnswer, ConsentError, ConsentStart, Delegator, Granted, Principals, Revocation,
+    Revoked, Subjects,
 };
 pub use egress::{DialError, Dialed, EgressDialer, EgressStream};
 pub use mcp::{DiscoveredTool, DiscoveryOutcome, LoadedSkill, McpServers, ServerDiscovery};

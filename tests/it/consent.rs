@@ -17,6 +17,9 @@ use crate::store::PgSchema;
 /// The client toolgate is registered as at the scripted authorization server.
 const CLIENT: &str = "toolgate:s3cr3t";
 
+/// `crm`'s `auth` naming that registered client.
+const REGISTERED: &str = "credential_ref = \"file:CLIENTFILE\", ";
+
 /// A node with the front door (its principals), the console serving
 /// consent, and the scripted server `crm` behind `oauth2_user`.
 struct Delegating {
@@ -49,16 +52,18 @@ fn reaching(root: &Path, config: &str, upstream: u16) -> String {
 /// (and so its consent pages) on `console`, on the store `store_url` (its
 /// own SQLite file when `None`).
 fn node(upstream: u16, console: u16, front: u16, store_url: Option<&str>) -> Served {
-    node_with(upstream, console, front, store_url, "", None)
+    node_with(upstream, console, front, store_url, "", REGISTERED, None)
 }
 
-/// As [`node`], with `more` tables in its configuration.
+/// As [`node`], with `more` tables in its configuration and `client` in
+/// `crm`'s `auth` (empty: no registered client).
 fn node_with(
     upstream: u16,
     console: u16,
     front: u16,
     store_url: Option<&str>,
     more: &str,
+    client: &str,
     public: Option<u16>,
 ) -> Served {
     // Nodes behind one address say so: a consent's redirect comes back to
@@ -71,8 +76,7 @@ fn node_with(
          consent_key_ref = \"file:KEYFILE\"\n\n\
          [[mcp.http_servers]]\nserver_id = \"crm\"\nurl = \"http://127.0.0.1:{upstream}/mcp\"\n\
          side_effect = \"external_read\"\nrisk = \"low\"\nidempotency = \"read_only\"\n\
-         auth = {{ scheme = \"oauth2_user\", credential_ref = \"file:CLIENTFILE\", \
-         token_scopes = [\"mcp:read\"] }}\n",
+         auth = {{ scheme = \"oauth2_user\", {client}token_scopes = [\"mcp:read\"] }}\n",
         front = front_table(front, ""),
         operator = toolgate::domain::sha256_hex(b"operator-token"),
     );
@@ -103,6 +107,16 @@ impl Delegating {
         store_url: Option<&str>,
         more: &str,
     ) -> Delegating {
+        Delegating::start_as(upstream_env, store_url, more, REGISTERED)
+    }
+
+    /// As [`Delegating::start_with`], `client` in `crm`'s `auth`.
+    fn start_as(
+        upstream_env: &[(&str, String)],
+        store_url: Option<&str>,
+        more: &str,
+        client: &str,
+    ) -> Delegating {
         let console = free_port();
         let mut env = vec![
             ("SCRIPTED_OAUTH_CLIENT", CLIENT.to_owned()),
@@ -114,7 +128,7 @@ impl Delegating {
         env.extend(upstream_env.iter().cloned());
         let upstream = ScriptedHttp::start(&env);
         let front = free_port();
-        let served = node_with(upstream.port, console, front, store_url, more, None);
+        let served = node_with(upstream.port, console, front, store_url, more, client, None);
         Delegating {
             served,
             upstream,
@@ -229,10 +243,15 @@ impl Delegating {
 
     /// The token endpoint's redemptions, as the scripted server logged them.
     fn redemptions(&self) -> Vec<String> {
+        self.logged("TOKEN ")
+    }
+
+    /// What the scripted server logged, of lines starting with `prefix`.
+    fn logged(&self, prefix: &str) -> Vec<String> {
         std::fs::read_to_string(self.upstream.folder.path().join("requests"))
             .unwrap_or_default()
             .lines()
-            .filter(|line| line.starts_with("TOKEN "))
+            .filter(|line| line.starts_with(prefix))
             .map(str::to_owned)
             .collect()
     }
@@ -933,6 +952,10 @@ fn operators_list_grants_without_tokens_and_end_them() {
     assert!(ok, "{stderr}");
     let revoked: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(revoked["revoked"], true, "{stdout}");
+    // Ended here, and revoked at the authorization server (RFC 7009): the
+    // refresh token, as the registered client.
+    assert_eq!(revoked["revoked_upstream"], true, "{stdout}");
+    assert_eq!(node.logged("REVOKE "), ["REVOKE refresh_token revoked"]);
     let (ok, _, _) = cli(&["revoke", "crm", "--principal", "user-1", "--tenant", tenant]);
     assert!(!ok, "there is none left to end");
     let (ok, stdout, _) = cli(&["list", "--tenant", tenant]);
@@ -1204,6 +1227,7 @@ fn a_consent_begun_on_one_node_finishes_on_another() {
         free_port(),
         Some(&schema.url),
         "",
+        REGISTERED,
         Some(a.console),
     );
     let (url, cookie) = a.begin(KEY_A);
@@ -1272,4 +1296,91 @@ fn a_grant_revoked_upstream_asks_for_consent_again_in_the_same_session() {
     node.consent(KEY_A, "alice");
     let again = node.whoami(session);
     assert!(again["content"].to_string().contains("alice"), "{again}");
+}
+
+/// Where a server names no registered client, toolgate is the client its
+/// own Client ID Metadata Document describes (served at the consent pages'
+/// `/consent/client.json`), at an authorization server that says it takes
+/// one; it finds the server's resource metadata where the server's 401
+/// says (not at a well-known URL); it refreshes and revokes the grant as
+/// that same public client. An authorization server that takes no client
+/// document is not asked at all: toolgate never registers itself.
+#[test]
+fn a_server_without_a_registered_client_is_asked_as_toolgates_client_document() {
+    let node = Delegating::start_as(
+        &[
+            ("SCRIPTED_OAUTH_CIMD", "1".to_owned()),
+            ("SCRIPTED_OAUTH_METADATA_PATH", "/meta/crm".to_owned()),
+            // Every call refreshes (within the minute of its expiry).
+            ("SCRIPTED_OAUTH_EXPIRES", "30".to_owned()),
+        ],
+        None,
+        "",
+        "",
+    );
+    let document_url = format!("http://127.0.0.1:{}/consent/client.json", node.console);
+    let (status, head, body) = exchange(node.console, "GET", "/consent/client.json", &[], b"");
+    assert_eq!(status, 200, "{head}");
+    let document: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(document["client_id"], document_url.as_str(), "{document}");
+    assert_eq!(
+        document["redirect_uris"],
+        json!([format!(
+            "http://127.0.0.1:{}/consent/callback",
+            node.console
+        )])
+    );
+    assert_eq!(document["token_endpoint_auth_method"], "none");
+
+    let (url, cookie) = node.begin(KEY_A);
+    assert!(
+        url.contains(&format!("client_id={}", encode(&document_url))),
+        "{url}"
+    );
+    let back = node.consent_upstream(&url, "alice");
+    assert_eq!(
+        node.logged("CIMD "),
+        ["CIMD 200", "CIMD 200"],
+        "fetched at the page and its post"
+    );
+    let (status, body) = node.callback(&back, Some(&cookie));
+    assert_eq!(status, 200, "{body}");
+    let (session, _) = node.session(crate::serve::TENANT, "user-1");
+    for _ in 0..2 {
+        let answer = node.whoami(session);
+        assert!(answer["content"].to_string().contains("alice"), "{answer}");
+    }
+    // The code redeemed, then refreshed at every request, each as the
+    // public client the grant was given to.
+    let redemptions = node.redemptions();
+    assert_eq!(redemptions[0], "TOKEN authorization_code 200");
+    assert!(
+        redemptions.len() >= 3
+            && redemptions[1..]
+                .iter()
+                .all(|r| r == "TOKEN refresh_token 200"),
+        "{redemptions:?}"
+    );
+    // The principal ends it on the consent page: revoked upstream too, as
+    // the same public client.
+    let (status, _, body) = node.submit(KEY_A, "crm", "revoke");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("revoked at the server"), "{body}");
+    assert_eq!(node.logged("REVOKE "), ["REVOKE refresh_token revoked"]);
+    let after = node.whoami(session);
+    assert_eq!(
+        after["outcome"]["reason_code"], "tool.consent_required",
+        "{after}"
+    );
+    drop(node);
+
+    // Without the document's support, nothing is asked of the server.
+    let node = Delegating::start_as(&[], None, "", "");
+    let (status, _, body) = node.submit(KEY_A, "crm", "connect");
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body.contains("takes no client ID metadata document"),
+        "{body}"
+    );
+    assert!(node.logged("CIMD ").is_empty() && node.redemptions().is_empty());
 }

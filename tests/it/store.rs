@@ -3155,6 +3155,9 @@ async fn upstream_grants_are_each_principals_and_consent_flows_are_taken_once() 
             scopes: vec!["crm.read".into()],
             started_at: now + chrono::Duration::seconds(minutes),
             expires_at: now + chrono::Duration::minutes(minutes),
+            client_document: (principal == "bob")
+                .then(|| "https://toolgate.example.com/consent/client.json".into()),
+            revocation_endpoint: Some("https://as.example.com/revoke".into()),
         };
         store
             .begin_consent(&flow("s1", "alice", 10), 2)
@@ -3267,12 +3270,16 @@ async fn upstream_grants_are_each_principals_and_consent_flows_are_taken_once() 
             .collect();
         assert_eq!(listed, ["alice/v1.k.second", "bob/v1.k.bob"], "{name}");
         // Revocation ends one principal's grant, not another tenant's.
-        assert!(
-            store.revoke_grant("acme", "alice", "crm").await.unwrap(),
+        // The grant deleted comes back, its tokens to revoke upstream.
+        let revoked = store.revoke_grant("acme", "alice", "crm").await.unwrap();
+        assert_eq!(
+            revoked.map(|grant| grant.sealed_tokens).as_deref(),
+            Some("v1.k.second"),
             "{name}"
         );
-        assert!(
-            !store.revoke_grant("acme", "alice", "crm").await.unwrap(),
+        assert_eq!(
+            store.revoke_grant("acme", "alice", "crm").await.unwrap(),
+            None,
             "{name}"
         );
         assert_eq!(

@@ -59,6 +59,13 @@
 //!   `SCRIPTED_OAUTH_DELAY_MS` holds each refresh that long before it is
 //!   judged, so a test races two. Each `/token` request also appends
 //!   `TOKEN GRANT_TYPE STATUS` to `SCRIPTED_REQUESTS`.
+//!   `SCRIPTED_OAUTH_METADATA_PATH` serves the resource metadata at that
+//!   path alone (the well-known URLs answer 404), named by the MCP
+//!   endpoint's 401. `SCRIPTED_OAUTH_CIMD=1` also takes, as a public
+//!   client, any loopback URL whose Client ID Metadata Document names it
+//!   and the redirect URI (fetched at each authorization: `CIMD STATUS`).
+//!   `/revoke` is RFC 7009's endpoint, for either client
+//!   (`REVOKE HINT revoked|unknown`).
 
 // A scripted server stalls as a real one would, on its own thread and
 // clock (clippy.toml keeps these out of `src`).
@@ -1105,6 +1112,10 @@ mod http {
             issuer: String,
             expires: u64,
             delay: Option<Duration>,
+            /// Where the resource metadata is, instead of the well-known URLs.
+            metadata_path: Option<String>,
+            /// Whether a Client ID Metadata Document's URL is a client id.
+            documents: bool,
         }
 
         impl Config {
@@ -1135,6 +1146,8 @@ mod http {
                     origin,
                     expires: number("SCRIPTED_OAUTH_EXPIRES").unwrap_or(3600),
                     delay: number("SCRIPTED_OAUTH_DELAY_MS").map(Duration::from_millis),
+                    metadata_path: env("SCRIPTED_OAUTH_METADATA_PATH"),
+                    documents: env("SCRIPTED_OAUTH_CIMD").is_some(),
                 }
             });
             let _ = CONFIG.set(config);
@@ -1156,9 +1169,13 @@ mod http {
             spent: bool,
             /// The grant its redemption made, revoked if it comes back.
             grant: Option<usize>,
+            /// The client document's URL it was given to; none: the
+            /// registered client.
+            client: Option<String>,
         }
 
         struct Grant {
+            client: Option<String>,
             user: String,
             scope: String,
             resource: String,
@@ -1332,7 +1349,20 @@ mod http {
             let method = request.method().clone();
             let path = request.uri().path().to_owned();
             let get = method == Method::GET;
+            let resource_metadata = config.metadata_path.as_deref();
             match path.as_str() {
+                "/.well-known/oauth-protected-resource"
+                | "/.well-known/oauth-protected-resource/mcp"
+                    if get && resource_metadata.is_some() =>
+                {
+                    plain(StatusCode::NOT_FOUND, &[], "not found")
+                }
+                path if get && resource_metadata == Some(path) => json_answer(
+                    StatusCode::OK,
+                    &json!({"resource": config.resource(),
+                            "authorization_servers": [config.origin],
+                            "scopes_supported": SCOPES}),
+                ),
                 "/.well-known/oauth-protected-resource"
                 | "/.well-known/oauth-protected-resource/mcp"
                     if get =>
@@ -1356,19 +1386,26 @@ mod http {
                             "token_endpoint_auth_methods_supported":
                                 ["client_secret_basic", "none"],
                             "authorization_response_iss_parameter_supported": true,
+                            "revocation_endpoint": format!("{}/revoke", config.origin),
+                            "client_id_metadata_document_supported": config.documents,
                             "scopes_supported": SCOPES}),
                 ),
                 "/authorize" if get => {
                     let query = request.uri().query().unwrap_or_default();
                     match Form::parse(query) {
-                        Some(form) => authorize_page(&form, config),
+                        Some(form) => authorize_page(&form, config).await,
                         None => refuse("malformed query"),
                     }
                 }
                 "/authorize" if method == Method::POST => match form(request).await {
-                    Some(form) => authorize_post(&form, config),
+                    Some(form) => authorize_post(&form, config).await,
                     None => refuse("malformed form"),
                 },
+                "/revoke" if method == Method::POST => {
+                    let authorization = header(&request, "authorization");
+                    let form = form(request).await;
+                    revoke(&authorization, form, config)
+                }
                 "/token" if method == Method::POST => {
                     let authorization = header(&request, "authorization");
                     let form = form(request).await;
@@ -1389,6 +1426,7 @@ mod http {
                 | "/.well-known/oauth-protected-resource/mcp"
                 | "/.well-known/oauth-authorization-server"
                 | "/authorize"
+                | "/revoke"
                 | "/token" => plain(StatusCode::METHOD_NOT_ALLOWED, &[], "method not allowed"),
                 _ => {
                     let authorization = header(&request, "authorization");
@@ -1396,8 +1434,10 @@ mod http {
                         .and_then(|token| state().holder(token));
                     let Some(user) = user else {
                         let challenge = format!(
-                            "Bearer error=\"invalid_token\", resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
-                            config.origin
+                            "Bearer error=\"invalid_token\", resource_metadata=\"{}{}\"",
+                            config.origin,
+                            resource_metadata
+                                .unwrap_or("/.well-known/oauth-protected-resource/mcp")
                         );
                         return plain(
                             StatusCode::UNAUTHORIZED,
@@ -1436,14 +1476,73 @@ mod http {
             plain(StatusCode::FOUND, &[("location", location)], "")
         }
 
-        /// The answer to an authorization request that is not good: a refusal
-        /// (an unknown client or redirect URI) or an error sent back.
-        fn refusal(form: &Form, config: &Config) -> Option<Response<Body>> {
-            if form.get("client_id") != Some(config.id.as_str())
-                || form.get("redirect_uri") != Some(config.redirect.as_str())
-            {
-                return Some(refuse("invalid client or redirect"));
+        /// A loopback URL's body, with its status.
+        async fn fetch(url: &str) -> Option<(u16, Vec<u8>)> {
+            let rest = url.strip_prefix("http://")?;
+            let (authority, path) = rest.split_once('/')?;
+            if !authority.starts_with("127.0.0.1:") {
+                return None;
             }
+            let stream = tokio::net::TcpStream::connect(authority).await.ok()?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .ok()?;
+            tokio::spawn(connection);
+            let request = Request::get(format!("/{path}"))
+                .header("host", authority)
+                .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+                .ok()?;
+            let response = sender.send_request(request).await.ok()?;
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await.ok()?.to_bytes();
+            Some((status, body.to_vec()))
+        }
+
+        /// Whether the Client ID Metadata Document at `url` is its own (its
+        /// `client_id` is the URL), a public client's, and lists
+        /// `redirect`.
+        async fn document_allows(url: &str, redirect: &str) -> bool {
+            let fetched = fetch(url).await;
+            log_text(&format!(
+                "CIMD {}",
+                fetched.as_ref().map_or(0, |(status, _)| *status)
+            ));
+            let Some(document) = fetched
+                .filter(|(status, _)| *status == 200)
+                .and_then(|(_, body)| serde_json::from_slice::<Value>(&body).ok())
+            else {
+                return false;
+            };
+            document["client_id"] == url
+                && document["token_endpoint_auth_method"] == "none"
+                && document["redirect_uris"]
+                    .as_array()
+                    .is_some_and(|uris| uris.iter().any(|uri| uri == redirect))
+        }
+
+        /// Whether `id` may be a client document's URL here.
+        fn is_document(id: &str, config: &Config) -> bool {
+            config.documents && id.starts_with("http://")
+        }
+
+        /// The client an authorization request is from (`None`: the
+        /// registered one; else its document's URL), or the answer to one
+        /// that is not good: a refusal (an unknown client or redirect URI)
+        /// or an error sent back.
+        async fn client_of(form: &Form, config: &Config) -> Result<Option<String>, Response<Body>> {
+            let id = form.get("client_id").unwrap_or_default();
+            let redirect = form.get("redirect_uri").unwrap_or_default();
+            let client = if is_document(id, config) {
+                if !document_allows(id, redirect).await {
+                    return Err(refuse("invalid client or redirect"));
+                }
+                Some(id.to_owned())
+            } else if id == config.id && redirect == config.redirect {
+                None
+            } else {
+                return Err(refuse("invalid client or redirect"));
+            };
             // RFC 7636 §4.2: 43 to 128 unreserved characters.
             let challenge = form.get("code_challenge").unwrap_or_default();
             let challenge_ok = (43..=128).contains(&challenge.len())
@@ -1456,9 +1555,9 @@ mod http {
                 || !challenge_ok
                 || form.get("resource") != Some(resource.as_str())
             {
-                return Some(error_back(form, config, "invalid_request"));
+                return Err(error_back(form, config, "invalid_request"));
             }
-            None
+            Ok(client)
         }
 
         fn error_back(form: &Form, config: &Config, error: &str) -> Response<Body> {
@@ -1468,8 +1567,8 @@ mod http {
             }
         }
 
-        fn authorize_page(form: &Form, config: &Config) -> Response<Body> {
-            if let Some(response) = refusal(form, config) {
+        async fn authorize_page(form: &Form, config: &Config) -> Response<Body> {
+            if let Err(response) = client_of(form, config).await {
                 return response;
             }
             let hidden: String = form
@@ -1502,10 +1601,11 @@ mod http {
             )
         }
 
-        fn authorize_post(form: &Form, config: &Config) -> Response<Body> {
-            if let Some(response) = refusal(form, config) {
-                return response;
-            }
+        async fn authorize_post(form: &Form, config: &Config) -> Response<Body> {
+            let client = match client_of(form, config).await {
+                Ok(client) => client,
+                Err(response) => return response,
+            };
             let user = form.get("user").unwrap_or_default();
             if user.is_empty() {
                 return error_back(form, config, "invalid_request");
@@ -1526,6 +1626,7 @@ mod http {
                     issued: Instant::now(),
                     spent: false,
                     grant: None,
+                    client,
                 },
             );
             match form.get("state") {
@@ -1534,7 +1635,18 @@ mod http {
             }
         }
 
-        fn client_ok(authorization: &str, form: &Form, config: &Config) -> bool {
+        /// The client a token or revocation request authenticates as:
+        /// `Some(None)` the registered one, `Some(Some(url))` a client
+        /// document's (public), `None` neither.
+        fn client_ok(authorization: &str, form: &Form, config: &Config) -> Option<Option<String>> {
+            let id = form.get("client_id").unwrap_or_default();
+            if authorization.is_empty() && is_document(id, config) {
+                return Some(Some(id.to_owned()));
+            }
+            registered_ok(authorization, form, config).then_some(None)
+        }
+
+        fn registered_ok(authorization: &str, form: &Form, config: &Config) -> bool {
             if config.secret.is_empty() {
                 return form.get("client_id") == Some(config.id.as_str());
             }
@@ -1550,13 +1662,49 @@ mod http {
                     .is_none_or(|id| id == config.id.as_str())
         }
 
+        /// RFC 7009: a token of the client's own grant is revoked, with the
+        /// whole grant; any other is answered 200 all the same.
+        fn revoke(authorization: &str, form: Option<Form>, config: &Config) -> Response<Body> {
+            let Some(form) = form else {
+                return json_answer(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "invalid_request"}),
+                );
+            };
+            let Some(client) = client_ok(authorization, &form, config) else {
+                return json_answer(
+                    StatusCode::UNAUTHORIZED,
+                    &json!({"error": "invalid_client"}),
+                );
+            };
+            let token = form.get("token").unwrap_or_default();
+            let hint = form.get("token_type_hint").unwrap_or("-");
+            let mut state = state();
+            let grant = state
+                .refresh
+                .get(token)
+                .map(|(grant, _)| *grant)
+                .or_else(|| state.access.get(token).map(|(grant, _)| *grant))
+                .filter(|grant| state.grants[*grant].client == client);
+            let outcome = match grant {
+                Some(grant) => {
+                    state.revoke(grant);
+                    "revoked"
+                }
+                None => "unknown",
+            };
+            let hint = hint.replace(|c: char| !c.is_ascii_graphic(), "?");
+            log_text(&format!("REVOKE {hint} {outcome}"));
+            plain(StatusCode::OK, &[], "")
+        }
+
         async fn token(authorization: &str, form: Option<Form>, config: &Config) -> Response<Body> {
             let error =
                 |status: StatusCode, error: &str| json_answer(status, &json!({"error": error}));
             let Some(form) = form else {
                 return error(StatusCode::BAD_REQUEST, "invalid_request");
             };
-            if !client_ok(authorization, &form, config) {
+            let Some(client) = client_ok(authorization, &form, config) else {
                 let mut response = error(StatusCode::UNAUTHORIZED, "invalid_client");
                 if !authorization.is_empty() {
                     response.headers_mut().insert(
@@ -1565,7 +1713,7 @@ mod http {
                     );
                 }
                 return response;
-            }
+            };
             let invalid_grant = || error(StatusCode::BAD_REQUEST, "invalid_grant");
             match form.get("grant_type") {
                 Some("authorization_code") => {
@@ -1584,6 +1732,9 @@ mod http {
                         return invalid_grant();
                     }
                     code.spent = true;
+                    if code.client != client {
+                        return invalid_grant();
+                    }
                     let verifier = form.get("code_verifier").unwrap_or_default();
                     let proof = base64url(&Sha256::digest(verifier.as_bytes()));
                     if code.issued.elapsed() >= CODE_LIFE
@@ -1595,6 +1746,7 @@ mod http {
                         return invalid_grant();
                     }
                     let grant = Grant {
+                        client: client.clone(),
                         user: code.user.clone(),
                         scope: code.scope.clone(),
                         resource: code.resource.clone(),
@@ -1614,7 +1766,7 @@ mod http {
                     let Some(&(grant, used)) = state.refresh.get(presented) else {
                         return invalid_grant();
                     };
-                    if state.grants[grant].revoked {
+                    if state.grants[grant].revoked || state.grants[grant].client != client {
                         return invalid_grant();
                     }
                     if used {
@@ -1655,6 +1807,7 @@ mod http {
                     }
                     let mut state = state();
                     let grant = Grant {
+                        client: None,
                         user,
                         scope: form.get("scope").unwrap_or("mcp:read").to_owned(),
                         resource: config.resource(),

@@ -226,24 +226,33 @@ impl Authenticator {
     /// A value, after the server refused `failed` (a grant's access token
     /// it refused is refreshed rather than sent again).
     async fn obtain_after(&self, failed: Option<&SecretValue>) -> Result<Held, AuthError> {
+        // The reference names the client (none for toolgate's own client
+        // document), which is never a bearer: only a principal's grant is.
+        if self.settings.scheme == AuthScheme::Oauth2User {
+            let delegate = self.delegate.as_ref().ok_or(AuthError::Delegated)?;
+            let client = match &self.settings.credential_ref {
+                Some(reference) => Some(
+                    self.resolver
+                        .resolve(reference)
+                        .await
+                        .map_err(|_| AuthError::Unresolved)?,
+                ),
+                None => None,
+            };
+            return delegate
+                .token(
+                    client.as_ref(),
+                    self.dialer.as_ref(),
+                    self.clock.as_ref(),
+                    failed,
+                )
+                .await;
+        }
         let reference = self
             .settings
             .credential_ref
             .as_ref()
             .ok_or(AuthError::Unresolved)?;
-        // The reference names the client, which is never a bearer: only a
-        // principal's grant is.
-        if self.settings.scheme == AuthScheme::Oauth2User {
-            let delegate = self.delegate.as_ref().ok_or(AuthError::Delegated)?;
-            let client = self
-                .resolver
-                .resolve(reference)
-                .await
-                .map_err(|_| AuthError::Unresolved)?;
-            return delegate
-                .token(&client, self.dialer.as_ref(), self.clock.as_ref(), failed)
-                .await;
-        }
         let value = self
             .resolver
             .resolve(reference)
@@ -317,6 +326,27 @@ pub(super) async fn send(
     body: Option<String>,
     limit: usize,
 ) -> Result<(StatusCode, Bytes), AuthError> {
+    let body = body.map(|body| ("application/x-www-form-urlencoded", body));
+    let answer = request(dialer, method, url, headers, body, limit).await?;
+    Ok((answer.status, answer.body))
+}
+
+/// What a [`request`] was answered with.
+pub(super) struct Answer {
+    pub(super) status: StatusCode,
+    pub(super) headers: hyper::HeaderMap,
+    pub(super) body: Bytes,
+}
+
+/// As [`send`], the body of its content type, the answer's headers kept.
+pub(super) async fn request(
+    dialer: &dyn EgressDialer,
+    method: Method,
+    url: &str,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Option<(&'static str, String)>,
+    limit: usize,
+) -> Result<Answer, AuthError> {
     let dialed = dialer.dial(url).await.map_err(|_| AuthError::Unreachable)?;
     let (mut sender, connection) = bounded(hyper::client::conn::http1::handshake(TokioIo::new(
         dialed.stream,
@@ -327,29 +357,39 @@ pub(super) async fn send(
     let mut request = Request::builder()
         .method(method)
         .uri(path_of(url))
-        .header(HOST, host_of(&dialed.url))
-        .header(ACCEPT, "application/json");
-    if body.is_some() {
-        request = request.header(CONTENT_TYPE, "application/x-www-form-urlencoded");
+        .header(HOST, host_of(&dialed.url));
+    if !headers.iter().any(|(name, _)| name == ACCEPT) {
+        request = request.header(ACCEPT, "application/json");
     }
+    let body = match body {
+        Some((content_type, body)) => {
+            request = request.header(CONTENT_TYPE, content_type);
+            body
+        }
+        None => String::new(),
+    };
     for (name, value) in headers {
         request = request.header(name, value);
     }
     let request = request
-        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .body(Full::new(Bytes::from(body)))
         .map_err(|_| AuthError::Malformed)?;
     let answered = bounded(async {
         let response = sender
             .send_request(request)
             .await
             .map_err(|_| AuthError::Unreachable)?;
-        let status = response.status();
-        let bytes = Limited::new(response.into_body(), limit)
+        let (parts, body) = response.into_parts();
+        let body = Limited::new(body, limit)
             .collect()
             .await
             .map_err(|_| AuthError::Malformed)?
             .to_bytes();
-        Ok::<_, AuthError>((status, bytes))
+        Ok::<_, AuthError>(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
     })
     .await;
     connection.abort();

@@ -2,9 +2,14 @@
 //! person's upstream account for a grant, and the grant's custody.
 //!
 //! Discovery follows the MCP authorization specification: the server's
-//! protected-resource metadata (RFC 9728; at the path-inserted well-known
-//! URL, then the root), its first authorization server, whose metadata
-//! (RFC 8414, then OpenID discovery) must name that issuer and offer S256.
+//! protected-resource metadata (RFC 9728) where its 401 to a request
+//! without a token says (`WWW-Authenticate: Bearer resource_metadata=…`),
+//! else at the path-inserted well-known URL, then the root; its first
+//! authorization server, whose metadata (RFC 8414, then OpenID discovery)
+//! must name that issuer and offer S256. Toolgate is the client the
+//! server's `credential_ref` names (pre-registered), or else its own
+//! Client ID Metadata Document, which the authorization server must say
+//! it takes; it never registers itself dynamically.
 //! The request carries a single-use `state`, the exact redirect URI and
 //! the resource indicator (RFC 8707) naming the server; the answer's `iss`
 //! (RFC 9207) must be the issuer asked, and its state must be one this
@@ -14,19 +19,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::header::AUTHORIZATION;
+use hyper::header::{ACCEPT, AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Method, StatusCode};
 use serde_json::Value;
 use sha2::Digest as _;
 
-use super::auth::{AuthError, basic, form_encode, send, token_answer};
+use super::auth::{AuthError, basic, form_encode, request, send, token_answer};
 use super::grant::{Custody, Tokens};
 use super::server::HttpServerSettings;
 use super::servers::McpServerSet;
 use crate::domain::{SecretValue, sha256_hex};
 use crate::ports::{
     BoxFuture, Clock, Consent, ConsentAnswer, ConsentError, ConsentFlow, ConsentStart,
-    CredentialResolver, Delegator, EgressDialer, Granted, UpstreamGrant,
+    CredentialResolver, Delegator, EgressDialer, GrantStore, Granted, Revocation, Revoked,
+    UpstreamGrant,
 };
 
 /// The largest metadata document or token answer read.
@@ -42,6 +48,55 @@ pub struct ConsentSettings {
     pub redirect_uri: String,
     /// How long a flow waits for its answer.
     pub flow_lifetime: Duration,
+    /// Toolgate's Client ID Metadata Document's URL (the consent pages'
+    /// `/consent/client.json`): its client id where a server names no
+    /// registered client.
+    pub client_document: String,
+}
+
+/// Who toolgate is to an authorization server.
+enum Client {
+    /// Registered there: its id and secret (empty for a public client).
+    Registered { id: String, secret: String },
+    /// Its Client ID Metadata Document's URL: a public client.
+    Document(String),
+}
+
+impl Client {
+    /// The client authentication a token or revocation request carries:
+    /// HTTP Basic for a confidential client, else its id in the form.
+    fn authenticate(
+        &self,
+        body: &mut String,
+        headers: &mut Vec<(hyper::header::HeaderName, HeaderValue)>,
+    ) -> Result<(), AuthError> {
+        let (id, secret) = match self {
+            Client::Registered { id, secret } => (id.as_str(), secret.as_str()),
+            Client::Document(url) => (url.as_str(), ""),
+        };
+        if secret.is_empty() {
+            body.push_str("&client_id=");
+            body.push_str(&form_encode(id));
+        } else {
+            headers.push((AUTHORIZATION, basic(id, secret)?));
+        }
+        Ok(())
+    }
+
+    fn id(&self) -> &str {
+        match self {
+            Client::Registered { id, .. } => id,
+            Client::Document(url) => url,
+        }
+    }
+
+    /// The document's URL, when it is toolgate's own document.
+    fn document(&self) -> Option<String> {
+        match self {
+            Client::Registered { .. } => None,
+            Client::Document(url) => Some(url.clone()),
+        }
+    }
 }
 
 /// The consent flows and grants of every `oauth2_user` server of a runtime.
@@ -83,17 +138,15 @@ impl Delegations {
             .ok_or(ConsentError::NoSuchServer)
     }
 
-    /// The client the server's reference names: its id and secret (empty
-    /// for a public client).
-    async fn client(
+    /// The client the server's reference names (its id and secret, empty
+    /// for a public client); none when it names none.
+    async fn registered(
         &self,
         settings: &HttpServerSettings,
-    ) -> Result<(String, String), ConsentError> {
-        let reference = settings
-            .auth
-            .credential_ref
-            .as_ref()
-            .ok_or(ConsentError::NoSuchServer)?;
+    ) -> Result<Option<Client>, ConsentError> {
+        let Some(reference) = settings.auth.credential_ref.as_ref() else {
+            return Ok(None);
+        };
         let value = self
             .resolver
             .resolve(reference)
@@ -106,7 +159,26 @@ impl Delegations {
         if id.is_empty() {
             return Err(ConsentError::Unavailable("the client's credential"));
         }
-        Ok((id.to_owned(), secret.to_owned()))
+        Ok(Some(Client::Registered {
+            id: id.to_owned(),
+            secret: secret.to_owned(),
+        }))
+    }
+
+    /// The client a flow or a grant was begun as: toolgate's document when
+    /// it says so, else the server's registered client.
+    async fn client_of(
+        &self,
+        settings: &HttpServerSettings,
+        document: Option<&str>,
+    ) -> Result<Client, ConsentError> {
+        match document {
+            Some(url) => Ok(Client::Document(url.to_owned())),
+            None => self
+                .registered(settings)
+                .await?
+                .ok_or(ConsentError::Unavailable("the client's credential")),
+        }
     }
 }
 
@@ -144,9 +216,134 @@ struct AuthorizationServer {
     issuer: String,
     authorization_endpoint: String,
     token_endpoint: String,
+    /// Where it revokes tokens (RFC 7009), if it says.
+    revocation_endpoint: Option<String>,
+    /// Whether it takes a Client ID Metadata Document's URL as a client id.
+    client_documents: bool,
     resource: String,
     iss_required: bool,
+    /// What the server's challenge asked for, else what its metadata
+    /// offers.
     scopes: Vec<String>,
+}
+
+/// The `Bearer` challenge's parameters among a `WWW-Authenticate` value's
+/// challenges (RFC 9110 §11.6.1), names lowercased; none when it has no
+/// `Bearer` challenge. A value it cannot read ends what is read.
+fn bearer_challenge(value: &str) -> Option<Vec<(String, String)>> {
+    let token_end = |text: &str| {
+        text.find(|c: char| !(c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)))
+            .unwrap_or(text.len())
+    };
+    let mut rest = value;
+    let mut bearer: Option<Vec<(String, String)>> = None;
+    let mut current_is_bearer = false;
+    loop {
+        rest = rest.trim_start_matches([' ', '\t', ',']);
+        let end = token_end(rest);
+        if end == 0 {
+            break;
+        }
+        let token = &rest[..end];
+        let after = rest[end..].trim_start_matches([' ', '\t']);
+        if let Some(after) = after.strip_prefix('=') {
+            let after = after.trim_start_matches([' ', '\t']);
+            let (parameter, remaining) = if let Some(quoted) = after.strip_prefix('"') {
+                let mut text = String::new();
+                let mut chars = quoted.char_indices();
+                let mut closed = None;
+                while let Some((at, c)) = chars.next() {
+                    match c {
+                        '\\' => match chars.next() {
+                            Some((_, escaped)) => text.push(escaped),
+                            None => break,
+                        },
+                        '"' => {
+                            closed = Some(at + 1);
+                            break;
+                        }
+                        c => text.push(c),
+                    }
+                }
+                let Some(closed) = closed else { break };
+                (text, &quoted[closed..])
+            } else {
+                let end = after.find([',', ' ', '\t']).unwrap_or(after.len());
+                (after[..end].to_owned(), &after[end..])
+            };
+            if current_is_bearer && let Some(parameters) = bearer.as_mut() {
+                parameters.push((token.to_ascii_lowercase(), parameter));
+            }
+            rest = remaining;
+        } else {
+            current_is_bearer = token.eq_ignore_ascii_case("bearer");
+            if current_is_bearer && bearer.is_none() {
+                bearer = Some(Vec::new());
+            }
+            rest = after;
+        }
+    }
+    bearer
+}
+
+/// What the server's 401 to a request without a token says: its
+/// protected-resource metadata's URL and the scopes it asks for.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Challenge {
+    resource_metadata: Option<String>,
+    scopes: Vec<String>,
+}
+
+/// The first thing a client sends: what the server's 401 answers.
+const PROBE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"toolgate","version":"consent"}}}"#;
+
+/// Asks the server, without a token, what its 401 says (the MCP
+/// authorization specification's first step): no challenge when it answers
+/// anything else, or cannot be reached (the well-known URLs are tried).
+async fn challenge(dialer: &dyn EgressDialer, server_url: &str) -> Challenge {
+    let accept = HeaderValue::from_static("application/json, text/event-stream");
+    let Ok(answer) = request(
+        dialer,
+        Method::POST,
+        server_url,
+        vec![(ACCEPT, accept)],
+        Some(("application/json", PROBE.to_owned())),
+        MAXIMUM_DOCUMENT,
+    )
+    .await
+    else {
+        return Challenge::default();
+    };
+    if answer.status != StatusCode::UNAUTHORIZED {
+        return Challenge::default();
+    }
+    let parameters: Vec<(String, String)> = answer
+        .headers
+        .get_all(WWW_AUTHENTICATE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .filter_map(bearer_challenge)
+        .flatten()
+        .collect();
+    let named = |name: &str| {
+        parameters
+            .iter()
+            .find(|(given, _)| given == name)
+            .map(|(_, value)| value.clone())
+    };
+    Challenge {
+        resource_metadata: named("resource_metadata")
+            .filter(|url| secure_or_loopback(url) && !url.contains('#')),
+        scopes: named("scope")
+            .map(|scope| {
+                scope
+                    .split(' ')
+                    .filter(|scope| !scope.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
 }
 
 /// A metadata document at `url`: `None` when it is not there (any status
@@ -224,11 +421,13 @@ async fn discover(
     server_url: &str,
 ) -> Result<AuthorizationServer, ConsentError> {
     let (origin, path) = split_url(server_url).ok_or(ConsentError::Metadata("the server's URL"))?;
+    let challenge = challenge(dialer, server_url).await;
     let mut resource_metadata = None;
-    for candidate in [
+    let candidates = challenge.resource_metadata.iter().cloned().chain([
         format!("{origin}/.well-known/oauth-protected-resource{path}"),
         format!("{origin}/.well-known/oauth-protected-resource"),
-    ] {
+    ]);
+    for candidate in candidates {
         if let Some(found) = document(dialer, &candidate).await? {
             resource_metadata = Some(found);
             break;
@@ -284,11 +483,26 @@ async fn discover(
             "the authorization server does not offer PKCE with S256",
         ));
     }
-    let mut scopes = strings(&resource_metadata, "scopes_supported");
+    // The MCP specification's order: what the challenge asked for, else
+    // all the metadata offers.
+    let mut scopes = if challenge.scopes.is_empty() {
+        strings(&resource_metadata, "scopes_supported")
+    } else {
+        challenge.scopes
+    };
     scopes.retain(|scope| !scope.is_empty() && !scope.contains(' '));
+    let revocation_endpoint = match metadata.get("revocation_endpoint") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(endpoint(&metadata, "revocation_endpoint")?),
+    };
     Ok(AuthorizationServer {
         authorization_endpoint: endpoint(&metadata, "authorization_endpoint")?,
         token_endpoint: endpoint(&metadata, "token_endpoint")?,
+        revocation_endpoint,
+        client_documents: metadata
+            .get("client_id_metadata_document_supported")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         iss_required: metadata
             .get("authorization_response_iss_parameter_supported")
             .and_then(Value::as_bool)
@@ -321,9 +535,23 @@ impl Consent for Delegations {
     ) -> BoxFuture<'a, Result<ConsentStart, ConsentError>> {
         Box::pin(async move {
             let settings = self.server(&who.tenant_id, server_id).await?;
-            let (client_id, _) = self.client(&settings).await?;
+            let registered = self.registered(&settings).await?;
             let dialer = self.servers.dialer();
             let found = discover(dialer.as_ref(), &settings.url).await?;
+            // Toolgate's own document only where the authorization server
+            // says it takes one: dynamic registration is never attempted.
+            let client = match registered {
+                Some(client) => client,
+                None if found.client_documents => {
+                    Client::Document(self.settings.client_document.clone())
+                }
+                None => {
+                    return Err(ConsentError::Metadata(
+                        "the authorization server takes no client ID metadata document: \
+                         register toolgate there and name the client in credential_ref",
+                    ));
+                }
+            };
             let scopes = if settings.auth.token_scopes.is_empty() {
                 found.scopes.clone()
             } else {
@@ -359,6 +587,8 @@ impl Consent for Delegations {
                 scopes: scopes.clone(),
                 started_at: now,
                 expires_at: now + lifetime,
+                client_document: client.document(),
+                revocation_endpoint: found.revocation_endpoint.clone(),
             };
             self.custody
                 .grants
@@ -368,7 +598,7 @@ impl Consent for Delegations {
             let scope = scopes.join(" ");
             let mut pairs = vec![
                 ("response_type", "code"),
-                ("client_id", client_id.as_str()),
+                ("client_id", client.id()),
                 ("redirect_uri", self.settings.redirect_uri.as_str()),
                 ("state", state.as_str()),
                 ("code_challenge", challenge.as_str()),
@@ -463,7 +693,9 @@ impl Consent for Delegations {
             }
             let code = answer.code.as_deref().ok_or(ConsentError::NotRedeemed)?;
             let settings = self.server(&flow.tenant_id, &flow.server_id).await?;
-            let (client_id, secret) = self.client(&settings).await?;
+            let client = self
+                .client_of(&settings, flow.client_document.as_deref())
+                .await?;
             let verifier = self
                 .custody
                 .sealer
@@ -481,15 +713,9 @@ impl Consent for Delegations {
             );
             body.remove(0);
             let mut headers = Vec::new();
-            if secret.is_empty() {
-                body.push_str("&client_id=");
-                body.push_str(&form_encode(&client_id));
-            } else {
-                headers.push((
-                    AUTHORIZATION,
-                    basic(&client_id, &secret).map_err(|_| ConsentError::NotRedeemed)?,
-                ));
-            }
+            client
+                .authenticate(&mut body, &mut headers)
+                .map_err(|_| ConsentError::NotRedeemed)?;
             let dialer = self.servers.dialer();
             let (status, bytes) = send(
                 dialer.as_ref(),
@@ -525,6 +751,8 @@ impl Consent for Delegations {
                 expires_at: held.expires_at,
                 token_endpoint: flow.token_endpoint.clone(),
                 resource: flow.resource.clone(),
+                client_document: flow.client_document.clone(),
+                revocation_endpoint: flow.revocation_endpoint.clone(),
             };
             let mut grant = UpstreamGrant {
                 tenant_id: flow.tenant_id.clone(),
@@ -559,27 +787,151 @@ impl Consent for Delegations {
         })
     }
 
-    fn revoke<'a>(
+    fn client_document(&self) -> Value {
+        serde_json::json!({
+            "client_id": self.settings.client_document,
+            "client_name": "toolgate",
+            "redirect_uris": [self.settings.redirect_uri],
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "none",
+        })
+    }
+}
+
+impl Revocation for Delegations {
+    fn end_grant<'a>(
         &'a self,
-        who: &'a Delegator,
+        tenant_id: &'a str,
+        principal_id: &'a str,
         server_id: &'a str,
-    ) -> BoxFuture<'a, Result<bool, ConsentError>> {
+    ) -> BoxFuture<'a, Result<Revoked, ConsentError>> {
         Box::pin(async move {
-            let revoked = self
-                .custody
-                .grants
-                .revoke_grant(&who.tenant_id, &who.principal_id, server_id)
-                .await
-                .map_err(|_| ConsentError::Unavailable("the store"))?;
-            if revoked {
-                tracing::info!(
-                    tenant = %who.tenant_id,
-                    principal = %who.principal_id,
-                    server = %server_id,
-                    "grant revoked"
-                );
+            let Some(grant) = revoke_here(
+                self.custody.grants.as_ref(),
+                tenant_id,
+                principal_id,
+                server_id,
+            )
+            .await?
+            else {
+                return Ok(Revoked::NotHeld);
+            };
+            let upstream = self.revoke_upstream(&grant).await;
+            tracing::info!(
+                tenant = %tenant_id,
+                principal = %principal_id,
+                server = %server_id,
+                upstream,
+                "grant revoked"
+            );
+            Ok(Revoked::Ended { upstream })
+        })
+    }
+}
+
+/// Deletes the grant from the store: the one deleted.
+async fn revoke_here(
+    grants: &dyn GrantStore,
+    tenant_id: &str,
+    principal_id: &str,
+    server_id: &str,
+) -> Result<Option<UpstreamGrant>, ConsentError> {
+    grants
+        .revoke_grant(tenant_id, principal_id, server_id)
+        .await
+        .map_err(|_| ConsentError::Unavailable("the store"))
+}
+
+impl Delegations {
+    /// Revokes a deleted grant's tokens at its authorization server (RFC
+    /// 7009): its refresh token (the grant's, whose revocation ends its
+    /// access tokens too), else its access token, as the client it was
+    /// granted to. Whether the server took it; best effort, the grant is
+    /// already ended here.
+    async fn revoke_upstream(&self, grant: &UpstreamGrant) -> bool {
+        let Ok(tokens) = self.custody.open(grant) else {
+            return false;
+        };
+        let Some(endpoint) = tokens.revocation_endpoint.clone() else {
+            return false;
+        };
+        let client = match tokens.client_document.as_deref() {
+            Some(url) => Client::Document(url.to_owned()),
+            None => {
+                let Some(settings) = self
+                    .servers
+                    .delegated(&grant.tenant_id, &grant.server_id)
+                    .await
+                else {
+                    return false;
+                };
+                match self.registered(&settings).await {
+                    Ok(Some(client)) => client,
+                    _ => return false,
+                }
             }
-            Ok(revoked)
+        };
+        let (token, hint) = match tokens.refresh_token.as_deref() {
+            Some(refresh) => (refresh, "refresh_token"),
+            None => (tokens.access_token.as_str(), "access_token"),
+        };
+        let mut body = format!("token={}&token_type_hint={hint}", form_encode(token));
+        let mut headers = Vec::new();
+        if client.authenticate(&mut body, &mut headers).is_err() {
+            return false;
+        }
+        let dialer = self.servers.dialer();
+        let answered = send(
+            dialer.as_ref(),
+            Method::POST,
+            &endpoint,
+            headers,
+            Some(body),
+            MAXIMUM_DOCUMENT,
+        )
+        .await;
+        match answered {
+            Ok((status, _)) if status == StatusCode::OK => true,
+            Ok((status, _)) => {
+                tracing::warn!(
+                    tenant = %grant.tenant_id,
+                    server = %grant.server_id,
+                    status = status.as_u16(),
+                    "the authorization server did not take a grant's revocation; it is ended here"
+                );
+                false
+            }
+            Err(_) => {
+                tracing::warn!(
+                    tenant = %grant.tenant_id,
+                    server = %grant.server_id,
+                    "the authorization server could not be reached to revoke a grant; it is ended here"
+                );
+                false
+            }
+        }
+    }
+}
+
+/// Grants ended where consent is not served (no key to open them): deleted
+/// here only.
+pub struct StoredGrants(pub Arc<dyn GrantStore>);
+
+impl Revocation for StoredGrants {
+    fn end_grant<'a>(
+        &'a self,
+        tenant_id: &'a str,
+        principal_id: &'a str,
+        server_id: &'a str,
+    ) -> BoxFuture<'a, Result<Revoked, ConsentError>> {
+        Box::pin(async move {
+            Ok(
+                match revoke_here(self.0.as_ref(), tenant_id, principal_id, server_id).await? {
+                    Some(_) => Revoked::Ended { upstream: false },
+                    None => Revoked::NotHeld,
+                },
+            )
         })
     }
 }
@@ -624,6 +976,53 @@ mod tests {
             "http://10.0.0.1/x",
         ] {
             assert!(!secure_or_loopback(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_challenges_parameters_are_read_among_others() {
+        let read = |value: &str| bearer_challenge(value);
+        assert_eq!(
+            read(
+                r#"Bearer error="invalid_token", resource_metadata="https://mcp.example.com/.well-known/x", scope="a b""#
+            ),
+            Some(vec![
+                ("error".into(), "invalid_token".into()),
+                (
+                    "resource_metadata".into(),
+                    "https://mcp.example.com/.well-known/x".into()
+                ),
+                ("scope".into(), "a b".into()),
+            ])
+        );
+        // Another scheme's parameters first, a token parameter, an escaped
+        // quote, odd spacing and case.
+        assert_eq!(
+            read(
+                r#"Basic realm="x, y", BEARER  Resource_Metadata = "https://a/\"q\"" , scope=read"#
+            ),
+            Some(vec![
+                ("resource_metadata".into(), "https://a/\"q\"".into()),
+                ("scope".into(), "read".into()),
+            ])
+        );
+        assert_eq!(read(r#"Basic realm="x""#), None);
+        assert_eq!(read("Bearer"), Some(vec![]));
+        // Unterminated and malformed: what was read before, no panic.
+        assert_eq!(
+            read(r#"Bearer scope="a", resource_metadata="https://a"#),
+            Some(vec![("scope".into(), "a".into())])
+        );
+        for hostile in [
+            "",
+            "=",
+            ",,,",
+            "Bearer =x",
+            "Bearer \"",
+            "\u{0}Bearer",
+            "Bearer a=\"\\",
+        ] {
+            let _ = read(hostile);
         }
     }
 

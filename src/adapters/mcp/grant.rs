@@ -57,6 +57,14 @@ pub(super) struct Tokens {
     pub(super) expires_at: Option<DateTime<Utc>>,
     pub(super) token_endpoint: String,
     pub(super) resource: String,
+    /// The client it was granted to, when it is toolgate's Client ID
+    /// Metadata Document (a public client); none: the server's registered
+    /// client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) client_document: Option<String>,
+    /// Where its authorization server revokes it (RFC 7009).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) revocation_endpoint: Option<String>,
 }
 
 /// What a grant's tokens are sealed for: a row moved to another tenant,
@@ -80,7 +88,7 @@ impl Custody {
             .map_err(|_| AuthError::Malformed)
     }
 
-    fn open(&self, grant: &UpstreamGrant) -> Result<Tokens, AuthError> {
+    pub(super) fn open(&self, grant: &UpstreamGrant) -> Result<Tokens, AuthError> {
         let plain = self
             .sealer
             .open(&context(grant), &grant.sealed_tokens)
@@ -215,7 +223,7 @@ impl Delegate {
     /// a new one for the principal's current identity-provider token.
     pub(super) async fn token(
         &self,
-        client: &SecretValue,
+        client: Option<&SecretValue>,
         dialer: &dyn crate::ports::EgressDialer,
         clock: &dyn Clock,
         failed: Option<&SecretValue>,
@@ -223,6 +231,7 @@ impl Delegate {
         let custody = match &self.source {
             GrantSource::Kept(custody) => custody,
             GrantSource::Exchanged(exchange) => {
+                let client = client.ok_or(AuthError::Unresolved)?;
                 return self.exchange(exchange, client, dialer, clock, failed).await;
             }
         };
@@ -373,7 +382,7 @@ impl Delegate {
         custody: &Custody,
         grant: &UpstreamGrant,
         tokens: Tokens,
-        client: &SecretValue,
+        client: Option<&SecretValue>,
         dialer: &dyn crate::ports::EgressDialer,
         clock: &dyn Clock,
     ) -> Result<Held, AuthError> {
@@ -382,10 +391,16 @@ impl Delegate {
             self.end(custody, grant).await;
             return Err(AuthError::ConsentRequired);
         };
-        let (id, secret) = client
-            .reveal()
-            .split_once(':')
-            .ok_or(AuthError::Unresolved)?;
+        // As the client it was granted to: toolgate's document (public),
+        // else the registered one.
+        let (id, secret) = match (&tokens.client_document, client) {
+            (Some(document), _) => (document.as_str(), ""),
+            (None, Some(client)) => client
+                .reveal()
+                .split_once(':')
+                .ok_or(AuthError::Unresolved)?,
+            (None, None) => return Err(AuthError::Unresolved),
+        };
         let mut body = format!(
             "grant_type=refresh_token&refresh_token={}&resource={}",
             form_encode(&refresh_token),
@@ -455,6 +470,8 @@ impl Delegate {
             expires_at: held.expires_at,
             token_endpoint: tokens.token_endpoint,
             resource: tokens.resource,
+            client_document: tokens.client_document,
+            revocation_endpoint: tokens.revocation_endpoint,
         };
         let sealed = custody.seal(grant, &renewed)?;
         // Saved before it is used: a token the store did not take is not

@@ -23,6 +23,6 @@ pub mod servers;
 mod slots;
 
 pub use auth::AuthSettings;
-pub use consent::{ConsentSettings, Delegations};
+pub use consent::{ConsentSettings, Delegations, StoredGrants};
 pub use server::{HttpServerSettings, StdioServerSettings};
 pub use servers::{McpServerSet, WarmUp};

@@ -28,11 +28,12 @@ static PRUNE_FLOWS: LazyLock<Rendered> = LazyLock::new(|| {
 
 const BEGIN_FLOW: &str = "INSERT INTO consent_flows (state_sha256, tenant_id, principal_id, \
      server_id, browser_sha256, sealed_verifier, issuer, iss_required, token_endpoint, resource, \
-     scopes, started_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+     scopes, started_at, expires_at, client_document, revocation_endpoint) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 
 const FLOW_COLUMNS: &str = "state_sha256, tenant_id, principal_id, server_id, browser_sha256, \
      sealed_verifier, issuer, iss_required, token_endpoint, resource, scopes, started_at, \
-     expires_at";
+     expires_at, client_document, revocation_endpoint";
 
 // Deleted as it is read: of two callbacks with one state, one gets it.
 static TAKE_FLOW: LazyLock<String> = LazyLock::new(|| {
@@ -109,8 +110,13 @@ const RELEASE_REFRESH: &str = "UPDATE upstream_grants SET refresh_lease_until = 
 const END_GRANT: &str = "DELETE FROM upstream_grants \
      WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3 AND sealed_tokens = $4";
 
-const REVOKE_GRANT: &str = "DELETE FROM upstream_grants \
-     WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3";
+// Returned as it is deleted: its tokens are revoked upstream after.
+static REVOKE_GRANT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM upstream_grants \
+         WHERE tenant_id = $1 AND principal_id = $2 AND server_id = $3 RETURNING {GRANT_COLUMNS}"
+    )
+});
 
 /// A grant's key and the tokens it was read with.
 fn read(grant: &UpstreamGrant) -> Vec<Value> {
@@ -154,6 +160,8 @@ impl<D: Driver> GrantStore for D {
                 scopes(&flow.scopes),
                 flow.started_at.into(),
                 flow.expires_at.into(),
+                flow.client_document.as_deref().into(),
+                flow.revocation_endpoint.as_deref().into(),
             ];
             let prune = PRUNE_FLOWS.sql(D::DIALECT);
             let mut plan =
@@ -324,12 +332,23 @@ impl<D: Driver> GrantStore for D {
         tenant_id: &'a str,
         principal_id: &'a str,
         server_id: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<UpstreamGrant>, StoreError>> {
         Box::pin(async move {
             let values = vec![tenant_id.into(), principal_id.into(), server_id.into()];
             let tenant = Some(tenant_id);
-            let plan = Plan::new(tenant, Run::Flushed, Moved::Count, REVOKE_GRANT, values);
-            Ok(self.run(plan).await?.count == 1)
+            let plan = Plan::new(
+                tenant,
+                Run::Flushed,
+                Moved::Rows,
+                REVOKE_GRANT.as_str(),
+                values,
+            );
+            self.run(plan)
+                .await?
+                .rows
+                .first()
+                .map(upstream_grant)
+                .transpose()
         })
     }
 }

@@ -199,6 +199,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "each principal's upstream grants",
         sql: include_str!("../../../migrations/postgres/0027_upstream_grants.sql"),
     },
+    Migration {
+        version: 28,
+        description: "consent flows' clients and revocation endpoints",
+        sql: include_str!("../../../migrations/postgres/0028_consent_clients.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -332,6 +337,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 27,
         description: "each principal's upstream grants",
         sql: include_str!("../../../migrations/sqlite/0027_upstream_grants.sql"),
+    },
+    Migration {
+        version: 28,
+        description: "consent flows' clients and revocation endpoints",
+        sql: include_str!("../../../migrations/sqlite/0028_consent_clients.sql"),
     },
 ];
 

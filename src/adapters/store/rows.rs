@@ -359,6 +359,8 @@ pub(super) fn consent_flow(row: &impl Columns) -> Result<ConsentFlow, StoreError
         scopes: strings(row, "scopes")?,
         started_at: row.time("started_at")?,
         expires_at: row.time("expires_at")?,
+        client_document: row.optional_text("client_document")?,
+        revocation_endpoint: row.optional_text("revocation_endpoint")?,
     })
 }
 

@@ -54,6 +54,13 @@ pub struct ConsentFlow {
     pub scopes: Vec<String>,
     pub started_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// The client that asked, when it is toolgate's Client ID Metadata
+    /// Document (its URL, a public client); none: the server's registered
+    /// client (`credential_ref`).
+    pub client_document: Option<String>,
+    /// Where the authorization server revokes tokens (RFC 7009), when its
+    /// metadata names it.
+    pub revocation_endpoint: Option<String>,
 }
 
 /// The `upstream_grants` and `consent_flows` tables.
@@ -142,11 +149,12 @@ pub trait GrantStore: Send + Sync {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
-    /// Deletes the principal's grant at that server; whether there was one.
+    /// Deletes the principal's grant at that server: the grant deleted, if
+    /// there was one.
     fn revoke_grant<'a>(
         &'a self,
         tenant_id: &'a str,
         principal_id: &'a str,
         server_id: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> BoxFuture<'a, Result<Option<UpstreamGrant>, StoreError>>;
 }
