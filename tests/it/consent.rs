@@ -405,6 +405,13 @@ fn a_principal_consents_and_its_grant_is_kept_sealed_for_it_alone() {
         "{page}"
     );
     assert!(node.grants().is_empty() && node.redemptions().is_empty());
+    // A forged state, in the browser holding the live flow's cookie: refused,
+    // and the live flow is not spent by it.
+    let forged = back.replace("state=", "state=0");
+    assert_ne!(forged, back);
+    let (status, body) = node.callback(&forged, Some(&cookie));
+    assert_eq!(status, 400, "{body}");
+    assert!(node.grants().is_empty() && node.redemptions().is_empty());
     let (status, _, _) = exchange(
         node.console,
         "POST",
