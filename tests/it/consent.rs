@@ -379,6 +379,14 @@ fn a_principal_consents_and_its_grant_is_kept_sealed_for_it_alone() {
     assert!(url.contains("code_challenge_method=S256"), "{url}");
     assert!(url.contains("resource=http%3A%2F%2F127.0.0.1"), "{url}");
     assert!(url.contains("scope=mcp%3Aread"), "{url}");
+    // The person comes back to this console's callback and nowhere else:
+    // the redirect URI is the one registered, exactly.
+    let redirect = format!("http://127.0.0.1:{}/consent/callback", node.console);
+    assert_eq!(url.matches("redirect_uri=").count(), 1, "{url}");
+    assert!(
+        url.contains(&format!("redirect_uri={}&", encode(&redirect))),
+        "{url}"
+    );
     let back = node.consent_upstream(&url, "alice");
     // In another browser (no cookie), the answer grants nothing, and the
     // state it carried is spent.
