@@ -424,7 +424,7 @@ fn control_api(
                 },
             );
             if config.consent_enabled() {
-                servers.with_consent()
+                servers.with_consent(config.console.client_document_fetchable())
             } else {
                 servers
             }

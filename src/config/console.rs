@@ -121,6 +121,14 @@ impl ConsoleConfig {
         Some(format!("{}/consent/client.json", self.base_url()?))
     }
 
+    /// Whether an authorization server may fetch that document: its URL is
+    /// https, or http on this machine's loopback (where one under test
+    /// runs).
+    pub fn client_document_fetchable(&self) -> bool {
+        self.consent_client_document()
+            .is_some_and(|url| crate::domain::egress::secure_or_loopback(&url))
+    }
+
     /// A server's consent page, less the server's id; none while consent
     /// is not served.
     pub fn consent_pages(&self) -> Option<String> {

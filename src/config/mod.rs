@@ -364,10 +364,7 @@ impl Config {
                     "oauth2_user needs console.consent_key_ref: grants are sealed with it and \
                      consent is asked on the console's pages",
                 );
-            } else if auth.credential_ref.is_none()
-                && let Some(document) = self.console.consent_client_document()
-                && !served_securely(&document)
-            {
+            } else if auth.credential_ref.is_none() && !self.console.client_document_fetchable() {
                 problems.push(
                     format!("mcp.http_servers[{index}].auth.credential_ref"),
                     "without a registered client, toolgate is the client its Client ID Metadata \
@@ -389,26 +386,6 @@ impl Config {
     pub fn consent_enabled(&self) -> bool {
         self.console.consent_key_ref.is_some()
     }
-}
-
-/// Whether `url` is https, or http to this machine's loopback (where an
-/// authorization server under test fetches it).
-fn served_securely(url: &str) -> bool {
-    if url.starts_with("https://") {
-        return true;
-    }
-    let Some(rest) = url.strip_prefix("http://") else {
-        return false;
-    };
-    let authority = rest.split('/').next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
-        None => authority.split(':').next().unwrap_or_default(),
-    };
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|address| address.is_loopback())
 }
 
 /// Reads a file of entries (API keys, operators) into its typed form, or

@@ -255,6 +255,33 @@ impl EgressAllowlist {
     }
 }
 
+/// Whether `url` is HTTPS, or HTTP to this machine's loopback: what RFC
+/// 8414 and OAuth 2.1 allow an authorization server's endpoints, and where
+/// an authorization server fetches a client's metadata document.
+pub fn secure_or_loopback(url: &str) -> bool {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return false;
+    };
+    if scheme == "https" {
+        return true;
+    }
+    if scheme != "http" {
+        return false;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default(),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,5 +362,26 @@ mod tests {
             .check("https://user:sk-secret@example.com/")
             .unwrap_err();
         assert!(!error.to_string().contains("sk-secret"));
+    }
+
+    #[test]
+    fn an_authorization_server_is_https_or_loopback() {
+        for good in [
+            "https://as.example.com/authorize",
+            "http://127.0.0.1:8080/token",
+            "http://localhost/token",
+            "http://[::1]:9/x",
+        ] {
+            assert!(secure_or_loopback(good), "{good}");
+        }
+        for bad in [
+            "http://as.example.com/token",
+            "http://127.0.0.1.evil.example/x",
+            "http://localhost.evil.example/x",
+            "ftp://127.0.0.1/x",
+            "http://10.0.0.1/x",
+        ] {
+            assert!(!secure_or_loopback(bad), "{bad}");
+        }
     }
 }

@@ -81,6 +81,10 @@ pub struct TenantServers {
     ceilings: TenantCeilings,
     /// Whether consent is served, without which `oauth2_user` cannot be.
     consent: bool,
+    /// Whether authorization servers can fetch toolgate's Client ID
+    /// Metadata Document, without which an `oauth2_user` row names its
+    /// registered client.
+    client_documents: bool,
 }
 
 impl TenantServers {
@@ -99,12 +103,15 @@ impl TenantServers {
             operator_servers,
             ceilings,
             consent: false,
+            client_documents: false,
         }
     }
 
-    /// The same, taking `oauth2_user` rows: consent is served.
-    pub fn with_consent(mut self) -> Self {
+    /// The same, taking `oauth2_user` rows: consent is served, and rows
+    /// without a registered client too when `client_documents`.
+    pub fn with_consent(mut self, client_documents: bool) -> Self {
         self.consent = true;
+        self.client_documents = client_documents;
         self
     }
 
@@ -160,6 +167,15 @@ impl TenantServers {
             problems.push(
                 "auth.scheme: oauth2_user needs consent, which this toolgate does not serve \
                  (console.consent_key_ref)"
+                    .into(),
+            );
+        } else if auth.scheme == AuthScheme::Oauth2User.as_str()
+            && auth.credential_ref.is_none()
+            && !self.client_documents
+        {
+            problems.push(
+                "auth.credential_ref: this toolgate's client metadata document is not served \
+                 over https, so an oauth2_user server names its registered client"
                     .into(),
             );
         }

@@ -1346,6 +1346,19 @@ fn a_server_without_a_registered_client_is_asked_as_toolgates_client_document() 
         )])
     );
     assert_eq!(document["token_endpoint_auth_method"], "none");
+    // A tenant's server may name no client either, where the document is
+    // served where authorization servers fetch it (here, on loopback).
+    let row = json!({"endpoint": format!("http://127.0.0.1:{}/mcp", node.upstream.port),
+        "auth": {"scheme": "oauth2_user"},
+        "side_effect": "external_read", "risk": "low", "idempotency": "read_only"});
+    let (status, _, body) = crate::serve::http(
+        &node.served.socket,
+        "PUT",
+        &format!("/v1/tenants/{}/mcp-servers/mine", crate::serve::TENANT),
+        &[],
+        Some(row.to_string().as_bytes()),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 
     let (url, cookie) = node.begin(KEY_A);
     assert!(

@@ -28,6 +28,7 @@ use super::auth::{AuthError, basic, form_encode, request, send, token_answer};
 use super::grant::{Custody, Tokens};
 use super::server::HttpServerSettings;
 use super::servers::McpServerSet;
+use crate::domain::egress::secure_or_loopback;
 use crate::domain::{SecretValue, sha256_hex};
 use crate::ports::{
     BoxFuture, Clock, Consent, ConsentAnswer, ConsentError, ConsentFlow, ConsentStart,
@@ -381,27 +382,6 @@ fn strings(document: &Value, name: &str) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Whether `url` is HTTPS, or HTTP to this machine's loopback (RFC 8414
-/// and OAuth 2.1 allow nothing else for an authorization server).
-fn secure_or_loopback(url: &str) -> bool {
-    let Some((origin, _)) = split_url(url) else {
-        return false;
-    };
-    if origin.starts_with("https://") {
-        return true;
-    }
-    let host = origin.trim_start_matches("http://");
-    let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
-    let host = match host.strip_prefix('[') {
-        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
-        None => host.split(':').next().unwrap_or_default(),
-    };
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|address| address.is_loopback())
 }
 
 /// An endpoint a person's browser or toolgate is sent to: absolute, HTTPS
@@ -956,27 +936,6 @@ mod tests {
         );
         assert_eq!(split_url("ftp://x/y"), None);
         assert_eq!(split_url("no-scheme"), None);
-    }
-
-    #[test]
-    fn an_authorization_server_is_https_or_loopback() {
-        for good in [
-            "https://as.example.com/authorize",
-            "http://127.0.0.1:8080/token",
-            "http://localhost/token",
-            "http://[::1]:9/x",
-        ] {
-            assert!(secure_or_loopback(good), "{good}");
-        }
-        for bad in [
-            "http://as.example.com/token",
-            "http://127.0.0.1.evil.example/x",
-            "http://localhost.evil.example/x",
-            "ftp://127.0.0.1/x",
-            "http://10.0.0.1/x",
-        ] {
-            assert!(!secure_or_loopback(bad), "{bad}");
-        }
     }
 
     #[test]
