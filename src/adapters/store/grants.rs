@@ -118,6 +118,17 @@ static REVOKE_GRANT: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The one grant row `plan` reads or deletes, if any.
+async fn one_grant<D: Driver>(store: &D, plan: Plan) -> Result<Option<UpstreamGrant>, StoreError> {
+    store
+        .run(plan)
+        .await?
+        .rows
+        .first()
+        .map(upstream_grant)
+        .transpose()
+}
+
 /// A grant's key and the tokens it was read with.
 fn read(grant: &UpstreamGrant) -> Vec<Value> {
     vec![
@@ -225,13 +236,7 @@ impl<D: Driver> GrantStore for D {
     ) -> BoxFuture<'a, Result<Option<UpstreamGrant>, StoreError>> {
         Box::pin(async move {
             let values = vec![tenant_id.into(), principal_id.into(), server_id.into()];
-            let plan = Plan::read(tenant_id, GRANT.as_str(), values);
-            self.run(plan)
-                .await?
-                .rows
-                .first()
-                .map(upstream_grant)
-                .transpose()
+            one_grant(self, Plan::read(tenant_id, GRANT.as_str(), values)).await
         })
     }
 
@@ -335,20 +340,9 @@ impl<D: Driver> GrantStore for D {
     ) -> BoxFuture<'a, Result<Option<UpstreamGrant>, StoreError>> {
         Box::pin(async move {
             let values = vec![tenant_id.into(), principal_id.into(), server_id.into()];
-            let tenant = Some(tenant_id);
-            let plan = Plan::new(
-                tenant,
-                Run::Flushed,
-                Moved::Rows,
-                REVOKE_GRANT.as_str(),
-                values,
-            );
-            self.run(plan)
-                .await?
-                .rows
-                .first()
-                .map(upstream_grant)
-                .transpose()
+            let sql = REVOKE_GRANT.as_str();
+            let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Rows, sql, values);
+            one_grant(self, plan).await
         })
     }
 }
