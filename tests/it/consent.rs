@@ -970,7 +970,13 @@ fn operators_list_grants_without_tokens_and_end_them() {
     // Ended here, and revoked at the authorization server (RFC 7009): the
     // refresh token, as the registered client.
     assert_eq!(revoked["revoked_upstream"], true, "{stdout}");
-    assert_eq!(node.logged("REVOKE "), ["REVOKE refresh_token revoked"]);
+    assert_eq!(
+        node.logged("REVOKE "),
+        [
+            "REVOKE refresh_token revoked",
+            "REVOKE access_token revoked"
+        ]
+    );
     let (ok, _, _) = cli(&["revoke", "crm", "--principal", "user-1", "--tenant", tenant]);
     assert!(!ok, "there is none left to end");
     let (ok, stdout, _) = cli(&["list", "--tenant", tenant]);
@@ -1223,6 +1229,19 @@ fn a_grant_is_never_sent_to_where_its_server_was_pointed_since() {
     assert_ne!(moved["outcome"]["status"], "succeeded", "{moved}");
     let requests = std::fs::read_to_string(node.upstream.folder.path().join("requests")).unwrap();
     assert!(!requests.contains("/elsewhere"), "{requests}");
+    // Ended now, it is not revoked upstream: the client the row names now
+    // is not sent to the authorization server of the URL the grant was for.
+    let (status, _, body) = crate::serve::http(
+        &node.served.socket,
+        "DELETE",
+        &format!("/v1/grants/mine?tenant_id={tenant}&principal_id=user-1"),
+        &[],
+        None,
+    );
+    let ended: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 200, "{ended}");
+    assert_eq!(ended["revoked_upstream"], false, "{ended}");
+    assert!(node.logged("REVOKE ").is_empty());
 }
 
 /// A consent begun on one node finishes on another of the same database:
@@ -1394,7 +1413,13 @@ fn a_server_without_a_registered_client_is_asked_as_toolgates_client_document() 
     let (status, _, body) = node.submit(KEY_A, "crm", "revoke");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("revoked at the server"), "{body}");
-    assert_eq!(node.logged("REVOKE "), ["REVOKE refresh_token revoked"]);
+    assert_eq!(
+        node.logged("REVOKE "),
+        [
+            "REVOKE refresh_token revoked",
+            "REVOKE access_token revoked"
+        ]
+    );
     let after = node.whoami(session);
     assert_eq!(
         after["outcome"]["reason_code"], "tool.consent_required",

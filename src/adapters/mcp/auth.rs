@@ -15,7 +15,7 @@ use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, Heade
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
-use super::grant::Delegate;
+use super::grant::{Delegate, RegisteredClient};
 use crate::domain::egress::{EgressUrl, Scheme};
 use crate::domain::mcp_server::AuthScheme;
 use crate::domain::secret::CredentialRef;
@@ -230,22 +230,17 @@ impl Authenticator {
         // document), which is never a bearer: only a principal's grant is.
         if self.settings.scheme == AuthScheme::Oauth2User {
             let delegate = self.delegate.as_ref().ok_or(AuthError::Delegated)?;
+            // Unresolved, a grant given to toolgate's client document is
+            // still refreshed; a registered client's refresh then fails.
             let client = match &self.settings.credential_ref {
-                Some(reference) => Some(
-                    self.resolver
-                        .resolve(reference)
-                        .await
-                        .map_err(|_| AuthError::Unresolved)?,
-                ),
-                None => None,
+                Some(reference) => match self.resolver.resolve(reference).await {
+                    Ok(value) => RegisteredClient::Resolved(value),
+                    Err(_) => RegisteredClient::Unresolved,
+                },
+                None => RegisteredClient::Unnamed,
             };
             return delegate
-                .token(
-                    client.as_ref(),
-                    self.dialer.as_ref(),
-                    self.clock.as_ref(),
-                    failed,
-                )
+                .token(&client, self.dialer.as_ref(), self.clock.as_ref(), failed)
                 .await;
         }
         let reference = self

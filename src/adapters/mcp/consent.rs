@@ -25,7 +25,7 @@ use serde_json::Value;
 use sha2::Digest as _;
 
 use super::auth::{AuthError, basic, form_encode, request, send, token_answer};
-use super::grant::{Custody, Tokens};
+use super::grant::{Custody, Tokens, same_resource};
 use super::server::HttpServerSettings;
 use super::servers::McpServerSet;
 use crate::domain::egress::secure_or_loopback;
@@ -230,7 +230,7 @@ struct AuthorizationServer {
 
 /// The `Bearer` challenge's parameters among a `WWW-Authenticate` value's
 /// challenges (RFC 9110 §11.6.1), names lowercased; none when it has no
-/// `Bearer` challenge. A value it cannot read ends what is read.
+/// `Bearer` challenge. What it cannot read is skipped to the next comma.
 fn bearer_challenge(value: &str) -> Option<Vec<(String, String)>> {
     let token_end = |text: &str| {
         text.find(|c: char| !(c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)))
@@ -243,7 +243,15 @@ fn bearer_challenge(value: &str) -> Option<Vec<(String, String)>> {
         rest = rest.trim_start_matches([' ', '\t', ',']);
         let end = token_end(rest);
         if end == 0 {
-            break;
+            // Not a token (another scheme's token68, a stray character):
+            // skipped to the next element.
+            match rest.find(',') {
+                Some(comma) => {
+                    rest = &rest[comma..];
+                    continue;
+                }
+                None => break,
+            }
         }
         let token = &rest[..end];
         let after = rest[end..].trim_start_matches([' ', '\t']);
@@ -402,15 +410,22 @@ async fn discover(
 ) -> Result<AuthorizationServer, ConsentError> {
     let (origin, path) = split_url(server_url).ok_or(ConsentError::Metadata("the server's URL"))?;
     let challenge = challenge(dialer, server_url).await;
-    let mut resource_metadata = None;
-    let candidates = challenge.resource_metadata.iter().cloned().chain([
-        format!("{origin}/.well-known/oauth-protected-resource{path}"),
-        format!("{origin}/.well-known/oauth-protected-resource"),
-    ]);
-    for candidate in candidates {
-        if let Some(found) = document(dialer, &candidate).await? {
-            resource_metadata = Some(found);
-            break;
+    // What the 401 names comes first; one that cannot be had (egress
+    // refuses it, it does not answer, it is not a document) leaves the
+    // well-known URLs to try.
+    let mut resource_metadata = match &challenge.resource_metadata {
+        Some(named) => document(dialer, named).await.ok().flatten(),
+        None => None,
+    };
+    if resource_metadata.is_none() {
+        for candidate in [
+            format!("{origin}/.well-known/oauth-protected-resource{path}"),
+            format!("{origin}/.well-known/oauth-protected-resource"),
+        ] {
+            if let Some(found) = document(dialer, &candidate).await? {
+                resource_metadata = Some(found);
+                break;
+            }
         }
     }
     let resource_metadata = resource_metadata.ok_or(ConsentError::Metadata(
@@ -825,25 +840,28 @@ async fn revoke_here(
 
 impl Delegations {
     /// Revokes a deleted grant's tokens at its authorization server (RFC
-    /// 7009): its refresh token (the grant's, whose revocation ends its
-    /// access tokens too), else its access token, as the client it was
-    /// granted to. Whether the server took it; best effort, the grant is
-    /// already ended here.
+    /// 7009): its refresh token, then its access token (a server need not
+    /// end the access tokens of a refresh token it revokes), as the client
+    /// it was granted to. A registered client's secret goes only to the
+    /// server the grant was given for: not to one whose row has been
+    /// pointed elsewhere since. Whether the server took every revocation;
+    /// best effort, the grant is already ended here.
     async fn revoke_upstream(&self, grant: &UpstreamGrant) -> bool {
         let Ok(tokens) = self.custody.open(grant) else {
             return false;
         };
-        let Some(endpoint) = tokens.revocation_endpoint.clone() else {
+        let Some(endpoint) = tokens.revocation_endpoint.as_deref() else {
             return false;
         };
         let client = match tokens.client_document.as_deref() {
             Some(url) => Client::Document(url.to_owned()),
             None => {
-                let Some(settings) = self
+                let settings = self
                     .servers
                     .delegated(&grant.tenant_id, &grant.server_id)
                     .await
-                else {
+                    .filter(|settings| same_resource(&tokens.resource, &settings.url));
+                let Some(settings) = settings else {
                     return false;
                 };
                 match self.registered(&settings).await {
@@ -852,10 +870,33 @@ impl Delegations {
                 }
             }
         };
-        let (token, hint) = match tokens.refresh_token.as_deref() {
-            Some(refresh) => (refresh, "refresh_token"),
-            None => (tokens.access_token.as_str(), "access_token"),
-        };
+        let mut revoked = true;
+        if let Some(refresh) = tokens.refresh_token.as_deref() {
+            revoked &= self
+                .revoke_token(grant, endpoint, &client, refresh, "refresh_token")
+                .await;
+        }
+        revoked
+            & self
+                .revoke_token(
+                    grant,
+                    endpoint,
+                    &client,
+                    &tokens.access_token,
+                    "access_token",
+                )
+                .await
+    }
+
+    /// One token's revocation at `endpoint`: whether it was answered 200.
+    async fn revoke_token(
+        &self,
+        grant: &UpstreamGrant,
+        endpoint: &str,
+        client: &Client,
+        token: &str,
+        hint: &str,
+    ) -> bool {
         let mut body = format!("token={}&token_type_hint={hint}", form_encode(token));
         let mut headers = Vec::new();
         if client.authenticate(&mut body, &mut headers).is_err() {
@@ -865,7 +906,7 @@ impl Delegations {
         let answered = send(
             dialer.as_ref(),
             Method::POST,
-            &endpoint,
+            endpoint,
             headers,
             Some(body),
             MAXIMUM_DOCUMENT,
@@ -966,6 +1007,12 @@ mod tests {
             ])
         );
         assert_eq!(read(r#"Basic realm="x""#), None);
+        // Another scheme's token68 (`/` is not a token character) does not
+        // hide the challenge after it.
+        assert_eq!(
+            read(r#"Negotiate a/b+c=, Bearer resource_metadata="https://a/m""#),
+            Some(vec![("resource_metadata".into(), "https://a/m".into())])
+        );
         assert_eq!(read("Bearer"), Some(vec![]));
         // Unterminated and malformed: what was read before, no panic.
         assert_eq!(

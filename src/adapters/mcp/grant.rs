@@ -202,6 +202,16 @@ pub struct Delegate {
     pub resource: String,
 }
 
+/// The server's registered client, as this request found it.
+pub(super) enum RegisteredClient {
+    /// Named and resolved: `id:secret`.
+    Resolved(SecretValue),
+    /// Named, but its reference did not resolve now.
+    Unresolved,
+    /// Named by none: toolgate's client document is the server's client.
+    Unnamed,
+}
+
 /// Whether a grant given for `given` may be sent to the server at `now`.
 pub(super) fn same_resource(given: &str, now: &str) -> bool {
     given.trim_end_matches('/') == now.trim_end_matches('/')
@@ -223,7 +233,7 @@ impl Delegate {
     /// a new one for the principal's current identity-provider token.
     pub(super) async fn token(
         &self,
-        client: Option<&SecretValue>,
+        client: &RegisteredClient,
         dialer: &dyn crate::ports::EgressDialer,
         clock: &dyn Clock,
         failed: Option<&SecretValue>,
@@ -231,7 +241,9 @@ impl Delegate {
         let custody = match &self.source {
             GrantSource::Kept(custody) => custody,
             GrantSource::Exchanged(exchange) => {
-                let client = client.ok_or(AuthError::Unresolved)?;
+                let RegisteredClient::Resolved(client) = client else {
+                    return Err(AuthError::Unresolved);
+                };
                 return self.exchange(exchange, client, dialer, clock, failed).await;
             }
         };
@@ -382,7 +394,7 @@ impl Delegate {
         custody: &Custody,
         grant: &UpstreamGrant,
         tokens: Tokens,
-        client: Option<&SecretValue>,
+        client: &RegisteredClient,
         dialer: &dyn crate::ports::EgressDialer,
         clock: &dyn Clock,
     ) -> Result<Held, AuthError> {
@@ -395,11 +407,18 @@ impl Delegate {
         // else the registered one.
         let (id, secret) = match (&tokens.client_document, client) {
             (Some(document), _) => (document.as_str(), ""),
-            (None, Some(client)) => client
+            (None, RegisteredClient::Resolved(client)) => client
                 .reveal()
                 .split_once(':')
                 .ok_or(AuthError::Unresolved)?,
-            (None, None) => return Err(AuthError::Unresolved),
+            (None, RegisteredClient::Unresolved) => return Err(AuthError::Unresolved),
+            (None, RegisteredClient::Unnamed) => {
+                // Granted to a registered client the server no longer
+                // names: no refresh can be had as it; the person consents
+                // again, as toolgate's own client.
+                self.end(custody, grant).await;
+                return Err(AuthError::ConsentRequired);
+            }
         };
         let mut body = format!(
             "grant_type=refresh_token&refresh_token={}&resource={}",
