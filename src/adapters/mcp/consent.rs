@@ -344,13 +344,7 @@ async fn challenge(dialer: &dyn EgressDialer, server_url: &str) -> Challenge {
         resource_metadata: named("resource_metadata")
             .filter(|url| secure_or_loopback(url) && !url.contains('#')),
         scopes: named("scope")
-            .map(|scope| {
-                scope
-                    .split(' ')
-                    .filter(|scope| !scope.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
+            .map(|scope| scope_list(&scope))
             .unwrap_or_default(),
     }
 }
@@ -372,6 +366,28 @@ async fn document(dialer: &dyn EgressDialer, url: &str) -> Result<Option<Value>,
         .filter(Value::is_object)
         .map(Some)
         .ok_or(ConsentError::Metadata("a document is not a JSON object"))
+}
+
+/// The first of `candidates` that is there.
+async fn first_document(
+    dialer: &dyn EgressDialer,
+    candidates: impl IntoIterator<Item = String>,
+) -> Result<Option<Value>, ConsentError> {
+    for candidate in candidates {
+        if let Some(found) = document(dialer, &candidate).await? {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
+}
+
+/// A space-separated scope parameter's scopes.
+fn scope_list(scope: &str) -> Vec<String> {
+    scope
+        .split(' ')
+        .filter(|scope| !scope.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 fn text_field<'a>(document: &'a Value, name: &str) -> Option<&'a str> {
@@ -418,15 +434,11 @@ async fn discover(
         None => None,
     };
     if resource_metadata.is_none() {
-        for candidate in [
+        let well_known = [
             format!("{origin}/.well-known/oauth-protected-resource{path}"),
             format!("{origin}/.well-known/oauth-protected-resource"),
-        ] {
-            if let Some(found) = document(dialer, &candidate).await? {
-                resource_metadata = Some(found);
-                break;
-            }
-        }
+        ];
+        resource_metadata = first_document(dialer, well_known).await?;
     }
     let resource_metadata = resource_metadata.ok_or(ConsentError::Metadata(
         "the server publishes no protected-resource metadata",
@@ -434,7 +446,7 @@ async fn discover(
     // RFC 9728 §3.3: the metadata is the server's own only when it names
     // the server.
     let resource = text_field(&resource_metadata, "resource")
-        .filter(|resource| resource.trim_end_matches('/') == server_url.trim_end_matches('/'))
+        .filter(|resource| same_resource(resource, server_url))
         .ok_or(ConsentError::Metadata(
             "the protected-resource metadata names another resource",
         ))?
@@ -450,17 +462,15 @@ async fn discover(
     }
     let (issuer_origin, issuer_path) =
         split_url(&issuer).ok_or(ConsentError::Metadata("the issuer is not a URL"))?;
-    let mut metadata = None;
-    for candidate in [
-        format!("{issuer_origin}/.well-known/oauth-authorization-server{issuer_path}"),
-        format!("{issuer_origin}/.well-known/openid-configuration{issuer_path}"),
-        format!("{issuer_origin}{issuer_path}/.well-known/openid-configuration"),
-    ] {
-        if let Some(found) = document(dialer, &candidate).await? {
-            metadata = Some(found);
-            break;
-        }
-    }
+    let metadata = first_document(
+        dialer,
+        [
+            format!("{issuer_origin}/.well-known/oauth-authorization-server{issuer_path}"),
+            format!("{issuer_origin}/.well-known/openid-configuration{issuer_path}"),
+            format!("{issuer_origin}{issuer_path}/.well-known/openid-configuration"),
+        ],
+    )
+    .await?;
     let metadata = metadata.ok_or(ConsentError::Metadata(
         "the authorization server publishes no metadata",
     ))?;
@@ -732,13 +742,7 @@ impl Consent for Delegations {
                 .filter(|token| !token.is_empty())
                 .map(str::to_owned);
             let scopes = text_field(&answer, "scope")
-                .map(|scope| {
-                    scope
-                        .split(' ')
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_owned)
-                        .collect()
-                })
+                .map(scope_list)
                 .unwrap_or(flow.scopes.clone());
             let tokens = Tokens {
                 access_token: held.value.reveal().to_owned(),
