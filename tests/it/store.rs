@@ -1993,6 +1993,46 @@ async fn postgres_identical_call_check_uses_its_index_without_statistics() {
     }
 }
 
+/// Recovery's sweep looks for held rows whose worker is gone, oldest
+/// first. Before the database has statistics it reads them through the
+/// index of held rows, never every row through the creation index: a
+/// sweep over a million ended calls that found nothing read them all.
+#[tokio::test]
+async fn postgres_recoverys_sweep_reads_the_held_rows_alone() {
+    let Some((_schema, _store, mut connection)) = migrated_with_owner().await else {
+        return;
+    };
+    sqlx::raw_sql(
+        "SET toolgate.scope = 'system'; \
+         INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, \
+             tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, status, \
+             idempotency_class, side_effect, principal, origin_trust, lease_epoch, created_at, \
+             outcome_status, completed_at) \
+         SELECT gen_random_uuid(), 'solo', '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', \
+             '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', g, 'c', 'demo.echo', '1', 'builtin', '{}', \
+             md5(g::text), md5(g::text) || 'k', 'succeeded', 'read_only', 'none', '{}', 'user', 0, \
+             now(), 'succeeded', now() \
+         FROM generate_series(1, 300) g; \
+         PREPARE sweep (bigint) AS SELECT i.id FROM tool_invocations i \
+             WHERE i.status IN ('authorized', 'running') \
+             AND (i.status <> 'running' OR i.suspended_kind IS NULL) \
+             AND (i.worker_id IS NULL OR i.worker_id IN (SELECT w.worker_id FROM workers w \
+             WHERE w.released_at IS NOT NULL OR w.lease_expires_at < now())) \
+             ORDER BY i.created_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    for (mode, plan) in plans_of(&mut connection, "EXECUTE sweep(64)").await {
+        assert!(
+            plan.contains("tool_invocations_held")
+                && !plan.contains("Seq Scan on tool_invocations")
+                && !plan.contains("tool_invocations_by_creation"),
+            "({mode}) the sweep reads more than the held rows:\n{plan}"
+        );
+    }
+}
+
 /// An invocation's story is read through the index of the events that name
 /// a call. PostgreSQL's index is partial, and the planner takes it only for
 /// a query that names its predicate; one that does not reads every event of

@@ -1265,6 +1265,60 @@ impl<D: Driver> InvocationStore for D {
 mod tests {
     use super::*;
 
+    /// SQLite reads what each of these statements asks through `index`,
+    /// before the database has statistics: the sweep the held rows alone,
+    /// not the table (a million rows on the writer each sweep); the
+    /// questions about a run's identical calls the index keyed by run,
+    /// tool and arguments. That index's key holds nothing a call's end
+    /// writes, so an end commit never rewrites its pages.
+    #[tokio::test]
+    async fn sqlite_reads_through_the_indexes_the_statements_are_written_for() {
+        use crate::ports::Schema as _;
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("toolgate.db");
+        let store = super::super::SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        store.close().await;
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        let key: Vec<String> = connection
+            .prepare(
+                "SELECT name FROM pragma_index_info('tool_invocations_identical') ORDER BY seqno",
+            )
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(key, ["run_id", "tool_name", "arguments_hash"]);
+        for (statement, index) in [
+            (
+                CLAIM_EXPIRED_SQL.sql(Dialect::Sqlite),
+                "tool_invocations_held",
+            ),
+            (SQLITE_INTENT, "tool_invocations_identical"),
+            (SQLITE_TALLY, "tool_invocations_identical"),
+            (OF_RUN, "tool_invocations_identical"),
+            (LATEST_SUCCEEDED, "tool_invocations_identical"),
+        ] {
+            // Unbound: the plan is the one any values get.
+            let mut explained = connection
+                .prepare(&format!("EXPLAIN QUERY PLAN {statement}"))
+                .unwrap();
+            let mut rows = explained.raw_query();
+            let mut plan: Vec<String> = Vec::new();
+            while let Some(row) = rows.next().unwrap() {
+                plan.push(row.get(3).unwrap());
+            }
+            assert!(
+                plan.iter().any(|step| step.contains("INDEX")
+                    && step.split_whitespace().any(|word| word == index)),
+                "{statement}\n{plan:#?}"
+            );
+        }
+    }
+
     #[test]
     fn each_write_is_rendered_whole_from_the_table() {
         assert_eq!(

@@ -204,6 +204,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "consent flows' clients and revocation endpoints",
         sql: include_str!("../../../migrations/postgres/0028_consent_clients.sql"),
     },
+    Migration {
+        version: 29,
+        description: "the held rows' index, and identical calls' without their outcome",
+        sql: include_str!("../../../migrations/postgres/0029_held_and_identical.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -342,6 +347,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 28,
         description: "consent flows' clients and revocation endpoints",
         sql: include_str!("../../../migrations/sqlite/0028_consent_clients.sql"),
+    },
+    Migration {
+        version: 29,
+        description: "the held rows' index, and identical calls' without their outcome",
+        sql: include_str!("../../../migrations/sqlite/0029_held_and_identical.sql"),
     },
 ];
 

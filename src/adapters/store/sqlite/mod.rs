@@ -110,16 +110,26 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// started over.
 const LOG_BYTES_BOUND: u64 = 64 << 20;
 
-/// Starts the log over, empty. SQLite does that by itself only when a write
-/// begins with every page of the log copied, which calls that never pause
-/// never give it: the log would grow by every call's pages for as long as
-/// they last. This checkpoint waits (the busy timeout) for the writes,
-/// reads and checkpoint under way to end, copies the rest and truncates the
-/// file; run while the relaxed connection is held, no relaxed commit slips
-/// in before it. Whether it did (when a reader or the writer's own
-/// checkpoint outlasted the wait, the next relaxed commit tries again).
+/// The size the log's file is cut back to when the log starts over: the
+/// bound and the most the relaxed commits between two of their checks
+/// write past it, so in steady state the log's pages are written over
+/// blocks the file already has.
+const LOG_FILE_LIMIT: u64 = 2 * LOG_BYTES_BOUND;
+
+/// Starts the log over at its head. SQLite does that by itself only when a
+/// write begins with every page of the log copied, which calls that never
+/// pause never give it: the log would grow by every call's pages for as
+/// long as they last. This checkpoint waits (the busy timeout) for the
+/// writes, reads and checkpoint under way to end and copies the rest; the
+/// next commit then writes the log from its head, over the file's blocks
+/// (cut back to [`LOG_FILE_LIMIT`]), rather than growing a file truncated
+/// to nothing, which made the kernel allocate a block for every page of
+/// every commit. Run while the relaxed connection is held, no relaxed
+/// commit slips in before it. Whether it did (when a reader or the
+/// writer's own checkpoint outlasted the wait, the next relaxed commit
+/// tries again).
 fn restart_log(connection: &Connection) -> bool {
-    match connection.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+    match connection.query_row("PRAGMA wal_checkpoint(RESTART)", [], |row| {
         row.get::<_, i64>(0)
     }) {
         Ok(busy) => busy == 0,
@@ -168,12 +178,13 @@ fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
         .execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON")
         .map_err(sqlite_error)?;
     let settings = match role {
-        Role::Writer => {
-            format!("PRAGMA synchronous = FULL; PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-        }
+        Role::Writer => format!(
+            "PRAGMA synchronous = FULL; PRAGMA cache_size = -{WRITER_CACHE_KIB}; \
+             PRAGMA journal_size_limit = {LOG_FILE_LIMIT}"
+        ),
         Role::Relaxed => format!(
             "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -{WRITER_CACHE_KIB}; \
-             PRAGMA wal_autocheckpoint = 0"
+             PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = {LOG_FILE_LIMIT}"
         ),
         Role::Other => "PRAGMA synchronous = FULL".to_owned(),
     };
@@ -562,7 +573,8 @@ mod tests {
     /// Commits that never pause never let SQLite start its log over by
     /// itself; a relaxed commit has it started over once the writer's
     /// checkpoint finds it past its bound, so the file stays bounded under
-    /// load however long it lasts.
+    /// load however long it lasts. It is started over in place: the file
+    /// keeps the blocks the next commits write over.
     #[tokio::test]
     async fn the_log_stays_bounded_under_commits_that_never_pause() {
         let (folder, _, store) = store_with_pages().await;
@@ -581,6 +593,10 @@ mod tests {
             .unwrap()
             .len();
         assert!(log < 3 * LOG_BYTES_BOUND, "the log grew to {log} bytes");
+        assert!(
+            log >= LOG_BYTES_BOUND,
+            "the log's file was cut to {log} bytes when it started over"
+        );
     }
 
     /// A relaxed commit never checkpoints on its calling task, even past
