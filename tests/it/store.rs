@@ -1955,16 +1955,9 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
     }
 }
 
-/// Every allowed call first asks whether an identical call of its run has
-/// ended. Before the database has statistics, that question is answered
-/// from the index of identical calls, never by reading the run's every row:
-/// no other index leads with the run.
-#[tokio::test]
-async fn postgres_identical_call_check_uses_its_index_without_statistics() {
-    let Some((_schema, _store, mut connection)) = migrated_with_owner().await else {
-        return;
-    };
-    // A long run of one tenant, as a fresh deployment's first agent makes.
+/// A long run of one tenant, every call of it ended, as a fresh
+/// deployment's first agent makes: 300 rows and no statistics.
+async fn a_long_ended_run(connection: &mut sqlx::PgConnection) {
     sqlx::raw_sql(
         "SET toolgate.scope = 'system'; \
          INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, \
@@ -1975,8 +1968,25 @@ async fn postgres_identical_call_check_uses_its_index_without_statistics() {
              '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', g, 'c', 'demo.echo', '1', 'builtin', '{}', \
              md5(g::text), md5(g::text) || 'k', 'succeeded', 'read_only', 'none', '{}', 'user', 0, \
              now(), 'succeeded', now() \
-         FROM generate_series(1, 300) g; \
-         PREPARE identical (text, uuid, text, text) AS SELECT EXISTS (SELECT 1 FROM tool_invocations i \
+         FROM generate_series(1, 300) g",
+    )
+    .execute(connection)
+    .await
+    .unwrap();
+}
+
+/// Every allowed call first asks whether an identical call of its run has
+/// ended. Before the database has statistics, that question is answered
+/// from the index of identical calls, never by reading the run's every row:
+/// no other index leads with the run.
+#[tokio::test]
+async fn postgres_identical_call_check_uses_its_index_without_statistics() {
+    let Some((_schema, _store, mut connection)) = migrated_with_owner().await else {
+        return;
+    };
+    a_long_ended_run(&mut connection).await;
+    sqlx::raw_sql(
+        "PREPARE identical (text, uuid, text, text) AS SELECT EXISTS (SELECT 1 FROM tool_invocations i \
              WHERE i.tenant_id = $1 AND i.run_id = $2 AND i.tool_name = $3 AND i.arguments_hash = $4 \
              AND i.outcome_status IS NOT NULL)",
     )
@@ -2002,18 +2012,9 @@ async fn postgres_recoverys_sweep_reads_the_held_rows_alone() {
     let Some((_schema, _store, mut connection)) = migrated_with_owner().await else {
         return;
     };
+    a_long_ended_run(&mut connection).await;
     sqlx::raw_sql(
-        "SET toolgate.scope = 'system'; \
-         INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, \
-             tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, status, \
-             idempotency_class, side_effect, principal, origin_trust, lease_epoch, created_at, \
-             outcome_status, completed_at) \
-         SELECT gen_random_uuid(), 'solo', '0f3a9c2b-7d1e-4f5a-8b6c-9d0e1f2a3b4c', \
-             '3f0c2a7e-52b1-4d3a-9a43-0d8f2d3c1b7e', g, 'c', 'demo.echo', '1', 'builtin', '{}', \
-             md5(g::text), md5(g::text) || 'k', 'succeeded', 'read_only', 'none', '{}', 'user', 0, \
-             now(), 'succeeded', now() \
-         FROM generate_series(1, 300) g; \
-         PREPARE sweep (bigint) AS SELECT i.id FROM tool_invocations i \
+        "PREPARE sweep (bigint) AS SELECT i.id FROM tool_invocations i \
              WHERE i.status IN ('authorized', 'running') \
              AND (i.status <> 'running' OR i.suspended_kind IS NULL) \
              AND (i.worker_id IS NULL OR i.worker_id IN (SELECT w.worker_id FROM workers w \
