@@ -111,10 +111,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 const LOG_BYTES_BOUND: u64 = 64 << 20;
 
 /// The size the log's file is cut back to when the log starts over: the
-/// bound and the most the relaxed commits between two of their checks
-/// write past it, so in steady state the log's pages are written over
-/// blocks the file already has.
-const LOG_FILE_LIMIT: u64 = 2 * LOG_BYTES_BOUND;
+/// bound itself. The log is written again from its head over the blocks
+/// the file keeps, and the file grows past the bound (what the relaxed
+/// commits' check looks for) only once the log's own pages do.
+const LOG_FILE_LIMIT: u64 = LOG_BYTES_BOUND;
 
 /// Starts the log over at its head. SQLite does that by itself only when a
 /// write begins with every page of the log copied, which calls that never
