@@ -2,8 +2,8 @@
 -- their own. Recovery's sweep looks for held rows (authorized or running)
 -- whose worker is gone, oldest first; tool_invocations_in_flight held only
 -- running rows by worker, which that question cannot use, so the sweep
--- read the table through its creation index, every row when none was
--- held. tool_invocations_held holds the held rows alone, by creation, and
+-- read the whole table when none was held (a sequential scan before
+-- statistics). tool_invocations_held holds the held rows alone, by creation, and
 -- replaces tool_invocations_in_flight, which nothing read.
 --
 -- SQLite's tool_invocations_identical no longer holds a call's outcome, so

@@ -2005,8 +2005,8 @@ async fn postgres_identical_call_check_uses_its_index_without_statistics() {
 
 /// Recovery's sweep looks for held rows whose worker is gone, oldest
 /// first. Before the database has statistics it reads them through the
-/// index of held rows, never every row through the creation index: a
-/// sweep over a million ended calls that found nothing read them all.
+/// index of held rows, never the whole table: a sweep over a million
+/// ended calls that found nothing read them all.
 #[tokio::test]
 async fn postgres_recoverys_sweep_reads_the_held_rows_alone() {
     let Some((_schema, _store, mut connection)) = migrated_with_owner().await else {
