@@ -9,10 +9,11 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::console::exchange;
-use crate::front::{KEY_A, KEY_A2, KEY_B, free_port, front_table};
+use crate::front::{KEY_A, KEY_A2, KEY_B, front_table};
 use crate::http::ScriptedHttp;
 use crate::serve::Served;
 use crate::store::PgSchema;
+use crate::support::free_port;
 
 /// The client toolgate is registered as at the scripted authorization server.
 const CLIENT: &str = "toolgate:s3cr3t";

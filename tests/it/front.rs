@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::serve::{Served, StartNode, TENANT, json_of};
+use crate::support::free_port;
 
 /// Tenant A's key: the e2e tenant's user-1, every tool.
 pub const KEY_A: &str = "tgk_front_alpha_0000000000000000000000000000000000000000000000000001";
@@ -20,14 +21,6 @@ pub const KEY_A: &str = "tgk_front_alpha_000000000000000000000000000000000000000
 pub const KEY_A2: &str = "tgk_front_alpha_0000000000000000000000000000000000000000000000000002";
 /// Another tenant's key.
 pub const KEY_B: &str = "tgk_front_bravo_0000000000000000000000000000000000000000000000000003";
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The `[front]` table: TCP on `port`, the three keys, and `extra` lines.
 pub fn front_table(port: u16, extra: &str) -> String {

@@ -1027,10 +1027,7 @@ async fn tls_trusts_the_operators_ca_and_checks_the_name() {
 async fn the_reference_server_is_called_over_streamable_http() {
     let script = crate::mcp::third_party()
         .join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().port()
-    };
+    let port = crate::support::free_port();
     let mut child = Command::new("node")
         .arg(&script)
         .arg("streamableHttp")

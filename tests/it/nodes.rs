@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use crate::serve::{Served, TENANT, http, json_of, sha256};
 use crate::store::PgSchema;
+use crate::support::free_port;
 
 /// A lease of three seconds renewed every second, swept every second: what
 /// happens at thirty seconds in production happens here in three.
@@ -59,14 +60,6 @@ impl Gate {
     fn open(&self) {
         std::fs::write(&self.0, "").unwrap();
     }
-}
-
-/// A free loopback port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free port")
 }
 
 /// A GET over TCP: (status, body).

@@ -410,11 +410,7 @@ fn get_tcp(address: &str, path: &str, method: &str) -> (u16, String) {
 /// control API or of any tenant.
 #[test]
 fn the_operations_listener_serves_metrics_and_probes_only() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let address = format!("127.0.0.1:{port}");
     let served = Served::here().start_edited(
         |_, config| format!("{config}\n[ops]\nlisten = \"{address}\"\n"),
@@ -611,7 +607,7 @@ fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
 #[test]
 fn an_unreachable_database_is_named_at_once() {
     let folder = tempfile::tempdir().unwrap();
-    let port = crate::front::free_port();
+    let port = crate::support::free_port();
     let config = folder.path().join("toolgate.toml");
     std::fs::write(
         &config,
@@ -705,11 +701,7 @@ fn version_completions_and_manual_page() {
 /// probes are still answered, at once.
 #[test]
 fn probes_are_answered_while_others_hold_connections() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let address = format!("127.0.0.1:{port}");
     let listen = address.clone();
     let served = Served::here().start_edited(
@@ -737,11 +729,7 @@ fn probes_are_answered_while_others_hold_connections() {
 /// thousand of them are counted under one `name="unknown"`.
 #[test]
 fn unknown_tool_names_never_become_series() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let address = format!("127.0.0.1:{port}");
     let listen = address.clone();
     let served = Served::here().start_edited(
@@ -834,11 +822,7 @@ fn samples(exposition: &str, metric: &str) -> Vec<(Vec<(String, String)>, f64)> 
 /// result, and a server that cannot be started.
 #[test]
 fn the_eight_design_metrics_are_served_with_their_labels() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let address = format!("127.0.0.1:{port}");
     let listen = address.clone();
     let served = Served::here().start_edited(

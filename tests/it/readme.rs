@@ -83,7 +83,7 @@ impl Checkout {
             &root.path().join("sandbox-bridge"),
         );
         std::fs::create_dir_all(root.path().join("var")).unwrap();
-        let port = crate::front::free_port();
+        let port = crate::support::free_port();
         let config = root.path().join("config/toolgate.toml");
         let text = std::fs::read_to_string(&config).unwrap();
         assert!(text.contains("127.0.0.1:8766"));
@@ -433,7 +433,7 @@ fn every_block_of_the_readme_runs_as_written() {
             .replace("<the sha256 printed above>", &sha256)
             .replace(
                 "127.0.0.1:8767",
-                &format!("127.0.0.1:{}", crate::front::free_port()),
+                &format!("127.0.0.1:{}", crate::support::free_port()),
             ),
     );
     ran[console] = true;

@@ -1213,11 +1213,7 @@ fn uncertain_calls_reach_the_review_queue() {
 /// The control API on loopback TCP: every request needs the bearer token.
 #[test]
 fn the_control_api_on_tcp_needs_its_token() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let address = format!("127.0.0.1:{port}");
     let token = "control-token-0123456789abcdef";
     let served = Served::here().start_with(30, Some((&address, token)));

@@ -110,3 +110,51 @@ pub async fn let_leases_pass(backend: &str, duration: std::time::Duration) {
         tokio::time::sleep(duration).await;
     }
 }
+
+/// A loopback port for a listener that a node, or a child process, binds
+/// later. It is taken outside the kernel's ephemeral range: `bind(0)` and
+/// every outgoing connection draw from that range, so a port picked there
+/// and let go can be taken by any of them before the node binds it. Outside
+/// it, only an explicit bind can take it: within this process each port is
+/// handed out once, and the bind here checks that nothing else holds it now.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let candidates = outside_the_ephemeral_range();
+    if candidates.is_empty() {
+        // The whole range is ephemeral: the kernel's choice is all there is.
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .expect("a free port");
+    }
+    // Two test runs on one machine start at different places.
+    let start = std::process::id() as usize * 7_919;
+    loop {
+        let taken = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(
+            taken < candidates.len(),
+            "every port outside the ephemeral range was handed out"
+        );
+        let port = candidates[(start + taken) % candidates.len()];
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// The unprivileged ports below 10,000 and outside
+/// `net.ipv4.ip_local_port_range`: the ones below are well-known services'.
+fn outside_the_ephemeral_range() -> Vec<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .expect("the ephemeral port range is readable");
+    let bounds: Vec<u32> = range
+        .split_whitespace()
+        .map(|bound| bound.parse().expect("a port number"))
+        .collect();
+    let (low, high) = (bounds[0], bounds[1]);
+    (10_000u32..=65_535)
+        .filter(|port| *port < low || *port > high)
+        .map(|port| port as u16)
+        .collect()
+}

@@ -158,11 +158,7 @@ fn rooted_config(text: &str, root: &Path, prefixes: &[&str]) -> (String, u16) {
             &format!("sqlite://{}", under(root, prefix).display()),
         );
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let listen = text
         .lines()
         .find(|line| line.starts_with("listen = "))
