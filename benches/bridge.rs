@@ -8,15 +8,19 @@
 //!    read-only and non-idempotent, on the embedded SQLite store and (with
 //!    `DATABASE_URL`) on PostgreSQL; beside them the builtin `demo.echo`
 //!    through the same socket, which separates the store's and the bridge's
-//!    share from the MCP step's. Blocks of 50 calls interleave the paths;
-//!    printed: p50, p99, the added p50 over the floor (the MCP paths) and
-//!    serve's CPU per call.
+//!    share from the MCP step's. Blocks of 50 calls interleave the paths,
+//!    and ten disk flushes between them (a 16 KiB write over allocated
+//!    blocks and an `fdatasync`, beside the store: a flushed commit's
+//!    floor); printed: p50, p99, the added p50 over the floor (the MCP
+//!    paths; the non-idempotent one also over its three flushed commits)
+//!    and serve's CPU per call.
 //! 2. With `DATABASE_URL`: N concurrent scripts (1, 8, 32) calling a read
 //!    (`demo.echo`) and a non-idempotent write (`demo.external_write`, three
 //!    flushed commits), a new turn every 64 calls, on SQLite and on
 //!    PostgreSQL; calls per second, p50, p99 and serve's CPU per call.
 //!    `TOOLGATE_BENCH_FSYNCS=1` counts serve's fsyncs per write under
-//!    `strace -f -c` as well (slower runs, kept apart).
+//!    `strace -f -y` as well (slower runs, kept apart), the store's apart
+//!    from the tool's own (`demo.external_write` syncs the line it adds).
 //!
 //! `scripts/test` installs the reference server (`TOOLGATE_MCP_SERVERS`).
 //! `[DATABASE_URL=postgres://…] cargo bench --bench bridge`
@@ -167,7 +171,7 @@ fn script(control: PathBuf, session: Uuid, tool: &str, stop: Arc<AtomicBool>) ->
 
 /// Part 2 on one store: reads and non-idempotent writes from 1, 8 and 32
 /// scripts at once. With `TOOLGATE_BENCH_FSYNCS=1`, the writes are run once
-/// more under `strace -f -c`, counting serve's fsyncs per call (strace slows
+/// more under `strace -f -y`, counting serve's fsyncs per call (strace slows
 /// serve; those runs are not the throughput figures).
 fn concurrency(toolgate: &Path, store: &str, url: &str, seconds: u64) {
     let folder = tempfile::tempdir().expect("folder");
@@ -225,10 +229,12 @@ fn concurrency(toolgate: &Path, store: &str, url: &str, seconds: u64) {
     }
     if std::env::var("TOOLGATE_BENCH_FSYNCS").is_ok_and(|value| value == "1") {
         for scripts in [1usize, 8, 32] {
-            let summary = tempfile::NamedTempFile::new().expect("strace summary");
+            let trace = tempfile::NamedTempFile::new().expect("strace output");
+            // `-y` names each call's file: the store's fsyncs are told from
+            // the tool's own (`demo.external_write` syncs its line).
             let mut strace = Command::new("strace")
-                .args(["-f", "-c", "-e", "trace=fsync,fdatasync", "-o"])
-                .arg(summary.path())
+                .args(["-f", "-y", "-e", "trace=fsync,fdatasync", "-o"])
+                .arg(trace.path())
                 .args(["-p", &child.id().to_string()])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -240,23 +246,85 @@ fn concurrency(toolgate: &Path, store: &str, url: &str, seconds: u64) {
                 .args(["-INT", &strace.id().to_string()])
                 .status();
             let _ = strace.wait();
-            let text = std::fs::read_to_string(summary.path()).unwrap_or_default();
-            let syncs: u64 = text
-                .lines()
-                .filter(|line| line.ends_with("fsync") || line.ends_with("fdatasync"))
-                .filter_map(|line| line.split_whitespace().nth(3)?.parse::<u64>().ok())
-                .sum();
+            let text = std::fs::read_to_string(trace.path()).unwrap_or_default();
+            let (store_syncs, other_syncs) = count_syncs(&text);
+            let calls = latencies.len().max(1) as f64;
             println!(
-                "{:>8} | fsyncs per non-idempotent call at {:>2} scripts (under strace): {:.2} ({} in {} calls)",
+                "{:>8} | fsyncs per non-idempotent call at {:>2} scripts (under strace): \
+                 the store's {:.2}, the tool's own {:.2} ({} and {} in {} calls)",
                 store,
                 scripts,
-                syncs as f64 / latencies.len().max(1) as f64,
-                syncs,
+                store_syncs as f64 / calls,
+                other_syncs as f64 / calls,
+                store_syncs,
+                other_syncs,
                 latencies.len()
             );
         }
     }
     drop(served);
+}
+
+/// The fsyncs in `strace -f -y` output: (the store's, any other file's).
+/// The store's are those of its database and its log (`toolgate.db`,
+/// `toolgate.db-wal`). A call another thread's interrupted is printed
+/// twice, begun (`<unfinished ...>`, with its file) and `resumed`: it is
+/// counted by its beginning.
+fn count_syncs(trace: &str) -> (u64, u64) {
+    let mut counts = (0, 0);
+    for line in trace.lines() {
+        let Some(call) = line
+            .split_once(' ')
+            .map(|(_, call)| call.trim_start())
+            .filter(|call| call.starts_with("fsync(") || call.starts_with("fdatasync("))
+        else {
+            continue;
+        };
+        if call.contains("toolgate.db") {
+            counts.0 += 1;
+        } else {
+            counts.1 += 1;
+        }
+    }
+    counts
+}
+
+/// One flushed commit's floor on the disk under `folder`: a 16 KiB write
+/// over a file's allocated blocks (as the log is written after it starts
+/// over) and an `fdatasync`, what a `synchronous = FULL` commit does at the
+/// least.
+struct DiskFlush {
+    file: std::fs::File,
+    offset: u64,
+}
+
+impl DiskFlush {
+    const SPAN: u64 = 4 << 20;
+
+    fn new(folder: &Path) -> DiskFlush {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(folder.join("flush-floor"))
+            .expect("the floor's file");
+        file.set_len(Self::SPAN).expect("the floor's file grows");
+        std::os::unix::fs::FileExt::write_all_at(&file, &vec![1u8; Self::SPAN as usize], 0)
+            .expect("the floor's file is written");
+        file.sync_all().expect("the floor's file is synced");
+        DiskFlush { file, offset: 0 }
+    }
+
+    fn flush(&mut self) -> Duration {
+        let page = [7u8; 16 << 10];
+        let begun = Instant::now();
+        std::os::unix::fs::FileExt::write_all_at(&self.file, &page, self.offset)
+            .expect("the floor's write");
+        self.file.sync_data().expect("the floor's fdatasync");
+        self.offset = (self.offset + page.len() as u64) % Self::SPAN;
+        begun.elapsed()
+    }
 }
 
 /// A raw JSON-RPC client on the reference server's stdio: the floor.
@@ -557,11 +625,16 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
         );
     }
     const BLOCK: usize = 50;
+    let mut disk = DiskFlush::new(root);
+    let mut flushes = Vec::new();
     let mut i = 1000;
     while floor.len() < calls {
         for _ in 0..BLOCK {
             i += 1;
             floor.push(direct.echo(i));
+        }
+        for _ in 0..BLOCK / 5 {
+            flushes.push(disk.flush());
         }
         for (tool, argument, latencies, cpu) in paths.iter_mut() {
             let before = cpu_seconds(pid);
@@ -583,6 +656,16 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
         "",
         ""
     );
+    flushes.sort();
+    let flush_p50 = percentile(&flushes, 0.5);
+    println!(
+        "{label:>8} | {:>16} | {:>9.2?} | {:>9.2?} | {:>10} | {:>14}",
+        "a disk flush",
+        flush_p50,
+        percentile(&flushes, 0.99),
+        "",
+        ""
+    );
     for (tool, _, latencies, cpu) in paths.iter_mut() {
         latencies.sort();
         let p50 = percentile(latencies, 0.5);
@@ -591,10 +674,17 @@ fn floor_and_overhead(toolgate: &Path, label: &str, store_url: &str, root: &Path
                 "read-only",
                 format!("+{:.2?}", p50.saturating_sub(floor_p50)),
             ),
-            "mcp.ni.echo" => (
-                "non-idempotent",
-                format!("+{:.2?}", p50.saturating_sub(floor_p50)),
-            ),
+            "mcp.ni.echo" => {
+                let added = p50.saturating_sub(floor_p50);
+                // Three flushed commits are its floor on this disk.
+                let commits = flush_p50 * 3;
+                let over = if added >= commits {
+                    format!("+{:.2?}", added - commits)
+                } else {
+                    format!("-{:.2?}", commits - added)
+                };
+                ("non-idempotent", format!("+{added:.2?} (3 flushes {over})"))
+            }
             _ => ("demo.echo, no MCP", String::new()),
         };
         println!(
