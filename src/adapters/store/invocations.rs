@@ -1301,6 +1301,10 @@ mod tests {
             (SQLITE_TALLY, "tool_invocations_identical"),
             (OF_RUN, "tool_invocations_identical"),
             (LATEST_SUCCEEDED, "tool_invocations_identical"),
+            (
+                &super::super::operator::servers_sql(Dialect::Sqlite),
+                "events_by_server",
+            ),
         ] {
             // Unbound: the plan is the one any values get.
             let mut explained = connection

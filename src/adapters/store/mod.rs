@@ -209,6 +209,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "the held rows' index, and identical calls' without their outcome",
         sql: include_str!("../../../migrations/postgres/0029_held_and_identical.sql"),
     },
+    Migration {
+        version: 30,
+        description: "the servers' events index without a list in its condition",
+        sql: include_str!("../../../migrations/postgres/0030_server_events_without_a_list.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -352,6 +357,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 29,
         description: "the held rows' index, and identical calls' without their outcome",
         sql: include_str!("../../../migrations/sqlite/0029_held_and_identical.sql"),
+    },
+    Migration {
+        version: 30,
+        description: "the servers' events index without a list in its condition",
+        sql: include_str!("../../../migrations/sqlite/0030_server_events_without_a_list.sql"),
     },
 ];
 

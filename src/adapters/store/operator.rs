@@ -215,14 +215,26 @@ pub(super) fn turns_sql(dialect: Dialect) -> String {
 /// filter is the server id, and no status applies.
 pub(super) fn servers_sql(dialect: Dialect) -> String {
     let server = dialect.field("e.payload", "server");
+    // SQLite's planner would rather walk the whole table back from its
+    // newest row for `max(e.id)`; it is told the index, whose condition
+    // the query states in the same words (its 0030 says why they differ).
+    let connection_events = match dialect {
+        Dialect::Postgres => {
+            "events e WHERE e.event_type IN ('mcp.server.connected', 'mcp.server.pinned', \
+             'mcp.server.disconnected')"
+        }
+        Dialect::Sqlite => {
+            "events e INDEXED BY events_by_server WHERE (e.event_type = 'mcp.server.connected' \
+             OR e.event_type = 'mcp.server.pinned' OR e.event_type = 'mcp.server.disconnected')"
+        }
+    };
     dialect.render(&format!(
         "SELECT s.*, last.event_type AS last_event_type, \
          {} AS last_reason_code, last.created_at AS last_event_at FROM \
          (SELECT id, tenant_id, tenant_configured, created_at, server_id, transport, endpoint, \
           auth_scheme, auth_name, credential_ref, token_endpoint, token_scopes, side_effect, risk, \
           idempotency, required_scopes, timeout_seconds, maximum_output_bytes, enabled, \
-          (SELECT max(e.id) FROM events e WHERE e.event_type IN \
-           ('mcp.server.connected', 'mcp.server.pinned', 'mcp.server.disconnected') \
+          (SELECT max(e.id) FROM {connection_events} \
            AND {server} = mcp_servers.server_id \
            AND (e.tenant_id = mcp_servers.tenant_id OR e.tenant_id IS NULL)) AS last_event_id \
           FROM mcp_servers WHERE {} ORDER BY created_at DESC, id DESC LIMIT $8) s \
