@@ -303,13 +303,11 @@ impl DiskFlush {
 
     fn new(folder: &Path) -> DiskFlush {
         let file = std::fs::OpenOptions::new()
-            .read(true)
             .write(true)
             .create(true)
             .truncate(true)
             .open(folder.join("flush-floor"))
             .expect("the floor's file");
-        file.set_len(Self::SPAN).expect("the floor's file grows");
         std::os::unix::fs::FileExt::write_all_at(&file, &vec![1u8; Self::SPAN as usize], 0)
             .expect("the floor's file is written");
         file.sync_all().expect("the floor's file is synced");

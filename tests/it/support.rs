@@ -120,7 +120,9 @@ pub async fn let_leases_pass(backend: &str, duration: std::time::Duration) {
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let candidates = outside_the_ephemeral_range();
+    static CANDIDATES: std::sync::LazyLock<Vec<u16>> =
+        std::sync::LazyLock::new(outside_the_ephemeral_range);
+    let candidates = &*CANDIDATES;
     if candidates.is_empty() {
         // The whole range is ephemeral: the kernel's choice is all there is.
         return std::net::TcpListener::bind("127.0.0.1:0")
@@ -143,8 +145,9 @@ pub fn free_port() -> u16 {
     }
 }
 
-/// The unprivileged ports below 10,000 and outside
-/// `net.ipv4.ip_local_port_range`: the ones below are well-known services'.
+/// The ports from 10,000 up that are outside
+/// `net.ipv4.ip_local_port_range` (those below 10,000 are well-known
+/// services').
 fn outside_the_ephemeral_range() -> Vec<u16> {
     let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .expect("the ephemeral port range is readable");
