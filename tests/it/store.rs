@@ -2328,6 +2328,191 @@ async fn a_sqlite_database_migrated_release_by_release_has_the_fresh_schema() {
     store.close().await;
 }
 
+/// Where each of the three tables whose status 0031 checks, and each of
+/// their indexes, is rooted in the file: a copied table is rooted anew.
+fn roots(connection: &rusqlite::Connection) -> Vec<(String, i64)> {
+    connection
+        .prepare(
+            "SELECT name, rootpage FROM sqlite_master \
+             WHERE tbl_name IN ('tool_invocations', 'approvals', 'turns') ORDER BY name",
+        )
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// The rows each of the three tables whose status 0031 checks holds, by
+/// status.
+fn rows_by_status(connection: &rusqlite::Connection) -> Vec<(String, String, i64)> {
+    connection
+        .prepare(
+            "SELECT 'tool_invocations', status, count(*) FROM tool_invocations GROUP BY status \
+             UNION ALL SELECT 'approvals', status, count(*) FROM approvals GROUP BY status \
+             UNION ALL SELECT 'turns', state, count(*) FROM turns GROUP BY state ORDER BY 1, 2",
+        )
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// 0031 edits the statuses' CHECKs in the tables' recorded definitions, not
+/// by copying the tables: a database of every status keeps its rows where
+/// they were, a status outside the set is still refused, and the store writes a
+/// call over it.
+#[tokio::test]
+async fn sqlite_status_checks_are_edited_in_place_keeping_every_row() {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("toolgate.db");
+    migrate_release_by_release(&path, 31);
+    let statuses = [
+        "proposed",
+        "authorized",
+        "waiting_for_approval",
+        "running",
+        "succeeded",
+        "failed",
+        "denied",
+        "uncertain",
+    ];
+    let (before, rooted) = {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        for (n, status) in statuses.iter().enumerate() {
+            connection
+                .execute(
+                    "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, \
+                     call_id, tool_name, tool_version, arguments, arguments_hash, idempotency_key, \
+                     status, principal, created_at, side_effect, idempotency_class, origin_trust) \
+                     VALUES (?1, 'tenant-a', 's', 'r', ?2, 'c', 'demo.echo', 'v1', '{}', 'h', ?1, ?3, \
+                     '{}', 0, 'read_only', 'idempotent', 'model')",
+                    rusqlite::params![format!("i-{n}"), n as i64, status],
+                )
+                .unwrap();
+        }
+        for (n, status) in ["pending", "approved", "denied", "expired"]
+            .iter()
+            .enumerate()
+        {
+            connection
+                .execute(
+                    "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, reason_code, \
+                     status, requested_at) VALUES (?1, 'tenant-a', 'i-2', 'demo.echo', 'x', ?2, 0)",
+                    rusqlite::params![format!("a-{n}"), status],
+                )
+                .unwrap();
+        }
+        for (n, state) in ["open", "closed", "expired", "suspended"]
+            .iter()
+            .enumerate()
+        {
+            connection
+                .execute(
+                    "INSERT INTO turns (turn_id, tenant_id, session_id, run_id, step_number, \
+                     script_sha256, state, opened_at, expires_at) \
+                     VALUES (?1, 'tenant-a', 's', 'r', 1, 'h', ?2, 0, 1)",
+                    rusqlite::params![format!("t-{n}"), state],
+                )
+                .unwrap();
+        }
+        (rows_by_status(&connection), roots(&connection))
+    };
+    assert_eq!(before.len(), 16);
+
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    assert_eq!(store.migrate().await.unwrap(), [31]);
+    let worker_id = worker(&store, Duration::seconds(30)).await;
+    let new = new_invocation("tenant-a", Uuid::new_v4(), "c", Start::Running);
+    let row = insert(&store, &new, worker_id).await;
+    assert_eq!(row.status(), InvocationStatus::Running);
+    store.close().await;
+
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    let mut after = rows_by_status(&connection);
+    if let Some(running) = after
+        .iter_mut()
+        .find(|(table, status, _)| table == "tool_invocations" && status == "running")
+    {
+        running.2 -= 1;
+    }
+    assert_eq!(after, before);
+    assert_eq!(roots(&connection), rooted, "the tables were copied");
+    for (table, column, key) in [
+        ("tool_invocations", "status", "id = 'i-0'"),
+        ("approvals", "status", "id = 'a-0'"),
+        ("turns", "state", "turn_id = 't-0'"),
+    ] {
+        let refused = connection
+            .execute(
+                &format!("UPDATE {table} SET {column} = 'bogus' WHERE {key}"),
+                [],
+            )
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("CHECK constraint failed"),
+            "{table}: {refused}"
+        );
+    }
+    let definitions: Vec<String> = connection
+        .prepare(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' \
+             AND name IN ('tool_invocations', 'approvals', 'turns')",
+        )
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(definitions.len(), 3);
+    for definition in definitions {
+        assert!(!definition.contains(" IN ("), "{definition}");
+    }
+}
+
+/// A database whose definitions 0031 does not find as it wrote them (an
+/// operator's hand edit) is not migrated: the migration fails and leaves
+/// every definition and the recorded version as they were.
+#[tokio::test]
+async fn sqlite_status_checks_not_found_as_written_fail_the_migration_whole() {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("toolgate.db");
+    migrate_release_by_release(&path, 31);
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "PRAGMA writable_schema = ON; \
+             UPDATE sqlite_master SET sql = replace(sql, '''open'', ''closed''', '''open'',''closed''') \
+             WHERE name = 'turns'; \
+             PRAGMA writable_schema = RESET",
+        )
+        .unwrap();
+    let before = sqlite_schema(&path);
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let refused = store.migrate().await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            toolgate::ports::StoreError::Migration { version: 31, .. }
+        ),
+        "{refused}"
+    );
+    store.close().await;
+    assert_eq!(sqlite_schema(&path), before);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT max(version) FROM toolgate_migrations", [], |row| {
+            row.get(0)
+        })
+        .unwrap();
+    assert_eq!(version, 30);
+}
+
 /// Events rebuilt without AUTOINCREMENT (0026) keep their ids, payloads and
 /// order, and the next event's id is the one AUTOINCREMENT would have given:
 /// one above the highest held, with no sequence row left to rewrite.

@@ -115,6 +115,12 @@ pub(super) enum Moved {
     Rows,
     /// It returned one row whose `moved` column says.
     Flag,
+    /// It changed at most one row, which this statement reads back, in the
+    /// same transaction, given the first statement's first two values (the
+    /// row's id and tenant, in the order the statement names them). What
+    /// SQLite's writes use in place of `RETURNING`, which holds the rows
+    /// it returns in a temporary b-tree built each time the statement runs.
+    Reread(&'static str),
 }
 
 /// A commit's events: their kinds and bodies, in order.
@@ -165,6 +171,10 @@ pub(super) struct Plan {
     /// Whose rows; `None`: every tenant's (recovery's sweep).
     pub(super) tenant_id: Option<String>,
     pub(super) run: Run,
+    /// Asked first, in the same transaction: when it returns a row, the
+    /// first statement is not run and moves nothing (SQLite's; PostgreSQL
+    /// asks in the write's own statement).
+    pub(super) unless: Option<Statement>,
     /// The guarded write, or the read.
     pub(super) first: Statement,
     pub(super) moved: Moved,
@@ -215,6 +225,7 @@ impl Plan {
         Plan {
             tenant_id: tenant_id.map(str::to_owned),
             run,
+            unless: None,
             first: Statement { sql, values },
             moved,
             then: Vec::new(),
@@ -406,14 +417,15 @@ fn guard(dialect: Dialect, transition: &Transition, alias: &str) -> String {
 }
 
 /// `transition`'s whole conditional write of one row, returning the row
-/// when `returning`.
+/// when `returning`: on PostgreSQL with the write, on SQLite read back
+/// after it ([`Moved::Reread`]).
 fn write(dialect: Dialect, transition: &Transition, returning: bool) -> String {
     format!(
         "UPDATE tool_invocations SET {} WHERE id = $1 AND tenant_id = $2 AND {}{}{}",
         sets(transition),
         leaves(transition, ""),
         guard(dialect, transition, "tool_invocations."),
-        if returning {
+        if returning && dialect == Dialect::Postgres {
             concat!(" RETURNING ", invocation_columns!())
         } else {
             ""
@@ -476,23 +488,35 @@ fn qualified_columns(alias: &str) -> String {
 }
 
 // SQLite's intent; PostgreSQL's `toolgate_intent` takes the same values
-// ($1 to $29, and `$31`) and commits as `$30` says. With `$31`
-// (uncounted), a row is inserted only while no identical call of the run
-// has an outcome and the breaker has nothing to count.
-const SQLITE_INTENT: &str = concat!(
-    "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, tool_name, \
-     tool_version, tool_source, server_id, arguments, arguments_hash, idempotency_key, status, \
-     idempotency_class, side_effect, principal, origin_trust, parallel_group, deadline_at, approval_id, \
-     reason_code, outcome_status, worker_id, lease_epoch, created_at, completed_at, started_at, \
-     argument_trust) \
-     SELECT $2, $1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-     $21, $22, $23, $24, 0, $25, $26, $32, $29 \
-     WHERE NOT $31 OR (NOT EXISTS (SELECT 1 FROM tool_invocations WHERE tenant_id = $1 AND run_id = $4 \
-     AND tool_name = $7 AND arguments_hash = $12 AND outcome_status IS NOT NULL) \
-     AND NOT EXISTS (SELECT 1 FROM breaker_synthesis WHERE tenant_id = $1 AND run_id = $4 \
-     AND after_step < $5)) \
-     ON CONFLICT (idempotency_key, tenant_id) DO NOTHING RETURNING ",
-    invocation_columns!()
+// ($1 to $29, and `$31`) and commits as `$30` says. Uncounted (`$31`), a
+// row is inserted only while no identical call of the run has an outcome
+// and the breaker has nothing to count: PostgreSQL's function asks that
+// itself, SQLite asks `SQLITE_BREAKER_COUNTS` first in the same
+// transaction. One INSERT … SELECT that asked it would read the table it
+// writes, which SQLite does through a temporary b-tree every run.
+const SQLITE_INTENT: &str = "INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, \
+     step_number, call_id, tool_name, tool_version, tool_source, server_id, arguments, arguments_hash, \
+     idempotency_key, status, idempotency_class, side_effect, principal, origin_trust, parallel_group, \
+     deadline_at, approval_id, reason_code, outcome_status, worker_id, lease_epoch, created_at, \
+     completed_at, started_at, argument_trust) \
+     VALUES ($2, $1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
+     $21, $22, $23, $24, 0, $25, $26, $32, $29) \
+     ON CONFLICT (idempotency_key, tenant_id) DO NOTHING";
+
+/// Whether the breaker has something to count for a call (tenant `$1`,
+/// run `$2`, tool `$3`, arguments' hash `$4`, step `$5`): an identical
+/// call of the run with an outcome, or the run's synthesis-only step
+/// before it. A row when it has.
+const SQLITE_BREAKER_COUNTS: &str = "SELECT 1 AS counts FROM tool_invocations WHERE tenant_id = $1 \
+     AND run_id = $2 AND tool_name = $3 AND arguments_hash = $4 AND outcome_status IS NOT NULL \
+     UNION ALL SELECT 1 FROM breaker_synthesis WHERE tenant_id = $1 AND run_id = $2 \
+     AND after_step < $5 LIMIT 1";
+
+/// The intent's row, read back on SQLite: its tenant `$1`, its id `$2`.
+const INTENT_ROW: &str = concat!(
+    "SELECT ",
+    invocation_columns!(),
+    " FROM tool_invocations WHERE tenant_id = $1 AND id = $2"
 );
 
 const POSTGRES_INTENT: &str = "SELECT * FROM toolgate_intent($1, $2, $3, $4, $5, $6, $7, $8, $9, \
@@ -731,8 +755,21 @@ fn intent<D: Driver>(
             .into(),
     ];
     let hot = Run::Hot(new.durability);
-    let mut plan = Plan::new(Some(&new.identity.tenant_id), hot, Moved::Rows, sql, values)
+    let moved = returned_row::<D>(INTENT_ROW);
+    let mut plan = Plan::new(Some(&new.identity.tenant_id), hot, moved, sql, values)
         .with_events(events, claim.now);
+    if uncounted && D::DIALECT == Dialect::Sqlite {
+        plan.unless = Some(Statement {
+            sql: SQLITE_BREAKER_COUNTS,
+            values: vec![
+                new.identity.tenant_id.as_str().into(),
+                new.identity.run_id.into(),
+                new.identity.tool_name.as_str().into(),
+                new.identity.arguments_hash.as_str().into(),
+                new.identity.step_number.into(),
+            ],
+        });
+    }
     // PostgreSQL's function records the approval itself.
     if let (
         Dialect::Sqlite,
@@ -806,6 +843,15 @@ fn first_held<R: Columns>(rows: &[R]) -> Result<Option<Held>, StoreError> {
     first_record(rows)?.map(held).transpose()
 }
 
+/// How a write of one row gives the row back on `D`: PostgreSQL returns
+/// it; SQLite reads it back with `reread`.
+fn returned_row<D: Driver>(reread: &'static str) -> Moved {
+    match D::DIALECT {
+        Dialect::Postgres => Moved::Rows,
+        Dialect::Sqlite => Moved::Reread(reread),
+    }
+}
+
 impl<D: Driver> InvocationStore for D {
     fn insert_invocation<'a>(
         &'a self,
@@ -859,7 +905,8 @@ impl<D: Driver> InvocationStore for D {
         Box::pin(async move {
             let values = row_values(id, tenant_id, Some(claim.worker_id), None, None);
             let sql = AUTHORIZE_WAITING_SQL.sql(D::DIALECT);
-            let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Rows, sql, values)
+            let moved = returned_row::<D>(BY_ID);
+            let plan = Plan::new(Some(tenant_id), Run::Flushed, moved, sql, values)
                 .with_events(Events::of(events)?, claim.now);
             first_held(&self.run(plan).await?.rows)
         })
@@ -900,7 +947,7 @@ impl<D: Driver> InvocationStore for D {
             let plan = Plan::new(
                 Some(tenant_id),
                 Run::Hot(durability),
-                Moved::Rows,
+                returned_row::<D>(BY_ID),
                 sql,
                 values,
             )
@@ -1164,7 +1211,8 @@ impl<D: Driver> InvocationStore for D {
         Box::pin(async move {
             let values = row_values(id, tenant_id, Some(claim.worker_id), None, Some(claim.now));
             let sql = TAKE_OVER_SQL.sql(D::DIALECT);
-            let plan = Plan::new(Some(tenant_id), Run::Flushed, Moved::Rows, sql, values);
+            let moved = returned_row::<D>(BY_ID);
+            let plan = Plan::new(Some(tenant_id), Run::Flushed, moved, sql, values);
             first_held(&self.run(plan).await?.rows)
         })
     }
@@ -1297,7 +1345,7 @@ mod tests {
                 CLAIM_EXPIRED_SQL.sql(Dialect::Sqlite),
                 "tool_invocations_held",
             ),
-            (SQLITE_INTENT, "tool_invocations_identical"),
+            (SQLITE_BREAKER_COUNTS, "tool_invocations_identical"),
             (SQLITE_TALLY, "tool_invocations_identical"),
             (OF_RUN, "tool_invocations_identical"),
             (LATEST_SUCCEEDED, "tool_invocations_identical"),
@@ -1307,20 +1355,68 @@ mod tests {
             ),
         ] {
             // Unbound: the plan is the one any values get.
-            let mut explained = connection
-                .prepare(&format!("EXPLAIN QUERY PLAN {statement}"))
-                .unwrap();
-            let mut rows = explained.raw_query();
-            let mut plan: Vec<String> = Vec::new();
-            while let Some(row) = rows.next().unwrap() {
-                plan.push(row.get(3).unwrap());
-            }
+            let plan =
+                super::super::sqlite::explained(&connection, "EXPLAIN QUERY PLAN", statement, 3);
             assert!(
                 plan.iter().any(|step| step.contains("INDEX")
                     && step.split_whitespace().any(|word| word == index)),
                 "{statement}\n{plan:#?}"
             );
         }
+    }
+
+    /// No statement a call runs on SQLite builds a temporary b-tree. SQLite
+    /// tests a constant list of more than two values (a table's CHECK, a
+    /// partial index's condition, a WHERE's `IN`) through one, built each
+    /// time the statement runs: a page cache, a pager and a b-tree opened,
+    /// filled and closed for a question three comparisons answer.
+    #[tokio::test]
+    async fn sqlite_runs_a_call_without_a_temporary_btree() {
+        use crate::ports::Schema as _;
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("toolgate.db");
+        let store = super::super::SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        store.close().await;
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        let transitions: [&'static LazyLock<Rendered>; 10] = [
+            &AUTHORIZE_WAITING_SQL,
+            &SETTLE_WAITING_SQL,
+            &CLAIM_SQL,
+            &MARK_EFFECT_SENT_SQL,
+            &COMPLETE_SQL,
+            &RELEASE_SQL,
+            &SUSPEND_SQL,
+            &COMPLETE_SUSPENDED_SQL,
+            &TAKE_OVER_SQL,
+            &REOPEN_APPROVAL_SQL,
+        ];
+        let statements = transitions
+            .into_iter()
+            .map(|rendered| rendered.sql(Dialect::Sqlite))
+            .chain([
+                SQLITE_INTENT,
+                INTENT_ROW,
+                SQLITE_BREAKER_COUNTS,
+                SQLITE_TALLY,
+                OPEN_RUN,
+                RUN_OWNER,
+                BY_ID,
+                BY_KEY,
+                INSERT_APPROVAL,
+                INSERT_ARTIFACT,
+                MARK_SYNTHESIS_ONLY_SQL.sql(Dialect::Sqlite),
+            ]);
+        let building: Vec<&str> = statements
+            .filter(|statement| {
+                super::super::sqlite::explained(&connection, "EXPLAIN", statement, 1)
+                    .iter()
+                    .any(|opcode| opcode == "OpenEphemeral")
+            })
+            .collect();
+        assert!(building.is_empty(), "{building:#?}");
     }
 
     #[test]

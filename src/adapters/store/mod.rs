@@ -214,6 +214,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "the servers' events index without a list in its condition",
         sql: include_str!("../../../migrations/postgres/0030_server_events_without_a_list.sql"),
     },
+    Migration {
+        version: 31,
+        description: "the statuses' checks without a list",
+        sql: include_str!("../../../migrations/postgres/0031_statuses_without_a_list.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -362,6 +367,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 30,
         description: "the servers' events index without a list in its condition",
         sql: include_str!("../../../migrations/sqlite/0030_server_events_without_a_list.sql"),
+    },
+    Migration {
+        version: 31,
+        description: "the statuses' checks without a list",
+        sql: include_str!("../../../migrations/sqlite/0031_statuses_without_a_list.sql"),
     },
 ];
 

@@ -45,6 +45,11 @@ async fn first(statements: Statements<'_>, plan: &Plan) -> Result<(u64, Vec<PgRo
             ),
             Vec::new(),
         ),
+        Moved::Reread(_) => {
+            return Err(sqlx::Error::Protocol(
+                "a PostgreSQL write returns its row".into(),
+            ));
+        }
     })
 }
 
@@ -54,6 +59,12 @@ impl Driver for PostgresStore {
 
     fn run(&self, mut plan: Plan) -> BoxFuture<'_, Result<Ran<PgRow>, StoreError>> {
         Box::pin(async move {
+            // A PostgreSQL write asks what guards it in its own statement.
+            if plan.unless.is_some() {
+                return Err(StoreError::Query(
+                    "a PostgreSQL plan's write holds its own guard".into(),
+                ));
+            }
             if let Run::Hot(_) | Run::HotRead = plan.run {
                 // One statement on a hot connection, its events in its values.
                 if !plan.then.is_empty() || !plan.events.is_empty() || plan.row_events.is_some() {

@@ -8,17 +8,16 @@ use crate::adapters::store::operator::Dialect;
 
 /// Runs `plan` on `connection`, inside the transaction it is given.
 fn execute(connection: &Connection, mut plan: Plan) -> Result<Ran<Row>, StoreError> {
-    let first = bound(std::mem::take(&mut plan.first.values), plan.first.sql);
-    let (count, rows) = match plan.moved {
-        Moved::Count => (first.execute(connection)? as u64, Vec::new()),
-        Moved::Rows => {
-            let rows = first.fetch_all(connection)?;
-            (rows.len() as u64, rows)
-        }
-        Moved::Flag => (
-            u64::from(get::<bool>(&first.fetch_one(connection)?, "moved")?),
-            Vec::new(),
-        ),
+    let guarded = match plan.unless.take() {
+        Some(unless) => !bound(unless.values, unless.sql)
+            .fetch_all(connection)?
+            .is_empty(),
+        None => false,
+    };
+    let (count, rows) = if guarded {
+        (0, Vec::new())
+    } else {
+        first(connection, &mut plan)?
     };
     let mut then = Vec::new();
     if count > 0 || plan.always {
@@ -32,6 +31,35 @@ fn execute(connection: &Connection, mut plan: Plan) -> Result<Ran<Row>, StoreErr
         append_events(connection, plan.tenant_id.as_deref(), &events, now)?;
     }
     Ok(Ran { count, rows, then })
+}
+
+/// Runs `plan`'s first statement: how many rows it moved, and its rows.
+fn first(connection: &Connection, plan: &mut Plan) -> Result<(u64, Vec<Row>), StoreError> {
+    let key: Vec<Value> = match plan.moved {
+        Moved::Reread(_) => plan.first.values.iter().take(2).cloned().collect(),
+        _ => Vec::new(),
+    };
+    let first = bound(std::mem::take(&mut plan.first.values), plan.first.sql);
+    Ok(match plan.moved {
+        Moved::Count => (first.execute(connection)? as u64, Vec::new()),
+        Moved::Reread(reread) => {
+            let count = first.execute(connection)? as u64;
+            let rows = if count > 0 {
+                bound(key, reread).fetch_all(connection)?
+            } else {
+                Vec::new()
+            };
+            (count, rows)
+        }
+        Moved::Rows => {
+            let rows = first.fetch_all(connection)?;
+            (rows.len() as u64, rows)
+        }
+        Moved::Flag => (
+            u64::from(get::<bool>(&first.fetch_one(connection)?, "moved")?),
+            Vec::new(),
+        ),
+    })
 }
 
 /// `sql` with `values` bound, moved rather than copied: the plan is the

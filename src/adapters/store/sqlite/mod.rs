@@ -525,6 +525,27 @@ fn append_events(
     Ok(())
 }
 
+/// Column `column` of each row `EXPLAIN {statement}` (or `EXPLAIN QUERY
+/// PLAN`, as `explain` says) gives on `connection`: what the tests of the
+/// store's statements read their opcodes and plans from.
+#[cfg(test)]
+pub(super) fn explained(
+    connection: &Connection,
+    explain: &str,
+    statement: &str,
+    column: usize,
+) -> Vec<String> {
+    let mut explained = connection
+        .prepare(&format!("{explain} {statement}"))
+        .unwrap_or_else(|error| panic!("{error}: {statement}"));
+    let mut rows = explained.raw_query();
+    let mut values = Vec::new();
+    while let Some(row) = rows.next().unwrap() {
+        values.push(row.get(column).unwrap());
+    }
+    values
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -542,14 +563,7 @@ mod tests {
         store.migrate_now().unwrap();
         drop(store);
         let connection = Connection::open(&path).unwrap();
-        let mut explained = connection
-            .prepare(&format!("EXPLAIN {INSERT_EVENT}"))
-            .unwrap();
-        let mut rows = explained.raw_query();
-        let mut opcodes: Vec<String> = Vec::new();
-        while let Some(row) = rows.next().unwrap() {
-            opcodes.push(row.get(1).unwrap());
-        }
+        let opcodes = explained(&connection, "EXPLAIN", INSERT_EVENT, 1);
         assert!(
             opcodes.iter().any(|opcode| opcode == "IdxInsert"),
             "{opcodes:?}"
