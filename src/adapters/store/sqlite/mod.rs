@@ -92,10 +92,14 @@ enum Role {
 }
 
 /// Pages each writing connection keeps (in KiB, as SQLite's negative
-/// `cache_size` counts): the indexes a call's row goes into are keyed by
-/// random ids, so the pages it touches are spread over whole indexes, of
-/// which SQLite's default 2 MiB holds little.
-const WRITER_CACHE_KIB: i64 = 32 << 10;
+/// `cache_size` counts). Not more: a commit after a page split that
+/// reordered the new pages (SQLite moves one through a page number far past
+/// the file's end) walks the whole cache to drop pages past the end, and
+/// with 32 MiB that walk was 8% of a call's CPU. The pages a call's row
+/// goes into are spread over indexes keyed by random ids, which a cache of
+/// any size this side of the whole file mostly misses; the operating
+/// system's cache serves them.
+const WRITER_CACHE_KIB: i64 = 4 << 10;
 
 /// Relaxed commits between the checkpoints they ask the writer for (some
 /// five thousand log pages, 20 MiB): a page that every call writes (a
