@@ -1321,15 +1321,7 @@ mod tests {
     /// writes, so an end commit never rewrites its pages.
     #[tokio::test]
     async fn sqlite_reads_through_the_indexes_the_statements_are_written_for() {
-        use crate::ports::Schema as _;
-        let folder = tempfile::tempdir().unwrap();
-        let path = folder.path().join("toolgate.db");
-        let store = super::super::SqliteStore::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .unwrap();
-        store.migrate().await.unwrap();
-        store.close().await;
-        let connection = rusqlite::Connection::open(&path).unwrap();
+        let (_folder, connection) = super::super::sqlite::migrated().await;
         let key: Vec<String> = connection
             .prepare(
                 "SELECT name FROM pragma_index_info('tool_invocations_identical') ORDER BY seqno",
@@ -1365,22 +1357,15 @@ mod tests {
         }
     }
 
-    /// No statement a call runs on SQLite builds a temporary b-tree. SQLite
-    /// tests a constant list of more than two values (a table's CHECK, a
-    /// partial index's condition, a WHERE's `IN`) through one, built each
-    /// time the statement runs: a page cache, a pager and a b-tree opened,
-    /// filled and closed for a question three comparisons answer.
+    /// No statement a call runs on SQLite builds a temporary b-tree, which
+    /// SQLite builds each time such a statement runs (a page cache, a pager
+    /// and a b-tree opened, filled and closed): to test a constant list of
+    /// more than two values (a table's CHECK, a partial index's condition,
+    /// a WHERE's `IN`), to hold what `RETURNING` returns, and to hold what
+    /// an INSERT … SELECT reads from the table it writes.
     #[tokio::test]
     async fn sqlite_runs_a_call_without_a_temporary_btree() {
-        use crate::ports::Schema as _;
-        let folder = tempfile::tempdir().unwrap();
-        let path = folder.path().join("toolgate.db");
-        let store = super::super::SqliteStore::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .unwrap();
-        store.migrate().await.unwrap();
-        store.close().await;
-        let connection = rusqlite::Connection::open(&path).unwrap();
+        let (_folder, connection) = super::super::sqlite::migrated().await;
         let transitions: [&'static LazyLock<Rendered>; 10] = [
             &AUTHORIZE_WAITING_SQL,
             &SETTLE_WAITING_SQL,

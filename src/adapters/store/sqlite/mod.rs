@@ -529,6 +529,21 @@ fn append_events(
     Ok(())
 }
 
+/// A store migrated in a folder of its own, closed, and a connection to
+/// its file: what the tests of the store's statements explain them on.
+#[cfg(test)]
+pub(super) async fn migrated() -> (tempfile::TempDir, Connection) {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("toolgate.db");
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    store.migrate_now().unwrap();
+    store.close().await;
+    let connection = Connection::open(&path).unwrap();
+    (folder, connection)
+}
+
 /// Column `column` of each row `EXPLAIN {statement}` (or `EXPLAIN QUERY
 /// PLAN`, as `explain` says) gives on `connection`: what the tests of the
 /// store's statements read their opcodes and plans from.
@@ -559,14 +574,7 @@ mod tests {
     /// (four a call) must not pay for one.
     #[tokio::test]
     async fn an_event_row_is_written_without_a_temporary_btree() {
-        let folder = tempfile::tempdir().unwrap();
-        let path = folder.path().join("toolgate.db");
-        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .unwrap();
-        store.migrate_now().unwrap();
-        drop(store);
-        let connection = Connection::open(&path).unwrap();
+        let (_folder, connection) = migrated().await;
         let opcodes = explained(&connection, "EXPLAIN", INSERT_EVENT, 1);
         assert!(
             opcodes.iter().any(|opcode| opcode == "IdxInsert"),
