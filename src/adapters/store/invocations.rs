@@ -1384,6 +1384,7 @@ mod tests {
             .chain([
                 SQLITE_INTENT,
                 INTENT_ROW,
+                super::super::sqlite::INSERT_EVENT,
                 SQLITE_BREAKER_COUNTS,
                 SQLITE_TALLY,
                 OPEN_RUN,
