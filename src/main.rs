@@ -329,7 +329,10 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig { file } => check_config(&file, &environment),
         Command::Serve { config, migrate } => {
-            let threads = process.map_or(2, |process| process.worker_threads);
+            let threads = process.map_or_else(
+                || toolgate::config::RuntimeConfig::default().worker_threads,
+                |process| process.worker_threads,
+            );
             let Some(runtime) = runtime_with(threads) else {
                 return ExitCode::FAILURE;
             };

@@ -622,6 +622,16 @@ mod tests {
     }
 
     #[test]
+    fn the_runtime_leaves_one_core_to_the_servers_and_the_writer_unless_told() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        let default = RuntimeConfig::default().worker_threads;
+        assert_eq!(default, if cores > 1 { cores - 1 } else { 1 });
+        let told = Config::parse(&format!("{BASE}[runtime]\nworker_threads = 3\n")).unwrap();
+        assert_eq!(told.runtime.worker_threads, 3);
+        assert_eq!(Config::parse(BASE).unwrap().runtime.worker_threads, default);
+    }
+
+    #[test]
     fn a_value_that_does_not_parse_stops_at_its_field_and_rules_are_reported_together() {
         assert_eq!(
             problems("[ops]\nlisten = \"localhost\"\n"),

@@ -57,8 +57,6 @@ const DEFAULT_HEARTBEAT_SECONDS: u32 = 10;
 const DEFAULT_SWEEP_SECONDS: u32 = 30;
 /// How far the host's clock may be from the store's.
 const DEFAULT_MAXIMUM_CLOCK_SKEW_SECONDS: u32 = 5;
-/// Threads of the async runtime.
-const DEFAULT_WORKER_THREADS: usize = 2;
 /// How long a drain waits for calls in flight.
 const DEFAULT_DRAIN_TIMEOUT_SECONDS: u32 = 30;
 /// The log filter.
@@ -534,10 +532,19 @@ pub struct RuntimeConfig {
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
-            worker_threads: DEFAULT_WORKER_THREADS,
+            worker_threads: default_worker_threads(),
             drain_timeout_seconds: Seconds::new(DEFAULT_DRAIN_TIMEOUT_SECONDS),
         }
     }
+}
+
+/// Threads of the async runtime when none are configured: one fewer than
+/// the cores the process may use, and at least one. The core left over runs
+/// the stdio servers toolgate spawns and the SQLite store's writer thread;
+/// beside them a second worker on two cores mostly wakes, finds nothing to
+/// steal and sleeps again (a fifth of a front-door call's CPU).
+fn default_worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |cores| cores.get().saturating_sub(1).max(1))
 }
 
 impl RuntimeConfig {
