@@ -151,6 +151,20 @@ fn log_past_bound(database: &Path) -> bool {
     std::fs::metadata(log).is_ok_and(|log| log.len() > LOG_BYTES_BOUND)
 }
 
+/// Runs `work`, a read that may take long (an operator's list over a
+/// million rows), with the runtime's worker handed to another thread while
+/// it does: on the default runtime of one worker (two cores) a read that
+/// held it would hold up every call and probe until it ended. A call's own
+/// commits stay on the worker; handing it over costs more than they take.
+fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
+
 /// The path a `sqlite://path` (or `sqlite:path`) URL names.
 fn database_path(url: &str) -> Result<PathBuf, StoreError> {
     let rest = url
@@ -302,22 +316,25 @@ impl SqliteStore {
         committed
     }
 
-    /// A read on a reader connection, one snapshot for its statements.
+    /// A read on a reader connection, one snapshot for its statements, run
+    /// off the runtime's worker ([`off_the_worker`]).
     fn read<T>(
         &self,
         work: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let kept = lock(&self.inner.readers).pop();
-        let connection = match kept {
-            Some(connection) => connection,
-            None => open(&self.inner.path, Role::Other)?,
-        };
-        let read = transaction(&connection, "BEGIN", work);
-        let mut readers = lock(&self.inner.readers);
-        if readers.len() < KEPT_READERS {
-            readers.push(connection);
-        }
-        read
+        off_the_worker(|| {
+            let kept = lock(&self.inner.readers).pop();
+            let connection = match kept {
+                Some(connection) => connection,
+                None => open(&self.inner.path, Role::Other)?,
+            };
+            let read = transaction(&connection, "BEGIN", work);
+            let mut readers = lock(&self.inner.readers);
+            if readers.len() < KEPT_READERS {
+                readers.push(connection);
+            }
+            read
+        })
     }
 
     /// Applies the pending migrations in one transaction on a connection of
@@ -640,6 +657,28 @@ mod tests {
             log >= LOG_BYTES_BOUND,
             "the log's file was cut to {log} bytes when it started over"
         );
+    }
+
+    /// A read, however long, leaves the runtime's one worker to the other
+    /// tasks: the read below ends only once a task spawned beside it on
+    /// that worker has run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_read_leaves_the_runtimes_one_worker_to_other_tasks() {
+        let (_folder, _path, store) = store_with_pages().await;
+        let on_the_worker = tokio::spawn(async move {
+            let (ran, has_run) = std::sync::mpsc::channel();
+            let beside = tokio::spawn(async move { ran.send(()).unwrap() });
+            let read = store.read(|connection| {
+                has_run
+                    .recv_timeout(Duration::from_secs(30))
+                    .map_err(|_| StoreError::Unavailable("the task beside never ran".into()))?;
+                query("SELECT count(*) AS n FROM pages").fetch_one(connection)
+            });
+            beside.await.unwrap();
+            read
+        });
+        let rows = on_the_worker.await.unwrap().unwrap();
+        assert_eq!(get::<i64>(&rows, "n").unwrap(), 0);
     }
 
     /// A relaxed commit never checkpoints on its calling task, even past
