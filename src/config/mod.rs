@@ -625,7 +625,7 @@ mod tests {
     fn the_runtime_leaves_one_core_to_the_servers_and_the_writer_unless_told() {
         let cores = std::thread::available_parallelism().unwrap().get();
         let default = RuntimeConfig::default().worker_threads;
-        assert_eq!(default, if cores > 1 { cores - 1 } else { 1 });
+        assert_eq!(default, cores.saturating_sub(1).clamp(1, 64));
         let told = Config::parse(&format!("{BASE}[runtime]\nworker_threads = 3\n")).unwrap();
         assert_eq!(told.runtime.worker_threads, 3);
         assert_eq!(Config::parse(BASE).unwrap().runtime.worker_threads, default);

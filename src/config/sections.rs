@@ -57,6 +57,8 @@ const DEFAULT_HEARTBEAT_SECONDS: u32 = 10;
 const DEFAULT_SWEEP_SECONDS: u32 = 30;
 /// How far the host's clock may be from the store's.
 const DEFAULT_MAXIMUM_CLOCK_SKEW_SECONDS: u32 = 5;
+/// The most threads the async runtime may be given.
+const MAXIMUM_WORKER_THREADS: usize = 64;
 /// How long a drain waits for calls in flight.
 const DEFAULT_DRAIN_TIMEOUT_SECONDS: u32 = 30;
 /// The log filter.
@@ -539,17 +541,28 @@ impl Default for RuntimeConfig {
 }
 
 /// Threads of the async runtime when none are configured: one fewer than
-/// the cores the process may use, and at least one. The core left over runs
+/// the cores the process may use, at least one and at most the most
+/// allowed. The core left over runs
 /// the stdio servers toolgate spawns and the SQLite store's writer thread;
 /// beside them a second worker on two cores mostly wakes, finds nothing to
 /// steal and sleeps again (a fifth of a front-door call's CPU).
 fn default_worker_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |cores| cores.get().saturating_sub(1).max(1))
+    std::thread::available_parallelism().map_or(1, |cores| {
+        cores
+            .get()
+            .saturating_sub(1)
+            .clamp(1, MAXIMUM_WORKER_THREADS)
+    })
 }
 
 impl RuntimeConfig {
     fn validate(&self, problems: &mut Problems) {
-        problems.between("runtime.worker_threads", self.worker_threads, 1, 64);
+        problems.between(
+            "runtime.worker_threads",
+            self.worker_threads,
+            1,
+            MAXIMUM_WORKER_THREADS,
+        );
         problems.between(
             "runtime.drain_timeout_seconds",
             self.drain_timeout_seconds.get(),
