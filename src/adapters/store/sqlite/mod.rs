@@ -44,6 +44,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 mod catalog;
 mod db;
 mod invocations;
+mod log;
 mod workers;
 mod writer;
 
@@ -181,11 +182,18 @@ fn database_path(url: &str) -> Result<PathBuf, StoreError> {
 }
 
 fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
-    let connection = Connection::open_with_flags(
+    let registered = log::register();
+    if registered != rusqlite::ffi::SQLITE_OK {
+        return Err(StoreError::Unavailable(format!(
+            "the store's log writer could not be registered with SQLite (code {registered})"
+        )));
+    }
+    let connection = Connection::open_with_flags_and_vfs(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        log::NAME,
     )
     .map_err(sqlite_error)?;
     connection
