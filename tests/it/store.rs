@@ -336,6 +336,62 @@ async fn migrations_apply_once() {
     }
 }
 
+/// The record an intent returns is the row as it reads back, whichever
+/// way it starts and on either store, its times to the microsecond as
+/// both keep them (the claim's clock and the deadline here are finer).
+#[tokio::test]
+async fn an_intent_returns_its_row_as_it_reads_back() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let starts = [
+            Start::Running,
+            waiting(),
+            Start::Denied(ReasonCode::PolicyScopeMissing),
+            Start::Ended(ReasonCode::ToolOutcomeUnknown),
+        ];
+        for (step, start) in starts.into_iter().enumerate() {
+            let mut new =
+                new_invocation("tenant-a", Uuid::new_v4(), &format!("call-{step}"), start);
+            new.identity.arguments =
+                json!({"line": "é\u{1F600}", "ratio": 0.1 + 0.2, "n": [1, -2, 3.5e-7]});
+            new.identity.deadline_at = Some(Utc::now() + Duration::nanoseconds(60_000_000_123));
+            new.identity.parallel_group = Some(Uuid::new_v4());
+            let claim = Claim {
+                worker_id,
+                now: Utc::now() + Duration::nanoseconds(789),
+            };
+            let events = [event(ToolEventKind::Proposed, &new)];
+            let returned = match store.insert_invocation(&new, claim, &events).await.unwrap() {
+                InsertOutcome::Inserted(record) => record,
+                InsertOutcome::Existing(_) => panic!("{name}: a fresh key found a row"),
+            };
+            let read = store
+                .invocation("tenant-a", new.identity.id)
+                .await
+                .unwrap()
+                .expect("the row reads back");
+            assert_eq!(returned, read, "{name}: {start:?}");
+        }
+        let new = new_invocation("tenant-a", Uuid::new_v4(), "uncounted", Start::Running);
+        let claim = Claim {
+            worker_id,
+            now: Utc::now() + Duration::nanoseconds(789),
+        };
+        let held = store
+            .insert_uncounted(&new, claim, &[])
+            .await
+            .unwrap()
+            .expect("nothing to count");
+        let read = store
+            .invocation("tenant-a", new.identity.id)
+            .await
+            .unwrap()
+            .expect("the row reads back");
+        assert_eq!(held.row, read, "{name}: uncounted");
+    }
+}
+
 #[tokio::test]
 async fn insert_deduplicates_on_the_key() {
     let backends = backends().await;

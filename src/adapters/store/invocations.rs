@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::operator::Dialect;
 use super::rows::{
-    ARTIFACT_WITH_OWNER, Columns, artifact, breaker_tally, held, invocation, run_owner,
+    ARTIFACT_WITH_OWNER, Columns, artifact, breaker_tally, held, inserted, invocation, run_owner,
 };
 use super::{event_body, leaves};
 use crate::domain::invocation::{
@@ -512,13 +512,6 @@ const SQLITE_BREAKER_COUNTS: &str = "SELECT 1 AS counts FROM tool_invocations WH
      UNION ALL SELECT 1 FROM breaker_synthesis WHERE tenant_id = $1 AND run_id = $2 \
      AND after_step < $5 LIMIT 1";
 
-/// The intent's row, read back on SQLite: its tenant `$1`, its id `$2`.
-const INTENT_ROW: &str = concat!(
-    "SELECT ",
-    invocation_columns!(),
-    " FROM tool_invocations WHERE tenant_id = $1 AND id = $2"
-);
-
 const POSTGRES_INTENT: &str = "SELECT * FROM toolgate_intent($1, $2, $3, $4, $5, $6, $7, $8, $9, \
      $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, \
      $29, $31), \
@@ -755,7 +748,11 @@ fn intent<D: Driver>(
             .into(),
     ];
     let hot = Run::Hot(new.durability);
-    let moved = returned_row::<D>(INTENT_ROW);
+    // SQLite's record of the row is built from what it inserted.
+    let moved = match D::DIALECT {
+        Dialect::Postgres => Moved::Rows,
+        Dialect::Sqlite => Moved::Count,
+    };
     let mut plan = Plan::new(Some(&new.identity.tenant_id), hot, moved, sql, values)
         .with_events(events, claim.now);
     if uncounted && D::DIALECT == Dialect::Sqlite {
@@ -835,6 +832,21 @@ async fn read<D: Driver>(
     rows.iter().map(invocation).collect()
 }
 
+/// The row an intent's plan returned: PostgreSQL's function returns the
+/// row inserted or the one holding the key; SQLite's insert, when it moved
+/// a row, inserted `new` as given.
+fn intent_record<D: Driver>(
+    ran: &Ran<D::Row>,
+    new: &NewInvocation,
+    claim: Claim,
+) -> Result<Option<InvocationRecord>, StoreError> {
+    match D::DIALECT {
+        Dialect::Postgres => first_record(&ran.rows),
+        Dialect::Sqlite if ran.count > 0 => inserted(new, claim).map(Some),
+        Dialect::Sqlite => Ok(None),
+    }
+}
+
 fn first_record<R: Columns>(rows: &[R]) -> Result<Option<InvocationRecord>, StoreError> {
     rows.first().map(invocation).transpose()
 }
@@ -861,7 +873,7 @@ impl<D: Driver> InvocationStore for D {
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
             let ran = self.run(intent::<D>(new, claim, events, false)?).await?;
-            if let Some(record) = first_record(&ran.rows)? {
+            if let Some(record) = intent_record::<D>(&ran, new, claim)? {
                 return Ok(if record.identity.id == new.identity.id {
                     InsertOutcome::Inserted(record)
                 } else {
@@ -891,7 +903,7 @@ impl<D: Driver> InvocationStore for D {
     ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let ran = self.run(intent::<D>(new, claim, events, true)?).await?;
-            first_held(&ran.rows)
+            intent_record::<D>(&ran, new, claim)?.map(held).transpose()
         })
     }
 
@@ -1383,7 +1395,6 @@ mod tests {
             .map(|rendered| rendered.sql(Dialect::Sqlite))
             .chain([
                 SQLITE_INTENT,
-                INTENT_ROW,
                 super::super::sqlite::INSERT_EVENT,
                 SQLITE_BREAKER_COUNTS,
                 SQLITE_TALLY,

@@ -12,9 +12,9 @@ use super::{parse, parse_optional};
 use crate::domain::{InvocationStatus, ToolOutcomeStatus};
 use crate::ports::{
     ApprovalRecord, ArtifactRecord, AuthoredSkill, BreakerTally, CallIdentity, CatalogEntry,
-    CatalogRow, ConsentFlow, ConsoleSignIn, Ended, EventRecord, Held, InvocationRecord,
-    InvocationState, McpServerRow, RunOwner, SessionRecord, StoreError, StoredArtifact, Suspension,
-    ToolHealth, UpstreamGrant,
+    CatalogRow, Claim, ConsentFlow, ConsoleSignIn, Ended, EventRecord, Held, InvocationRecord,
+    InvocationState, McpServerRow, NewInvocation, RunOwner, SessionRecord, StoreError,
+    StoredArtifact, Suspension, ToolHealth, UpstreamGrant,
 };
 
 /// A row's columns as values, however the backend stores them.
@@ -180,6 +180,48 @@ pub(super) fn invocation(row: &impl Columns) -> Result<InvocationRecord, StoreEr
         reason_code: parse_optional(row.optional_text("reason_code")?, "reason_code")?,
         created_at: row.time("created_at")?,
         started_at: row.optional_time("started_at")?,
+        state,
+    })
+}
+
+/// The row an intent inserts for `new` under `claim`, as [`invocation`]
+/// decodes it read back: its times whole microseconds, as both stores keep
+/// them. SQLite's insert returns no row; reading it back cost a statement
+/// and a decode every call.
+pub(super) fn inserted(new: &NewInvocation, claim: Claim) -> Result<InvocationRecord, StoreError> {
+    let kept = |at: DateTime<Utc>| {
+        DateTime::from_timestamp_micros(at.timestamp_micros())
+            .ok_or_else(|| StoreError::Decode("an intent's time: out of range".into()))
+    };
+    let now = kept(claim.now)?;
+    let status = new.start.status();
+    let reason_code = new.start.reason_code();
+    let state = StateColumns {
+        status,
+        worker_id: Some(claim.worker_id),
+        approval_id: new.start.approval_id(),
+        suspended_kind: None,
+        suspended_ref: None,
+        outcome_status: status.outcome_status(reason_code),
+        completed_at: status.is_terminal().then_some(now),
+        result: None,
+        error: None,
+        output_bytes: None,
+        truncated: false,
+        artifact_id: None,
+    }
+    .state()?;
+    let mut identity = new.identity.clone();
+    identity.deadline_at = identity.deadline_at.map(kept).transpose()?;
+    Ok(InvocationRecord {
+        identity,
+        approval_id: new.start.approval_id(),
+        effect_sent_at: None,
+        attempt_number: 1,
+        lease_epoch: 0,
+        reason_code,
+        created_at: now,
+        started_at: (status == InvocationStatus::Running).then_some(now),
         state,
     })
 }
