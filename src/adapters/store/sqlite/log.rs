@@ -377,17 +377,21 @@ mod tests {
             .unwrap()
     }
 
+    /// A new store file and a relaxed connection to it holding `table`.
+    fn relaxed_with(table: &str) -> (tempfile::TempDir, std::path::PathBuf, Connection) {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("toolgate.db");
+        let connection = open(&path, Role::Relaxed).unwrap();
+        connection.execute_batch(table).unwrap();
+        (folder, path, connection)
+    }
+
     /// A commit of twelve pages reaches the log in one write: SQLite's own
     /// would be two a page. The reads a commit makes are none here (every
     /// page is new), so the count is the log's writes and nothing else's.
     #[test]
     fn a_commit_of_many_pages_is_one_write_to_the_log() {
-        let folder = tempfile::tempdir().unwrap();
-        let path = folder.path().join("toolgate.db");
-        let connection = open(&path, Role::Relaxed).unwrap();
-        connection
-            .execute_batch("CREATE TABLE pages (body BLOB)")
-            .unwrap();
+        let (_folder, _path, connection) = relaxed_with("CREATE TABLE pages (body BLOB)");
         for _ in 0..3 {
             connection.execute_batch("BEGIN IMMEDIATE").unwrap();
             for _ in 0..12 {
@@ -410,12 +414,7 @@ mod tests {
     /// log, reads every row at once, and the file is whole after.
     #[test]
     fn another_connection_reads_a_commit_as_soon_as_it_returns() {
-        let folder = tempfile::tempdir().unwrap();
-        let path = folder.path().join("toolgate.db");
-        let writer = open(&path, Role::Relaxed).unwrap();
-        writer
-            .execute_batch("CREATE TABLE pages (n INTEGER, body BLOB)")
-            .unwrap();
+        let (_folder, path, writer) = relaxed_with("CREATE TABLE pages (n INTEGER, body BLOB)");
         let reader = Connection::open(&path).unwrap();
         for round in 1..=50_i64 {
             writer.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -460,12 +459,8 @@ mod tests {
     /// as its commit's last writes.
     #[test]
     fn a_commit_is_whole_in_the_log_when_it_returns_even_with_its_checksums_rewritten() {
-        let folder = tempfile::tempdir().unwrap();
-        let path = folder.path().join("toolgate.db");
-        let writer = open(&path, Role::Relaxed).unwrap();
-        writer
-            .execute_batch("PRAGMA cache_size = 10; CREATE TABLE pages (n INTEGER, body BLOB)")
-            .unwrap();
+        let (folder, path, writer) =
+            relaxed_with("PRAGMA cache_size = 10; CREATE TABLE pages (n INTEGER, body BLOB)");
         for round in 1..=4_i64 {
             writer.execute_batch("BEGIN IMMEDIATE").unwrap();
             for _ in 0..60 {
