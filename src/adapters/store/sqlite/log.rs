@@ -49,33 +49,39 @@ const GATHERED_BOUND: usize = 1 << 20;
 /// the database's size in pages after the commit, and zero on every other.
 const FRAME_HEADER: usize = 24;
 
-/// The platform's VFS, whose files the log's wrap; set with the VFS.
-static PLATFORM: OnceLock<usize> = OnceLock::new();
+/// The platform's VFS, whose files the log's wrap, once this VFS is
+/// registered beside it; or SQLite's code for why it is not.
+static PLATFORM: OnceLock<Result<usize, c_int>> = OnceLock::new();
 
 /// Registers the VFS once; SQLite's result code, `SQLITE_OK` when it is
 /// (or already was) registered.
 pub(super) fn register() -> c_int {
-    static REGISTERED: OnceLock<c_int> = OnceLock::new();
-    *REGISTERED.get_or_init(|| {
+    let registered = PLATFORM.get_or_init(|| {
         // SAFETY: sqlite3_vfs_find initialises SQLite and returns the
         // default VFS (the platform's) or NULL; the copy is leaked, so the
         // registered VFS lives as long as the process, as SQLite requires.
+        // No connection opens through it before this returns: each asks
+        // register first, which waits for this.
         unsafe {
             let platform = ffi::sqlite3_vfs_find(ptr::null());
             if platform.is_null() {
-                return ffi::SQLITE_ERROR;
+                return Err(ffi::SQLITE_ERROR);
             }
             let mut vfs = *platform;
             vfs.zName = NAME.as_ptr();
             vfs.pNext = ptr::null_mut();
             vfs.szOsFile = (*platform).szOsFile + size_of::<LogFile>() as c_int;
             vfs.xOpen = Some(open);
-            if PLATFORM.set(platform as usize).is_err() {
-                return ffi::SQLITE_MISUSE;
+            match ffi::sqlite3_vfs_register(Box::leak(Box::new(vfs)), 0) {
+                ffi::SQLITE_OK => Ok(platform as usize),
+                code => Err(code),
             }
-            ffi::sqlite3_vfs_register(Box::leak(Box::new(vfs)), 0)
         }
-    })
+    });
+    match registered {
+        Ok(_) => ffi::SQLITE_OK,
+        Err(code) => *code,
+    }
 }
 
 /// A log file: SQLite's handle, then the platform's file after it.
@@ -153,9 +159,10 @@ unsafe extern "C" fn open(
     flags: c_int,
     out_flags: *mut c_int,
 ) -> c_int {
-    let Some(platform) = PLATFORM.get().map(|&vfs| vfs as *mut ffi::sqlite3_vfs) else {
+    let Some(&Ok(platform)) = PLATFORM.get() else {
         return ffi::SQLITE_MISUSE;
     };
+    let platform = platform as *mut ffi::sqlite3_vfs;
     // SAFETY: platform is the VFS registered beside this one, and file is
     // this VFS's szOsFile bytes, more than the platform's.
     unsafe {
@@ -516,6 +523,7 @@ mod tests {
     fn a_padded_commit_is_read_whole_by_another_connection() {
         let folder = tempfile::tempdir().unwrap();
         let path = folder.path().join("toolgate.db");
+        assert_eq!(super::register(), rusqlite::ffi::SQLITE_OK);
         let writer = Connection::open_with_flags_and_vfs(
             format!("file:{}?psow=0", path.display()),
             rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
