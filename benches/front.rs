@@ -988,6 +988,10 @@ struct Postgres {
     admin: String,
     runtime: tokio::runtime::Runtime,
     created: std::sync::Mutex<Vec<String>>,
+    /// Kept for naming backends between blocks: a connection opened and
+    /// closed for each block would start and end a server process while
+    /// the next block is timed.
+    watching: std::sync::Mutex<Option<sqlx::PgConnection>>,
 }
 
 impl Postgres {
@@ -997,6 +1001,7 @@ impl Postgres {
             admin,
             runtime: tokio::runtime::Runtime::new().expect("a runtime"),
             created: std::sync::Mutex::new(Vec::new()),
+            watching: std::sync::Mutex::new(None),
         })
     }
 
@@ -1028,13 +1033,14 @@ impl Postgres {
 
     /// The server processes serving `database`'s connections now.
     fn backends(&self, database: &str) -> Vec<u32> {
-        let mut connection = self.connection();
+        let mut watching = self.watching.lock().unwrap();
+        let connection = watching.get_or_insert_with(|| self.connection());
         let pids: Vec<i32> = self
             .runtime
             .block_on(
                 sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE datname = $1")
                     .bind(database)
-                    .fetch_all(&mut connection),
+                    .fetch_all(connection),
             )
             .expect("pg_stat_activity");
         pids.into_iter().map(|pid| pid as u32).collect()

@@ -473,6 +473,52 @@ async fn insert_deduplicates_on_the_key() {
     }
 }
 
+/// A commit's events each keep their whole body, in their order: a running
+/// intent's three, which say the same but for their kind, and three whose
+/// first says something else.
+#[tokio::test]
+async fn a_commits_events_each_keep_their_body_in_order() {
+    let backends = backends().await;
+    for (name, store) in &backends.stores {
+        let worker_id = worker(store.as_ref(), Duration::seconds(30)).await;
+        let kinds = [
+            ToolEventKind::Proposed,
+            ToolEventKind::Authorized,
+            ToolEventKind::Started,
+        ];
+        let same = new_invocation("tenant-a", Uuid::new_v4(), "c-same", Start::Running);
+        let mixed = new_invocation("tenant-a", Uuid::new_v4(), "c-mixed", Start::Running);
+        let mut mixed_events = kinds.map(|kind| event(kind, &mixed));
+        mixed_events[0].effect_sent = true;
+        for (new, events) in [
+            (&same, kinds.map(|kind| event(kind, &same))),
+            (&mixed, mixed_events),
+        ] {
+            let claim = Claim {
+                worker_id,
+                now: now(),
+            };
+            store.insert_invocation(new, claim, &events).await.unwrap();
+            let written: Vec<_> = events_settled(store.as_ref(), 6)
+                .await
+                .into_iter()
+                .filter(|written| written.payload["invocation_id"] == json!(new.identity.id))
+                .map(|written| (written.event_type, written.payload))
+                .collect();
+            let expected: Vec<_> = events
+                .iter()
+                .map(|event| {
+                    (
+                        event.kind.as_str().to_owned(),
+                        serde_json::to_value(event).unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(written, expected, "{name}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn claim_watermark_and_completion_are_fenced() {
     let backends = backends().await;
@@ -2011,6 +2057,67 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
     }
 }
 
+/// A call's status is checked through a type since 0032: each of the eight
+/// statuses is written, and any other value is refused whether a row is
+/// inserted or updated.
+#[tokio::test]
+async fn postgres_status_check_holds_the_eight_statuses_and_refuses_others() {
+    let Some((_schema, _store, mut connection)) = migrated_with_owner().await else {
+        return;
+    };
+    let insert = |status: &str| {
+        format!(
+            "SET toolgate.scope = 'system'; \
+             INSERT INTO tool_invocations (id, tenant_id, session_id, run_id, step_number, call_id, \
+                 tool_name, tool_version, tool_source, arguments, arguments_hash, idempotency_key, \
+                 status, idempotency_class, side_effect, principal, origin_trust, lease_epoch, created_at) \
+             VALUES (gen_random_uuid(), 'solo', gen_random_uuid(), gen_random_uuid(), 1, 'c', 'demo.echo', \
+                 '1', 'builtin', '{{}}', 'h', gen_random_uuid()::text, '{status}', 'read_only', 'none', \
+                 '{{}}', 'user', 0, now())"
+        )
+    };
+    for status in [
+        "proposed",
+        "authorized",
+        "waiting_for_approval",
+        "running",
+        "succeeded",
+        "failed",
+        "denied",
+        "uncertain",
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(insert(status)))
+            .execute(&mut connection)
+            .await
+            .unwrap_or_else(|error| panic!("{status}: {error}"));
+    }
+    for (statement, what) in [
+        (insert("Running"), "an insert"),
+        (insert(""), "an empty insert"),
+        (
+            "SET toolgate.scope = 'system'; \
+             UPDATE tool_invocations SET status = 'bogus' WHERE status = 'running'"
+                .to_owned(),
+            "an update",
+        ),
+    ] {
+        let refused = sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut connection)
+            .await
+            .expect_err(what);
+        let code = refused
+            .as_database_error()
+            .and_then(|error| error.code())
+            .map(|code| code.into_owned());
+        assert_eq!(code.as_deref(), Some("22P02"), "{what}: {refused}");
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_invocations")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(rows, 8);
+}
+
 /// A long run of one tenant, every call of it ended, as a fresh
 /// deployment's first agent makes: 300 rows and no statistics.
 async fn a_long_ended_run(connection: &mut sqlx::PgConnection) {
@@ -2480,7 +2587,8 @@ async fn sqlite_status_checks_are_edited_in_place_keeping_every_row() {
     let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
-    assert_eq!(store.migrate().await.unwrap(), [31]);
+    let applied = store.migrate().await.unwrap();
+    assert_eq!(applied.first(), Some(&31), "{applied:?}");
     let worker_id = worker(&store, Duration::seconds(30)).await;
     let new = new_invocation("tenant-a", Uuid::new_v4(), "c", Start::Running);
     let row = insert(&store, &new, worker_id).await;

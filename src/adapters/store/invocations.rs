@@ -123,7 +123,9 @@ pub(super) enum Moved {
     Reread(&'static str),
 }
 
-/// A commit's events: their kinds and bodies, in order.
+/// A commit's events: their kinds and bodies, in order. The bodies may
+/// stop short of the kinds: every kind past the last body has that body
+/// (a running intent's three events are one body, written once).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Events {
     pub(super) kinds: Vec<&'static str>,
@@ -145,9 +147,14 @@ impl Events {
     }
 
     fn of(events: &[ToolEvent]) -> Result<Events, StoreError> {
+        let repeated = events
+            .windows(2)
+            .rev()
+            .take_while(|pair| same_body(&pair[0], &pair[1]))
+            .count();
         Ok(Events {
             kinds: events.iter().map(|event| event.kind.as_str()).collect(),
-            bodies: events
+            bodies: events[..events.len() - repeated]
                 .iter()
                 .map(event_body)
                 .collect::<Result<Vec<_>, _>>()?,
@@ -160,9 +167,21 @@ impl Events {
 
     /// These events, then `more`.
     pub(super) fn extend(&mut self, more: Events) {
+        if let Some(last) = self.bodies.last().cloned() {
+            self.bodies.resize(self.kinds.len(), last);
+        }
         self.kinds.extend(more.kinds);
         self.bodies.extend(more.bodies);
     }
+}
+
+/// Whether two events say the same but for their kind.
+fn same_body(first: &ToolEvent, second: &ToolEvent) -> bool {
+    let first = ToolEvent {
+        kind: second.kind,
+        ..first.clone()
+    };
+    first == *second
 }
 
 /// What one port method does to the store, in one transaction.
@@ -487,8 +506,8 @@ fn qualified_columns(alias: &str) -> String {
         .join(", ")
 }
 
-// SQLite's intent; PostgreSQL's `toolgate_intent` takes the same values
-// ($1 to $29, and `$31`) and commits as `$30` says. Uncounted (`$31`), a
+// SQLite's intent; PostgreSQL's `toolgate_write_intent` takes the same
+// values ($1 to $29, and `$31`) and commits as `$30` says. Uncounted (`$31`), a
 // row is inserted only while no identical call of the run has an outcome
 // and the breaker has nothing to count: PostgreSQL's function asks that
 // itself, SQLite asks `SQLITE_BREAKER_COUNTS` first in the same
@@ -512,10 +531,9 @@ const SQLITE_BREAKER_COUNTS: &str = "SELECT 1 AS counts FROM tool_invocations WH
      UNION ALL SELECT 1 FROM breaker_synthesis WHERE tenant_id = $1 AND run_id = $2 \
      AND after_step < $5 LIMIT 1";
 
-const POSTGRES_INTENT: &str = "SELECT * FROM toolgate_intent($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+const POSTGRES_INTENT: &str = "SELECT toolgate_write_intent($1, $2, $3, $4, $5, $6, $7, $8, $9, \
      $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, \
-     $29, $31), \
-     set_config('synchronous_commit', COALESCE($30, current_setting('synchronous_commit')), true)";
+     $29, $31, $30) AS moved";
 
 const INSERT_APPROVAL: &str = "INSERT INTO approvals (id, tenant_id, invocation_id, tool_name, \
      reason_code, status, requested_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6)";
@@ -538,9 +556,8 @@ const POSTGRES_CLAIM: &str = "SELECT * FROM toolgate_claim($2, $1, $3, $4, $6, $
 const POSTGRES_MARK_EFFECT_SENT: &str = "SELECT toolgate_mark_effect_sent($2, $1, $3, $4, $6) AS moved, \
      set_config('synchronous_commit', COALESCE($7, current_setting('synchronous_commit')), true)";
 
-const POSTGRES_COMPLETE: &str = "SELECT toolgate_complete_invocation($2, $1, $3, $4, $6, $7, $8, $9, $10, $11, \
-     $12, $13, $15, $16, $17, $14, $18, $19, $20) AS moved, \
-     set_config('synchronous_commit', COALESCE($21, current_setting('synchronous_commit')), true)";
+const POSTGRES_COMPLETE: &str = "SELECT toolgate_write_end($2, $1, $3, $4, $6, $7, $8, $9, $10, $11, \
+     $12, $13, $15, $16, $17, $14, $18, $19, $20, $21) AS moved";
 
 const OPEN_RUN: &str = "INSERT INTO runs (run_id, tenant_id, principal_id, session_id, opened_at) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, run_id) DO NOTHING";
@@ -691,9 +708,8 @@ fn json<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, StoreError>
     serde_json::to_value(value).map_err(|error| StoreError::Decode(error.to_string()))
 }
 
-/// The intent's plan for `new`: the row it inserted, or the one already
-/// holding its key (PostgreSQL's function returns it; SQLite's insert
-/// returns nothing).
+/// The intent's plan for `new`: whether it inserted the row (each store
+/// answers that alone; the row holding the key is read apart).
 fn intent<D: Driver>(
     new: &NewInvocation,
     claim: Claim,
@@ -748,9 +764,8 @@ fn intent<D: Driver>(
             .into(),
     ];
     let hot = Run::Hot(new.durability);
-    // SQLite's record of the row is built from what it inserted.
     let moved = match D::DIALECT {
-        Dialect::Postgres => Moved::Rows,
+        Dialect::Postgres => Moved::Flag,
         Dialect::Sqlite => Moved::Count,
     };
     let mut plan = Plan::new(Some(&new.identity.tenant_id), hot, moved, sql, values)
@@ -832,18 +847,16 @@ async fn read<D: Driver>(
     rows.iter().map(invocation).collect()
 }
 
-/// The row an intent's plan returned: PostgreSQL's function returns the
-/// row inserted or the one holding the key; SQLite's insert, when it moved
-/// a row, inserted `new` as given.
-fn intent_record<D: Driver>(
-    ran: &Ran<D::Row>,
+/// The row an intent's plan inserted: `new` as given, when it moved one.
+fn intent_record<R>(
+    ran: &Ran<R>,
     new: &NewInvocation,
     claim: Claim,
 ) -> Result<Option<InvocationRecord>, StoreError> {
-    match D::DIALECT {
-        Dialect::Postgres => first_record(&ran.rows),
-        Dialect::Sqlite if ran.count > 0 => inserted(new, claim).map(Some),
-        Dialect::Sqlite => Ok(None),
+    if ran.moved() {
+        inserted(new, claim).map(Some)
+    } else {
+        Ok(None)
     }
 }
 
@@ -873,12 +886,8 @@ impl<D: Driver> InvocationStore for D {
     ) -> BoxFuture<'a, Result<InsertOutcome, StoreError>> {
         Box::pin(async move {
             let ran = self.run(intent::<D>(new, claim, events, false)?).await?;
-            if let Some(record) = intent_record::<D>(&ran, new, claim)? {
-                return Ok(if record.identity.id == new.identity.id {
-                    InsertOutcome::Inserted(record)
-                } else {
-                    InsertOutcome::Existing(record)
-                });
+            if let Some(record) = intent_record(&ran, new, claim)? {
+                return Ok(InsertOutcome::Inserted(record));
             }
             // The key is held within the tenant: that row is the call's.
             let key = vec![
@@ -903,7 +912,7 @@ impl<D: Driver> InvocationStore for D {
     ) -> BoxFuture<'a, Result<Option<Held>, StoreError>> {
         Box::pin(async move {
             let ran = self.run(intent::<D>(new, claim, events, true)?).await?;
-            intent_record::<D>(&ran, new, claim)?.map(held).transpose()
+            intent_record(&ran, new, claim)?.map(held).transpose()
         })
     }
 
@@ -1324,6 +1333,75 @@ impl<D: Driver> InvocationStore for D {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{IdempotencyClass, ToolEventKind, ToolSource};
+
+    fn tool_event(kind: ToolEventKind, effect_sent: bool) -> ToolEvent {
+        ToolEvent {
+            kind,
+            invocation_id: Uuid::nil(),
+            run_id: Uuid::nil(),
+            step_number: 1,
+            call_id: "c".into(),
+            tool_name: "demo.echo".into(),
+            tool_source: ToolSource::Builtin,
+            tool_version: "1".into(),
+            outcome_status: None,
+            reason_code: None,
+            idempotency_class: IdempotencyClass::ReadOnly,
+            effect_sent,
+            duration_ms: None,
+            output_bytes: None,
+            truncated: false,
+            parallel_group: None,
+        }
+    }
+
+    /// Events that repeat a body but for their kind hold it once; events
+    /// appended after them still find each its own body at its place.
+    #[test]
+    fn repeated_bodies_are_held_once_and_appended_events_keep_their_place() {
+        let running = [
+            tool_event(ToolEventKind::Proposed, false),
+            tool_event(ToolEventKind::Authorized, false),
+            tool_event(ToolEventKind::Started, false),
+        ];
+        let mut events = Events::of(&running).unwrap();
+        assert_eq!(events.kinds.len(), 3);
+        assert_eq!(events.bodies, [event_body(&running[0]).unwrap()]);
+
+        let mixed = [
+            tool_event(ToolEventKind::Proposed, true),
+            tool_event(ToolEventKind::Authorized, false),
+            tool_event(ToolEventKind::Started, false),
+        ];
+        let of_mixed = Events::of(&mixed).unwrap();
+        assert_eq!(
+            of_mixed.bodies,
+            [
+                event_body(&mixed[0]).unwrap(),
+                event_body(&mixed[1]).unwrap()
+            ]
+        );
+
+        events.extend(of_mixed);
+        let whole: Vec<_> = running.iter().chain(&mixed).collect();
+        assert_eq!(
+            events.kinds,
+            whole
+                .iter()
+                .map(|event| event.kind.as_str())
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            events.bodies.len(),
+            5,
+            "the last repeats its predecessor's body"
+        );
+        for (n, event) in whole.iter().enumerate() {
+            let body = events.bodies.get(n).or(events.bodies.last());
+            assert_eq!(body, Some(&event_body(event).unwrap()), "event {n}");
+        }
+    }
 
     /// SQLite reads what each of these statements asks through `index`,
     /// before the database has statistics: the sweep the held rows alone,

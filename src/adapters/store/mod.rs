@@ -219,6 +219,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "the statuses' checks without a list",
         sql: include_str!("../../../migrations/postgres/0031_statuses_without_a_list.sql"),
     },
+    Migration {
+        version: 32,
+        description: "a call's writes answer whether they wrote; its status checked through a type",
+        sql: include_str!("../../../migrations/postgres/0032_writes_without_their_rows.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -372,6 +377,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 31,
         description: "the statuses' checks without a list",
         sql: include_str!("../../../migrations/sqlite/0031_statuses_without_a_list.sql"),
+    },
+    Migration {
+        version: 32,
+        description: "a call's writes answer whether they wrote; its status checked through a type",
+        sql: include_str!("../../../migrations/sqlite/0032_writes_without_their_rows.sql"),
     },
 ];
 

@@ -270,7 +270,8 @@ async fn append_events(
     }
     sqlx::query(
         "INSERT INTO events (tenant_id, event_type, payload, created_at) \
-         SELECT $1, kind, body, $4 FROM UNNEST($2::text[], $3::jsonb[]) WITH ORDINALITY AS e(kind, body, n) ORDER BY n",
+         SELECT $1, kind, COALESCE(body, $3[cardinality($3)]), $4 \
+         FROM UNNEST($2::text[], $3::jsonb[]) AS e(kind, body)",
     )
     .bind(tenant_id)
     .bind(&events.kinds)
