@@ -2057,8 +2057,8 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
     }
 }
 
-/// A call's status is checked through a type since 0032: each of the eight
-/// statuses is written, and any other value is refused whether a row is
+/// A call's status is checked through a type since 0032: every status the
+/// node knows is written, and any other value is refused whether a row is
 /// inserted or updated.
 #[tokio::test]
 async fn postgres_status_check_holds_the_eight_statuses_and_refuses_others() {
@@ -2076,16 +2076,7 @@ async fn postgres_status_check_holds_the_eight_statuses_and_refuses_others() {
                  '{{}}', 'user', 0, now())"
         )
     };
-    for status in [
-        "proposed",
-        "authorized",
-        "waiting_for_approval",
-        "running",
-        "succeeded",
-        "failed",
-        "denied",
-        "uncertain",
-    ] {
+    for status in InvocationStatus::ALL.iter().map(|status| status.as_str()) {
         sqlx::raw_sql(sqlx::AssertSqlSafe(insert(status)))
             .execute(&mut connection)
             .await
@@ -2115,7 +2106,7 @@ async fn postgres_status_check_holds_the_eight_statuses_and_refuses_others() {
         .fetch_one(&mut connection)
         .await
         .unwrap();
-    assert_eq!(rows, 8);
+    assert_eq!(rows, InvocationStatus::ALL.len() as i64);
 }
 
 /// A long run of one tenant, every call of it ended, as a fresh
