@@ -490,6 +490,7 @@ async fn a_commits_events_each_keep_their_body_in_order() {
         let mixed = new_invocation("tenant-a", Uuid::new_v4(), "c-mixed", Start::Running);
         let mut mixed_events = kinds.map(|kind| event(kind, &mixed));
         mixed_events[0].effect_sent = true;
+        let mut recorded = 0;
         for (new, events) in [
             (&same, kinds.map(|kind| event(kind, &same))),
             (&mixed, mixed_events),
@@ -499,7 +500,8 @@ async fn a_commits_events_each_keep_their_body_in_order() {
                 now: now(),
             };
             store.insert_invocation(new, claim, &events).await.unwrap();
-            let written: Vec<_> = events_settled(store.as_ref(), 6)
+            recorded += events.len();
+            let written: Vec<_> = events_settled(store.as_ref(), recorded)
                 .await
                 .into_iter()
                 .filter(|written| written.payload["invocation_id"] == json!(new.identity.id))

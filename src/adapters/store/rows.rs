@@ -186,8 +186,8 @@ pub(super) fn invocation(row: &impl Columns) -> Result<InvocationRecord, StoreEr
 
 /// The row an intent inserts for `new` under `claim`, as [`invocation`]
 /// decodes it read back: its times whole microseconds, as both stores keep
-/// them. SQLite's insert returns no row; reading it back cost a statement
-/// and a decode every call.
+/// them. Neither store's intent returns its row: reading or returning it
+/// cost a statement's work and a decode every call.
 pub(super) fn inserted(new: &NewInvocation, claim: Claim) -> Result<InvocationRecord, StoreError> {
     let kept = |at: DateTime<Utc>| {
         DateTime::from_timestamp_micros(at.timestamp_micros())
