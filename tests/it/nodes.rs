@@ -698,10 +698,12 @@ async fn an_answer_for_a_call_another_node_took_keeps_its_call_id() {
 }
 
 /// A PostgreSQL server of the test's own, which it may kill.
-struct OwnPostgres {
+pub struct OwnPostgres {
     folder: tempfile::TempDir,
     bin: PathBuf,
     port: u16,
+    /// `name=value` server settings beyond its defaults.
+    settings: Vec<String>,
 }
 
 impl OwnPostgres {
@@ -715,6 +717,12 @@ impl OwnPostgres {
     }
 
     fn start() -> Option<OwnPostgres> {
+        OwnPostgres::start_with(&[])
+    }
+
+    /// A server run with `settings` (`name=value`); none when its binaries
+    /// are missing and PostgreSQL is not required.
+    pub fn start_with(settings: &[&str]) -> Option<OwnPostgres> {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .ok()?
             .flatten()
@@ -734,6 +742,10 @@ impl OwnPostgres {
             folder,
             bin,
             port: free_port(),
+            settings: settings
+                .iter()
+                .map(|setting| (*setting).to_owned())
+                .collect(),
         };
         let data = own.data();
         let initdb = own.as_postgres(
@@ -750,11 +762,15 @@ impl OwnPostgres {
     }
 
     fn up(&self) {
-        let options = format!(
+        let mut options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1",
             self.port,
             self.folder.path().display()
         );
+        for setting in &self.settings {
+            options.push_str(" -c ");
+            options.push_str(setting);
+        }
         let started = self.as_postgres(
             "pg_ctl",
             &[
@@ -777,7 +793,7 @@ impl OwnPostgres {
         assert!(stopped.status.success(), "{stopped:?}");
     }
 
-    fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 }

@@ -72,6 +72,11 @@ impl PgSchema {
             );
             return None;
         };
+        Some(PgSchema::create_on(admin_url, options).await)
+    }
+
+    /// As [`PgSchema::create_with`], on the server `admin_url` names.
+    pub async fn create_on(admin_url: String, options: &str) -> PgSchema {
         let id = Uuid::new_v4().simple().to_string();
         let (name, role) = (format!("t_{id}"), format!("r_{id}"));
         let mut admin = sqlx::PgConnection::connect(&admin_url)
@@ -99,13 +104,13 @@ impl PgSchema {
         .await
         .expect("grants the store's role its rows");
         let url = with_search_path(&as_user(&admin_url, &role), &name, options);
-        Some(PgSchema {
+        PgSchema {
             admin_url,
             name,
             role,
             owner_url,
             url,
-        })
+        }
     }
 }
 
@@ -2057,6 +2062,143 @@ async fn postgres_hot_path_writes_use_the_primary_key_without_statistics() {
             );
         }
     }
+}
+
+/// Every statement of a call's way through PostgreSQL, at the top level or
+/// inside a function, is planned a few times on each connection and then
+/// runs its kept plan; none is planned again on every call, as 0032's
+/// counted intent was (its condition folded away for its values, so
+/// PostgreSQL never kept the generic plan). Counted by
+/// `pg_stat_statements` on a server of the test's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_calls_statements_are_planned_once_per_connection() {
+    let Some(postgres) = crate::nodes::OwnPostgres::start_with(&[
+        "shared_preload_libraries=pg_stat_statements",
+        "pg_stat_statements.track=all",
+        "pg_stat_statements.track_planning=on",
+    ]) else {
+        return;
+    };
+    let mut admin = sqlx::PgConnection::connect(&postgres.url()).await.unwrap();
+    sqlx::raw_sql("CREATE EXTENSION pg_stat_statements")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let schema = PgSchema::create_on(postgres.url(), "").await;
+    let postgres_store = PostgresStore::connect(&schema.url).await.unwrap();
+    let store: &dyn Store = &postgres_store;
+    let owner = worker(store, Duration::seconds(600)).await;
+    sqlx::raw_sql("SELECT pg_stat_statements_reset()")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    const CALLS: i64 = 60;
+    // Writes first: a connection's first five runs of a statement decide
+    // whether PostgreSQL keeps its generic plan, and a counted intent's
+    // values were the ones that made 0032's INSERT plan anew each time.
+    for call in 0..CALLS {
+        let run_id = Uuid::new_v4();
+        // A write its policy held: counted, approved, claimed, its
+        // watermark, its end.
+        let write = new_invocation("tenant-a", run_id, &format!("write-{call}"), waiting());
+        let approved = authorized(store, &write, owner).await;
+        let started = [event(ToolEventKind::Started, &write)];
+        let running = store
+            .claim_invocation(
+                "tenant-a",
+                write.identity.id,
+                approved.fence().unwrap(),
+                now(),
+                &started,
+                Durability::Flushed,
+            )
+            .await
+            .unwrap()
+            .expect("claims");
+        let fence = running.row.fence().unwrap();
+        let id = write.identity.id;
+        assert!(
+            store
+                .mark_effect_sent("tenant-a", id, fence, now(), Durability::Flushed)
+                .await
+                .unwrap()
+        );
+        let ended = [event(ToolEventKind::Completed, &write)];
+        assert!(
+            store
+                .complete_invocation("tenant-a", id, fence, &succeeded(), &ended, now())
+                .await
+                .unwrap()
+        );
+    }
+    for call in 0..CALLS {
+        let run_id = Uuid::new_v4();
+        // An allowed read: its intent uncounted and inserted running, then
+        // its end.
+        let mut read = new_invocation("tenant-a", run_id, &format!("read-{call}"), Start::Running);
+        read.identity.idempotency_class = IdempotencyClass::ReadOnly;
+        read.identity.side_effect = SideEffectClass::None;
+        read.durability = Durability::Relaxed;
+        let intent = [
+            ToolEventKind::Proposed,
+            ToolEventKind::Authorized,
+            ToolEventKind::Started,
+        ]
+        .map(|kind| event(kind, &read));
+        let claim = Claim {
+            worker_id: owner,
+            now: now(),
+        };
+        let held = store
+            .insert_uncounted(&read, claim, &intent)
+            .await
+            .unwrap()
+            .expect("the breaker has nothing to count");
+        let ended = [event(ToolEventKind::Completed, &read)];
+        let fence = held.row.fence().unwrap();
+        assert!(
+            store
+                .complete_invocation(
+                    "tenant-a",
+                    read.identity.id,
+                    fence,
+                    &succeeded(),
+                    &ended,
+                    now()
+                )
+                .await
+                .unwrap()
+        );
+    }
+    let statements: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT s.query, s.calls, s.plans FROM pg_stat_statements s \
+         JOIN pg_roles r ON r.oid = s.userid WHERE r.rolname = $1 AND s.calls >= $2",
+    )
+    .bind(&schema.role)
+    .bind(CALLS)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    let (connections,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM pg_stat_activity WHERE usename = $1")
+            .bind(&schema.role)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    // Five plans for a statement's values, then the generic one, kept.
+    let most = 6 * connections.max(1);
+    assert!(most < CALLS, "{connections} connections for one caller");
+    for (query, calls, plans) in &statements {
+        assert!(
+            *plans <= most,
+            "planned {plans} times in {calls} runs on {connections} connections: {query}"
+        );
+    }
+    let intents = statements
+        .iter()
+        .filter(|(query, _, _)| query.contains("INSERT INTO tool_invocations"))
+        .count();
+    assert!(intents >= 1, "the intents' INSERTs ran: {statements:#?}");
 }
 
 /// A call's status is checked through a type since 0032: every status the

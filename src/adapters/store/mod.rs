@@ -224,6 +224,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         description: "a call's writes answer whether they wrote; its status checked through a type",
         sql: include_str!("../../../migrations/postgres/0032_writes_without_their_rows.sql"),
     },
+    Migration {
+        version: 33,
+        description: "a counted intent's INSERT planned once",
+        sql: include_str!("../../../migrations/postgres/0033_intents_planned_once.sql"),
+    },
 ];
 
 /// SQLite's migrations, version for version the same schema.
@@ -382,6 +387,11 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         version: 32,
         description: "a call's writes answer whether they wrote; its status checked through a type",
         sql: include_str!("../../../migrations/sqlite/0032_writes_without_their_rows.sql"),
+    },
+    Migration {
+        version: 33,
+        description: "a counted intent's INSERT planned once",
+        sql: include_str!("../../../migrations/sqlite/0033_intents_planned_once.sql"),
     },
 ];
 
