@@ -61,6 +61,8 @@ pub const STATELESS_REVISION: &str = "2026-07-28";
 /// Sessions a credential's stateless requests may move through as its
 /// tools change, looked for in order from the one this node last used.
 const STATELESS_GENERATIONS: u32 = 16;
+/// Credentials whose stateless sessions a node keeps derived.
+const STATELESS_CREDENTIALS: usize = 4096;
 
 /// The front door's limits and advertised metadata.
 #[derive(Debug, Clone)]
@@ -142,8 +144,78 @@ pub struct Front {
     shares: Arc<shares::Shares>,
     /// The connections of both listeners, to make room in a full door.
     live: Arc<live::LiveConnections>,
-    /// Each credential's stateless session generation this node last used.
-    stateless: Mutex<HashMap<String, u32>>,
+    /// Each credential's stateless session as this node last used it.
+    stateless: StatelessSessions,
+}
+
+/// Each credential's stateless session as this node last used it, with
+/// what its id was derived from: a request whose caller matches takes the
+/// id as it is, with no derivation per request; one whose tenant,
+/// principal or tools differ (the credential was reconfigured) derives
+/// its own, the id every other node derives for it.
+#[derive(Default)]
+struct StatelessSessions(Mutex<HashMap<String, StatelessSession>>);
+
+struct StatelessSession {
+    tenant_id: String,
+    principal: crate::domain::Principal,
+    tools: Vec<String>,
+    base: Arc<str>,
+    generation: u32,
+    session_id: Uuid,
+}
+
+impl StatelessSessions {
+    /// Where `caller`'s stateless sessions start: what their ids derive
+    /// from, the generation this node last used and that generation's
+    /// session id.
+    fn start(&self, caller: &Caller) -> (Arc<str>, u32, Uuid) {
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(last) = known.get(&caller.credential)
+            && last.tenant_id == caller.tenant_id
+            && last.principal == caller.principal
+            && last.tools == caller.agent.tools
+        {
+            return (last.base.clone(), last.generation, last.session_id);
+        }
+        let base: Arc<str> = stateless_base(caller).into();
+        let session_id = stateless_session_id(&base, 0);
+        // Bounded: past it the node derives again, costing a lookup per
+        // generation the credential has moved through, never a wrong id.
+        if known.len() >= STATELESS_CREDENTIALS && !known.contains_key(&caller.credential) {
+            known.clear();
+        }
+        known.insert(
+            caller.credential.clone(),
+            StatelessSession::of(caller, base.clone(), 0, session_id),
+        );
+        (base, 0, session_id)
+    }
+
+    /// `caller` moved to `generation` of `base`, whose session is
+    /// `session_id`.
+    fn moved(&self, caller: &Caller, base: Arc<str>, generation: u32, session_id: Uuid) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                caller.credential.clone(),
+                StatelessSession::of(caller, base, generation, session_id),
+            );
+    }
+}
+
+impl StatelessSession {
+    fn of(caller: &Caller, base: Arc<str>, generation: u32, session_id: Uuid) -> Self {
+        StatelessSession {
+            tenant_id: caller.tenant_id.clone(),
+            principal: caller.principal.clone(),
+            tools: caller.agent.tools.clone(),
+            base,
+            generation,
+            session_id,
+        }
+    }
 }
 
 /// What a request carries from this module to its methods, in the
@@ -177,7 +249,7 @@ impl Front {
             shares,
             live: Arc::default(),
             reissues,
-            stateless: Mutex::new(HashMap::new()),
+            stateless: StatelessSessions::default(),
         })
     }
 
@@ -391,16 +463,13 @@ impl Front {
     /// served as pinned (the tools changed), the credential moves to its
     /// next generation, a new session with the new set and hash.
     async fn stateless_session(&self, caller: &Caller) -> Result<Arc<Session>, Unserved> {
-        let base = stateless_base(caller);
-        let first = self
-            .stateless
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&base)
-            .copied()
-            .unwrap_or(0);
+        let (base, first, first_id) = self.stateless.start(caller);
         for generation in first..first.saturating_add(STATELESS_GENERATIONS) {
-            let session_id = stateless_session_id(&base, generation);
+            let session_id = if generation == first {
+                first_id
+            } else {
+                stateless_session_id(&base, generation)
+            };
             let session = match self.parts.sessions.get(session_id).await {
                 Err(SessionError::Unknown) => {
                     self.parts
@@ -413,10 +482,7 @@ impl Front {
             match session {
                 Ok(session) if owns(caller, &session) => {
                     if generation != first {
-                        self.stateless
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .insert(base, generation);
+                        self.stateless.moved(caller, base, generation, session_id);
                     }
                     return Ok(session);
                 }
@@ -835,6 +901,54 @@ impl hyper::body::Body for DeliveredBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn caller(tools: &[&str]) -> Caller {
+        Caller {
+            credential: "key:agent".into(),
+            tenant_id: "tenant-a".into(),
+            principal: crate::domain::Principal {
+                id: "user-1".into(),
+                scopes: ["demo.use".to_owned()].into(),
+            },
+            agent: crate::domain::AgentSpec {
+                tools: tools.iter().map(|tool| (*tool).to_owned()).collect(),
+            },
+            origin_trust: crate::domain::TrustLevel::User,
+        }
+    }
+
+    /// Every id a node keeps is the one any node derives: a credential's
+    /// first, the generation it moved to, and a reconfigured credential's
+    /// own, never the id it had before.
+    #[test]
+    fn a_kept_stateless_session_is_the_one_every_node_derives() {
+        let derived = |caller: &Caller, generation| {
+            let base = stateless_base(caller);
+            (stateless_session_id(&base, generation), base)
+        };
+        let kept = StatelessSessions::default();
+        let wide = caller(&["demo.*"]);
+        let (id, base) = derived(&wide, 0);
+        assert_eq!(kept.start(&wide), (base.as_str().into(), 0, id));
+        assert_eq!(kept.start(&wide), (base.as_str().into(), 0, id));
+        let (moved, _) = derived(&wide, 3);
+        kept.moved(&wide, base.as_str().into(), 3, moved);
+        assert_eq!(kept.start(&wide), (base.as_str().into(), 3, moved));
+        // The same key, its tools narrowed: its own session from its first
+        // generation, as a node that never saw it before derives.
+        let narrow = caller(&["demo.echo"]);
+        let (own, own_base) = derived(&narrow, 0);
+        assert_ne!(own_base, base);
+        assert_eq!(kept.start(&narrow), (own_base.as_str().into(), 0, own));
+        let mut rescoped = caller(&["demo.echo"]);
+        rescoped
+            .principal
+            .scopes
+            .insert("mcp.everything.use".into());
+        let (rescoped_id, _) = derived(&rescoped, 0);
+        assert_eq!(kept.start(&rescoped).2, rescoped_id);
+        assert_ne!(rescoped_id, own);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_credential_holds_its_bound_of_sessions_and_abandoned_ones_make_room() {

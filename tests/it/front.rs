@@ -1479,32 +1479,7 @@ fn api_keys_from_their_file_rotate_on_sighup() {
     );
     let door = Door::wait(served, port);
     let session = door.open(first);
-    // Each reload here changes the keys or refuses them, and logs it: the
-    // test waits for that line, not for a time.
-    let said = || {
-        door.served
-            .logs
-            .lock()
-            .unwrap()
-            .matches("front API keys")
-            .count()
-    };
-    let hangup = || {
-        let before = said();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(door.served.pid().unwrap() as i32),
-            nix::sys::signal::Signal::SIGHUP,
-        )
-        .unwrap();
-        let started = std::time::Instant::now();
-        while said() == before {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no reload logged"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
+    let hangup = || reload_keys(&door);
     std::fs::write(door.served.folder.path().join("keys.toml"), entry(second)).unwrap();
     hangup();
     let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
@@ -1549,6 +1524,34 @@ fn api_keys_from_their_file_rotate_on_sighup() {
         !logs.contains(first) && !logs.contains(second),
         "no key in a log line"
     );
+}
+
+/// SIGHUP, and back once the node has read its key file again. Each
+/// reload changes the keys or refuses them, and logs it: this waits for
+/// that line, not for a time.
+fn reload_keys(door: &Door) {
+    let said = || {
+        door.served
+            .logs
+            .lock()
+            .unwrap()
+            .matches("front API keys")
+            .count()
+    };
+    let before = said();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(door.served.pid().unwrap() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    while said() == before {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no reload logged"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// ES256 tokens signed here, verified by toolgate.
@@ -2301,6 +2304,69 @@ pub mod stateless {
         );
         assert_eq!(answer.status, 200, "{answer:?}");
         answer.last()["result"].clone()
+    }
+
+    /// A credential's stateless session is derived once on a node and
+    /// kept; a key reconfigured under the same id (its tools narrowed)
+    /// derives its own on its next request, never served the set it was
+    /// given before.
+    #[test]
+    fn a_reconfigured_keys_stateless_requests_see_what_it_now_gives() {
+        let port = free_port();
+        let key = "tgk_narrowing_0000000000000000000000000000000000000000000000000001";
+        let entry = |tools: &str| {
+            format!(
+                "[[api_keys]]\nid = \"narrowing\"\nsha256 = \"{}\"\ntenant_id = \"{TENANT}\"\nprincipal = {{ id = \"user-1\", scopes = [\"demo.use\"] }}\ntools = {tools}\n",
+                toolgate::domain::sha256_hex(key.as_bytes())
+            )
+        };
+        let served = Served::start_edited(
+            |root, config| {
+                std::fs::write(root.join("keys.toml"), entry("[\"demo.*\"]")).unwrap();
+                format!(
+                    "{config}\n[front]\nlisten = \"127.0.0.1:{port}\"\napi_keys_file = \"keys.toml\"\n"
+                )
+            },
+            &[],
+        );
+        let door = Door::wait(served, port);
+        let listed = |door: &Door| -> Vec<String> {
+            let answer = send(door, key, "tools/list", json!({}), &[]);
+            assert_eq!(answer.status, 200, "{answer:?}");
+            answer.last()["result"]["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|tool| tool["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let before = listed(&door);
+        assert!(
+            before.len() > 1 && before.contains(&"demo-echo".to_owned()),
+            "{before:?}"
+        );
+        // Asked again, the same session: derived once, kept.
+        assert_eq!(listed(&door), before);
+        std::fs::write(
+            door.served.folder.path().join("keys.toml"),
+            entry("[\"demo.echo\"]"),
+        )
+        .unwrap();
+        reload_keys(&door);
+        assert_eq!(listed(&door), ["demo-echo"]);
+        let gone = before.iter().find(|name| *name != "demo-echo").unwrap();
+        let refused = send(
+            &door,
+            key,
+            "tools/call",
+            json!({"name": gone, "arguments": {}}),
+            &[],
+        );
+        let answer = refused.last();
+        assert!(
+            answer.get("error").is_some() || answer["result"]["isError"] == true,
+            "a tool the key no longer gives is not called: {answer}"
+        );
     }
 
     /// The revision's MUSTs at the door, each asked on its own: discovery,
