@@ -306,7 +306,11 @@ impl Front {
         let session_id = session.session_id;
         let run_id = identity.run_id;
         let span = self.call_span(context);
-        tokio::spawn(
+        // Boxed: the call's state machine is kilobytes, and a task holds
+        // its future and then its answer in one slot, which tokio copies
+        // whole when the task is made, when it ends and when its answer is
+        // read.
+        tokio::spawn(Box::pin(
             async move {
                 // One run of a call on this node at a time: a re-issue waits
                 // for its twin's and then reads what it recorded.
@@ -340,7 +344,7 @@ impl Front {
                 answer
             }
             .instrument(span),
-        )
+        ))
         .await
         .map_err(|_| FrontError::internal("the call did not complete"))
     }
