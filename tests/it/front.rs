@@ -516,7 +516,11 @@ fn the_front_door_opens_sessions_lists_the_pinned_set_and_calls_through_the_pipe
         recorded_steps(&door.served, &id),
         recorded_steps(&door.served, &control),
     );
-    assert!(front_steps.len() >= 3, "{front_steps:?}");
+    assert_eq!(
+        front_steps,
+        ["tool.call.started", "tool.call.completed"],
+        "a call allowed and started in one commit"
+    );
     assert_eq!(front_steps, control_steps);
 
     // An MCP server's tool, through the same door.

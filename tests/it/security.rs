@@ -466,10 +466,19 @@ fn events_are_filtered_by_tenant_and_carry_no_outside_text() {
         events.iter().all(|event| event["tenant_id"] == TENANT),
         "another tenant's (or no tenant's) events reached a tenant-filtered reader"
     );
-    let denied = events
+    // Refused before it ran: its end is its one event.
+    let refused: Vec<&Value> = events
         .iter()
-        .find(|event| event["event_type"] == "tool.call.denied")
-        .expect("the denial is an event");
+        .filter(|event| event["payload"]["call_id"] == "c-unknown")
+        .collect();
+    assert_eq!(
+        refused
+            .iter()
+            .map(|event| event["event_type"].as_str().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        ["tool.call.denied"]
+    );
+    let denied = refused[0];
     let name = denied["payload"]["tool_name"].as_str().unwrap();
     assert!(
         name.len() <= 64 && name.bytes().all(|b| b.is_ascii_graphic()),

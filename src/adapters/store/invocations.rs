@@ -123,9 +123,7 @@ pub(super) enum Moved {
     Reread(&'static str),
 }
 
-/// A commit's events: their kinds and bodies, in order. The bodies may
-/// stop short of the kinds: every kind past the last body has that body
-/// (a running intent's three events are one body, written once).
+/// A commit's events: their kinds and bodies, in order, one body a kind.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Events {
     pub(super) kinds: Vec<&'static str>,
@@ -147,14 +145,9 @@ impl Events {
     }
 
     fn of(events: &[ToolEvent]) -> Result<Events, StoreError> {
-        let repeated = events
-            .windows(2)
-            .rev()
-            .take_while(|pair| same_body(&pair[0], &pair[1]))
-            .count();
         Ok(Events {
             kinds: events.iter().map(|event| event.kind.as_str()).collect(),
-            bodies: events[..events.len() - repeated]
+            bodies: events
                 .iter()
                 .map(event_body)
                 .collect::<Result<Vec<_>, _>>()?,
@@ -167,21 +160,9 @@ impl Events {
 
     /// These events, then `more`.
     pub(super) fn extend(&mut self, more: Events) {
-        if let Some(last) = self.bodies.last().cloned() {
-            self.bodies.resize(self.kinds.len(), last);
-        }
         self.kinds.extend(more.kinds);
         self.bodies.extend(more.bodies);
     }
-}
-
-/// Whether two events say the same but for their kind.
-fn same_body(first: &ToolEvent, second: &ToolEvent) -> bool {
-    let first = ToolEvent {
-        kind: second.kind,
-        ..first.clone()
-    };
-    first == *second
 }
 
 /// What one port method does to the store, in one transaction.
@@ -1333,75 +1314,6 @@ impl<D: Driver> InvocationStore for D {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{IdempotencyClass, ToolEventKind, ToolSource};
-
-    fn tool_event(kind: ToolEventKind, effect_sent: bool) -> ToolEvent {
-        ToolEvent {
-            kind,
-            invocation_id: Uuid::nil(),
-            run_id: Uuid::nil(),
-            step_number: 1,
-            call_id: "c".into(),
-            tool_name: "demo.echo".into(),
-            tool_source: ToolSource::Builtin,
-            tool_version: "1".into(),
-            outcome_status: None,
-            reason_code: None,
-            idempotency_class: IdempotencyClass::ReadOnly,
-            effect_sent,
-            duration_ms: None,
-            output_bytes: None,
-            truncated: false,
-            parallel_group: None,
-        }
-    }
-
-    /// Events that repeat a body but for their kind hold it once; events
-    /// appended after them still find each its own body at its place.
-    #[test]
-    fn repeated_bodies_are_held_once_and_appended_events_keep_their_place() {
-        let running = [
-            tool_event(ToolEventKind::Proposed, false),
-            tool_event(ToolEventKind::Authorized, false),
-            tool_event(ToolEventKind::Started, false),
-        ];
-        let mut events = Events::of(&running).unwrap();
-        assert_eq!(events.kinds.len(), 3);
-        assert_eq!(events.bodies, [event_body(&running[0]).unwrap()]);
-
-        let mixed = [
-            tool_event(ToolEventKind::Proposed, true),
-            tool_event(ToolEventKind::Authorized, false),
-            tool_event(ToolEventKind::Started, false),
-        ];
-        let of_mixed = Events::of(&mixed).unwrap();
-        assert_eq!(
-            of_mixed.bodies,
-            [
-                event_body(&mixed[0]).unwrap(),
-                event_body(&mixed[1]).unwrap()
-            ]
-        );
-
-        events.extend(of_mixed);
-        let whole: Vec<_> = running.iter().chain(&mixed).collect();
-        assert_eq!(
-            events.kinds,
-            whole
-                .iter()
-                .map(|event| event.kind.as_str())
-                .collect::<Vec<_>>()
-        );
-        assert_eq!(
-            events.bodies.len(),
-            5,
-            "the last repeats its predecessor's body"
-        );
-        for (n, event) in whole.iter().enumerate() {
-            let body = events.bodies.get(n).or(events.bodies.last());
-            assert_eq!(body, Some(&event_body(event).unwrap()), "event {n}");
-        }
-    }
 
     /// SQLite reads what each of these statements asks through `index`,
     /// before the database has statistics: the sweep the held rows alone,

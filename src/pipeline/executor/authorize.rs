@@ -250,11 +250,14 @@ impl Pipeline {
         // Only a running intent's commit is the tool's; a denial or a row
         // waiting for approval is flushed.
         let running = intent.row(Start::Running, Durability::of_tool(&tool.spec));
-        let running_events = [
-            intent.event(ToolEventKind::Proposed),
-            intent.event(ToolEventKind::Authorized),
-            intent.event(ToolEventKind::Started),
-        ];
+        // A call allowed and started in one commit writes one event, not
+        // three: its proposal, authorization and start are that commit's
+        // one instant, and `tool.call.started` carries every field the
+        // other two would (an event row is a heap row and two index
+        // entries a call pays for). Proposed and authorized are written
+        // where they stand apart: a call waiting for its approval, and
+        // its approval given.
+        let running_events = [intent.event(ToolEventKind::Started)];
         // Taken back before anything was written: nothing is.
         if request.withdrawn() {
             return Ok(CallOutcome::Withdrawn);
@@ -310,10 +313,7 @@ impl Pipeline {
         };
         let inserted = match decision {
             PolicyDecision::Deny(code) => {
-                let events = [
-                    intent.event(ToolEventKind::Proposed),
-                    denied_event(&intent.identity, code),
-                ];
+                let events = [denied_event(&intent.identity, code)];
                 let denied = intent.row(Start::Denied(code), Durability::Flushed);
                 self.invocations
                     .insert_invocation(&denied, claim, &events)

@@ -9,8 +9,8 @@ use super::intent::{Intent, RecordedAs};
 use super::{Pipeline, in_progress};
 use crate::domain::names::bounded_name;
 use crate::domain::{
-    ApprovalStatus, Durability, ReasonCode, ToolEventKind, ToolKind, ToolOutcomeStatus, TrustLevel,
-    canonicalize, sha256_hex,
+    ApprovalStatus, Durability, ReasonCode, ToolKind, ToolOutcomeStatus, TrustLevel, canonicalize,
+    sha256_hex,
 };
 use crate::pipeline::breaker;
 use crate::pipeline::call::{CallOutcome, CallRequest, TOOL_CALL};
@@ -228,8 +228,9 @@ impl Pipeline {
         Ok(outcome)
     }
 
-    /// Inserts `intent` ended with `code` before it ran (its proposal and its
-    /// end in one commit), or finds the row its key already has.
+    /// Inserts `intent` ended with `code` before it ran, or finds the row its
+    /// key already has. Its one event is its end: proposed and refused in one
+    /// commit, a proposal event would say nothing the end does not.
     async fn insert_ended(
         &self,
         intent: &Intent<'_>,
@@ -240,7 +241,7 @@ impl Pipeline {
         let mut ended = intent.event(terminal_event_kind(status));
         ended.outcome_status = Some(status);
         ended.reason_code = Some(code);
-        let events = [intent.event(ToolEventKind::Proposed), ended];
+        let events = [ended];
         let claim = Claim {
             worker_id: self.lease.worker_id(),
             now: self.clock.now(),

@@ -543,16 +543,11 @@ fn append_events(
     events: &Events,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    let bodies: Vec<String> = events.bodies.iter().map(text).collect();
-    for (n, kind) in events.kinds.iter().enumerate() {
-        let body = bodies
-            .get(n)
-            .or(bodies.last())
-            .ok_or_else(|| StoreError::Query("an event without a body".into()))?;
+    for (kind, body) in events.kinds.iter().zip(&events.bodies) {
         query(INSERT_EVENT)
             .bind(tenant_id)
             .bind(*kind)
-            .bind(body.as_str())
+            .bind(text(body).as_str())
             .bind(micros(now))
             .execute(connection)?;
     }
