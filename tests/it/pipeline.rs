@@ -1008,7 +1008,16 @@ async fn a_builtins_hostile_failure_text_never_reaches_the_message() {
             "{name}: the row keeps the detail"
         );
         let events = crate::store::events_settled(store.as_ref(), 2).await;
-        assert!(events.len() >= 2, "{name}: the call's events: {events:?}");
+        let kinds: Vec<&str> = events
+            .iter()
+            .filter(|e| e.payload["invocation_id"] == json!(row.identity.id))
+            .map(|e| e.event_type.as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["tool.call.started", "tool.call.failed"],
+            "{name}: the call's events: {events:?}"
+        );
         assert!(
             events
                 .iter()
